@@ -1,0 +1,44 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "core/remote_addr.h"
+
+namespace kwatch::core {
+
+// What an access did to the watched bytes. x86 reports no kind for read-write watchpoints;
+// kwatch decodes the accessing instruction to tell reads from writes.
+enum class AccessKind : uint8_t { kRead = 0, kWrite = 1, kExec = 2 };
+
+inline std::string_view AccessKindLetter(AccessKind k) {
+  switch (k) {
+    case AccessKind::kRead:
+      return "r";
+    case AccessKind::kWrite:
+      return "w";
+    case AccessKind::kExec:
+      return "x";
+  }
+  return "?";
+}
+
+// One hardware-observed access, as a backend delivers it (plain data).
+struct AccessEvent {
+  uint64_t time_ns = 0;   // CLOCK_MONOTONIC, nanoseconds
+  pid_t pid = 0;          // thread group of the accessing thread
+  pid_t tid = 0;          // accessing thread
+  uint32_t cpu = 0;
+  uint32_t watch_id = 0;  // index of the watch in its session
+  RemoteAddr trap_ip;     // where the CPU trapped: for data watchpoints, the next instruction
+  RemoteAddr ip;          // the accessing instruction (trap_ip when it cannot be found)
+  RemoteAddr addr;        // first watched byte of the hardware range that fired
+  uint32_t len = 0;       // length of the hardware range that fired
+  AccessKind kind = AccessKind::kWrite;
+  std::optional<uint64_t> value;  // little-endian bytes of the range, read at drain time
+};
+
+}  // namespace kwatch::core

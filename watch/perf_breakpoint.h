@@ -1,0 +1,60 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/remote_addr.h"
+#include "core/unique_fd.h"
+#include "drmgr/debug_regs.h"
+#include "watch/perf_ring.h"
+
+namespace kwatch::watch {
+
+// What to open: one hardware breakpoint on one thread (or one CPU).
+struct BreakpointRequest {
+  core::RemoteAddr addr;
+  uint32_t len = 8;                              // 1, 2, 4 or 8, aligned (execute: sizeof(long))
+  drmgr::DrKind kind = drmgr::DrKind::kWrite;
+  pid_t tid = 0;                                 // thread to watch; -1 with cpu >= 0 for CPU-wide
+  int cpu = -1;
+  bool inherit = true;                           // also threads/children created later
+  bool exclude_kernel = true;                    // user accesses only
+  bool exclude_user = false;                     // kernel accesses only (kernel watches)
+  size_t ring_pages = 64;                        // data pages, power of two; 0 = counting only
+  uint32_t wakeup_events = 1;                    // samples per wakeup
+};
+
+// One perf_event_open(PERF_TYPE_BREAKPOINT) event with sample_period = 1 and samples of
+// IP | TID | TIME | ADDR | CPU, clock CLOCK_MONOTONIC, and its ring buffer. Owns the fd and
+// the mapping; closing it removes the breakpoint from the thread (and inherited children).
+class PerfBreakpoint {
+ public:
+  // Errors carry advice: EACCES/EPERM name kernel.perf_event_paranoid (with its current
+  // value) and CAP_PERFMON; ENOSPC says that all 4 debug registers of the thread are in use;
+  // EINVAL on a bad range explains the length/alignment rule; ESRCH means the thread exited.
+  static absl::StatusOr<std::unique_ptr<PerfBreakpoint>> Open(const BreakpointRequest& req);
+
+  int fd() const { return fd_.get(); }
+  PerfRing* ring() { return ring_ ? &*ring_ : nullptr; }
+  const BreakpointRequest& request() const { return req_; }
+
+  // Number of hits counted by the kernel (read(2) on the event; includes inherited children
+  // only once they have exited, as perf documents).
+  absl::StatusOr<uint64_t> Count() const;
+
+  absl::Status Enable();
+  absl::Status Disable();
+
+ private:
+  PerfBreakpoint(core::UniqueFd fd, std::optional<PerfRing> ring, const BreakpointRequest& req)
+      : fd_(std::move(fd)), ring_(std::move(ring)), req_(req) {}
+
+  core::UniqueFd fd_;
+  std::optional<PerfRing> ring_;
+  BreakpointRequest req_;
+};
+
+}  // namespace kwatch::watch

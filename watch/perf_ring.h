@@ -1,0 +1,60 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "core/unique_mmap.h"
+
+namespace kwatch::watch {
+
+// One PERF_RECORD_SAMPLE of a breakpoint event opened with
+// sample_type = IP | TID | TIME | ADDR | CPU (in that kernel order).
+struct PerfSample {
+  uint64_t ip = 0;
+  uint32_t pid = 0;
+  uint32_t tid = 0;
+  uint64_t time = 0;
+  uint64_t addr = 0;
+  uint32_t cpu = 0;
+};
+
+// The mmap ring buffer of one perf event: a metadata page plus 2^n data pages. Owns the
+// mapping. Single consumer; not thread-safe.
+class PerfRing {
+ public:
+  // Maps the ring of `fd` with `data_pages` data pages (a power of two).
+  static absl::StatusOr<PerfRing> Map(int fd, size_t data_pages);
+
+  // Over memory the caller owns (tests, benchmarks): `base` points at a metadata page
+  // followed by `data_size` bytes of data (power of two). The caller keeps it alive.
+  static PerfRing OverMemory(void* base, size_t page_size, size_t data_size);
+
+  PerfRing(PerfRing&&) noexcept = default;
+  PerfRing& operator=(PerfRing&&) noexcept = default;
+
+  // Consumes every complete record: calls `on_sample` for each sample, adds the count of
+  // each PERF_RECORD_LOST to lost(), skips other records. Records that wrap around the end
+  // of the buffer are reassembled. Publishes data_tail once at the end. Returns the number
+  // of samples delivered.
+  size_t Drain(absl::FunctionRef<void(const PerfSample&)> on_sample);
+
+  // Samples the kernel reported lost (PERF_RECORD_LOST) so far.
+  uint64_t lost() const { return lost_; }
+
+  // Bytes waiting to be drained.
+  size_t Pending() const;
+
+ private:
+  PerfRing(core::UniqueMmap map, uint8_t* base, size_t page_size, size_t data_size)
+      : map_(std::move(map)), base_(base), page_size_(page_size), data_size_(data_size) {}
+
+  core::UniqueMmap map_;  // empty for OverMemory
+  uint8_t* base_ = nullptr;
+  size_t page_size_ = 0;
+  size_t data_size_ = 0;
+  uint64_t lost_ = 0;
+};
+
+}  // namespace kwatch::watch
