@@ -4,8 +4,9 @@
 
 #include <cstdint>
 #include <optional>
-#include <string_view>
 
+
+#include "absl/strings/string_view.h"
 #include "core/remote_addr.h"
 
 namespace kwatch::core {
@@ -14,7 +15,7 @@ namespace kwatch::core {
 // kwatch decodes the accessing instruction to tell reads from writes.
 enum class AccessKind : uint8_t { kRead = 0, kWrite = 1, kExec = 2 };
 
-inline std::string_view AccessKindLetter(AccessKind k) {
+inline absl::string_view AccessKindLetter(AccessKind k) {
   switch (k) {
     case AccessKind::kRead:
       return "r";

@@ -1,3 +1,4 @@
+#include "absl/strings/string_view.h"
 #include "core/syscall_status.h"
 
 #include <cstring>
@@ -14,11 +15,11 @@ std::string ErrnoText(int err) {
   return text != nullptr ? std::string(text) : absl::StrCat("errno ", err);
 }
 
-absl::Status SyscallError(int err, std::string_view call) {
+absl::Status SyscallError(int err, absl::string_view call) {
   return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(call, ": ", ErrnoText(err)));
 }
 
-absl::Status SyscallError(int err, std::string_view call, std::string_view advice) {
+absl::Status SyscallError(int err, absl::string_view call, absl::string_view advice) {
   if (advice.empty()) {
     return SyscallError(err, call);
   }

@@ -1,7 +1,8 @@
 #pragma once
 
-#include <string_view>
 
+
+#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 
 namespace kwatch::core {
@@ -9,10 +10,10 @@ namespace kwatch::core {
 // Turns a failed call's errno into a Status carrying the call's name and the errno text,
 // e.g. "ptrace(PTRACE_SEIZE, 42): Operation not permitted". Save errno on the line right
 // after the failing call and pass it here.
-absl::Status SyscallError(int err, std::string_view call);
+absl::Status SyscallError(int err, absl::string_view call);
 
 // Same, with advice for the user appended ("; <advice>").
-absl::Status SyscallError(int err, std::string_view call, std::string_view advice);
+absl::Status SyscallError(int err, absl::string_view call, absl::string_view advice);
 
 // The errno text for `err`, thread-safe (strerror is not).
 std::string ErrnoText(int err);

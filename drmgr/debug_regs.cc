@@ -1,3 +1,4 @@
+#include "absl/strings/string_view.h"
 #include "drmgr/debug_regs.h"
 
 #include "absl/strings/str_cat.h"
@@ -5,7 +6,7 @@
 
 namespace kwatch::drmgr {
 
-std::string_view DrKindName(DrKind kind) {
+absl::string_view DrKindName(DrKind kind) {
   switch (kind) {
     case DrKind::kExec:
       return "execute";

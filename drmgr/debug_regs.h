@@ -1,8 +1,9 @@
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 
+
+#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "core/remote_addr.h"
 
@@ -17,7 +18,7 @@ enum class DrLen : uint8_t { k1 = 0, k2 = 1, k8 = 2, k4 = 3 };
 
 inline constexpr int kNumDebugRegisters = 4;
 
-std::string_view DrKindName(DrKind kind);
+absl::string_view DrKindName(DrKind kind);
 
 // Whether one debug register can cover [addr, addr+len): len is 1, 2, 4 or 8 and addr is
 // aligned to len (for execute breakpoints, len must be 1). On failure: InvalidArgument

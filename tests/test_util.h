@@ -1,5 +1,8 @@
 #pragma once
 
+#include <sys/types.h>
+
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,36 @@ struct RunResult {
 // Runs argv to completion (no shell), capturing stdout and stderr. Fails the test's
 // expectations only through the returned status: spawn failures become errors.
 absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, int timeout_s = 120);
+
+// A child process whose stdout and stderr are read while it runs (for attach tests and
+// signals sent mid-session). Killed (SIGKILL) and reaped on destruction if still running.
+class Spawned {
+ public:
+  static absl::StatusOr<std::unique_ptr<Spawned>> Start(const std::vector<std::string>& argv);
+  ~Spawned();
+  Spawned(const Spawned&) = delete;
+  Spawned& operator=(const Spawned&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Reads until `needle` appears in stdout (or stderr) or the timeout passes.
+  absl::Status WaitForStdout(const std::string& needle, int timeout_s = 30);
+  absl::Status WaitForStderr(const std::string& needle, int timeout_s = 30);
+  // Reads everything until the process closes its output, then reaps it.
+  absl::StatusOr<RunResult> Finish(int timeout_s = 120);
+  const std::string& out() const { return result_.out; }
+  const std::string& err() const { return result_.err; }
+
+ private:
+  Spawned() = default;
+  // Reads what is available, waiting up to timeout_ms; false when both pipes closed.
+  bool Pump(int timeout_ms);
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  bool reaped_ = false;
+  RunResult result_;
+};
 
 // Whether kernel-feature tests may skip instead of failing (KWATCH_ALLOW_SKIP=1, never in CI).
 bool AllowSkip();

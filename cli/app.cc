@@ -1,0 +1,398 @@
+#include "absl/strings/string_view.h"
+#include "cli/app.h"
+
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/output.h"
+#include "core/process.h"
+#include "core/status_macros.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+#include "watch/session.h"
+#include "watch/summary.h"
+
+#ifndef KWATCH_VERSION
+#define KWATCH_VERSION "dev"
+#endif
+
+namespace kwatch::cli {
+
+namespace {
+
+struct Options {
+  bool write = false;
+  bool rw = false;
+  bool read = false;
+  bool exec = false;
+  std::optional<uint64_t> len;
+  std::vector<std::string> exprs;
+  std::optional<pid_t> pid;
+  std::vector<std::string> command;
+  uint64_t count = 0;
+  double duration = 0;
+  bool json = false;
+  bool quiet = false;
+  bool kill_on_exit = false;
+};
+
+uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void Error(const absl::Status& s) {
+  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+}
+
+// The event loop: drains rings, follows the target, stops on count, duration or a signal.
+class Runner {
+ public:
+  Runner(const Options& opts, core::Process& proc, watch::WatchSession& session, int sigfd)
+      : opts_(opts), proc_(proc), session_(session), sigfd_(sigfd),
+        summary_(session.watches()),
+        printer_(stdout, opts.json, 0) {}
+
+  absl::StatusOr<int> Run();
+
+ private:
+  absl::Status AddFd(int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      const int err = errno;
+      return core::SyscallError(err, "epoll_ctl(ADD)");
+    }
+    return absl::OkStatus();
+  }
+  void DrainAll();
+  absl::Status HandleChild();
+  void Stop(std::string reason) {
+    if (!stopped_) {
+      stopped_ = true;
+      stop_reason_ = std::move(reason);
+    }
+  }
+
+  const Options& opts_;
+  core::Process& proc_;
+  watch::WatchSession& session_;
+  int sigfd_;
+  watch::Summary summary_;
+  EventPrinter printer_;
+  core::UniqueFd epfd_;
+  bool stopped_ = false;
+  std::string stop_reason_;
+  uint64_t delivered_ = 0;
+};
+
+void Runner::DrainAll() {
+  if (stopped_ && opts_.count > 0 && delivered_ >= opts_.count) {
+    return;
+  }
+  session_.Drain([&](const core::AccessEvent& ev) {
+    if (opts_.count > 0 && delivered_ >= opts_.count) {
+      return;
+    }
+    ++delivered_;
+    summary_.Add(ev);
+    if (!opts_.quiet) {
+      printer_.Print(session_, summary_, ev);
+    }
+  });
+  if (opts_.count > 0 && delivered_ >= opts_.count) {
+    Stop(absl::StrCat("--count ", opts_.count, " reached"));
+  }
+}
+
+absl::Status Runner::HandleChild() {
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_.Poll());
+  for (const auto& e : events) {
+    switch (e.kind) {
+      case core::ProcessEvent::Kind::kExited:
+        Stop(proc_.exit_info()->signaled
+                 ? absl::StrCat("target killed by ", sigabbrev_np(proc_.exit_info()->signal))
+                 : "target exited");
+        break;
+      case core::ProcessEvent::Kind::kExec:
+        DrainAll();
+        session_.Disarm();
+        std::fprintf(stderr,
+                     "kwatch: target %d called exec; the watches of the old image have ended "
+                     "(their addresses mean nothing in the new one)\n",
+                     proc_.pid());
+        KW_RETURN_IF_ERROR(proc_.Resume(e.tid));
+        break;
+      case core::ProcessEvent::Kind::kGroupStop:
+        std::fprintf(stderr, "kwatch: target %d stopped by %s (job control); still watching\n",
+                     proc_.pid(), sigabbrev_np(e.signal));
+        break;
+      default:
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Runner::Run() {
+  epfd_.Reset(epoll_create1(EPOLL_CLOEXEC));
+  if (!epfd_) {
+    const int err = errno;
+    return core::SyscallError(err, "epoll_create1");
+  }
+  KW_RETURN_IF_ERROR(AddFd(sigfd_));
+  for (int fd : session_.Fds()) {
+    KW_RETURN_IF_ERROR(AddFd(fd));
+  }
+  // A periodic tick drains samples below the wakeup threshold; a deadline for --duration.
+  core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  itimerspec its{};
+  its.it_interval.tv_nsec = 50'000'000;
+  its.it_value.tv_nsec = 50'000'000;
+  timerfd_settime(tick.get(), 0, &its, nullptr);
+  KW_RETURN_IF_ERROR(AddFd(tick.get()));
+  const uint64_t start_ns = MonotonicNs();
+  const uint64_t deadline_ns =
+      opts_.duration > 0 ? start_ns + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
+  printer_ = EventPrinter(stdout, opts_.json, start_ns);
+  if (!opts_.quiet) {
+    printer_.PrintHeader(session_);
+  }
+
+  std::string prog = proc_.argv().empty() ? "?" : proc_.argv()[0];
+  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), perf breakpoint stream mode\n",
+               session_.watches().size(), session_.watches().size() == 1 ? "" : "es", proc_.pid(),
+               prog.c_str());
+  std::fflush(stderr);
+
+  // The target may already have ended (or exec'd) while arming.
+  KW_RETURN_IF_ERROR(HandleChild());
+  epoll_event evs[64];
+  while (!stopped_) {
+    const int n = epoll_wait(epfd_.get(), evs, 64, 1000);
+    if (n < 0 && errno != EINTR) {
+      const int err = errno;
+      return core::SyscallError(err, "epoll_wait");
+    }
+    bool drain = false;
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == sigfd_) {
+        signalfd_siginfo si{};
+        while (read(sigfd_, &si, sizeof(si)) == sizeof(si)) {
+          if (si.ssi_signo == SIGCHLD) {
+            drain = true;
+            KW_RETURN_IF_ERROR(HandleChild());
+          } else {
+            Stop(absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo))));
+          }
+        }
+      } else if (evs[i].data.fd == tick.get()) {
+        uint64_t ticks = 0;
+        (void)!read(tick.get(), &ticks, sizeof(ticks));
+        drain = true;
+      } else {
+        drain = true;
+      }
+    }
+    if (drain) {
+      DrainAll();
+    }
+    if (deadline_ns != 0 && MonotonicNs() >= deadline_ns) {
+      Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
+    }
+    if (proc_.alive()) {
+      // SIGCHLD may have been merged with another: poll the target every round.
+      KW_RETURN_IF_ERROR(HandleChild());
+    }
+  }
+  DrainAll();
+  RunInfo info;
+  info.lost = session_.lost();
+  info.filtered = session_.filtered();
+  info.pid = proc_.pid();
+  info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
+  session_.Disarm();
+  info.stop_reason = stop_reason_;
+  if (proc_.alive()) {
+    if (proc_.launched() && opts_.kill_on_exit) {
+      KW_RETURN_IF_ERROR(proc_.Kill());
+      info.stop_reason += "; target killed (--kill-on-exit)";
+    } else {
+      KW_RETURN_IF_ERROR(proc_.Detach());
+      std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", proc_.pid());
+    }
+  }
+  info.exit = proc_.exit_info();
+  std::fflush(stdout);
+  PrintSummary(stdout, opts_.json, session_, summary_, info);
+  std::fflush(stdout);
+  if (proc_.launched() && info.exit.has_value()) {
+    return info.exit->ShellStatus();
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunWatch(const Options& opts) {
+  // Signals arrive through a signalfd, so the loop sees them in order with everything else.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    sigaddset(&mask, sig);
+  }
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd) {
+    const int err = errno;
+    return core::SyscallError(err, "signalfd");
+  }
+
+  std::unique_ptr<core::Process> proc;
+  if (opts.pid.has_value()) {
+    KW_ASSIGN_OR_RETURN(proc, core::Process::Attach(*opts.pid));
+  } else {
+    core::LaunchOptions lo;
+    lo.kill_on_exit = opts.kill_on_exit;
+    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts.command, lo));
+    if (absl::Status s = proc->RunToEntry(); !s.ok()) {
+      (void)proc->Kill();
+      return s;
+    }
+  }
+
+  std::vector<watch::WatchRequest> requests;
+  drmgr::DrKind kind = drmgr::DrKind::kWrite;
+  if (opts.rw || opts.read) {
+    kind = drmgr::DrKind::kReadWrite;
+  } else if (opts.exec) {
+    kind = drmgr::DrKind::kExec;
+  }
+  for (const auto& e : opts.exprs) {
+    watch::WatchRequest r;
+    r.expr = e;
+    r.kind = kind;
+    r.reads_only = opts.read;
+    r.length = opts.len;
+    requests.push_back(std::move(r));
+  }
+  auto fail = [&](absl::Status s) -> absl::Status {
+    // A launched target never ran its own code yet: do not leave it behind.
+    if (proc->launched()) {
+      (void)proc->Kill();
+    } else {
+      (void)proc->Detach();
+    }
+    return s;
+  };
+  auto session = watch::WatchSession::Create(*proc, std::move(requests));
+  if (!session.ok()) {
+    return fail(session.status());
+  }
+  if (absl::Status s = (*session)->Arm(); !s.ok()) {
+    return fail(s);
+  }
+  Runner runner(opts, *proc, **session, sigfd.get());
+  auto code = runner.Run();
+  if (!code.ok()) {
+    return fail(code.status());
+  }
+  return code;
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  // Everything after the first "--" is the command to launch.
+  std::vector<std::string> args;
+  Options opts;
+  bool have_dashdash = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!have_dashdash && absl::string_view(argv[i]) == "--") {
+      have_dashdash = true;
+      continue;
+    }
+    (have_dashdash ? opts.command : args).emplace_back(argv[i]);
+  }
+
+  CLI::App app{
+      "kwatch: watch memory with the processor's debug registers.\n\n"
+      "  kwatch --write g_stats.hits -- ./server ARGS   launch a program and watch a field\n"
+      "  kwatch --rw 'cache->lines[3]' -p PID          attach to a running process\n\n"
+      "Expressions: name, &name, name.field, name[3], ptr->field, 0xADDR, 0xADDR:LEN.\n"
+      "One watch covers 1, 2, 4 or 8 aligned bytes (one x86 debug register).",
+      "kwatch"};
+  app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
+  auto* w = app.add_flag("-w,--write", opts.write, "Report writes (default)");
+  auto* a = app.add_flag("-a,--rw", opts.rw, "Report reads and writes (gdb's awatch)");
+  auto* r = app.add_flag("-r,--read", opts.read,
+                         "Report reads: x86 has no read-only watchpoint, so kwatch watches "
+                         "read-write and filters writes out in software");
+  auto* x = app.add_flag("-x,--exec", opts.exec, "Report execution of the address");
+  w->excludes(a, r, x);
+  a->excludes(r, x);
+  r->excludes(x);
+  app.add_option("--len", opts.len, "Watch this many bytes (1, 2, 4, 8) instead of the type's size")
+      ->check(CLI::IsMember({1, 2, 4, 8}));
+  app.add_option("expr", opts.exprs, "What to watch (one or more expressions)");
+  app.add_option("-p,--pid", opts.pid, "Attach to a running process")->check(CLI::PositiveNumber);
+  app.add_option("-c,--count", opts.count, "Stop after N events");
+  app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--json", opts.json, "Print JSON lines: one per event, then a summary object");
+  app.add_flag("-q,--quiet", opts.quiet, "Print no live events, only the summary");
+  app.add_flag("--kill-on-exit", opts.kill_on_exit,
+               "Kill a launched target when kwatch stops before it ends (default: leave it running)");
+  app.footer(
+      "Permissions: hardware watchpoints need root, or CAP_PERFMON + CAP_SYS_PTRACE, or\n"
+      "`sysctl kernel.perf_event_paranoid=1` for your own processes. Everything after `--` is\n"
+      "the command to launch; kwatch exits with its exit status.");
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (opts.exprs.empty()) {
+    std::fprintf(stderr, "kwatch: error: nothing to watch: give an expression, e.g. "
+                         "`kwatch --write g_counter -- ./prog`\n%s",
+                 app.help().c_str());
+    return 2;
+  }
+  if (opts.pid.has_value() == !opts.command.empty()) {
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 opts.pid.has_value()
+                     ? "give either -p PID or a command after `--`, not both"
+                     : "no target: give -p PID or a command after `--` (e.g. `-- ./prog args`)");
+    return 2;
+  }
+  if (opts.read) {
+    std::fprintf(stderr, "kwatch: note: x86 has no read-only watchpoint; watching read-write and "
+                         "filtering writes out in software\n");
+  }
+  auto code = RunWatch(opts);
+  if (!code.ok()) {
+    Error(code.status());
+    return 1;
+  }
+  return *code;
+}
+
+}  // namespace kwatch::cli

@@ -1,0 +1,240 @@
+#include "absl/strings/string_view.h"
+#include "cli/output.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/symbolizer.h"
+
+namespace kwatch::cli {
+
+namespace {
+
+std::string Basename(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string Hex(uint64_t v) { return absl::StrFormat("0x%x", v); }
+
+// Sign-extends the low `len` bytes for display of a field's value.
+int64_t ValueOf(uint64_t raw, uint32_t len) {
+  if (len >= 8) {
+    return static_cast<int64_t>(raw);
+  }
+  const int shift = static_cast<int>(64 - 8 * len);
+  return static_cast<int64_t>(raw << shift) >> shift;
+}
+
+std::string SiteText(const core::CodeLocation& loc, core::RemoteAddr ip) {
+  if (loc.function.empty()) {
+    return Hex(ip.value);
+  }
+  std::string s = absl::StrFormat("%s+0x%x", loc.function, loc.offset);
+  if (!loc.file.empty()) {
+    absl::StrAppend(&s, " (", Basename(loc.file), ":", loc.line, ")");
+  }
+  return s;
+}
+
+template <typename K>
+std::vector<std::pair<K, watch::KindCounts>> Ranked(
+    const absl::flat_hash_map<K, watch::KindCounts>& m) {
+  std::vector<std::pair<K, watch::KindCounts>> v(m.begin(), m.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    if (a.second.total() != b.second.total()) {
+      return a.second.total() > b.second.total();
+    }
+    return a.first < b.first;
+  });
+  return v;
+}
+
+constexpr size_t kTopSites = 10;
+
+}  // namespace
+
+std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += "\"";
+  return out;
+}
+
+void EventPrinter::PrintHeader(const watch::WatchSession& session) {
+  if (json_) {
+    for (const auto& w : session.watches()) {
+      absl::FPrintF(out_,
+                    "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
+                    "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"perf-stream\"}\n",
+                    w.id, JsonString(w.request.expr), JsonString(w.target.display),
+                    Hex(w.target.addr.value), w.target.length,
+                    w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
+                    JsonString(w.target.type_name));
+    }
+    return;
+  }
+  absl::FPrintF(out_, "%-14s %-7s %-3s %-24s %-20s %s\n", "TIME(s)", "TID", "ACC", "FIELD",
+                "VALUE(at drain)", "SITE");
+}
+
+void EventPrinter::Print(watch::WatchSession& session, const watch::Summary& summary,
+                         const core::AccessEvent& ev) {
+  const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
+  const watch::Watch& w = session.watches()[ev.watch_id];
+  const std::string& field = summary.FieldName(ev);
+  const double t = static_cast<double>(ev.time_ns - std::min(ev.time_ns, start_ns_)) / 1e9;
+  if (json_) {
+    std::string value = "null";
+    if (ev.value.has_value()) {
+      value = absl::StrCat(ValueOf(*ev.value, ev.len));
+    }
+    absl::FPrintF(out_,
+                  "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%d,"
+                  "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"expr\":%s,\"field\":%s,"
+                  "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                  "\"line\":%d,\"value\":%s,\"value_at\":\"drain\"}\n",
+                  ev.time_ns, ev.pid, ev.tid, ev.cpu, core::AccessKindLetter(ev.kind),
+                  Hex(ev.addr.value), ev.len, JsonString(w.request.expr), JsonString(field),
+                  Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
+                  JsonString(loc.file), loc.line, value);
+    return;
+  }
+  std::string value = "?";
+  if (ev.value.has_value()) {
+    value = absl::StrCat(ValueOf(*ev.value, ev.len));
+  }
+  absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %-20s %s\n", t, ev.tid,
+                core::AccessKindLetter(ev.kind), field, value, SiteText(loc, ev.ip));
+}
+
+void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watch::Summary& summary,
+                  const RunInfo& info) {
+  if (json) {
+    std::string s = absl::StrFormat(
+        "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"seconds\":%.6f,"
+        "\"stop_reason\":%s,\"pid\":%d",
+        summary.events(), info.lost, info.filtered, info.seconds, JsonString(info.stop_reason),
+        info.pid);
+    if (info.exit.has_value()) {
+      absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
+                            info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
+    }
+    s += ",\"watches\":[";
+    for (const auto& w : session.watches()) {
+      const watch::WatchCounts& c = summary.counts(w.id);
+      absl::StrAppendFormat(
+          &s,
+          "%s{\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\",\"len\":%d,\"kind\":\"%s\","
+          "\"backend\":\"perf-stream\",\"events\":%d,\"reads\":%d,\"writes\":%d,\"fields\":[",
+          w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
+          Hex(w.target.addr.value), w.target.length,
+          w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind), c.total.total(),
+          c.total.reads, c.total.writes);
+      bool first = true;
+      for (const auto& [name, k] : Ranked(c.fields)) {
+        absl::StrAppendFormat(&s, "%s{\"field\":%s,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
+                              JsonString(name), k.reads, k.writes);
+        first = false;
+      }
+      s += "],\"threads\":[";
+      first = true;
+      for (const auto& [tid, k] : Ranked(c.threads)) {
+        absl::StrAppendFormat(&s, "%s{\"tid\":%d,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
+                              tid, k.reads, k.writes);
+        first = false;
+      }
+      s += "],\"sites\":[";
+      first = true;
+      size_t n = 0;
+      for (const auto& [ip, k] : Ranked(c.sites)) {
+        if (n++ == kTopSites) {
+          break;
+        }
+        const core::CodeLocation& loc = session.symbolizer().Locate(ip);
+        absl::StrAppendFormat(&s,
+                              "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                              "\"line\":%d,\"reads\":%d,\"writes\":%d}",
+                              first ? "" : ",", Hex(ip.value), JsonString(loc.function),
+                              loc.offset, JsonString(loc.file), loc.line, k.reads, k.writes);
+        first = false;
+      }
+      s += "]}";
+    }
+    s += "]}\n";
+    std::fputs(s.c_str(), out);
+    return;
+  }
+  absl::FPrintF(out, "\n== kwatch summary: %d events in %.3f s, %d lost", summary.events(),
+                info.seconds, info.lost);
+  if (info.filtered > 0) {
+    absl::FPrintF(out, ", %d writes filtered (--read)", info.filtered);
+  }
+  absl::FPrintF(out, " (%s) ==\n", info.stop_reason);
+  for (const auto& w : session.watches()) {
+    const watch::WatchCounts& c = summary.counts(w.id);
+    absl::FPrintF(out, "\nwatch #%d %s: %s%s%d bytes at %s, %s, perf breakpoint stream\n", w.id + 1,
+                  w.target.display, w.target.type_name, w.target.type_name.empty() ? "" : ", ",
+                  w.target.length, Hex(w.target.addr.value),
+                  w.request.reads_only ? "read (read-write filtered)"
+                                       : drmgr::DrKindName(w.request.kind));
+    absl::FPrintF(out, "  %-32s %10s %10s\n", "field", "reads", "writes");
+    for (const auto& [name, k] : Ranked(c.fields)) {
+      absl::FPrintF(out, "  %-32s %10d %10d\n", name, k.reads, k.writes);
+    }
+    absl::FPrintF(out, "  %-32s %10s %10s\n", "thread", "reads", "writes");
+    for (const auto& [tid, k] : Ranked(c.threads)) {
+      absl::FPrintF(out, "  %-32s %10d %10d\n", absl::StrCat("tid ", tid), k.reads, k.writes);
+    }
+    absl::FPrintF(out, "  top accessing lines:\n");
+    size_t n = 0;
+    for (const auto& [ip, k] : Ranked(c.sites)) {
+      if (n++ == kTopSites) {
+        break;
+      }
+      const core::CodeLocation& loc = session.symbolizer().Locate(ip);
+      absl::FPrintF(out, "  %10d  %-3s %s\n", k.total(),
+                    k.writes > 0 ? (k.reads > 0 ? "rw" : "w") : "r", SiteText(loc, ip));
+    }
+    if (c.sites.empty()) {
+      absl::FPrintF(out, "  (none)\n");
+    }
+  }
+  if (info.exit.has_value()) {
+    if (info.exit->signaled) {
+      absl::FPrintF(out, "\ntarget %d was killed by signal %d (%s)%s\n", info.pid,
+                    info.exit->signal, sigabbrev_np(info.exit->signal),
+                    info.exit->core_dumped ? ", core dumped" : "");
+    } else {
+      absl::FPrintF(out, "\ntarget %d exited with status %d\n", info.pid, info.exit->code);
+    }
+  }
+}
+
+}  // namespace kwatch::cli

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/string_view.h"
+#include "core/event.h"
+#include "core/process.h"
+#include "watch/session.h"
+#include "watch/summary.h"
+
+namespace kwatch::cli {
+
+// JSON string literal for `s` (quotes included).
+std::string JsonString(absl::string_view s);
+
+// What the session ended with, for the summary.
+struct RunInfo {
+  std::string stop_reason;      // "target exited", "count reached", "interrupted", ...
+  uint64_t lost = 0;
+  uint64_t filtered = 0;        // writes dropped by --read
+  double seconds = 0;
+  std::optional<core::ExitInfo> exit;
+  pid_t pid = 0;
+};
+
+// Prints live events, one line each (text or JSON lines). Not thread-safe.
+class EventPrinter {
+ public:
+  EventPrinter(FILE* out, bool json, uint64_t start_ns) : out_(out), json_(json), start_ns_(start_ns) {}
+
+  void PrintHeader(const watch::WatchSession& session);
+  void Print(watch::WatchSession& session, const watch::Summary& summary, const core::AccessEvent& ev);
+
+ private:
+  FILE* out_;
+  bool json_;
+  uint64_t start_ns_;
+};
+
+// The end-of-session summary: per watch, per field and kind, per thread, top source lines.
+void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watch::Summary& summary,
+                  const RunInfo& info);
+
+}  // namespace kwatch::cli

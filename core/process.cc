@@ -1,0 +1,642 @@
+#include "absl/strings/string_view.h"
+#include "core/process.h"
+
+#include <dirent.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/status_macros.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+
+namespace kwatch::core {
+
+namespace {
+
+constexpr long kTraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC;
+
+bool IsStopSignal(int sig) {
+  return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
+}
+
+ExitInfo ExitFromStatus(int status) {
+  ExitInfo info;
+  if (WIFSIGNALED(status)) {
+    info.signaled = true;
+    info.signal = WTERMSIG(status);
+    info.core_dumped = WCOREDUMP(status);
+  } else {
+    info.code = WEXITSTATUS(status);
+  }
+  return info;
+}
+
+std::string ProgramName(const std::vector<std::string>& argv) {
+  return argv.empty() ? std::string("(none)") : argv[0];
+}
+
+absl::StatusOr<uint64_t> ReadAuxvEntry(pid_t pid, uint64_t type) {
+  KW_ASSIGN_OR_RETURN(const std::string auxv, ReadSmallFile(absl::StrCat("/proc/", pid, "/auxv")));
+  for (size_t off = 0; off + 16 <= auxv.size(); off += 16) {
+    uint64_t key = 0;
+    uint64_t val = 0;
+    std::memcpy(&key, auxv.data() + off, 8);
+    std::memcpy(&val, auxv.data() + off + 8, 8);
+    if (key == type) {
+      return val;
+    }
+    if (key == AT_NULL) {
+      break;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("auxv entry ", type, " not found for pid ", pid));
+}
+
+// Advice for a ptrace EPERM on `pid`.
+std::string PtraceDeniedAdvice(pid_t pid) {
+  const std::string tracer = ProcStatusField(pid, "TracerPid");
+  if (!tracer.empty() && tracer != "0") {
+    int tracer_pid = 0;
+    (void)absl::SimpleAtoi(tracer, &tracer_pid);
+    return absl::StrCat("process ", pid, " is already traced by pid ", tracer, " (",
+                        ProcStatusField(tracer_pid, "Name"),
+                        "); detach that debugger or tracer first");
+  }
+  auto scope = ReadSmallFile("/proc/sys/kernel/yama/ptrace_scope");
+  std::string advice = "tracing another process needs root or CAP_SYS_PTRACE";
+  if (scope.ok() && !absl::StripAsciiWhitespace(*scope).empty() &&
+      absl::StripAsciiWhitespace(*scope) != "0") {
+    absl::StrAppend(&advice, ", and Yama's kernel.yama.ptrace_scope is ",
+                    absl::StripAsciiWhitespace(*scope),
+                    " (`sysctl kernel.yama.ptrace_scope=0` allows tracing non-children)");
+  }
+  return advice;
+}
+
+}  // namespace
+
+std::string ProcStatusField(pid_t pid, const std::string& name) {
+  auto text = ReadSmallFile(absl::StrCat("/proc/", pid, "/status"));
+  if (!text.ok()) {
+    return "";
+  }
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, ":")) {
+      return std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::string>& argv,
+                                                         const LaunchOptions& opts) {
+  if (argv.empty()) {
+    return absl::InvalidArgumentError("no command given to launch");
+  }
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) {
+    const int err = errno;
+    return SyscallError(err, "pipe2");
+  }
+  UniqueFd read_end(pipefd[0]);
+  UniqueFd write_end(pipefd[1]);
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const auto& a : argv) {
+    args.push_back(const_cast<char*>(a.c_str()));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  }
+  args.push_back(nullptr);
+
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    return SyscallError(err, "fork");
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls from here on.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) {
+      signal(sig, SIG_DFL);
+    }
+    raise(SIGSTOP);
+    execvp(args[0], args.data());
+    int err = errno;
+    (void)!write(write_end.get(), &err, sizeof(err));
+    _exit(127);
+  }
+  write_end.Reset();
+  auto proc = std::unique_ptr<Process>(new Process(pid, /*launched=*/true, argv));
+
+  int status = 0;
+  if (::waitpid(pid, &status, WUNTRACED) != pid || !WIFSTOPPED(status)) {
+    return absl::InternalError(absl::StrCat("child ", pid, " did not stop before exec"));
+  }
+  long options = kTraceOptions;
+  if (opts.kill_on_exit) {
+    options |= PTRACE_O_EXITKILL;
+  }
+  if (::ptrace(PTRACE_SEIZE, pid, nullptr, options) != 0) {
+    const int err = errno;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SEIZE, ", pid, ")"), PtraceDeniedAdvice(pid));
+  }
+  proc->threads_[pid] = Thread{};
+  ::kill(pid, SIGCONT);
+  for (;;) {
+    if (::waitpid(pid, &status, __WALL) != pid) {
+      const int err = errno;
+      if (err == EINTR) {
+        continue;
+      }
+      return SyscallError(err, "waitpid");
+    }
+    if (WIFEXITED(status) || WIFSIGNALED(status)) {
+      proc->threads_.clear();
+      proc->exit_ = ExitFromStatus(status);
+      proc->detached_ = true;
+      int exec_err = 0;
+      if (::read(read_end.get(), &exec_err, sizeof(exec_err)) == sizeof(exec_err)) {
+        const std::string what = absl::StrCat("cannot execute '", argv[0], "'");
+        if (exec_err == ENOENT) {
+          return absl::NotFoundError(absl::StrCat(
+              what, ": no such file or not found in PATH (", ErrnoText(exec_err), ")"));
+        }
+        if (exec_err == EACCES) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              what, ": ", ErrnoText(exec_err), " (is it executable? chmod +x, or a noexec mount)"));
+        }
+        return SyscallError(exec_err, absl::StrCat("execvp(", argv[0], ")"));
+      }
+      return absl::AbortedError(absl::StrCat("'", argv[0], "' ended before exec"));
+    }
+    const int event = status >> 16;
+    const int sig = WSTOPSIG(status);
+    if (event == PTRACE_EVENT_EXEC) {
+      proc->threads_[pid].state = ThreadState::kStopped;
+      return proc;
+    }
+    const int inject = (event != 0 || sig == SIGCONT || sig == SIGSTOP) ? 0 : sig;
+    if (::ptrace(PTRACE_CONT, pid, nullptr, inject) != 0) {
+      const int err = errno;
+      return SyscallError(err, "ptrace(PTRACE_CONT)");
+    }
+  }
+}
+
+absl::Status Process::SeizeThread(pid_t tid) {
+  if (threads_.contains(tid)) {
+    return absl::OkStatus();
+  }
+  if (::ptrace(PTRACE_SEIZE, tid, nullptr, kTraceOptions) != 0) {
+    const int err = errno;
+    if (err == EPERM && ProcStatusField(tid, "TracerPid") == absl::StrCat(::getpid())) {
+      threads_[tid] = Thread{};  // auto-attached through PTRACE_O_TRACECLONE
+      return absl::OkStatus();
+    }
+    if (err == ESRCH && tid != pid_) {
+      return absl::OkStatus();  // thread exited meanwhile
+    }
+    if (err == ESRCH) {
+      return absl::NotFoundError(absl::StrCat("no process with pid ", tid));
+    }
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SEIZE, ", tid, ")"),
+                        err == EPERM ? PtraceDeniedAdvice(pid_) : "");
+  }
+  threads_[tid] = Thread{};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Attach(pid_t pid) {
+  if (pid <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid pid ", pid));
+  }
+  if (pid == ::getpid()) {
+    return absl::InvalidArgumentError("kwatch cannot attach to itself");
+  }
+  std::string cmdline;
+  if (auto c = ReadSmallFile(absl::StrCat("/proc/", pid, "/cmdline")); c.ok()) {
+    cmdline = std::string(absl::StripTrailingAsciiWhitespace(*c));
+  } else {
+    return absl::NotFoundError(absl::StrCat("no process with pid ", pid));
+  }
+  std::vector<std::string> argv = absl::StrSplit(cmdline, '\0', absl::SkipEmpty());
+  if (ProcStatusField(pid, "Tgid") != absl::StrCat(pid)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        pid, " is a thread of process ", ProcStatusField(pid, "Tgid"), "; attach to the process"));
+  }
+  auto proc = std::unique_ptr<Process>(new Process(pid, /*launched=*/false, std::move(argv)));
+  KW_RETURN_IF_ERROR(proc->SeizeThread(pid));
+  // Threads created by seized threads are auto-attached; repeat until no untraced thread
+  // remains (threads created by not-yet-seized threads show up in the next pass).
+  for (int pass = 0; pass < 100; ++pass) {
+    KW_ASSIGN_OR_RETURN(const std::vector<pid_t> tids, proc->ListThreads());
+    bool added = false;
+    for (pid_t tid : tids) {
+      if (!proc->threads_.contains(tid)) {
+        KW_RETURN_IF_ERROR(proc->SeizeThread(tid));
+        added = true;
+      }
+    }
+    if (!added) {
+      return proc;
+    }
+  }
+  return absl::UnavailableError(
+      absl::StrCat("process ", pid, " creates threads faster than kwatch can attach"));
+}
+
+Process::~Process() {
+  if (!detached_ && alive()) {
+    (void)Detach();
+  }
+}
+
+absl::Status Process::Cont(pid_t tid, int sig) {
+  if (::ptrace(PTRACE_CONT, tid, nullptr, sig) != 0) {
+    const int err = errno;
+    if (err == ESRCH) {
+      return absl::OkStatus();  // died meanwhile; its exit status follows
+    }
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_CONT, ", tid, ")"));
+  }
+  if (auto it = threads_.find(tid); it != threads_.end()) {
+    it->second.state = ThreadState::kRunning;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events) {
+  if (WIFEXITED(status) || WIFSIGNALED(status)) {
+    threads_.erase(tid);
+    if (tid == pid_) {
+      exit_ = ExitFromStatus(status);
+      threads_.clear();
+      events.push_back({ProcessEvent::Kind::kExited, tid, exit_->signal});
+    } else {
+      events.push_back({ProcessEvent::Kind::kThreadExited, tid, 0});
+    }
+    return absl::OkStatus();
+  }
+  if (!WIFSTOPPED(status)) {
+    return absl::OkStatus();
+  }
+  Thread& thread = threads_[tid];
+  const int event = status >> 16;
+  const int sig = WSTOPSIG(status);
+  switch (event) {
+    case PTRACE_EVENT_CLONE: {
+      unsigned long new_tid = 0;
+      ::ptrace(PTRACE_GETEVENTMSG, tid, nullptr, &new_tid);
+      if (new_tid != 0 && !threads_.contains(static_cast<pid_t>(new_tid))) {
+        threads_[static_cast<pid_t>(new_tid)] = Thread{};
+      }
+      events.push_back({ProcessEvent::Kind::kThreadStarted, static_cast<pid_t>(new_tid), 0});
+      if (stopping_all_) {
+        thread.state = ThreadState::kStopped;
+        if (thread.interrupt_pending) {
+          return absl::OkStatus();
+        }
+      }
+      return Cont(tid, 0);
+    }
+    case PTRACE_EVENT_EXEC: {
+      // Every other thread is gone; the exec'ing thread now has the leader's tid.
+      threads_.clear();
+      threads_[pid_].state = ThreadState::kStopped;
+      events.push_back({ProcessEvent::Kind::kExec, pid_, 0});
+      return absl::OkStatus();
+    }
+    case PTRACE_EVENT_STOP: {
+      if (IsStopSignal(sig)) {
+        // Group stop: keep the target stopped as job control asked, but keep hearing of it.
+        const bool first = thread.state != ThreadState::kGroupStopped;
+        thread.state = ThreadState::kGroupStopped;
+        thread.interrupt_pending = false;
+        if (first && tid == pid_) {
+          events.push_back({ProcessEvent::Kind::kGroupStop, tid, sig});
+        }
+        if (::ptrace(PTRACE_LISTEN, tid, nullptr, 0) != 0 && errno != ESRCH) {
+          const int err = errno;
+          return SyscallError(err, "ptrace(PTRACE_LISTEN)");
+        }
+        if (stopping_all_) {
+          return absl::OkStatus();
+        }
+        return absl::OkStatus();
+      }
+      // A new thread's first stop, or kwatch's own PTRACE_INTERRUPT.
+      thread.interrupt_pending = false;
+      if (stopping_all_) {
+        thread.state = ThreadState::kStopped;
+        return absl::OkStatus();
+      }
+      return Cont(tid, 0);
+    }
+    case 0: {
+      // Signal-delivery stop: the target's own signal, passed on unchanged.
+      events.push_back({ProcessEvent::Kind::kSignal, tid, sig});
+      return Cont(tid, sig);
+    }
+    default:
+      return Cont(tid, 0);
+  }
+}
+
+absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
+  std::vector<ProcessEvent> events = std::move(pending_events_);
+  pending_events_.clear();
+  bool first = events.empty();
+  while (alive()) {
+    int status = 0;
+    const int flags = __WALL | ((block && first) ? 0 : WNOHANG);
+    const pid_t tid = ::waitpid(-1, &status, flags);
+    first = false;
+    if (tid == 0) {
+      break;
+    }
+    if (tid < 0) {
+      const int err = errno;
+      if (err == EINTR) {
+        continue;
+      }
+      if (err == ECHILD) {
+        // Not our child (attached) and no traced thread left: the process is gone.
+        if (!exit_.has_value() && ::kill(pid_, 0) != 0) {
+          exit_ = ExitInfo{};
+          threads_.clear();
+          events.push_back({ProcessEvent::Kind::kExited, pid_, 0});
+        }
+        break;
+      }
+      return SyscallError(err, "waitpid");
+    }
+    if (!threads_.contains(tid) && tid != pid_) {
+      // A thread we have not heard of yet (its clone event may come later): track it.
+      if (WIFSTOPPED(status)) {
+        threads_[tid] = Thread{};
+      } else {
+        continue;
+      }
+    }
+    KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
+  }
+  return events;
+}
+
+absl::Status Process::StopAll() {
+  if (!alive()) {
+    return absl::OkStatus();
+  }
+  stopping_all_ = true;
+  absl::Cleanup done = [this] { stopping_all_ = false; };
+  for (auto& [tid, thread] : threads_) {
+    if (thread.state == ThreadState::kRunning && !thread.interrupt_pending) {
+      if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
+        thread.interrupt_pending = true;
+      }
+    }
+  }
+  std::vector<ProcessEvent>& events = pending_events_;
+  for (;;) {
+    bool all_stopped = true;
+    for (auto& [tid, thread] : threads_) {
+      if (thread.state == ThreadState::kRunning) {
+        all_stopped = false;
+        if (!thread.interrupt_pending &&
+            ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
+          thread.interrupt_pending = true;
+        }
+      }
+    }
+    if (all_stopped || !alive()) {
+      break;
+    }
+    int status = 0;
+    const pid_t tid = ::waitpid(-1, &status, __WALL);
+    if (tid < 0) {
+      const int err = errno;
+      if (err == EINTR) {
+        continue;
+      }
+      return SyscallError(err, "waitpid");
+    }
+    if (!threads_.contains(tid) && WIFSTOPPED(status)) {
+      threads_[tid] = Thread{};
+    }
+    KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Process::ResumeAll() {
+  for (auto& [tid, thread] : threads_) {
+    if (thread.state == ThreadState::kStopped) {
+      KW_RETURN_IF_ERROR(Cont(tid, 0));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Process::Resume(pid_t tid) { return Cont(tid, 0); }
+
+absl::Status Process::RunToEntry() {
+  KW_ASSIGN_OR_RETURN(const uint64_t entry, ReadAuxvEntry(pid_, AT_ENTRY));
+  errno = 0;
+  const long word = ::ptrace(PTRACE_PEEKDATA, pid_, entry, nullptr);
+  if (errno != 0) {
+    const int err = errno;
+    return SyscallError(err, "ptrace(PTRACE_PEEKDATA, entry)");
+  }
+  const long patched = (word & ~0xffL) | 0xcc;
+  if (::ptrace(PTRACE_POKEDATA, pid_, entry, patched) != 0) {
+    const int err = errno;
+    return SyscallError(err, "ptrace(PTRACE_POKEDATA, entry)");
+  }
+  bool restored = false;
+  auto restore = [&]() -> absl::Status {
+    if (restored || !alive()) {
+      return absl::OkStatus();
+    }
+    restored = true;
+    if (::ptrace(PTRACE_POKEDATA, pid_, entry, word) != 0) {
+      const int err = errno;
+      return SyscallError(err, "ptrace(PTRACE_POKEDATA, restore entry)");
+    }
+    return absl::OkStatus();
+  };
+  KW_RETURN_IF_ERROR(Cont(pid_, 0));
+  std::vector<ProcessEvent>& events = pending_events_;
+  while (alive()) {
+    int status = 0;
+    const pid_t tid = ::waitpid(-1, &status, __WALL);
+    if (tid < 0) {
+      const int err = errno;
+      if (err == EINTR) {
+        continue;
+      }
+      return SyscallError(err, "waitpid");
+    }
+    if (tid == pid_ && WIFSTOPPED(status) && (status >> 16) == 0 && WSTOPSIG(status) == SIGTRAP) {
+      KW_ASSIGN_OR_RETURN(user_regs_struct regs, GetRegs(pid_));
+      if (regs.rip == entry + 1) {
+        KW_RETURN_IF_ERROR(restore());
+        regs.rip = entry;
+        KW_RETURN_IF_ERROR(SetRegs(pid_, regs));
+        threads_[pid_].state = ThreadState::kStopped;
+        return absl::OkStatus();
+      }
+    }
+    if (!threads_.contains(tid) && WIFSTOPPED(status)) {
+      threads_[tid] = Thread{};
+    }
+    KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
+  }
+  return absl::AbortedError(absl::StrCat("'", ProgramName(argv_),
+                                         "' ended before reaching its entry point (status ",
+                                         exit_->ShellStatus(), ")"));
+}
+
+absl::Status Process::Detach() {
+  if (detached_ || !alive()) {
+    detached_ = true;
+    return absl::OkStatus();
+  }
+  KW_RETURN_IF_ERROR(StopAll());
+  for (auto& [tid, thread] : threads_) {
+    if (::ptrace(PTRACE_DETACH, tid, nullptr, 0) != 0) {
+      const int err = errno;
+      if (err != ESRCH) {
+        return SyscallError(err, absl::StrCat("ptrace(PTRACE_DETACH, ", tid, ")"));
+      }
+    }
+  }
+  threads_.clear();
+  detached_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Process::Kill() {
+  if (!alive()) {
+    return absl::OkStatus();
+  }
+  if (::kill(pid_, SIGKILL) != 0) {
+    const int err = errno;
+    if (err != ESRCH) {
+      return SyscallError(err, absl::StrCat("kill(", pid_, ", SIGKILL)"));
+    }
+  }
+  while (alive()) {
+    auto events = Poll(/*block=*/true);
+    if (!events.ok()) {
+      return events.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Process::ReadMemory(RemoteAddr addr, std::span<uint8_t> out) const {
+  iovec local{out.data(), out.size()};
+  iovec remote{reinterpret_cast<void*>(addr.value), out.size()};  // NOLINT(performance-no-int-to-ptr)
+  const ssize_t n = ::process_vm_readv(pid_, &local, 1, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(out.size())) {
+    return absl::OkStatus();
+  }
+  // Fall back to /proc/PID/mem (works where process_vm_readv is not allowed).
+  UniqueFd fd(::open(absl::StrCat("/proc/", pid_, "/mem").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    return SyscallError(err, absl::StrFormat("open(/proc/%d/mem)", pid_));
+  }
+  const ssize_t m = ::pread(fd.get(), out.data(), out.size(), static_cast<off_t>(addr.value));
+  if (m != static_cast<ssize_t>(out.size())) {
+    const int err = m < 0 ? errno : EIO;
+    return SyscallError(err, absl::StrFormat("read %d bytes at 0x%x of pid %d", out.size(),
+                                             addr.value, pid_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Process::WriteMemory(RemoteAddr addr, std::span<const uint8_t> data) const {
+  UniqueFd fd(::open(absl::StrCat("/proc/", pid_, "/mem").c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    return SyscallError(err, absl::StrFormat("open(/proc/%d/mem)", pid_));
+  }
+  const ssize_t m = ::pwrite(fd.get(), data.data(), data.size(), static_cast<off_t>(addr.value));
+  if (m != static_cast<ssize_t>(data.size())) {
+    const int err = m < 0 ? errno : EIO;
+    return SyscallError(err, absl::StrFormat("write %d bytes at 0x%x of pid %d", data.size(),
+                                             addr.value, pid_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<pid_t>> Process::ListThreads() const {
+  const std::string dir = absl::StrCat("/proc/", pid_, "/task");
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("process ", pid_, " has exited"));
+    }
+    return SyscallError(err, absl::StrCat("opendir(", dir, ")"));
+  }
+  absl::Cleanup close_dir = [d] { ::closedir(d); };
+  std::vector<pid_t> tids;
+  while (const dirent* e = ::readdir(d)) {  // NOLINT(concurrency-mt-unsafe): own DIR*
+    int tid = 0;
+    if (absl::SimpleAtoi(e->d_name, &tid)) {
+      tids.push_back(tid);
+    }
+  }
+  std::sort(tids.begin(), tids.end());
+  return tids;
+}
+
+std::vector<pid_t> Process::TracedThreads() const {
+  std::vector<pid_t> out;
+  out.reserve(threads_.size());
+  for (const auto& [tid, t] : threads_) {
+    out.push_back(tid);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<user_regs_struct> Process::GetRegs(pid_t tid) const {
+  user_regs_struct regs{};
+  if (::ptrace(PTRACE_GETREGS, tid, nullptr, &regs) != 0) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_GETREGS, ", tid, ")"));
+  }
+  return regs;
+}
+
+absl::Status Process::SetRegs(pid_t tid, const user_regs_struct& regs) const {
+  if (::ptrace(PTRACE_SETREGS, tid, nullptr, &regs) != 0) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SETREGS, ", tid, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kwatch::core

@@ -1,0 +1,144 @@
+#pragma once
+
+#include <sys/types.h>
+#include <sys/user.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/maps.h"
+#include "core/remote_addr.h"
+
+namespace kwatch::core {
+
+// How a target process ended.
+struct ExitInfo {
+  bool signaled = false;
+  int code = 0;    // exit status when !signaled
+  int signal = 0;  // terminating signal when signaled
+  bool core_dumped = false;
+
+  // Shell convention: the status, or 128 + signal.
+  int ShellStatus() const { return signaled ? 128 + signal : code; }
+};
+
+// A lifecycle change observed while polling a traced process.
+struct ProcessEvent {
+  enum class Kind : uint8_t {
+    kThreadStarted,  // tid is the new thread
+    kThreadExited,   // tid is gone
+    kExec,           // the process replaced its image; tid (== pid) is stopped until Resume()
+    kExited,         // the whole process ended; see exit_info()
+    kSignal,         // a signal was delivered to tid (already passed on to the target)
+    kGroupStop,      // job-control stop (SIGSTOP/SIGTSTP...): the target stays stopped
+  };
+  Kind kind = Kind::kThreadStarted;
+  pid_t tid = 0;
+  int signal = 0;
+};
+
+struct LaunchOptions {
+  bool kill_on_exit = true;  // PTRACE_O_EXITKILL: the target dies if kwatch dies
+};
+
+// A target process traced by this thread through PTRACE_SEIZE (every thread, new threads
+// followed with PTRACE_O_TRACECLONE). Owns the trace: the destructor detaches from a live
+// target (launched targets keep running unless kill_on_exit). All calls must come from the
+// thread that created it (ptrace is per tracer thread).
+class Process {
+ public:
+  // Starts argv[0] (looked up in PATH) under ptrace and stops it right after exec, before
+  // any of its code (or the dynamic loader) has run. NotFound / PermissionDenied name the
+  // program and the exec error.
+  static absl::StatusOr<std::unique_ptr<Process>> Launch(const std::vector<std::string>& argv,
+                                                         const LaunchOptions& opts = {});
+
+  // Seizes every thread of a running process without stopping it. Errors explain ESRCH
+  // (no such process), EPERM (needs root or CAP_SYS_PTRACE, Yama ptrace_scope, or another
+  // tracer such as gdb or strace already attached: names it from /proc/PID/status).
+  static absl::StatusOr<std::unique_ptr<Process>> Attach(pid_t pid);
+
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool launched() const { return launched_; }
+  bool alive() const { return !exit_.has_value(); }
+  const std::optional<ExitInfo>& exit_info() const { return exit_; }
+  const std::vector<std::string>& argv() const { return argv_; }
+
+  // Launched targets only, right after Launch(): runs the dynamic loader up to the program's
+  // entry point (AT_ENTRY) with a temporary INT3, so that shared libraries are mapped,
+  // and leaves the target stopped there with the original byte restored.
+  absl::Status RunToEntry();
+
+  // Stops every thread (PTRACE_INTERRUPT) and waits until all are in a ptrace stop; no new
+  // thread can appear until ResumeAll(). Other stops seen meanwhile are handled as Poll does.
+  absl::Status StopAll();
+  // Resumes every thread stopped by kwatch (group-stopped threads stay stopped).
+  absl::Status ResumeAll();
+
+  // Reaps all pending wait statuses without blocking (or blocking for the first one when
+  // `block`), handles ptrace stops, passes signals on to the target, and returns what
+  // changed. Call it when SIGCHLD arrives.
+  absl::StatusOr<std::vector<ProcessEvent>> Poll(bool block = false);
+
+  // Resumes one thread left stopped by a kExec event.
+  absl::Status Resume(pid_t tid);
+
+  // Detaches from every thread, leaving the target running. Safe to call twice.
+  absl::Status Detach();
+  // Sends SIGKILL and reaps the target.
+  absl::Status Kill();
+
+  // Target memory: process_vm_readv/writev, falling back to /proc/PID/mem (which also
+  // writes read-only pages such as code).
+  absl::Status ReadMemory(RemoteAddr addr, std::span<uint8_t> out) const;
+  absl::Status WriteMemory(RemoteAddr addr, std::span<const uint8_t> data) const;
+
+  // Threads now (from /proc/PID/task) and as kwatch tracks them.
+  absl::StatusOr<std::vector<pid_t>> ListThreads() const;
+  std::vector<pid_t> TracedThreads() const;
+  absl::StatusOr<std::vector<MapEntry>> Maps() const { return ReadMaps(pid_); }
+
+  // Registers of a stopped thread.
+  absl::StatusOr<user_regs_struct> GetRegs(pid_t tid) const;
+  absl::Status SetRegs(pid_t tid, const user_regs_struct& regs) const;
+
+ private:
+  enum class ThreadState : uint8_t { kRunning, kStopped, kGroupStopped };
+  struct Thread {
+    ThreadState state = ThreadState::kRunning;
+    bool interrupt_pending = false;
+  };
+
+  Process(pid_t pid, bool launched, std::vector<std::string> argv)
+      : pid_(pid), launched_(launched), argv_(std::move(argv)) {}
+
+  absl::Status SeizeThread(pid_t tid);
+  // Handles one wait status of `tid`, appending to `events`.
+  absl::Status HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events);
+  absl::Status Cont(pid_t tid, int sig);
+
+  pid_t pid_;
+  bool launched_;
+  std::vector<std::string> argv_;
+  absl::flat_hash_map<pid_t, Thread> threads_;
+  std::optional<ExitInfo> exit_;
+  std::vector<ProcessEvent> pending_events_;  // seen inside StopAll/RunToEntry, for Poll
+  bool stopping_all_ = false;  // inside StopAll: keep interrupt stops
+  bool detached_ = false;
+};
+
+// Reads NAME from /proc/PID/status ("TracerPid", "Name"...), "" if absent.
+std::string ProcStatusField(pid_t pid, const std::string& name);
+
+}  // namespace kwatch::core

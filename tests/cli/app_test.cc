@@ -1,0 +1,382 @@
+// End-to-end tests of `kwatch`: run it on tests/targets/field_writer and compare what it saw
+// with the ground truth the target prints about itself.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/test_util.h"
+
+namespace kwatch {
+namespace {
+
+using ::kwatch::testing::KwatchPath;
+using ::kwatch::testing::RunResult;
+using ::kwatch::testing::TargetPath;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+struct Truth {
+  long hits_w = 0;
+  long misses_w = 0;
+  long flags_r = 0;
+};
+
+// tid -> ground truth, from the file field_writer wrote.
+std::map<int, Truth> ReadTruth(const std::string& path) {
+  std::map<int, Truth> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    out[j["tid"].get<int>()] = Truth{j["hits_w"].get<long>(), j["misses_w"].get<long>(),
+                                     j["flags_r"].get<long>()};
+  }
+  return out;
+}
+
+// Parsed --json output of kwatch.
+struct JsonRun {
+  std::vector<json> events;
+  std::vector<json> watches;
+  json summary;
+};
+
+JsonRun ParseJsonLines(const std::string& out) {
+  JsonRun run;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    json j = json::parse(std::string(line));
+    const std::string type = j.value("type", "");
+    if (type == "event") {
+      run.events.push_back(std::move(j));
+    } else if (type == "watch") {
+      run.watches.push_back(std::move(j));
+    } else if (type == "summary") {
+      run.summary = std::move(j);
+    } else {
+      ADD_FAILURE() << "unexpected line: " << line;
+    }
+  }
+  return run;
+}
+
+// The 1-based line of field_writer.c that contains `needle`.
+int SourceLine(const std::string& needle) {
+  std::ifstream in(std::string(KWATCH_SOURCE_DIR) + "/tests/targets/field_writer.c");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find(needle) != std::string::npos) {
+      return n;
+    }
+  }
+  return -1;
+}
+
+std::string TruthFile(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/truth-", name, "-", getpid(), ".jsonl");
+}
+
+RunResult RunKwatch(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {KwatchPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = kwatch::testing::Run(argv);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RunResult{};
+}
+
+// Per-tid counts of events of one access kind.
+std::map<int, long> CountByTid(const std::vector<json>& events, const std::string& access) {
+  std::map<int, long> out;
+  for (const auto& e : events) {
+    if (e["access"] == access) {
+      out[e["tid"].get<int>()]++;
+    }
+  }
+  return out;
+}
+
+TEST(KwatchLaunch, EveryWriteOfAFieldPerThreadExactly) {
+  const std::string truth_path = TruthFile("launch");
+  const RunResult r = RunKwatch({"--write", "g_stats.hits", "--json", "--", TargetPath("field_writer"),
+                                 "3", "1000", "--truth", truth_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto truth = ReadTruth(truth_path);
+  ASSERT_EQ(truth.size(), 3u);
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.watches.size(), 1u);
+  EXPECT_EQ(run.watches[0]["display"], "g_stats.hits");
+  EXPECT_EQ(run.watches[0]["len"], 8);
+  EXPECT_EQ(run.watches[0]["kind"], "write");
+  EXPECT_EQ(run.events.size(), 3000u);
+  const int line = SourceLine("g_stats.hits = i;");
+  for (const auto& e : run.events) {
+    EXPECT_EQ(e["access"], "w");
+    EXPECT_EQ(e["field"], "g_stats.hits");
+    EXPECT_EQ(e["function"], "Work");
+    EXPECT_EQ(e["line"], line) << e.dump();
+    EXPECT_THAT(e["file"].get<std::string>(), HasSubstr("field_writer.c"));
+  }
+  const auto by_tid = CountByTid(run.events, "w");
+  for (const auto& [tid, t] : truth) {
+    EXPECT_EQ(by_tid.count(tid) ? by_tid.at(tid) : 0, t.hits_w) << "tid " << tid;
+  }
+  EXPECT_EQ(run.summary["lost"], 0);
+  EXPECT_EQ(run.summary["events"], 3000);
+  EXPECT_EQ(run.summary["exit_code"], 0);
+  EXPECT_EQ(run.summary["stop_reason"], "target exited");
+  const json& w = run.summary["watches"][0];
+  EXPECT_EQ(w["writes"], 3000);
+  EXPECT_EQ(w["reads"], 0);
+  ASSERT_EQ(w["fields"].size(), 1u);
+  EXPECT_EQ(w["fields"][0]["field"], "g_stats.hits");
+  EXPECT_EQ(w["fields"][0]["writes"], 3000);
+  ASSERT_EQ(w["threads"].size(), 3u);
+  for (const auto& t : w["threads"]) {
+    EXPECT_EQ(t["writes"], truth.at(t["tid"].get<int>()).hits_w);
+  }
+  ASSERT_EQ(w["sites"].size(), 1u);
+  EXPECT_EQ(w["sites"][0]["line"], line);
+  EXPECT_EQ(w["sites"][0]["writes"], 3000);
+}
+
+TEST(KwatchLaunch, ReadWriteWatchTellsReadsFromWrites) {
+  const std::string truth_path = TruthFile("rw");
+  const RunResult r = RunKwatch({"--rw", "g_stats.flags", "--json", "--", TargetPath("field_writer"),
+                                 "2", "4000", "--truth", truth_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto truth = ReadTruth(truth_path);
+  const JsonRun run = ParseJsonLines(r.out);
+  const auto reads = CountByTid(run.events, "r");
+  ASSERT_EQ(truth.size(), 2u);
+  for (const auto& [tid, t] : truth) {
+    EXPECT_EQ(reads.count(tid) ? reads.at(tid) : 0, t.flags_r);
+  }
+  EXPECT_TRUE(CountByTid(run.events, "w").empty());
+  EXPECT_EQ(run.summary["watches"][0]["reads"], 2000);
+  EXPECT_EQ(run.summary["watches"][0]["fields"][0]["field"], "g_stats.flags");
+  EXPECT_EQ(run.summary["lost"], 0);
+  for (const auto& e : run.events) {
+    EXPECT_EQ(e["line"], SourceLine("g_sink += g_stats.flags;"));
+  }
+}
+
+TEST(KwatchLaunch, ReadWatchFiltersWritesInSoftware) {
+  const std::string truth_path = TruthFile("read");
+  const RunResult r = RunKwatch({"--read", "g_stats.misses", "--json", "--",
+                                 TargetPath("field_writer"), "2", "1000", "--truth", truth_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("x86 has no read-only watchpoint"));
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_TRUE(run.events.empty());
+  EXPECT_EQ(run.summary["filtered"], 1000);  // 2 threads x 500 stores, none read
+  EXPECT_EQ(run.summary["watches"][0]["kind"], "read");
+}
+
+TEST(KwatchLaunch, TextOutputShowsFieldSiteAndSummary) {
+  const RunResult r = RunKwatch({"--write", "g_stats.misses", "--", TargetPath("field_writer"),
+                                 "1", "10", "--truth", TruthFile("text")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("g_stats.misses"));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("Work+0x")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("field_writer.c:", SourceLine("g_stats.misses = (int)i;"))));
+  EXPECT_THAT(r.out, HasSubstr("== kwatch summary: 5 events"));
+  EXPECT_THAT(r.out, HasSubstr("0 lost"));
+  EXPECT_THAT(r.out, HasSubstr("exited with status 0"));
+  EXPECT_THAT(r.err, HasSubstr("armed 1 watch"));
+}
+
+TEST(KwatchLaunch, ExitsWithTheCommandsStatus) {
+  const RunResult r = RunKwatch({"-q", "--write", "g_stats.hits", "--", TargetPath("field_writer"),
+                                 "1", "3", "--exit", "7", "--truth", TruthFile("exit")});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("exited with status 7"));
+}
+
+TEST(KwatchLaunch, CountStopsAfterNEvents) {
+  const RunResult r = RunKwatch({"--json", "--count", "25", "--kill-on-exit", "--write",
+                                 "g_stats.hits", "--", TargetPath("field_writer"), "2", "100000000",
+                                 "--truth", TruthFile("count")});
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.events.size(), 25u);
+  EXPECT_EQ(run.summary["events"], 25);
+  EXPECT_THAT(run.summary["stop_reason"].get<std::string>(), HasSubstr("--count 25 reached"));
+  EXPECT_EQ(run.summary["signal"], SIGKILL);
+}
+
+TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.hits",
+                                            "--", TargetPath("field_writer"), "1", "1000000000",
+                                            "--truth", TruthFile("killed")});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  // The target is kwatch's only child: find it through /proc.
+  std::ifstream children(absl::StrCat("/proc/", (*k)->pid(), "/task/", (*k)->pid(), "/children"));
+  int target = 0;
+  children >> target;
+  ASSERT_GT(target, 0);
+  usleep(200 * 1000);
+  ASSERT_EQ(kill(target, SIGKILL), 0);
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 128 + SIGKILL);
+  const JsonRun run = ParseJsonLines(r->out);
+  EXPECT_EQ(run.summary["stop_reason"], "target killed by KILL");
+  EXPECT_GT(run.summary["events"].get<long>(), 0);
+  EXPECT_EQ(run.summary["lost"], 0);
+}
+
+TEST(KwatchAttach, CountsExactlyOnARunningProcess) {
+  const std::string truth_path = TruthFile("attach");
+  auto target = kwatch::testing::Spawned::Start(
+      {TargetPath("field_writer"), "4", "500", "--wait", "--truth", truth_path});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  auto k = kwatch::testing::Spawned::Start(
+      {KwatchPath(), "--json", "--rw", "g_stats.misses", "-p", absl::StrCat((*target)->pid())});
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  auto tr = (*target)->Finish();
+  ASSERT_TRUE(tr.ok());
+  EXPECT_EQ(tr->exit_code, 0);
+  const auto truth = ReadTruth(truth_path);
+  ASSERT_EQ(truth.size(), 4u);
+  const JsonRun run = ParseJsonLines(r->out);
+  const auto writes = CountByTid(run.events, "w");
+  for (const auto& [tid, t] : truth) {
+    EXPECT_EQ(writes.count(tid) ? writes.at(tid) : 0, t.misses_w) << "tid " << tid;
+  }
+  EXPECT_TRUE(CountByTid(run.events, "r").empty());
+  EXPECT_EQ(run.summary["events"], 1000);
+  EXPECT_EQ(run.summary["lost"], 0);
+  EXPECT_EQ(run.summary["stop_reason"], "target exited");
+}
+
+TEST(KwatchAttach, DetachLeavesTheTargetRunningAndUnharmed) {
+  const std::string truth_path = TruthFile("detach");
+  auto target = kwatch::testing::Spawned::Start(
+      {TargetPath("field_writer"), "2", "300", "--wait", "--truth", truth_path, "--exit", "5"});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  const RunResult r = RunKwatch({"--write", "g_stats.hits", "--duration", "0.3", "-p",
+                                 absl::StrCat((*target)->pid())});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--duration 0.3s elapsed"));
+  EXPECT_THAT(r.err, HasSubstr("keeps running"));
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  auto tr = (*target)->Finish();
+  ASSERT_TRUE(tr.ok());
+  EXPECT_EQ(tr->exit_code, 5);  // ran to its end, untraced and unwatched
+  EXPECT_EQ(ReadTruth(truth_path).size(), 2u);
+}
+
+// --- Bad input: each gets a message a user can act on. ---
+
+TEST(KwatchErrors, UnknownVariableSuggestsNearMatches) {
+  const RunResult r = RunKwatch({"--write", "g_stat.hits", "--", TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("did you mean 'g_stats'"));
+}
+
+TEST(KwatchErrors, FunctionGivenToWrite) {
+  const RunResult r = RunKwatch({"--write", "Work", "--", TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("is a function"));
+}
+
+TEST(KwatchErrors, ExpressionThatDoesNotParseSaysWhere) {
+  const RunResult r = RunKwatch({"--write", "g_stats.", "--", TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("column"));
+}
+
+TEST(KwatchErrors, UnknownMemberListsMembers) {
+  const RunResult r = RunKwatch({"--write", "g_stats.hitz", "--", TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("hits"));
+  EXPECT_THAT(r.err, HasSubstr("misses"));
+}
+
+TEST(KwatchErrors, UnalignedFieldIsRefusedWithTheRule) {
+  // g_stats.tag is 8 bytes at offset 14: not 8-aligned.
+  const RunResult r = RunKwatch({"--write", "g_stats.tag", "--", TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("not aligned to 8 bytes"));
+}
+
+TEST(KwatchErrors, OversizedRangeIsRefusedWithTheRule) {
+  const RunResult r = RunKwatch({"--write", "g_stats", "--", TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("x86 watches 1, 2, 4 or 8 bytes"));
+}
+
+TEST(KwatchErrors, NoSuchPid) {
+  const RunResult r = RunKwatch({"--write", "x", "-p", "999999999"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("no process with pid 999999999"));
+}
+
+TEST(KwatchErrors, ProgramThatCannotBeExecuted) {
+  const RunResult r = RunKwatch({"--write", "x", "--", "/nonexistent/prog"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot execute '/nonexistent/prog'"));
+}
+
+TEST(KwatchErrors, NoTargetIsAUsageError) {
+  const RunResult r = RunKwatch({"--write", "x"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("no target"));
+}
+
+TEST(KwatchErrors, TracingWithoutPermissionNamesTheCapability) {
+  // An unprivileged user (nobody) may not trace a root process.
+  auto target = kwatch::testing::Spawned::Start({TargetPath("field_writer"), "1", "1", "--wait"});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  int errp[2];
+  ASSERT_EQ(pipe(errp), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(errp[1], 2);
+    if (setgid(65534) != 0 || setuid(65534) != 0) {
+      _exit(99);
+    }
+    const std::string pid = absl::StrCat((*target)->pid());
+    const std::string kw = KwatchPath();
+    execl(kw.c_str(), kw.c_str(), "--write", "g_stats.hits", "-p", pid.c_str(), nullptr);
+    _exit(98);
+  }
+  close(errp[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = read(errp[0], buf, sizeof(buf))) > 0;) {
+    err.append(buf, static_cast<size_t>(n));
+  }
+  close(errp[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_NE(WEXITSTATUS(status), 99) << "cannot switch to uid 65534 (are tests running as root?)";
+  EXPECT_EQ(WEXITSTATUS(status), 1) << err;
+  EXPECT_THAT(err, HasSubstr("needs root or CAP_SYS_PTRACE"));
+  kill((*target)->pid(), SIGUSR1);
+}
+
+}  // namespace
+}  // namespace kwatch
