@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -20,8 +22,14 @@ struct PerfSample {
   uint32_t cpu = 0;
 };
 
+// Size in bytes of one such PERF_RECORD_SAMPLE, header included (8-byte aligned).
+inline constexpr size_t kPerfSampleRecordSize = 48;
+
 // The mmap ring buffer of one perf event: a metadata page plus 2^n data pages. Owns the
-// mapping. Single consumer; not thread-safe.
+// mapping. A ring may also own the rings of the same logical event on other CPUs (Join):
+// Linux refuses to mmap an inherited per-task event (cpu -1), so an inherited watch with
+// samples is one event per CPU, and its rings are drained as one. Single consumer; not
+// thread-safe.
 class PerfRing {
  public:
   // Maps the ring of `fd` with `data_pages` data pages (a power of two).
@@ -37,16 +45,24 @@ class PerfRing {
   // Consumes every complete record: calls `on_sample` for each sample, adds the count of
   // each PERF_RECORD_LOST to lost(), skips other records. Records that wrap around the end
   // of the buffer are reassembled. Publishes data_tail once at the end. Returns the number
-  // of samples delivered.
+  // of samples delivered. Joined rings are drained after this one, each in its own order
+  // (samples are not merged by time across rings).
   size_t Drain(absl::FunctionRef<void(const PerfSample&)> on_sample);
 
-  // Samples the kernel reported lost (PERF_RECORD_LOST) so far.
-  uint64_t lost() const { return lost_; }
+  // Samples the kernel reported lost (PERF_RECORD_LOST) so far, joined rings included.
+  uint64_t lost() const;
 
-  // Bytes waiting to be drained.
+  // Bytes waiting to be drained, joined rings included.
   size_t Pending() const;
 
+  // Takes ownership of `other` (the ring of the same logical event on another CPU) so that
+  // Drain, lost and Pending cover it too.
+  void Join(PerfRing other);
+
  private:
+  size_t DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample);
+  size_t PendingOne() const;
+
   PerfRing(core::UniqueMmap map, uint8_t* base, size_t page_size, size_t data_size)
       : map_(std::move(map)), base_(base), page_size_(page_size), data_size_(data_size) {}
 
@@ -55,6 +71,7 @@ class PerfRing {
   size_t page_size_ = 0;
   size_t data_size_ = 0;
   uint64_t lost_ = 0;
+  std::vector<PerfRing> joined_;  // other CPUs of the same event; usually empty
 };
 
 }  // namespace kwatch::watch

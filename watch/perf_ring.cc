@@ -1,0 +1,181 @@
+#include "watch/perf_ring.h"
+
+#include <linux/perf_event.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "core/syscall_status.h"
+
+namespace kwatch::watch {
+
+namespace {
+
+bool IsPowerOfTwo(size_t n) {
+  return n != 0 && (n & (n - 1)) == 0;
+}
+
+perf_event_mmap_page* Meta(uint8_t* base) {
+  return reinterpret_cast<perf_event_mmap_page*>(base);
+}
+
+template <typename T>
+T Load(const uint8_t* p) {
+  T v{};
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Layout of a PERF_RECORD_SAMPLE with sample_type = IP | TID | TIME | ADDR | CPU:
+//   header; u64 ip; u32 pid, tid; u64 time; u64 addr; u32 cpu, res;
+constexpr size_t kSampleIpOff = 8;
+constexpr size_t kSamplePidOff = 16;
+constexpr size_t kSampleTidOff = 20;
+constexpr size_t kSampleTimeOff = 24;
+constexpr size_t kSampleAddrOff = 32;
+constexpr size_t kSampleCpuOff = 40;
+static_assert(kSampleCpuOff + 8 == kPerfSampleRecordSize);
+
+// PERF_RECORD_LOST: header; u64 id; u64 lost;
+constexpr size_t kLostCountOff = 16;
+constexpr size_t kLostRecordSize = 24;
+
+// Largest prefix of a record that Drain parses; wrapped records are copied up to this size.
+constexpr size_t kMaxParsed = kPerfSampleRecordSize;
+
+}  // namespace
+
+absl::StatusOr<PerfRing> PerfRing::Map(int fd, size_t data_pages) {
+  if (!IsPowerOfTwo(data_pages)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "perf ring: %d data pages is not a power of two (the kernel requires 2^n)", data_pages));
+  }
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const size_t page_size = page > 0 ? static_cast<size_t>(page) : 4096;
+  const size_t size = (1 + data_pages) * page_size;
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (addr == MAP_FAILED) {
+    const int err = errno;
+    return core::SyscallError(err, "mmap(perf ring)");
+  }
+  return PerfRing(core::UniqueMmap(addr, size), static_cast<uint8_t*>(addr), page_size,
+                  data_pages * page_size);
+}
+
+PerfRing PerfRing::OverMemory(void* base, size_t page_size, size_t data_size) {
+  KW_CHECK(base != nullptr);
+  KW_CHECK(page_size >= sizeof(perf_event_mmap_page));
+  KW_CHECK(IsPowerOfTwo(data_size));
+  return {core::UniqueMmap(), static_cast<uint8_t*>(base), page_size, data_size};
+}
+
+void PerfRing::Join(PerfRing other) {
+  KW_CHECK(other.joined_.empty());
+  joined_.push_back(std::move(other));
+}
+
+uint64_t PerfRing::lost() const {
+  uint64_t total = lost_;
+  for (const PerfRing& r : joined_) {
+    total += r.lost_;
+  }
+  return total;
+}
+
+size_t PerfRing::Pending() const {
+  size_t total = PendingOne();
+  for (const PerfRing& r : joined_) {
+    total += r.PendingOne();
+  }
+  return total;
+}
+
+size_t PerfRing::PendingOne() const {
+  perf_event_mmap_page* meta = Meta(base_);
+  const uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+  return static_cast<size_t>(head - meta->data_tail);
+}
+
+size_t PerfRing::Drain(absl::FunctionRef<void(const PerfSample&)> on_sample) {
+  size_t samples = DrainOne(on_sample);
+  for (PerfRing& r : joined_) {
+    samples += r.DrainOne(on_sample);
+  }
+  return samples;
+}
+
+size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) {
+  perf_event_mmap_page* meta = Meta(base_);
+  // Acquire pairs with the kernel's release of data_head: records below head are complete.
+  const uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+  // Only this consumer writes data_tail, so a plain read is enough.
+  const uint64_t start = meta->data_tail;
+  uint64_t tail = start;
+  const uint8_t* const data = base_ + page_size_;
+  const uint64_t size = data_size_;
+  const uint64_t mask = size - 1;
+  size_t samples = 0;
+  uint64_t lost = 0;
+  alignas(8) std::array<uint8_t, kMaxParsed> scratch{};
+
+  while (head - tail >= sizeof(perf_event_header)) {
+    const uint64_t off = tail & mask;
+    // Records are 8-byte aligned and the buffer is a multiple of 8, so a header never wraps.
+    const auto hdr = Load<perf_event_header>(data + off);
+    if (hdr.size < sizeof(perf_event_header)) {
+      // Corrupt: nothing after this can be trusted. Drop everything published so far.
+      tail = head;
+      break;
+    }
+    if (hdr.size > head - tail) {
+      break;  // not completely published (the kernel never does this; synthetic rings may)
+    }
+    const uint8_t* rec = data + off;
+    const bool parsed = hdr.type == PERF_RECORD_SAMPLE || hdr.type == PERF_RECORD_LOST;
+    if (parsed && off + hdr.size > size) {
+      // Wraps around the end: reassemble the part we parse.
+      const size_t want = hdr.size < kMaxParsed ? hdr.size : kMaxParsed;
+      const auto first = static_cast<size_t>(size - off);
+      if (first >= want) {
+        std::memcpy(scratch.data(), rec, want);
+      } else {
+        std::memcpy(scratch.data(), rec, first);
+        std::memcpy(scratch.data() + first, data, want - first);
+      }
+      rec = scratch.data();
+    }
+    if (hdr.type == PERF_RECORD_SAMPLE) {
+      if (hdr.size >= kPerfSampleRecordSize) {
+        PerfSample s;
+        s.ip = Load<uint64_t>(rec + kSampleIpOff);
+        s.pid = Load<uint32_t>(rec + kSamplePidOff);
+        s.tid = Load<uint32_t>(rec + kSampleTidOff);
+        s.time = Load<uint64_t>(rec + kSampleTimeOff);
+        s.addr = Load<uint64_t>(rec + kSampleAddrOff);
+        s.cpu = Load<uint32_t>(rec + kSampleCpuOff);
+        on_sample(s);
+        ++samples;
+      }
+    } else if (hdr.type == PERF_RECORD_LOST) {
+      if (hdr.size >= kLostRecordSize) {
+        lost += Load<uint64_t>(rec + kLostCountOff);
+      }
+    }
+    tail += hdr.size;
+  }
+
+  lost_ += lost;
+  if (tail != start) {
+    // Release: our reads of the records happen before the kernel may overwrite them.
+    __atomic_store_n(&meta->data_tail, tail, __ATOMIC_RELEASE);
+  }
+  return samples;
+}
+
+}  // namespace kwatch::watch
