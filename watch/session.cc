@@ -73,6 +73,7 @@ absl::Status WatchSession::Arm() {
       req.tid = tid;
       req.inherit = true;
       req.ring_pages = opts_.ring_pages;
+      req.wakeup_events = opts_.wakeup_events;
       auto bp = PerfBreakpoint::Open(req);
       if (!bp.ok()) {
         // `opened` closes on return: no event stays.
@@ -99,7 +100,9 @@ std::vector<int> WatchSession::Fds() const {
   std::vector<int> fds;
   fds.reserve(events_.size());
   for (const auto& e : events_) {
-    fds.push_back(e.bp->fd());
+    for (int fd : e.bp->fds()) {
+      fds.push_back(fd);
+    }
   }
   return fds;
 }
