@@ -8,8 +8,12 @@
 //
 // Counters: ns_per_hit = wall time per watched write (one write = one hit when the debug
 // registers trap); hits = samples (or counts) actually delivered; lost = PERF_RECORD_LOST.
-// If hits != iterations the label says so: on a machine whose hypervisor does not deliver
-// debug-register traps, the breakpoint is armed but never fires.
+// If hits != iterations the label says so.
+//
+// On a machine whose hypervisor does not deliver debug-register traps (ProbeDebugTraps()),
+// an armed breakpoint never fires and its write costs nothing: the three armed benchmarks
+// then skip with the probe's explanation instead of reporting meaningless numbers, and only
+// the baseline and the ring-drain benchmarks run.
 
 #include <linux/hw_breakpoint.h>
 #include <linux/perf_event.h>
@@ -29,6 +33,7 @@
 
 #include "core/unique_fd.h"
 #include "core/unique_mmap.h"
+#include "watch/hw_probe.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_ring.h"
 
@@ -57,6 +62,16 @@ void ReportWrites(benchmark::State& state, uint64_t elapsed_ns, uint64_t hits, u
     state.SetLabel("hits != writes: " + std::to_string(hits) + " of " + std::to_string(iterations) +
                    " delivered");
   }
+}
+
+// Whether armed-write numbers would mean anything here; if not, skips `state` with the reason.
+bool RequireDebugTraps(benchmark::State& state) {
+  const DebugTrapProbe& probe = ProbeDebugTraps();
+  if (!probe.delivered) {
+    state.SkipWithError(probe.detail.c_str());
+    return false;
+  }
+  return true;
 }
 
 // A raw breakpoint on g_target for this thread: sample_period 0 = counting only.
@@ -130,6 +145,9 @@ void BM_UnwatchedWrite(benchmark::State& state) {
 BENCHMARK(BM_UnwatchedWrite);
 
 void BM_RawPerfCountingWrite(benchmark::State& state) {
+  if (!RequireDebugTraps(state)) {
+    return;
+  }
   core::UniqueFd fd = OpenRawBreakpoint(0);
   if (!fd.valid()) {
     state.SkipWithError("perf_event_open(breakpoint) failed");
@@ -151,6 +169,9 @@ void BM_RawPerfCountingWrite(benchmark::State& state) {
 BENCHMARK(BM_RawPerfCountingWrite);
 
 void BM_RawPerfRingWrite(benchmark::State& state) {
+  if (!RequireDebugTraps(state)) {
+    return;
+  }
   core::UniqueFd fd = OpenRawBreakpoint(1);
   if (!fd.valid()) {
     state.SkipWithError("perf_event_open(breakpoint) failed");
@@ -187,6 +208,9 @@ void BM_RawPerfRingWrite(benchmark::State& state) {
 BENCHMARK(BM_RawPerfRingWrite);
 
 void BM_KwatchStreamWrite(benchmark::State& state) {
+  if (!RequireDebugTraps(state)) {
+    return;
+  }
   BreakpointRequest req;
   req.addr = core::RemoteAddr{reinterpret_cast<uintptr_t>(&g_target)};
   req.len = 8;
@@ -282,6 +306,8 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
     return 1;
   }
+  // Probed here, on the thread that runs the benchmarks, before any breakpoint is armed.
+  benchmark::AddCustomContext("debug_traps", kwatch::watch::ProbeDebugTraps().detail);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
