@@ -12,6 +12,7 @@ namespace kwatch::core {
 
 // What the user sees for a code address.
 struct CodeLocation {
+  RemoteAddr ip;         // the address that was located
   std::string function;  // "" when no symbol covers the address
   uint64_t offset = 0;   // from the function's start
   std::string file;      // "" when no line info

@@ -24,12 +24,12 @@ using MemoryReader = std::function<absl::Status(RemoteAddr addr, std::span<uint8
 
 // A watch expression resolved against a target's symbols.
 struct ResolvedExpr {
-  std::string display;     // normalised name, e.g. "g_stats.hits", "cache->lines[3]"
-  RemoteAddr addr;         // absolute run-time address in the target
-  uint64_t length = 0;     // bytes
-  std::string type_name;   // C spelling of the type ("" for raw addresses)
+  std::string display;               // normalised name, e.g. "g_stats.hits", "cache->lines[3]"
+  RemoteAddr addr;                   // absolute run-time address in the target
+  uint64_t length = 0;               // bytes
+  std::string type_name;             // C spelling of the type ("" for raw addresses)
   std::optional<TypeLayout> layout;  // fields of the object (for scalars: one field, path "")
-  std::string module;      // file the symbol came from ("" for raw addresses)
+  std::string module;                // file the symbol came from ("" for raw addresses)
 };
 
 // A function symbol containing an address.
@@ -78,6 +78,21 @@ class Symbols {
   // Bytes of the loaded image at [addr, addr+out.size()) read from the module's ELF file
   // (not from the process), so code can be decoded after the process has gone.
   virtual absl::Status ReadCode(RemoteAddr addr, std::span<uint8_t> out) const = 0;
+
+  // The function symbol called `name` (ELF symbol tables; the executable first), if any.
+  virtual std::optional<FunctionSymbol> FindFunction(std::string_view name) const {
+    (void)name;
+    return std::nullopt;
+  }
+
+  // Absolute addresses of the line-table rows for `file`:`line` (`file` may be a basename
+  // or a path suffix such as "src/server.c"). NotFound when no module has such a line.
+  virtual absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file,
+                                                                  int line) const {
+    (void)file;
+    (void)line;
+    return absl::UnimplementedError("line lookup is not available for this target");
+  }
 };
 
 }  // namespace kwatch::core
