@@ -50,6 +50,7 @@ struct Options {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
+  std::string backend = "auto";
 };
 
 uint64_t MonotonicNs() {
@@ -178,9 +179,15 @@ absl::StatusOr<int> Runner::Run() {
   }
 
   std::string prog = proc_.argv().empty() ? "?" : proc_.argv()[0];
-  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), perf breakpoint stream mode\n",
+  if (!session_.backend_note().empty()) {
+    std::fprintf(stderr, "kwatch: note: %s\n", session_.backend_note().c_str());
+  }
+  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n",
                session_.watches().size(), session_.watches().size() == 1 ? "" : "es", proc_.pid(),
-               prog.c_str());
+               prog.c_str(),
+               session_.backend() == watch::BackendKind::kPage
+                   ? "page-protection mode"
+                   : "perf breakpoint stream mode");
   std::fflush(stderr);
 
   // The target may already have ended (or exec'd) while arming.
@@ -227,6 +234,7 @@ absl::StatusOr<int> Runner::Run() {
   RunInfo info;
   info.lost = session_.lost();
   info.filtered = session_.filtered();
+  info.unrelated = session_.unrelated();
   info.pid = proc_.pid();
   info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
   session_.Disarm();
@@ -301,7 +309,11 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     }
     return s;
   };
-  auto session = watch::WatchSession::Create(*proc, std::move(requests));
+  watch::SessionOptions so;
+  so.backend = opts.backend == "perf"   ? watch::BackendKind::kPerf
+               : opts.backend == "page" ? watch::BackendKind::kPage
+                                        : watch::BackendKind::kAuto;
+  auto session = watch::WatchSession::Create(*proc, std::move(requests), so);
   if (!session.ok()) {
     return fail(session.status());
   }
@@ -355,6 +367,12 @@ int Main(int argc, char** argv) {
   app.add_option("-c,--count", opts.count, "Stop after N events");
   app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
+  app.add_option("--backend", opts.backend,
+                 "How to watch: perf (hardware breakpoints, stream mode), page (page "
+                 "protection, exact values), auto (perf where this machine delivers debug "
+                 "traps, else page)")
+      ->check(CLI::IsMember({"auto", "perf", "page"}))
+      ->capture_default_str();
   app.add_flag("--json", opts.json, "Print JSON lines: one per event, then a summary object");
   app.add_flag("-q,--quiet", opts.quiet, "Print no live events, only the summary");
   app.add_flag("--kill-on-exit", opts.kill_on_exit,

@@ -92,16 +92,17 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
     for (const auto& w : session.watches()) {
       absl::FPrintF(out_,
                     "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
-                    "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"perf-stream\"}\n",
+                    "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"%s\"}\n",
                     w.id, JsonString(w.request.expr), JsonString(w.target.display),
                     Hex(w.target.addr.value), w.target.length,
                     w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-                    JsonString(w.target.type_name));
+                    JsonString(w.target.type_name), watch::BackendName(session.backend()));
     }
     return;
   }
-  absl::FPrintF(out_, "%-14s %-7s %-3s %-24s %-20s %s\n", "TIME(s)", "TID", "ACC", "FIELD",
-                "VALUE(at drain)", "SITE");
+  const bool exact = session.backend() == watch::BackendKind::kPage;
+  absl::FPrintF(out_, "%-14s %-7s %-3s %-24s %-24s %s\n", "TIME(s)", "TID", "ACC", "FIELD",
+                exact ? "OLD -> NEW" : "VALUE(at drain)", "SITE");
 }
 
 void EventPrinter::Print(watch::WatchSession& session, const watch::Summary& summary,
@@ -115,22 +116,31 @@ void EventPrinter::Print(watch::WatchSession& session, const watch::Summary& sum
     if (ev.value.has_value()) {
       value = absl::StrCat(ValueOf(*ev.value, ev.len));
     }
+    std::string old_value = "null";
+    if (ev.old_value.has_value()) {
+      old_value = absl::StrCat(ValueOf(*ev.old_value, ev.len));
+    }
+    const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
     absl::FPrintF(out_,
-                  "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%d,"
+                  "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
                   "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"expr\":%s,\"field\":%s,"
                   "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-                  "\"line\":%d,\"value\":%s,\"value_at\":\"drain\"}\n",
-                  ev.time_ns, ev.pid, ev.tid, ev.cpu, core::AccessKindLetter(ev.kind),
+                  "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"}\n",
+                  ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
                   Hex(ev.addr.value), ev.len, JsonString(w.request.expr), JsonString(field),
                   Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
-                  JsonString(loc.file), loc.line, value);
+                  JsonString(loc.file), loc.line, value, old_value,
+                  ev.value_exact ? "access" : "drain");
     return;
   }
   std::string value = "?";
   if (ev.value.has_value()) {
     value = absl::StrCat(ValueOf(*ev.value, ev.len));
   }
-  absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %-20s %s\n", t, ev.tid,
+  if (ev.old_value.has_value()) {
+    value = absl::StrCat(ValueOf(*ev.old_value, ev.len), " -> ", value);
+  }
+  absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %-24s %s\n", t, ev.tid,
                 core::AccessKindLetter(ev.kind), field, value, SiteText(loc, ev.ip));
 }
 
@@ -138,10 +148,10 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
                   const RunInfo& info) {
   if (json) {
     std::string s = absl::StrFormat(
-        "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"seconds\":%.6f,"
-        "\"stop_reason\":%s,\"pid\":%d",
-        summary.events(), info.lost, info.filtered, info.seconds, JsonString(info.stop_reason),
-        info.pid);
+        "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
+        "\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
+        summary.events(), info.lost, info.filtered, info.unrelated, info.seconds,
+        watch::BackendName(session.backend()), JsonString(info.stop_reason), info.pid);
     if (info.exit.has_value()) {
       absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
                             info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
@@ -152,10 +162,11 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
       absl::StrAppendFormat(
           &s,
           "%s{\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\",\"len\":%d,\"kind\":\"%s\","
-          "\"backend\":\"perf-stream\",\"events\":%d,\"reads\":%d,\"writes\":%d,\"fields\":[",
+          "\"backend\":\"%s\",\"events\":%d,\"reads\":%d,\"writes\":%d,\"fields\":[",
           w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
           Hex(w.target.addr.value), w.target.length,
-          w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind), c.total.total(),
+          w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
+          watch::BackendName(session.backend()), c.total.total(),
           c.total.reads, c.total.writes);
       bool first = true;
       for (const auto& [name, k] : Ranked(c.fields)) {
@@ -196,14 +207,21 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
   if (info.filtered > 0) {
     absl::FPrintF(out, ", %d writes filtered (--read)", info.filtered);
   }
+  if (info.unrelated > 0) {
+    absl::FPrintF(out, ", %d faults on unwatched bytes of watched pages", info.unrelated);
+  }
   absl::FPrintF(out, " (%s) ==\n", info.stop_reason);
+  const char* backend = session.backend() == watch::BackendKind::kPage
+                            ? "page protection (exact values)"
+                            : "perf hardware breakpoint stream";
   for (const auto& w : session.watches()) {
     const watch::WatchCounts& c = summary.counts(w.id);
-    absl::FPrintF(out, "\nwatch #%d %s: %s%s%d bytes at %s, %s, perf breakpoint stream\n", w.id + 1,
+    absl::FPrintF(out, "\nwatch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1,
                   w.target.display, w.target.type_name, w.target.type_name.empty() ? "" : ", ",
                   w.target.length, Hex(w.target.addr.value),
                   w.request.reads_only ? "read (read-write filtered)"
-                                       : drmgr::DrKindName(w.request.kind));
+                                       : drmgr::DrKindName(w.request.kind),
+                  backend);
     absl::FPrintF(out, "  %-32s %10s %10s\n", "field", "reads", "writes");
     for (const auto& [name, k] : Ranked(c.fields)) {
       absl::FPrintF(out, "  %-32s %10d %10d\n", name, k.reads, k.writes);

@@ -21,6 +21,7 @@ struct RunInfo {
   std::string stop_reason;      // "target exited", "count reached", "interrupted", ...
   uint64_t lost = 0;
   uint64_t filtered = 0;        // writes dropped by --read
+  uint64_t unrelated = 0;       // page mode: faults that touched no watched byte
   double seconds = 0;
   std::optional<core::ExitInfo> exit;
   pid_t pid = 0;

@@ -27,19 +27,23 @@ inline absl::string_view AccessKindLetter(AccessKind k) {
   return "?";
 }
 
+inline constexpr uint32_t kUnknownCpu = 0xffffffffu;
+
 // One hardware-observed access, as a backend delivers it (plain data).
 struct AccessEvent {
   uint64_t time_ns = 0;   // CLOCK_MONOTONIC, nanoseconds
   pid_t pid = 0;          // thread group of the accessing thread
   pid_t tid = 0;          // accessing thread
-  uint32_t cpu = 0;
+  uint32_t cpu = kUnknownCpu;
   uint32_t watch_id = 0;  // index of the watch in its session
   RemoteAddr trap_ip;     // where the CPU trapped: for data watchpoints, the next instruction
   RemoteAddr ip;          // the accessing instruction (trap_ip when it cannot be found)
   RemoteAddr addr;        // first watched byte of the hardware range that fired
   uint32_t len = 0;       // length of the hardware range that fired
   AccessKind kind = AccessKind::kWrite;
-  std::optional<uint64_t> value;  // little-endian bytes of the range, read at drain time
+  std::optional<uint64_t> value;      // little-endian bytes of the watched range after the access
+  std::optional<uint64_t> old_value;  // ... and before it (exact modes only)
+  bool value_exact = false;           // true: read right at the access; false: at drain time
 };
 
 }  // namespace kwatch::core

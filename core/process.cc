@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
@@ -307,12 +308,13 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
       unsigned long new_tid = 0;
       ::ptrace(PTRACE_GETEVENTMSG, tid, nullptr, &new_tid);
       if (new_tid != 0 && !threads_.contains(static_cast<pid_t>(new_tid))) {
-        threads_[static_cast<pid_t>(new_tid)] = Thread{};
+        threads_[static_cast<pid_t>(new_tid)] = Thread{};  // may rehash: `thread` is stale
       }
       events.push_back({ProcessEvent::Kind::kThreadStarted, static_cast<pid_t>(new_tid), 0});
       if (stopping_all_) {
-        thread.state = ThreadState::kStopped;
-        if (thread.interrupt_pending) {
+        Thread& parent = threads_[tid];
+        parent.state = ThreadState::kStopped;
+        if (parent.interrupt_pending) {
           return absl::OkStatus();
         }
       }
@@ -352,8 +354,24 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
       return Cont(tid, 0);
     }
     case 0: {
+      if (interceptor_ != nullptr) {
+        siginfo_t si{};
+        if (::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0 && interceptor_->Claims(tid, si)) {
+          thread.state = ThreadState::kStopped;
+          thread.claimed = si;
+          if (stopping_all_ || handling_claimed_) {
+            return absl::OkStatus();  // handled once the world is stopped
+          }
+          return HandleClaimed();
+        }
+      }
       // Signal-delivery stop: the target's own signal, passed on unchanged.
       events.push_back({ProcessEvent::Kind::kSignal, tid, sig});
+      if (stopping_all_ || handling_claimed_) {
+        thread.state = ThreadState::kStopped;
+        thread.pending_signal = sig;
+        return absl::OkStatus();
+      }
       return Cont(tid, sig);
     }
     default:
@@ -409,7 +427,8 @@ absl::Status Process::StopAll() {
   stopping_all_ = true;
   absl::Cleanup done = [this] { stopping_all_ = false; };
   for (auto& [tid, thread] : threads_) {
-    if (thread.state == ThreadState::kRunning && !thread.interrupt_pending) {
+    thread.interrupt_pending = false;
+    if (thread.state == ThreadState::kRunning) {
       if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
         thread.interrupt_pending = true;
       }
@@ -421,6 +440,8 @@ absl::Status Process::StopAll() {
     for (auto& [tid, thread] : threads_) {
       if (thread.state == ThreadState::kRunning) {
         all_stopped = false;
+        // An earlier interrupt may have been absorbed by another stop: ask again (an extra
+        // interrupt stop later is simply resumed).
         if (!thread.interrupt_pending &&
             ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
           thread.interrupt_pending = true;
@@ -448,12 +469,115 @@ absl::Status Process::StopAll() {
 }
 
 absl::Status Process::ResumeAll() {
+  if (interceptor_ != nullptr) {
+    for (auto& [tid, thread] : threads_) {
+      if (thread.claimed.has_value()) {
+        return HandleClaimed();  // handles them all, then resumes
+      }
+    }
+  }
   for (auto& [tid, thread] : threads_) {
     if (thread.state == ThreadState::kStopped) {
-      KW_RETURN_IF_ERROR(Cont(tid, 0));
+      KW_RETURN_IF_ERROR(Cont(tid, std::exchange(thread.pending_signal, 0)));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Process::HandleClaimed() {
+  handling_claimed_ = true;
+  absl::Cleanup done = [this] { handling_claimed_ = false; };
+  if (threads_.size() > 1) {
+    KW_RETURN_IF_ERROR(StopAll());
+  }
+  for (bool again = true; again && alive();) {
+    again = false;
+    for (auto& [tid, thread] : threads_) {
+      if (!thread.claimed.has_value()) {
+        continue;
+      }
+      const siginfo_t si = *thread.claimed;
+      thread.claimed.reset();
+      if (interceptor_ != nullptr) {
+        KW_RETURN_IF_ERROR(interceptor_->Handle(tid, si));
+      } else {
+        thread.pending_signal = si.si_signo;
+      }
+      again = true;
+      break;  // Handle() may have changed threads_
+    }
+  }
+  if (!alive()) {
+    return absl::OkStatus();
+  }
+  handling_claimed_ = false;
+  for (auto& [tid, thread] : threads_) {
+    if (thread.state == ThreadState::kStopped) {
+      KW_RETURN_IF_ERROR(Cont(tid, std::exchange(thread.pending_signal, 0)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Process::SingleStep(pid_t tid) {
+  if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
+  }
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(tid, &status, __WALL);
+    if (r < 0) {
+      const int err = errno;
+      if (err == EINTR) {
+        continue;
+      }
+      return SyscallError(err, absl::StrCat("waitpid(", tid, ")"));
+    }
+    if (WIFEXITED(status) || WIFSIGNALED(status)) {
+      KW_RETURN_IF_ERROR(HandleStatus(tid, status, pending_events_));
+      return 0;
+    }
+    const int sig = WSTOPSIG(status);
+    const int event = status >> 16;
+    if (event == 0 && sig == SIGTRAP) {
+      return SIGTRAP;
+    }
+    if (event == 0) {
+      threads_[tid].pending_signal = sig;
+      return sig;
+    }
+    if (event == PTRACE_EVENT_STOP && !IsStopSignal(sig)) {
+      // An earlier PTRACE_INTERRUPT landed before the step: the step has not run yet.
+      threads_[tid].interrupt_pending = false;
+      if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
+        const int err = errno;
+        return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
+      }
+      continue;
+    }
+    // A ptrace event (clone, exec, group stop) at the stepped instruction: recorded as
+    // usual, and the thread stays stopped.
+    const bool was = stopping_all_;
+    stopping_all_ = true;
+    const absl::Status s = HandleStatus(tid, status, pending_events_);
+    stopping_all_ = was;
+    KW_RETURN_IF_ERROR(s);
+    return SIGTRAP;
+  }
+}
+
+pid_t Process::AnyStoppedThread() const {
+  if (auto it = threads_.find(pid_);
+      it != threads_.end() && it->second.state == ThreadState::kStopped) {
+    return pid_;
+  }
+  for (const auto& [tid, thread] : threads_) {
+    if (thread.state == ThreadState::kStopped) {
+      return tid;
+    }
+  }
+  return 0;
 }
 
 absl::Status Process::Resume(pid_t tid) { return Cont(tid, 0); }
@@ -522,7 +646,8 @@ absl::Status Process::Detach() {
   }
   KW_RETURN_IF_ERROR(StopAll());
   for (auto& [tid, thread] : threads_) {
-    if (::ptrace(PTRACE_DETACH, tid, nullptr, 0) != 0) {
+    const int sig = std::exchange(thread.pending_signal, 0);
+    if (::ptrace(PTRACE_DETACH, tid, nullptr, sig) != 0) {
       const int err = errno;
       if (err != ESRCH) {
         return SyscallError(err, absl::StrCat("ptrace(PTRACE_DETACH, ", tid, ")"));

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 #include <sys/user.h>
 
@@ -42,6 +43,19 @@ struct ProcessEvent {
   Kind kind = Kind::kThreadStarted;
   pid_t tid = 0;
   int signal = 0;
+};
+
+// Lets a backend own some of the signals a target receives (a page-protection fault on a
+// watched page, a breakpoint trap of kwatch's): the target never sees those.
+class SignalInterceptor {
+ public:
+  virtual ~SignalInterceptor() = default;
+  // Whether kwatch caused this signal. Must be cheap and must not touch the target.
+  virtual bool Claims(pid_t tid, const siginfo_t& si) = 0;
+  // Handles a claimed signal while every thread of the process is stopped (the backend may
+  // single-step `tid` and inject syscalls into it). The thread then resumes without the
+  // signal. An error ends the session.
+  virtual absl::Status Handle(pid_t tid, const siginfo_t& si) = 0;
 };
 
 struct LaunchOptions {
@@ -109,6 +123,23 @@ class Process {
   std::vector<pid_t> TracedThreads() const;
   absl::StatusOr<std::vector<MapEntry>> Maps() const { return ReadMaps(pid_); }
 
+  // Installs (or, with nullptr, removes) the interceptor of signal-delivery stops.
+  void SetInterceptor(SignalInterceptor* interceptor) { interceptor_ = interceptor; }
+
+  // Executes one instruction of stopped thread `tid` (PTRACE_SINGLESTEP) while the other
+  // threads stay as they are. Returns the signal that stopped it (SIGTRAP after a normal
+  // step; another signal is kept and delivered when the thread resumes), or 0 when the
+  // process ended during the step.
+  absl::StatusOr<int> SingleStep(pid_t tid);
+
+  // Runs system call `nr` with up to 6 arguments in stopped thread `tid` and returns its
+  // raw result (-errno on failure). The thread's registers and code are restored; other
+  // threads must be stopped (StopAll) so that none runs the patched bytes.
+  absl::StatusOr<int64_t> RemoteSyscall(pid_t tid, long nr, std::span<const uint64_t> args);
+
+  // A stopped thread of the process (for RemoteSyscall), or 0 when none is stopped.
+  pid_t AnyStoppedThread() const;
+
   // Registers of a stopped thread.
   absl::StatusOr<user_regs_struct> GetRegs(pid_t tid) const;
   absl::Status SetRegs(pid_t tid, const user_regs_struct& regs) const;
@@ -118,6 +149,8 @@ class Process {
   struct Thread {
     ThreadState state = ThreadState::kRunning;
     bool interrupt_pending = false;
+    std::optional<siginfo_t> claimed;  // an intercepted signal waiting for Handle()
+    int pending_signal = 0;            // delivered on the next resume
   };
 
   Process(pid_t pid, bool launched, std::vector<std::string> argv)
@@ -127,6 +160,8 @@ class Process {
   // Handles one wait status of `tid`, appending to `events`.
   absl::Status HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events);
   absl::Status Cont(pid_t tid, int sig);
+  // Stops the world and lets the interceptor handle every claimed signal, then resumes.
+  absl::Status HandleClaimed();
 
   pid_t pid_;
   bool launched_;
@@ -136,6 +171,8 @@ class Process {
   std::vector<ProcessEvent> pending_events_;  // seen inside StopAll/RunToEntry, for Poll
   bool stopping_all_ = false;  // inside StopAll: keep interrupt stops
   bool detached_ = false;
+  bool handling_claimed_ = false;
+  SignalInterceptor* interceptor_ = nullptr;
 };
 
 // Reads NAME from /proc/PID/status ("TracerPid", "Name"...), "" if absent.

@@ -14,7 +14,7 @@
 #include "core/symbolizer.h"
 #include "core/symbols.h"
 #include "drmgr/debug_regs.h"
-#include "watch/perf_breakpoint.h"
+#include "watch/backend.h"
 
 namespace kwatch::watch {
 
@@ -34,41 +34,44 @@ struct Watch {
 };
 
 struct SessionOptions {
-  size_t ring_pages = 256;  // per event, power of two
+  BackendKind backend = BackendKind::kAuto;
+  size_t ring_pages = 256;     // per event, power of two
+  uint32_t wakeup_events = 64;  // samples per wakeup; a periodic drain picks up the rest
 };
 
-// Watches of one target process in stream mode: one perf breakpoint event per watch and
-// traced thread (inherit=1 covers threads created later). Owns the events and the symbols
-// of the target. Not thread-safe; use it from the thread that owns the Process.
+// Watches of one target process. Resolves expressions against the target's symbols and
+// runs them through one backend (perf stream mode, or page protection). Owns the backend and
+// the symbols. Not thread-safe; use it from the thread that owns the Process.
 class WatchSession {
  public:
-  // Resolves every expression against the target's symbols (read from the process now) and
-  // checks that each fits one debug register. Nothing is armed yet.
+  // Resolves every expression against the target's symbols (read from the process now),
+  // checks that each fits the backend, and picks the backend (kAuto: hardware breakpoints
+  // when this machine delivers their traps, else page protection, with a note saying why).
+  // Nothing is armed yet.
   static absl::StatusOr<std::unique_ptr<WatchSession>> Create(core::Process& proc,
                                                               std::vector<WatchRequest> requests,
                                                               const SessionOptions& opts = {});
+  ~WatchSession();
 
-  // Stops every thread, opens the events on each of them, and resumes. All or nothing: on
-  // error no event stays open.
+  // Installs the watches (all or nothing).
   absl::Status Arm();
-
-  // Closes every event (the target keeps running). Samples still in the rings are lost, so
-  // Drain() first.
+  // Removes them; the target keeps running. Drain() first: perf samples still in the rings
+  // are dropped.
   void Disarm();
-  bool armed() const { return !events_.empty(); }
+  bool armed() const { return armed_; }
 
-  // Drains every ring, turns samples into events sorted by time, reads the watched values
-  // (once per watch per batch, marked as read at drain time) and passes them to `sink`.
-  // Returns the number of events delivered.
+  // Collects what the backend observed, sorted by time, fills in values where the backend
+  // could not (perf: read once per watch per batch, at drain time), filters writes out of
+  // --read watches, and passes each event to `sink`. Returns the number delivered.
   size_t Drain(absl::FunctionRef<void(const core::AccessEvent&)> sink);
 
-  // Descriptors that become readable when samples wait (for epoll).
-  std::vector<int> Fds() const;
-
-  // Samples the kernel dropped, summed over all rings (including disarmed ones).
-  uint64_t lost() const;
-  // Writes filtered out of --read watches.
+  std::vector<int> Fds() const { return backend_->Fds(); }
+  uint64_t lost() const { return backend_->lost(); }
+  uint64_t unrelated() const { return backend_->unrelated(); }
   uint64_t filtered() const { return filtered_; }
+  BackendKind backend() const { return backend_->kind(); }
+  // Why this backend was chosen, for the user ("" when they chose it).
+  const std::string& backend_note() const { return backend_note_; }
 
   const std::vector<Watch>& watches() const { return watches_; }
   core::Symbolizer& symbolizer() { return *symbolizer_; }
@@ -76,21 +79,16 @@ class WatchSession {
 
  private:
   WatchSession(core::Process& proc, std::unique_ptr<core::Symbols> symbols,
-               std::vector<Watch> watches, const SessionOptions& opts);
-
-  struct Event {
-    uint32_t watch_id;
-    std::unique_ptr<PerfBreakpoint> bp;
-  };
+               std::vector<Watch> watches);
 
   core::Process& proc_;
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
   std::vector<Watch> watches_;
-  SessionOptions opts_;
-  std::vector<Event> events_;
+  std::unique_ptr<WatchBackend> backend_;
+  std::string backend_note_;
+  bool armed_ = false;
   std::vector<core::AccessEvent> batch_;
-  uint64_t lost_closed_ = 0;
   uint64_t filtered_ = 0;
 };
 

@@ -1,0 +1,87 @@
+#include "core/x86_access.h"
+
+#include <Zydis/Zydis.h>
+
+#include "absl/strings/str_format.h"
+
+namespace kwatch::core {
+
+namespace {
+
+void FillContext(const user_regs_struct& r, ZydisRegisterContext& ctx) {
+  auto& v = ctx.values;
+  v[ZYDIS_REGISTER_RAX] = r.rax;
+  v[ZYDIS_REGISTER_RBX] = r.rbx;
+  v[ZYDIS_REGISTER_RCX] = r.rcx;
+  v[ZYDIS_REGISTER_RDX] = r.rdx;
+  v[ZYDIS_REGISTER_RSI] = r.rsi;
+  v[ZYDIS_REGISTER_RDI] = r.rdi;
+  v[ZYDIS_REGISTER_RBP] = r.rbp;
+  v[ZYDIS_REGISTER_RSP] = r.rsp;
+  v[ZYDIS_REGISTER_R8] = r.r8;
+  v[ZYDIS_REGISTER_R9] = r.r9;
+  v[ZYDIS_REGISTER_R10] = r.r10;
+  v[ZYDIS_REGISTER_R11] = r.r11;
+  v[ZYDIS_REGISTER_R12] = r.r12;
+  v[ZYDIS_REGISTER_R13] = r.r13;
+  v[ZYDIS_REGISTER_R14] = r.r14;
+  v[ZYDIS_REGISTER_R15] = r.r15;
+  v[ZYDIS_REGISTER_RIP] = r.rip;
+  // 32-bit address-size forms (addr32 prefix) use the low halves.
+  v[ZYDIS_REGISTER_EAX] = r.rax & 0xffffffffu;
+  v[ZYDIS_REGISTER_EBX] = r.rbx & 0xffffffffu;
+  v[ZYDIS_REGISTER_ECX] = r.rcx & 0xffffffffu;
+  v[ZYDIS_REGISTER_EDX] = r.rdx & 0xffffffffu;
+  v[ZYDIS_REGISTER_ESI] = r.rsi & 0xffffffffu;
+  v[ZYDIS_REGISTER_EDI] = r.rdi & 0xffffffffu;
+  v[ZYDIS_REGISTER_EBP] = r.rbp & 0xffffffffu;
+  v[ZYDIS_REGISTER_ESP] = r.rsp & 0xffffffffu;
+}
+
+}  // namespace
+
+absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64_t rip,
+                                           const user_regs_struct& regs) {
+  ZydisDecoder decoder;
+  ZydisDecoderInit(&decoder, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
+  ZydisDecodedInstruction insn;
+  ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
+  if (!ZYAN_SUCCESS(ZydisDecoderDecodeFull(&decoder, code.data(), code.size(), &insn, ops))) {
+    return absl::InvalidArgumentError(absl::StrFormat("cannot decode an instruction at 0x%x", rip));
+  }
+  DecodedAccess out;
+  out.length = insn.length;
+  ZydisFormatter fmt;
+  ZydisFormatterInit(&fmt, ZYDIS_FORMATTER_STYLE_ATT);
+  char buf[256] = {};
+  if (ZYAN_SUCCESS(ZydisFormatterFormatInstruction(&fmt, &insn, ops, insn.operand_count_visible,
+                                                   buf, sizeof(buf), rip, nullptr))) {
+    out.text = buf;
+  }
+  ZydisRegisterContext ctx{};
+  FillContext(regs, ctx);
+  for (int i = 0; i < insn.operand_count; ++i) {
+    const ZydisDecodedOperand& op = ops[i];
+    if (op.type != ZYDIS_OPERAND_TYPE_MEMORY || op.mem.type == ZYDIS_MEMOP_TYPE_AGEN) {
+      continue;  // lea and friends compute an address without touching memory
+    }
+    uint64_t addr = 0;
+    if (!ZYAN_SUCCESS(ZydisCalcAbsoluteAddressEx(&insn, &op, rip, &ctx, &addr))) {
+      continue;
+    }
+    if (op.mem.segment == ZYDIS_REGISTER_FS) {
+      addr += regs.fs_base;
+    } else if (op.mem.segment == ZYDIS_REGISTER_GS) {
+      addr += regs.gs_base;
+    }
+    MemoryOperand m;
+    m.addr = addr;
+    m.size = op.size / 8;
+    m.read = (op.actions & ZYDIS_OPERAND_ACTION_MASK_READ) != 0;
+    m.write = (op.actions & ZYDIS_OPERAND_ACTION_MASK_WRITE) != 0;
+    out.memory.push_back(m);
+  }
+  return out;
+}
+
+}  // namespace kwatch::core

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "core/event.h"
+
+namespace kwatch::watch {
+
+// How the watches of a session are made real.
+enum class BackendKind : uint8_t {
+  kAuto,  // hardware breakpoints if this machine delivers their traps, else pages
+  kPerf,  // perf_event_open hardware breakpoints, sampled into ring buffers (stream mode)
+  kPage,  // page protection: mprotect + fault + single-step under ptrace, exact values
+};
+
+absl::string_view BackendName(BackendKind kind);
+
+// One way of observing accesses to the watches of a session. Owned by the session; used from
+// the thread that owns the target's Process.
+class WatchBackend {
+ public:
+  virtual ~WatchBackend() = default;
+
+  virtual BackendKind kind() const = 0;
+  // Installs the watches in the target (all or nothing).
+  virtual absl::Status Arm() = 0;
+  // Removes them; the target keeps running unchanged. Safe to call twice.
+  virtual void Disarm() = 0;
+  // Descriptors that become readable when events wait (for epoll); may be empty.
+  virtual std::vector<int> Fds() const { return {}; }
+  // Appends the events observed since the last call. Fields set: everything but `value`
+  // for backends that cannot read values at the access (the session reads them).
+  virtual void Collect(std::vector<core::AccessEvent>& out) = 0;
+  // Events the backend knows it dropped.
+  virtual uint64_t lost() const { return 0; }
+  // Faults or traps that touched no watched byte (page mode: other data on the page).
+  virtual uint64_t unrelated() const { return 0; }
+};
+
+}  // namespace kwatch::watch

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "core/process.h"
+#include "watch/backend.h"
+#include "watch/session.h"
+
+namespace kwatch::watch {
+
+// Page-protection watchpoints ("pagepoints"): the pages holding watched bytes are
+// mprotect()ed inside the target (PROT_READ for write watches, PROT_NONE when reads count);
+// each access faults, kwatch decodes the faulting instruction (Zydis) to learn the exact
+// address, size and kind, reads the old value, lifts the protection, single-steps the
+// instruction with every other thread stopped, reads the new value and protects again.
+// Exact (old and new values, no lost events) for any number of watches, at the cost of a
+// fault and a few ptrace stops per access to the page, including accesses to other data
+// on it (counted as unrelated()). The kernel's own accesses to a protected page (a read()
+// into it) fail with EFAULT instead of faulting: a documented limit of the method.
+class PageBackend : public WatchBackend, public core::SignalInterceptor {
+ public:
+  PageBackend(core::Process& proc, const std::vector<Watch>& watches)
+      : proc_(proc), watches_(watches) {}
+  ~PageBackend() override { Disarm(); }
+  PageBackend(const PageBackend&) = delete;
+  PageBackend& operator=(const PageBackend&) = delete;
+
+  BackendKind kind() const override { return BackendKind::kPage; }
+  absl::Status Arm() override;
+  void Disarm() override;
+  void Collect(std::vector<core::AccessEvent>& out) override;
+  uint64_t unrelated() const override { return unrelated_; }
+
+  bool Claims(pid_t tid, const siginfo_t& si) override;
+  absl::Status Handle(pid_t tid, const siginfo_t& si) override;
+
+  // Pages kwatch protects, page address -> protections (PROT_*) before and while armed.
+  struct Page {
+    int original = 0;
+    int armed = 0;
+  };
+  const std::map<uint64_t, Page>& pages() const { return pages_; }
+
+ private:
+  absl::Status Protect(pid_t tid, uint64_t page, int prot);
+  absl::Status ReadValue(const Watch& w, uint64_t& out) const;
+
+  core::Process& proc_;
+  const std::vector<Watch>& watches_;
+  std::map<uint64_t, Page> pages_;
+  bool armed_ = false;
+  std::vector<core::AccessEvent> events_;
+  uint64_t unrelated_ = 0;
+};
+
+}  // namespace kwatch::watch
