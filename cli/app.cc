@@ -180,7 +180,7 @@ absl::StatusOr<int> Runner::Run() {
 
   std::string prog = proc_.argv().empty() ? "?" : proc_.argv()[0];
   if (!session_.backend_note().empty()) {
-    std::fprintf(stderr, "kwatch: note: %s\n", session_.backend_note().c_str());
+    std::fprintf(stderr, "kwatch: %s\n", session_.backend_note().c_str());
   }
   std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n",
                session_.watches().size(), session_.watches().size() == 1 ? "" : "es", proc_.pid(),

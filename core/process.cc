@@ -324,6 +324,7 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
       // Every other thread is gone; the exec'ing thread now has the leader's tid.
       threads_.clear();
       threads_[pid_].state = ThreadState::kStopped;
+      mem_fd_.Reset();  // the new image has a new address space
       events.push_back({ProcessEvent::Kind::kExec, pid_, 0});
       return absl::OkStatus();
     }
@@ -358,7 +359,13 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
         siginfo_t si{};
         if (::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0 && interceptor_->Claims(tid, si)) {
           thread.state = ThreadState::kStopped;
-          thread.claimed = si;
+          if (!stopping_all_ && !handling_claimed_) {
+            KW_ASSIGN_OR_RETURN(const bool done, interceptor_->HandleInPlace(tid, si));
+            if (done) {
+              return Cont(tid, 0);
+            }
+          }
+          threads_[tid].claimed = si;
           if (stopping_all_ || handling_claimed_) {
             return absl::OkStatus();  // handled once the world is stopped
           }
@@ -499,7 +506,10 @@ absl::Status Process::HandleClaimed() {
       const siginfo_t si = *thread.claimed;
       thread.claimed.reset();
       if (interceptor_ != nullptr) {
-        KW_RETURN_IF_ERROR(interceptor_->Handle(tid, si));
+        KW_ASSIGN_OR_RETURN(const bool done, interceptor_->HandleInPlace(tid, si));
+        if (!done) {
+          KW_RETURN_IF_ERROR(interceptor_->Handle(tid, si));
+        }
       } else {
         thread.pending_signal = si.si_signo;
       }
@@ -678,20 +688,21 @@ absl::Status Process::Kill() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> Process::MemFd() const {
+  if (!mem_fd_) {
+    mem_fd_.Reset(::open(absl::StrCat("/proc/", pid_, "/mem").c_str(), O_RDWR | O_CLOEXEC));
+    if (!mem_fd_) {
+      const int err = errno;
+      return SyscallError(err, absl::StrFormat("open(/proc/%d/mem)", pid_),
+                          err == ENOENT ? "the target has exited" : "");
+    }
+  }
+  return mem_fd_.get();
+}
+
 absl::Status Process::ReadMemory(RemoteAddr addr, std::span<uint8_t> out) const {
-  iovec local{out.data(), out.size()};
-  iovec remote{reinterpret_cast<void*>(addr.value), out.size()};  // NOLINT(performance-no-int-to-ptr)
-  const ssize_t n = ::process_vm_readv(pid_, &local, 1, &remote, 1, 0);
-  if (n == static_cast<ssize_t>(out.size())) {
-    return absl::OkStatus();
-  }
-  // Fall back to /proc/PID/mem (works where process_vm_readv is not allowed).
-  UniqueFd fd(::open(absl::StrCat("/proc/", pid_, "/mem").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    const int err = errno;
-    return SyscallError(err, absl::StrFormat("open(/proc/%d/mem)", pid_));
-  }
-  const ssize_t m = ::pread(fd.get(), out.data(), out.size(), static_cast<off_t>(addr.value));
+  KW_ASSIGN_OR_RETURN(const int fd, MemFd());
+  const ssize_t m = ::pread(fd, out.data(), out.size(), static_cast<off_t>(addr.value));
   if (m != static_cast<ssize_t>(out.size())) {
     const int err = m < 0 ? errno : EIO;
     return SyscallError(err, absl::StrFormat("read %d bytes at 0x%x of pid %d", out.size(),
@@ -701,12 +712,8 @@ absl::Status Process::ReadMemory(RemoteAddr addr, std::span<uint8_t> out) const 
 }
 
 absl::Status Process::WriteMemory(RemoteAddr addr, std::span<const uint8_t> data) const {
-  UniqueFd fd(::open(absl::StrCat("/proc/", pid_, "/mem").c_str(), O_RDWR | O_CLOEXEC));
-  if (!fd) {
-    const int err = errno;
-    return SyscallError(err, absl::StrFormat("open(/proc/%d/mem)", pid_));
-  }
-  const ssize_t m = ::pwrite(fd.get(), data.data(), data.size(), static_cast<off_t>(addr.value));
+  KW_ASSIGN_OR_RETURN(const int fd, MemFd());
+  const ssize_t m = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(addr.value));
   if (m != static_cast<ssize_t>(data.size())) {
     const int err = m < 0 ? errno : EIO;
     return SyscallError(err, absl::StrFormat("write %d bytes at 0x%x of pid %d", data.size(),

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "core/maps.h"
 #include "core/remote_addr.h"
+#include "core/unique_fd.h"
 
 namespace kwatch::core {
 
@@ -56,6 +57,11 @@ class SignalInterceptor {
   // single-step `tid` and inject syscalls into it). The thread then resumes without the
   // signal. An error ends the session.
   virtual absl::Status Handle(pid_t tid, const siginfo_t& si) = 0;
+  // Tries first to handle a claimed signal in place, with only `tid` stopped (for example by
+  // emulating the faulting instruction). True when handled; false passes it to Handle().
+  virtual absl::StatusOr<bool> HandleInPlace(pid_t /*tid*/, const siginfo_t& /*si*/) {
+    return false;
+  }
 };
 
 struct LaunchOptions {
@@ -113,8 +119,8 @@ class Process {
   // Sends SIGKILL and reaps the target.
   absl::Status Kill();
 
-  // Target memory: process_vm_readv/writev, falling back to /proc/PID/mem (which also
-  // writes read-only pages such as code).
+  // Target memory through /proc/PID/mem, which also reads and writes pages the target
+  // cannot (code, pages kwatch protects).
   absl::Status ReadMemory(RemoteAddr addr, std::span<uint8_t> out) const;
   absl::Status WriteMemory(RemoteAddr addr, std::span<const uint8_t> data) const;
 
@@ -160,6 +166,7 @@ class Process {
   // Handles one wait status of `tid`, appending to `events`.
   absl::Status HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events);
   absl::Status Cont(pid_t tid, int sig);
+  absl::StatusOr<int> MemFd() const;
   // Stops the world and lets the interceptor handle every claimed signal, then resumes.
   absl::Status HandleClaimed();
 
@@ -173,6 +180,7 @@ class Process {
   bool detached_ = false;
   bool handling_claimed_ = false;
   SignalInterceptor* interceptor_ = nullptr;
+  mutable UniqueFd mem_fd_;  // /proc/PID/mem, opened on first use, reopened after exec
 };
 
 // Reads NAME from /proc/PID/status ("TracerPid", "Name"...), "" if absent.

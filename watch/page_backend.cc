@@ -14,6 +14,7 @@
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
 #include "core/x86_access.h"
+#include "core/x86_emulate.h"
 
 namespace kwatch::watch {
 
@@ -137,47 +138,10 @@ absl::Status PageBackend::ReadValue(const Watch& w, uint64_t& out) const {
   return absl::OkStatus();
 }
 
-absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
-  KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
-  uint8_t code[16] = {};
-  size_t code_len = sizeof(code);
-  // The instruction may sit at the end of a mapping: read less if need be.
-  while (code_len > 0 && !proc_.ReadMemory(core::RemoteAddr{regs.rip},
-                                           std::span<uint8_t>(code, code_len)).ok()) {
-    code_len /= 2;
-  }
-  auto decoded = core::DecodeAccess(std::span<const uint8_t>(code, code_len), regs.rip, regs);
-  const uint64_t fault = reinterpret_cast<uint64_t>(si.si_addr);
-  // Which watches this instruction touches, and how.
-  struct Hit {
-    uint32_t watch_id;
-    core::AccessKind kind;
-    uint64_t old_value;
-  };
-  std::vector<Hit> hits;
-  std::vector<uint64_t> touched = {PageOf(fault)};
-  if (decoded.ok()) {
-    for (const core::MemoryOperand& m : decoded->memory) {
-      for (uint64_t p = PageOf(m.addr); p < m.addr + m.size; p += kPageSize) {
-        if (pages_.count(p) != 0 && std::find(touched.begin(), touched.end(), p) == touched.end()) {
-          touched.push_back(p);
-        }
-      }
-      for (const Watch& w : watches_) {
-        const uint64_t a = w.target.addr.value;
-        if (m.addr >= a + w.target.length || m.addr + m.size <= a) {
-          continue;
-        }
-        const core::AccessKind kind = m.write ? core::AccessKind::kWrite : core::AccessKind::kRead;
-        if (w.request.kind == drmgr::DrKind::kWrite && kind != core::AccessKind::kWrite) {
-          continue;
-        }
-        Hit h{w.id, kind, 0};
-        (void)ReadValue(w, h.old_value);
-        hits.push_back(h);
-      }
-    }
-  } else {
+void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint64_t fault,
+                        std::vector<Hit>& hits, std::vector<uint64_t>& touched) const {
+  touched.push_back(PageOf(fault));
+  if (!decoded.ok()) {
     // Undecodable: attribute by the fault address alone.
     for (const Watch& w : watches_) {
       if (fault >= w.target.addr.value && fault < w.target.addr.value + w.target.length) {
@@ -186,20 +150,34 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
         hits.push_back(h);
       }
     }
+    return;
   }
+  for (const core::MemoryOperand& m : decoded->memory) {
+    for (uint64_t p = PageOf(m.addr); p < m.addr + m.size; p += kPageSize) {
+      if (pages_.count(p) != 0 && std::find(touched.begin(), touched.end(), p) == touched.end()) {
+        touched.push_back(p);
+      }
+    }
+    for (const Watch& w : watches_) {
+      const uint64_t a = w.target.addr.value;
+      if (m.addr >= a + w.target.length || m.addr + m.size <= a) {
+        continue;
+      }
+      const core::AccessKind kind = m.write ? core::AccessKind::kWrite : core::AccessKind::kRead;
+      if (w.request.kind == drmgr::DrKind::kWrite && kind != core::AccessKind::kWrite) {
+        continue;
+      }
+      Hit h{w.id, kind, 0};
+      (void)ReadValue(w, h.old_value);
+      hits.push_back(h);
+    }
+  }
+}
+
+void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) {
   if (hits.empty()) {
     ++unrelated_;
-  }
-  // Lift the protection, run the one instruction, protect again.
-  for (uint64_t p : touched) {
-    KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].original));
-  }
-  KW_ASSIGN_OR_RETURN(const int stop, proc_.SingleStep(tid));
-  if (stop == 0) {
-    return absl::OkStatus();  // the process ended
-  }
-  for (uint64_t p : touched) {
-    KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].armed));
+    return;
   }
   const uint64_t now = MonotonicNs();
   for (const Hit& h : hits) {
@@ -209,8 +187,8 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
     ev.pid = proc_.pid();
     ev.tid = tid;
     ev.watch_id = h.watch_id;
-    ev.trap_ip = core::RemoteAddr{regs.rip};
-    ev.ip = core::RemoteAddr{regs.rip};
+    ev.trap_ip = core::RemoteAddr{rip};
+    ev.ip = core::RemoteAddr{rip};
     ev.addr = w.target.addr;
     ev.len = static_cast<uint32_t>(w.target.length);
     ev.kind = h.kind;
@@ -222,6 +200,63 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
     ev.value_exact = true;
     events_.push_back(ev);
   }
+}
+
+absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) {
+  KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
+  uint8_t code[16] = {};
+  if (!proc_.ReadMemory(core::RemoteAddr{regs.rip}, code).ok()) {
+    return false;
+  }
+  const uint64_t rip = regs.rip;
+  auto decoded = core::DecodeAccess(code, rip, regs);
+  std::vector<Hit> hits;
+  std::vector<uint64_t> touched;
+  Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);
+  core::EmulatorMemory mem;
+  mem.read = [this](uint64_t addr, std::span<uint8_t> out) {
+    return proc_.ReadMemory(core::RemoteAddr{addr}, out);
+  };
+  mem.write = [this](uint64_t addr, std::span<const uint8_t> data) {
+    return proc_.WriteMemory(core::RemoteAddr{addr}, data);
+  };
+  KW_ASSIGN_OR_RETURN(const std::optional<core::EmulatedAccess> done,
+                      core::EmulateDataMove(code, regs, mem));
+  if (!done.has_value()) {
+    return false;  // not a plain move: single-step it with the world stopped
+  }
+  KW_RETURN_IF_ERROR(proc_.SetRegs(tid, regs));
+  ++emulated_;
+  Record(tid, rip, hits);
+  return true;
+}
+
+absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
+  KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
+  uint8_t code[16] = {};
+  size_t code_len = sizeof(code);
+  // The instruction may sit at the end of a mapping: read less if need be.
+  while (code_len > 0 && !proc_.ReadMemory(core::RemoteAddr{regs.rip},
+                                           std::span<uint8_t>(code, code_len)).ok()) {
+    code_len /= 2;
+  }
+  auto decoded = core::DecodeAccess(std::span<const uint8_t>(code, code_len), regs.rip, regs);
+  std::vector<Hit> hits;
+  std::vector<uint64_t> touched;
+  Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);
+  // Lift the protection, run the one instruction, protect again.
+  for (uint64_t p : touched) {
+    KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].original));
+  }
+  KW_ASSIGN_OR_RETURN(const int stop, proc_.SingleStep(tid));
+  if (stop == 0) {
+    return absl::OkStatus();  // the process ended
+  }
+  for (uint64_t p : touched) {
+    KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].armed));
+  }
+  ++stepped_;
+  Record(tid, regs.rip, hits);
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/process.h"
+#include "core/x86_access.h"
 #include "watch/backend.h"
 #include "watch/session.h"
 
@@ -35,6 +36,11 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
   bool Claims(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
+  absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+
+  // Faults handled by emulating the instruction, and by single-stepping it.
+  uint64_t emulated() const { return emulated_; }
+  uint64_t stepped() const { return stepped_; }
 
   // Pages kwatch protects, page address -> protections (PROT_*) before and while armed.
   struct Page {
@@ -46,6 +52,16 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
  private:
   absl::Status Protect(pid_t tid, uint64_t page, int prot);
   absl::Status ReadValue(const Watch& w, uint64_t& out) const;
+  // Which watches the instruction touches (reading their values before the access), and
+  // the protected pages its operands lie on.
+  struct Hit {
+    uint32_t watch_id;
+    core::AccessKind kind;
+    uint64_t old_value;
+  };
+  void Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint64_t fault,
+             std::vector<Hit>& hits, std::vector<uint64_t>& touched) const;
+  void Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits);
 
   core::Process& proc_;
   const std::vector<Watch>& watches_;
@@ -53,6 +69,8 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   bool armed_ = false;
   std::vector<core::AccessEvent> events_;
   uint64_t unrelated_ = 0;
+  uint64_t emulated_ = 0;
+  uint64_t stepped_ = 0;
 };
 
 }  // namespace kwatch::watch

@@ -51,10 +51,18 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       kind = BackendKind::kPerf;
     } else {
       kind = BackendKind::kPage;
-      note = absl::StrCat(probe.detail,
+      note = absl::StrCat("note: ", probe.detail,
                           "; using page-protection watchpoints instead (exact values, one fault "
                           "and single-step per access to the page; --backend perf forces "
                           "hardware breakpoints)");
+    }
+  }
+  if (kind == BackendKind::kPerf) {
+    const DebugTrapProbe& probe = ProbeDebugTraps();
+    if (probe.accepted && !probe.delivered) {
+      note = absl::StrCat("warning: ", probe.detail,
+                          "; --backend perf will arm the watches but report no accesses "
+                          "(--backend page works here)");
     }
   }
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Symbols> symbols,

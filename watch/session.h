@@ -70,7 +70,8 @@ class WatchSession {
   uint64_t unrelated() const { return backend_->unrelated(); }
   uint64_t filtered() const { return filtered_; }
   BackendKind backend() const { return backend_->kind(); }
-  // Why this backend was chosen, for the user ("" when they chose it).
+  // A line for the user about the backend ("note: ..." why auto chose it, "warning: ..."
+  // when a forced backend cannot work here), "" when there is nothing to say.
   const std::string& backend_note() const { return backend_note_; }
 
   const std::vector<Watch>& watches() const { return watches_; }

@@ -238,6 +238,36 @@ TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
   EXPECT_EQ(run.summary["lost"], 0);
 }
 
+TEST(KwatchLaunch, TheTargetsOwnCrashIsDeliveredAndReported) {
+  const RunResult r = RunKwatch({"--json", "-q", "--write", "g_stats.hits", "--",
+                                 TargetPath("field_writer"), "1", "10", "--crash", "--truth",
+                                 TruthFile("crash")});
+  EXPECT_EQ(r.exit_code, 128 + SIGSEGV) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.summary["events"], 10);
+  EXPECT_EQ(run.summary["stop_reason"], "target killed by SEGV");
+  EXPECT_EQ(run.summary["signal"], SIGSEGV);
+}
+
+TEST(KwatchLaunch, ExactOldAndNewValuesInPageMode) {
+  const RunResult r = RunKwatch({"--json", "--backend", "page", "--write", "g_stats.misses", "--",
+                                 TargetPath("field_writer"), "1", "20", "--truth",
+                                 TruthFile("values")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.events.size(), 10u);
+  // One thread writes misses = i for even i: 0, 2, ..., 18, each over the previous value.
+  long expected_old = 0;
+  for (size_t k = 0; k < run.events.size(); ++k) {
+    const json& e = run.events[k];
+    EXPECT_EQ(e["value_at"], "access");
+    EXPECT_EQ(e["value"], static_cast<long>(2 * k));
+    EXPECT_EQ(e["old_value"], expected_old);
+    expected_old = static_cast<long>(2 * k);
+  }
+  EXPECT_EQ(run.summary["backend"], "page");
+}
+
 TEST(KwatchAttach, CountsExactlyOnARunningProcess) {
   const std::string truth_path = TruthFile("attach");
   auto target = kwatch::testing::Spawned::Start(

@@ -1,10 +1,11 @@
 // A multi-threaded fixture: THREADS workers each write fields of the global g_stats
 // ITERS times and print their own ground truth, one JSON object per thread.
 //
-//   field_writer THREADS ITERS [--wait] [--exit N] [--truth FILE]
+//   field_writer THREADS ITERS [--wait] [--exit N] [--truth FILE] [--crash]
 //
 // Per iteration i of each worker: g_stats.hits = i (one 8-byte store); when i is even,
 // g_stats.misses = i (one 4-byte store); when i % 4 == 0, one 2-byte load of g_stats.flags.
+// --crash: after the work, write through a NULL pointer (a genuine SIGSEGV).
 // --truth FILE: write the ground truth there instead of stdout.
 // --wait: print "ready PID" and wait for SIGUSR1 before starting (for attach tests).
 #define _GNU_SOURCE
@@ -75,11 +76,14 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   int wait = 0;
   const char* truth = NULL;
+  int crash = 0;
   for (int i = 3; i < argc; ++i) {
     if (strcmp(argv[i], "--wait") == 0) {
       wait = 1;
     } else if (strcmp(argv[i], "--exit") == 0 && i + 1 < argc) {
       exit_code = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--crash") == 0) {
+      crash = 1;
     } else if (strcmp(argv[i], "--truth") == 0 && i + 1 < argc) {
       truth = argv[++i];
     }
@@ -117,5 +121,9 @@ int main(int argc, char** argv) {
     fclose(out);
   }
   free(ws);
+  if (crash) {
+    volatile int* volatile null_ptr = NULL;
+    *null_ptr = 1;
+  }
   return exit_code;
 }
