@@ -105,29 +105,34 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
                 exact ? "OLD -> NEW" : "VALUE(at drain)", "SITE");
 }
 
-void EventPrinter::Print(watch::WatchSession& session, const watch::Summary& summary,
+void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
                          const core::AccessEvent& ev) {
   const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
-  const std::string& field = summary.FieldName(ev);
+  const std::string field = summary.FieldLabel(ev);
+  const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
   const double t = static_cast<double>(ev.time_ns - std::min(ev.time_ns, start_ns_)) / 1e9;
   if (json_) {
     std::string value = "null";
     if (ev.value.has_value()) {
-      value = absl::StrCat(ValueOf(*ev.value, ev.len));
+      value = absl::StrCat(ValueOf(*ev.value, vlen));
     }
     std::string old_value = "null";
     if (ev.old_value.has_value()) {
-      old_value = absl::StrCat(ValueOf(*ev.old_value, ev.len));
+      old_value = absl::StrCat(ValueOf(*ev.old_value, vlen));
     }
     const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
     absl::FPrintF(out_,
                   "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
-                  "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"expr\":%s,\"field\":%s,"
+                  "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
+                  "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
                   "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
                   "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"}\n",
                   ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
-                  Hex(ev.addr.value), ev.len, JsonString(w.request.expr), JsonString(field),
+                  Hex(ev.addr.value), ev.len,
+                  Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
+                  ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
+                  JsonString(field),
                   Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
                   JsonString(loc.file), loc.line, value, old_value,
                   ev.value_exact ? "access" : "drain");
@@ -135,10 +140,10 @@ void EventPrinter::Print(watch::WatchSession& session, const watch::Summary& sum
   }
   std::string value = "?";
   if (ev.value.has_value()) {
-    value = absl::StrCat(ValueOf(*ev.value, ev.len));
+    value = absl::StrCat(ValueOf(*ev.value, vlen));
   }
   if (ev.old_value.has_value()) {
-    value = absl::StrCat(ValueOf(*ev.old_value, ev.len), " -> ", value);
+    value = absl::StrCat(ValueOf(*ev.old_value, vlen), " -> ", value);
   }
   absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %-24s %s\n", t, ev.tid,
                 core::AccessKindLetter(ev.kind), field, value, SiteText(loc, ev.ip));

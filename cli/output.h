@@ -33,7 +33,7 @@ class EventPrinter {
   EventPrinter(FILE* out, bool json, uint64_t start_ns) : out_(out), json_(json), start_ns_(start_ns) {}
 
   void PrintHeader(const watch::WatchSession& session);
-  void Print(watch::WatchSession& session, const watch::Summary& summary, const core::AccessEvent& ev);
+  void Print(watch::WatchSession& session, watch::Summary& summary, const core::AccessEvent& ev);
 
  private:
   FILE* out_;

@@ -40,8 +40,12 @@ struct AccessEvent {
   RemoteAddr ip;          // the accessing instruction (trap_ip when it cannot be found)
   RemoteAddr addr;        // first watched byte of the hardware range that fired
   uint32_t len = 0;       // length of the hardware range that fired
+  RemoteAddr access_addr; // exact first byte the instruction touched (page mode), else addr
+  uint32_t access_size = 0;  // bytes it touched; 0 when only the watched range is known
   AccessKind kind = AccessKind::kWrite;
-  std::optional<uint64_t> value;      // little-endian bytes of the watched range after the access
+  // Little-endian bytes after the access: of the accessed bytes when access_size is known
+  // (at most 8), else of the watched range (at most 8).
+  std::optional<uint64_t> value;
   std::optional<uint64_t> old_value;  // ... and before it (exact modes only)
   bool value_exact = false;           // true: read right at the access; false: at drain time
 };

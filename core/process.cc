@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -29,6 +31,15 @@
 namespace kwatch::core {
 
 namespace {
+
+// KWATCH_DEBUG=1 traces signal decisions on stderr.
+bool Debug() {
+  static const bool on = [] {
+    const char* v = std::getenv("KWATCH_DEBUG");  // NOLINT(concurrency-mt-unsafe): read once
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
 
 constexpr long kTraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC;
 
@@ -373,6 +384,12 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
         }
       }
       // Signal-delivery stop: the target's own signal, passed on unchanged.
+      if (Debug()) {
+        siginfo_t si{};
+        ::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si);
+        std::fprintf(stderr, "kwatch-debug: tid %d signal %d code %d addr %p (not claimed)\n", tid,
+                     sig, si.si_code, si.si_addr);
+      }
       events.push_back({ProcessEvent::Kind::kSignal, tid, sig});
       if (stopping_all_ || handling_claimed_) {
         thread.state = ThreadState::kStopped;
@@ -550,12 +567,28 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
     }
     const int sig = WSTOPSIG(status);
     const int event = status >> 16;
-    if (event == 0 && sig == SIGTRAP) {
-      return SIGTRAP;
-    }
     if (event == 0) {
-      threads_[tid].pending_signal = sig;
-      return sig;
+      // A signal-delivery stop. A signal queued before the step (a fault kwatch caused, or
+      // the target's own) is reported before the instruction runs; SIGTRAP is the step.
+      siginfo_t si{};
+      const bool have_info = ::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0;
+      if (sig == SIGTRAP && (!have_info || si.si_code == TRAP_TRACE || si.si_code == TRAP_BRKPT ||
+                             si.si_code <= 0 || si.si_code == TRAP_HWBKPT)) {
+        return SIGTRAP;
+      }
+      if (!(have_info && interceptor_ != nullptr && interceptor_->Claims(tid, si))) {
+        threads_[tid].pending_signal = sig;  // the target's own: delivered on resume
+        if (Debug()) {
+          std::fprintf(stderr, "kwatch-debug: tid %d signal %d code %d addr %p during a step\n",
+                       tid, sig, si.si_code, si.si_addr);
+        }
+      }
+      // Claimed ones are dropped: the access that raised them runs again later.
+      if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
+        const int err = errno;
+        return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
+      }
+      continue;
     }
     if (event == PTRACE_EVENT_STOP && !IsStopSignal(sig)) {
       // An earlier PTRACE_INTERRUPT landed before the step: the step has not run yet.
@@ -655,6 +688,7 @@ absl::Status Process::Detach() {
     return absl::OkStatus();
   }
   KW_RETURN_IF_ERROR(StopAll());
+  KW_RETURN_IF_ERROR(FlushClaimedSignals());
   for (auto& [tid, thread] : threads_) {
     const int sig = std::exchange(thread.pending_signal, 0);
     if (::ptrace(PTRACE_DETACH, tid, nullptr, sig) != 0) {
@@ -666,6 +700,68 @@ absl::Status Process::Detach() {
   }
   threads_.clear();
   detached_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Process::FlushClaimedSignals() {
+  if (interceptor_ == nullptr) {
+    return absl::OkStatus();
+  }
+  for (auto& [tid, thread] : threads_) {
+    thread.claimed.reset();  // dropped: the faulting access re-runs after detach
+  }
+  // A signal kwatch caused may still wait in a thread's queue (raised just before the world
+  // stopped): let each such thread take it now, while kwatch can still claim it.
+  for (int round = 0; round < 8; ++round) {
+    bool any = false;
+    for (const pid_t tid : TracedThreads()) {
+      const std::string pending = ProcStatusField(tid, "SigPnd");
+      uint64_t mask = 0;
+      constexpr uint64_t kClaimable = (1ULL << (SIGSEGV - 1)) | (1ULL << (SIGTRAP - 1));
+      if (pending.empty() || !absl::SimpleHexAtoi(pending, &mask) || (mask & kClaimable) == 0) {
+        continue;
+      }
+      Thread& thread = threads_[tid];
+      if (thread.state != ThreadState::kStopped) {
+        continue;
+      }
+      any = true;
+      KW_RETURN_IF_ERROR(Cont(tid, std::exchange(thread.pending_signal, 0)));
+      // The queued fault signal is taken on the way back to user space. Interrupt only if it
+      // has not come within 100 ms (an interrupt sent at once could win the race and leave
+      // the signal queued).
+      for (int waited_ms = 0;;) {
+        int status = 0;
+        const pid_t r = ::waitpid(tid, &status, __WALL | WNOHANG);
+        if (r == 0) {
+          if (++waited_ms == 100 && ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
+            threads_[tid].interrupt_pending = true;
+          }
+          ::usleep(1000);
+          continue;
+        }
+        if (r < 0 && errno == EINTR) {
+          continue;
+        }
+        if (r < 0) {
+          break;
+        }
+        stopping_all_ = true;
+        const absl::Status s = HandleStatus(tid, status, pending_events_);
+        stopping_all_ = false;
+        KW_RETURN_IF_ERROR(s);
+        if (!threads_.contains(tid) || threads_[tid].state != ThreadState::kRunning) {
+          break;
+        }
+      }
+      if (auto it = threads_.find(tid); it != threads_.end()) {
+        it->second.claimed.reset();
+      }
+    }
+    if (!any) {
+      break;
+    }
+  }
   return absl::OkStatus();
 }
 

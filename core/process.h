@@ -133,9 +133,9 @@ class Process {
   void SetInterceptor(SignalInterceptor* interceptor) { interceptor_ = interceptor; }
 
   // Executes one instruction of stopped thread `tid` (PTRACE_SINGLESTEP) while the other
-  // threads stay as they are. Returns the signal that stopped it (SIGTRAP after a normal
-  // step; another signal is kept and delivered when the thread resumes), or 0 when the
-  // process ended during the step.
+  // threads stay as they are. Signals that arrive first are set aside (the target's own are
+  // delivered when the thread resumes; those the interceptor claims are dropped) and the step
+  // is retried. Returns SIGTRAP once the instruction ran, or 0 when the process ended.
   absl::StatusOr<int> SingleStep(pid_t tid);
 
   // Runs system call `nr` with up to 6 arguments in stopped thread `tid` and returns its
@@ -169,6 +169,9 @@ class Process {
   absl::StatusOr<int> MemFd() const;
   // Stops the world and lets the interceptor handle every claimed signal, then resumes.
   absl::Status HandleClaimed();
+  // Before detaching: lets signals kwatch caused that still wait in threads' queues arrive
+  // and drops them, so that none reaches the target after kwatch has gone.
+  absl::Status FlushClaimedSignals();
 
   pid_t pid_;
   bool launched_;

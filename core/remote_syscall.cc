@@ -68,11 +68,8 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
     return absl::AbortedError(
         absl::StrCat("process ", pid_, " ended during a system call kwatch ran in it"));
   }
-  if (stop != SIGTRAP) {
-    // Keep both the target's earlier signal and the new one (the new one is re-raised by
-    // the instruction if it recurs).
-    threads_[tid].pending_signal = pending != 0 ? pending : 0;
-  } else {
+  // The target's earlier signal first; one that arrived during the step otherwise.
+  if (pending != 0) {
     threads_[tid].pending_signal = pending;
   }
   KW_ASSIGN_OR_RETURN(const user_regs_struct after, GetRegs(tid));

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -108,32 +109,43 @@ void PageBackend::Disarm() {
   if (!armed_) {
     return;
   }
-  armed_ = false;
+  // Claims stay on while the world stops, so that faults already raised are not mistaken
+  // for the target's own.
   if (proc_.alive() && proc_.StopAll().ok()) {
     const pid_t tid = proc_.AnyStoppedThread();
     for (const auto& [addr, page] : pages_) {
-      if (tid != 0) {
-        (void)Protect(tid, addr, page.original);
+      const absl::Status s = tid != 0 ? Protect(tid, addr, page.original)
+                                      : absl::FailedPreconditionError("no stopped thread");
+      if (!s.ok()) {
+        std::fprintf(stderr, "kwatch: cannot restore the protection of page 0x%lx in pid %d: %s\n",
+                     static_cast<unsigned long>(addr), proc_.pid(), std::string(s.message()).c_str());
       }
     }
-    proc_.SetInterceptor(nullptr);
+    armed_ = false;
+    draining_ = true;
     (void)proc_.ResumeAll();
   }
+  armed_ = false;
+  draining_ = true;
+}
+
+PageBackend::~PageBackend() {
+  Disarm();
   proc_.SetInterceptor(nullptr);
 }
 
 bool PageBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
-  if (!armed_ || si.si_signo != SIGSEGV || si.si_code != SEGV_ACCERR) {
+  if ((!armed_ && !draining_) || si.si_signo != SIGSEGV || si.si_code != SEGV_ACCERR) {
     return false;
   }
   const uint64_t addr = reinterpret_cast<uint64_t>(si.si_addr);
   return pages_.count(PageOf(addr)) != 0;
 }
 
-absl::Status PageBackend::ReadValue(const Watch& w, uint64_t& out) const {
+absl::Status PageBackend::ReadValue(uint64_t addr, uint32_t size, uint64_t& out) const {
   uint8_t buf[8] = {};
-  const size_t n = std::min<uint64_t>(w.target.length, 8);
-  KW_RETURN_IF_ERROR(proc_.ReadMemory(w.target.addr, std::span<uint8_t>(buf, n)));
+  KW_RETURN_IF_ERROR(
+      proc_.ReadMemory(core::RemoteAddr{addr}, std::span<uint8_t>(buf, std::min<uint32_t>(size, 8))));
   std::memcpy(&out, buf, 8);
   return absl::OkStatus();
 }
@@ -145,8 +157,8 @@ void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint
     // Undecodable: attribute by the fault address alone.
     for (const Watch& w : watches_) {
       if (fault >= w.target.addr.value && fault < w.target.addr.value + w.target.length) {
-        Hit h{w.id, core::AccessKind::kRead, 0};
-        (void)ReadValue(w, h.old_value);
+        Hit h{w.id, core::AccessKind::kRead, fault, 1, 0};
+        (void)ReadValue(h.addr, h.size, h.old_value);
         hits.push_back(h);
       }
     }
@@ -167,8 +179,11 @@ void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint
       if (w.request.kind == drmgr::DrKind::kWrite && kind != core::AccessKind::kWrite) {
         continue;
       }
-      Hit h{w.id, kind, 0};
-      (void)ReadValue(w, h.old_value);
+      // The bytes of the operand that lie inside the watched range.
+      const uint64_t lo = std::max(m.addr, a);
+      const uint64_t hi = std::min(m.addr + m.size, a + w.target.length);
+      Hit h{w.id, kind, lo, static_cast<uint32_t>(hi - lo), 0};
+      (void)ReadValue(h.addr, h.size, h.old_value);
       hits.push_back(h);
     }
   }
@@ -191,10 +206,12 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
     ev.ip = core::RemoteAddr{rip};
     ev.addr = w.target.addr;
     ev.len = static_cast<uint32_t>(w.target.length);
+    ev.access_addr = core::RemoteAddr{h.addr};
+    ev.access_size = h.size;
     ev.kind = h.kind;
     ev.old_value = h.old_value;
     uint64_t v = 0;
-    if (ReadValue(w, v).ok()) {
+    if (ReadValue(h.addr, h.size, v).ok()) {
       ev.value = v;
     }
     ev.value_exact = true;
@@ -203,6 +220,9 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
 }
 
 absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) {
+  if (!armed_) {
+    return true;  // a late fault of a disarmed page: drop it, the access re-runs unprotected
+  }
   KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
   uint8_t code[16] = {};
   if (!proc_.ReadMemory(core::RemoteAddr{regs.rip}, code).ok()) {
@@ -232,6 +252,9 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
 }
 
 absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
+  if (!armed_) {
+    return absl::OkStatus();
+  }
   KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
   uint8_t code[16] = {};
   size_t code_len = sizeof(code);

@@ -24,7 +24,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
  public:
   PageBackend(core::Process& proc, const std::vector<Watch>& watches)
       : proc_(proc), watches_(watches) {}
-  ~PageBackend() override { Disarm(); }
+  ~PageBackend() override;
   PageBackend(const PageBackend&) = delete;
   PageBackend& operator=(const PageBackend&) = delete;
 
@@ -51,12 +51,14 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
  private:
   absl::Status Protect(pid_t tid, uint64_t page, int prot);
-  absl::Status ReadValue(const Watch& w, uint64_t& out) const;
+  absl::Status ReadValue(uint64_t addr, uint32_t size, uint64_t& out) const;
   // Which watches the instruction touches (reading their values before the access), and
   // the protected pages its operands lie on.
   struct Hit {
     uint32_t watch_id;
     core::AccessKind kind;
+    uint64_t addr;  // the watched bytes the operand touched
+    uint32_t size;
     uint64_t old_value;
   };
   void Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint64_t fault,
@@ -67,6 +69,9 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   const std::vector<Watch>& watches_;
   std::map<uint64_t, Page> pages_;
   bool armed_ = false;
+  // After Disarm: faults raised while the pages were protected may still be on their way
+  // (queued SIGSEGVs); they are claimed and dropped, the instruction then runs unprotected.
+  bool draining_ = false;
   std::vector<core::AccessEvent> events_;
   uint64_t unrelated_ = 0;
   uint64_t emulated_ = 0;

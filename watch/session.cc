@@ -13,6 +13,10 @@
 
 namespace kwatch::watch {
 
+namespace {
+constexpr uint64_t kMaxPageWatch = 64ULL << 20;
+}  // namespace
+
 absl::string_view BackendName(BackendKind kind) {
   switch (kind) {
     case BackendKind::kAuto:
@@ -81,8 +85,17 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     if (req.length.has_value()) {
       resolved->length = *req.length;
     }
+    if (resolved->length == 0 || resolved->length > kMaxPageWatch) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "'%s': a watch covers 1 byte to %d MiB; this one is %d bytes", resolved->display,
+          kMaxPageWatch >> 20, resolved->length));
+    }
+    // Page protection watches any size; hardware keeps the one-register rule until the
+    // drmgr allocator splits ranges over several slots.
     const absl::Status fits =
-        drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind);
+        kind == BackendKind::kPage
+            ? absl::OkStatus()
+            : drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind);
     if (!fits.ok()) {
       // Both backends keep the one-debug-register rule until the drmgr allocator splits
       // ranges, so that a watch means the same whichever backend runs it.
@@ -90,8 +103,8 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
           "'", resolved->display, "' (", resolved->type_name,
           resolved->type_name.empty() ? "" : ", ", resolved->length, " bytes at ",
           absl::StrFormat("0x%x", resolved->addr.value), "): ", fits.message(),
-          ". Watching ranges that need several debug registers comes with the drmgr "
-          "allocator; for now watch one field, or use --len with an aligned 1/2/4/8"));
+          ". With hardware breakpoints, watch one field or use --len with an aligned 1/2/4/8; "
+          "--backend page watches ranges of any size"));
     }
     if (kind == BackendKind::kPage && req.kind == drmgr::DrKind::kExec) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -1,43 +1,77 @@
 #include "watch/summary.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace kwatch::watch {
+
+std::vector<std::string> FieldsOverlapping(const std::string& display,
+                                           const core::TypeLayout& layout, uint64_t offset,
+                                           uint64_t size) {
+  std::vector<std::string> out;
+  for (const auto& f : layout.fields) {
+    if (!f.is_leaf) {
+      continue;
+    }
+    uint64_t lo = f.offset;
+    uint64_t hi = f.offset + (f.size == 0 ? 1 : f.size);
+    if (f.bit_size > 0) {
+      lo = f.offset + f.bit_offset / 8;
+      hi = f.offset + (f.bit_offset + f.bit_size + 7) / 8;
+    }
+    if (lo < offset + size && hi > offset) {
+      out.push_back(absl::StrCat(display, f.path));
+    }
+  }
+  return out;
+}
 
 std::string WatchFieldName(const Watch& w) {
   if (!w.target.layout.has_value()) {
     return w.target.display;
   }
-  const core::FieldLayout* only = nullptr;
-  int leaves = 0;
-  for (const auto& f : w.target.layout->fields) {
-    if (!f.is_leaf) {
-      continue;
-    }
-    const uint64_t end = f.offset + (f.size == 0 ? 1 : f.size);
-    if (f.offset < w.target.length && end > 0) {
-      ++leaves;
-      only = &f;
-    }
-  }
-  if (leaves == 1 && only != nullptr) {
-    return absl::StrCat(w.target.display, only->path);
-  }
-  return w.target.display;
+  const auto names = FieldsOverlapping(w.target.display, *w.target.layout, 0, w.target.length);
+  return names.size() == 1 ? names[0] : w.target.display;
 }
 
-Summary::Summary(const std::vector<Watch>& watches) : counts_(watches.size()) {
-  field_names_.reserve(watches.size());
+Summary::Summary(const std::vector<Watch>& watches)
+    : watches_(watches), access_names_(watches.size()), counts_(watches.size()) {
+  range_names_.reserve(watches.size());
   for (const auto& w : watches) {
-    field_names_.push_back(WatchFieldName(w));
+    range_names_.push_back({WatchFieldName(w)});
   }
+}
+
+const std::vector<std::string>& Summary::FieldNames(const core::AccessEvent& ev) {
+  const Watch& w = watches_[ev.watch_id];
+  if (ev.access_size == 0 || !w.target.layout.has_value() || ev.access_addr < w.target.addr) {
+    return range_names_[ev.watch_id];
+  }
+  const uint64_t offset = ev.access_addr - w.target.addr;
+  const uint64_t key = (offset << 32) | ev.access_size;
+  auto& cache = access_names_[ev.watch_id];
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    auto names = FieldsOverlapping(w.target.display, *w.target.layout, offset, ev.access_size);
+    if (names.empty()) {
+      names.push_back(absl::StrCat(w.target.display, " (padding +", offset, ")"));
+    }
+    it = cache.emplace(key, std::move(names)).first;
+  }
+  return it->second;
+}
+
+std::string Summary::FieldLabel(const core::AccessEvent& ev) {
+  return absl::StrJoin(FieldNames(ev), ",");
 }
 
 void Summary::Add(const core::AccessEvent& ev) {
   ++events_;
   WatchCounts& c = counts_[ev.watch_id];
   c.total.Add(ev.kind);
-  c.fields[field_names_[ev.watch_id]].Add(ev.kind);
+  for (const std::string& name : FieldNames(ev)) {
+    c.fields[name].Add(ev.kind);
+  }
   c.threads[ev.tid].Add(ev.kind);
   c.sites[ev.ip].Add(ev.kind);
 }
