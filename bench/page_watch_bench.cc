@@ -2,11 +2,11 @@
 // tests/targets/field_writer fixture: launch, arm, run to exit, minus the same run unwatched.
 //
 //   page_watch_bench [--benchmark_filter=...]
-#include <benchmark/benchmark.h>
-
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/process.h"
@@ -88,8 +88,10 @@ void PageWatch(benchmark::State& state, const std::string& expr, kwatch::drmgr::
     state.SetIterationTime(w.seconds);
   }
   const uint64_t faults = events + unrelated;
-  state.counters["events"] = benchmark::Counter(static_cast<double>(events), benchmark::Counter::kAvgIterations);
-  state.counters["faults"] = benchmark::Counter(static_cast<double>(faults), benchmark::Counter::kAvgIterations);
+  state.counters["events"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kAvgIterations);
+  state.counters["faults"] =
+      benchmark::Counter(static_cast<double>(faults), benchmark::Counter::kAvgIterations);
   state.counters["ns_per_fault"] =
       faults == 0 ? 0 : (watched - baseline) * 1e9 / static_cast<double>(faults);
 }
@@ -98,13 +100,21 @@ void PageWatch(benchmark::State& state, const std::string& expr, kwatch::drmgr::
 void BM_PageWatchWrite(benchmark::State& state) {
   PageWatch(state, "g_stats.hits", kwatch::drmgr::DrKind::kWrite);
 }
-BENCHMARK(BM_PageWatchWrite)->Arg(2000)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_PageWatchWrite)
+    ->Arg(2000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 // Read-write: every access to the page faults (loads and read-modify-writes too).
 void BM_PageWatchReadWrite(benchmark::State& state) {
   PageWatch(state, "g_stats.flags", kwatch::drmgr::DrKind::kReadWrite);
 }
-BENCHMARK(BM_PageWatchReadWrite)->Arg(2000)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_PageWatchReadWrite)
+    ->Arg(2000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 }  // namespace
 

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "cli/app.h"
 
 #include <signal.h>
@@ -10,8 +9,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "cli/output.h"
 #include "core/process.h"
 #include "core/status_macros.h"
@@ -68,7 +68,10 @@ void Error(const absl::Status& s) {
 class Runner {
  public:
   Runner(const Options& opts, core::Process& proc, watch::WatchSession& session, int sigfd)
-      : opts_(opts), proc_(proc), session_(session), sigfd_(sigfd),
+      : opts_(opts),
+        proc_(proc),
+        session_(session),
+        sigfd_(sigfd),
         summary_(session.watches()),
         printer_(stdout, opts.json, 0) {}
 
@@ -183,12 +186,10 @@ absl::StatusOr<int> Runner::Run() {
   if (!session_.backend_note().empty()) {
     std::fprintf(stderr, "kwatch: %s\n", session_.backend_note().c_str());
   }
-  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n",
-               session_.watches().size(), session_.watches().size() == 1 ? "" : "es", proc_.pid(),
-               prog.c_str(),
-               session_.backend() == watch::BackendKind::kPage
-                   ? "page-protection mode"
-                   : "perf breakpoint stream mode");
+  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n", session_.watches().size(),
+               session_.watches().size() == 1 ? "" : "es", proc_.pid(), prog.c_str(),
+               session_.backend() == watch::BackendKind::kPage ? "page-protection mode"
+                                                               : "perf breakpoint stream mode");
   std::fflush(stderr);
 
   // The target may already have ended (or exec'd) while arming.
@@ -251,8 +252,9 @@ absl::StatusOr<int> Runner::Run() {
         for (const auto& w : session_.watches()) {
           if (maps.ok()) {
             if (auto m = core::FindMapping(*maps, w.target.addr)) {
-              std::fprintf(stderr, "kwatch-debug: after detach %s is %s%s%s\n", w.target.display.c_str(),
-                           m->read ? "r" : "-", m->write ? "w" : "-", m->exec ? "x" : "-");
+              std::fprintf(stderr, "kwatch-debug: after detach %s is %s%s%s\n",
+                           w.target.display.c_str(), m->read ? "r" : "-", m->write ? "w" : "-",
+                           m->exec ? "x" : "-");
             }
           }
         }
@@ -394,8 +396,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--json", opts.json, "Print JSON lines: one per event, then a summary object");
   app.add_flag("-q,--quiet", opts.quiet, "Print no live events, only the summary");
-  app.add_flag("--kill-on-exit", opts.kill_on_exit,
-               "Kill a launched target when kwatch stops before it ends (default: leave it running)");
+  app.add_flag(
+      "--kill-on-exit", opts.kill_on_exit,
+      "Kill a launched target when kwatch stops before it ends (default: leave it running)");
   app.footer(
       "Permissions: hardware watchpoints need root, or CAP_PERFMON + CAP_SYS_PTRACE, or\n"
       "`sysctl kernel.perf_event_paranoid=1` for your own processes. Everything after `--` is\n"
@@ -408,8 +411,9 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   }
   if (opts.exprs.empty()) {
-    std::fprintf(stderr, "kwatch: error: nothing to watch: give an expression, e.g. "
-                         "`kwatch --write g_counter -- ./prog`\n%s",
+    std::fprintf(stderr,
+                 "kwatch: error: nothing to watch: give an expression, e.g. "
+                 "`kwatch --write g_counter -- ./prog`\n%s",
                  app.help().c_str());
     return 2;
   }
@@ -421,8 +425,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (opts.read) {
-    std::fprintf(stderr, "kwatch: note: x86 has no read-only watchpoint; watching read-write and "
-                         "filtering writes out in software\n");
+    std::fprintf(stderr,
+                 "kwatch: note: x86 has no read-only watchpoint; watching read-write and "
+                 "filtering writes out in software\n");
   }
   auto code = RunWatch(opts);
   if (!code.ok()) {

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "cli/output.h"
 
 #include <signal.h>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "core/symbolizer.h"
 
 namespace kwatch::cli {
@@ -20,7 +20,9 @@ std::string Basename(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-std::string Hex(uint64_t v) { return absl::StrFormat("0x%x", v); }
+std::string Hex(uint64_t v) {
+  return absl::StrFormat("0x%x", v);
+}
 
 // Sign-extends the low `len` bytes for display of a field's value.
 int64_t ValueOf(uint64_t raw, uint32_t len) {
@@ -122,20 +124,18 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
       old_value = absl::StrCat(ValueOf(*ev.old_value, vlen));
     }
     const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
-    absl::FPrintF(out_,
-                  "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
-                  "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
-                  "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
-                  "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-                  "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"}\n",
-                  ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
-                  Hex(ev.addr.value), ev.len,
-                  Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
-                  ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
-                  JsonString(field),
-                  Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
-                  JsonString(loc.file), loc.line, value, old_value,
-                  ev.value_exact ? "access" : "drain");
+    absl::FPrintF(
+        out_,
+        "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+        "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
+        "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
+        "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+        "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"}\n",
+        ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind), Hex(ev.addr.value),
+        ev.len, Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
+        ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr), JsonString(field),
+        Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
+        JsonString(loc.file), loc.line, value, old_value, ev.value_exact ? "access" : "drain");
     return;
   }
   std::string value = "?";
@@ -171,8 +171,7 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
           w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
           Hex(w.target.addr.value), w.target.length,
           w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-          watch::BackendName(session.backend()), c.total.total(),
-          c.total.reads, c.total.writes);
+          watch::BackendName(session.backend()), c.total.total(), c.total.reads, c.total.writes);
       bool first = true;
       for (const auto& [name, k] : Ranked(c.fields)) {
         absl::StrAppendFormat(&s, "%s{\"field\":%s,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
@@ -197,8 +196,8 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
         absl::StrAppendFormat(&s,
                               "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
                               "\"line\":%d,\"reads\":%d,\"writes\":%d}",
-                              first ? "" : ",", Hex(ip.value), JsonString(loc.function),
-                              loc.offset, JsonString(loc.file), loc.line, k.reads, k.writes);
+                              first ? "" : ",", Hex(ip.value), JsonString(loc.function), loc.offset,
+                              JsonString(loc.file), loc.line, k.reads, k.writes);
         first = false;
       }
       s += "]}";
@@ -221,12 +220,12 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
                             : "perf hardware breakpoint stream";
   for (const auto& w : session.watches()) {
     const watch::WatchCounts& c = summary.counts(w.id);
-    absl::FPrintF(out, "\nwatch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1,
-                  w.target.display, w.target.type_name, w.target.type_name.empty() ? "" : ", ",
-                  w.target.length, Hex(w.target.addr.value),
-                  w.request.reads_only ? "read (read-write filtered)"
-                                       : drmgr::DrKindName(w.request.kind),
-                  backend);
+    absl::FPrintF(
+        out, "\nwatch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
+        w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
+        Hex(w.target.addr.value),
+        w.request.reads_only ? "read (read-write filtered)" : drmgr::DrKindName(w.request.kind),
+        backend);
     absl::FPrintF(out, "  %-32s %10s %10s\n", "field", "reads", "writes");
     for (const auto& [name, k] : Ranked(c.fields)) {
       absl::FPrintF(out, "  %-32s %10d %10d\n", name, k.reads, k.writes);

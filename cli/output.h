@@ -18,10 +18,10 @@ std::string JsonString(absl::string_view s);
 
 // What the session ended with, for the summary.
 struct RunInfo {
-  std::string stop_reason;      // "target exited", "count reached", "interrupted", ...
+  std::string stop_reason;  // "target exited", "count reached", "interrupted", ...
   uint64_t lost = 0;
-  uint64_t filtered = 0;        // writes dropped by --read
-  uint64_t unrelated = 0;       // page mode: faults that touched no watched byte
+  uint64_t filtered = 0;   // writes dropped by --read
+  uint64_t unrelated = 0;  // page mode: faults that touched no watched byte
   double seconds = 0;
   std::optional<core::ExitInfo> exit;
   pid_t pid = 0;
@@ -30,7 +30,8 @@ struct RunInfo {
 // Prints live events, one line each (text or JSON lines). Not thread-safe.
 class EventPrinter {
  public:
-  EventPrinter(FILE* out, bool json, uint64_t start_ns) : out_(out), json_(json), start_ns_(start_ns) {}
+  EventPrinter(FILE* out, bool json, uint64_t start_ns)
+      : out_(out), json_(json), start_ns_(start_ns) {}
 
   void PrintHeader(const watch::WatchSession& session);
   void Print(watch::WatchSession& session, watch::Summary& summary, const core::AccessEvent& ev);

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <optional>
 
-
 #include "absl/strings/string_view.h"
 #include "core/remote_addr.h"
 
@@ -31,16 +30,16 @@ inline constexpr uint32_t kUnknownCpu = 0xffffffffu;
 
 // One hardware-observed access, as a backend delivers it (plain data).
 struct AccessEvent {
-  uint64_t time_ns = 0;   // CLOCK_MONOTONIC, nanoseconds
-  pid_t pid = 0;          // thread group of the accessing thread
-  pid_t tid = 0;          // accessing thread
+  uint64_t time_ns = 0;  // CLOCK_MONOTONIC, nanoseconds
+  pid_t pid = 0;         // thread group of the accessing thread
+  pid_t tid = 0;         // accessing thread
   uint32_t cpu = kUnknownCpu;
-  uint32_t watch_id = 0;  // index of the watch in its session
-  RemoteAddr trap_ip;     // where the CPU trapped: for data watchpoints, the next instruction
-  RemoteAddr ip;          // the accessing instruction (trap_ip when it cannot be found)
-  RemoteAddr addr;        // first watched byte of the hardware range that fired
-  uint32_t len = 0;       // length of the hardware range that fired
-  RemoteAddr access_addr; // exact first byte the instruction touched (page mode), else addr
+  uint32_t watch_id = 0;     // index of the watch in its session
+  RemoteAddr trap_ip;        // where the CPU trapped: for data watchpoints, the next instruction
+  RemoteAddr ip;             // the accessing instruction (trap_ip when it cannot be found)
+  RemoteAddr addr;           // first watched byte of the hardware range that fired
+  uint32_t len = 0;          // length of the hardware range that fired
+  RemoteAddr access_addr;    // exact first byte the instruction touched (page mode), else addr
   uint32_t access_size = 0;  // bytes it touched; 0 when only the watched range is known
   AccessKind kind = AccessKind::kWrite;
   // Little-endian bytes after the access: of the accessed bytes when access_size is known

@@ -29,7 +29,7 @@ struct Expr {
   std::optional<uint64_t> address;  // 0xADDR form
   std::optional<uint64_t> length;   // 0xADDR:LEN form
   std::vector<ExprStep> steps;
-  bool address_of = false;          // leading '&'
+  bool address_of = false;  // leading '&'
 };
 
 // Parses `text`. On error: InvalidArgument whose message names the column and shows a

@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/remote_addr.h"
 
 namespace kwatch::core {

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "core/process.h"
 
 #include <dirent.h>
@@ -23,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
@@ -169,7 +169,8 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
     const int err = errno;
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
-    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SEIZE, ", pid, ")"), PtraceDeniedAdvice(pid));
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SEIZE, ", pid, ")"),
+                        PtraceDeniedAdvice(pid));
   }
   proc->threads_[pid] = Thread{};
   ::kill(pid, SIGCONT);
@@ -189,8 +190,8 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
       if (::read(read_end.get(), &exec_err, sizeof(exec_err)) == sizeof(exec_err)) {
         const std::string what = absl::StrCat("cannot execute '", argv[0], "'");
         if (exec_err == ENOENT) {
-          return absl::NotFoundError(absl::StrCat(
-              what, ": no such file or not found in PATH (", ErrnoText(exec_err), ")"));
+          return absl::NotFoundError(absl::StrCat(what, ": no such file or not found in PATH (",
+                                                  ErrnoText(exec_err), ")"));
         }
         if (exec_err == EACCES) {
           return absl::PermissionDeniedError(absl::StrCat(
@@ -466,8 +467,7 @@ absl::Status Process::StopAll() {
         all_stopped = false;
         // An earlier interrupt may have been absorbed by another stop: ask again (an extra
         // interrupt stop later is simply resumed).
-        if (!thread.interrupt_pending &&
-            ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
+        if (!thread.interrupt_pending && ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
           thread.interrupt_pending = true;
         }
       }
@@ -623,7 +623,9 @@ pid_t Process::AnyStoppedThread() const {
   return 0;
 }
 
-absl::Status Process::Resume(pid_t tid) { return Cont(tid, 0); }
+absl::Status Process::Resume(pid_t tid) {
+  return Cont(tid, 0);
+}
 
 absl::Status Process::RunToEntry() {
   KW_ASSIGN_OR_RETURN(const uint64_t entry, ReadAuxvEntry(pid_, AT_ENTRY));
@@ -801,8 +803,8 @@ absl::Status Process::ReadMemory(RemoteAddr addr, std::span<uint8_t> out) const 
   const ssize_t m = ::pread(fd, out.data(), out.size(), static_cast<off_t>(addr.value));
   if (m != static_cast<ssize_t>(out.size())) {
     const int err = m < 0 ? errno : EIO;
-    return SyscallError(err, absl::StrFormat("read %d bytes at 0x%x of pid %d", out.size(),
-                                             addr.value, pid_));
+    return SyscallError(
+        err, absl::StrFormat("read %d bytes at 0x%x of pid %d", out.size(), addr.value, pid_));
   }
   return absl::OkStatus();
 }
@@ -812,8 +814,8 @@ absl::Status Process::WriteMemory(RemoteAddr addr, std::span<const uint8_t> data
   const ssize_t m = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(addr.value));
   if (m != static_cast<ssize_t>(data.size())) {
     const int err = m < 0 ? errno : EIO;
-    return SyscallError(err, absl::StrFormat("write %d bytes at 0x%x of pid %d", data.size(),
-                                             addr.value, pid_));
+    return SyscallError(
+        err, absl::StrFormat("write %d bytes at 0x%x of pid %d", data.size(), addr.value, pid_));
   }
   return absl::OkStatus();
 }

@@ -179,7 +179,7 @@ class Process {
   absl::flat_hash_map<pid_t, Thread> threads_;
   std::optional<ExitInfo> exit_;
   std::vector<ProcessEvent> pending_events_;  // seen inside StopAll/RunToEntry, for Poll
-  bool stopping_all_ = false;  // inside StopAll: keep interrupt stops
+  bool stopping_all_ = false;                 // inside StopAll: keep interrupt stops
   bool detached_ = false;
   bool handling_claimed_ = false;
   SignalInterceptor* interceptor_ = nullptr;

@@ -25,5 +25,7 @@ struct RemoteAddr {
 
 template <>
 struct std::hash<kwatch::core::RemoteAddr> {
-  size_t operator()(kwatch::core::RemoteAddr a) const noexcept { return std::hash<uint64_t>{}(a.value); }
+  size_t operator()(kwatch::core::RemoteAddr a) const noexcept {
+    return std::hash<uint64_t>{}(a.value);
+  }
 };

@@ -1,10 +1,10 @@
-#include "absl/strings/string_view.h"
 #include "core/syscall_status.h"
 
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace kwatch::core {
 

@@ -1,9 +1,7 @@
 #pragma once
 
-
-
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace kwatch::core {
 

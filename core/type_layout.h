@@ -10,14 +10,14 @@ namespace kwatch::core {
 // name: "" for the object itself, ".hits", ".lines[3].tag", "[2]". Bitfields are their own
 // fields (bit_size > 0).
 struct FieldLayout {
-  std::string path;        // e.g. ".stats.hits"
-  std::string type_name;   // C spelling, e.g. "unsigned long", "char[8]", "struct line"
-  uint64_t offset = 0;     // bytes from the object's start
-  uint64_t size = 0;       // bytes (for a bitfield: its storage unit)
-  uint32_t bit_offset = 0; // bitfields: first bit within the storage at `offset`
-  uint32_t bit_size = 0;   // 0 unless a bitfield
-  int depth = 0;           // nesting depth, 0 for members of the object itself
-  bool is_leaf = true;     // false for aggregates (structs, unions, arrays of aggregates)
+  std::string path;         // e.g. ".stats.hits"
+  std::string type_name;    // C spelling, e.g. "unsigned long", "char[8]", "struct line"
+  uint64_t offset = 0;      // bytes from the object's start
+  uint64_t size = 0;        // bytes (for a bitfield: its storage unit)
+  uint32_t bit_offset = 0;  // bitfields: first bit within the storage at `offset`
+  uint32_t bit_size = 0;    // 0 unless a bitfield
+  int depth = 0;            // nesting depth, 0 for members of the object itself
+  bool is_leaf = true;      // false for aggregates (structs, unions, arrays of aggregates)
 };
 
 // A structure's layout flattened in layout order (parents before their members).

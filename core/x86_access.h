@@ -23,7 +23,7 @@ struct MemoryOperand {
 // One decoded x86-64 instruction and the memory it touches.
 struct DecodedAccess {
   uint8_t length = 0;
-  std::string text;  // AT&T syntax, e.g. "movq %rax, 0x2f0e(%rip)"
+  std::string text;                   // AT&T syntax, e.g. "movq %rax, 0x2f0e(%rip)"
   std::vector<MemoryOperand> memory;  // explicit and implicit (push, pop, movs...) operands
 };
 

@@ -96,7 +96,7 @@ enum class SlotState : uint8_t {
   kFree,
   kArmed,
   kMultiplexed,  // armed for a multiplexed request (this turn)
-  kPreempted,    // armed for a request that took it from the `displaced` ones
+  kPreempted,    // armed for a higher priority while `displaced` requests wait
   kExternal,     // held outside kwatch (learned from the kernel)
 };
 absl::string_view SlotStateName(SlotState state);
@@ -106,7 +106,7 @@ struct SlotView {
   Chunk chunk;
   DrKind kind = DrKind::kWrite;
   std::vector<RequestId> holders;    // who receives its hits
-  std::vector<RequestId> displaced;  // requests waiting to get this slot back
+  std::vector<RequestId> displaced;  // lower priorities of overlapping scopes left waiting
   double coverage = 1.0;             // kMultiplexed: lowest coverage among holders
   bool operator==(const SlotView&) const = default;
 };

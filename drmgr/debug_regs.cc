@@ -1,8 +1,8 @@
-#include "absl/strings/string_view.h"
 #include "drmgr/debug_regs.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 
 namespace kwatch::drmgr {
 

@@ -2,9 +2,8 @@
 
 #include <cstdint>
 
-
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/remote_addr.h"
 
 namespace kwatch::drmgr {

@@ -88,12 +88,13 @@ std::string DescribeExact(core::RemoteAddr addr, uint64_t len, const std::vector
 std::vector<Chunk> MinimalCover(core::RemoteAddr addr, uint64_t len) {
   std::vector<Chunk> out;
   uint64_t a = addr.value;
-  const uint64_t end = addr.value + len;
-  while (a < end) {
+  uint64_t left = len;  // counted down, so that a range ending at 2^64 works too
+  while (left > 0) {
     for (uint64_t size : kSizes) {
-      if (a % size == 0 && size <= end - a) {
+      if (a % size == 0 && size <= left) {
         out.push_back(Chunk{core::RemoteAddr{a}, size});
         a += size;
+        left -= size;
         break;
       }
     }

@@ -16,9 +16,13 @@
 
 namespace kwatch::testing {
 
-std::string TargetPath(const std::string& name) { return std::string(KWATCH_TARGETS_DIR) + "/" + name; }
+std::string TargetPath(const std::string& name) {
+  return std::string(KWATCH_TARGETS_DIR) + "/" + name;
+}
 
-std::string KwatchPath() { return KWATCH_BINARY; }
+std::string KwatchPath() {
+  return KWATCH_BINARY;
+}
 
 bool AllowSkip() {
   const char* v = std::getenv("KWATCH_ALLOW_SKIP");  // NOLINT(concurrency-mt-unsafe)
@@ -88,8 +92,8 @@ absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, int timeout_
   int status = 0;
   waitpid(pid, &status, 0);
   if (timed_out) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("timed out after ", timeout_s, "s; stdout:\n", result.out, "\nstderr:\n", result.err));
+    return absl::DeadlineExceededError(absl::StrCat("timed out after ", timeout_s, "s; stdout:\n",
+                                                    result.out, "\nstderr:\n", result.err));
   }
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
@@ -182,11 +186,13 @@ absl::Status WaitFor(const std::string& needle, int timeout_s, const std::string
 }  // namespace
 
 absl::Status Spawned::WaitForStdout(const std::string& needle, int timeout_s) {
-  return WaitFor(needle, timeout_s, result_.out, [this](int ms) { return Pump(ms); }, "stdout");
+  return WaitFor(
+      needle, timeout_s, result_.out, [this](int ms) { return Pump(ms); }, "stdout");
 }
 
 absl::Status Spawned::WaitForStderr(const std::string& needle, int timeout_s) {
-  return WaitFor(needle, timeout_s, result_.err, [this](int ms) { return Pump(ms); }, "stderr");
+  return WaitFor(
+      needle, timeout_s, result_.err, [this](int ms) { return Pump(ms); }, "stderr");
 }
 
 absl::StatusOr<RunResult> Spawned::Finish(int timeout_s) {
@@ -194,8 +200,8 @@ absl::StatusOr<RunResult> Spawned::Finish(int timeout_s) {
   while (Pump(100)) {
     if (std::chrono::steady_clock::now() > deadline) {
       kill(pid_, SIGKILL);
-      return absl::DeadlineExceededError(absl::StrCat("timed out; stdout:\n", result_.out,
-                                                      "\nstderr:\n", result_.err));
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out; stdout:\n", result_.out, "\nstderr:\n", result_.err));
     }
   }
   int status = 0;

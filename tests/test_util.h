@@ -18,9 +18,9 @@ std::string KwatchPath();
 
 // Output of a finished child process.
 struct RunResult {
-  int exit_code = -1;    // exit status, or 128+signal when killed
-  std::string out;       // stdout
-  std::string err;       // stderr
+  int exit_code = -1;  // exit status, or 128+signal when killed
+  std::string out;     // stdout
+  std::string err;     // stderr
 };
 
 // Runs argv to completion (no shell), capturing stdout and stderr. Fails the test's
@@ -63,11 +63,12 @@ bool AllowSkip();
 }  // namespace kwatch::testing
 
 // Fails (or skips, only when KWATCH_ALLOW_SKIP=1) with `why` when `cond` is false.
-#define KW_REQUIRE_FEATURE(cond, why)                                 \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      if (::kwatch::testing::AllowSkip()) GTEST_SKIP() << (why);      \
-      FAIL() << "kernel feature missing: " << (why)                   \
-             << " (set KWATCH_ALLOW_SKIP=1 to skip outside CI)";      \
-    }                                                                 \
+#define KW_REQUIRE_FEATURE(cond, why)                            \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      if (::kwatch::testing::AllowSkip())                        \
+        GTEST_SKIP() << (why);                                   \
+      FAIL() << "kernel feature missing: " << (why)              \
+             << " (set KWATCH_ALLOW_SKIP=1 to skip outside CI)"; \
+    }                                                            \
   } while (false)

@@ -23,7 +23,9 @@ namespace {
 
 constexpr uint64_t kPageSize = 4096;
 
-uint64_t PageOf(uint64_t addr) { return addr & ~(kPageSize - 1); }
+uint64_t PageOf(uint64_t addr) {
+  return addr & ~(kPageSize - 1);
+}
 
 uint64_t MonotonicNs() {
   timespec ts{};
@@ -45,9 +47,9 @@ absl::Status PageBackend::Protect(pid_t tid, uint64_t page, int prot) {
   const uint64_t args[3] = {page, kPageSize, static_cast<uint64_t>(prot)};
   KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_mprotect, args));
   if (r < 0) {
-    return core::SyscallError(static_cast<int>(-r),
-                              absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot),
-                                              proc_.pid()));
+    return core::SyscallError(
+        static_cast<int>(-r),
+        absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot), proc_.pid()));
   }
   return absl::OkStatus();
 }
@@ -69,12 +71,12 @@ absl::Status PageBackend::Arm() {
     for (uint64_t p = first; p <= last; p += kPageSize) {
       const auto m = core::FindMapping(maps, core::RemoteAddr{p});
       if (!m.has_value()) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "'%s': 0x%x is not mapped in pid %d", w.target.display, p, proc_.pid()));
+        return absl::FailedPreconditionError(absl::StrFormat("'%s': 0x%x is not mapped in pid %d",
+                                                             w.target.display, p, proc_.pid()));
       }
       Page& page = pages[p];
-      page.original = (m->read ? PROT_READ : 0) | (m->write ? PROT_WRITE : 0) |
-                      (m->exec ? PROT_EXEC : 0);
+      page.original =
+          (m->read ? PROT_READ : 0) | (m->write ? PROT_WRITE : 0) | (m->exec ? PROT_EXEC : 0);
       // Write watches keep the page readable; a watch that counts reads takes it all.
       if (w.request.kind != drmgr::DrKind::kWrite) {
         reads_count.insert(p);
@@ -118,7 +120,8 @@ void PageBackend::Disarm() {
                                       : absl::FailedPreconditionError("no stopped thread");
       if (!s.ok()) {
         std::fprintf(stderr, "kwatch: cannot restore the protection of page 0x%lx in pid %d: %s\n",
-                     static_cast<unsigned long>(addr), proc_.pid(), std::string(s.message()).c_str());
+                     static_cast<unsigned long>(addr), proc_.pid(),
+                     std::string(s.message()).c_str());
       }
     }
     armed_ = false;
@@ -144,8 +147,8 @@ bool PageBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
 
 absl::Status PageBackend::ReadValue(uint64_t addr, uint32_t size, uint64_t& out) const {
   uint8_t buf[8] = {};
-  KW_RETURN_IF_ERROR(
-      proc_.ReadMemory(core::RemoteAddr{addr}, std::span<uint8_t>(buf, std::min<uint32_t>(size, 8))));
+  KW_RETURN_IF_ERROR(proc_.ReadMemory(core::RemoteAddr{addr},
+                                      std::span<uint8_t>(buf, std::min<uint32_t>(size, 8))));
   std::memcpy(&out, buf, 8);
   return absl::OkStatus();
 }
@@ -259,8 +262,8 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
   uint8_t code[16] = {};
   size_t code_len = sizeof(code);
   // The instruction may sit at the end of a mapping: read less if need be.
-  while (code_len > 0 && !proc_.ReadMemory(core::RemoteAddr{regs.rip},
-                                           std::span<uint8_t>(code, code_len)).ok()) {
+  while (code_len > 0 &&
+         !proc_.ReadMemory(core::RemoteAddr{regs.rip}, std::span<uint8_t>(code, code_len)).ok()) {
     code_len /= 2;
   }
   auto decoded = core::DecodeAccess(std::span<const uint8_t>(code, code_len), regs.rip, regs);

@@ -88,7 +88,8 @@ void PerfBackend::Collect(std::vector<core::AccessEvent>& out) {
         if (w.request.kind == drmgr::DrKind::kWrite) {
           ev.kind = core::AccessKind::kWrite;
         } else {
-          ev.kind = (site.exact && site.writes) ? core::AccessKind::kWrite : core::AccessKind::kRead;
+          ev.kind =
+              (site.exact && site.writes) ? core::AccessKind::kWrite : core::AccessKind::kRead;
         }
       }
       out.push_back(ev);

@@ -86,9 +86,9 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       resolved->length = *req.length;
     }
     if (resolved->length == 0 || resolved->length > kMaxPageWatch) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "'%s': a watch covers 1 byte to %d MiB; this one is %d bytes", resolved->display,
-          kMaxPageWatch >> 20, resolved->length));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("'%s': a watch covers 1 byte to %d MiB; this one is %d bytes",
+                          resolved->display, kMaxPageWatch >> 20, resolved->length));
     }
     // Page protection watches any size; hardware keeps the one-register rule until the
     // drmgr allocator splits ranges over several slots.
@@ -107,9 +107,9 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
           "--backend page watches ranges of any size"));
     }
     if (kind == BackendKind::kPage && req.kind == drmgr::DrKind::kExec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", resolved->display, "': --exec needs hardware breakpoints, and ",
-          note.empty() ? "the page backend was chosen" : ProbeDebugTraps().detail));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", resolved->display, "': --exec needs hardware breakpoints, and ",
+                       note.empty() ? "the page backend was chosen" : ProbeDebugTraps().detail));
     }
     Watch w;
     w.id = static_cast<uint32_t>(watches.size());
@@ -146,10 +146,9 @@ size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sin
   if (batch_.empty()) {
     return 0;
   }
-  std::stable_sort(batch_.begin(), batch_.end(),
-                   [](const core::AccessEvent& a, const core::AccessEvent& b) {
-                     return a.time_ns < b.time_ns;
-                   });
+  std::stable_sort(
+      batch_.begin(), batch_.end(),
+      [](const core::AccessEvent& a, const core::AccessEvent& b) { return a.time_ns < b.time_ns; });
   // Backends that cannot read values at the access: one read per watch per batch.
   std::vector<std::optional<uint64_t>> values(watches_.size());
   std::vector<bool> read(watches_.size(), false);

@@ -20,10 +20,10 @@ namespace kwatch::watch {
 
 // What the user asked to watch.
 struct WatchRequest {
-  std::string expr;                   // as typed: "g_stats.hits", "&jiffies", "0x601040:4"
+  std::string expr;  // as typed: "g_stats.hits", "&jiffies", "0x601040:4"
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
-  bool reads_only = false;            // --read: read-write in hardware, writes filtered out
-  std::optional<uint64_t> length;     // --len: overrides the length of the expression's type
+  bool reads_only = false;         // --read: read-write in hardware, writes filtered out
+  std::optional<uint64_t> length;  // --len: overrides the length of the expression's type
 };
 
 // A resolved, armed watch.
@@ -35,7 +35,7 @@ struct Watch {
 
 struct SessionOptions {
   BackendKind backend = BackendKind::kAuto;
-  size_t ring_pages = 256;     // per event, power of two
+  size_t ring_pages = 256;      // per event, power of two
   uint32_t wakeup_events = 64;  // samples per wakeup; a periodic drain picks up the rest
 };
 

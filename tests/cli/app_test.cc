@@ -44,8 +44,8 @@ std::map<int, Truth> ReadTruth(const std::string& path) {
     if (j.is_discarded() || !j.contains("flags_r")) {
       continue;  // a line still being written
     }
-    out[j["tid"].get<int>()] = Truth{j["hits_w"].get<long>(), j["misses_w"].get<long>(),
-                                     j["flags_r"].get<long>()};
+    out[j["tid"].get<int>()] =
+        Truth{j["hits_w"].get<long>(), j["misses_w"].get<long>(), j["flags_r"].get<long>()};
   }
   return out;
 }
@@ -114,8 +114,8 @@ std::map<int, long> CountByTid(const std::vector<json>& events, const std::strin
 
 TEST(KwatchLaunch, EveryWriteOfAFieldPerThreadExactly) {
   const std::string truth_path = TruthFile("launch");
-  const RunResult r = RunKwatch({"--write", "g_stats.hits", "--json", "--", TargetPath("field_writer"),
-                                 "3", "1000", "--truth", truth_path});
+  const RunResult r = RunKwatch({"--write", "g_stats.hits", "--json", "--",
+                                 TargetPath("field_writer"), "3", "1000", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto truth = ReadTruth(truth_path);
   ASSERT_EQ(truth.size(), 3u);
@@ -158,8 +158,8 @@ TEST(KwatchLaunch, EveryWriteOfAFieldPerThreadExactly) {
 
 TEST(KwatchLaunch, ReadWriteWatchTellsReadsFromWrites) {
   const std::string truth_path = TruthFile("rw");
-  const RunResult r = RunKwatch({"--rw", "g_stats.flags", "--json", "--", TargetPath("field_writer"),
-                                 "2", "4000", "--truth", truth_path});
+  const RunResult r = RunKwatch({"--rw", "g_stats.flags", "--json", "--",
+                                 TargetPath("field_writer"), "2", "4000", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto truth = ReadTruth(truth_path);
   const JsonRun run = ParseJsonLines(r.out);
@@ -190,12 +190,13 @@ TEST(KwatchLaunch, ReadWatchFiltersWritesInSoftware) {
 }
 
 TEST(KwatchLaunch, TextOutputShowsFieldSiteAndSummary) {
-  const RunResult r = RunKwatch({"--write", "g_stats.misses", "--", TargetPath("field_writer"),
-                                 "1", "10", "--truth", TruthFile("text")});
+  const RunResult r = RunKwatch({"--write", "g_stats.misses", "--", TargetPath("field_writer"), "1",
+                                 "10", "--truth", TruthFile("text")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("g_stats.misses"));
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("Work+0x")));
-  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("field_writer.c:", SourceLine("g_stats.misses = (int)i;"))));
+  EXPECT_THAT(r.out,
+              HasSubstr(absl::StrCat("field_writer.c:", SourceLine("g_stats.misses = (int)i;"))));
   EXPECT_THAT(r.out, HasSubstr("== kwatch summary: 5 events"));
   EXPECT_THAT(r.out, HasSubstr("0 lost"));
   EXPECT_THAT(r.out, HasSubstr("exited with status 0"));
@@ -210,9 +211,9 @@ TEST(KwatchLaunch, ExitsWithTheCommandsStatus) {
 }
 
 TEST(KwatchLaunch, CountStopsAfterNEvents) {
-  const RunResult r = RunKwatch({"--json", "--count", "25", "--kill-on-exit", "--write",
-                                 "g_stats.hits", "--", TargetPath("field_writer"), "2", "100000000",
-                                 "--truth", TruthFile("count")});
+  const RunResult r =
+      RunKwatch({"--json", "--count", "25", "--kill-on-exit", "--write", "g_stats.hits", "--",
+                 TargetPath("field_writer"), "2", "100000000", "--truth", TruthFile("count")});
   const JsonRun run = ParseJsonLines(r.out);
   EXPECT_EQ(run.events.size(), 25u);
   EXPECT_EQ(run.summary["events"], 25);
@@ -243,9 +244,9 @@ TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
 }
 
 TEST(KwatchLaunch, TheTargetsOwnCrashIsDeliveredAndReported) {
-  const RunResult r = RunKwatch({"--json", "-q", "--write", "g_stats.hits", "--",
-                                 TargetPath("field_writer"), "1", "10", "--crash", "--truth",
-                                 TruthFile("crash")});
+  const RunResult r =
+      RunKwatch({"--json", "-q", "--write", "g_stats.hits", "--", TargetPath("field_writer"), "1",
+                 "10", "--crash", "--truth", TruthFile("crash")});
   EXPECT_EQ(r.exit_code, 128 + SIGSEGV) << r.err;
   const JsonRun run = ParseJsonLines(r.out);
   EXPECT_EQ(run.summary["events"], 10);
@@ -254,9 +255,9 @@ TEST(KwatchLaunch, TheTargetsOwnCrashIsDeliveredAndReported) {
 }
 
 TEST(KwatchLaunch, ExactOldAndNewValuesInPageMode) {
-  const RunResult r = RunKwatch({"--json", "--backend", "page", "--write", "g_stats.misses", "--",
-                                 TargetPath("field_writer"), "1", "20", "--truth",
-                                 TruthFile("values")});
+  const RunResult r =
+      RunKwatch({"--json", "--backend", "page", "--write", "g_stats.misses", "--",
+                 TargetPath("field_writer"), "1", "20", "--truth", TruthFile("values")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJsonLines(r.out);
   ASSERT_EQ(run.events.size(), 10u);
@@ -361,8 +362,8 @@ TEST(KwatchAttach, DetachLeavesTheTargetRunningAndUnharmed) {
       {TargetPath("field_writer"), "2", "300", "--wait", "--truth", truth_path, "--exit", "5"});
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
-  const RunResult r = RunKwatch({"--write", "g_stats.hits", "--duration", "0.3", "-p",
-                                 absl::StrCat((*target)->pid())});
+  const RunResult r = RunKwatch(
+      {"--write", "g_stats.hits", "--duration", "0.3", "-p", absl::StrCat((*target)->pid())});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("--duration 0.3s elapsed"));
   EXPECT_THAT(r.err, HasSubstr("keeps running"));
@@ -376,7 +377,8 @@ TEST(KwatchAttach, DetachLeavesTheTargetRunningAndUnharmed) {
 // --- Bad input: each gets a message a user can act on. ---
 
 TEST(KwatchErrors, UnknownVariableSuggestsNearMatches) {
-  const RunResult r = RunKwatch({"--write", "g_stat.hits", "--", TargetPath("field_writer"), "1", "1"});
+  const RunResult r =
+      RunKwatch({"--write", "g_stat.hits", "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("did you mean 'g_stats'"));
 }
@@ -388,13 +390,15 @@ TEST(KwatchErrors, FunctionGivenToWrite) {
 }
 
 TEST(KwatchErrors, ExpressionThatDoesNotParseSaysWhere) {
-  const RunResult r = RunKwatch({"--write", "g_stats.", "--", TargetPath("field_writer"), "1", "1"});
+  const RunResult r =
+      RunKwatch({"--write", "g_stats.", "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("column"));
 }
 
 TEST(KwatchErrors, UnknownMemberListsMembers) {
-  const RunResult r = RunKwatch({"--write", "g_stats.hitz", "--", TargetPath("field_writer"), "1", "1"});
+  const RunResult r =
+      RunKwatch({"--write", "g_stats.hitz", "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("hits"));
   EXPECT_THAT(r.err, HasSubstr("misses"));
@@ -402,15 +406,15 @@ TEST(KwatchErrors, UnknownMemberListsMembers) {
 
 TEST(KwatchErrors, UnalignedFieldIsRefusedWithTheRule) {
   // g_stats.tag is 8 bytes at offset 14: not 8-aligned.
-  const RunResult r = RunKwatch({"--backend", "perf", "--write", "g_stats.tag", "--",
-                                 TargetPath("field_writer"), "1", "1"});
+  const RunResult r = RunKwatch(
+      {"--backend", "perf", "--write", "g_stats.tag", "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("not aligned to 8 bytes"));
 }
 
 TEST(KwatchErrors, OversizedRangeIsRefusedWithTheRule) {
-  const RunResult r = RunKwatch({"--backend", "perf", "--write", "g_stats", "--",
-                                 TargetPath("field_writer"), "1", "1"});
+  const RunResult r = RunKwatch(
+      {"--backend", "perf", "--write", "g_stats", "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("x86 watches 1, 2, 4 or 8 bytes"));
 }

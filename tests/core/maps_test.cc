@@ -12,7 +12,8 @@ TEST(ParseMaps, ParsesEveryColumn) {
       "55d4c8a00000-55d4c8a01000 r--p 00000000 fd:01 1234567                    /usr/bin/prog\n"
       "55d4c8a01000-55d4c8a02000 r-xp 00001000 fd:01 1234567                    /usr/bin/prog\n"
       "7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0                          [stack]\n"
-      "7f0000000000-7f0000001000 rw-s 00000000 00:05 42                         /dev/shm/with space\n"
+      "7f0000000000-7f0000001000 rw-s 00000000 00:05 42                         /dev/shm/with "
+      "space\n"
       "7f0000002000-7f0000003000 ---p 00000000 00:00 0 \n";
   auto maps = ParseMaps(text);
   ASSERT_TRUE(maps.ok()) << maps.status();

@@ -55,7 +55,8 @@ TEST(ProcessLaunch, MissingProgramSaysSo) {
   auto p = Process::Launch({"/nonexistent/kwatch-target"});
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(p.status().message()), HasSubstr("cannot execute '/nonexistent/kwatch-target'"));
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("cannot execute '/nonexistent/kwatch-target'"));
 }
 
 TEST(ProcessLaunch, NonExecutableFileSaysSo) {
@@ -66,8 +67,8 @@ TEST(ProcessLaunch, NonExecutableFileSaysSo) {
 }
 
 TEST(ProcessLaunch, ReadsAndWritesMemoryIncludingCode) {
-  auto p = Process::Launch({kwatch::testing::TargetPath("field_writer"), "1", "1", "--truth",
-                            "/dev/null"});
+  auto p = Process::Launch(
+      {kwatch::testing::TargetPath("field_writer"), "1", "1", "--truth", "/dev/null"});
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE((*p)->RunToEntry().ok());
   auto regs = (*p)->GetRegs((*p)->pid());

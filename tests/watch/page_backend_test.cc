@@ -25,8 +25,8 @@ std::string PermsAt(const core::Process& proc, core::RemoteAddr addr) {
 }
 
 std::unique_ptr<core::Process> LaunchWriter(const std::string& iters) {
-  auto p = core::Process::Launch({kwatch::testing::TargetPath("field_writer"), "2", iters,
-                                  "--truth", "/dev/null"});
+  auto p = core::Process::Launch(
+      {kwatch::testing::TargetPath("field_writer"), "2", iters, "--truth", "/dev/null"});
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) {
     return nullptr;
