@@ -41,7 +41,7 @@ bool Debug() {
   return on;
 }
 
-constexpr long kTraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC;
+constexpr long kTraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC | PTRACE_O_TRACEFORK;
 
 bool IsStopSignal(int sig) {
   return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
@@ -297,6 +297,64 @@ absl::Status Process::Cont(pid_t tid, int sig) {
   return absl::OkStatus();
 }
 
+bool Process::Adopt(pid_t tid, int status) {
+  if (threads_.contains(tid) || tid == pid_) {
+    return true;
+  }
+  if (!WIFSTOPPED(status)) {
+    return false;  // the end of something that was never ours (or a detached fork child)
+  }
+  if (ProcStatusField(tid, "Tgid") == absl::StrCat(pid_)) {
+    threads_[tid] = Thread{};  // a new thread whose clone event comes later
+    return true;
+  }
+  foreign_stops_.insert(tid);  // a forked child's first stop, before its parent's fork event
+  return false;
+}
+
+absl::Status Process::HandleFork(pid_t parent) {
+  unsigned long child_pid = 0;
+  ::ptrace(PTRACE_GETEVENTMSG, parent, nullptr, &child_pid);
+  const auto child = static_cast<pid_t>(child_pid);
+  if (child <= 0) {
+    return absl::OkStatus();
+  }
+  // The child starts traced (PTRACE_O_TRACEFORK) and stopped; wait for that stop unless a
+  // waitpid(-1) already saw it.
+  if (!foreign_stops_.erase(child)) {
+    for (;;) {
+      int status = 0;
+      const pid_t r = ::waitpid(child, &status, __WALL);
+      if (r < 0 && errno == EINTR) {
+        continue;
+      }
+      if (r < 0 || !WIFSTOPPED(status)) {
+        return absl::OkStatus();  // gone already
+      }
+      break;
+    }
+  }
+  // kwatch does not follow forks: undo in the child what kwatch changed in the parent's
+  // image (protected pages...), then let it go.
+  auto proc = std::unique_ptr<Process>(new Process(child, /*launched=*/false, argv_));
+  proc->threads_[child].state = ThreadState::kStopped;
+  absl::Status cleaned = absl::OkStatus();
+  if (interceptor_ != nullptr) {
+    cleaned = interceptor_->OnFork(*proc);
+  }
+  if (::ptrace(PTRACE_DETACH, child, nullptr, 0) != 0 && errno != ESRCH) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("ptrace(PTRACE_DETACH, forked child ", child, ")"));
+  }
+  proc->detached_ = true;
+  ++forks_;
+  if (!cleaned.ok()) {
+    return absl::Status(cleaned.code(), absl::StrCat("cleaning up forked child ", child, ": ",
+                                                     cleaned.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events) {
   if (WIFEXITED(status) || WIFSIGNALED(status)) {
     threads_.erase(tid);
@@ -329,6 +387,15 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
         if (parent.interrupt_pending) {
           return absl::OkStatus();
         }
+      }
+      return Cont(tid, 0);
+    }
+    case PTRACE_EVENT_FORK: {
+      KW_RETURN_IF_ERROR(HandleFork(tid));
+      events.push_back({ProcessEvent::Kind::kForked, tid, 0});
+      if (stopping_all_ || handling_claimed_) {
+        threads_[tid].state = ThreadState::kStopped;
+        return absl::OkStatus();
       }
       return Cont(tid, 0);
     }
@@ -432,13 +499,8 @@ absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
       }
       return SyscallError(err, "waitpid");
     }
-    if (!threads_.contains(tid) && tid != pid_) {
-      // A thread we have not heard of yet (its clone event may come later): track it.
-      if (WIFSTOPPED(status)) {
-        threads_[tid] = Thread{};
-      } else {
-        continue;
-      }
+    if (!Adopt(tid, status)) {
+      continue;
     }
     KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
   }
@@ -484,8 +546,8 @@ absl::Status Process::StopAll() {
       }
       return SyscallError(err, "waitpid");
     }
-    if (!threads_.contains(tid) && WIFSTOPPED(status)) {
-      threads_[tid] = Thread{};
+    if (!Adopt(tid, status)) {
+      continue;
     }
     KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
   }
@@ -674,8 +736,8 @@ absl::Status Process::RunToEntry() {
         return absl::OkStatus();
       }
     }
-    if (!threads_.contains(tid) && WIFSTOPPED(status)) {
-      threads_[tid] = Thread{};
+    if (!Adopt(tid, status)) {
+      continue;
     }
     KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
   }

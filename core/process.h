@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/maps.h"
@@ -40,11 +41,14 @@ struct ProcessEvent {
     kExited,         // the whole process ended; see exit_info()
     kSignal,         // a signal was delivered to tid (already passed on to the target)
     kGroupStop,      // job-control stop (SIGSTOP/SIGTSTP...): the target stays stopped
+    kForked,         // tid forked a child; kwatch cleaned the child up and let it go
   };
   Kind kind = Kind::kThreadStarted;
   pid_t tid = 0;
   int signal = 0;
 };
+
+class Process;
 
 // Lets a backend own some of the signals a target receives (a page-protection fault on a
 // watched page, a breakpoint trap of kwatch's): the target never sees those.
@@ -62,7 +66,12 @@ class SignalInterceptor {
   virtual absl::StatusOr<bool> HandleInPlace(pid_t /*tid*/, const siginfo_t& /*si*/) {
     return false;
   }
+  // The target forked: `child` (stopped, one thread) is a copy of the target, kwatch's
+  // changes included. Undo them in it; kwatch then detaches from it (forks are not followed).
+  virtual absl::Status OnFork(Process& /*child*/) { return absl::OkStatus(); }
 };
+
+
 
 struct LaunchOptions {
   bool kill_on_exit = true;  // PTRACE_O_EXITKILL: the target dies if kwatch dies
@@ -94,6 +103,8 @@ class Process {
   bool alive() const { return !exit_.has_value(); }
   const std::optional<ExitInfo>& exit_info() const { return exit_; }
   const std::vector<std::string>& argv() const { return argv_; }
+  // Children the target forked (each cleaned up and left untraced).
+  uint64_t forks() const { return forks_; }
 
   // Launched targets only, right after Launch(): runs the dynamic loader up to the program's
   // entry point (AT_ENTRY) with a temporary INT3, so that shared libraries are mapped,
@@ -172,6 +183,11 @@ class Process {
   // Before detaching: lets signals kwatch caused that still wait in threads' queues arrive
   // and drops them, so that none reaches the target after kwatch has gone.
   absl::Status FlushClaimedSignals();
+  // Whether a wait status of `tid` concerns this process (adopting threads not seen yet);
+  // false for a forked child's first stop (kept in foreign_stops_).
+  bool Adopt(pid_t tid, int status);
+  // PTRACE_EVENT_FORK of `parent`: cleans the child up through the interceptor, detaches it.
+  absl::Status HandleFork(pid_t parent);
 
   pid_t pid_;
   bool launched_;
@@ -183,6 +199,8 @@ class Process {
   bool detached_ = false;
   bool handling_claimed_ = false;
   SignalInterceptor* interceptor_ = nullptr;
+  absl::flat_hash_set<pid_t> foreign_stops_;
+  uint64_t forks_ = 0;
   mutable UniqueFd mem_fd_;  // /proc/PID/mem, opened on first use, reopened after exec
 };
 

@@ -43,13 +43,27 @@ std::string ProtText(int prot) {
 
 }  // namespace
 
-absl::Status PageBackend::Protect(pid_t tid, uint64_t page, int prot) {
+absl::Status PageBackend::ProtectIn(core::Process& proc, pid_t tid, uint64_t page, int prot) {
   const uint64_t args[3] = {page, kPageSize, static_cast<uint64_t>(prot)};
-  KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_mprotect, args));
+  KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mprotect, args));
   if (r < 0) {
-    return core::SyscallError(
-        static_cast<int>(-r),
-        absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot), proc_.pid()));
+    return core::SyscallError(static_cast<int>(-r),
+                              absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot),
+                                              proc.pid()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PageBackend::Protect(pid_t tid, uint64_t page, int prot) {
+  return ProtectIn(proc_, tid, page, prot);
+}
+
+absl::Status PageBackend::OnFork(core::Process& child) {
+  if (!armed_) {
+    return absl::OkStatus();
+  }
+  for (const auto& [addr, page] : pages_) {
+    KW_RETURN_IF_ERROR(ProtectIn(child, child.pid(), addr, page.original));
   }
   return absl::OkStatus();
 }

@@ -37,6 +37,8 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   bool Claims(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+  // A forked child inherits the protected pages: give it back their original protections.
+  absl::Status OnFork(core::Process& child) override;
 
   // Faults handled by emulating the instruction, and by single-stepping it.
   uint64_t emulated() const { return emulated_; }
@@ -51,6 +53,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
  private:
   absl::Status Protect(pid_t tid, uint64_t page, int prot);
+  static absl::Status ProtectIn(core::Process& proc, pid_t tid, uint64_t page, int prot);
   absl::Status ReadValue(uint64_t addr, uint32_t size, uint64_t& out) const;
   // Which watches the instruction touches (reading their values before the access), and
   // the protected pages its operands lie on.

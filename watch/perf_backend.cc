@@ -70,6 +70,9 @@ void PerfBackend::Collect(std::vector<core::AccessEvent>& out) {
     }
     const Watch& w = watches_[e.watch_id];
     ring->Drain([&](const PerfSample& s) {
+      if (static_cast<pid_t>(s.pid) != proc_.pid()) {
+        return;  // an inherited breakpoint in a forked child: forks are not followed
+      }
       core::AccessEvent ev;
       ev.time_ns = s.time;
       ev.pid = static_cast<pid_t>(s.pid);

@@ -326,6 +326,20 @@ TEST(KwatchLaunch, WholeStructInPageModeCountsEachField) {
   EXPECT_EQ(run.summary["events"], hits + misses + flags);
 }
 
+TEST(KwatchLaunch, AForkedChildIsNotFollowedAndNotHarmed) {
+  // The child inherits the watched (protected or breakpointed) memory; kwatch must clean it
+  // up so that the child's 100 writes neither crash it nor count.
+  for (const std::string backend : {"auto", "page"}) {
+    const std::string truth_path = TruthFile("fork");
+    const RunResult r = RunKwatch({"--json", "-q", "--backend", backend, "--write", "g_stats.hits",
+                                   "--", TargetPath("field_writer"), "2", "50", "--fork",
+                                   "--truth", truth_path});
+    ASSERT_EQ(r.exit_code, 0) << backend << ": " << r.err;
+    const JsonRun run = ParseJsonLines(r.out);
+    EXPECT_EQ(run.summary["events"], 100) << backend;  // the parent's 2 x 50, not the child's
+  }
+}
+
 TEST(KwatchAttach, CountsExactlyOnARunningProcess) {
   const std::string truth_path = TruthFile("attach");
   auto target = kwatch::testing::Spawned::Start(

@@ -1,10 +1,12 @@
 // A multi-threaded fixture: THREADS workers each write fields of the global g_stats
 // ITERS times and print their own ground truth, one JSON object per thread.
 //
-//   field_writer THREADS ITERS [--wait] [--exit N] [--truth FILE] [--crash]
+//   field_writer THREADS ITERS [--wait] [--exit N] [--truth FILE] [--crash] [--fork]
 //
 // Per iteration i of each worker: g_stats.hits = i (one 8-byte store); when i is even,
 // g_stats.misses = i (one 4-byte store); when i % 4 == 0, one 2-byte load of g_stats.flags.
+// --fork: before the workers start, fork a child that writes g_stats.hits 100 times and
+//   exits 0; the parent waits for it and exits 42 if the child did not exit 0.
 // --crash: after the work, write through a NULL pointer (a genuine SIGSEGV).
 // --truth FILE: write the ground truth there instead of stdout.
 // --wait: print "ready PID" and wait for SIGUSR1 before starting (for attach tests).
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 struct inner {
@@ -77,11 +80,14 @@ int main(int argc, char** argv) {
   int wait = 0;
   const char* truth = NULL;
   int crash = 0;
+  int do_fork = 0;
   for (int i = 3; i < argc; ++i) {
     if (strcmp(argv[i], "--wait") == 0) {
       wait = 1;
     } else if (strcmp(argv[i], "--exit") == 0 && i + 1 < argc) {
       exit_code = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--fork") == 0) {
+      do_fork = 1;
     } else if (strcmp(argv[i], "--crash") == 0) {
       crash = 1;
     } else if (strcmp(argv[i], "--truth") == 0 && i + 1 < argc) {
@@ -98,6 +104,21 @@ int main(int argc, char** argv) {
     fflush(stdout);
     while (!g_go) {
       sigsuspend(&old);
+    }
+  }
+  if (do_fork) {
+    pid_t child = fork();
+    if (child == 0) {
+      for (long i = 0; i < 100; ++i) {
+        g_stats.hits = i;
+      }
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "field_writer: forked child failed (status 0x%x)\n", status);
+      return 42;
     }
   }
   struct worker* ws = calloc((size_t)threads, sizeof(*ws));
