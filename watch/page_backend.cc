@@ -227,9 +227,9 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
     ev.access_size = h.size;
     ev.kind = h.kind;
     ev.old_value = h.old_value;
-    uint64_t v = 0;
-    if (ReadValue(h.addr, h.size, v).ok()) {
-      ev.value = v;
+    uint64_t v = h.old_value;
+    if (h.kind == core::AccessKind::kRead || ReadValue(h.addr, h.size, v).ok()) {
+      ev.value = v;  // a load leaves the bytes as they were
     }
     ev.value_exact = true;
     events_.push_back(ev);
@@ -241,11 +241,17 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
     return true;  // a late fault of a disarmed page: drop it, the access re-runs unprotected
   }
   KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
-  uint8_t code[16] = {};
-  if (!proc_.ReadMemory(core::RemoteAddr{regs.rip}, code).ok()) {
-    return false;
-  }
   const uint64_t rip = regs.rip;
+  // Code does not change under a watch (kwatch patches none here): read it once per address.
+  auto cached = code_cache_.find(rip);
+  if (cached == code_cache_.end()) {
+    std::array<uint8_t, 16> bytes{};
+    if (!proc_.ReadMemory(core::RemoteAddr{rip}, bytes).ok()) {
+      return false;
+    }
+    cached = code_cache_.emplace(rip, bytes).first;
+  }
+  const std::array<uint8_t, 16>& code = cached->second;
   auto decoded = core::DecodeAccess(code, rip, regs);
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;

@@ -1,9 +1,11 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "core/process.h"
 #include "core/x86_access.h"
 #include "watch/backend.h"
@@ -76,6 +78,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   // (queued SIGSEGVs); they are claimed and dropped, the instruction then runs unprotected.
   bool draining_ = false;
   std::vector<core::AccessEvent> events_;
+  absl::flat_hash_map<uint64_t, std::array<uint8_t, 16>> code_cache_;  // by instruction address
   uint64_t unrelated_ = 0;
   uint64_t emulated_ = 0;
   uint64_t stepped_ = 0;
