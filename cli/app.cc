@@ -369,7 +369,8 @@ int Main(int argc, char** argv) {
       "  kwatch --write g_stats.hits -- ./server ARGS   launch a program and watch a field\n"
       "  kwatch --rw 'cache->lines[3]' -p PID          attach to a running process\n\n"
       "Expressions: name, &name, name.field, name[3], ptr->field, 0xADDR, 0xADDR:LEN.\n"
-      "One watch covers 1, 2, 4 or 8 aligned bytes (one x86 debug register).",
+      "With hardware breakpoints a watch covers 1, 2, 4 or 8 aligned bytes (one x86 debug\n"
+      "register); with page protection (--backend page) any variable or structure, per field.",
       "kwatch"};
   app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
   auto* w = app.add_flag("-w,--write", opts.write, "Report writes (default)");

@@ -90,6 +90,12 @@ std::string PtraceDeniedAdvice(pid_t pid) {
                         ProcStatusField(tracer_pid, "Name"),
                         "); detach that debugger or tracer first");
   }
+  if (::geteuid() == 0) {
+    return absl::StrCat("even root may not trace pid ", pid, " here (",
+                        ProcStatusField(pid, "Name"),
+                        "): init, kernel threads and processes protected by a security module "
+                        "(lockdown, SELinux, AppArmor) cannot be traced");
+  }
   auto scope = ReadSmallFile("/proc/sys/kernel/yama/ptrace_scope");
   std::string advice = "tracing another process needs root or CAP_SYS_PTRACE";
   if (scope.ok() && !absl::StripAsciiWhitespace(*scope).empty() &&

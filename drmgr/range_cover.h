@@ -22,7 +22,7 @@ struct Chunk {
 // The smallest set of aligned 1/2/4/8-byte chunks whose union is exactly [addr, addr+len),
 // in address order (greedy: at each position the largest aligned chunk that fits; optimal
 // because aligned power-of-two chunks are either nested or disjoint). Empty for len 0.
-// The caller keeps addr+len from wrapping around.
+// A range may end at 2^64; the functions below need addr+len < 2^64.
 std::vector<Chunk> MinimalCover(core::RemoteAddr addr, uint64_t len);
 
 // A cover of [addr, addr+len) by at most `max_chunks` aligned chunks that may extend beyond
