@@ -107,6 +107,7 @@ class Runner {
   bool stopped_ = false;
   std::string stop_reason_;
   uint64_t delivered_ = 0;
+  bool exec_seen_ = false;
 };
 
 void Runner::DrainAll() {
@@ -139,7 +140,8 @@ absl::Status Runner::HandleChild() {
         break;
       case core::ProcessEvent::Kind::kExec:
         DrainAll();
-        session_.Disarm();
+        session_.Forget();
+        exec_seen_ = true;
         std::fprintf(stderr,
                      "kwatch: target %d called exec; the watches of the old image have ended "
                      "(their addresses mean nothing in the new one)\n",
@@ -241,6 +243,9 @@ absl::StatusOr<int> Runner::Run() {
   info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
   session_.Disarm();
   info.stop_reason = stop_reason_;
+  if (exec_seen_) {
+    info.stop_reason += "; the watches ended when the target called exec";
+  }
   if (proc_.alive()) {
     if (proc_.launched() && opts_.kill_on_exit) {
       KW_RETURN_IF_ERROR(proc_.Kill());

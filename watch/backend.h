@@ -29,6 +29,9 @@ class WatchBackend {
   virtual absl::Status Arm() = 0;
   // Removes them; the target keeps running unchanged. Safe to call twice.
   virtual void Disarm() = 0;
+  // The target replaced its image (exec): what was armed is gone with the old address
+  // space. Drops it without touching the target.
+  virtual void Forget() = 0;
   // Descriptors that become readable when events wait (for epoll); may be empty.
   virtual std::vector<int> Fds() const { return {}; }
   // Appends the events observed since the last call. Fields set: everything but `value`

@@ -47,9 +47,9 @@ absl::Status PageBackend::ProtectIn(core::Process& proc, pid_t tid, uint64_t pag
   const uint64_t args[3] = {page, kPageSize, static_cast<uint64_t>(prot)};
   KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mprotect, args));
   if (r < 0) {
-    return core::SyscallError(static_cast<int>(-r),
-                              absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot),
-                                              proc.pid()));
+    return core::SyscallError(
+        static_cast<int>(-r),
+        absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot), proc.pid()));
   }
   return absl::OkStatus();
 }
@@ -144,6 +144,15 @@ void PageBackend::Disarm() {
   }
   armed_ = false;
   draining_ = true;
+}
+
+void PageBackend::Forget() {
+  // The pages belonged to the old image: nothing to restore, and no fault of theirs can come.
+  armed_ = false;
+  draining_ = false;
+  pages_.clear();
+  code_cache_.clear();
+  proc_.SetInterceptor(nullptr);
 }
 
 PageBackend::~PageBackend() {

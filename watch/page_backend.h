@@ -33,6 +33,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   BackendKind kind() const override { return BackendKind::kPage; }
   absl::Status Arm() override;
   void Disarm() override;
+  void Forget() override;
   void Collect(std::vector<core::AccessEvent>& out) override;
   uint64_t unrelated() const override { return unrelated_; }
 

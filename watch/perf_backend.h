@@ -23,6 +23,7 @@ class PerfBackend : public WatchBackend {
   BackendKind kind() const override { return BackendKind::kPerf; }
   absl::Status Arm() override;
   void Disarm() override;
+  void Forget() override { Disarm(); }  // closing perf events is all there is
   std::vector<int> Fds() const override;
   void Collect(std::vector<core::AccessEvent>& out) override;
   uint64_t lost() const override;

@@ -140,6 +140,11 @@ void WatchSession::Disarm() {
   armed_ = false;
 }
 
+void WatchSession::Forget() {
+  backend_->Forget();
+  armed_ = false;
+}
+
 size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sink) {
   batch_.clear();
   backend_->Collect(batch_);

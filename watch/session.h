@@ -59,6 +59,8 @@ class WatchSession {
   // are dropped.
   void Disarm();
   bool armed() const { return armed_; }
+  // After the target's exec: the watches ended with the old image (nothing is restored).
+  void Forget();
 
   // Collects what the backend observed, sorted by time, fills in values where the backend
   // could not (perf: read once per watch per batch, at drain time), filters writes out of

@@ -331,13 +331,28 @@ TEST(KwatchLaunch, AForkedChildIsNotFollowedAndNotHarmed) {
   // up so that the child's 100 writes neither crash it nor count.
   for (const std::string backend : {"auto", "page"}) {
     const std::string truth_path = TruthFile("fork");
-    const RunResult r = RunKwatch({"--json", "-q", "--backend", backend, "--write", "g_stats.hits",
-                                   "--", TargetPath("field_writer"), "2", "50", "--fork",
-                                   "--truth", truth_path});
+    const RunResult r =
+        RunKwatch({"--json", "-q", "--backend", backend, "--write", "g_stats.hits", "--",
+                   TargetPath("field_writer"), "2", "50", "--fork", "--truth", truth_path});
     ASSERT_EQ(r.exit_code, 0) << backend << ": " << r.err;
     const JsonRun run = ParseJsonLines(r.out);
     EXPECT_EQ(run.summary["events"], 100) << backend;  // the parent's 2 x 50, not the child's
   }
+}
+
+TEST(KwatchLaunch, ExecEndsTheWatchesAndTheNewImageRunsUntouched) {
+  // field_writer writes g_stats.hits 2 x 30 times, then execs a program that exits 3.
+  const std::string sh = "/bin/false";  // exits 1 in the new image
+  const RunResult r =
+      RunKwatch({"--json", "-q", "--write", "g_stats.hits", "--", TargetPath("field_writer"), "2",
+                 "30", "--truth", TruthFile("exec"), "--exec", sh});
+  EXPECT_EQ(r.exit_code, 1) << r.err;  // the new image's status
+  EXPECT_THAT(r.err, HasSubstr("called exec"));
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.summary["events"], 60);
+  EXPECT_THAT(run.summary["stop_reason"].get<std::string>(),
+              HasSubstr("the watches ended when the target called exec"));
+  EXPECT_EQ(run.summary["exit_code"], 1);
 }
 
 TEST(KwatchAttach, CountsExactlyOnARunningProcess) {

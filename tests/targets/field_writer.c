@@ -7,6 +7,7 @@
 // g_stats.misses = i (one 4-byte store); when i % 4 == 0, one 2-byte load of g_stats.flags.
 // --fork: before the workers start, fork a child that writes g_stats.hits 100 times and
 //   exits 0; the parent waits for it and exits 42 if the child did not exit 0.
+// --exec PROG: after the work, exec PROG (no arguments) instead of returning.
 // --crash: after the work, write through a NULL pointer (a genuine SIGSEGV).
 // --truth FILE: write the ground truth there instead of stdout.
 // --wait: print "ready PID" and wait for SIGUSR1 before starting (for attach tests).
@@ -81,11 +82,14 @@ int main(int argc, char** argv) {
   const char* truth = NULL;
   int crash = 0;
   int do_fork = 0;
+  const char* exec_prog = NULL;
   for (int i = 3; i < argc; ++i) {
     if (strcmp(argv[i], "--wait") == 0) {
       wait = 1;
     } else if (strcmp(argv[i], "--exit") == 0 && i + 1 < argc) {
       exit_code = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--exec") == 0 && i + 1 < argc) {
+      exec_prog = argv[++i];
     } else if (strcmp(argv[i], "--fork") == 0) {
       do_fork = 1;
     } else if (strcmp(argv[i], "--crash") == 0) {
@@ -142,6 +146,11 @@ int main(int argc, char** argv) {
     fclose(out);
   }
   free(ws);
+  if (exec_prog != NULL) {
+    execl(exec_prog, exec_prog, (char*)NULL);
+    perror("execl");
+    return 4;
+  }
   if (crash) {
     volatile int* volatile null_ptr = NULL;
     *null_ptr = 1;
