@@ -36,11 +36,11 @@ int DefaultPriority(ClientKind kind);
 // priority. Priority always decides who holds hardware: a request takes slots from strictly
 // lower priorities whatever its policy (except kFail, which is refused instead, below).
 enum class ShortagePolicy : uint8_t {
-  kFail,          // refused (state kFailed) unless it gets hardware at once without taking
-                  // anyone's slot; if a higher priority takes its slots later: kPreempted
-  kPreemptLower,  // takes slots from lower priorities; if still short: kPreempted, waiting
-  kMultiplex,     // takes turns with other kMultiplex requests of its priority (Rotate)
-  kFallbackPages, // page protection until a slot frees (task scopes only)
+  kFail,           // refused (state kFailed) unless it gets hardware at once without taking
+                   // anyone's slot; if a higher priority takes its slots later: kPreempted
+  kPreemptLower,   // takes slots from lower priorities; if still short: kPreempted, waiting
+  kMultiplex,      // takes turns with other kMultiplex requests of its priority (Rotate)
+  kFallbackPages,  // page protection until a slot frees (task scopes only)
 };
 absl::string_view ShortagePolicyName(ShortagePolicy policy);
 
@@ -75,16 +75,16 @@ struct RequestView {
   ClientKind client_kind = ClientKind::kWatchpoint;
   SlotRequest request;
   RequestState state = RequestState::kPreempted;
-  bool armed = false;          // in hardware right now
-  std::vector<Chunk> chunks;   // the hardware cover while armed, in address order
-  std::vector<int> slots;      // slot index in request.scope of each chunk
-  bool exact = true;           // chunks are exactly the range; else a wide cover
-  uint64_t bytes_filtered = 0; // bytes of a wide cover outside the range
-  bool shared = false;         // some slot also serves another request
-  bool filter_reads = false;   // write request on a read-write slot: drop reads in software
-  absl::Duration time_enabled; // since the request, as accounted by AdvanceClock
-  absl::Duration time_armed;   // ... of which in hardware
-  std::string reason;          // the cover choice, or why it is not in hardware
+  bool armed = false;           // in hardware right now
+  std::vector<Chunk> chunks;    // the hardware cover while armed, in address order
+  std::vector<int> slots;       // slot index in request.scope of each chunk
+  bool exact = true;            // chunks are exactly the range; else a wide cover
+  uint64_t bytes_filtered = 0;  // bytes of a wide cover outside the range
+  bool shared = false;          // some slot also serves another request
+  bool filter_reads = false;    // write request on a read-write slot: drop reads in software
+  absl::Duration time_enabled;  // since the request, as accounted by AdvanceClock
+  absl::Duration time_armed;    // ... of which in hardware
+  std::string reason;           // the cover choice, or why it is not in hardware
 
   // time_armed / time_enabled (1 or 0 by `armed` before any time passed). Counts seen in
   // hardware scale to the whole time as count / coverage(), as perf scales counters.
@@ -123,7 +123,7 @@ struct AllocatorSnapshot {
   std::vector<ScopeView> scopes;      // by Scope order
   std::vector<RequestView> requests;  // by id
   bool operator==(const AllocatorSnapshot&) const = default;
-  std::string ToString() const;       // a table for people and test failures
+  std::string ToString() const;  // a table for people and test failures
 };
 
 // Who receives a slot's hits, and what they asked for (for software filtering).

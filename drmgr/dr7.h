@@ -38,9 +38,9 @@ struct Dr7Slot {
 
 struct Dr7 {
   std::array<Dr7Slot, kNumDebugRegisters> slots;
-  bool local_exact = false;   // LE
-  bool global_exact = false;  // GE
-  bool rtm = false;           // RTM: debug exceptions inside transactions
+  bool local_exact = false;     // LE
+  bool global_exact = false;    // GE
+  bool rtm = false;             // RTM: debug exceptions inside transactions
   bool general_detect = false;  // GD: trap on MOV to/from debug registers
 
   bool operator==(const Dr7&) const = default;

@@ -21,17 +21,19 @@ namespace kwatch::drmgr {
 // busiest task's.
 class SlotLoad {
  public:
+  // Counts only grow (n >= 0), so the maxima below are kept up to date as they go.
   void Add(const Scope& scope, int n);
   int Own(const Scope& scope) const;
   // Slots a new chunk of `scope` could still get (0 when over-full).
   int Free(const Scope& scope) const;
 
  private:
-  int MaxCpu() const;
   int MaxThreadOf(pid_t pid) const;
-  int MaxTask() const;
 
   std::map<Scope, int> own_;
+  std::map<pid_t, int> max_thread_;  // per process: its busiest thread's own slots
+  int max_cpu_ = 0;                  // the busiest CPU scope's own slots
+  int max_task_ = 0;                 // the busiest thread's slots, process ones included
 };
 
 struct PlacedSlot {
@@ -44,13 +46,13 @@ struct PlacedSlot {
 struct Placement {
   RequestState state = RequestState::kPreempted;
   bool armed = false;
-  CoverChoice cover;                // when armed
-  std::vector<size_t> slots;        // into Decision::slots, one per cover chunk
+  CoverChoice cover;          // when armed
+  std::vector<size_t> slots;  // into Decision::slots, one per cover chunk
   bool shared = false;
   bool filter_reads = false;
   std::string reason;
-  int component = -1;               // kMultiplex: rotation component
-  bool rotating = false;            // kMultiplex: gets hardware when first in its component
+  int component = -1;     // kMultiplex: rotation component
+  bool rotating = false;  // kMultiplex: gets hardware when first in its component
 };
 
 struct Decision {
@@ -66,8 +68,8 @@ struct Decision {
 struct RankedRequest {
   RequestId id;
   const SlotRequest* request = nullptr;
-  std::string who;  // "request 3 (debugger 'gdb', priority 100)"
-  std::optional<std::string> failed;  // refused at admission, with the reason
+  const std::string* who = nullptr;                    // "request 3 (debugger 'gdb', priority 100)"
+  const std::optional<std::string>* failed = nullptr;  // refused at admission: the reason
 };
 
 // Requests must come in rank order: priority descending; at equal priority, requests that

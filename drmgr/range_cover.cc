@@ -72,10 +72,11 @@ std::string DescribeExact(core::RemoteAddr addr, uint64_t len, const std::vector
   if (same) {
     absl::StrAppend(&out, n, " exact ", chunks.front().len, "-byte slot", n == 1 ? "" : "s");
   } else {
-    absl::StrAppend(&out, n, " exact slots (",
-                    absl::StrJoin(chunks, "+",
-                                  [](std::string* o, const Chunk& c) { absl::StrAppend(o, c.len); }),
-                    " bytes)");
+    absl::StrAppend(
+        &out, n, " exact slots (",
+        absl::StrJoin(chunks, "+",
+                      [](std::string* o, const Chunk& c) { absl::StrAppend(o, c.len); }),
+        " bytes)");
   }
   if (new_slots < n) {
     absl::StrAppend(&out, ", ", n - new_slots, " shared with another request");
@@ -167,8 +168,7 @@ CoverChoice ChooseCover(core::RemoteAddr addr, uint64_t len, int free_slots,
   }
   // Wide covers with fewer chunks than the exact one. A chunk can only be shared with a slot
   // of the same scope, so at most kNumDebugRegisters chunks of a cover cost nothing.
-  const int max_k =
-      std::min(static_cast<int>(exact.size()) - 1, free_slots + kNumDebugRegisters);
+  const int max_k = std::min(static_cast<int>(exact.size()) - 1, free_slots + kNumDebugRegisters);
   std::tuple<uint64_t, int, size_t> best_key{std::numeric_limits<uint64_t>::max(), 0, 0};
   for (int k = 1; k <= max_k; ++k) {
     std::vector<Chunk> wide = WideCover(addr, len, k);
@@ -190,17 +190,18 @@ CoverChoice ChooseCover(core::RemoteAddr addr, uint64_t len, int free_slots,
                                            Plural(exact_new, "slot"), free_slots);
   if (choice.chunks.empty()) {
     choice.kind = CoverChoice::Kind::kNone;
-    choice.explanation = absl::StrCat(
-        need, ": no aligned cover fits", free_slots > 0 ? absl::StrCat(" in ", Plural(free_slots, "slot")) : "");
+    choice.explanation =
+        absl::StrCat(need, ": no aligned cover fits",
+                     free_slots > 0 ? absl::StrCat(" in ", Plural(free_slots, "slot")) : "");
     return choice;
   }
   choice.kind = CoverChoice::Kind::kWide;
   choice.bytes_outside = std::get<0>(best_key);
   const uint64_t covered = choice.chunks.back().end() - choice.chunks.front().addr;
-  choice.explanation = absl::StrFormat(
-      "%s: watching %d aligned bytes at 0x%x in %s, %d bytes filtered in software", need,
-      covered, choice.chunks.front().addr.value,
-      Plural(static_cast<int>(choice.chunks.size()), "slot"), choice.bytes_outside);
+  choice.explanation =
+      absl::StrFormat("%s: watching %d aligned bytes at 0x%x in %s, %d bytes filtered in software",
+                      need, covered, choice.chunks.front().addr.value,
+                      Plural(static_cast<int>(choice.chunks.size()), "slot"), choice.bytes_outside);
   if (choice.new_slots < static_cast<int>(choice.chunks.size())) {
     absl::StrAppend(&choice.explanation, " (",
                     static_cast<int>(choice.chunks.size()) - choice.new_slots,

@@ -42,9 +42,9 @@ struct CoverChoice {
   };
   Kind kind = Kind::kNone;
   std::vector<Chunk> chunks;
-  int new_slots = 0;            // chunks that need a slot of their own (not already held)
-  uint64_t bytes_outside = 0;   // bytes watched in hardware but not requested
-  std::string explanation;      // one sentence for people, e.g.
+  int new_slots = 0;           // chunks that need a slot of their own (not already held)
+  uint64_t bytes_outside = 0;  // bytes watched in hardware but not requested
+  std::string explanation;     // one sentence for people, e.g.
   // "24 bytes at 0x1000: 3 exact 8-byte slots"
   // "12 bytes at 0x1001 need 4 slots, 2 free: watching 16 aligned bytes at 0x1000 in 2
   //  slots, 4 bytes filtered in software"
