@@ -27,7 +27,7 @@ SlotRequest Watch(uint64_t addr, uint64_t len, Scope scope, DrKind kind = DrKind
   return r;
 }
 
-const Scope kThread = Scope::Thread(1000, 1001);
+constexpr Scope kThread = Scope::Thread(1000, 1001);
 
 void AddBackground(SlotAllocator& alloc, ClientId client, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {

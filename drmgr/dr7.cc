@@ -11,7 +11,7 @@ constexpr int kRtmBit = 11;
 constexpr int kGeneralDetectBit = 13;
 // Bits 12, 14 and 15 and the upper half must be zero (MOV to DR7 faults otherwise).
 constexpr uint64_t kDr7MustBeZero =
-    (uint64_t{1} << 12) | (uint64_t{1} << 14) | (uint64_t{1} << 15) | 0xFFFFFFFF00000000ull;
+    (uint64_t{1} << 12) | (uint64_t{1} << 14) | (uint64_t{1} << 15) | 0xFFFFFFFF00000000ULL;
 
 constexpr int RwShift(int slot) {
   return 16 + (4 * slot);

@@ -1,6 +1,7 @@
 #include "drmgr/range_cover.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <tuple>
 
@@ -12,7 +13,7 @@
 namespace kwatch::drmgr {
 namespace {
 
-constexpr uint64_t kSizes[] = {8, 4, 2, 1};  // largest first
+constexpr std::array<uint64_t, 4> kSizes = {8, 4, 2, 1};  // largest first
 
 // Chunks of [s, end) reached by the fewest aligned chunks, when at most max_chunks.
 struct Run {

@@ -19,14 +19,14 @@ struct Scope {
   pid_t tid = 0;  // kThread
   int cpu = 0;    // kCpu
 
-  static Scope Thread(pid_t pid, pid_t tid) { return Scope{Kind::kThread, pid, tid, 0}; }
-  static Scope Process(pid_t pid) { return Scope{Kind::kProcess, pid, 0, 0}; }
-  static Scope Cpu(int cpu) { return Scope{Kind::kCpu, 0, 0, cpu}; }
-  static Scope AllCpus() { return Scope{Kind::kAllCpus, 0, 0, 0}; }
+  static constexpr Scope Thread(pid_t pid, pid_t tid) { return Scope{Kind::kThread, pid, tid, 0}; }
+  static constexpr Scope Process(pid_t pid) { return Scope{Kind::kProcess, pid, 0, 0}; }
+  static constexpr Scope Cpu(int cpu) { return Scope{Kind::kCpu, 0, 0, cpu}; }
+  static constexpr Scope AllCpus() { return Scope{Kind::kAllCpus, 0, 0, 0}; }
 
   // Task scopes (thread, process) watch user memory of one process; CPU scopes watch
   // whatever runs there, the kernel included.
-  bool is_task() const { return kind == Kind::kThread || kind == Kind::kProcess; }
+  constexpr bool is_task() const { return kind == Kind::kThread || kind == Kind::kProcess; }
 
   auto operator<=>(const Scope&) const = default;
 

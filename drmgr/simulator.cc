@@ -152,7 +152,7 @@ absl::Status Simulator::Apply(const Changes& changes) {
       absl::Status s = CheckCapacity(banks);  // the kernel checks each new breakpoint
       if (!s.ok()) {
         refused_scope_ = c.scope;
-        return absl::Status(s.code(), absl::StrCat(c.ToString(), ": ", s.message()));
+        return {s.code(), absl::StrCat(c.ToString(), ": ", s.message())};
       }
     }
   }

@@ -120,7 +120,7 @@ Decision SlotAllocator::DecideNow() const {
   std::vector<RankedRequest> ranked;
   ranked.reserve(keyed.size());
   for (auto& [key, r] : keyed) {
-    ranked.push_back(std::move(r));
+    ranked.push_back(r);
   }
   return Decide(ranked, external_);
 }

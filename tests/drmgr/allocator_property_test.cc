@@ -2,6 +2,7 @@
 // steps), with every change list applied to the simulator and the invariants checked after
 // every step.
 #include <algorithm>
+#include <array>
 #include <map>
 #include <optional>
 #include <random>
@@ -18,11 +19,11 @@
 namespace kwatch::drmgr {
 namespace {
 
-const std::vector<Scope> kScopes = {Scope::Thread(100, 101), Scope::Thread(100, 101),
-                                    Scope::Thread(100, 101), Scope::Thread(100, 102),
-                                    Scope::Process(100),     Scope::Thread(200, 201),
-                                    Scope::Process(200),     Scope::Cpu(0),
-                                    Scope::Cpu(1),           Scope::AllCpus()};
+constexpr std::array<Scope, 10> kScopes = {Scope::Thread(100, 101), Scope::Thread(100, 101),
+                                           Scope::Thread(100, 101), Scope::Thread(100, 102),
+                                           Scope::Process(100),     Scope::Thread(200, 201),
+                                           Scope::Process(200),     Scope::Cpu(0),
+                                           Scope::Cpu(1),           Scope::AllCpus()};
 
 // A thread that carries the slots of `scope` (a new thread for a process scope).
 Simulator::Access In(const Scope& s, uint64_t addr, core::AccessKind kind) {
@@ -207,7 +208,7 @@ class Harness {
     return evicted;
   }
 
-  void CheckInvariants() {
+  void CheckInvariants() const {
     ASSERT_LE(sim_.MaxLoad(), kNumDebugRegisters);
     const AllocatorSnapshot snap = alloc_.Snapshot();
     std::map<RequestId, const RequestView*> views;
@@ -254,7 +255,7 @@ class Harness {
   }
 
   // Every byte of a request in hardware traps for it with the right kind; nothing else does.
-  void CheckCovered(const RequestView& v) {
+  void CheckCovered(const RequestView& v) const {
     const SlotRequest& r = v.request;
     const auto sees = [&](uint64_t addr, core::AccessKind kind) {
       return Contains(sim_.Simulate(In(r.scope, addr, kind)).seen, v.id);
@@ -284,7 +285,7 @@ class Harness {
   // A waiting request could not fit even if every strictly lower-ranked request were gone:
   // rebuild the slots of the requests ranked above it (higher priority, or equal priority,
   // not multiplexed, earlier) and try it there.
-  void CheckPriority(const RequestView& v, const AllocatorSnapshot& snap) {
+  void CheckPriority(const RequestView& v, const AllocatorSnapshot& snap) const {
     if (v.armed || v.state == RequestState::kFailed ||
         v.request.policy == ShortagePolicy::kMultiplex) {
       return;
@@ -484,7 +485,7 @@ TEST_P(AllocatorProperty, MultiplexCoverageAddsUp) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, AllocatorProperty, ::testing::Values(1u, 2u, 3u, 20240611u));
+INSTANTIATE_TEST_SUITE_P(Seeds, AllocatorProperty, ::testing::Values(1U, 2U, 3U, 20240611U));
 
 }  // namespace
 }  // namespace kwatch::drmgr

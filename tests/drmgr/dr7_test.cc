@@ -23,42 +23,42 @@ Dr7 WithSlot(int i, Dr7Slot slot) {
 }
 
 TEST(Dr7, EmptyHasOnlyTheReservedBit) {
-  EXPECT_EQ(Encode(Dr7{}), 0x400u);
+  EXPECT_EQ(Encode(Dr7{}), 0x400U);
 }
 
 // Bit layout: Li = bit 2i, Gi = bit 2i+1, R/Wi = bits 16+4i..17+4i, LENi = bits 18+4i..19+4i.
 TEST(Dr7, KnownConstants) {
   // Slot 0, write, 4 bytes, local: L0 (0x1) | reserved (0x400) | R/W0=01 | LEN0=11.
-  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 4))), 0x000D0401u);
-  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 1))), 0x00010401u);
-  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 2))), 0x00050401u);
-  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 8))), 0x00090401u);
-  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kReadWrite, 8))), 0x000B0401u);
+  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 4))), 0x000D0401U);
+  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 1))), 0x00010401U);
+  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 2))), 0x00050401U);
+  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kWrite, 8))), 0x00090401U);
+  EXPECT_EQ(Encode(WithSlot(0, LocalSlot(DrKind::kReadWrite, 8))), 0x000B0401U);
   // Slot 1 execute: L1 (0x4), R/W1 = LEN1 = 00.
-  EXPECT_EQ(Encode(WithSlot(1, LocalSlot(DrKind::kExec, 1))), 0x00000404u);
+  EXPECT_EQ(Encode(WithSlot(1, LocalSlot(DrKind::kExec, 1))), 0x00000404U);
   // Slot 2 read-write 1 byte: L2 (0x10), R/W2=11 at bits 24-25.
-  EXPECT_EQ(Encode(WithSlot(2, LocalSlot(DrKind::kReadWrite, 1))), 0x03000410u);
+  EXPECT_EQ(Encode(WithSlot(2, LocalSlot(DrKind::kReadWrite, 1))), 0x03000410U);
   // Slot 3 read-write 8 bytes, global only: G3 (0x80), R/W3=11 at 28-29, LEN3=10 at 30-31.
   Dr7Slot g3{false, true, DrKind::kReadWrite, DrLen::k8};
-  EXPECT_EQ(Encode(WithSlot(3, g3)), 0xB0000480u);
+  EXPECT_EQ(Encode(WithSlot(3, g3)), 0xB0000480U);
   // All four: write 4 @0, rw 2 @1, exec @2, write 8 @3.
   Dr7 all;
   all.slots = {LocalSlot(DrKind::kWrite, 4), LocalSlot(DrKind::kReadWrite, 2),
                LocalSlot(DrKind::kExec, 1), LocalSlot(DrKind::kWrite, 8)};
-  EXPECT_EQ(Encode(all), 0x907D0455u);
+  EXPECT_EQ(Encode(all), 0x907D0455U);
 }
 
 TEST(Dr7, ControlBits) {
   Dr7 dr7;
   dr7.local_exact = true;
   dr7.global_exact = true;
-  EXPECT_EQ(Encode(dr7), 0x700u);
+  EXPECT_EQ(Encode(dr7), 0x700U);
   dr7 = Dr7{};
   dr7.general_detect = true;
-  EXPECT_EQ(Encode(dr7), 0x2400u);
+  EXPECT_EQ(Encode(dr7), 0x2400U);
   dr7 = Dr7{};
   dr7.rtm = true;
-  EXPECT_EQ(Encode(dr7), 0xC00u);
+  EXPECT_EQ(Encode(dr7), 0xC00U);
 }
 
 TEST(Dr7, ExecuteMustHaveLengthOne) {
@@ -90,7 +90,7 @@ TEST(Dr7, DecodeKnownValue) {
   EXPECT_EQ(dr7->slots[1], LocalSlot(DrKind::kReadWrite, 2));
   EXPECT_EQ(dr7->slots[2], LocalSlot(DrKind::kExec, 1));
   EXPECT_EQ(dr7->slots[3], LocalSlot(DrKind::kWrite, 8));
-  EXPECT_EQ(DrLenBytes(dr7->slots[3].len), 8u);
+  EXPECT_EQ(DrLenBytes(dr7->slots[3].len), 8U);
 }
 
 std::vector<Dr7Slot> AllSlots() {
@@ -120,7 +120,7 @@ TEST(Dr7, RoundTripsEverySlotValue) {
       EXPECT_EQ(*back, dr7) << std::hex << raw;
       // Each slot only touches its own bits.
       const uint64_t own = (uint64_t{3} << (2 * i)) | (uint64_t{0xF} << (16 + 4 * i));
-      EXPECT_EQ(raw & ~own, 0x400u) << i;
+      EXPECT_EQ(raw & ~own, 0x400U) << i;
     }
   }
 }
@@ -146,7 +146,7 @@ TEST(Dr7, RoundTripsRandomCombinations) {
 }
 
 TEST(Dr6, KnownValues) {
-  EXPECT_EQ(EncodeDr6(Dr6{}), 0xFFFF0FF0u);
+  EXPECT_EQ(EncodeDr6(Dr6{}), 0xFFFF0FF0U);
   EXPECT_TRUE(DecodeDr6(0xFFFF0FF0).Spurious());
   Dr6 b2 = DecodeDr6(0xFFFF0FF4);
   EXPECT_TRUE(b2.hit[2]);
@@ -160,7 +160,7 @@ TEST(Dr6, KnownValues) {
   Dr6 d;
   d.hit[0] = d.hit[3] = true;
   d.single_step = true;
-  EXPECT_EQ(EncodeDr6(d), 0xFFFF4FF9u);
+  EXPECT_EQ(EncodeDr6(d), 0xFFFF4FF9U);
 }
 
 TEST(Dr6, RoundTripsAllCauseBits) {

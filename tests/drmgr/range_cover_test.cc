@@ -27,7 +27,7 @@ void ExpectTiling(const std::vector<Chunk>& chunks, uint64_t addr, uint64_t len,
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     ASSERT_TRUE(c.len == 1 || c.len == 2 || c.len == 4 || c.len == 8) << c.len;
-    ASSERT_EQ(c.addr.value % c.len, 0u) << "unaligned chunk at " << c.addr.value;
+    ASSERT_EQ(c.addr.value % c.len, 0U) << "unaligned chunk at " << c.addr.value;
     if (i > 0) {
       ASSERT_EQ(chunks[i - 1].end(), c.addr) << "gap or overlap";
     }
@@ -196,9 +196,9 @@ TEST(WideCover, OptimalAgainstBruteForce) {
 TEST(ChooseCover, ExactWhenItFits) {
   CoverChoice c = ChooseCover(A(0x1000), 24, 4);
   EXPECT_EQ(c.kind, CoverChoice::Kind::kExact);
-  EXPECT_EQ(c.chunks.size(), 3u);
+  EXPECT_EQ(c.chunks.size(), 3U);
   EXPECT_EQ(c.new_slots, 3);
-  EXPECT_EQ(c.bytes_outside, 0u);
+  EXPECT_EQ(c.bytes_outside, 0U);
   EXPECT_EQ(c.explanation, "24 bytes at 0x1000: 3 exact 8-byte slots");
   EXPECT_EQ(ChooseCover(A(0x1000), 4, 1).explanation, "4 bytes at 0x1000: 1 exact 4-byte slot");
   EXPECT_EQ(ChooseCover(A(0x1005), 12, 4).explanation,
@@ -209,15 +209,15 @@ TEST(ChooseCover, WideWhenSlotsAreShort) {
   CoverChoice c = ChooseCover(A(0x1001), 12, 2);
   EXPECT_EQ(c.kind, CoverChoice::Kind::kWide);
   EXPECT_THAT(c.chunks, ElementsAre(C(0x1000, 8), C(0x1008, 8)));
-  EXPECT_EQ(c.bytes_outside, 4u);
+  EXPECT_EQ(c.bytes_outside, 4U);
   EXPECT_EQ(c.explanation,
             "12 bytes at 0x1001 need 5 slots, 2 free: watching 16 aligned bytes at 0x1000 in "
             "2 slots, 4 bytes filtered in software");
   // With 3 free the wide cover wastes fewer bytes: [0x1000,0x1010) still, or better?
   CoverChoice c3 = ChooseCover(A(0x1001), 12, 3);
   EXPECT_EQ(c3.kind, CoverChoice::Kind::kWide);
-  EXPECT_LE(c3.bytes_outside, 4u);
-  EXPECT_LE(c3.chunks.size(), 3u);
+  EXPECT_LE(c3.bytes_outside, 4U);
+  EXPECT_LE(c3.chunks.size(), 3U);
 }
 
 TEST(ChooseCover, NoneWhenNothingFits) {
@@ -247,8 +247,8 @@ TEST(ChooseCover, SharedChunksCostNothing) {
 }
 
 TEST(BytesOutside, CountsBothSides) {
-  EXPECT_EQ(BytesOutside({C(0x1000, 8), C(0x1008, 8)}, A(0x1001), 12), 4u);
-  EXPECT_EQ(BytesOutside(MinimalCover(A(0x1003), 29), A(0x1003), 29), 0u);
+  EXPECT_EQ(BytesOutside({C(0x1000, 8), C(0x1008, 8)}, A(0x1001), 12), 4U);
+  EXPECT_EQ(BytesOutside(MinimalCover(A(0x1003), 29), A(0x1003), 29), 0U);
 }
 
 }  // namespace

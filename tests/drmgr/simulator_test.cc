@@ -11,7 +11,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Pair;
 
-const Scope kT = Scope::Thread(40, 41);
+constexpr Scope kT = Scope::Thread(40, 41);
 
 SlotChange Arm(Scope scope, int slot, uint64_t addr, uint64_t len, DrKind kind,
                uint64_t holder = 1) {
@@ -38,9 +38,9 @@ TEST(Simulator, ArmsRegisters) {
                             Arm(kT, 2, 0x2000, 1, DrKind::kReadWrite)}))
                   .ok());
   const Simulator::Registers regs = sim.RegistersOf(kT);
-  EXPECT_EQ(regs.dr[0], 0x1000u);
-  EXPECT_EQ(regs.dr[2], 0x2000u);
-  EXPECT_EQ(regs.dr7, 0x030D0411u);
+  EXPECT_EQ(regs.dr[0], 0x1000U);
+  EXPECT_EQ(regs.dr[2], 0x2000U);
+  EXPECT_EQ(regs.dr7, 0x030D0411U);
   EXPECT_THAT(sim.ArmedScopes(), ElementsAre(kT));
   EXPECT_EQ(sim.MaxLoad(), 2);
 }
@@ -107,12 +107,12 @@ TEST(Simulator, MatchesLikeTheHardware) {
   // A write that overlaps the last byte of slot 0.
   Simulator::Outcome o = sim.Simulate(At(0x0ffe, 4, core::AccessKind::kWrite));
   EXPECT_THAT(o.trapped, ElementsAre(Pair(kT, 0)));
-  EXPECT_THAT(o.dr6, ElementsAre(Pair(kT, 0xFFFF0FF1u)));
+  EXPECT_THAT(o.dr6, ElementsAre(Pair(kT, 0xFFFF0FF1U)));
   EXPECT_THAT(o.seen, ElementsAre(RequestId{1}));
   // Reads do not trip a write slot; they trip a read-write one.
   EXPECT_THAT(sim.Simulate(At(0x1000, 4, core::AccessKind::kRead)).trapped, IsEmpty());
   o = sim.Simulate(At(0x2007, 1, core::AccessKind::kRead));
-  EXPECT_THAT(o.dr6, ElementsAre(Pair(kT, 0xFFFF0FF2u)));
+  EXPECT_THAT(o.dr6, ElementsAre(Pair(kT, 0xFFFF0FF2U)));
   // Execute matches the exact address only; data slots never match a fetch.
   EXPECT_THAT(sim.Simulate(At(0x401000, 1, core::AccessKind::kExec)).seen,
               ElementsAre(RequestId{3}));

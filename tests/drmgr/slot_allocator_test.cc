@@ -13,9 +13,9 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
-const Scope kT1 = Scope::Thread(40, 41);
-const Scope kT2 = Scope::Thread(40, 42);
-const Scope kP = Scope::Process(40);
+constexpr Scope kT1 = Scope::Thread(40, 41);
+constexpr Scope kT2 = Scope::Thread(40, 42);
+constexpr Scope kP = Scope::Process(40);
 
 Chunk C(uint64_t addr, uint64_t len) {
   return Chunk{core::RemoteAddr{addr}, len};
@@ -94,8 +94,8 @@ TEST_F(AllocatorTest, OneAlignedWatchTakesSlotZero) {
             "arm thread 41 of process 40 slot 0: 4 bytes at 0x1000 write (requests 1)");
   ASSERT_THAT(g.changes.requests, SizeIs(1));
   EXPECT_FALSE(g.changes.requests[0].from.has_value());
-  EXPECT_EQ(sim_.RegistersOf(kT1).dr[0], 0x1000u);
-  EXPECT_EQ(sim_.RegistersOf(kT1).dr7, 0x000D0401u);
+  EXPECT_EQ(sim_.RegistersOf(kT1).dr[0], 0x1000U);
+  EXPECT_EQ(sim_.RegistersOf(kT1).dr7, 0x000D0401U);
   const AllocatorSnapshot snap = alloc_.Snapshot();
   const ScopeView t1 = ScopeOf(snap, kT1);
   EXPECT_EQ(t1.slots[0].state, SlotState::kArmed);
@@ -149,7 +149,7 @@ TEST_F(AllocatorTest, WriteAndReadWriteShareAReadWriteSlot) {
   EXPECT_THAT(Seen(0x1000, 4, core::AccessKind::kWrite), ElementsAre(w.id, rw.id));
   Drop(rw.id);
   EXPECT_FALSE(View(w.id).filter_reads);
-  EXPECT_EQ(sim_.RegistersOf(kT1).dr7, 0x00090401u);  // back to write, 8 bytes
+  EXPECT_EQ(sim_.RegistersOf(kT1).dr7, 0x00090401U);  // back to write, 8 bytes
 }
 
 TEST_F(AllocatorTest, ExecuteSharesOnlyWithExecute) {
@@ -173,7 +173,7 @@ TEST_F(AllocatorTest, WideCoverWhenShort) {
             "slots, 4 bytes filtered in software");
   const RequestView v = View(g.id);
   EXPECT_FALSE(v.exact);
-  EXPECT_EQ(v.bytes_filtered, 4u);
+  EXPECT_EQ(v.bytes_filtered, 4U);
   // Bytes 0x1000 and 0x100d..0x100f trap in hardware but are filtered out.
   Simulator::Outcome out =
       sim_.Simulate({core::RemoteAddr{0x1000}, 1, core::AccessKind::kWrite, 40, 41, 0});
