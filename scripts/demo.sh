@@ -12,8 +12,8 @@ bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 bold "\$ kwatch --write g_stats.misses -- field_writer 2 12      # every write, live"
 "$KWATCH" --write g_stats.misses -- "$WORKLOAD" 2 12 | tee "$OUT/live.txt"
 
-bold "\$ kwatch --rw g_stats.flags -q -- field_writer 4 2000     # reads of a field, 4 threads"
-"$KWATCH" --rw g_stats.flags -q -- "$WORKLOAD" 4 2000 | tee "$OUT/summary.txt"
+bold "\$ kwatch --rw g_stats -q -- field_writer 4 1000      # a whole struct, per field, 4 threads"
+"$KWATCH" --rw g_stats -q -- "$WORKLOAD" 4 1000 | tee "$OUT/summary.txt"
 
 bold "\$ kwatch --write g_stats.hits --json -- field_writer 2 500 > $OUT/events.jsonl"
 "$KWATCH" --write g_stats.hits --json -- "$WORKLOAD" 2 500 --truth "$OUT/truth.jsonl" > "$OUT/events.jsonl"

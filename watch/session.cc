@@ -56,8 +56,8 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     } else {
       kind = BackendKind::kPage;
       note = absl::StrCat("note: ", probe.detail,
-                          "; using page-protection watchpoints instead (exact values, one fault "
-                          "and single-step per access to the page; --backend perf forces "
+                          "; using page-protection watchpoints instead (exact values and any size, "
+                          "at one fault per access to the page; --backend perf forces "
                           "hardware breakpoints)");
     }
   }
@@ -92,10 +92,18 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     }
     // Page protection watches any size; hardware keeps the one-register rule until the
     // drmgr allocator splits ranges over several slots.
-    const absl::Status fits =
-        kind == BackendKind::kPage
-            ? absl::OkStatus()
-            : drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind);
+    absl::Status fits = kind == BackendKind::kPage
+                            ? absl::OkStatus()
+                            : drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind);
+    if (!fits.ok() && opts.backend == BackendKind::kAuto && req.kind != drmgr::DrKind::kExec) {
+      // Auto mode: what one debug register cannot cover, page protection can.
+      kind = BackendKind::kPage;
+      note = absl::StrFormat(
+          "note: '%s' (%d bytes) needs more than one debug register; using page-protection "
+          "watchpoints for this session (exact values, one fault per access to the page)",
+          resolved->display, resolved->length);
+      fits = absl::OkStatus();
+    }
     if (!fits.ok()) {
       // Both backends keep the one-debug-register rule until the drmgr allocator splits
       // ranges, so that a watch means the same whichever backend runs it.
@@ -116,6 +124,13 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     w.request = std::move(req);
     w.target = *std::move(resolved);
     watches.push_back(std::move(w));
+  }
+  for (const Watch& w : watches) {
+    if (kind == BackendKind::kPage && w.request.kind == drmgr::DrKind::kExec) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", w.target.display, "': --exec needs hardware breakpoints, and this session ",
+          "uses page protection (", note, ")"));
+    }
   }
   auto session =
       std::unique_ptr<WatchSession>(new WatchSession(proc, std::move(symbols), std::move(watches)));
