@@ -104,6 +104,29 @@ std::vector<Chunk> MinimalCover(core::RemoteAddr addr, uint64_t len) {
   return out;
 }
 
+uint64_t MinimalCoverSize(core::RemoteAddr addr, uint64_t len) {
+  uint64_t n = 0;
+  uint64_t a = addr.value;
+  uint64_t left = len;
+  while (left > 0) {
+    if (a % 8 == 0 && left >= 8) {  // the middle: whole 8-byte chunks at once
+      n += left / 8;
+      a += left / 8 * 8;
+      left %= 8;
+      continue;
+    }
+    for (uint64_t size : kSizes) {
+      if (a % size == 0 && size <= left) {
+        ++n;
+        a += size;
+        left -= size;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
 std::vector<Chunk> WideCover(core::RemoteAddr addr, uint64_t len, int max_chunks) {
   if (max_chunks <= 0 || len == 0 || len > 8 * static_cast<uint64_t>(max_chunks)) {
     return {};
@@ -158,6 +181,15 @@ CoverChoice ChooseCover(core::RemoteAddr addr, uint64_t len, int free_slots,
                                           [&](const Chunk& c) { return !already_held(c); }));
   };
   CoverChoice choice;
+  // Every cover needs len/8 chunks or more, and at most kNumDebugRegisters of them can be
+  // shared: beyond that, say so without building a cover (a 1 MiB range has 131072 chunks).
+  if (len > 8 * static_cast<uint64_t>(std::max(0, free_slots) + kNumDebugRegisters)) {
+    choice.explanation =
+        absl::StrFormat("%d bytes at 0x%x need %d slots, %d free: no aligned cover fits%s", len,
+                        addr.value, MinimalCoverSize(addr, len), free_slots,
+                        free_slots > 0 ? absl::StrCat(" in ", Plural(free_slots, "slot")) : "");
+    return choice;
+  }
   std::vector<Chunk> exact = MinimalCover(addr, len);
   const int exact_new = new_slots(exact);
   if (!exact.empty() && exact_new <= free_slots) {

@@ -25,6 +25,9 @@ struct Chunk {
 // A range may end at 2^64; the functions below need addr+len < 2^64.
 std::vector<Chunk> MinimalCover(core::RemoteAddr addr, uint64_t len);
 
+// MinimalCover(addr, len).size(), in constant time.
+uint64_t MinimalCoverSize(core::RemoteAddr addr, uint64_t len);
+
 // A cover of [addr, addr+len) by at most `max_chunks` aligned chunks that may extend beyond
 // the range (hits on those extra bytes are filtered in software). Minimises the bytes outside
 // the range, then the number of chunks, then prefers the lowest start. Adjacent chunks in

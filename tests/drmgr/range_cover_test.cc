@@ -131,6 +131,16 @@ TEST(MinimalCover, GreedyIsOptimalAgainstBruteForce) {
   }
 }
 
+TEST(MinimalCover, SizeInConstantTime) {
+  for (uint64_t addr = 0; addr < 64; ++addr) {
+    for (uint64_t len = 0; len <= 300; ++len) {
+      ASSERT_EQ(MinimalCoverSize(A(addr), len), MinimalCover(A(addr), len).size());
+    }
+  }
+  EXPECT_EQ(MinimalCoverSize(A(0x1000), uint64_t{1} << 20), 131072U);
+  EXPECT_EQ(MinimalCoverSize(A(0x1001), uint64_t{1} << 20), 131075U);  // 1+2+4, ..., 1
+}
+
 TEST(MinimalCover, HighAddresses) {
   const uint64_t top = ~uint64_t{0} - 15;  // 16 bytes below the end
   const std::vector<Chunk> cover = MinimalCover(A(top), 16);
@@ -228,6 +238,19 @@ TEST(ChooseCover, NoneWhenNothingFits) {
             "12 bytes at 0x1005 need 4 slots, 2 free: no aligned cover fits in 2 slots");
   EXPECT_EQ(ChooseCover(A(0x1000), 4, 0).explanation,
             "4 bytes at 0x1000 need 1 slot, 0 free: no aligned cover fits");
+}
+
+TEST(ChooseCover, HugeRangesAreRefusedQuickly) {
+  const CoverChoice c = ChooseCover(A(0x1000), uint64_t{1} << 20, 4);
+  EXPECT_EQ(c.kind, CoverChoice::Kind::kNone);
+  EXPECT_EQ(c.explanation,
+            "1048576 bytes at 0x1000 need 131072 slots, 4 free: no aligned cover fits in 4 slots");
+  // Not too eager: at 8 * (free + 4) bytes a cover with 4 shared chunks can still exist.
+  const auto held = [](const Chunk& c) { return c.addr.value < 0x1020; };
+  const CoverChoice edge = ChooseCover(A(0x1000), 64, 4, held);
+  EXPECT_EQ(edge.kind, CoverChoice::Kind::kExact);
+  EXPECT_EQ(edge.new_slots, 4);
+  EXPECT_EQ(ChooseCover(A(0x1000), 65, 4, held).kind, CoverChoice::Kind::kNone);
 }
 
 TEST(ChooseCover, SharedChunksCostNothing) {

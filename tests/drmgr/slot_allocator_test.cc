@@ -395,6 +395,14 @@ TEST_F(AllocatorTest, RangesThatNeverFit) {
   Grant p = Ask(Req(0x1000, 48, DrKind::kWrite, kT1, 10, ShortagePolicy::kFallbackPages));
   EXPECT_EQ(p.state, RequestState::kFallbackPages);
   EXPECT_EQ(ScopeOf(alloc_.Snapshot(), kT1).free, 4);
+  // The largest request accepted: pages, without building 131072 chunks per decision.
+  Grant big = Ask(
+      Req(0x100000, kMaxRequestLen, DrKind::kReadWrite, kT1, 10, ShortagePolicy::kFallbackPages));
+  EXPECT_EQ(big.state, RequestState::kFallbackPages);
+  EXPECT_THAT(big.reason, HasSubstr("1048576 bytes at 0x100000 need 131072 slots"));
+  for (int i = 0; i < 100; ++i) {
+    Drop(Ask(Req(0x1000, 8)).id);
+  }
 }
 
 TEST_F(AllocatorTest, BadInput) {
