@@ -222,8 +222,8 @@ TEST(KwatchLaunch, CountStopsAfterNEvents) {
 }
 
 TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
-  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.hits",
-                                            "--", TargetPath("field_writer"), "1", "1000000000",
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "--write", "g_stats.hits", "--",
+                                            TargetPath("field_writer"), "1", "1000000000",
                                             "--truth", TruthFile("killed")});
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
@@ -232,7 +232,8 @@ TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
   int target = 0;
   children >> target;
   ASSERT_GT(target, 0);
-  usleep(200 * 1000);
+  // Kill it once kwatch has seen it working (however loaded the machine is).
+  ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"").ok()) << (*k)->err();
   ASSERT_EQ(kill(target, SIGKILL), 0);
   auto r = (*k)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
@@ -276,12 +277,12 @@ TEST(KwatchLaunch, ExactOldAndNewValuesInPageMode) {
 TEST(KwatchLaunch, CtrlCStopsCleanlyAndLeavesTheTargetWorking) {
   const std::string truth_path = TruthFile("sigint");
   std::remove(truth_path.c_str());
-  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "-q", "--rw", "g_stats.hits",
-                                            "--", TargetPath("field_writer"), "2", "400000",
-                                            "--truth", truth_path});
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "--rw", "g_stats.hits", "--",
+                                            TargetPath("field_writer"), "2", "400000", "--truth",
+                                            truth_path});
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
-  usleep(300 * 1000);
+  ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"").ok()) << (*k)->err();
   ASSERT_EQ(kill((*k)->pid(), SIGINT), 0);
   auto r = (*k)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
