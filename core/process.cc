@@ -303,6 +303,19 @@ absl::Status Process::Cont(pid_t tid, int sig) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<pid_t> Process::WaitAny(int& status) {
+  for (;;) {
+    const pid_t tid = ::waitpid(-1, &status, __WALL);
+    if (tid >= 0) {
+      return tid;
+    }
+    const int err = errno;
+    if (err != EINTR) {
+      return SyscallError(err, "waitpid");
+    }
+  }
+}
+
 bool Process::Adopt(pid_t tid, int status) {
   if (threads_.contains(tid) || tid == pid_) {
     return true;
@@ -355,8 +368,8 @@ absl::Status Process::HandleFork(pid_t parent) {
   proc->detached_ = true;
   ++forks_;
   if (!cleaned.ok()) {
-    return absl::Status(cleaned.code(), absl::StrCat("cleaning up forked child ", child, ": ",
-                                                     cleaned.message()));
+    return absl::Status(cleaned.code(),
+                        absl::StrCat("cleaning up forked child ", child, ": ", cleaned.message()));
   }
   return absl::OkStatus();
 }
@@ -544,14 +557,7 @@ absl::Status Process::StopAll() {
       break;
     }
     int status = 0;
-    const pid_t tid = ::waitpid(-1, &status, __WALL);
-    if (tid < 0) {
-      const int err = errno;
-      if (err == EINTR) {
-        continue;
-      }
-      return SyscallError(err, "waitpid");
-    }
+    KW_ASSIGN_OR_RETURN(const pid_t tid, WaitAny(status));
     if (!Adopt(tid, status)) {
       continue;
     }
@@ -724,14 +730,7 @@ absl::Status Process::RunToEntry() {
   std::vector<ProcessEvent>& events = pending_events_;
   while (alive()) {
     int status = 0;
-    const pid_t tid = ::waitpid(-1, &status, __WALL);
-    if (tid < 0) {
-      const int err = errno;
-      if (err == EINTR) {
-        continue;
-      }
-      return SyscallError(err, "waitpid");
-    }
+    KW_ASSIGN_OR_RETURN(const pid_t tid, WaitAny(status));
     if (tid == pid_ && WIFSTOPPED(status) && (status >> 16) == 0 && WSTOPSIG(status) == SIGTRAP) {
       KW_ASSIGN_OR_RETURN(user_regs_struct regs, GetRegs(pid_));
       if (regs.rip == entry + 1) {

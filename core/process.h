@@ -71,8 +71,6 @@ class SignalInterceptor {
   virtual absl::Status OnFork(Process& /*child*/) { return absl::OkStatus(); }
 };
 
-
-
 struct LaunchOptions {
   bool kill_on_exit = true;  // PTRACE_O_EXITKILL: the target dies if kwatch dies
 };
@@ -186,6 +184,8 @@ class Process {
   // Whether a wait status of `tid` concerns this process (adopting threads not seen yet);
   // false for a forked child's first stop (kept in foreign_stops_).
   bool Adopt(pid_t tid, int status);
+  // Blocks for the next wait status of any child or tracee (EINTR retried).
+  static absl::StatusOr<pid_t> WaitAny(int& status);
   // PTRACE_EVENT_FORK of `parent`: cleans the child up through the interceptor, detaches it.
   absl::Status HandleFork(pid_t parent);
 

@@ -3,42 +3,9 @@
 #include <Zydis/Zydis.h>
 
 #include "absl/strings/str_format.h"
+#include "core/zydis_context.h"
 
 namespace kwatch::core {
-
-namespace {
-
-void FillContext(const user_regs_struct& r, ZydisRegisterContext& ctx) {
-  auto& v = ctx.values;
-  v[ZYDIS_REGISTER_RAX] = r.rax;
-  v[ZYDIS_REGISTER_RBX] = r.rbx;
-  v[ZYDIS_REGISTER_RCX] = r.rcx;
-  v[ZYDIS_REGISTER_RDX] = r.rdx;
-  v[ZYDIS_REGISTER_RSI] = r.rsi;
-  v[ZYDIS_REGISTER_RDI] = r.rdi;
-  v[ZYDIS_REGISTER_RBP] = r.rbp;
-  v[ZYDIS_REGISTER_RSP] = r.rsp;
-  v[ZYDIS_REGISTER_R8] = r.r8;
-  v[ZYDIS_REGISTER_R9] = r.r9;
-  v[ZYDIS_REGISTER_R10] = r.r10;
-  v[ZYDIS_REGISTER_R11] = r.r11;
-  v[ZYDIS_REGISTER_R12] = r.r12;
-  v[ZYDIS_REGISTER_R13] = r.r13;
-  v[ZYDIS_REGISTER_R14] = r.r14;
-  v[ZYDIS_REGISTER_R15] = r.r15;
-  v[ZYDIS_REGISTER_RIP] = r.rip;
-  // 32-bit address-size forms (addr32 prefix) use the low halves.
-  v[ZYDIS_REGISTER_EAX] = r.rax & 0xffffffffu;
-  v[ZYDIS_REGISTER_EBX] = r.rbx & 0xffffffffu;
-  v[ZYDIS_REGISTER_ECX] = r.rcx & 0xffffffffu;
-  v[ZYDIS_REGISTER_EDX] = r.rdx & 0xffffffffu;
-  v[ZYDIS_REGISTER_ESI] = r.rsi & 0xffffffffu;
-  v[ZYDIS_REGISTER_EDI] = r.rdi & 0xffffffffu;
-  v[ZYDIS_REGISTER_EBP] = r.rbp & 0xffffffffu;
-  v[ZYDIS_REGISTER_ESP] = r.rsp & 0xffffffffu;
-}
-
-}  // namespace
 
 absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64_t rip,
                                            const user_regs_struct& regs) {
@@ -59,7 +26,7 @@ absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64
     out.text = buf;
   }
   ZydisRegisterContext ctx{};
-  FillContext(regs, ctx);
+  FillZydisContext(regs, ctx);
   for (int i = 0; i < insn.operand_count; ++i) {
     const ZydisDecodedOperand& op = ops[i];
     if (op.type != ZYDIS_OPERAND_TYPE_MEMORY || op.mem.type == ZYDIS_MEMOP_TYPE_AGEN) {

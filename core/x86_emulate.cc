@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 
+#include "core/zydis_context.h"
+
 namespace kwatch::core {
 
 namespace {
@@ -141,45 +143,6 @@ bool HasRefusedPrefix(const ZydisDecodedInstruction& insn) {
   return false;
 }
 
-void FillContext(const user_regs_struct& r, ZydisRegisterContext& ctx) {
-  auto& v = ctx.values;
-  v[ZYDIS_REGISTER_RAX] = r.rax;
-  v[ZYDIS_REGISTER_RBX] = r.rbx;
-  v[ZYDIS_REGISTER_RCX] = r.rcx;
-  v[ZYDIS_REGISTER_RDX] = r.rdx;
-  v[ZYDIS_REGISTER_RSI] = r.rsi;
-  v[ZYDIS_REGISTER_RDI] = r.rdi;
-  v[ZYDIS_REGISTER_RBP] = r.rbp;
-  v[ZYDIS_REGISTER_RSP] = r.rsp;
-  v[ZYDIS_REGISTER_R8] = r.r8;
-  v[ZYDIS_REGISTER_R9] = r.r9;
-  v[ZYDIS_REGISTER_R10] = r.r10;
-  v[ZYDIS_REGISTER_R11] = r.r11;
-  v[ZYDIS_REGISTER_R12] = r.r12;
-  v[ZYDIS_REGISTER_R13] = r.r13;
-  v[ZYDIS_REGISTER_R14] = r.r14;
-  v[ZYDIS_REGISTER_R15] = r.r15;
-  v[ZYDIS_REGISTER_RIP] = r.rip;
-  // addr32 forms use the low halves.
-  v[ZYDIS_REGISTER_EAX] = LowBits(r.rax, 32);
-  v[ZYDIS_REGISTER_EBX] = LowBits(r.rbx, 32);
-  v[ZYDIS_REGISTER_ECX] = LowBits(r.rcx, 32);
-  v[ZYDIS_REGISTER_EDX] = LowBits(r.rdx, 32);
-  v[ZYDIS_REGISTER_ESI] = LowBits(r.rsi, 32);
-  v[ZYDIS_REGISTER_EDI] = LowBits(r.rdi, 32);
-  v[ZYDIS_REGISTER_EBP] = LowBits(r.rbp, 32);
-  v[ZYDIS_REGISTER_ESP] = LowBits(r.rsp, 32);
-  v[ZYDIS_REGISTER_R8D] = LowBits(r.r8, 32);
-  v[ZYDIS_REGISTER_R9D] = LowBits(r.r9, 32);
-  v[ZYDIS_REGISTER_R10D] = LowBits(r.r10, 32);
-  v[ZYDIS_REGISTER_R11D] = LowBits(r.r11, 32);
-  v[ZYDIS_REGISTER_R12D] = LowBits(r.r12, 32);
-  v[ZYDIS_REGISTER_R13D] = LowBits(r.r13, 32);
-  v[ZYDIS_REGISTER_R14D] = LowBits(r.r14, 32);
-  v[ZYDIS_REGISTER_R15D] = LowBits(r.r15, 32);
-  v[ZYDIS_REGISTER_EIP] = LowBits(r.rip, 32);
-}
-
 // The absolute address of a plain memory operand; nullopt for segments other than the
 // default ds/ss and fs/gs, or when Zydis cannot compute it.
 std::optional<uint64_t> EffectiveAddress(const ZydisDecodedInstruction& insn,
@@ -201,7 +164,7 @@ std::optional<uint64_t> EffectiveAddress(const ZydisDecodedInstruction& insn,
       return std::nullopt;
   }
   ZydisRegisterContext ctx{};
-  FillContext(regs, ctx);
+  FillZydisContext(regs, ctx);
   uint64_t ea = 0;
   if (!ZYAN_SUCCESS(ZydisCalcAbsoluteAddressEx(&insn, &op, regs.rip, &ctx, &ea))) {
     return std::nullopt;
