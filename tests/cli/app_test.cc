@@ -356,6 +356,31 @@ TEST(KwatchLaunch, ExecEndsTheWatchesAndTheNewImageRunsUntouched) {
   EXPECT_EQ(run.summary["exit_code"], 1);
 }
 
+TEST(KwatchLaunch, JobControlStopAndContinueKeepCountsExact) {
+  const std::string truth_path = TruthFile("jobctl");
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "--write", "g_stats.hits", "--",
+                                            TargetPath("field_writer"), "2", "3000", "--truth",
+                                            truth_path});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  std::ifstream children(absl::StrCat("/proc/", (*k)->pid(), "/task/", (*k)->pid(), "/children"));
+  int target = 0;
+  children >> target;
+  ASSERT_GT(target, 0);
+  ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"").ok()) << (*k)->err();
+  ASSERT_EQ(kill(target, SIGSTOP), 0);
+  ASSERT_TRUE((*k)->WaitForStderr("stopped by STOP").ok()) << (*k)->err();
+  usleep(200 * 1000);
+  ASSERT_EQ(kill(target, SIGCONT), 0);
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  const JsonRun run = ParseJsonLines(r->out);
+  EXPECT_EQ(run.summary["events"], 6000);
+  EXPECT_EQ(run.summary["stop_reason"], "target exited");
+  EXPECT_EQ(ReadTruth(truth_path).size(), 2u);
+}
+
 TEST(KwatchAttach, CountsExactlyOnARunningProcess) {
   const std::string truth_path = TruthFile("attach");
   auto target = kwatch::testing::Spawned::Start(
