@@ -274,8 +274,12 @@ TEST(KwatchLaunch, ExactOldAndNewValuesInPageMode) {
   EXPECT_EQ(run.summary["backend"], "page");
 }
 
-TEST(KwatchLaunch, CtrlCStopsCleanlyAndLeavesTheTargetWorking) {
-  const std::string truth_path = TruthFile("sigint");
+// Ctrl-C, SIGTERM and SIGHUP all stop kwatch cleanly, and the target keeps working.
+class KwatchStopSignal : public ::testing::TestWithParam<int> {};
+
+TEST_P(KwatchStopSignal, StopsCleanlyAndLeavesTheTargetWorking) {
+  const int sig = GetParam();
+  const std::string truth_path = TruthFile(absl::StrCat("stop", sig));
   std::remove(truth_path.c_str());
   auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "--rw", "g_stats.hits", "--",
                                             TargetPath("field_writer"), "2", "400000", "--truth",
@@ -283,12 +287,12 @@ TEST(KwatchLaunch, CtrlCStopsCleanlyAndLeavesTheTargetWorking) {
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"").ok()) << (*k)->err();
-  ASSERT_EQ(kill((*k)->pid(), SIGINT), 0);
+  ASSERT_EQ(kill((*k)->pid(), sig), 0);
   auto r = (*k)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 0) << r->err;
   const JsonRun run = ParseJsonLines(r->out);
-  EXPECT_EQ(run.summary["stop_reason"], "interrupted by INT");
+  EXPECT_EQ(run.summary["stop_reason"], absl::StrCat("interrupted by ", sigabbrev_np(sig)));
   EXPECT_GT(run.summary["events"].get<long>(), 0);
   EXPECT_THAT(r->err, HasSubstr("keeps running"));
   // Unwatched and untraced now, the target finishes its work and writes its ground truth:
@@ -298,6 +302,11 @@ TEST(KwatchLaunch, CtrlCStopsCleanlyAndLeavesTheTargetWorking) {
   }
   EXPECT_EQ(ReadTruth(truth_path).size(), 2u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Signals, KwatchStopSignal, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(sigabbrev_np(info.param));
+                         });
 
 TEST(KwatchLaunch, WholeStructInPageModeCountsEachField) {
   const std::string truth_path = TruthFile("struct");
