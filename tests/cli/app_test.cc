@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -506,16 +507,24 @@ TEST(KwatchErrors, TracingWithoutPermissionNamesTheCapability) {
   auto target = kwatch::testing::Spawned::Start({TargetPath("field_writer"), "1", "1", "--wait"});
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  // The build tree may not be reachable by nobody (a checkout under /root): run a copy.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("kwatch-nobody-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path copy = dir / "kwatch";
+  std::filesystem::copy_file(KwatchPath(), copy, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::permissions(dir, std::filesystem::perms(0755));
+  std::filesystem::permissions(copy, std::filesystem::perms(0755));
   int errp[2];
   ASSERT_EQ(pipe(errp), 0);
+  const std::string pid = absl::StrCat((*target)->pid());
+  const std::string kw = copy.string();
   const pid_t child = fork();
   if (child == 0) {
     dup2(errp[1], 2);
     if (setgid(65534) != 0 || setuid(65534) != 0) {
       _exit(99);
     }
-    const std::string pid = absl::StrCat((*target)->pid());
-    const std::string kw = KwatchPath();
     execl(kw.c_str(), kw.c_str(), "--write", "g_stats.hits", "-p", pid.c_str(), nullptr);
     _exit(98);
   }
@@ -533,6 +542,7 @@ TEST(KwatchErrors, TracingWithoutPermissionNamesTheCapability) {
   EXPECT_EQ(WEXITSTATUS(status), 1) << err;
   EXPECT_THAT(err, HasSubstr("needs root or CAP_SYS_PTRACE"));
   kill((*target)->pid(), SIGUSR1);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
