@@ -560,35 +560,52 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
   return cur;
 }
 
+// For '->' and '*': follows the pointer `cur` holds (read from the target), or takes the
+// first element of an array (a->m is a[0].m). `s` is cur's type without typedefs and
+// qualifiers. `void_pointer` and `not_pointer` end the messages for those two mistakes.
+namespace {
+
+absl::Status Dereference(const MemoryReader& read, const TypeRef& s, absl::string_view void_pointer,
+                         absl::string_view not_pointer, Cursor* cur) {
+  Dwarf_Die die = s.die;
+  const int tag = dwarf_tag(&die);
+  if (tag == DW_TAG_pointer_type) {
+    const std::optional<Dwarf_Die> pointee = TypeOf(die);
+    if (!pointee.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", cur->display, "' is a void pointer: ", void_pointer));
+    }
+    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
+    if (ptr == 0) {
+      return NullPointer(*cur);
+    }
+    cur->addr = ptr;
+    cur->type = TypeRef{*pointee, 0};
+    return absl::OkStatus();
+  }
+  if (tag == DW_TAG_array_type) {
+    const std::optional<TypeRef> elem = ArrayElement(s);
+    if (!elem.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is an array of void"));
+    }
+    cur->type = *elem;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", TypeName(cur->type),
+                                                 ", not a pointer: ", not_pointer));
+}
+
+}  // namespace
+
 absl::Status DwflSymbols::MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
   const bool arrow = step.kind == ExprStep::Kind::kArrow;
   TypeRef s = StripType(cur->type);
   int tag = dwarf_tag(&s.die);
   const std::string shown_type = TypeName(cur->type);
   if (arrow) {
-    if (tag == DW_TAG_pointer_type) {
-      const std::optional<Dwarf_Die> pointee = TypeOf(s.die);
-      if (!pointee.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "'", cur->display, "' is a void pointer: '->' needs a pointer to a struct or union"));
-      }
-      KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
-      if (ptr == 0) {
-        return NullPointer(*cur);
-      }
-      cur->addr = ptr;
-      cur->type = TypeRef{*pointee, 0};
-    } else if (tag == DW_TAG_array_type) {
-      const std::optional<TypeRef> elem = ArrayElement(s);
-      if (!elem.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is an array of void"));
-      }
-      cur->type = *elem;  // a->m is a[0].m
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
-                                                     ", not a pointer: use '", cur->display, ".",
-                                                     step.member, "'"));
-    }
+    KW_RETURN_IF_ERROR(Dereference(read, s, "'->' needs a pointer to a struct or union",
+                                   absl::StrCat("use '", cur->display, ".", step.member, "'"),
+                                   cur));
     s = StripType(cur->type);
     tag = dwarf_tag(&s.die);
   } else if (tag == DW_TAG_pointer_type) {
@@ -646,28 +663,8 @@ absl::Status DwflSymbols::Step(const ExprStep& step, const MemoryReader& read, C
   const int tag = dwarf_tag(&die);
   const std::string shown_type = TypeName(cur->type);
   if (step.kind == ExprStep::Kind::kDeref) {
-    if (tag == DW_TAG_pointer_type) {
-      const std::optional<Dwarf_Die> pointee = TypeOf(die);
-      if (!pointee.has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("'", cur->display, "' is a void pointer: '*' needs a typed pointer"));
-      }
-      KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
-      if (ptr == 0) {
-        return NullPointer(*cur);
-      }
-      cur->addr = ptr;
-      cur->type = TypeRef{*pointee, 0};
-    } else if (tag == DW_TAG_array_type) {
-      const std::optional<TypeRef> elem = ArrayElement(s);
-      if (!elem.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is an array of void"));
-      }
-      cur->type = *elem;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
-                                                     ", not a pointer: it cannot take '*'"));
-    }
+    KW_RETURN_IF_ERROR(
+        Dereference(read, s, "'*' needs a typed pointer", "it cannot take '*'", cur));
     cur->display = absl::StrCat("*", cur->display);
     return absl::OkStatus();
   }
