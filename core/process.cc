@@ -621,10 +621,14 @@ absl::Status Process::HandleClaimed() {
 }
 
 absl::StatusOr<int> Process::SingleStep(pid_t tid) {
-  if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
-    const int err = errno;
-    return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
-  }
+  const auto step = [tid]() -> absl::Status {
+    if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
+      const int err = errno;
+      return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
+    }
+    return absl::OkStatus();
+  };
+  KW_RETURN_IF_ERROR(step());
   for (;;) {
     int status = 0;
     const pid_t r = ::waitpid(tid, &status, __WALL);
@@ -658,19 +662,13 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
         }
       }
       // Claimed ones are dropped: the access that raised them runs again later.
-      if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
-        const int err = errno;
-        return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
-      }
+      KW_RETURN_IF_ERROR(step());
       continue;
     }
     if (event == PTRACE_EVENT_STOP && !IsStopSignal(sig)) {
       // An earlier PTRACE_INTERRUPT landed before the step: the step has not run yet.
       threads_[tid].interrupt_pending = false;
-      if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
-        const int err = errno;
-        return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
-      }
+      KW_RETURN_IF_ERROR(step());
       continue;
     }
     // A ptrace event (clone, exec, group stop) at the stepped instruction: recorded as

@@ -30,73 +30,11 @@ bool AllowSkip() {
 }
 
 absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, int timeout_s) {
-  int out_pipe[2];
-  int err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-    return absl::InternalError("pipe2 failed");
+  auto child = Spawned::Start(argv);
+  if (!child.ok()) {
+    return child.status();
   }
-  std::vector<char*> args;
-  args.reserve(argv.size() + 1);
-  for (const auto& a : argv) {
-    args.push_back(const_cast<char*>(a.c_str()));  // NOLINT
-  }
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    return absl::InternalError("fork failed");
-  }
-  if (pid == 0) {
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  RunResult result;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open_fds = 2;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  bool timed_out = false;
-  while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      kill(pid, SIGKILL);
-      break;
-    }
-    if (poll(fds, 2, static_cast<int>(left.count())) < 0) {
-      continue;
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP)) == 0) {
-        continue;
-      }
-      char buf[65536];
-      const ssize_t n = read(fds[i].fd, buf, sizeof(buf));
-      if (n <= 0) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-        continue;
-      }
-      (i == 0 ? result.out : result.err).append(buf, static_cast<size_t>(n));
-    }
-  }
-  for (auto& f : fds) {
-    if (f.fd >= 0) {
-      close(f.fd);
-    }
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (timed_out) {
-    return absl::DeadlineExceededError(absl::StrCat("timed out after ", timeout_s, "s; stdout:\n",
-                                                    result.out, "\nstderr:\n", result.err));
-  }
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  return (*child)->Finish(timeout_s);
 }
 
 absl::StatusOr<std::unique_ptr<Spawned>> Spawned::Start(const std::vector<std::string>& argv) {
@@ -200,8 +138,8 @@ absl::StatusOr<RunResult> Spawned::Finish(int timeout_s) {
   while (Pump(100)) {
     if (std::chrono::steady_clock::now() > deadline) {
       kill(pid_, SIGKILL);
-      return absl::DeadlineExceededError(
-          absl::StrCat("timed out; stdout:\n", result_.out, "\nstderr:\n", result_.err));
+      return absl::DeadlineExceededError(absl::StrCat("timed out after ", timeout_s, "s; stdout:\n",
+                                                      result_.out, "\nstderr:\n", result_.err));
     }
   }
   int status = 0;

@@ -245,22 +245,31 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
   }
 }
 
+std::span<const uint8_t> PageBackend::CodeAt(uint64_t rip) {
+  // Code does not change under a watch (kwatch patches none here): read it once per address.
+  auto cached = code_cache_.find(rip);
+  if (cached == code_cache_.end()) {
+    Code code;
+    code.size = code.bytes.size();
+    // The instruction may sit at the end of a mapping: read less if need be.
+    while (
+        code.size > 0 &&
+        !proc_.ReadMemory(core::RemoteAddr{rip}, std::span<uint8_t>(code.bytes.data(), code.size))
+             .ok()) {
+      code.size /= 2;
+    }
+    cached = code_cache_.emplace(rip, code).first;
+  }
+  return {cached->second.bytes.data(), cached->second.size};
+}
+
 absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) {
   if (!armed_) {
     return true;  // a late fault of a disarmed page: drop it, the access re-runs unprotected
   }
   KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
   const uint64_t rip = regs.rip;
-  // Code does not change under a watch (kwatch patches none here): read it once per address.
-  auto cached = code_cache_.find(rip);
-  if (cached == code_cache_.end()) {
-    std::array<uint8_t, 16> bytes{};
-    if (!proc_.ReadMemory(core::RemoteAddr{rip}, bytes).ok()) {
-      return false;
-    }
-    cached = code_cache_.emplace(rip, bytes).first;
-  }
-  const std::array<uint8_t, 16>& code = cached->second;
+  const std::span<const uint8_t> code = CodeAt(rip);
   auto decoded = core::DecodeAccess(code, rip, regs);
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;
@@ -288,14 +297,7 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
     return absl::OkStatus();
   }
   KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
-  uint8_t code[16] = {};
-  size_t code_len = sizeof(code);
-  // The instruction may sit at the end of a mapping: read less if need be.
-  while (code_len > 0 &&
-         !proc_.ReadMemory(core::RemoteAddr{regs.rip}, std::span<uint8_t>(code, code_len)).ok()) {
-    code_len /= 2;
-  }
-  auto decoded = core::DecodeAccess(std::span<const uint8_t>(code, code_len), regs.rip, regs);
+  auto decoded = core::DecodeAccess(CodeAt(regs.rip), regs.rip, regs);
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;
   Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -79,7 +80,13 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   // (queued SIGSEGVs); they are claimed and dropped, the instruction then runs unprotected.
   bool draining_ = false;
   std::vector<core::AccessEvent> events_;
-  absl::flat_hash_map<uint64_t, std::array<uint8_t, 16>> code_cache_;  // by instruction address
+  // Up to 16 bytes of code at an address (fewer at the end of a mapping), read once.
+  struct Code {
+    std::array<uint8_t, 16> bytes{};
+    size_t size = 0;
+  };
+  std::span<const uint8_t> CodeAt(uint64_t rip);
+  absl::flat_hash_map<uint64_t, Code> code_cache_;  // by instruction address
   uint64_t unrelated_ = 0;
   uint64_t emulated_ = 0;
   uint64_t stepped_ = 0;

@@ -113,6 +113,14 @@ std::map<int, long> CountByTid(const std::vector<json>& events, const std::strin
   return out;
 }
 
+// The program a running kwatch launched: its only child, found through /proc (0 if none).
+pid_t LaunchedTarget(pid_t kwatch) {
+  std::ifstream children(absl::StrCat("/proc/", kwatch, "/task/", kwatch, "/children"));
+  pid_t target = 0;
+  children >> target;
+  return target;
+}
+
 TEST(KwatchLaunch, EveryWriteOfAFieldPerThreadExactly) {
   const std::string truth_path = TruthFile("launch");
   const RunResult r = RunKwatch({"--write", "g_stats.hits", "--json", "--",
@@ -228,10 +236,7 @@ TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
                                             "--truth", TruthFile("killed")});
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
-  // The target is kwatch's only child: find it through /proc.
-  std::ifstream children(absl::StrCat("/proc/", (*k)->pid(), "/task/", (*k)->pid(), "/children"));
-  int target = 0;
-  children >> target;
+  const pid_t target = LaunchedTarget((*k)->pid());
   ASSERT_GT(target, 0);
   // Kill it once kwatch has seen it working (however loaded the machine is).
   ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"").ok()) << (*k)->err();
@@ -373,9 +378,7 @@ TEST(KwatchLaunch, JobControlStopAndContinueKeepCountsExact) {
                                             truth_path});
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
-  std::ifstream children(absl::StrCat("/proc/", (*k)->pid(), "/task/", (*k)->pid(), "/children"));
-  int target = 0;
-  children >> target;
+  const pid_t target = LaunchedTarget((*k)->pid());
   ASSERT_GT(target, 0);
   ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"").ok()) << (*k)->err();
   ASSERT_EQ(kill(target, SIGSTOP), 0);
