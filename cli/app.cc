@@ -10,7 +10,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -252,25 +251,6 @@ absl::StatusOr<int> Runner::Run() {
       info.stop_reason += "; target killed (--kill-on-exit)";
     } else {
       KW_RETURN_IF_ERROR(proc_.Detach());
-      if (std::getenv("KWATCH_DEBUG") != nullptr) {  // NOLINT(concurrency-mt-unsafe)
-        auto maps = proc_.Maps();
-        for (const auto& w : session_.watches()) {
-          if (maps.ok()) {
-            if (auto m = core::FindMapping(*maps, w.target.addr)) {
-              std::fprintf(stderr, "kwatch-debug: after detach %s is %s%s%s\n",
-                           w.target.display.c_str(), m->read ? "r" : "-", m->write ? "w" : "-",
-                           m->exec ? "x" : "-");
-            }
-          }
-        }
-        if (auto tids = proc_.ListThreads(); tids.ok()) {
-          for (pid_t t : *tids) {
-            std::fprintf(stderr, "kwatch-debug: tid %d SigPnd %s state %s\n", t,
-                         core::ProcStatusField(t, "SigPnd").c_str(),
-                         core::ProcStatusField(t, "State").c_str());
-          }
-        }
-      }
       std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", proc_.pid());
     }
   }
