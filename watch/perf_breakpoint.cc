@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
+#include "watch/perf_util.h"
 
 namespace kwatch::watch {
 
@@ -41,28 +42,6 @@ uint32_t BpType(drmgr::DrKind kind) {
       return HW_BREAKPOINT_RW;
   }
   return HW_BREAKPOINT_EMPTY;
-}
-
-// The first KiB of a small /proc or /sys file, without surrounding whitespace; empty when
-// it cannot be read.
-std::string ReadSmallFile(const char* path) {
-  core::UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    return {};
-  }
-  std::array<char, 1024> buf{};
-  const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-  if (n <= 0) {
-    return {};
-  }
-  return std::string(
-      absl::StripAsciiWhitespace(absl::string_view(buf.data(), static_cast<size_t>(n))));
-}
-
-// The current kernel.perf_event_paranoid, or "unknown".
-std::string ParanoidLevel() {
-  std::string value = ReadSmallFile("/proc/sys/kernel/perf_event_paranoid");
-  return value.empty() ? "unknown" : value;
 }
 
 std::string WhoText(const BreakpointRequest& req) {
@@ -93,33 +72,6 @@ std::string EinvalAdvice(const BreakpointRequest& req) {
          "counts as a kernel address";
 }
 
-// CPUs online now, from /sys/devices/system/cpu/online ("0-3,5"); falls back to
-// 0..nprocs-1.
-std::vector<int> OnlineCpus() {
-  std::vector<int> cpus;
-  const std::string text = ReadSmallFile("/sys/devices/system/cpu/online");
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    const std::vector<absl::string_view> ends = absl::StrSplit(part, '-');
-    int lo = 0;
-    int hi = 0;
-    if (ends.empty() || ends.size() > 2 || !absl::SimpleAtoi(ends.front(), &lo) ||
-        !absl::SimpleAtoi(ends.back(), &hi) || lo < 0 || hi < lo) {
-      cpus.clear();
-      break;
-    }
-    for (int c = lo; c <= hi; ++c) {
-      cpus.push_back(c);
-    }
-  }
-  if (cpus.empty()) {
-    const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-    for (long c = 0; c < (n > 0 ? n : 1); ++c) {
-      cpus.push_back(static_cast<int>(c));
-    }
-  }
-  return cpus;
-}
-
 // Opens one event of `attr` for req.tid on `cpu`, turning errno into advice.
 absl::StatusOr<core::UniqueFd> OpenOne(const perf_event_attr& attr, const BreakpointRequest& req,
                                        int cpu, bool show_cpu) {
@@ -140,11 +92,7 @@ absl::StatusOr<core::UniqueFd> OpenOne(const perf_event_attr& attr, const Breakp
   switch (err) {
     case EACCES:
     case EPERM:
-      return core::SyscallError(
-          err, call,
-          absl::StrCat("needs root, or CAP_PERFMON (Linux >= 5.8) / CAP_SYS_ADMIN, or "
-                       "`sysctl kernel.perf_event_paranoid=1` (now ",
-                       ParanoidLevel(), ")"));
+      return core::SyscallError(err, call, PerfPermissionAdvice());
     case ENOSPC:
       return core::SyscallError(
           err, call,

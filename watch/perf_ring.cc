@@ -178,4 +178,52 @@ size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) 
   return samples;
 }
 
+size_t PerfRing::DrainRecords(absl::FunctionRef<void(std::span<const uint8_t>)> on_record) {
+  size_t records = DrainRecordsOne(on_record);
+  for (PerfRing& r : joined_) {
+    records += r.DrainRecordsOne(on_record);
+  }
+  return records;
+}
+
+size_t PerfRing::DrainRecordsOne(absl::FunctionRef<void(std::span<const uint8_t>)> on_record) {
+  perf_event_mmap_page* meta = Meta(base_);
+  const uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+  const uint64_t start = meta->data_tail;
+  uint64_t tail = start;
+  const uint8_t* const data = base_ + page_size_;
+  const uint64_t size = data_size_;
+  const uint64_t mask = size - 1;
+  size_t records = 0;
+  while (head - tail >= sizeof(perf_event_header)) {
+    const uint64_t off = tail & mask;
+    const auto hdr = Load<perf_event_header>(data + off);
+    if (hdr.size < sizeof(perf_event_header)) {
+      tail = head;  // corrupt: nothing after this can be trusted
+      break;
+    }
+    if (hdr.size > head - tail) {
+      break;
+    }
+    const uint8_t* rec = data + off;
+    if (off + hdr.size > size) {
+      wrap_scratch_.resize(hdr.size);
+      const auto first = static_cast<size_t>(size - off);
+      std::memcpy(wrap_scratch_.data(), rec, first);
+      std::memcpy(wrap_scratch_.data() + first, data, hdr.size - first);
+      rec = wrap_scratch_.data();
+    }
+    if (hdr.type == PERF_RECORD_LOST && hdr.size >= kLostRecordSize) {
+      lost_ += Load<uint64_t>(rec + kLostCountOff);
+    }
+    on_record(std::span<const uint8_t>(rec, hdr.size));
+    ++records;
+    tail += hdr.size;
+  }
+  if (tail != start) {
+    __atomic_store_n(&meta->data_tail, tail, __ATOMIC_RELEASE);
+  }
+  return records;
+}
+
 }  // namespace kwatch::watch

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,12 @@ class PerfRing {
   // (samples are not merged by time across rings).
   size_t Drain(absl::FunctionRef<void(const PerfSample&)> on_sample);
 
+  // Consumes every complete record of any type and layout: calls `on_record` with the whole
+  // record, header included (records that wrap around the end of the buffer are reassembled
+  // into a scratch copy valid during the call). PERF_RECORD_LOST counts are added to lost()
+  // as well. Returns the number of records delivered. Joined rings are drained after this one.
+  size_t DrainRecords(absl::FunctionRef<void(std::span<const uint8_t> record)> on_record);
+
   // Samples the kernel reported lost (PERF_RECORD_LOST) so far, joined rings included.
   uint64_t lost() const;
 
@@ -62,6 +69,7 @@ class PerfRing {
  private:
   size_t DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample);
   size_t PendingOne() const;
+  size_t DrainRecordsOne(absl::FunctionRef<void(std::span<const uint8_t>)> on_record);
 
   PerfRing(core::UniqueMmap map, uint8_t* base, size_t page_size, size_t data_size)
       : map_(std::move(map)), base_(base), page_size_(page_size), data_size_(data_size) {}
@@ -71,7 +79,8 @@ class PerfRing {
   size_t page_size_ = 0;
   size_t data_size_ = 0;
   uint64_t lost_ = 0;
-  std::vector<PerfRing> joined_;  // other CPUs of the same event; usually empty
+  std::vector<uint8_t> wrap_scratch_;  // DrainRecords: a record that wraps, reassembled
+  std::vector<PerfRing> joined_;       // other CPUs of the same event; usually empty
 };
 
 }  // namespace kwatch::watch
