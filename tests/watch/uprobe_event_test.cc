@@ -5,7 +5,9 @@
 #include <libelf.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,21 +44,37 @@ uint64_t FileOffsetOf(const std::string& path, uint64_t vaddr) {
   return off;
 }
 
+// A uprobe opened with pid -1 is on the inode: every process running that file hits it,
+// including the same fixture run by another test at the same time (ctest -j). Each test
+// therefore probes its own copy of the target, a file no one else runs.
 struct TickProbe {
+  std::filesystem::path dir;
   std::string path;
   uint64_t offset = 0;
+
+  TickProbe() = default;
+  TickProbe(const TickProbe&) = delete;
+  TickProbe& operator=(const TickProbe&) = delete;
+  ~TickProbe() {
+    std::error_code ec;
+    if (!dir.empty()) {
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
 };
 
-TickProbe Tick() {
-  TickProbe t;
-  t.path = TargetPath("uprobe_loop");
+void Tick(TickProbe& t) {
+  char tmpl[] = "/tmp/kwatch-uprobe-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr) << "mkdtemp: " << std::strerror(errno);
+  t.dir = tmpl;
+  t.path = (t.dir / "uprobe_loop").string();
+  std::filesystem::copy_file(TargetPath("uprobe_loop"), t.path);
   auto syms = core::Symbols::ForFile(t.path);
   EXPECT_TRUE(syms.ok()) << syms.status();
   auto fn = (*syms)->FindFunction("tick");
   EXPECT_TRUE(fn.has_value());
   t.offset = FileOffsetOf(t.path, fn->start.value);
   EXPECT_NE(t.offset, 0u);
-  return t;
 }
 
 TEST(UprobeEvent, PmuIsFound) {
@@ -66,7 +84,8 @@ TEST(UprobeEvent, PmuIsFound) {
 }
 
 TEST(UprobeEvent, GlobalEntryProbeSeesEveryCallWithArguments) {
-  const TickProbe t = Tick();
+  TickProbe t;
+  Tick(t);
   auto ev = UprobeEvent::Open({.path = t.path, .file_offset = t.offset, .ring_pages = 512});
   ASSERT_TRUE(ev.ok()) << ev.status();
   // The probe is on the inode: a process started after it is opened is probed.
@@ -108,7 +127,8 @@ TEST(UprobeEvent, GlobalEntryProbeSeesEveryCallWithArguments) {
 }
 
 TEST(UprobeEvent, ReturnProbeSeesReturnValues) {
-  const TickProbe t = Tick();
+  TickProbe t;
+  Tick(t);
   auto ev = UprobeEvent::Open(
       {.path = t.path, .file_offset = t.offset, .is_return = true, .ring_pages = 512});
   ASSERT_TRUE(ev.ok()) << ev.status();
@@ -131,7 +151,8 @@ TEST(UprobeEvent, ReturnProbeSeesReturnValues) {
 }
 
 TEST(UprobeEvent, BadOffsetAndPathAreExplained) {
-  const TickProbe t = Tick();
+  TickProbe t;
+  Tick(t);
   auto missing = UprobeEvent::Open({.path = "/nonexistent/prog", .file_offset = 0x1000});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/prog"), std::string::npos)
