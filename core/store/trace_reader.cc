@@ -1,0 +1,572 @@
+#include "core/store/trace_reader.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "core/store/args_json.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+
+namespace kwatch::core {
+namespace {
+
+std::string ColumnText(sqlite3_stmt* s, int i) {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, i));
+  if (p == nullptr) {
+    return {};
+  }
+  return std::string(p, static_cast<size_t>(sqlite3_column_bytes(s, i)));
+}
+
+uint64_t ColumnU64(sqlite3_stmt* s, int i) { return FromSqlInt(sqlite3_column_int64(s, i)); }
+
+bool IsNull(sqlite3_stmt* s, int i) { return sqlite3_column_type(s, i) == SQLITE_NULL; }
+
+uint32_t ColumnCpu(sqlite3_stmt* s, int i) {
+  return IsNull(s, i) ? kUnknownCpu : static_cast<uint32_t>(sqlite3_column_int64(s, i));
+}
+
+// Lower time bound as a stored value: times are below 2^63, so unsigned order is signed order.
+int64_t FromBound(const std::optional<uint64_t>& from) {
+  if (!from.has_value()) {
+    return std::numeric_limits<int64_t>::min();
+  }
+  return static_cast<int64_t>(std::min<uint64_t>(*from, std::numeric_limits<int64_t>::max()));
+}
+int64_t ToBound(const std::optional<uint64_t>& to) {
+  if (!to.has_value()) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return static_cast<int64_t>(std::min<uint64_t>(*to, std::numeric_limits<int64_t>::max()));
+}
+
+bool IsCorruption(int rc) {
+  const int primary = rc & 0xff;
+  return primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB;
+}
+
+absl::Status NotARecording(const std::string& path, absl::string_view why) {
+  return absl::DataLossError(absl::StrCat("not a kwatch recording or corrupted: ", path, ": ", why));
+}
+
+uint32_t Be32(const unsigned char* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+// A SQLite file shorter than its header says was truncated (e.g. copied while incomplete).
+// SQLite itself would read the missing pages as zeros and report damage only when a query
+// reaches them; this names the cause at once. Skipped while a WAL file exists: a writer
+// killed in a checkpoint can leave the header ahead of the file, with the pages in the WAL.
+absl::Status CheckNotTruncated(const std::string& path, uint64_t size) {
+  struct stat wal {};
+  if (::stat((path + "-wal").c_str(), &wal) == 0) {
+    return absl::OkStatus();
+  }
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (!fd.valid()) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("open(", path, ")"));
+  }
+  unsigned char h[100] = {};
+  const ssize_t n = ::pread(fd.get(), h, sizeof(h), 0);
+  static constexpr char kMagic[] = "SQLite format 3";  // with its NUL: 16 bytes
+  if (n <= 0 || std::memcmp(h, kMagic, std::min<size_t>(static_cast<size_t>(n), 16)) != 0) {
+    return absl::OkStatus();  // not SQLite: SQLite's own checks decide
+  }
+  if (n < static_cast<ssize_t>(sizeof(h))) {
+    return NotARecording(path, absl::StrCat("truncated: ", n, " bytes, not even a header"));
+  }
+  const uint32_t raw_page_size = (uint32_t{h[16]} << 8) | h[17];
+  const uint64_t page_size = raw_page_size == 1 ? 65536 : raw_page_size;
+  const uint32_t change_counter = Be32(h + 24);
+  const uint64_t pages = Be32(h + 28);
+  const uint32_t valid_for = Be32(h + 92);
+  if (valid_for == change_counter && pages > 0 && size < pages * page_size) {
+    return NotARecording(path, absl::StrCat("truncated: ", size, " bytes, its header says ",
+                                            pages * page_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat(path, ": no such recording"));
+    }
+    return SyscallError(err, absl::StrCat("stat(", path, ")"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a kwatch recording: ", path, " (not a regular file)"));
+  }
+  KW_RETURN_IF_ERROR(CheckNotTruncated(path, static_cast<uint64_t>(st.st_size)));
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw,
+                                 SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
+                                 nullptr);
+  SqlitePtr db(raw);
+  if (rc != SQLITE_OK) {
+    return SqliteError(db.get(), rc, absl::StrCat("opening ", path));
+  }
+  // The file is untrusted input.
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, nullptr);
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0, nullptr);
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_ENABLE_VIEW, 0, nullptr);
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
+  sqlite3_busy_timeout(raw, 2000);
+  std::unique_ptr<TraceReader> r(new TraceReader(path, std::move(db)));
+  KW_RETURN_IF_ERROR(r->Load());
+  return r;
+}
+
+absl::Status TraceReader::ReadError(int rc) const {
+  if (IsCorruption(rc)) {
+    return NotARecording(path_, sqlite3_errmsg(db_.get()));
+  }
+  return SqliteError(db_.get(), rc, absl::StrCat("reading ", path_));
+}
+
+absl::StatusOr<SqliteStmtPtr> TraceReader::Prepare(const std::string& sql) const {
+  sqlite3_stmt* raw = nullptr;
+  const int rc = sqlite3_prepare_v2(db_.get(), sql.c_str(), static_cast<int>(sql.size()), &raw,
+                                    nullptr);
+  SqliteStmtPtr stmt(raw);
+  if (rc != SQLITE_OK) {
+    return ReadError(rc);
+  }
+  return stmt;
+}
+
+absl::Status TraceReader::Load() {
+  sqlite3* db = db_.get();
+  if (const int rc = sqlite3_exec(db, "PRAGMA trusted_schema=OFF; PRAGMA query_only=ON;"
+                                      "PRAGMA cell_size_check=ON;",
+                                  nullptr, nullptr, nullptr);
+      rc != SQLITE_OK) {
+    return ReadError(rc);
+  }
+  // The header first: the first read tells a SQLite file from anything else.
+  auto app_id = SqliteQueryInt(db, "PRAGMA application_id", path_);
+  if (!app_id.ok()) {
+    return NotARecording(path_, sqlite3_errmsg(db));
+  }
+  if (*app_id != kTraceApplicationId) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not a kwatch recording: %s (a SQLite database with application_id "
+                        "0x%08x, not 0x%08x 'kwdb')",
+                        path_, static_cast<uint32_t>(*app_id),
+                        static_cast<uint32_t>(kTraceApplicationId)));
+  }
+  auto version = SqliteQueryInt(db, "PRAGMA user_version", path_);
+  if (!version.ok()) {
+    return NotARecording(path_, sqlite3_errmsg(db));
+  }
+  if (*version > kTraceSchemaVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": recorded by a newer kwatch (schema ", *version,
+                     "); this kwatch reads schema <= ", kTraceSchemaVersion));
+  }
+  if (*version < 1) {
+    return NotARecording(path_, absl::StrCat("schema version ", *version));
+  }
+  for (absl::Status s : {LoadSession(), LoadWatches(), LoadSites(), LoadProbes()}) {
+    if (!s.ok()) {
+      // Missing tables or columns, or damage: either way not something we can read.
+      if (s.code() == absl::StatusCode::kDataLoss) {
+        return s;
+      }
+      return NotARecording(path_, s.message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceReader::LoadSession() {
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr stmt,
+      Prepare("SELECT command_line,pid,kernel,host,start_wall_ns,start_mono_ns,kwatch_version,"
+              "mode,backend,end_wall_ns,end_mono_ns,exit_status,exit_reason,lost_count,complete "
+              "FROM session"));
+  sqlite3_stmt* s = stmt.get();
+  const int rc = sqlite3_step(s);
+  if (rc == SQLITE_DONE) {
+    return NotARecording(path_, "no session record");
+  }
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  session_.command_line = ColumnText(s, 0);
+  session_.pid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
+  session_.kernel = ColumnText(s, 2);
+  session_.host = ColumnText(s, 3);
+  session_.start_wall_ns = ColumnU64(s, 4);
+  session_.start_mono_ns = ColumnU64(s, 5);
+  session_.kwatch_version = ColumnText(s, 6);
+  session_.mode = ColumnText(s, 7);
+  session_.backend = ColumnText(s, 8);
+  complete_ = sqlite3_column_int64(s, 14) != 0;
+  if (complete_) {
+    SessionEnd end;
+    end.end_wall_ns = ColumnU64(s, 9);
+    end.end_mono_ns = ColumnU64(s, 10);
+    if (!IsNull(s, 11)) {
+      end.exit_status = static_cast<int>(sqlite3_column_int64(s, 11));
+    }
+    end.exit_reason = ColumnText(s, 12);
+    end.lost_count = ColumnU64(s, 13);
+    end_ = std::move(end);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceReader::LoadWatches() {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr ws,
+                      Prepare("SELECT id,expr,address,length,kind,backend,coverage,type_name "
+                              "FROM watches ORDER BY id"));
+  absl::flat_hash_map<int64_t, size_t> by_id;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(ws.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = ws.get();
+    WatchRecord w;
+    w.id = static_cast<uint32_t>(sqlite3_column_int64(s, 0));
+    w.expr = ColumnText(s, 1);
+    w.address = RemoteAddr{ColumnU64(s, 2)};
+    w.length = ColumnU64(s, 3);
+    w.kind = ColumnText(s, 4);
+    w.backend = ColumnText(s, 5);
+    w.coverage = ColumnText(s, 6);
+    w.type_name = ColumnText(s, 7);
+    by_id[sqlite3_column_int64(s, 0)] = watches_.size();
+    watches_.push_back(std::move(w));
+  }
+  if (rc != SQLITE_DONE) {
+    return ReadError(rc);
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr fs,
+                      Prepare("SELECT watch_id,path,type_name,offset,size,bit_offset,bit_size,"
+                              "depth,is_leaf FROM fields ORDER BY watch_id,idx"));
+  while ((rc = sqlite3_step(fs.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = fs.get();
+    auto it = by_id.find(sqlite3_column_int64(s, 0));
+    if (it == by_id.end()) {
+      return NotARecording(path_, "a field of a watch that does not exist");
+    }
+    FieldLayout f;
+    f.path = ColumnText(s, 1);
+    f.type_name = ColumnText(s, 2);
+    f.offset = ColumnU64(s, 3);
+    f.size = ColumnU64(s, 4);
+    f.bit_offset = static_cast<uint32_t>(sqlite3_column_int64(s, 5));
+    f.bit_size = static_cast<uint32_t>(sqlite3_column_int64(s, 6));
+    f.depth = static_cast<int>(sqlite3_column_int64(s, 7));
+    f.is_leaf = sqlite3_column_int64(s, 8) != 0;
+    watches_[it->second].fields.push_back(std::move(f));
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+absl::Status TraceReader::LoadSites() {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare("SELECT ip,function,offset,file,line,disassembly FROM sites"));
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    SiteRecord site;
+    site.ip = RemoteAddr{ColumnU64(s, 0)};
+    site.function = ColumnText(s, 1);
+    site.offset = ColumnU64(s, 2);
+    site.file = ColumnText(s, 3);
+    site.line = static_cast<int>(sqlite3_column_int64(s, 4));
+    site.disassembly = ColumnText(s, 5);
+    sites_.push_back(std::move(site));
+  }
+  if (rc != SQLITE_DONE) {
+    return ReadError(rc);
+  }
+  std::sort(sites_.begin(), sites_.end(),
+            [](const SiteRecord& a, const SiteRecord& b) { return a.ip < b.ip; });
+  return absl::OkStatus();
+}
+
+absl::Status TraceReader::LoadProbes() {
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr stmt,
+      Prepare("SELECT id,event,spec,address,function,file,line,is_return FROM probes ORDER BY id"));
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    ProbeRecord p;
+    p.id = static_cast<uint32_t>(sqlite3_column_int64(s, 0));
+    p.event = ColumnText(s, 1);
+    p.spec = ColumnText(s, 2);
+    p.address = RemoteAddr{ColumnU64(s, 3)};
+    p.function = ColumnText(s, 4);
+    p.file = ColumnText(s, 5);
+    p.line = static_cast<int>(sqlite3_column_int64(s, 6));
+    p.is_return = sqlite3_column_int64(s, 7) != 0;
+    probes_.push_back(std::move(p));
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+const SiteRecord* TraceReader::FindSite(RemoteAddr ip) const {
+  auto it = std::lower_bound(sites_.begin(), sites_.end(), ip,
+                             [](const SiteRecord& s, RemoteAddr a) { return s.ip < a; });
+  return it != sites_.end() && it->ip == ip ? &*it : nullptr;
+}
+
+absl::StatusOr<bool> TraceReader::InOrder(const char* column) const {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare(absl::StrCat("SELECT ", column, " FROM session")));
+  const int rc = sqlite3_step(stmt.get());
+  if (rc == SQLITE_DONE) {
+    return NotARecording(path_, "no session record");
+  }
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  return sqlite3_column_int64(stmt.get(), 0) != 0;
+}
+
+absl::StatusOr<int64_t> TraceReader::FirstRowidAtOrAfter(const char* table,
+                                                         uint64_t from_ns) const {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr min_stmt,
+                      Prepare(absl::StrCat("SELECT min(rowid) FROM ", table)));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr max_stmt,
+                      Prepare(absl::StrCat("SELECT max(rowid) FROM ", table)));
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr probe,
+      Prepare(absl::StrCat("SELECT rowid,time_ns FROM ", table,
+                           " WHERE rowid >= ?1 ORDER BY rowid LIMIT 1")));
+  int rc = sqlite3_step(min_stmt.get());
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  if (IsNull(min_stmt.get(), 0)) {
+    return 0;  // empty
+  }
+  rc = sqlite3_step(max_stmt.get());
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  int64_t lo = sqlite3_column_int64(min_stmt.get(), 0);
+  int64_t hi = sqlite3_column_int64(max_stmt.get(), 0);
+  const int64_t from = FromBound(from_ns);
+  // Invariant: rows below lo are earlier than from_ns; the answer is in [lo, hi + 1].
+  if (hi == std::numeric_limits<int64_t>::max()) {
+    return lo;  // cannot form hi + 1; scan from the start
+  }
+  ++hi;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    sqlite3_reset(probe.get());
+    sqlite3_bind_int64(probe.get(), 1, mid);
+    rc = sqlite3_step(probe.get());
+    if (rc == SQLITE_DONE) {
+      hi = mid;
+      continue;
+    }
+    if (rc != SQLITE_ROW) {
+      return ReadError(rc);
+    }
+    const int64_t rowid = sqlite3_column_int64(probe.get(), 0);
+    if (sqlite3_column_int64(probe.get(), 1) < from) {
+      lo = rowid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+absl::Status TraceReader::ForEachEvent(const EventFilter& filter,
+                                       absl::FunctionRef<bool(const AccessEvent&)> fn) const {
+  KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("events_in_order"));
+  std::string sql =
+      "SELECT time_ns,pid,tid,cpu,watch_id,ip,trap_ip,addr,len,access_addr,access_size,kind,"
+      "value,old_value,value_exact FROM events ";
+  int64_t start = std::numeric_limits<int64_t>::min();
+  if (in_order) {
+    // Rowid order is time order: start at the first row in range, no sort and no index.
+    if (filter.from_ns.has_value()) {
+      KW_ASSIGN_OR_RETURN(start, FirstRowidAtOrAfter("events", *filter.from_ns));
+    }
+    sql += "WHERE rowid >= ?1 ORDER BY rowid";
+  } else {
+    // Uses events_by_time when Finish created it; else SQLite sorts (in temporary files).
+    start = FromBound(filter.from_ns);
+    sql += "WHERE time_ns >= ?1 ORDER BY time_ns, rowid";
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
+  sqlite3_stmt* s = stmt.get();
+  sqlite3_bind_int64(s, 1, start);
+  const int64_t to = ToBound(filter.to_ns);
+  AccessEvent e;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    const int64_t t = sqlite3_column_int64(s, 0);
+    if (t > to) {
+      return absl::OkStatus();  // time order: nothing later matches
+    }
+    e.tid = static_cast<pid_t>(sqlite3_column_int64(s, 2));
+    e.watch_id = static_cast<uint32_t>(sqlite3_column_int64(s, 4));
+    if ((filter.tid.has_value() && e.tid != *filter.tid) ||
+        (filter.watch_id.has_value() && e.watch_id != *filter.watch_id)) {
+      continue;
+    }
+    e.time_ns = FromSqlInt(t);
+    e.pid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
+    e.cpu = ColumnCpu(s, 3);
+    e.ip = RemoteAddr{ColumnU64(s, 5)};
+    e.trap_ip = IsNull(s, 6) ? e.ip : RemoteAddr{ColumnU64(s, 6)};
+    e.addr = RemoteAddr{ColumnU64(s, 7)};
+    e.len = static_cast<uint32_t>(sqlite3_column_int64(s, 8));
+    e.access_addr = RemoteAddr{ColumnU64(s, 9)};
+    e.access_size = static_cast<uint32_t>(sqlite3_column_int64(s, 10));
+    const auto* kind = sqlite3_column_text(s, 11);
+    switch (kind != nullptr ? kind[0] : 0) {
+      case 'r':
+        e.kind = AccessKind::kRead;
+        break;
+      case 'w':
+        e.kind = AccessKind::kWrite;
+        break;
+      case 'x':
+        e.kind = AccessKind::kExec;
+        break;
+      default:
+        return NotARecording(path_, "an event of unknown kind");
+    }
+    e.value = IsNull(s, 12) ? std::nullopt : std::optional<uint64_t>(ColumnU64(s, 12));
+    e.old_value = IsNull(s, 13) ? std::nullopt : std::optional<uint64_t>(ColumnU64(s, 13));
+    e.value_exact = sqlite3_column_int64(s, 14) != 0;
+    if (!fn(e)) {
+      return absl::OkStatus();
+    }
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+absl::Status TraceReader::ForEachHit(const HitFilter& filter,
+                                     absl::FunctionRef<bool(const HitRecord&)> fn) const {
+  KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("hits_in_order"));
+  std::string sql = "SELECT time_ns,tid,cpu,probe_id,ip,is_return,args FROM hits ";
+  int64_t start = std::numeric_limits<int64_t>::min();
+  if (in_order) {
+    if (filter.from_ns.has_value()) {
+      KW_ASSIGN_OR_RETURN(start, FirstRowidAtOrAfter("hits", *filter.from_ns));
+    }
+    sql += "WHERE rowid >= ?1 ORDER BY rowid";
+  } else {
+    start = FromBound(filter.from_ns);
+    sql += "WHERE time_ns >= ?1 ORDER BY time_ns, rowid";
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
+  sqlite3_stmt* s = stmt.get();
+  sqlite3_bind_int64(s, 1, start);
+  const int64_t to = ToBound(filter.to_ns);
+  HitRecord h;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    const int64_t t = sqlite3_column_int64(s, 0);
+    if (t > to) {
+      return absl::OkStatus();
+    }
+    h.tid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
+    h.probe_id = static_cast<uint32_t>(sqlite3_column_int64(s, 3));
+    if ((filter.tid.has_value() && h.tid != *filter.tid) ||
+        (filter.probe_id.has_value() && h.probe_id != *filter.probe_id)) {
+      continue;
+    }
+    h.time_ns = FromSqlInt(t);
+    h.cpu = ColumnCpu(s, 2);
+    h.ip = RemoteAddr{ColumnU64(s, 4)};
+    h.is_return = sqlite3_column_int64(s, 5) != 0;
+    const auto* args = reinterpret_cast<const char*>(sqlite3_column_text(s, 6));
+    auto parsed = DecodeArgsJson(
+        args == nullptr ? absl::string_view("{}")
+                        : absl::string_view(args, static_cast<size_t>(sqlite3_column_bytes(s, 6))));
+    if (!parsed.ok()) {
+      return NotARecording(path_, parsed.status().message());
+    }
+    h.args = *std::move(parsed);
+    if (!fn(h)) {
+      return absl::OkStatus();
+    }
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) const {
+  std::string sql = "SELECT count(*) FROM events";
+  const bool filtered = filter.from_ns || filter.to_ns || filter.tid || filter.watch_id;
+  if (filtered) {
+    sql += " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
+           "(?4 IS NULL OR watch_id = ?4)";
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
+  sqlite3_stmt* s = stmt.get();
+  if (filtered) {
+    sqlite3_bind_int64(s, 1, FromBound(filter.from_ns));
+    sqlite3_bind_int64(s, 2, ToBound(filter.to_ns));
+    if (filter.tid) {
+      sqlite3_bind_int64(s, 3, *filter.tid);
+    }
+    if (filter.watch_id) {
+      sqlite3_bind_int64(s, 4, *filter.watch_id);
+    }
+  }
+  const int rc = sqlite3_step(s);
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
+}
+
+absl::StatusOr<uint64_t> TraceReader::CountHits(const HitFilter& filter) const {
+  std::string sql = "SELECT count(*) FROM hits";
+  const bool filtered = filter.from_ns || filter.to_ns || filter.tid || filter.probe_id;
+  if (filtered) {
+    sql += " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
+           "(?4 IS NULL OR probe_id = ?4)";
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
+  sqlite3_stmt* s = stmt.get();
+  if (filtered) {
+    sqlite3_bind_int64(s, 1, FromBound(filter.from_ns));
+    sqlite3_bind_int64(s, 2, ToBound(filter.to_ns));
+    if (filter.tid) {
+      sqlite3_bind_int64(s, 3, *filter.tid);
+    }
+    if (filter.probe_id) {
+      sqlite3_bind_int64(s, 4, *filter.probe_id);
+    }
+  }
+  const int rc = sqlite3_step(s);
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
+}
+
+}  // namespace kwatch::core

@@ -1,0 +1,110 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/event.h"
+#include "core/remote_addr.h"
+#include "core/store/sqlite_handle.h"
+#include "core/store/trace_records.h"
+
+namespace kwatch::core {
+
+// Which events to read. Times are CLOCK_MONOTONIC ns, both bounds inclusive; an unset field
+// does not filter.
+struct EventFilter {
+  std::optional<uint64_t> from_ns;
+  std::optional<uint64_t> to_ns;
+  std::optional<pid_t> tid;
+  std::optional<uint32_t> watch_id;
+};
+
+// Which probe hits to read (as EventFilter).
+struct HitFilter {
+  std::optional<uint64_t> from_ns;
+  std::optional<uint64_t> to_ns;
+  std::optional<pid_t> tid;
+  std::optional<uint32_t> probe_id;
+};
+
+// Reads a recording written by TraceWriter, finished or not (a recording whose writer died
+// is readable up to its last committed batch, and complete() is false). The file is opened
+// read-only and untrusted: no extensions, no views or triggers, trusted_schema=OFF, and the
+// reader never checkpoints or otherwise modifies it.
+//
+// Open() loads the small tables (session, watches with fields, sites, probes); events and
+// hits are streamed from the file on each call, so a recording that is still being written
+// shows every batch committed so far. Not thread-safe: one thread at a time.
+class TraceReader {
+ public:
+  // Errors: NotFound naming the path if it does not exist; DataLoss "not a kwatch recording
+  // or corrupted: ..." for a non-SQLite, truncated or damaged file; InvalidArgument "not a
+  // kwatch recording" for a SQLite database of another application; FailedPrecondition
+  // "recorded by a newer kwatch (schema N); this kwatch reads schema <= 1".
+  static absl::StatusOr<std::unique_ptr<TraceReader>> Open(const std::string& path);
+
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+  ~TraceReader() = default;
+
+  const std::string& path() const { return path_; }
+  const SessionRecord& session() const { return session_; }
+  // False when the recording was cut short (the writer died before Finish).
+  bool complete() const { return complete_; }
+  // How it ended; nullopt when cut short.
+  const std::optional<SessionEnd>& end() const { return end_; }
+  const std::vector<WatchRecord>& watches() const { return watches_; }
+  // Sorted by ip (unsigned).
+  const std::vector<SiteRecord>& sites() const { return sites_; }
+  const SiteRecord* FindSite(RemoteAddr ip) const;
+  const std::vector<ProbeRecord>& probes() const { return probes_; }
+
+  // Calls `fn` for each matching event in time order (ties in recording order), streaming
+  // from the file; `fn` returns false to stop early. A corrupted file stops the stream with a
+  // DataLoss error after the events read before the damage were delivered.
+  // AccessEvent::trap_ip equals ip when the recording stored none.
+  absl::Status ForEachEvent(const EventFilter& filter,
+                            absl::FunctionRef<bool(const AccessEvent&)> fn) const;
+  absl::Status ForEachHit(const HitFilter& filter,
+                          absl::FunctionRef<bool(const HitRecord&)> fn) const;
+
+  // Number of matching events / hits committed so far.
+  absl::StatusOr<uint64_t> CountEvents(const EventFilter& filter = {}) const;
+  absl::StatusOr<uint64_t> CountHits(const HitFilter& filter = {}) const;
+
+ private:
+  TraceReader(std::string path, SqlitePtr db) : path_(std::move(path)), db_(std::move(db)) {}
+
+  absl::Status Load();
+  absl::Status LoadSession();
+  absl::Status LoadWatches();
+  absl::Status LoadSites();
+  absl::Status LoadProbes();
+  // DataLoss "not a kwatch recording or corrupted: <path>: <sqlite message>" for corruption,
+  // else the SQLite error with the path.
+  absl::Status ReadError(int rc) const;
+  // Whether rowid order of `table` is time order (read fresh: a live writer may change it).
+  absl::StatusOr<bool> InOrder(const char* column) const;
+  // The smallest rowid from which a scan of `table` (in time order by rowid) meets from_ns.
+  absl::StatusOr<int64_t> FirstRowidAtOrAfter(const char* table, uint64_t from_ns) const;
+  absl::StatusOr<SqliteStmtPtr> Prepare(const std::string& sql) const;
+
+  std::string path_;
+  SqlitePtr db_;
+  SessionRecord session_;
+  bool complete_ = false;
+  std::optional<SessionEnd> end_;
+  std::vector<WatchRecord> watches_;
+  std::vector<SiteRecord> sites_;
+  std::vector<ProbeRecord> probes_;
+};
+
+}  // namespace kwatch::core

@@ -1,0 +1,103 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/event.h"
+#include "core/remote_addr.h"
+#include "core/type_layout.h"
+
+// Plain records of a kwatch recording (`run.kwdb`), as TraceWriter stores them and
+// TraceReader returns them. The SQLite schema they map to is documented in docs/recording.md.
+
+namespace kwatch::core {
+
+// PRAGMA application_id of every recording: 'kwdb'.
+inline constexpr int32_t kTraceApplicationId = 0x6b776462;
+// PRAGMA user_version: the schema this kwatch writes, and the newest it reads.
+inline constexpr int32_t kTraceSchemaVersion = 1;
+
+// How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
+// of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.
+struct SessionRecord {
+  std::string command_line;    // the kwatch command line, as the user would retype it
+  pid_t pid = 0;               // target process (0: none, e.g. CPU-wide kernel watches)
+  std::string kernel;          // uname -r
+  std::string host;            // uname -n
+  uint64_t start_wall_ns = 0;  // CLOCK_REALTIME at start
+  uint64_t start_mono_ns = 0;  // CLOCK_MONOTONIC at start
+  std::string kwatch_version;  // e.g. "0.1.0"
+  std::string mode;            // "watch" or "probe"
+  std::string backend;         // e.g. "perf", "ptrace", "page", "int3"
+};
+
+// How the recording ended (written by TraceWriter::Finish).
+struct SessionEnd {
+  uint64_t end_wall_ns = 0;        // CLOCK_REALTIME at the end; 0 in Finish: now
+  uint64_t end_mono_ns = 0;        // CLOCK_MONOTONIC at the end; 0 in Finish: now
+  std::optional<int> exit_status;  // the target's exit status, when it exited
+  std::string exit_reason;         // e.g. "target exited", "interrupted (SIGINT)"
+  uint64_t lost_count = 0;         // events the backend reported lost (ring overflow)
+};
+
+// One watched object. `id` is AccessEvent::watch_id.
+struct WatchRecord {
+  uint32_t id = 0;
+  std::string expr;       // as the user wrote it, e.g. "cache->lines[3]"
+  RemoteAddr address;     // first watched byte
+  uint64_t length = 0;    // watched bytes
+  std::string kind;       // "r", "w", "rw" or "x"
+  std::string backend;    // backend that served this watch
+  std::string coverage;   // how the hardware covers it, e.g. "24 bytes: 3 exact 8-byte slots"
+  std::string type_name;  // C type of the object ("" if unknown)
+  std::vector<FieldLayout> fields;  // flattened layout (empty if unknown), in layout order
+};
+
+// A code address, symbolized once. `ip` is AccessEvent::ip or HitRecord::ip.
+struct SiteRecord {
+  RemoteAddr ip;
+  std::string function;  // "" when no symbol covers the address
+  uint64_t offset = 0;   // from the function's start
+  std::string file;      // "" when no line info
+  int line = 0;
+  std::string disassembly;  // AT&T text of the instruction ("" if not decoded)
+};
+
+// One probe point. `id` is HitRecord::probe_id.
+struct ProbeRecord {
+  uint32_t id = 0;
+  std::string event;  // event name, e.g. "handle_request"
+  std::string spec;   // as the user wrote it, e.g. "handle_request req->len:u32"
+  RemoteAddr address;
+  std::string function;
+  std::string file;
+  int line = 0;
+  bool is_return = false;
+};
+
+// One probe hit. Arguments keep their order; names need not be unique.
+struct HitRecord {
+  uint64_t time_ns = 0;  // CLOCK_MONOTONIC
+  pid_t tid = 0;
+  uint32_t cpu = kUnknownCpu;
+  uint32_t probe_id = 0;
+  RemoteAddr ip;
+  bool is_return = false;
+  std::vector<std::pair<std::string, std::string>> args;  // name -> formatted value
+
+  bool operator==(const HitRecord&) const = default;
+};
+
+// A session record for this host, now: kernel, host and both start clocks filled in.
+SessionRecord SessionRecordForThisHost();
+
+// CLOCK_REALTIME and CLOCK_MONOTONIC now, in nanoseconds.
+uint64_t WallClockNs();
+uint64_t MonotonicClockNs();
+
+}  // namespace kwatch::core

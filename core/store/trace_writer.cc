@@ -1,0 +1,695 @@
+#include "core/store/trace_writer.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "core/store/args_json.h"
+#include "core/store/wal_checkpointer.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+
+namespace kwatch::core {
+namespace {
+
+// Schema version 1 (docs/recording.md). Addresses and memory values are 64-bit patterns
+// stored as signed integers.
+constexpr char kSchemaSql[] = R"sql(
+CREATE TABLE session(
+  command_line TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  kernel TEXT NOT NULL,
+  host TEXT NOT NULL,
+  start_wall_ns INTEGER NOT NULL,
+  start_mono_ns INTEGER NOT NULL,
+  kwatch_version TEXT NOT NULL,
+  mode TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  end_wall_ns INTEGER,
+  end_mono_ns INTEGER,
+  exit_status INTEGER,
+  exit_reason TEXT,
+  event_count INTEGER NOT NULL DEFAULT 0,
+  hit_count INTEGER NOT NULL DEFAULT 0,
+  lost_count INTEGER,
+  events_in_order INTEGER NOT NULL DEFAULT 1,
+  hits_in_order INTEGER NOT NULL DEFAULT 1,
+  complete INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE watches(
+  id INTEGER PRIMARY KEY,
+  expr TEXT NOT NULL,
+  address INTEGER NOT NULL,
+  length INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  coverage TEXT NOT NULL,
+  type_name TEXT NOT NULL
+);
+CREATE TABLE fields(
+  watch_id INTEGER NOT NULL,
+  idx INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  type_name TEXT NOT NULL,
+  offset INTEGER NOT NULL,
+  size INTEGER NOT NULL,
+  bit_offset INTEGER NOT NULL,
+  bit_size INTEGER NOT NULL,
+  depth INTEGER NOT NULL,
+  is_leaf INTEGER NOT NULL,
+  PRIMARY KEY(watch_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE events(
+  time_ns INTEGER NOT NULL,
+  pid INTEGER NOT NULL,
+  tid INTEGER NOT NULL,
+  cpu INTEGER,
+  watch_id INTEGER NOT NULL,
+  ip INTEGER NOT NULL,
+  trap_ip INTEGER,
+  addr INTEGER NOT NULL,
+  len INTEGER NOT NULL,
+  access_addr INTEGER NOT NULL,
+  access_size INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  value INTEGER,
+  old_value INTEGER,
+  value_exact INTEGER NOT NULL
+);
+CREATE TABLE sites(
+  ip INTEGER PRIMARY KEY,
+  function TEXT NOT NULL,
+  offset INTEGER NOT NULL,
+  file TEXT NOT NULL,
+  line INTEGER NOT NULL,
+  disassembly TEXT NOT NULL
+);
+CREATE TABLE probes(
+  id INTEGER PRIMARY KEY,
+  event TEXT NOT NULL,
+  spec TEXT NOT NULL,
+  address INTEGER NOT NULL,
+  function TEXT NOT NULL,
+  file TEXT NOT NULL,
+  line INTEGER NOT NULL,
+  is_return INTEGER NOT NULL
+);
+CREATE TABLE hits(
+  time_ns INTEGER NOT NULL,
+  tid INTEGER NOT NULL,
+  cpu INTEGER,
+  probe_id INTEGER NOT NULL,
+  ip INTEGER NOT NULL,
+  is_return INTEGER NOT NULL,
+  args TEXT NOT NULL
+);
+)sql";
+
+// Removes `p` if it exists (never following a symlink); ENOENT is success.
+absl::Status RemoveIfPresent(const std::string& p) {
+  if (::unlink(p.c_str()) != 0) {
+    const int err = errno;
+    if (err != ENOENT) {
+      return SyscallError(err, absl::StrCat("unlink(", p, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Makes `path` a fresh empty regular file, mode 0600, created by us (O_EXCL|O_NOFOLLOW).
+absl::Status CreateFreshFile(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": is a symbolic link; refusing to write a recording through it"));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": exists and is not a regular file; refusing to replace it"));
+    }
+    KW_RETURN_IF_ERROR(RemoveIfPresent(path));
+  } else {
+    const int err = errno;
+    if (err != ENOENT) {
+      return SyscallError(err, absl::StrCat("lstat(", path, ")"));
+    }
+  }
+  // A stale WAL beside a new database would be replayed into it.
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+    KW_RETURN_IF_ERROR(RemoveIfPresent(path + suffix));
+  }
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("open(", path, ", O_CREAT|O_EXCL|O_NOFOLLOW)"));
+  }
+  if (::fchmod(fd.get(), 0600) != 0) {  // exactly 0600 whatever the umask
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("fchmod(", path, ", 0600)"));
+  }
+  return absl::OkStatus();
+}
+
+void BindU64(sqlite3_stmt* s, int i, uint64_t v) { sqlite3_bind_int64(s, i, ToSqlInt(v)); }
+
+void BindOptU64(sqlite3_stmt* s, int i, const std::optional<uint64_t>& v) {
+  if (v.has_value()) {
+    sqlite3_bind_int64(s, i, ToSqlInt(*v));
+  } else {
+    sqlite3_bind_null(s, i);
+  }
+}
+
+void BindCpu(sqlite3_stmt* s, int i, uint32_t cpu) {
+  if (cpu == kUnknownCpu) {
+    sqlite3_bind_null(s, i);
+  } else {
+    sqlite3_bind_int64(s, i, cpu);
+  }
+}
+
+void BindText(sqlite3_stmt* s, int i, absl::string_view t) {
+  sqlite3_bind_text(s, i, t.data(), static_cast<int>(t.size()), SQLITE_TRANSIENT);
+}
+
+constexpr int kEventColumns = 15;
+
+// Binds `e` to parameters base+1 ... base+kEventColumns.
+void BindEvent(sqlite3_stmt* s, int base, const AccessEvent& e) {
+  BindU64(s, base + 1, e.time_ns);
+  sqlite3_bind_int64(s, base + 2, e.pid);
+  sqlite3_bind_int64(s, base + 3, e.tid);
+  BindCpu(s, base + 4, e.cpu);
+  sqlite3_bind_int64(s, base + 5, e.watch_id);
+  BindU64(s, base + 6, e.ip.value);
+  if (e.trap_ip == e.ip) {
+    sqlite3_bind_null(s, base + 7);
+  } else {
+    BindU64(s, base + 7, e.trap_ip.value);
+  }
+  BindU64(s, base + 8, e.addr.value);
+  sqlite3_bind_int64(s, base + 9, e.len);
+  BindU64(s, base + 10, e.access_addr.value);
+  sqlite3_bind_int64(s, base + 11, e.access_size);
+  sqlite3_bind_text(s, base + 12, AccessKindLetter(e.kind).data(), 1, SQLITE_STATIC);
+  BindOptU64(s, base + 13, e.value);
+  BindOptU64(s, base + 14, e.old_value);
+  sqlite3_bind_int(s, base + 15, e.value_exact ? 1 : 0);
+}
+
+// "INSERT INTO events VALUES(?,...),(?,...)..." for `rows` rows.
+std::string InsertEventsSql(size_t rows) {
+  std::string sql = "INSERT INTO events VALUES";
+  for (size_t r = 0; r < rows; ++r) {
+    absl::StrAppend(&sql, r == 0 ? "" : ",", "(?");
+    for (int c = 1; c < kEventColumns; ++c) {
+      sql += ",?";
+    }
+    sql += ")";
+  }
+  return sql;
+}
+
+// Steps a statement that returns no rows and resets it.
+int StepDone(sqlite3_stmt* s) {
+  const int rc = sqlite3_step(s);
+  sqlite3_reset(s);
+  return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
+}
+
+}  // namespace
+
+TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size)
+    : path_(std::move(path)), db_(std::move(db)), batch_size_(std::max<size_t>(batch_size, 1)) {
+  events_.reserve(batch_size_);
+}
+
+absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path,
+                                                                  const SessionRecord& session,
+                                                                  size_t batch_size) {
+  KW_RETURN_IF_ERROR(CreateFreshFile(path));
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &raw,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
+      nullptr);
+  SqlitePtr db(raw);
+  if (rc != SQLITE_OK) {
+    return SqliteError(db.get(), rc, absl::StrCat("opening ", path));
+  }
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path, std::move(db), batch_size));
+  KW_RETURN_IF_ERROR(w->Init(session));
+  return w;
+}
+
+absl::Status TraceWriter::Error(int rc, const char* what) {
+  return SqliteError(db_.get(), rc, absl::StrCat(what, " ", path_));
+}
+
+absl::Status TraceWriter::Init(const SessionRecord& session) {
+  sqlite3* db = db_.get();
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
+  const std::string context = absl::StrCat("creating ", path_);
+  // Page size first: it is fixed once the first table exists.
+  KW_RETURN_IF_ERROR(SqliteExec(db,
+                                "PRAGMA page_size=16384;"
+                                "PRAGMA secure_delete=OFF;"
+                                "PRAGMA cache_size=-16384;",
+                                context));
+  KW_RETURN_IF_ERROR(SqliteExec(db, "BEGIN", context));
+  KW_RETURN_IF_ERROR(SqliteExec(db, kSchemaSql, context));
+  KW_RETURN_IF_ERROR(SqliteExec(
+      db,
+      absl::StrCat("PRAGMA application_id=", kTraceApplicationId,
+                   ";PRAGMA user_version=", kTraceSchemaVersion, ";")
+          .c_str(),
+      context));
+  {
+    KW_ASSIGN_OR_RETURN(
+        SqliteStmtPtr s,
+        SqlitePrepare(db,
+                      "INSERT INTO session(command_line,pid,kernel,host,start_wall_ns,"
+                      "start_mono_ns,kwatch_version,mode,backend) VALUES(?,?,?,?,?,?,?,?,?)",
+                      context));
+    sqlite3_stmt* st = s.get();
+    BindText(st, 1, session.command_line);
+    sqlite3_bind_int64(st, 2, session.pid);
+    BindText(st, 3, session.kernel);
+    BindText(st, 4, session.host);
+    BindU64(st, 5, session.start_wall_ns);
+    BindU64(st, 6, session.start_mono_ns);
+    BindText(st, 7, session.kwatch_version);
+    BindText(st, 8, session.mode);
+    BindText(st, 9, session.backend);
+    if (const int rc = StepDone(st); rc != SQLITE_OK) {
+      return SqliteError(db, rc, context);
+    }
+  }
+  KW_RETURN_IF_ERROR(SqliteExec(db, "COMMIT", context));
+  // WAL: committed batches survive a killed writer; NORMAL: no fsync per commit.
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr wal, SqlitePrepare(db, "PRAGMA journal_mode=WAL", context));
+  if (sqlite3_step(wal.get()) != SQLITE_ROW ||
+      absl::string_view(reinterpret_cast<const char*>(sqlite3_column_text(wal.get(), 0))) !=
+          "wal") {
+    return absl::InternalError(absl::StrCat(context, ": could not switch to WAL mode"));
+  }
+  wal.reset();
+  KW_RETURN_IF_ERROR(SqliteExec(db, "PRAGMA synchronous=NORMAL", context));
+  // Checkpoints run on their own thread: the writer never waits for their fsyncs.
+  sqlite3_busy_timeout(db, 5000);
+  KW_ASSIGN_OR_RETURN(checkpointer_, WalCheckpointer::Start(path_));
+  checkpointer_->Attach(db, kCheckpointPages);
+
+  KW_ASSIGN_OR_RETURN(begin_, SqlitePrepare(db, "BEGIN", context));
+  KW_ASSIGN_OR_RETURN(commit_, SqlitePrepare(db, "COMMIT", context));
+  KW_ASSIGN_OR_RETURN(insert_event_, SqlitePrepare(db, InsertEventsSql(1), context));
+  KW_ASSIGN_OR_RETURN(insert_events_,
+                      SqlitePrepare(db, InsertEventsSql(kEventsPerInsert), context));
+  KW_ASSIGN_OR_RETURN(insert_hit_,
+                      SqlitePrepare(db, "INSERT INTO hits VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
+  KW_ASSIGN_OR_RETURN(
+      insert_site_,
+      SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6)", context));
+  KW_ASSIGN_OR_RETURN(update_counts_,
+                      SqlitePrepare(db,
+                                    "UPDATE session SET event_count=?1, hit_count=?2, "
+                                    "events_in_order=?3, hits_in_order=?4",
+                                    context));
+  return absl::OkStatus();
+}
+
+TraceWriter::~TraceWriter() {
+  const bool healthy = !finished_ && error_.ok() && db_ != nullptr && Commit().ok();
+  (void)StopCheckpointer();
+  if (healthy) {
+    // Cut short but closed cleanly: still one file. Best effort.
+    sqlite3_exec(db_.get(), "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);
+  }
+}
+
+absl::Status TraceWriter::StopCheckpointer() {
+  if (checkpointer_ == nullptr) {
+    return absl::OkStatus();
+  }
+  if (db_ != nullptr) {
+    sqlite3_wal_hook(db_.get(), nullptr, nullptr);
+  }
+  absl::Status s = checkpointer_->Stop();
+  checkpointer_.reset();
+  return s;
+}
+
+absl::Status TraceWriter::Check() const {
+  if (!error_.ok()) {
+    return error_;
+  }
+  if (finished_) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": recording already finished"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::Fail(absl::Status s) {
+  if (error_.ok()) {
+    error_ = s;
+  }
+  return s;
+}
+
+absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
+  KW_RETURN_IF_ERROR(Check());
+  sqlite3* db = db_.get();
+  const std::string context = absl::StrCat("writing watch ", w.id, " to ", path_);
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr ws,
+                      SqlitePrepare(db, "INSERT INTO watches VALUES(?,?,?,?,?,?,?,?)", context));
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr fs,
+      SqlitePrepare(db, "INSERT INTO fields VALUES(?,?,?,?,?,?,?,?,?,?)", context));
+  if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
+    return Fail(SqliteError(db, rc, context));
+  }
+  int rc = SQLITE_OK;
+  sqlite3_stmt* s = ws.get();
+  sqlite3_bind_int64(s, 1, w.id);
+  BindText(s, 2, w.expr);
+  BindU64(s, 3, w.address.value);
+  BindU64(s, 4, w.length);
+  BindText(s, 5, w.kind);
+  BindText(s, 6, w.backend);
+  BindText(s, 7, w.coverage);
+  BindText(s, 8, w.type_name);
+  rc = StepDone(s);
+  for (size_t i = 0; rc == SQLITE_OK && i < w.fields.size(); ++i) {
+    const FieldLayout& f = w.fields[i];
+    s = fs.get();
+    sqlite3_bind_int64(s, 1, w.id);
+    sqlite3_bind_int64(s, 2, static_cast<int64_t>(i));
+    BindText(s, 3, f.path);
+    BindText(s, 4, f.type_name);
+    BindU64(s, 5, f.offset);
+    BindU64(s, 6, f.size);
+    sqlite3_bind_int64(s, 7, f.bit_offset);
+    sqlite3_bind_int64(s, 8, f.bit_size);
+    sqlite3_bind_int64(s, 9, f.depth);
+    sqlite3_bind_int(s, 10, f.is_leaf ? 1 : 0);
+    rc = StepDone(s);
+  }
+  if (rc == SQLITE_OK) {
+    rc = StepDone(commit_.get());
+  }
+  if (rc != SQLITE_OK) {
+    absl::Status st = SqliteError(db, rc, context);
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    // A duplicate id is the caller's mistake, not a broken file.
+    if ((rc & 0xff) == SQLITE_CONSTRAINT) {
+      return absl::InvalidArgumentError(st.message());
+    }
+    return Fail(st);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::AddProbe(const ProbeRecord& p) {
+  KW_RETURN_IF_ERROR(Check());
+  sqlite3* db = db_.get();
+  const std::string context = absl::StrCat("writing probe ", p.id, " to ", path_);
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr ps,
+                      SqlitePrepare(db, "INSERT INTO probes VALUES(?,?,?,?,?,?,?,?)", context));
+  sqlite3_stmt* s = ps.get();
+  sqlite3_bind_int64(s, 1, p.id);
+  BindText(s, 2, p.event);
+  BindText(s, 3, p.spec);
+  BindU64(s, 4, p.address.value);
+  BindText(s, 5, p.function);
+  BindText(s, 6, p.file);
+  sqlite3_bind_int64(s, 7, p.line);
+  sqlite3_bind_int(s, 8, p.is_return ? 1 : 0);
+  if (const int rc = StepDone(s); rc != SQLITE_OK) {
+    absl::Status st = SqliteError(db, rc, context);
+    if ((rc & 0xff) == SQLITE_CONSTRAINT) {
+      return absl::InvalidArgumentError(st.message());
+    }
+    return Fail(st);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::AddSite(const SiteRecord& s) {
+  KW_RETURN_IF_ERROR(Check());
+  if (site_ips_.insert(s.ip.value).second) {
+    sites_.push_back(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::Append(const AccessEvent& e) {
+  if (!error_.ok() || finished_) {
+    return Check();
+  }
+  events_.push_back(e);
+  if (events_.size() + hits_.size() >= batch_size_) {
+    return Commit();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::AppendHit(const HitRecord& h) {
+  if (!error_.ok() || finished_) {
+    return Check();
+  }
+  hits_.push_back(h);
+  if (events_.size() + hits_.size() >= batch_size_) {
+    return Commit();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::Flush() {
+  KW_RETURN_IF_ERROR(Check());
+  return Commit();
+}
+
+absl::Status TraceWriter::Commit() {
+  if (events_.empty() && hits_.empty() && sites_.empty()) {
+    return absl::OkStatus();
+  }
+  absl::Status s = WriteBatch();
+  if (s.ok() && checkpointer_ != nullptr) {
+    s = checkpointer_->error();
+    if (s.ok() && checkpointer_->wal_pages() >= kRestartPages) {
+      s = RestartWal();
+    }
+  }
+  events_.clear();
+  hits_.clear();
+  sites_.clear();
+  if (!s.ok()) {
+    sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+    return Fail(std::move(s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::RestartWal() {
+  // The checkpoint thread keeps up with what is committed but cannot make the WAL restart
+  // while commits follow each other faster than its checkpoints (each commit lands before the
+  // checkpoint finishes). A RESTART checkpoint from here copies the few pages it has not
+  // copied yet and restarts the WAL. Without waiting: if the checkpoint thread or a reader is
+  // in the way, it returns busy and the next commit tries again.
+  sqlite3* db = db_.get();
+  sqlite3_busy_timeout(db, 0);
+  const int rc = sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_RESTART, nullptr, nullptr);
+  sqlite3_busy_timeout(db, 5000);
+  if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY) {
+    return Error(rc, "checkpointing");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::WriteBatch() {
+  // Sort each batch by time, so that rowid order is time order as long as batches do not
+  // overlap in time.
+  auto by_time = [](const auto& a, const auto& b) { return a.time_ns < b.time_ns; };
+  if (!std::is_sorted(events_.begin(), events_.end(), by_time)) {
+    std::stable_sort(events_.begin(), events_.end(), by_time);
+  }
+  if (!std::is_sorted(hits_.begin(), hits_.end(), by_time)) {
+    std::stable_sort(hits_.begin(), hits_.end(), by_time);
+  }
+  bool events_in_order = events_in_order_;
+  bool hits_in_order = hits_in_order_;
+  if (!events_.empty() && events_committed_ > 0 && events_.front().time_ns < max_event_time_) {
+    events_in_order = false;
+  }
+  if (!hits_.empty() && hits_committed_ > 0 && hits_.front().time_ns < max_hit_time_) {
+    hits_in_order = false;
+  }
+
+  if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
+    return Error(rc, "writing to");
+  }
+  sqlite3_stmt* s = insert_site_.get();
+  for (const SiteRecord& site : sites_) {
+    BindU64(s, 1, site.ip.value);
+    BindText(s, 2, site.function);
+    BindU64(s, 3, site.offset);
+    BindText(s, 4, site.file);
+    sqlite3_bind_int64(s, 5, site.line);
+    BindText(s, 6, site.disassembly);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing sites to");
+    }
+  }
+  // Most events go kEventsPerInsert at a time (one statement step per chunk); the rest one by one.
+  size_t i = 0;
+  for (; i + kEventsPerInsert <= events_.size(); i += kEventsPerInsert) {
+    s = insert_events_.get();
+    for (size_t j = 0; j < kEventsPerInsert; ++j) {
+      BindEvent(s, static_cast<int>(j * kEventColumns), events_[i + j]);
+    }
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing events to");
+    }
+  }
+  s = insert_event_.get();
+  for (; i < events_.size(); ++i) {
+    BindEvent(s, 0, events_[i]);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing events to");
+    }
+  }
+  s = insert_hit_.get();
+  for (const HitRecord& h : hits_) {
+    BindU64(s, 1, h.time_ns);
+    sqlite3_bind_int64(s, 2, h.tid);
+    BindCpu(s, 3, h.cpu);
+    sqlite3_bind_int64(s, 4, h.probe_id);
+    BindU64(s, 5, h.ip.value);
+    sqlite3_bind_int(s, 6, h.is_return ? 1 : 0);
+    BindText(s, 7, EncodeArgsJson(h.args));
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing probe hits to");
+    }
+  }
+  const uint64_t events_total = events_committed_ + events_.size();
+  const uint64_t hits_total = hits_committed_ + hits_.size();
+  s = update_counts_.get();
+  BindU64(s, 1, events_total);
+  BindU64(s, 2, hits_total);
+  sqlite3_bind_int(s, 3, events_in_order ? 1 : 0);
+  sqlite3_bind_int(s, 4, hits_in_order ? 1 : 0);
+  if (const int rc = StepDone(s); rc != SQLITE_OK) {
+    return Error(rc, "writing to");
+  }
+  if (const int rc = StepDone(commit_.get()); rc != SQLITE_OK) {
+    return Error(rc, "committing to");
+  }
+  // Committed: only now does the in-memory state move on.
+  if (!events_.empty()) {
+    max_event_time_ = std::max(max_event_time_, events_.back().time_ns);
+  }
+  if (!hits_.empty()) {
+    max_hit_time_ = std::max(max_hit_time_, hits_.back().time_ns);
+  }
+  events_committed_ = events_total;
+  hits_committed_ = hits_total;
+  events_in_order_ = events_in_order;
+  hits_in_order_ = hits_in_order;
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::Finish(const SessionEnd& end) {
+  KW_RETURN_IF_ERROR(Check());
+  KW_RETURN_IF_ERROR(Commit());
+  sqlite3* db = db_.get();
+  const std::string context = absl::StrCat("finishing ", path_);
+  auto fail = [&](absl::Status s) {
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    return Fail(std::move(s));
+  };
+  if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
+    return fail(SqliteError(db, rc, context));
+  }
+  // Recordings whose batches overlap in time get an index, so that reading in time order
+  // needs no sort.
+  if (!events_in_order_) {
+    if (absl::Status s =
+            SqliteExec(db, "CREATE INDEX events_by_time ON events(time_ns)", context);
+        !s.ok()) {
+      return fail(s);
+    }
+  }
+  if (!hits_in_order_) {
+    if (absl::Status s = SqliteExec(db, "CREATE INDEX hits_by_time ON hits(time_ns)", context);
+        !s.ok()) {
+      return fail(s);
+    }
+  }
+  {
+    auto stmt = SqlitePrepare(db,
+                              "UPDATE session SET end_wall_ns=?1, end_mono_ns=?2, exit_status=?3, "
+                              "exit_reason=?4, lost_count=?5, complete=1",
+                              context);
+    if (!stmt.ok()) {
+      return fail(stmt.status());
+    }
+    sqlite3_stmt* s = stmt->get();
+    BindU64(s, 1, end.end_wall_ns != 0 ? end.end_wall_ns : WallClockNs());
+    BindU64(s, 2, end.end_mono_ns != 0 ? end.end_mono_ns : MonotonicClockNs());
+    if (end.exit_status.has_value()) {
+      sqlite3_bind_int64(s, 3, *end.exit_status);
+    } else {
+      sqlite3_bind_null(s, 3);
+    }
+    BindText(s, 4, end.exit_reason);
+    BindU64(s, 5, end.lost_count);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return fail(SqliteError(db, rc, context));
+    }
+  }
+  if (const int rc = StepDone(commit_.get()); rc != SQLITE_OK) {
+    return fail(SqliteError(db, rc, context));
+  }
+  finished_ = true;
+  begin_.reset();
+  commit_.reset();
+  insert_event_.reset();
+  insert_events_.reset();
+  insert_hit_.reset();
+  insert_site_.reset();
+  update_counts_.reset();
+  // Complete and committed. Now fold the WAL into the database and leave WAL mode.
+  KW_RETURN_IF_ERROR(Fail(StopCheckpointer()));
+  KW_RETURN_IF_ERROR(Fail(SqliteExec(db, "PRAGMA wal_checkpoint(TRUNCATE)", context)));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr mode, SqlitePrepare(db, "PRAGMA journal_mode=DELETE", context));
+  const int rc = sqlite3_step(mode.get());
+  if (rc != SQLITE_ROW) {
+    return Fail(SqliteError(db, rc, context));
+  }
+  const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(mode.get(), 0));
+  if (text == nullptr || absl::string_view(text) != "delete") {
+    return Fail(absl::UnavailableError(
+        absl::StrCat(context, ": recording complete, but still in WAL mode (another process has "
+                              "it open?)")));
+  }
+  mode.reset();
+  sqlite3* raw = db_.release();
+  if (const int crc = sqlite3_close(raw); crc != SQLITE_OK) {
+    absl::Status s = SqliteError(raw, crc, context);
+    sqlite3_close_v2(raw);
+    return Fail(s);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kwatch::core

@@ -1,0 +1,134 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/event.h"
+#include "core/remote_addr.h"
+#include "core/store/sqlite_handle.h"
+#include "core/store/trace_records.h"
+
+namespace kwatch::core {
+
+class WalCheckpointer;
+
+// Writes one recording (`kwatch ... -o run.kwdb`): a SQLite database in the schema of
+// docs/recording.md.
+//
+// Durability: events, hits and sites are buffered in memory and committed in one transaction
+// when `batch_size` events plus hits are pending, or on Flush(). The database is in WAL mode
+// with synchronous=NORMAL while recording, so a writer killed at any moment (SIGKILL) leaves a
+// readable recording holding every committed batch, marked cut short (complete = 0); it
+// loses only what was pending. Watches and probes are committed at once.
+// Finish() writes the end record, marks the recording complete, checkpoints and switches to
+// journal_mode=DELETE: a finished recording is one self-contained file.
+//
+// Checkpoints (copying the WAL into the database) run on a background thread with its own
+// connection (WalCheckpointer), so Append and Flush never wait for a checkpoint's fsyncs.
+//
+// Errors: a failed write (disk full, I/O error) returns a Status naming the path and SQLite's
+// message; the failed batch is dropped, the committed data stays readable, and every later
+// call returns the same error (the writer is dead).
+//
+// Owns its SQLite connection and the checkpoint thread. Not thread-safe: one thread calls
+// everything.
+class TraceWriter {
+ public:
+  static constexpr size_t kDefaultBatchSize = 8192;
+
+  // Creates the recording at `path` with mode 0600 (it holds target memory contents) and
+  // writes `session`. Refuses a path that is a symbolic link (also a dangling one) or
+  // anything but a regular file; an existing regular file at `path` is REPLACED (unlinked
+  // first, with any stale `path`-wal / -shm / -journal beside it). The parent directory must
+  // exist.
+  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(
+      const std::string& path, const SessionRecord& session,
+      size_t batch_size = kDefaultBatchSize);
+
+  // Without Finish(): commits what is pending and leaves WAL mode (best effort); the
+  // recording stays marked cut short.
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // Stores a watch (fields included) now. `w.id` must be unique.
+  absl::Status AddWatch(const WatchRecord& w);
+
+  // Stores a probe now. `p.id` must be unique.
+  absl::Status AddProbe(const ProbeRecord& p);
+
+  // Buffers a symbolized code address; later sites with an ip already added are ignored
+  // (one hash lookup).
+  absl::Status AddSite(const SiteRecord& s);
+  // Whether a site for `ip` was added: lets the caller symbolize each ip once.
+  bool HasSite(RemoteAddr ip) const { return site_ips_.contains(ip.value); }
+
+  // Buffers an event / a probe hit; commits when the batch is full. Events need not arrive
+  // in time order: each batch is sorted by time, and a recording whose batches overlap in time
+  // gets an index on time at Finish().
+  absl::Status Append(const AccessEvent& e);
+  absl::Status AppendHit(const HitRecord& h);
+
+  // Commits everything pending (no-op when nothing is). Call it about every 100 ms.
+  absl::Status Flush();
+
+  // Commits what is pending, stores `end` (zero clocks mean now), marks the recording complete,
+  // checkpoints, switches the file out of WAL mode and closes it. Later calls fail.
+  absl::Status Finish(const SessionEnd& end);
+
+  const std::string& path() const { return path_; }
+  uint64_t events_committed() const { return events_committed_; }
+  uint64_t hits_committed() const { return hits_committed_; }
+  size_t pending() const { return events_.size() + hits_.size(); }
+
+ private:
+  static constexpr size_t kEventsPerInsert = 32;
+  static constexpr int kCheckpointPages = 1024;  // 16 MiB of 16 KiB pages
+  static constexpr int kRestartPages = 4096;     // 64 MiB: the writer restarts the WAL
+
+  TraceWriter(std::string path, SqlitePtr db, size_t batch_size);
+
+  absl::Status Init(const SessionRecord& session);
+  absl::Status Commit();
+  absl::Status WriteBatch();
+  absl::Status Fail(absl::Status s);
+  absl::Status Check() const;
+  absl::Status Error(int rc, const char* what);
+  absl::Status StopCheckpointer();
+  absl::Status RestartWal();
+
+  std::string path_;
+  SqlitePtr db_;
+  size_t batch_size_;
+  std::unique_ptr<WalCheckpointer> checkpointer_;
+  absl::Status error_;  // sticky: the first failure
+  bool finished_ = false;
+
+  SqliteStmtPtr begin_;
+  SqliteStmtPtr commit_;
+  SqliteStmtPtr insert_event_;   // one row
+  SqliteStmtPtr insert_events_;  // kEventsPerInsert rows
+  SqliteStmtPtr insert_hit_;
+  SqliteStmtPtr insert_site_;
+  SqliteStmtPtr update_counts_;
+
+  std::vector<AccessEvent> events_;
+  std::vector<HitRecord> hits_;
+  std::vector<SiteRecord> sites_;
+  absl::flat_hash_set<uint64_t> site_ips_;
+
+  uint64_t events_committed_ = 0;
+  uint64_t hits_committed_ = 0;
+  uint64_t max_event_time_ = 0;  // latest committed event time
+  uint64_t max_hit_time_ = 0;
+  bool events_in_order_ = true;  // rowid order is time order
+  bool hits_in_order_ = true;
+};
+
+}  // namespace kwatch::core
