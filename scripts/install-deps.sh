@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libdw-dev libelf-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libzydis-dev libsqlite3-dev sqlite3 libcli11-dev nlohmann-json3-dev
+  libzydis-dev libsqlite3-dev sqlite3 libcli11-dev nlohmann-json3-dev libcairo2-dev
 )
 
 missing=()
