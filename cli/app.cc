@@ -21,10 +21,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "cli/output.h"
+#include "cli/report_cmd.h"
 #include "core/process.h"
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
 #include "core/unique_fd.h"
+#include "core/store/trace_writer.h"
+#include "watch/profile/storage_profile.h"
+#include "watch/recording.h"
 #include "watch/session.h"
 #include "watch/summary.h"
 
@@ -51,12 +55,39 @@ struct Options {
   bool quiet = false;
   bool kill_on_exit = false;
   std::string backend = "auto";
+  std::string output;        // -o: recording file
+  std::string command_line;  // as typed, for the recording
 };
 
 uint64_t MonotonicNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// argv as a user would retype it in a shell (arguments with spaces or quotes quoted).
+std::string CommandLine(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (i > 0) {
+      out += ' ';
+    }
+    if (!a.empty() && a.find_first_of(" \t'\"$\\") == absl::string_view::npos) {
+      absl::StrAppend(&out, a);
+    } else {
+      out += '\'';
+      for (char c : a) {
+        if (c == '\'') {
+          out += "'\\''";
+        } else {
+          out += c;
+        }
+      }
+      out += '\'';
+    }
+  }
+  return out;
 }
 
 void Error(const absl::Status& s) {
@@ -66,11 +97,13 @@ void Error(const absl::Status& s) {
 // The event loop: drains rings, follows the target, stops on count, duration or a signal.
 class Runner {
  public:
-  Runner(const Options& opts, core::Process& proc, watch::WatchSession& session, int sigfd)
+  Runner(const Options& opts, core::Process& proc, watch::WatchSession& session, int sigfd,
+         core::TraceWriter* writer)
       : opts_(opts),
         proc_(proc),
         session_(session),
         sigfd_(sigfd),
+        writer_(writer),
         summary_(session.watches()),
         printer_(stdout, opts.json, 0) {}
 
@@ -88,6 +121,9 @@ class Runner {
     return absl::OkStatus();
   }
   void DrainAll();
+  // Appends `ev` (and its site, once) to the recording; a failure stops the session.
+  void Record(const core::AccessEvent& ev);
+  void FlushRecording();
   absl::Status HandleChild();
   void Stop(std::string reason) {
     if (!stopped_) {
@@ -100,7 +136,10 @@ class Runner {
   core::Process& proc_;
   watch::WatchSession& session_;
   int sigfd_;
+  core::TraceWriter* writer_;  // -o, or nullptr
+  absl::Status record_error_;
   watch::Summary summary_;
+  std::optional<watch::StorageProfile> profile_;  // from the start of Run()
   EventPrinter printer_;
   core::UniqueFd epfd_;
   bool stopped_ = false;
@@ -119,12 +158,41 @@ void Runner::DrainAll() {
     }
     ++delivered_;
     summary_.Add(ev);
+    profile_->Add(ev);
+    Record(ev);
     if (!opts_.quiet) {
       printer_.Print(session_, summary_, ev);
     }
   });
   if (opts_.count > 0 && delivered_ >= opts_.count) {
     Stop(absl::StrCat("--count ", opts_.count, " reached"));
+  }
+}
+
+void Runner::Record(const core::AccessEvent& ev) {
+  if (writer_ == nullptr || !record_error_.ok()) {
+    return;
+  }
+  absl::Status s;
+  if (!writer_->HasSite(ev.ip)) {
+    s = writer_->AddSite(watch::SiteRecordFor(session_.symbolizer(), ev.ip));
+  }
+  if (s.ok()) {
+    s = writer_->Append(ev);
+  }
+  if (!s.ok()) {
+    record_error_ = s;
+    Stop(absl::StrCat("recording failed: ", s.message()));
+  }
+}
+
+void Runner::FlushRecording() {
+  if (writer_ == nullptr || !record_error_.ok()) {
+    return;
+  }
+  if (absl::Status s = writer_->Flush(); !s.ok()) {
+    record_error_ = s;
+    Stop(absl::StrCat("recording failed: ", s.message()));
   }
 }
 
@@ -179,6 +247,15 @@ absl::StatusOr<int> Runner::Run() {
   const uint64_t deadline_ns =
       opts_.duration > 0 ? start_ns + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   printer_ = EventPrinter(stdout, opts_.json, start_ns);
+  {
+    std::vector<watch::WatchedObject> objects;
+    for (const watch::Watch& w : session_.watches()) {
+      objects.push_back(watch::ObjectForWatch(w));
+    }
+    watch::ProfileOptions popts;
+    popts.start_ns = start_ns;
+    profile_.emplace(std::move(objects), popts);
+  }
   if (!opts_.quiet) {
     printer_.PrintHeader(session_);
   }
@@ -224,6 +301,7 @@ absl::StatusOr<int> Runner::Run() {
     }
     if (drain) {
       DrainAll();
+      FlushRecording();
     }
     if (deadline_ns != 0 && MonotonicNs() >= deadline_ns) {
       Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
@@ -255,8 +333,28 @@ absl::StatusOr<int> Runner::Run() {
     }
   }
   info.exit = proc_.exit_info();
+  if (writer_ != nullptr && record_error_.ok()) {
+    core::SessionEnd end;
+    if (info.exit.has_value()) {
+      end.exit_status = info.exit->ShellStatus();
+    }
+    end.exit_reason = info.stop_reason;
+    end.lost_count = info.lost;
+    if (absl::Status s = writer_->Finish(end); !s.ok()) {
+      Error(s);
+    } else {
+      std::fprintf(stderr, "kwatch: recorded %llu events to %s (kwatch report %s)\n",
+                   static_cast<unsigned long long>(writer_->events_committed()),
+                   writer_->path().c_str(), writer_->path().c_str());
+    }
+  } else if (!record_error_.ok()) {
+    std::fprintf(stderr,
+                 "kwatch: the recording %s holds the events committed before the failure; "
+                 "`kwatch report` reads it\n",
+                 opts_.output.c_str());
+  }
   std::fflush(stdout);
-  PrintSummary(stdout, opts_.json, session_, summary_, info);
+  PrintSummary(stdout, opts_.json, session_, summary_, *profile_, info);
   std::fflush(stdout);
   if (proc_.launched() && info.exit.has_value()) {
     return info.exit->ShellStatus();
@@ -326,7 +424,27 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   if (absl::Status s = (*session)->Arm(); !s.ok()) {
     return fail(s);
   }
-  Runner runner(opts, *proc, **session, sigfd.get());
+  std::unique_ptr<core::TraceWriter> writer;
+  if (!opts.output.empty()) {
+    core::SessionRecord rec = core::SessionRecordForThisHost();
+    rec.command_line = opts.command_line;
+    rec.pid = proc->pid();
+    rec.kwatch_version = KWATCH_VERSION;
+    rec.mode = "watch";
+    rec.backend = std::string(watch::BackendName((*session)->backend()));
+    auto w = core::TraceWriter::Create(opts.output, rec);
+    if (!w.ok()) {
+      return fail(w.status());
+    }
+    for (const watch::Watch& wt : (*session)->watches()) {
+      if (absl::Status s = (*w)->AddWatch(watch::WatchRecordFor(wt, (*session)->backend()));
+          !s.ok()) {
+        return fail(s);
+      }
+    }
+    writer = std::move(*w);
+  }
+  Runner runner(opts, *proc, **session, sigfd.get(), writer.get());
   auto code = runner.Run();
   if (!code.ok()) {
     return fail(code.status());
@@ -337,6 +455,9 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
 }  // namespace
 
 int Main(int argc, char** argv) {
+  if (argc > 1 && absl::string_view(argv[1]) == "report") {
+    return ReportMain(std::vector<std::string>(argv + 2, argv + argc));
+  }
   // Everything after the first "--" is the command to launch.
   std::vector<std::string> args;
   Options opts;
@@ -352,7 +473,9 @@ int Main(int argc, char** argv) {
   CLI::App app{
       "kwatch: watch memory with the processor's debug registers.\n\n"
       "  kwatch --write g_stats.hits -- ./server ARGS   launch a program and watch a field\n"
-      "  kwatch --rw 'cache->lines[3]' -p PID          attach to a running process\n\n"
+      "  kwatch --rw 'cache->lines[3]' -p PID          attach to a running process\n"
+      "  kwatch --rw g_stats -o run.kwdb -- ./prog      record; then `kwatch report run.kwdb`\n\n"
+      "Subcommands: `kwatch report FILE` (storage profile of a recording), see --help of each.\n"
       "Expressions: name, &name, name.field, name[3], ptr->field, 0xADDR, 0xADDR:LEN.\n"
       "With hardware breakpoints a watch covers 1, 2, 4 or 8 aligned bytes (one x86 debug\n"
       "register); with page protection (--backend page) any variable or structure, per field.",
@@ -380,6 +503,8 @@ int Main(int argc, char** argv) {
                  "traps, else page)")
       ->check(CLI::IsMember({"auto", "perf", "page"}))
       ->capture_default_str();
+  app.add_option("-o,--output", opts.output,
+                 "Record the session to FILE (SQLite; read it with `kwatch report FILE`)");
   app.add_flag("--json", opts.json, "Print JSON lines: one per event, then a summary object");
   app.add_flag("-q,--quiet", opts.quiet, "Print no live events, only the summary");
   app.add_flag(
@@ -390,6 +515,7 @@ int Main(int argc, char** argv) {
       "`sysctl kernel.perf_event_paranoid=1` for your own processes. Everything after `--` is\n"
       "the command to launch; kwatch exits with its exit status.");
 
+  opts.command_line = CommandLine(argc, argv);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "cli/profile_report.h"
 #include "core/symbolizer.h"
+#include <nlohmann/json.hpp>
 
 namespace kwatch::cli {
 
@@ -150,7 +152,13 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
 }
 
 void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watch::Summary& summary,
-                  const RunInfo& info) {
+                  const watch::StorageProfile& profile, const RunInfo& info) {
+  const SiteNamer namer = [&](core::RemoteAddr ip) {
+    const core::CodeLocation& loc = session.symbolizer().Locate(ip);
+    return SiteName{loc.function, loc.offset, loc.file, loc.line};
+  };
+  ReportRenderOptions ropts;
+  ropts.width = TerminalWidth(out);
   if (json) {
     std::string s = absl::StrFormat(
         "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
@@ -202,7 +210,9 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
       }
       s += "]}";
     }
-    s += "]}\n";
+    s += "],\"profile\":";
+    s += RenderJson(profile, namer, ropts).dump();
+    s += "}\n";
     std::fputs(s.c_str(), out);
     return;
   }
@@ -219,35 +229,14 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
                             ? "page protection (exact values)"
                             : "perf hardware breakpoint stream";
   for (const auto& w : session.watches()) {
-    const watch::WatchCounts& c = summary.counts(w.id);
-    absl::FPrintF(
-        out, "\nwatch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
-        w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
-        Hex(w.target.addr.value),
-        w.request.reads_only ? "read (read-write filtered)" : drmgr::DrKindName(w.request.kind),
-        backend);
-    absl::FPrintF(out, "  %-32s %10s %10s\n", "field", "reads", "writes");
-    for (const auto& [name, k] : Ranked(c.fields)) {
-      absl::FPrintF(out, "  %-32s %10d %10d\n", name, k.reads, k.writes);
-    }
-    absl::FPrintF(out, "  %-32s %10s %10s\n", "thread", "reads", "writes");
-    for (const auto& [tid, k] : Ranked(c.threads)) {
-      absl::FPrintF(out, "  %-32s %10d %10d\n", absl::StrCat("tid ", tid), k.reads, k.writes);
-    }
-    absl::FPrintF(out, "  top accessing lines:\n");
-    size_t n = 0;
-    for (const auto& [ip, k] : Ranked(c.sites)) {
-      if (n++ == kTopSites) {
-        break;
-      }
-      const core::CodeLocation& loc = session.symbolizer().Locate(ip);
-      absl::FPrintF(out, "  %10d  %-3s %s\n", k.total(),
-                    k.writes > 0 ? (k.reads > 0 ? "rw" : "w") : "r", SiteText(loc, ip));
-    }
-    if (c.sites.empty()) {
-      absl::FPrintF(out, "  (none)\n");
-    }
+    absl::FPrintF(out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
+                  w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
+                  Hex(w.target.addr.value),
+                  w.request.reads_only ? "read (read-write filtered)"
+                                       : drmgr::DrKindName(w.request.kind),
+                  backend);
   }
+  absl::FPrintF(out, "\n%s", RenderText(profile, namer, ropts));
   if (info.exit.has_value()) {
     if (info.exit->signaled) {
       absl::FPrintF(out, "\ntarget %d was killed by signal %d (%s)%s\n", info.pid,

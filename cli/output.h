@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "core/event.h"
 #include "core/process.h"
+#include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"
 
@@ -42,8 +43,11 @@ class EventPrinter {
   uint64_t start_ns_;
 };
 
-// The end-of-session summary: per watch, per field and kind, per thread, top source lines.
+// The end-of-session summary. Text: the counts line, each watch's kind and backend, then the
+// storage profile (the same report `kwatch report` prints from a recording: fields, heatmap,
+// sites, threads, false sharing). JSON: one summary object (per watch: fields, threads, sites)
+// whose "profile" key holds the profile as `kwatch report --format json` gives it.
 void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watch::Summary& summary,
-                  const RunInfo& info);
+                  const watch::StorageProfile& profile, const RunInfo& info);
 
 }  // namespace kwatch::cli

@@ -1,6 +1,9 @@
 #include "cli/profile_report.h"
 
+#include <sys/ioctl.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -8,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -278,7 +282,7 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
   };
   absl::StrAppend(&out, "  heatmap: ", v.ThreadFilter() ? "selected threads' " : "",
                   "reads+writes per field, one column = ", FormatDuration(group * bins.width_ns()),
-                  group > 1 ? absl::StrCat(" (", group, " time buckets)") : "", "\n");
+                  group > 1 ? absl::StrCat(" (", group, " buckets of ", FormatDuration(bins.width_ns()), ")") : "", "\n");
   for (size_t i = 0; i < fields.size(); ++i) {
     std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i]].path, label), "  |");
     for (const uint64_t c : cells[i]) {
@@ -305,6 +309,42 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
   }
   absl::StrAppend(&out, "  scale", o.log_scale ? " (log)" : "", ": ", absl::StrJoin(legend, "  "),
                   " accesses per column\n");
+}
+
+// The last values each field held (from the value history), newest last: "5 (was 4)".
+std::string ValueText(const watch::ValueSample& s) {
+  std::string t = absl::StrCat(static_cast<int64_t>(s.value));
+  if (s.old_value.has_value() && *s.old_value != s.value) {
+    absl::StrAppend(&t, " (was ", static_cast<int64_t>(*s.old_value), ")");
+  }
+  return t;
+}
+
+constexpr size_t kLastValues = 5;
+
+void TextLastValues(View& v, const std::vector<uint32_t>& fields, std::string& out) {
+  const StorageProfile& p = v.Profile();
+  std::vector<std::vector<std::string>> rows = {{"field", "last values written (newest last)", "last written by"}};
+  for (const uint32_t f : fields) {
+    std::vector<watch::ValueSample> samples = p.FieldValues(f);
+    std::erase_if(samples, [](const watch::ValueSample& s) {
+      return s.kind != core::AccessKind::kWrite || !s.exact;
+    });
+    if (samples.empty()) {
+      continue;
+    }
+    const size_t from = samples.size() > kLastValues ? samples.size() - kLastValues : 0;
+    std::vector<std::string> vals;
+    for (size_t i = from; i < samples.size(); ++i) {
+      vals.push_back(ValueText(samples[i]));
+    }
+    const watch::ValueSample& last = samples.back();
+    rows.push_back({p.fields()[f].path, absl::StrJoin(vals, ", "),
+                    absl::StrCat("tid ", last.tid, " at ", v.Name(last.ip))});
+  }
+  if (rows.size() > 1) {
+    absl::StrAppend(&out, "  values:\n", Table(rows, "lll", "    "));
+  }
 }
 
 void TextWatch(View& v, uint32_t obj, std::string& out) {
@@ -358,6 +398,7 @@ void TextWatch(View& v, uint32_t obj, std::string& out) {
                     absl::StrCat(v.Name(s.ip), ": ", absl::StrJoin(site_fields[s.ip], ", "))});
   }
   absl::StrAppend(&out, sites.empty() ? "    none\n" : Table(rows, "rrl", "    "));
+  TextLastValues(v, fields, out);
 
   absl::StrAppend(&out, "  threads:\n");
   bool any = false;
@@ -483,6 +524,20 @@ int HeatLevel(const HeatScale& scale, uint64_t count) {
   return static_cast<int>(scale.upper.size());
 }
 
+int TerminalWidth(FILE* out) {
+  winsize ws{};
+  if (ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) {
+    return ws.ws_col;
+  }
+  if (const char* env = std::getenv("COLUMNS"); env != nullptr) {
+    int n = 0;
+    if (absl::SimpleAtoi(env, &n) && n >= 40) {
+      return n;
+    }
+  }
+  return 100;
+}
+
 std::string FormatDuration(uint64_t ns) {
   struct Unit {
     uint64_t ns;
@@ -525,6 +580,30 @@ std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
   TextFalseSharing(v, out);
   return out;
 }
+
+namespace {
+
+// The field's newest `n` recorded values, oldest first.
+Json LastValuesJson(const StorageProfile& p, uint32_t field, size_t n) {
+  const std::vector<watch::ValueSample> samples = p.FieldValues(field);
+  Json out = Json::array();
+  for (size_t i = samples.size() > n ? samples.size() - n : 0; i < samples.size(); ++i) {
+    const watch::ValueSample& s = samples[i];
+    Json j{{"time_ns", s.time_ns - p.options().start_ns},
+           {"tid", s.tid},
+           {"ip", Hex(s.ip.value)},
+           {"kind", s.kind == core::AccessKind::kWrite ? "w" : "r"},
+           {"exact", s.exact},
+           {"value", s.value}};
+    if (s.old_value.has_value()) {
+      j["old_value"] = *s.old_value;
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
 
 nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
                           const ReportRenderOptions& opts) {
@@ -569,7 +648,8 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
                              {"writes", c.writes},
                              {"threads", v.Threads(f)},
                              {"top_sites", std::move(sites)},
-                             {"other_sites", {{"reads", other.reads}, {"writes", other.writes}}}});
+                             {"other_sites", {{"reads", other.reads}, {"writes", other.writes}}},
+                             {"last_values", LastValuesJson(profile, f, v.Options().top_sites)}});
       rows.push_back(Json{{"path", fi.path},
                           {"reads", v.Heat(f, true, false)},
                           {"writes", v.Heat(f, false, true)}});

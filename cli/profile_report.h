@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -71,6 +72,10 @@ nlohmann::json RenderJson(const watch::StorageProfile& profile, const SiteNamer&
 // field, values as in the text table (RFC 4180 quoting).
 std::string RenderCsv(const watch::StorageProfile& profile, const SiteNamer& namer,
                       const ReportRenderOptions& opts);
+
+// Columns of the terminal `out` writes to: its window size when it is one, else $COLUMNS,
+// else 100. Reports fit their heatmaps to it.
+int TerminalWidth(FILE* out);
 
 // The heatmap's count scale: `levels` ranges of counts up to `max`, the darkest ending at max.
 // upper[k] is the largest count drawn at level k+1 (count 0 is level 0, blank; a level whose

@@ -293,7 +293,7 @@ TEST(ProfileReport, ColourHeatmapAndNarrowWidth) {
   ReportRenderOptions narrow;
   narrow.width = 30;
   const std::string nt = RenderText(q, nullptr, narrow);
-  EXPECT_THAT(nt, HasSubstr("one column = 200 us (2 time buckets)\n"));
+  EXPECT_THAT(nt, HasSubstr("one column = 200 us (2 buckets of 100 us)\n"));
   EXPECT_THAT(nt, HasSubstr("  x  |████████████████████|\n"));  // 20 columns of 2
   EXPECT_THAT(nt, HasSubstr("\n     0 ns              4 ms\n"));
   EXPECT_THAT(nt, HasSubstr("  scale: ▒ 1  █ 2 accesses per column\n"));

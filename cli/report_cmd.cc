@@ -1,0 +1,378 @@
+#include "cli/report_cmd.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/profile_report.h"
+#include "core/store/trace_reader.h"
+#include "watch/recording.h"
+
+namespace kwatch::cli {
+
+namespace {
+
+struct ReportOptions {
+  std::string file;
+  std::string format = "text";
+  std::string field;
+  std::optional<pid_t> thread;
+  std::optional<double> from_s;
+  std::optional<double> to_s;
+  std::string png;
+  bool log_scale = false;
+  double bucket_ms = 0;
+  std::string color = "auto";
+};
+
+std::string WallTime(uint64_t ns) {
+  const time_t t = static_cast<time_t>(ns / 1000000000ULL);
+  tm tmv{};
+  localtime_r(&t, &tmv);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tmv);
+  return buf;
+}
+
+void PrintSessionText(const core::TraceReader& r, uint64_t events, uint64_t hits) {
+  const core::SessionRecord& s = r.session();
+  std::printf("== kwatch recording %s\n", r.path().c_str());
+  std::printf("command   %s\n", s.command_line.c_str());
+  std::printf("target    pid %d   mode %s   backend %s\n", s.pid, s.mode.c_str(),
+              s.backend.c_str());
+  std::printf("host      %s   kernel %s   kwatch %s\n", s.host.c_str(), s.kernel.c_str(),
+              s.kwatch_version.c_str());
+  std::printf("started   %s\n", WallTime(s.start_wall_ns).c_str());
+  if (r.complete() && r.end().has_value()) {
+    const core::SessionEnd& e = *r.end();
+    std::printf("ended     after %.3fs: %s", static_cast<double>(e.end_mono_ns - s.start_mono_ns) / 1e9,
+                e.exit_reason.c_str());
+    if (e.exit_status.has_value()) {
+      std::printf(" (exit status %d)", *e.exit_status);
+    }
+    std::printf("\n");
+    if (e.lost_count > 0) {
+      std::printf("lost      %llu events (ring buffer overflow)\n",
+                  static_cast<unsigned long long>(e.lost_count));
+    }
+  } else {
+    std::printf(
+        "ended     CUT SHORT: kwatch stopped before finishing this recording (killed, or the "
+        "disk filled); it holds every batch committed before that\n");
+  }
+  std::printf("recorded  %llu events, %llu probe hits\n\n", static_cast<unsigned long long>(events),
+              static_cast<unsigned long long>(hits));
+}
+
+nlohmann::json SessionJson(const core::TraceReader& r, uint64_t events, uint64_t hits) {
+  const core::SessionRecord& s = r.session();
+  nlohmann::json j = {{"file", r.path()},
+                      {"command", s.command_line},
+                      {"pid", s.pid},
+                      {"mode", s.mode},
+                      {"backend", s.backend},
+                      {"host", s.host},
+                      {"kernel", s.kernel},
+                      {"kwatch_version", s.kwatch_version},
+                      {"start_wall_ns", s.start_wall_ns},
+                      {"complete", r.complete()},
+                      {"events", events},
+                      {"hits", hits}};
+  if (r.end().has_value()) {
+    j["duration_s"] = static_cast<double>(r.end()->end_mono_ns - s.start_mono_ns) / 1e9;
+    j["exit_reason"] = r.end()->exit_reason;
+    j["lost"] = r.end()->lost_count;
+    if (r.end()->exit_status.has_value()) {
+      j["exit_status"] = *r.end()->exit_status;
+    }
+  }
+  return j;
+}
+
+// Probe hits per probe: counts, threads, and the most frequent values of each argument.
+struct ProbeTally {
+  uint64_t hits = 0;
+  std::map<pid_t, uint64_t> threads;
+  // argument name -> value -> count (bounded: values beyond 64 distinct are counted as other)
+  std::vector<std::pair<std::string, std::map<std::string, uint64_t>>> args;
+  std::vector<uint64_t> other_values;
+};
+
+absl::Status TallyHits(const core::TraceReader& r, const ReportOptions& o,
+                       std::map<uint32_t, ProbeTally>& out) {
+  core::HitFilter f;
+  const uint64_t start = r.session().start_mono_ns;
+  if (o.from_s) {
+    f.from_ns = start + static_cast<uint64_t>(*o.from_s * 1e9);
+  }
+  if (o.to_s) {
+    f.to_ns = start + static_cast<uint64_t>(*o.to_s * 1e9);
+  }
+  f.tid = o.thread;
+  return r.ForEachHit(f, [&](const core::HitRecord& h) {
+    ProbeTally& t = out[h.probe_id];
+    ++t.hits;
+    ++t.threads[h.tid];
+    for (size_t i = 0; i < h.args.size(); ++i) {
+      if (t.args.size() <= i) {
+        t.args.emplace_back(h.args[i].first, std::map<std::string, uint64_t>{});
+        t.other_values.push_back(0);
+      }
+      auto& values = t.args[i].second;
+      auto it = values.find(h.args[i].second);
+      if (it != values.end()) {
+        ++it->second;
+      } else if (values.size() < 64) {
+        values.emplace(h.args[i].second, 1);
+      } else {
+        ++t.other_values[i];
+      }
+    }
+    return true;
+  });
+}
+
+std::vector<std::pair<std::string, uint64_t>> TopValues(const std::map<std::string, uint64_t>& m,
+                                                        size_t n) {
+  std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (v.size() > n) {
+    v.resize(n);
+  }
+  return v;
+}
+
+void PrintProbesText(const core::TraceReader& r, const std::map<uint32_t, ProbeTally>& tallies) {
+  std::printf("== probes\n");
+  for (const core::ProbeRecord& p : r.probes()) {
+    auto it = tallies.find(p.id);
+    const uint64_t hits = it == tallies.end() ? 0 : it->second.hits;
+    std::printf("%-24s %s%s  %s:%d   %llu hits", p.event.c_str(), p.function.c_str(),
+                p.is_return ? "%return" : "", p.file.c_str(), p.line,
+                static_cast<unsigned long long>(hits));
+    if (it == tallies.end()) {
+      std::printf("\n");
+      continue;
+    }
+    std::printf(" in %zu thread%s\n", it->second.threads.size(),
+                it->second.threads.size() == 1 ? "" : "s");
+    for (size_t i = 0; i < it->second.args.size(); ++i) {
+      const auto& [name, values] = it->second.args[i];
+      std::printf("    %-16s", name.c_str());
+      for (const auto& [v, n] : TopValues(values, 5)) {
+        std::printf("  %s (%llu)", v.c_str(), static_cast<unsigned long long>(n));
+      }
+      if (values.size() > 5 || it->second.other_values[i] > 0) {
+        std::printf("  ...");
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf("\n");
+}
+
+nlohmann::json ProbesJson(const core::TraceReader& r, const std::map<uint32_t, ProbeTally>& tallies) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const core::ProbeRecord& p : r.probes()) {
+    auto it = tallies.find(p.id);
+    nlohmann::json j = {{"event", p.event},     {"spec", p.spec},     {"function", p.function},
+                        {"file", p.file},       {"line", p.line},     {"is_return", p.is_return},
+                        {"address", absl::StrFormat("0x%x", p.address.value)},
+                        {"hits", it == tallies.end() ? 0 : it->second.hits}};
+    nlohmann::json threads = nlohmann::json::object();
+    nlohmann::json args = nlohmann::json::object();
+    if (it != tallies.end()) {
+      for (const auto& [tid, n] : it->second.threads) {
+        threads[absl::StrCat(tid)] = n;
+      }
+      for (const auto& [name, values] : it->second.args) {
+        nlohmann::json top = nlohmann::json::array();
+        for (const auto& [v, n] : TopValues(values, 10)) {
+          top.push_back({{"value", v}, {"count", n}});
+        }
+        args[name] = top;
+      }
+    }
+    j["threads"] = threads;
+    j["top_values"] = args;
+    out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<HeatmapPanel> HeatmapPanels(const watch::StorageProfile& profile,
+                                        const std::string& field_filter) {
+  std::vector<HeatmapPanel> panels;
+  const watch::TimeBins& bins = profile.bins();
+  for (uint32_t obj = 0; obj < profile.objects().size(); ++obj) {
+    const watch::WatchedObject& o = profile.objects()[obj];
+    HeatmapPanel p;
+    p.title = o.type_name.empty()
+                  ? absl::StrFormat("%s  (%d bytes at 0x%x)", o.expr, o.length, o.addr.value)
+                  : absl::StrFormat("%s  (%s, %d bytes at 0x%x)", o.expr, o.type_name, o.length,
+                                    o.addr.value);
+    p.columns = std::max<uint32_t>(bins.columns(), 1);
+    p.bucket_ns = bins.width_ns();
+    p.start_ns = bins.ColumnStartNs(0);
+    const auto [first, last] = profile.FieldRange(obj);
+    for (uint32_t f = first; f < last; ++f) {
+      const watch::FieldInfo& fi = profile.fields()[f];
+      if (!field_filter.empty() && fi.path.find(field_filter) == std::string::npos) {
+        continue;
+      }
+      p.rows.push_back(fi.path);
+      p.row_lines.push_back((o.addr.value + fi.begin) / 64);
+      const auto reads = profile.FieldBins(f, false);
+      const auto writes = profile.FieldBins(f, true);
+      for (size_t c = 0; c < p.columns; ++c) {
+        p.counts.push_back((c < reads.size() ? reads[c] : 0) + (c < writes.size() ? writes[c] : 0));
+      }
+    }
+    if (!p.rows.empty()) {
+      panels.push_back(std::move(p));
+    }
+  }
+  return panels;
+}
+
+int ReportMain(const std::vector<std::string>& args) {
+  ReportOptions o;
+  CLI::App app{
+      "kwatch report: the storage profile of a recording made with `kwatch ... -o FILE`:\n"
+      "per watched structure its fields (reads, writes, threads, top source lines), a heatmap\n"
+      "of fields over time, per-thread views, cache lines and false-sharing findings; and for\n"
+      "probe recordings the hits per probe with their argument values.",
+      "kwatch report"};
+  app.add_option("file", o.file, "The recording (.kwdb)")->required();
+  app.add_option("--format", o.format, "Output format")
+      ->check(CLI::IsMember({"text", "json", "csv"}))
+      ->capture_default_str();
+  app.add_option("--field", o.field, "Only fields whose path contains this text");
+  app.add_option("--thread", o.thread, "Only events of this thread (tid)");
+  app.add_option("--from", o.from_s, "Only events at or after SECS from the session start");
+  app.add_option("--to", o.to_s, "Only events at or before SECS from the session start");
+  app.add_option("--png", o.png, "Also write the heatmap as a PNG image to this file");
+  app.add_flag("--log", o.log_scale, "Logarithmic colour scale for the heatmaps");
+  app.add_option("--bucket-ms", o.bucket_ms,
+                 "Width of a heatmap time column in milliseconds (default: chosen from the "
+                 "session's length)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--color", o.color, "Colour in the terminal heatmap")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto reader = core::TraceReader::Open(o.file);
+  if (!reader.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string(reader.status().message()).c_str());
+    return 1;
+  }
+  const core::TraceReader& r = **reader;
+  watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
+  watch::ProfileOptions popts;
+  if (o.bucket_ms > 0) {
+    popts.bucket_ns = static_cast<uint64_t>(o.bucket_ms * 1e6);
+    // A fixed width keeps the newest columns: make room for the whole session.
+    if (r.end().has_value()) {
+      const uint64_t span = r.end()->end_mono_ns - r.session().start_mono_ns;
+      popts.max_buckets = static_cast<uint32_t>(
+          std::clamp<uint64_t>(span / popts.bucket_ns + 1, 2, 4096));
+    }
+  } else if (r.end().has_value()) {
+    // Choose the width from the session's length: about 120 columns.
+    const uint64_t span = r.end()->end_mono_ns - r.session().start_mono_ns;
+    popts.initial_bucket_ns = std::max<uint64_t>(span / 120, 1000);
+  }
+  auto profile = watch::ProfileFromRecording(r, slice, popts);
+  if (!profile.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string(profile.status().message()).c_str());
+    return 1;
+  }
+  std::map<uint32_t, ProbeTally> tallies;
+  if (absl::Status s = TallyHits(r, o, tallies); !s.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  uint64_t hits = 0;
+  for (const auto& [id, t] : tallies) {
+    hits += t.hits;
+  }
+  // Site names come from the recording's sites table.
+  absl::flat_hash_map<uint64_t, const core::SiteRecord*> sites;
+  for (const core::SiteRecord& s : r.sites()) {
+    sites[s.ip.value] = &s;
+  }
+  SiteNamer namer = [&](core::RemoteAddr ip) {
+    SiteName n;
+    auto it = sites.find(ip.value);
+    if (it != sites.end()) {
+      n.function = it->second->function;
+      n.offset = it->second->offset;
+      n.file = it->second->file;
+      n.line = it->second->line;
+    }
+    return n;
+  };
+  ReportRenderOptions ropts;
+  ropts.field_filter = o.field;
+  ropts.log_scale = o.log_scale;
+  ropts.width = TerminalWidth(stdout);
+  ropts.color = o.color == "always" || (o.color == "auto" && isatty(STDOUT_FILENO) != 0);
+  if (!r.complete()) {
+    std::fprintf(stderr,
+                 "kwatch: note: %s was cut short (kwatch stopped before finishing it); the "
+                 "report covers every batch committed before that\n",
+                 o.file.c_str());
+  }
+  if (o.format == "json") {
+    nlohmann::json j = RenderJson(*profile, namer, ropts);
+    j["session"] = SessionJson(r, profile->events(), hits);
+    j["probes"] = ProbesJson(r, tallies);
+    std::printf("%s\n", j.dump(2).c_str());
+  } else if (o.format == "csv") {
+    std::fputs(RenderCsv(*profile, namer, ropts).c_str(), stdout);
+  } else {
+    PrintSessionText(r, profile->events(), hits);
+    if (!r.watches().empty()) {
+      std::fputs(RenderText(*profile, namer, ropts).c_str(), stdout);
+    }
+    if (!r.probes().empty()) {
+      PrintProbesText(r, tallies);
+    }
+  }
+  if (!o.png.empty()) {
+    const std::vector<HeatmapPanel> panels = HeatmapPanels(*profile, o.field);
+    if (panels.empty()) {
+      std::fprintf(stderr, "kwatch: error: no watched fields to draw in %s\n", o.png.c_str());
+      return 1;
+    }
+    const std::string subtitle =
+        absl::StrCat(r.session().command_line, r.complete() ? "" : "  (cut short)");
+    if (absl::Status s = WriteHeatmapPng(panels, subtitle, o.log_scale, o.png); !s.ok()) {
+      std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "kwatch: heatmap written to %s\n", o.png.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kwatch::cli
