@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
 
 namespace kwatch {
@@ -28,79 +29,14 @@ using ::kwatch::testing::RunResult;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
-
-struct Truth {
-  long hits_w = 0;
-  long misses_w = 0;
-  long flags_r = 0;
-};
-
-// tid -> ground truth, from the file field_writer wrote.
-std::map<int, Truth> ReadTruth(const std::string& path) {
-  std::map<int, Truth> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("flags_r")) {
-      continue;  // a line still being written
-    }
-    out[j["tid"].get<int>()] =
-        Truth{j["hits_w"].get<long>(), j["misses_w"].get<long>(), j["flags_r"].get<long>()};
-  }
-  return out;
-}
-
-// Parsed --json output of kwatch.
-struct JsonRun {
-  std::vector<json> events;
-  std::vector<json> watches;
-  json summary;
-};
-
-JsonRun ParseJsonLines(const std::string& out) {
-  JsonRun run;
-  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
-    json j = json::parse(std::string(line));
-    const std::string type = j.value("type", "");
-    if (type == "event") {
-      run.events.push_back(std::move(j));
-    } else if (type == "watch") {
-      run.watches.push_back(std::move(j));
-    } else if (type == "summary") {
-      run.summary = std::move(j);
-    } else {
-      ADD_FAILURE() << "unexpected line: " << line;
-    }
-  }
-  return run;
-}
-
-// The 1-based line of field_writer.c that contains `needle`.
-int SourceLine(const std::string& needle) {
-  std::ifstream in(std::string(KWATCH_SOURCE_DIR) + "/tests/targets/field_writer.c");
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.find(needle) != std::string::npos) {
-      return n;
-    }
-  }
-  return -1;
-}
-
-std::string TruthFile(const std::string& name) {
-  return absl::StrCat(::testing::TempDir(), "/truth-", name, "-", getpid(), ".jsonl");
-}
-
-RunResult RunKwatch(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {KwatchPath()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto r = kwatch::testing::Run(argv);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : RunResult{};
-}
+using ::kwatch::clitest::JsonRun;
+using ::kwatch::clitest::LaunchedTarget;
+using ::kwatch::clitest::ParseJsonLines;
+using ::kwatch::clitest::ReadTruth;
+using ::kwatch::clitest::RunKwatch;
+using ::kwatch::clitest::SourceLine;
+using ::kwatch::clitest::Truth;
+using ::kwatch::clitest::TruthFile;
 
 // Per-tid counts of events of one access kind.
 std::map<int, long> CountByTid(const std::vector<json>& events, const std::string& access) {
@@ -111,14 +47,6 @@ std::map<int, long> CountByTid(const std::vector<json>& events, const std::strin
     }
   }
   return out;
-}
-
-// The program a running kwatch launched: its only child, found through /proc (0 if none).
-pid_t LaunchedTarget(pid_t kwatch) {
-  std::ifstream children(absl::StrCat("/proc/", kwatch, "/task/", kwatch, "/children"));
-  pid_t target = 0;
-  children >> target;
-  return target;
 }
 
 TEST(KwatchLaunch, EveryWriteOfAFieldPerThreadExactly) {
