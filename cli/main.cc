@@ -1,5 +1,12 @@
+#include <string>
+#include <vector>
+
 #include "cli/app.h"
+#include "cli/probe_cmd.h"
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "probe") {
+    return kwatch::cli::ProbeMain(std::vector<std::string>(argv + 2, argv + argc));
+  }
   return kwatch::cli::Main(argc, argv);
 }

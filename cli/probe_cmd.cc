@@ -1,0 +1,281 @@
+#include "cli/probe_cmd.h"
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "cli/probe_run.h"
+#include "cli/probe_set.h"
+#include "core/probe/probe_spec.h"
+#include "core/probe/probe_target.h"
+#include "core/status_macros.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+
+#ifndef KWATCH_VERSION
+#define KWATCH_VERSION "dev"
+#endif
+
+namespace kwatch::cli {
+
+namespace {
+
+void PrintError(const absl::Status& s) {
+  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+}
+
+// argv as a user would retype it in a shell.
+std::string CommandLine(const std::vector<std::string>& args) {
+  std::string out = "kwatch probe";
+  for (const std::string& a : args) {
+    out += ' ';
+    if (!a.empty() && a.find_first_of(" \t'\"$\\;*?") == std::string::npos) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char c : a) {
+      out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    }
+    out += '\'';
+  }
+  return out;
+}
+
+// The ELF file the specs refer to: -x, else the command's program, else the process's.
+absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
+  if (!o.binary.empty()) {
+    if (::access(o.binary.c_str(), R_OK) != 0) {
+      const int err = errno;
+      return core::SyscallError(err, absl::StrCat("access(", o.binary, ")"));
+    }
+    return o.binary;
+  }
+  if (!o.command.empty()) {
+    return FindProgram(o.command[0]);
+  }
+  if (o.pid.has_value()) {
+    const std::string link = absl::StrCat("/proc/", *o.pid, "/exe");
+    char buf[4096];
+    const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+    if (n < 0) {
+      const int err = errno;
+      return core::SyscallError(err, absl::StrCat("readlink(", link, ")"),
+                                err == ENOENT ? "no such process"
+                                              : "kwatch needs the right to trace the process "
+                                                "(root or CAP_SYS_PTRACE, see kernel.yama."
+                                                "ptrace_scope)");
+    }
+    const std::string path(buf, static_cast<size_t>(n));
+    // A deleted or replaced program is still reachable through the link itself.
+    return ::access(path.c_str(), R_OK) == 0 ? path : link;
+  }
+  return absl::InvalidArgumentError(
+      "no program: give -x FILE, -p PID or a command after `--` (e.g. `-- ./prog args`)");
+}
+
+int ListLines(const std::string& file, const std::string& what) {
+  absl::StatusOr<core::ProbePoint> point = core::ParseProbePoint(what);
+  if (!point.ok()) {
+    PrintError(point.status());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<core::ProbeTarget>> target = core::ProbeTarget::Open(file);
+  if (!target.ok()) {
+    PrintError(target.status());
+    return 1;
+  }
+  absl::StatusOr<std::vector<core::LineListing>> listings = (*target)->ListLines(*point);
+  if (!listings.ok()) {
+    PrintError(listings.status());
+    return 1;
+  }
+  for (const core::LineListing& l : *listings) {
+    std::fputs(core::FormatLineListing(l).c_str(), stdout);
+    if (!l.have_source) {
+      std::fprintf(stderr, "kwatch: note: source of %s not found; lines listed without text\n",
+                   l.file.c_str());
+    }
+  }
+  return 0;
+}
+
+int ListVars(const std::string& file, const std::string& what) {
+  absl::StatusOr<core::ProbePoint> point = core::ParseProbePoint(what);
+  if (!point.ok()) {
+    PrintError(point.status());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<core::ProbeTarget>> target = core::ProbeTarget::Open(file);
+  if (!target.ok()) {
+    PrintError(target.status());
+    return 1;
+  }
+  absl::StatusOr<std::vector<core::VarListing>> listings = (*target)->ListVars(*point);
+  if (!listings.ok()) {
+    PrintError(listings.status());
+    return 1;
+  }
+  std::fputs(core::FormatVarListing(what, *listings).c_str(), stdout);
+  return 0;
+}
+
+absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
+  KW_ASSIGN_OR_RETURN(ProbeSet set, ResolveProbes(file, opts.specs));
+  // Signals arrive through a signalfd, in order with the target's events. A launched target
+  // starts with every signal unblocked (core/process.cc). SIGPIPE stays blocked: a closed
+  // stdout shows as a write error, and kwatch cleans up instead of dying.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    sigaddset(&mask, sig);
+  }
+  sigset_t blocked = mask;
+  sigaddset(&blocked, SIGPIPE);
+  sigprocmask(SIG_BLOCK, &blocked, nullptr);
+  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd) {
+    const int err = errno;
+    return core::SyscallError(err, "signalfd");
+  }
+  if (opts.backend == "uprobe") {
+    return RunUprobeProbes(opts, set, sigfd.get());
+  }
+  return RunPtraceProbes(opts, set, sigfd.get());
+}
+
+}  // namespace
+
+int ProbeMain(const std::vector<std::string>& argv) {
+  ProbeCmdOptions opts;
+  opts.command_line = CommandLine(argv);
+  std::vector<std::string> args;
+  bool have_dashdash = false;
+  for (const std::string& a : argv) {
+    if (!have_dashdash && a == "--") {
+      have_dashdash = true;
+      continue;
+    }
+    (have_dashdash ? opts.command : args).push_back(a);
+  }
+
+  CLI::App app{
+      "kwatch probe: dynamic probes on a user program, in perf-probe syntax.\n\n"
+      "  kwatch probe 'tick i r->len' 'tick%return $retval' -- ./prog ARGS\n"
+      "  kwatch probe -p PID 'handle_request req->len:u32'\n"
+      "  kwatch probe -x ./prog -L tick          lines of tick that can be probed\n"
+      "  kwatch probe -x ./prog -V tick:2        variables available at tick's line +2\n\n"
+      "SPEC: [EVENT=]FUNC[@SRC][+OFF|%return|:RELLINE|;PATTERN] | SRC:LINE | 0xADDR, then\n"
+      "arguments: VAR, VAR->field, VAR.field, %REG, @SYM, @0xADDR, $stackN, $retval, $comm,\n"
+      "$params, $vars, +OFF(ARG), NAME=ARG, ARG:TYPE (u8..u64 s8..s64 x8..x64 string).\n"
+      "A spec with arguments is one shell word: quote it.",
+      "kwatch probe"};
+  app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
+  app.add_option("spec", opts.specs, "Probes: POINT [ARG...] each (quoted)");
+  app.add_option("-a,--add", opts.specs, "Add a probe (same as a positional SPEC)");
+  app.add_option("-x,--exec", opts.binary,
+                 "ELF file the specs refer to: the program or a shared library it loads "
+                 "(default: the command after --, or the program of -p PID)");
+  app.add_option("-p,--pid", opts.pid, "Attach to a running process")->check(CLI::PositiveNumber);
+  auto* lines = app.add_option("-L,--line", opts.list_lines,
+                               "List the source lines of FUNC[@SRC] that can be probed "
+                               "(FUNC:RELLINE names them), as perf probe -L");
+  auto* vars = app.add_option("-V,--vars", opts.list_vars,
+                              "List the variables available at a probe point (FUNC, "
+                              "FUNC:RELLINE, SRC:LINE...), as perf probe -V");
+  lines->excludes(vars);
+  app.add_option("-c,--count", opts.count, "Stop after N hits (all probes together)");
+  app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("-q,--quiet", opts.quiet, "Print no hit lines, only the summary");
+  app.add_flag("--json", opts.json, "JSON lines: one {\"type\":\"hit\"} per hit, then a summary");
+  app.add_option("-o,--output", opts.output,
+                 "Record probes and hits to FILE (SQLite; read it with `kwatch report FILE`)");
+  app.add_option("--backend", opts.backend,
+                 "ptrace: INT3 probes run by kwatch (reads any memory at the hit); uprobe: the "
+                 "kernel's uprobe PMU (faster; arguments only from registers and the sampled "
+                 "stack; without -p or a command it probes every process running -x FILE)")
+      ->check(CLI::IsMember({"ptrace", "uprobe"}))
+      ->capture_default_str();
+  app.add_option("--maxactive", opts.maxactive,
+                 "Return probes (ptrace): calls tracked at once; more count as nmissed "
+                 "(default 256)");
+  app.add_option("--stack-bytes", opts.stack_bytes,
+                 "uprobe: bytes of user stack sampled per hit, from %sp up")
+      ->check(CLI::Range(8, 65528))
+      ->capture_default_str();
+  app.add_flag("--kill-on-exit", opts.kill_on_exit,
+               "Kill a launched target when kwatch stops before it ends (default: remove the "
+               "probes and leave it running)");
+  app.footer(
+      "Output: TIME(s) TID EVENT LOCATION ARGS per hit, then a summary per probe (hits, misses,\n"
+      "nmissed for return probes, top argument values). kwatch exits with the launched\n"
+      "command's exit status. SIGINT/SIGTERM/SIGHUP remove the probes and detach; if kwatch\n"
+      "is killed outright, a guardian process puts the original code back.\n"
+      "Permissions: ptrace needs the right to trace the target (same user and\n"
+      "kernel.yama.ptrace_scope <= 1 for children, 0 for -p, or CAP_SYS_PTRACE); the uprobe\n"
+      "backend needs kernel.perf_event_paranoid <= 1 for your processes, or CAP_PERFMON.");
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help, --version: 0; a usage error: 2
+  }
+  if (opts.pid.has_value() && !opts.command.empty()) {
+    std::fprintf(stderr, "kwatch: error: give either -p PID or a command after `--`, not both\n");
+    return 2;
+  }
+  const bool listing = !opts.list_lines.empty() || !opts.list_vars.empty();
+  if (listing && !opts.specs.empty()) {
+    std::fprintf(stderr, "kwatch: error: -L and -V list; they take no probe specs\n");
+    return 2;
+  }
+  if (!listing && opts.specs.empty()) {
+    std::fprintf(stderr,
+                 "kwatch: error: nothing to probe: give a spec, e.g. `kwatch probe 'tick i' -- "
+                 "./prog`\n%s",
+                 app.help().c_str());
+    return 2;
+  }
+  if (!listing && !opts.pid.has_value() && opts.command.empty() &&
+      !(opts.backend == "uprobe" && !opts.binary.empty())) {
+    std::fprintf(stderr,
+                 "kwatch: error: no target: give -p PID or a command after `--` (e.g. `-- ./prog "
+                 "args`)%s\n",
+                 opts.backend == "uprobe" ? ""
+                                          : "; --backend uprobe -x FILE probes every process "
+                                            "running FILE");
+    return 2;
+  }
+  absl::StatusOr<std::string> file = TargetFile(opts);
+  if (!file.ok()) {
+    PrintError(file.status());
+    return listing ? 2 : 1;
+  }
+  if (!opts.list_lines.empty()) {
+    return ListLines(*file, opts.list_lines);
+  }
+  if (!opts.list_vars.empty()) {
+    return ListVars(*file, opts.list_vars);
+  }
+  absl::StatusOr<int> code = RunProbes(opts, *file);
+  if (!code.ok()) {
+    PrintError(code.status());
+    return 1;
+  }
+  return *code;
+}
+
+}  // namespace kwatch::cli

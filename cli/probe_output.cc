@@ -1,0 +1,435 @@
+#include "cli/probe_output.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "cli/output.h"
+
+namespace kwatch::cli {
+
+namespace {
+
+std::string Hex(uint64_t v) {
+  return absl::StrFormat("0x%x", v);
+}
+
+constexpr size_t kFlushBytes = 64 * 1024;
+
+double Seconds(uint64_t t, uint64_t start) {
+  return static_cast<double>(t - std::min(t, start)) / 1e9;
+}
+
+bool IsDecimalInteger(absl::string_view s) {
+  if (absl::ConsumePrefix(&s, "-") && s.empty()) {
+    return false;
+  }
+  return !s.empty() && s.size() <= 20 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isdigit(c); });
+}
+
+// Undoes core/probe/fetch.cc's Quote: "\"a\\nb\"..." -> a\nb... (true when `s` is quoted).
+bool Unquote(absl::string_view s, std::string& out) {
+  bool cut = absl::ConsumeSuffix(&s, "...");
+  if (s.size() < 2 || s.front() != '"' || s.back() != '"') {
+    return false;
+  }
+  s = s.substr(1, s.size() - 2);
+  out.clear();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char e = s[++i];
+    if (e == 'n') {
+      out += '\n';
+    } else if (e == 't') {
+      out += '\t';
+    } else if (int v = 0;
+               e == 'x' && i + 2 < s.size() && absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
+      out += static_cast<char>(v);
+      i += 2;
+    } else {
+      out += e;
+    }
+  }
+  if (cut) {
+    out += "...";
+  }
+  return true;
+}
+
+// Values of an argument, most frequent first (ties: in value order).
+std::vector<std::pair<std::string, uint64_t>> Ranked(const std::map<std::string, uint64_t>& m) {
+  std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
+  std::stable_sort(v.begin(), v.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  return v;
+}
+
+std::string ExitText(const ProbeRunInfo& info) {
+  if (!info.exit.has_value()) {
+    return "";
+  }
+  if (info.exit->signaled) {
+    return absl::StrFormat("target %d was killed by signal %d (%s)%s", info.pid, info.exit->signal,
+                           sigabbrev_np(info.exit->signal),
+                           info.exit->core_dumped ? ", core dumped" : "");
+  }
+  return absl::StrFormat("target %d exited with status %d", info.pid, info.exit->code);
+}
+
+}  // namespace
+
+std::string ArgValueJson(const std::string& formatted) {
+  if (IsDecimalInteger(formatted)) {
+    return formatted;
+  }
+  std::string s;
+  if (Unquote(formatted, s)) {
+    return JsonString(s);
+  }
+  double d = 0;
+  if (formatted.find_first_of(".e") != std::string::npos && absl::SimpleAtod(formatted, &d) &&
+      std::isfinite(d) && formatted.find_first_not_of("0123456789.e+-") == std::string::npos) {
+    return formatted;
+  }
+  return JsonString(formatted);
+}
+
+HitSink::HitSink(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
+                 core::TraceWriter* writer, std::function<std::string(core::RemoteAddr)> caller)
+    : out_fd_(out_fd),
+      opts_(std::move(opts)),
+      probes_(probes),
+      writer_(writer),
+      caller_(std::move(caller)) {
+  for (const ProbeDef& p : probes_) {
+    per_probe_[p.id];
+  }
+}
+
+void HitSink::PrintHeader() {
+  if (opts_.quiet || opts_.json) {
+    return;
+  }
+  absl::StrAppendFormat(&pending_, "%-12s %-7s %-20s %-34s %s\n", "TIME(s)", "TID", "EVENT",
+                        "LOCATION", "ARGS");
+  WriteLines();
+}
+
+void HitSink::WriteLines() {
+  size_t done = 0;
+  while (done < pending_.size() && !output_failed_) {
+    // The longest run of whole lines within PIPE_BUF (a longer line goes alone).
+    size_t end = std::min(pending_.size(), done + PIPE_BUF);
+    if (end < pending_.size()) {
+      const size_t nl = pending_.rfind('\n', end - 1);
+      if (nl != std::string::npos && nl >= done) {
+        end = nl + 1;
+      } else if (const size_t next = pending_.find('\n', done); next != std::string::npos) {
+        end = next + 1;
+      } else {
+        end = pending_.size();
+      }
+    }
+    const ssize_t n = ::write(out_fd_, pending_.data() + done, end - done);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) {
+        continue;
+      }
+      output_failed_ = true;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  pending_.clear();
+}
+
+bool HitSink::Add(const ProbeHit& hit) {
+  if (done()) {
+    return false;
+  }
+  ++taken_;
+  PerProbe& pp = per_probe_[hit.probe->id];
+  ++pp.hits;
+  for (size_t i = 0; i < hit.args.size(); ++i) {
+    if (pp.args.size() <= i) {
+      pp.args.push_back(ArgTally{hit.args[i].first, {}, 0});
+    }
+    ArgTally& t = pp.args[i];
+    auto it = t.values.find(hit.args[i].second);
+    if (it != t.values.end()) {
+      ++it->second;
+    } else if (t.values.size() < kMaxValues) {
+      t.values.emplace(hit.args[i].second, 1);
+    } else {
+      ++t.other;
+    }
+  }
+  if (!opts_.quiet) {
+    if (opts_.json) {
+      PrintJson(hit);
+    } else {
+      PrintText(hit);
+    }
+  }
+  Record(hit);
+  return true;
+}
+
+uint64_t HitSink::hits(uint32_t probe_id) const {
+  auto it = per_probe_.find(probe_id);
+  return it == per_probe_.end() ? 0 : it->second.hits;
+}
+
+const std::vector<HitSink::ArgTally>& HitSink::tallies(uint32_t probe_id) const {
+  static const std::vector<ArgTally> kNone;
+  auto it = per_probe_.find(probe_id);
+  return it == per_probe_.end() ? kNone : it->second.args;
+}
+
+void HitSink::PrintText(const ProbeHit& hit) {
+  const ProbeDef& p = *hit.probe;
+  std::string where = p.Location();
+  if (p.point.is_return) {
+    absl::StrAppend(&where, " <- ",
+                    caller_ ? caller_(hit.return_address) : Hex(hit.return_address.value));
+  } else if (const std::string line = p.SourceLine(); !line.empty()) {
+    absl::StrAppend(&where, " (", line, ")");
+  }
+  std::string line =
+      absl::StrFormat("%-12.6f %-7d %-20s %-34s", Seconds(hit.time_ns, opts_.start_ns), hit.tid,
+                      p.point.event, where);
+  for (const auto& [name, value] : hit.args) {
+    absl::StrAppend(&line, " ", name, "=", value);
+  }
+  // Trailing blanks of the padding when there are no arguments.
+  while (!line.empty() && line.back() == ' ') {
+    line.pop_back();
+  }
+  line += '\n';
+  pending_ += line;
+  if (pending_.size() >= kFlushBytes) {
+    WriteLines();
+  }
+}
+
+void HitSink::PrintJson(const ProbeHit& hit) {
+  const ProbeDef& p = *hit.probe;
+  std::string s = absl::StrFormat(
+      "{\"type\":\"hit\",\"time_ns\":%d,\"time\":%.9f,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+      "\"probe\":%d,\"event\":%s,\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+      "\"line\":%d,\"is_return\":%s",
+      hit.time_ns, Seconds(hit.time_ns, opts_.start_ns), hit.pid, hit.tid,
+      hit.cpu == core::kUnknownCpu ? std::string("null") : absl::StrCat(hit.cpu), p.id,
+      JsonString(p.point.event), Hex(hit.ip.value), JsonString(p.point.function), p.point.offset,
+      JsonString(p.point.file), p.point.line, p.point.is_return ? "true" : "false");
+  if (p.point.is_return) {
+    absl::StrAppend(&s, ",\"return_address\":\"", Hex(hit.return_address.value), "\"");
+    if (caller_) {
+      absl::StrAppend(&s, ",\"caller\":", JsonString(caller_(hit.return_address)));
+    }
+  }
+  s += ",\"args\":{";
+  for (size_t i = 0; i < hit.args.size(); ++i) {
+    absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(hit.args[i].first), ":",
+                    ArgValueJson(hit.args[i].second));
+  }
+  s += "}}\n";
+  pending_ += s;
+  if (pending_.size() >= kFlushBytes) {
+    WriteLines();
+  }
+}
+
+void HitSink::Record(const ProbeHit& hit) {
+  if (writer_ == nullptr || !record_error_.ok()) {
+    return;
+  }
+  absl::Status s;
+  if (!writer_->HasSite(hit.ip)) {
+    core::SiteRecord site;
+    site.ip = hit.ip;
+    site.function = hit.probe->point.function;
+    site.offset = hit.probe->point.offset;
+    site.file = hit.probe->point.file;
+    site.line = hit.probe->point.line;
+    site.disassembly = hit.probe->point.insn_text;
+    s = writer_->AddSite(site);
+  }
+  if (s.ok()) {
+    core::HitRecord r;
+    r.time_ns = hit.time_ns;
+    r.tid = hit.tid;
+    r.cpu = hit.cpu;
+    r.probe_id = hit.probe->id;
+    r.ip = hit.ip;
+    r.is_return = hit.probe->point.is_return;
+    r.args = hit.args;
+    s = writer_->AppendHit(r);
+  }
+  if (!s.ok()) {
+    record_error_ = s;
+  }
+}
+
+void HitSink::Flush() {
+  WriteLines();
+  if (writer_ != nullptr && record_error_.ok()) {
+    if (absl::Status s = writer_->Flush(); !s.ok()) {
+      record_error_ = s;
+    }
+  }
+}
+
+absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& probes,
+                       uint64_t load_bias) {
+  for (const ProbeDef& p : probes) {
+    core::ProbeRecord r;
+    r.id = p.id;
+    r.event = p.point.event;
+    r.spec = p.spec;
+    r.address = core::RemoteAddr{p.point.vaddr.value + load_bias};
+    r.function = p.point.function;
+    r.file = p.point.file;
+    r.line = p.point.line;
+    r.is_return = p.point.is_return;
+    if (absl::Status s = writer.AddProbe(r); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes,
+                       const HitSink& sink, const std::map<uint32_t, ProbeEndStats>& stats,
+                       const ProbeRunInfo& info) {
+  const bool ptrace = info.backend == "ptrace";
+  auto stats_of = [&](uint32_t id) {
+    auto it = stats.find(id);
+    return it == stats.end() ? ProbeEndStats{} : it->second;
+  };
+  if (json) {
+    nlohmann::ordered_json j = {
+        {"type", "summary"},       {"backend", info.backend},         {"hits", sink.taken()},
+        {"seconds", info.seconds}, {"stop_reason", info.stop_reason}, {"pid", info.pid}};
+    if (info.exit.has_value()) {
+      j["exit_code"] = info.exit->signaled ? -1 : info.exit->code;
+      j["signal"] = info.exit->signal;
+    } else {
+      j["exit_code"] = nullptr;
+      j["signal"] = 0;
+    }
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const ProbeDef& p : probes) {
+      const ProbeEndStats st = stats_of(p.id);
+      nlohmann::ordered_json pj = {{"id", p.id},
+                                   {"event", p.point.event},
+                                   {"spec", p.spec},
+                                   {"location", p.Location()},
+                                   {"function", p.point.function},
+                                   {"offset", p.point.offset},
+                                   {"file", p.point.file},
+                                   {"line", p.point.line},
+                                   {"is_return", p.point.is_return},
+                                   {"address", Hex(p.point.vaddr.value)},
+                                   {"hits", sink.hits(p.id)},
+                                   {"misses", st.misses},
+                                   {"nmissed", st.nmissed},
+                                   {"abandoned", st.abandoned},
+                                   {"faults", st.faults},
+                                   {"lost", st.lost}};
+      if (st.kernel_count.has_value()) {
+        pj["kernel_count"] = *st.kernel_count;
+      }
+      nlohmann::ordered_json args = nlohmann::ordered_json::array();
+      for (const HitSink::ArgTally& t : sink.tallies(p.id)) {
+        nlohmann::ordered_json top = nlohmann::ordered_json::array();
+        size_t n = 0;
+        for (const auto& [v, c] : Ranked(t.values)) {
+          if (n++ == 10) {
+            break;
+          }
+          top.push_back({{"value", v}, {"count", c}});
+        }
+        args.push_back(
+            {{"name", t.name}, {"distinct", t.values.size()}, {"more", t.other > 0}, {"top", top}});
+      }
+      pj["args"] = args;
+      list.push_back(pj);
+    }
+    j["probes"] = list;
+    j["notes"] = info.notes;
+    std::fputs(j.dump().c_str(), out);
+    std::fputc('\n', out);
+    return;
+  }
+  absl::FPrintF(out, "\n== kwatch probe summary: %d hit%s in %.3f s, %s backend (%s) ==\n",
+                sink.taken(), sink.taken() == 1 ? "" : "s", info.seconds, info.backend,
+                info.stop_reason);
+  if (ptrace) {
+    absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s %8s\n", "EVENT", "LOCATION", "SOURCE", "HITS",
+                  "MISSES", "NMISSED");
+  } else {
+    absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s\n", "EVENT", "LOCATION", "SOURCE", "HITS",
+                  "LOST");
+  }
+  for (const ProbeDef& p : probes) {
+    const ProbeEndStats st = stats_of(p.id);
+    const std::string source = p.SourceLine().empty() ? "-" : p.SourceLine();
+    if (ptrace) {
+      absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d %8s\n", p.point.event, p.Location(), source,
+                    sink.hits(p.id), st.misses,
+                    p.point.is_return ? absl::StrCat(st.nmissed) : std::string("-"));
+    } else {
+      absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d\n", p.point.event, p.Location(), source,
+                    sink.hits(p.id), st.lost);
+    }
+    if (st.abandoned > 0) {
+      absl::FPrintF(out, "    %d tracked call%s never returned (longjmp, exception, thread exit)\n",
+                    st.abandoned, st.abandoned == 1 ? "" : "s");
+    }
+    if (st.faults > 0) {
+      absl::FPrintF(out, "    the probed instruction faulted %d time%s (signal passed on)\n",
+                    st.faults, st.faults == 1 ? "" : "s");
+    }
+    for (const HitSink::ArgTally& t : sink.tallies(p.id)) {
+      const auto ranked = Ranked(t.values);
+      std::string line = absl::StrFormat("    %-16s %s%d distinct:", t.name, t.other > 0 ? ">" : "",
+                                         t.values.size());
+      size_t n = 0;
+      for (const auto& [v, c] : ranked) {
+        if (n++ == 5) {
+          line += " ...";
+          break;
+        }
+        absl::StrAppend(&line, " ", v, " (", c, ")");
+      }
+      absl::FPrintF(out, "%s\n", line);
+    }
+  }
+  for (const std::string& note : info.notes) {
+    absl::FPrintF(out, "note: %s\n", note);
+  }
+  if (const std::string exit = ExitText(info); !exit.empty()) {
+    absl::FPrintF(out, "%s\n", exit);
+  }
+}
+
+}  // namespace kwatch::cli

@@ -1,0 +1,171 @@
+#include "cli/probe_set.h"
+
+#include <dwarf.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "core/probe/probe_spec.h"
+#include "core/status_macros.h"
+
+namespace kwatch::cli {
+
+namespace {
+
+std::string Basename(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// A word of a spec and where it starts.
+struct Word {
+  absl::string_view text;
+  size_t pos = 0;
+};
+
+std::vector<Word> Words(absl::string_view spec) {
+  std::vector<Word> out;
+  for (absl::string_view w : absl::StrSplit(spec, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
+    out.push_back(Word{w, static_cast<size_t>(w.data() - spec.data())});
+  }
+  return out;
+}
+
+absl::Status AtWord(const absl::Status& s, const std::string& spec, const Word& w) {
+  return absl::Status(s.code(),
+                      absl::StrCat(s.message(), "\n  ", PointAt(spec, w.pos, w.text.size())));
+}
+
+// DWARF register numbers 17..32 are %xmm0..%xmm15 on x86-64.
+bool IsXmm(uint64_t regno) {
+  return regno >= 17 && regno <= 32;
+}
+
+bool UsesXmm(const core::CompiledArg& arg) {
+  for (const core::DwarfOp& op : arg.location) {
+    if ((op.atom >= DW_OP_reg0 && op.atom <= DW_OP_reg31 && IsXmm(op.atom - DW_OP_reg0)) ||
+        (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31 && IsXmm(op.atom - DW_OP_breg0)) ||
+        ((op.atom == DW_OP_regx || op.atom == DW_OP_bregx) && IsXmm(op.number))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string ProbeDef::Location() const {
+  if (point.is_return) {
+    return point.function.empty() ? absl::StrCat(point.Where(), "%return")
+                                  : absl::StrCat(point.function, "%return");
+  }
+  return point.Where();
+}
+
+std::string ProbeDef::SourceLine() const {
+  if (point.file.empty()) {
+    return "";
+  }
+  return absl::StrCat(Basename(point.file), ":", point.line);
+}
+
+std::string PointAt(const std::string& text, size_t pos, size_t len) {
+  std::string caret(pos, ' ');
+  caret += '^';
+  if (len > 1) {
+    caret += std::string(len - 1, '~');
+  }
+  return absl::StrCat(text, "\n  ", caret);
+}
+
+absl::StatusOr<std::string> FindProgram(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), F_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat("no such file: '", name, "'"));
+    }
+    return name;
+  }
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): before threads
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+    const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+    if (::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("'", name, "' is not in PATH"));
+}
+
+absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
+                                       const std::vector<std::string>& specs) {
+  ProbeSet set;
+  set.path = path;
+  KW_ASSIGN_OR_RETURN(set.target, core::ProbeTarget::Open(path));
+  uint32_t next_id = 1;
+  for (const std::string& spec : specs) {
+    const std::vector<Word> words = Words(spec);
+    if (words.empty()) {
+      return absl::InvalidArgumentError(
+          "empty probe spec: give a point (FUNC, FUNC+OFF, FUNC%return, SRC:LINE, 0xADDR) and "
+          "optional arguments, e.g. 'tick i r->len'");
+    }
+    core::ProbeSpec parsed;
+    absl::StatusOr<core::ProbePoint> point = core::ParseProbePoint(words[0].text);
+    if (!point.ok()) {
+      return AtWord(point.status(), spec, words[0]);
+    }
+    parsed.point = *std::move(point);
+    for (size_t i = 1; i < words.size(); ++i) {
+      absl::StatusOr<core::ProbeArgSpec> arg = core::ParseProbeArg(words[i].text);
+      if (!arg.ok()) {
+        return AtWord(arg.status(), spec, words[i]);
+      }
+      parsed.args.push_back(*std::move(arg));
+    }
+    absl::StatusOr<std::vector<core::ResolvedPoint>> points = set.target->Resolve(parsed.point);
+    if (!points.ok()) {
+      return AtWord(points.status(), spec, words[0]);
+    }
+    for (const core::ResolvedPoint& p : *points) {
+      absl::StatusOr<std::vector<core::CompiledArg>> args =
+          core::CompileArgs(*set.target, p, parsed.args);
+      if (!args.ok()) {
+        // Point at the first argument that fails on its own (else at the whole list).
+        for (size_t i = 0; i < parsed.args.size(); ++i) {
+          if (!core::CompileArgs(*set.target, p, {parsed.args[i]}).ok()) {
+            return AtWord(args.status(), spec, words[i + 1]);
+          }
+        }
+        return absl::Status(args.status().code(),
+                            absl::StrCat(args.status().message(), " (in '", spec, "')"));
+      }
+      ProbeDef def;
+      def.id = next_id++;
+      def.spec = spec;
+      def.point = p;
+      def.args = *std::move(args);
+      for (const core::CompiledArg& a : def.args) {
+        def.needs_fpregs |= UsesXmm(a);
+      }
+      set.probes.push_back(std::move(def));
+    }
+  }
+  // Two specs may name the same event (tick and tick@uprobe_loop.c): keep names unique, as
+  // perf does, so that output and recordings tell them apart.
+  absl::flat_hash_map<std::string, int> seen;
+  for (ProbeDef& def : set.probes) {
+    const int n = seen[def.point.event]++;
+    if (n > 0) {
+      absl::StrAppend(&def.point.event, "_", n);
+    }
+  }
+  return set;
+}
+
+}  // namespace kwatch::cli

@@ -1,0 +1,53 @@
+#pragma once
+
+// The probes of one `kwatch probe` session: specs in perf-probe syntax resolved against one
+// ELF file (the program, or a shared library given with -x) and their arguments compiled.
+// Resolution needs only the file, so errors come before any target is started or touched.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/probe/fetch.h"
+#include "core/probe/probe_target.h"
+
+namespace kwatch::cli {
+
+// One probe point with its compiled arguments. A spec that names several addresses (an
+// inlined function, a line with several code ranges) gives one ProbeDef per address.
+struct ProbeDef {
+  uint32_t id = 0;   // 1, 2, ...: the probe's id in recordings
+  std::string spec;  // the spec as written ("tick i r->len")
+  core::ResolvedPoint point;
+  std::vector<core::CompiledArg> args;
+  bool needs_fpregs = false;  // an argument lives in an %xmm register
+
+  // "tick+0x0", "tick%return", "0x1149" (raw addresses outside any function).
+  std::string Location() const;
+  // "uprobe_loop.c:16", "" without line information.
+  std::string SourceLine() const;
+};
+
+struct ProbeSet {
+  std::string path;  // the ELF file the specs refer to
+  std::unique_ptr<core::ProbeTarget> target;
+  std::vector<ProbeDef> probes;
+};
+
+// Opens `path` and resolves every spec. Errors are for people: a bad argument or point is
+// shown under the spec with a caret at the offending word; unknown functions list near
+// matches (core/probe/probe_target.h).
+absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
+                                       const std::vector<std::string>& specs);
+
+// The file a command would execute: `name` itself when it contains a '/', else the first
+// executable `name` in $PATH. NotFound otherwise.
+absl::StatusOr<std::string> FindProgram(const std::string& name);
+
+// `text` with a second line holding a caret under [pos, pos + len): "  tick i:u7\n         ^~~~".
+std::string PointAt(const std::string& text, size_t pos, size_t len);
+
+}  // namespace kwatch::cli

@@ -1,0 +1,408 @@
+// `kwatch probe --backend uprobe`: the kernel's uprobe PMU (watch/uprobe_event.h). The
+// kernel runs the breakpoint; kwatch reads samples (registers and a slice of the user stack)
+// from per-CPU rings and evaluates the arguments from them afterwards. No ptrace, no code
+// change kwatch has to undo: closing the events removes the probes.
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/probe_run.h"
+#include "core/maps.h"
+#include "core/probe/fetch.h"
+#include "core/process.h"
+#include "core/status_macros.h"
+#include "core/symbolizer.h"
+#include "core/symbols.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+#include "watch/uprobe_event.h"
+
+namespace kwatch::cli {
+
+namespace {
+
+constexpr size_t kRingPages = 256;  // per CPU and probe: 1 MiB, ~1400 samples of 512 stack bytes
+
+// Why a value is missing: the memory it needs was not in the sample.
+constexpr char kNotSampled[] = "(not sampled)";
+
+core::ExitInfo ExitFromWaitStatus(int status) {
+  core::ExitInfo e;
+  if (WIFSIGNALED(status)) {
+    e.signaled = true;
+    e.signal = WTERMSIG(status);
+    e.core_dumped = WCOREDUMP(status);
+  } else {
+    e.code = WEXITSTATUS(status);
+  }
+  return e;
+}
+
+class UprobeRunner {
+ public:
+  UprobeRunner(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd)
+      : opts_(opts), set_(set), sigfd_(sigfd) {}
+  absl::StatusOr<int> Run();
+
+ private:
+  absl::Status Start();
+  absl::Status Loop();
+  void DrainAll();
+  // Evaluates the arguments of a sampled hit (the stack slice is valid only now).
+  ProbeHit MakeHit(const ProbeDef& def, const watch::UprobeHit& h);
+  uint64_t BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h);
+  void Stop(std::string reason) {
+    if (stop_reason_.empty()) {
+      stop_reason_ = std::move(reason);
+    }
+  }
+  void CheckExit();
+
+  const ProbeCmdOptions& opts_;
+  ProbeSet& set_;
+  int sigfd_;
+  pid_t pid_ = -1;  // -1: every process
+  bool launched_ = false;
+  std::optional<core::ExitInfo> exit_;
+  bool target_gone_ = false;
+  core::UniqueFd pidfd_;
+  std::vector<std::unique_ptr<watch::UprobeEvent>> events_;  // parallel to set_.probes
+  std::unique_ptr<core::TraceWriter> writer_;
+  std::unique_ptr<HitSink> sink_;
+  std::unique_ptr<core::Symbols> symbols_;
+  std::unique_ptr<core::Symbolizer> symbolizer_;
+  absl::flat_hash_map<pid_t, uint64_t> bias_;  // load bias of the file per process
+  uint64_t start_ns_ = 0;
+  std::string stop_reason_;
+  std::vector<std::string> notes_;
+  uint64_t not_sampled_ = 0;
+  uint64_t other_processes_ = 0;  // hits of other processes running the file (dropped)
+};
+
+uint64_t UprobeRunner::BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h) {
+  if (auto it = bias_.find(pid); it != bias_.end()) {
+    return it->second;
+  }
+  uint64_t bias = 0;
+  if (!def.point.is_return) {
+    bias = h.ip.value - def.point.vaddr.value;  // an entry's ip is the probed instruction
+  } else if (auto maps = core::ReadMaps(pid); maps.ok()) {
+    if (auto b = set_.target->LoadBias(*maps); b.ok()) {
+      bias = *b;
+    }
+  }
+  bias_[pid] = bias;
+  return bias;
+}
+
+ProbeHit UprobeRunner::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) {
+  ProbeHit hit;
+  hit.time_ns = h.time_ns;
+  hit.pid = h.pid;
+  hit.tid = h.tid;
+  hit.cpu = h.cpu;
+  hit.probe = &def;
+  const uint64_t bias = BiasOf(h.pid, def, h);
+  hit.ip = core::RemoteAddr{def.point.vaddr.value + bias};
+  if (def.point.is_return) {
+    hit.return_address = h.ip;  // the kernel samples the return address as the ip
+  }
+  // Memory is what the kernel copied from the stack pointer up; nothing else is known.
+  bool outside = false;
+  const uint64_t sp = h.regs.rsp;
+  const std::span<const uint8_t> stack = h.stack;
+  core::FetchContext fc;
+  fc.regs = &h.regs;
+  fc.load_bias = bias;
+  fc.at_return = def.point.is_return;
+  fc.tid = h.tid;
+  fc.read = [&](core::RemoteAddr a, std::span<uint8_t> out) -> absl::Status {
+    if (a.value >= sp && a.value - sp <= stack.size() &&
+        out.size() <= stack.size() - (a.value - sp)) {
+      std::memcpy(out.data(), stack.data() + (a.value - sp), out.size());
+      return absl::OkStatus();
+    }
+    outside = true;
+    return absl::NotFoundError("not in the sampled stack");
+  };
+  for (const core::CompiledArg& a : def.args) {
+    outside = false;
+    absl::StatusOr<std::string> v = core::Evaluate(a, fc);
+    std::string value;
+    if (!v.ok()) {
+      value = absl::StrCat("<error: ", v.status().message(), ">");
+    } else if (outside && (*v == "(fault)" || v->empty())) {
+      value = kNotSampled;
+      ++not_sampled_;
+    } else {
+      value = *std::move(v);
+    }
+    hit.args.emplace_back(a.name, std::move(value));
+  }
+  return hit;
+}
+
+void UprobeRunner::DrainAll() {
+  std::vector<ProbeHit> hits;
+  for (size_t i = 0; i < events_.size(); ++i) {
+    const ProbeDef& def = set_.probes[i];
+    events_[i]->Drain([&](const watch::UprobeHit& h) {
+      if (pid_ > 0 && h.pid != pid_) {
+        ++other_processes_;  // the same file run by another process
+        return;
+      }
+      hits.push_back(MakeHit(def, h));
+    });
+  }
+  // Rings are per CPU and per probe: show one time line.
+  std::stable_sort(hits.begin(), hits.end(),
+                   [](const ProbeHit& a, const ProbeHit& b) { return a.time_ns < b.time_ns; });
+  for (const ProbeHit& h : hits) {
+    if (!sink_->Add(h)) {
+      break;
+    }
+  }
+  if (sink_->done()) {
+    Stop(absl::StrCat("--count ", opts_.count, " reached"));
+  }
+}
+
+void UprobeRunner::CheckExit() {
+  if (target_gone_ || pid_ <= 0) {
+    return;
+  }
+  if (launched_) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_ = ExitFromWaitStatus(status);
+      target_gone_ = true;
+    }
+  } else if (::kill(pid_, 0) != 0 && errno == ESRCH) {
+    target_gone_ = true;
+  }
+  if (target_gone_) {
+    Stop(exit_.has_value() && exit_->signaled
+             ? absl::StrCat("target killed by ", sigabbrev_np(exit_->signal))
+             : "target exited");
+  }
+}
+
+absl::Status UprobeRunner::Start() {
+  std::unique_ptr<core::Process> proc;
+  if (opts_.pid.has_value()) {
+    pid_ = *opts_.pid;
+    if (::kill(pid_, 0) != 0 && errno == ESRCH) {
+      return absl::NotFoundError(absl::StrCat("no process ", pid_));
+    }
+  } else if (!opts_.command.empty()) {
+    // Launched stopped right after exec, so that the events exist before its first
+    // instruction; then let go: the uprobe backend needs no tracer.
+    core::LaunchOptions lo;
+    lo.kill_on_exit = false;
+    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts_.command, lo));
+    pid_ = proc->pid();
+    launched_ = true;
+  }
+  for (const ProbeDef& def : set_.probes) {
+    watch::UprobeRequest req;
+    req.path = set_.path;
+    req.file_offset = def.point.file_offset;
+    req.is_return = def.point.is_return;
+    // Always on every process, filtered here by pid: an inherited per-task uprobe event makes
+    // the target's clone() fail with EFAULT (Linux 6.18: the child's copy of the event reads
+    // attr.uprobe_path, a pointer into kwatch, from the cloning thread's memory), so a
+    // per-task event could not follow the target's threads.
+    req.pid = -1;
+    req.inherit = false;
+    req.stack_bytes = opts_.stack_bytes;
+    req.ring_pages = kRingPages;
+    absl::StatusOr<std::unique_ptr<watch::UprobeEvent>> ev = watch::UprobeEvent::Open(req);
+    if (!ev.ok()) {
+      if (proc != nullptr) {
+        (void)proc->Kill();
+      }
+      return absl::Status(ev.status().code(),
+                          absl::StrCat("probe ", def.point.event, " (", def.Location(),
+                                       "): ", ev.status().message()));
+    }
+    events_.push_back(*std::move(ev));
+  }
+  uint64_t bias = 0;
+  if (pid_ > 0) {
+    // Return addresses are named from the process's modules as mapped now.
+    if (auto syms = core::Symbols::ForProcess(pid_); syms.ok()) {
+      symbols_ = *std::move(syms);
+      symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+    }
+    if (auto maps = core::ReadMaps(pid_); maps.ok()) {
+      if (auto b = set_.target->LoadBias(*maps); b.ok()) {
+        bias = *b;
+        bias_[pid_] = bias;
+      }
+    }
+  }
+  absl::StatusOr<std::unique_ptr<core::TraceWriter>> w =
+      OpenRecording(opts_, set_, pid_ > 0 ? pid_ : 0, bias);
+  if (!w.ok()) {
+    if (proc != nullptr) {
+      (void)proc->Kill();
+    }
+    return w.status();
+  }
+  writer_ = *std::move(w);
+  start_ns_ = NowNs();
+  SinkOptions so;
+  so.json = opts_.json;
+  so.quiet = opts_.quiet;
+  so.count = opts_.count;
+  so.start_ns = start_ns_;
+  so.backend = "uprobe";
+  std::function<std::string(core::RemoteAddr)> caller = nullptr;
+  if (symbolizer_ != nullptr) {
+    caller = [this](core::RemoteAddr ra) {
+      const core::CodeLocation& loc = symbolizer_->Locate(ra);
+      return loc.function.empty() ? absl::StrFormat("0x%x", ra.value)
+                                  : core::Symbolizer::Format(loc);
+    };
+  }
+  sink_ =
+      std::make_unique<HitSink>(STDOUT_FILENO, so, set_.probes, writer_.get(), std::move(caller));
+  sink_->PrintHeader();
+  std::fprintf(stderr, "kwatch: armed %zu probe%s on %s (%s), uprobe backend\n", set_.probes.size(),
+               set_.probes.size() == 1 ? "" : "s",
+               pid_ > 0 ? absl::StrCat("pid ", pid_).c_str() : "every process running it",
+               set_.path.c_str());
+  std::fflush(stderr);
+  if (proc != nullptr) {
+    KW_RETURN_IF_ERROR(proc->Detach());  // runs from its first instruction, probed
+  }
+  if (pid_ > 0) {
+    pidfd_.Reset(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UprobeRunner::Loop() {
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<ProbeLoop> loop, ProbeLoop::Create(sigfd_));
+  for (const auto& ev : events_) {
+    for (int fd : ev->fds()) {
+      KW_RETURN_IF_ERROR(loop->Add(fd));
+    }
+  }
+  if (pidfd_) {
+    KW_RETURN_IF_ERROR(loop->Add(pidfd_.get()));
+  }
+  const uint64_t deadline =
+      opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
+  while (stop_reason_.empty()) {
+    KW_ASSIGN_OR_RETURN(const ProbeLoop::Ready r, loop->Wait(1000));
+    DrainAll();
+    if (r.stop_signal != 0) {
+      Stop(absl::StrCat("interrupted by ", sigabbrev_np(r.stop_signal)));
+    }
+    CheckExit();
+    if (r.tick) {
+      sink_->Flush();
+    }
+    if (!sink_->record_error().ok()) {
+      Stop(absl::StrCat("recording failed: ", sink_->record_error().message()));
+    }
+    if (sink_->output_failed()) {
+      Stop("output closed");
+    }
+    if (deadline != 0 && NowNs() >= deadline) {
+      Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
+    }
+  }
+  DrainAll();  // what the target did up to its exit is in the rings already
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> UprobeRunner::Run() {
+  KW_RETURN_IF_ERROR(Start());
+  const absl::Status looped = Loop();
+  std::map<uint32_t, ProbeEndStats> stats;
+  for (size_t i = 0; i < events_.size(); ++i) {
+    ProbeEndStats st;
+    st.lost = events_[i]->lost();
+    if (absl::StatusOr<uint64_t> c = events_[i]->Count(); c.ok()) {
+      st.kernel_count = *c;
+    }
+    stats[set_.probes[i].id] = st;
+  }
+  events_.clear();  // closing the events removes the probes
+  ProbeRunInfo info;
+  info.backend = "uprobe";
+  info.pid = pid_ > 0 ? pid_ : 0;
+  info.seconds = static_cast<double>(NowNs() - start_ns_) / 1e9;
+  if (launched_ && !target_gone_) {
+    if (opts_.kill_on_exit) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      if (::waitpid(pid_, &status, 0) == pid_) {
+        exit_ = ExitFromWaitStatus(status);
+      }
+      stop_reason_ += "; target killed (--kill-on-exit)";
+    } else {
+      std::fprintf(stderr, "kwatch: probes removed; target %d keeps running\n", pid_);
+    }
+  }
+  info.stop_reason = stop_reason_;
+  info.exit = exit_;
+  notes_.push_back(absl::StrFormat(
+      "uprobe backend: arguments come from the registers and the %d bytes of stack above %%sp "
+      "that the kernel sampled at each hit; memory elsewhere (heap, globals, strings not on "
+      "the stack) and %%xmm registers are not sampled",
+      opts_.stack_bytes));
+  if (not_sampled_ > 0) {
+    notes_.push_back(absl::StrFormat(
+        "%d argument value%s showed %s: the memory was outside the sampled stack (raise "
+        "--stack-bytes, or use --backend ptrace, which reads the target's memory at the hit)",
+        not_sampled_, not_sampled_ == 1 ? "" : "s", kNotSampled));
+  }
+  if (other_processes_ > 0) {
+    notes_.push_back(absl::StrFormat("%d hits of other processes running %s were left out",
+                                     other_processes_, set_.path));
+  }
+  for (const auto& [id, st] : stats) {
+    if (st.lost > 0) {
+      notes_.push_back(absl::StrFormat(
+          "the kernel dropped %d samples of probe %d (ring full): counts are short", st.lost, id));
+    }
+  }
+  info.notes = notes_;
+  sink_->Flush();
+  std::fflush(stdout);
+  FinishRecording(writer_.get(), *sink_, info, opts_.output);
+  PrintProbeSummary(stdout, opts_.json, set_.probes, *sink_, stats, info);
+  std::fflush(stdout);
+  KW_RETURN_IF_ERROR(looped);
+  if (launched_ && exit_.has_value()) {
+    return exit_->ShellStatus();
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+  UprobeRunner runner(opts, set, sigfd);
+  return runner.Run();
+}
+
+}  // namespace kwatch::cli
