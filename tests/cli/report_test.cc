@@ -312,6 +312,18 @@ TEST(Recording, BadFilesAreExplained) {
   EXPECT_THAT(d.err, HasSubstr(damaged));
   EXPECT_THAT(d.err, ::testing::AnyOf(HasSubstr("corrupt"), HasSubstr("malformed")));
 
+  // A file cut to half its size (a copy that did not finish).
+  const std::string truncated = TempFile("truncated.kwdb");
+  std::filesystem::copy_file(newer, truncated);
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) / 2);
+  ASSERT_EQ(sqlite3_open(truncated.c_str(), &db), SQLITE_OK);
+  sqlite3_exec(db, "PRAGMA user_version = 1;", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  const RunResult t = RunKwatch({"report", truncated});
+  EXPECT_EQ(t.exit_code, 1) << t.out;
+  EXPECT_THAT(t.err, HasSubstr(truncated));
+  EXPECT_THAT(t.err, ::testing::AnyOf(HasSubstr("corrupt"), HasSubstr("malformed")));
+
   // Recording to a place that cannot be written stops before launching anything.
   const RunResult unwritable = RunKwatch({"-q", "--write", "g_stats.hits", "-o",
                                           "/nonexistent-dir/x.kwdb", "--",
