@@ -135,6 +135,28 @@ TEST(Recording, ReportHasEveryAccessPerFieldAndThread) {
   EXPECT_EQ(heat, 3000u);
 }
 
+// A live session ends with the same profile: in JSON under "profile", in text as the report.
+TEST(Recording, LiveSessionEndsWithTheSameProfile) {
+  const std::string truth_path = TruthFile("live-profile");
+  const RunResult r = RunKwatch({"-q", "--json", "--rw", "g_stats", "--",
+                                 TargetPath("field_writer"), "2", "500", "--truth", truth_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json summary = json::parse(r.out.substr(r.out.rfind("{\"type\":\"summary\"")));
+  const json& w = summary["profile"]["watches"][0];
+  EXPECT_EQ((*Field(w, "g_stats.hits"))["writes"], 1000);
+  EXPECT_EQ((*Field(w, "g_stats.misses"))["writes"], 500);
+  EXPECT_EQ((*Field(w, "g_stats.flags"))["reads"], 250);
+  EXPECT_TRUE(summary["profile"]["false_sharing"].is_array());
+
+  const RunResult text = RunKwatch({"-q", "--rw", "g_stats", "--", TargetPath("field_writer"),
+                                    "1", "100", "--truth", TruthFile("live-text")});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("== kwatch summary: 175 events"));
+  EXPECT_THAT(text.out, HasSubstr("storage profile: 175 events from 1 thread"));
+  EXPECT_THAT(text.out, HasSubstr("heatmap: reads+writes per field"));
+  EXPECT_THAT(text.out, HasSubstr("98 (was 97), 99 (was 98)  tid "));
+}
+
 // Text, CSV, and the filters: one thread, one field, a time window after the end.
 TEST(Recording, TextCsvAndFilters) {
   const std::string db = TempFile("filters.kwdb");
