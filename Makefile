@@ -29,7 +29,9 @@ test-asan:
 
 bench: build
 	@mkdir -p bench/results
-	@for b in $(BUILD)/bench/*_bench; do $$b --benchmark_out=bench/results/$$(basename $$b).json --benchmark_out_format=json; done
+	@for b in $(BUILD)/bench/*_bench; do $$b --benchmark_out=bench/results/$$(basename $$b).json --benchmark_out_format=json || exit 1; done
+	@./bench/compare/compare.sh $(BUILD) bench/results
+	@./scripts/readme-overhead.sh bench/results/compare.md README.md
 
 lint: configure
 	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(core|drmgr|watch|cli)/' 

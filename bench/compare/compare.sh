@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# Probe and watchpoint overhead of kwatch next to gdb, perf and bpftrace, on the same target
+# programs in the same run.
+#
+#   bench/compare/compare.sh [BUILD_DIR] [OUT_DIR]
+#
+# Code probes: tests/targets/uprobe_loop N calls tick() N times; every tool puts one probe on
+# tick. Watchpoints: tests/targets/field_writer 1 N writes g_stats.hits N times (and other
+# fields of the same struct); every tool watches g_stats.hits for writes. perf mem: and
+# bpftrace watchpoint: need an absolute address: their programs run with ASLR off
+# (setarch -R), as gdb runs its programs.
+#
+# Every run is a pair: the program at N/4 and at N hits. The cost per hit is the slope
+# (t(N) - t(N/4)) / (N - N/4), so a tool's start-up and the program's own work cancel out;
+# the bare program's slope is subtracted. RUNS pairs per tool (default 5): median, min, max.
+# Each run's hit count is checked against what the program did; a tool that counted something
+# else is shown with what it counted and why, never with a cost. Writes OUT_DIR/compare.md
+# (the table) and OUT_DIR/compare.tsv (every run).
+set -uo pipefail
+
+BUILD=${1:-build/default}
+OUT=${2:-bench/results}
+RUNS=${RUNS:-5}
+NPROBE=${NPROBE:-20000}
+NWATCH=${NWATCH:-20000}
+KWATCH=$(realpath "$BUILD/cli/kwatch")
+LOOP=$(realpath "$BUILD/tests/targets/uprobe_loop")
+WRITER=$(realpath "$BUILD/tests/targets/field_writer")
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/kwatch-compare.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+log() { printf 'compare: %s\n' "$*" >&2; }
+
+# --- peers: install what is missing (Debian packages) ---------------------------------------
+need=()
+command -v gdb >/dev/null || need+=(gdb)
+command -v perf >/dev/null || need+=(linux-perf)
+command -v bpftrace >/dev/null || need+=(bpftrace)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >"$WORK/apt.log" 2>&1 ||
+    { $SUDO apt-get update -qq >/dev/null 2>&1 &&
+      $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >"$WORK/apt.log" 2>&1; } ||
+    log "could not install ${need[*]}: the table says so"
+fi
+# perf probe and bpftrace's uprobes want tracefs.
+if [ ! -e /sys/kernel/tracing/uprobe_events ]; then
+  mount -t tracefs nodev /sys/kernel/tracing >/dev/null 2>&1 || true
+fi
+
+SETARCH=(/usr/bin/setarch "$(uname -m)" -R)
+# g_stats.hits (offset 0 of g_stats) with ASLR off: the PIE base is 0x555555554000.
+GSTATS_OFF=$(nm "$WRITER" | awk '$3 == "g_stats" {print $1}')
+WADDR=$(printf '0x%x' $((0x555555554000 + 0x$GSTATS_OFF)))
+
+# --- measuring ------------------------------------------------------------------------------
+now() { date +%s%N; }
+TSV="$OUT/compare.tsv"
+printf 'mechanism\ttool\trun\tn\twall_ns\thits\n' >"$TSV"
+
+# run_tool MECH TOOL COUNT_FN CMD... : CMD with @N@ standing for the number of hits; COUNT_FN
+# prints the hit count read from $WORK/out (stdout and stderr of the run), knowing $N.
+run_tool() {
+  local mech=$1 tool=$2 count_fn=$3
+  shift 3
+  local full=$NPROBE
+  [ "$mech" = watch ] && full=$NWATCH
+  local r a s e hits
+  for r in $(seq 1 "$RUNS"); do
+    for N in $((full / 4)) "$full"; do
+      local args=()
+      for a in "$@"; do args+=("${a//@N@/$N}"); done
+      s=$(now)
+      "${args[@]}" >"$WORK/out" 2>&1 </dev/null
+      e=$(now)
+      hits=$($count_fn)
+      printf '%s\t%s\t%d\t%d\t%d\t%s\n' "$mech" "$tool" "$r" "$N" $((e - s)) "${hits:-0}" >>"$TSV"
+      cp "$WORK/out" "$WORK/last-$(echo "$mech-$tool" | tr -c 'a-zA-Z0-9' '_').txt"
+    done
+  done
+}
+
+# The bare programs' own proof that they ran: uprobe_loop's sum of 3i + 100 over i < N,
+# field_writer's count of its writes.
+count_sum_ok() { grep -q "^sum=$((3 * N * (N - 1) / 2 + 100 * N))$" "$WORK/out" && echo "$N"; }
+count_writer_ok() { grep -q "\"hits_w\":$N," "$WORK/out" && echo "$N"; }
+count_gdb() { grep -oE 'already hit [0-9]+ time' "$WORK/out" | awk '{print $3}' | tail -n 1; }
+count_dprintf() { grep -c '^tick ' "$WORK/out"; }
+count_perf_stat() { awk -F, '/probe_uprobe_loop:tick/ {print $1}' "$WORK/out" | head -n 1; }
+count_perf_record() { grep -oE '\(([0-9]+) samples\)' "$WORK/out" | tr -dc '0-9'; }
+count_bpftrace() { grep -oE '^@c: [0-9]+' "$WORK/out" | awk '{print $2}'; }
+count_kwatch_probe() { grep '"type":"summary"' "$WORK/out" | grep -oE '"hits":[0-9]+' | head -n 1 | cut -d: -f2; }
+count_kwatch_watch() { grep '"type":"summary"' "$WORK/out" | grep -oE '"events":[0-9]+' | head -n 1 | cut -d: -f2; }
+
+# --- code probes on tick --------------------------------------------------------------------
+log "code probes: uprobe_loop $((NPROBE / 4)) and $NPROBE, $RUNS runs each"
+run_tool probe "(none)" count_sum_ok "$LOOP" @N@
+
+printf '%s\n' "set pagination off" "set confirm off" "break tick" "commands" "silent" "continue" \
+  "end" "run" "info breakpoints" >"$WORK/gdb-break.gdb"
+run_tool probe "gdb break + silent continue" count_gdb gdb -batch -nx -x "$WORK/gdb-break.gdb" --args "$LOOP" @N@
+
+printf '%s\n' "set pagination off" "set confirm off" 'dprintf tick,"tick %ld\n", i' "run" \
+  >"$WORK/gdb-dprintf.gdb"
+run_tool probe "gdb dprintf" count_dprintf gdb -batch -nx -x "$WORK/gdb-dprintf.gdb" --args "$LOOP" @N@
+
+perf probe -q -d 'probe_uprobe_loop:*' >/dev/null 2>&1
+if perf probe -q -x "$LOOP" tick >"$WORK/perf-probe.txt" 2>&1; then
+  run_tool probe "perf probe + perf stat" count_perf_stat perf stat -x, -e probe_uprobe_loop:tick -- "$LOOP" @N@
+  run_tool probe "perf probe + perf record" count_perf_record perf record -o "$WORK/perf.data" -e probe_uprobe_loop:tick -- "$LOOP" @N@
+  perf probe -q -d 'probe_uprobe_loop:*' >/dev/null 2>&1
+else
+  PERF_PROBE_ERROR=$(head -n 1 "$WORK/perf-probe.txt")
+  run_tool probe "perf probe + perf stat" count_perf_stat false
+fi
+
+run_tool probe "bpftrace uprobe count()" count_bpftrace bpftrace -e "uprobe:$LOOP:tick { @c = count(); }" -c "$LOOP @N@"
+run_tool probe "kwatch probe (ptrace INT3)" count_kwatch_probe "$KWATCH" probe -q --json --backend ptrace tick -- "$LOOP" @N@
+run_tool probe "kwatch probe (uprobe PMU)" count_kwatch_probe "$KWATCH" probe -q --json --backend uprobe tick -- "$LOOP" @N@
+
+# --- watchpoints on g_stats.hits ------------------------------------------------------------
+log "watchpoints: field_writer 1 $((NWATCH / 4)) and $NWATCH (g_stats.hits at $WADDR with ASLR off), $RUNS runs each"
+run_tool watch "(none)" count_writer_ok "$WRITER" 1 @N@
+
+printf '%s\n' "set pagination off" "set confirm off" "set can-use-hw-watchpoints 1" "break main" \
+  "run" "watch g_stats.hits" "commands" "silent" "continue" "end" "continue" "info watchpoints" \
+  >"$WORK/gdb-watch.gdb"
+run_tool watch "gdb watch (hardware)" count_gdb gdb -batch -nx -x "$WORK/gdb-watch.gdb" --args "$WRITER" 1 @N@
+run_tool watch "perf record -e mem:ADDR:w" count_perf_record perf record -o "$WORK/perf-mem.data" -e "mem:$WADDR:w" -- "${SETARCH[@]}" "$WRITER" 1 @N@
+run_tool watch "bpftrace watchpoint:ADDR:8:w" count_bpftrace bpftrace -e "watchpoint:$WADDR:8:w { @c = count(); }" -c "${SETARCH[*]} $WRITER 1 @N@"
+run_tool watch "kwatch --backend perf (stream)" count_kwatch_watch "$KWATCH" -q --json --backend perf --write g_stats.hits -- "$WRITER" 1 @N@
+run_tool watch "kwatch --backend page" count_kwatch_watch "$KWATCH" -q --json --backend page --write g_stats.hits -- "$WRITER" 1 @N@
+
+# --- the table ------------------------------------------------------------------------------
+# Per tool: the slope of each run pair, then median, min, max; the hits must equal N in every
+# run. Output: mech, tool, median, min, max, counted, expected, ok.
+awk -F'\t' '
+  NR == 1 { next }
+  {
+    key = $1 "\t" $2
+    if (!(key in seen)) { seen[key] = 1; keys[++k] = key }
+    if (!((key, $3) in pair)) { pair[key, $3] = 1; runs[key]++ }
+    t[key, $3, $4] = $5
+    if ($4 > full[key]) full[key] = $4
+    if ($6 != $4 && !(key in bad)) { bad[key] = 1; got[key] = $6; want[key] = $4 }
+  }
+  END {
+    for (i = 1; i <= k; i++) {
+      key = keys[i]; m = runs[key]; f = full[key]; q = int(f / 4)
+      split(key, p, "\t")
+      if (key in bad) { print p[1] "\t" p[2] "\t-\t-\t-\t" got[key] "\t" want[key] "\t0"; continue }
+      for (j = 1; j <= m; j++) a[j] = (t[key, j, f] - t[key, j, q]) / (f - q)
+      for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (a[y] < a[x]) { tmp = a[x]; a[x] = a[y]; a[y] = tmp }
+      med = (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+      print p[1] "\t" p[2] "\t" med "\t" a[1] "\t" a[m] "\t" f "\t" f "\t1"
+    }
+  }' "$TSV" >"$WORK/stats"
+
+base_of() { awk -F'\t' -v mech="$1" '$1 == mech && $2 == "(none)" {print $3}' "$WORK/stats"; }
+# kwatch's reference per mechanism: its fastest backend that counted every hit.
+ref_of() {
+  awk -F'\t' -v mech="$1" -v base="$2" '
+    $1 == mech && $2 ~ /^kwatch/ && $8 == 1 { c = $3 - base; if (best == "" || c < best) best = c }
+    END { print best }' "$WORK/stats"
+}
+base_probe=$(base_of probe)
+base_watch=$(base_of watch)
+ref_probe=$(ref_of probe "$base_probe")
+ref_watch=$(ref_of watch "$base_watch")
+
+traps_delivered() { [ "$(cut -f2- <<<"$(grep -P '^watch\t(kwatch --backend perf|gdb watch)' "$WORK/stats")" | awk -F'\t' '$7 == 1' | wc -l)" -gt 0 ]; }
+
+why() {  # MECH TOOL COUNTED: one line on why a tool counted something else
+  case "$1|$2" in
+    watch\|*)
+      if [ "$3" = 0 ] && ! traps_delivered; then
+        echo "no debug-register trap was delivered: this machine's hypervisor accepts hardware breakpoints but never raises their traps"
+      else
+        echo "see compare.tsv and the tool's output"
+      fi ;;
+    probe\|perf*) echo "perf probe failed: ${PERF_PROBE_ERROR:-see compare.tsv}" ;;
+    *) echo "see compare.tsv and the tool's output" ;;
+  esac
+}
+
+{
+  echo "| mechanism | tool | ns per hit (median) | min | max | hits counted / expected | ratio to kwatch |"
+  echo "|---|---|---:|---:|---:|---:|---:|"
+  while IFS=$'\t' read -r mech tool med lo hi counted expect ok; do
+    base=$base_probe refc=$ref_probe mname="code probe on tick()"
+    if [ "$mech" = watch ]; then base=$base_watch refc=$ref_watch mname="write watchpoint on g_stats.hits"; fi
+    if [ "$tool" = "(none)" ]; then
+      printf '| %s | none (the bare program: %.0f ns per iteration) | - | - | - | %s / %s | - |\n' \
+        "$mname" "$med" "$counted" "$expect"
+    elif [ "$ok" != 1 ]; then
+      printf '| %s | %s | cannot measure here: counted %s of %s hits; %s | - | - | %s / %s | - |\n' \
+        "$mname" "$tool" "$counted" "$expect" "$(why "$mech" "$tool" "$counted")" "$counted" "$expect"
+    else
+      awk -v mname="$mname" -v tool="$tool" -v med="$med" -v lo="$lo" -v hi="$hi" -v base="$base" \
+        -v n="$expect" -v refc="$refc" 'BEGIN {
+        r = (refc != "" && refc > 0) ? sprintf("%.2fx", (med - base) / refc) : "-"
+        printf "| %s | %s | %.0f | %.0f | %.0f | %d / %d | %s |\n", mname, tool, med - base, lo - base, hi - base, n, n, r }'
+    fi
+  done <"$WORK/stats"
+} >"$WORK/table"
+
+{
+  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "$RUNS run pairs per tool. Code probes: \`uprobe_loop N\` (one probe on tick(), hit N times); watchpoints: \`field_writer 1 N\` (g_stats.hits written N times); N = $((NPROBE / 4)) and $NPROBE, $((NWATCH / 4)) and $NWATCH."
+  echo "Cost per hit: slope of wall time over hits between the two sizes (start-up cancels out) minus the bare program's slope. Ratio: to kwatch's fastest backend that counted every hit."
+  echo
+  cat "$WORK/table"
+  echo
+  echo "Versions: $(gdb --version | head -n 1); $(perf --version 2>/dev/null); bpftrace $(bpftrace --version 2>/dev/null | awk '{print $2}'); $("$KWATCH" --version 2>/dev/null)."
+  echo "Reproduce: \`make bench\` (or \`bench/compare/compare.sh BUILD_DIR\`); every run is in \`bench/results/compare.tsv\`."
+} >"$OUT/compare.md"
+cat "$OUT/compare.md"
