@@ -1,0 +1,155 @@
+// Cost of one probe hit through kwatch's ptrace INT3 engine (core/probe/int3_engine.h), on
+// tests/targets/uprobe_loop N (tick() called N times), next to the same program unprobed.
+//
+// Each iteration launches the program under a Process (stopped at its entry point), registers
+// the probe, runs the program to its exit while handling its traps, and times that run. The
+// unprobed case does the same with no probe. Per hit = (probed - unprobed) / N, reported as
+// the counter ns_per_hit (and the whole run as Time). Variants:
+//  - entry, emulated: a pre handler on tick's first instruction, emulated in kwatch (one stop);
+//  - entry, out of line: the same instruction run from the XOL area (one stop);
+//  - entry + post handler: out of line followed by a second trap for the post handler;
+//  - return probe: tick%return (an entry trap plus a trampoline trap per call).
+// The handler counts hits; the run fails (SkipWithError) unless it counted exactly N.
+
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/probe/int3_engine.h"
+#include "core/process.h"
+#include "core/symbols.h"
+
+namespace kwatch::core {
+namespace {
+
+constexpr int kCalls = 20000;
+
+enum class Variant { kNone, kEmulated, kOutOfLine, kPost, kReturn };
+
+std::string LoopPath() { return std::string(KWATCH_TARGETS_DIR) + "/uprobe_loop"; }
+
+// One launched run; returns its wall time in ns, or -1 with `error` set.
+double RunOnce(Variant v, std::string& error) {
+  auto p = Process::Launch({LoopPath(), absl::StrCat(kCalls)});
+  if (!p.ok()) {
+    error = std::string(p.status().message());
+    return -1;
+  }
+  std::unique_ptr<Process> proc = std::move(*p);
+  if (absl::Status s = proc->RunToEntry(); !s.ok()) {
+    error = std::string(s.message());
+    return -1;
+  }
+  auto syms = Symbols::ForProcess(proc->pid());
+  if (!syms.ok()) {
+    error = std::string(syms.status().message());
+    return -1;
+  }
+  auto tick = (*syms)->FindFunction("tick");
+  if (!tick.has_value()) {
+    error = "no function tick in uprobe_loop";
+    return -1;
+  }
+  uint64_t hits = 0;
+  auto engine = std::make_unique<Int3Engine>(*proc);
+  (void)engine->StopWorld();
+  absl::StatusOr<ProbeId> id = ProbeId{0};
+  auto count = [&hits](const ProbeContext&) { ++hits; };
+  switch (v) {
+    case Variant::kNone:
+      break;
+    case Variant::kEmulated:
+      id = engine->Register(tick->start, {.pre = count}, {.execution = ProbeExecution::kEmulate});
+      break;
+    case Variant::kOutOfLine:
+      id = engine->Register(tick->start, {.pre = count}, {.execution = ProbeExecution::kOutOfLine});
+      break;
+    case Variant::kPost:
+      id = engine->Register(tick->start, {.pre = count, .post = [](const ProbeContext&) {}},
+                            {.execution = ProbeExecution::kOutOfLine});
+      break;
+    case Variant::kReturn:
+      id = engine->RegisterReturn(tick->start, {.pre = count});
+      break;
+  }
+  if (!id.ok()) {
+    error = std::string(id.status().message());
+    return -1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  (void)engine->ResumeWorld();
+  while (proc->alive()) {
+    auto events = proc->Poll(/*block=*/true);
+    if (!events.ok()) {
+      error = std::string(events.status().message());
+      return -1;
+    }
+    for (const ProcessEvent& e : *events) {
+      if (e.kind == ProcessEvent::Kind::kThreadExited) {
+        engine->OnThreadExit(e.tid);
+      }
+    }
+  }
+  const auto end = std::chrono::steady_clock::now();
+  engine.reset();
+  if (v != Variant::kNone && hits != static_cast<uint64_t>(kCalls)) {
+    error = absl::StrCat("counted ", hits, " hits, expected ", kCalls);
+    return -1;
+  }
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
+}
+
+double Unprobed() {
+  static double ns = [] {
+    std::string error;
+    std::vector<double> runs;
+    for (int i = 0; i < 3; ++i) {
+      runs.push_back(RunOnce(Variant::kNone, error));
+    }
+    std::sort(runs.begin(), runs.end());
+    return runs[1];
+  }();
+  return ns;
+}
+
+void BM_Int3Hit(benchmark::State& state, Variant v) {
+  double total = 0;
+  for (auto _ : state) {
+    std::string error;
+    const double ns = RunOnce(v, error);
+    if (ns < 0) {
+      state.SkipWithError(error.c_str());
+      return;
+    }
+    state.SetIterationTime(ns / 1e9);
+    total += ns;
+  }
+  const double per_run = total / static_cast<double>(state.iterations());
+  state.counters["calls"] = kCalls;
+  state.counters["ns_per_hit"] =
+      v == Variant::kNone ? per_run / kCalls : (per_run - Unprobed()) / kCalls;
+}
+
+BENCHMARK_CAPTURE(BM_Int3Hit, unprobed, Variant::kNone)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(BM_Int3Hit, entry_emulated, Variant::kEmulated)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(BM_Int3Hit, entry_out_of_line, Variant::kOutOfLine)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(BM_Int3Hit, entry_with_post_handler, Variant::kPost)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(BM_Int3Hit, return_probe, Variant::kReturn)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+
+}  // namespace
+}  // namespace kwatch::core
+
+BENCHMARK_MAIN();
