@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -205,6 +206,17 @@ class DwflSymbols final : public Symbols {
   mutable absl::flat_hash_map<std::string, Dwarf_Die> declarations_;  // typed, no location
   mutable absl::flat_hash_map<std::string, FunctionSymbol> functions_;
   mutable absl::flat_hash_set<std::string> dwarf_functions_;
+  // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module), built on the first
+  // LineAt in that CU: one walk of the CU instead of a dwarf_getscopes walk per address.
+  struct InlineRange {
+    Dwarf_Addr lo = 0;  // CU-relative (bias removed)
+    Dwarf_Addr hi = 0;
+    int depth = 0;
+    std::string name;
+  };
+  mutable absl::flat_hash_map<std::pair<Dwfl_Module*, Dwarf_Off>, std::vector<InlineRange>>
+      inline_ranges_;
+  const std::vector<InlineRange>& InlineRangesOf(Dwfl_Module* mod, Dwarf_Die* cudie) const;
 };
 
 void DwflSymbols::EnsureIndex() const {
@@ -828,16 +840,55 @@ std::optional<SourceLine> DwflSymbols::LineAt(RemoteAddr addr) const {
   Dwarf_Addr bias = 0;
   Dwarf_Die* cudie = dwfl_module_addrdie(mod, addr.value, &bias);
   if (cudie != nullptr) {
-    Dwarf_Die* scopes = nullptr;
-    const int n = dwarf_getscopes(cudie, addr.value - bias, &scopes);
-    for (int i = 0; i < n; ++i) {
-      if (dwarf_tag(&scopes[i]) == DW_TAG_inlined_subroutine) {
-        out.inlined_function = DieName(scopes[i]);
-        break;
+    // The innermost inlined subroutine containing the address.
+    const Dwarf_Addr rel = addr.value - bias;
+    int best = -1;
+    for (const InlineRange& r : InlineRangesOf(mod, cudie)) {
+      if (rel >= r.lo && rel < r.hi && r.depth > best) {
+        best = r.depth;
+        out.inlined_function = r.name;
       }
     }
-    free(scopes);  // NOLINT(cppcoreguidelines-no-malloc): allocated by libdw
   }
+  return out;
+}
+
+const std::vector<DwflSymbols::InlineRange>& DwflSymbols::InlineRangesOf(Dwfl_Module* mod,
+                                                                         Dwarf_Die* cudie) const {
+  const auto key = std::make_pair(mod, dwarf_dieoffset(cudie));
+  auto it = inline_ranges_.find(key);
+  if (it != inline_ranges_.end()) {
+    return it->second;
+  }
+  std::vector<InlineRange>& out = inline_ranges_[key];
+  // Depth-first over the CU's DIEs, keeping the nesting depth of inlined subroutines.
+  std::function<void(Dwarf_Die*, int)> walk = [&](Dwarf_Die* parent, int depth) {
+    Dwarf_Die child;
+    if (dwarf_child(parent, &child) != 0) {
+      return;
+    }
+    do {
+      const int tag = dwarf_tag(&child);
+      int next_depth = depth;
+      if (tag == DW_TAG_inlined_subroutine) {
+        const std::string name = DieName(child);
+        Dwarf_Addr base = 0;
+        Dwarf_Addr lo = 0;
+        Dwarf_Addr hi = 0;
+        ptrdiff_t off = 0;
+        while ((off = dwarf_ranges(&child, off, &base, &lo, &hi)) > 0) {
+          out.push_back(InlineRange{lo, hi, depth + 1, name});
+        }
+        next_depth = depth + 1;
+      }
+      if (tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine ||
+          tag == DW_TAG_lexical_block || tag == DW_TAG_namespace || tag == DW_TAG_class_type ||
+          tag == DW_TAG_structure_type) {
+        walk(&child, next_depth);
+      }
+    } while (dwarf_siblingof(&child, &child) == 0);
+  };
+  walk(cudie, 0);
   return out;
 }
 

@@ -572,6 +572,30 @@ TEST_F(SymbolsFileTest, FunctionAtAndLineAt) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 
+// The code inlined from ScaleHits into StoreScaled names ScaleHits; the rest of StoreScaled
+// (g_counter += 2) names no inlined function.
+TEST_F(SymbolsFileTest, LineAtNamesTheInlinedFunction) {
+  auto f = symbols_->FindFunction("StoreScaled");
+  ASSERT_TRUE(f.has_value());
+  int inlined = 0;
+  int plain = 0;
+  for (uint64_t off = 0; off < f->size; ++off) {
+    auto line = symbols_->LineAt(f->start + off);
+    if (!line.has_value()) {
+      continue;
+    }
+    if (line->inlined_function == "ScaleHits") {
+      ++inlined;
+      EXPECT_THAT(line->file, EndsWith("tests/targets/layouts.c"));
+    } else {
+      EXPECT_EQ(line->inlined_function, "") << "at StoreScaled+" << off;
+      ++plain;
+    }
+  }
+  EXPECT_GT(inlined, 0);
+  EXPECT_GT(plain, 0);
+}
+
 TEST_F(SymbolsFileTest, ReadCodeComesFromTheFile) {
   auto f = symbols_->FindFunction("IncCounter");
   ASSERT_TRUE(f.has_value());

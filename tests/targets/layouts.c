@@ -91,6 +91,16 @@ __attribute__((noinline)) int LoadMisses(void) { return g_stats.misses; }
 
 __attribute__((noinline)) void IncCounter(void) { g_counter++; }
 
+// An inlined function, for the symbolizer's "X inlined in Y".
+static inline __attribute__((always_inline)) void ScaleHits(long v) {
+  g_stats.hits = v * 3; /* INLINE_MARKER */
+}
+
+__attribute__((noinline)) void StoreScaled(long v) {
+  ScaleHits(v + 1);
+  g_counter += 2;
+}
+
 static void Touch(int seed) {
   StoreHits(seed);
   g_stats.misses = seed + 1;
@@ -106,6 +116,7 @@ static void Touch(int seed) {
   g_matrix[2][3] = seed;
   g_big[999] = seed;
   IncCounter();
+  StoreScaled(seed);
   s_file_static += seed + LoadMisses();
   t_tls = seed;
 }
