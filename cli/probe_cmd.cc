@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -70,11 +71,12 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
     const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
     if (n < 0) {
       const int err = errno;
-      return core::SyscallError(err, absl::StrCat("readlink(", link, ")"),
-                                err == ENOENT ? "no such process"
-                                              : "kwatch needs the right to trace the process "
-                                                "(root or CAP_SYS_PTRACE, see kernel.yama."
-                                                "ptrace_scope)");
+      return core::SyscallError(
+          err, absl::StrCat("readlink(", link, ")"),
+          err == ENOENT ? absl::StrCat("no process ", *o.pid)
+                        : std::string("tracing another user's process needs root or "
+                                      "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
+                                      "it further)"));
     }
     const std::string path(buf, static_cast<size_t>(n));
     // A deleted or replaced program is still reachable through the link itself.
@@ -213,6 +215,17 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("--stack-bytes", opts.stack_bytes,
                  "uprobe: bytes of user stack sampled per hit, from %sp up")
       ->check(CLI::Range(8, 65528))
+      ->capture_default_str();
+  app.add_option("--ring-pages", opts.ring_pages,
+                 "uprobe: pages (4 KiB) of each per-CPU sample ring, per probe, a power of two; "
+                 "samples beyond a full ring are dropped and counted as lost")
+      ->check([](const std::string& v) -> std::string {
+        uint32_t n = 0;
+        if (!absl::SimpleAtoi(v, &n) || n == 0 || (n & (n - 1)) != 0 || n > (1U << 20)) {
+          return "a power of two from 1 to 1048576";
+        }
+        return "";
+      })
       ->capture_default_str();
   app.add_flag("--kill-on-exit", opts.kill_on_exit,
                "Kill a launched target when kwatch stops before it ends (default: remove the "

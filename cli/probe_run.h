@@ -38,6 +38,9 @@ struct ProbeCmdOptions {
   std::string command_line;    // as typed, for recordings
   uint32_t maxactive = 0;      // return probes (ptrace), 0: engine default
   uint32_t stack_bytes = 512;  // uprobe: user stack sampled per hit
+  // uprobe: data pages of each per-CPU ring, per probe (power of two). 1024: 4 MiB, about
+  // 5,500 samples of 512 stack bytes before kwatch must have read them.
+  uint32_t ring_pages = 1024;
 };
 
 // Runs the session with the INT3 engine over ptrace (launch or attach).

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,6 @@
 namespace kwatch::cli {
 
 namespace {
-
-constexpr size_t kRingPages = 256;  // per CPU and probe: 1 MiB, ~1400 samples of 512 stack bytes
 
 // Why a value is missing: the memory it needs was not in the sample.
 constexpr char kNotSampled[] = "(not sampled)";
@@ -90,7 +89,9 @@ class UprobeRunner {
   std::string stop_reason_;
   std::vector<std::string> notes_;
   uint64_t not_sampled_ = 0;
-  uint64_t other_processes_ = 0;  // hits of other processes running the file (dropped)
+  uint64_t other_processes_ = 0;
+  std::vector<uint64_t> sampled_;  // per event: samples read, of every process  // hits of other
+                                   // processes running the file (dropped)
 };
 
 uint64_t UprobeRunner::BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h) {
@@ -161,6 +162,7 @@ void UprobeRunner::DrainAll() {
   for (size_t i = 0; i < events_.size(); ++i) {
     const ProbeDef& def = set_.probes[i];
     events_[i]->Drain([&](const watch::UprobeHit& h) {
+      ++sampled_[i];
       if (pid_ > 0 && h.pid != pid_) {
         ++other_processes_;  // the same file run by another process
         return;
@@ -230,17 +232,24 @@ absl::Status UprobeRunner::Start() {
     req.pid = -1;
     req.inherit = false;
     req.stack_bytes = opts_.stack_bytes;
-    req.ring_pages = kRingPages;
+    req.ring_pages = opts_.ring_pages;
     absl::StatusOr<std::unique_ptr<watch::UprobeEvent>> ev = watch::UprobeEvent::Open(req);
     if (!ev.ok()) {
       if (proc != nullptr) {
         (void)proc->Kill();
       }
-      return absl::Status(ev.status().code(),
-                          absl::StrCat("probe ", def.point.event, " (", def.Location(),
-                                       "): ", ev.status().message()));
+      std::string msg = absl::StrCat("probe ", def.point.event, " (", def.Location(),
+                                     "): ", ev.status().message());
+      if (absl::IsPermissionDenied(ev.status())) {
+        // perf_uprobe_event_init() checks perfmon_capable() whatever perf_event_paranoid says.
+        absl::StrAppend(&msg,
+                        "; note: the kernel's uprobe PMU always needs CAP_PERFMON (or root); "
+                        "--backend ptrace probes your own processes without privileges");
+      }
+      return absl::Status(ev.status().code(), msg);
     }
     events_.push_back(*std::move(ev));
+    sampled_.push_back(0);
   }
   uint64_t bias = 0;
   if (pid_ > 0) {
@@ -329,19 +338,28 @@ absl::Status UprobeRunner::Loop() {
       Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
     }
   }
-  DrainAll();  // what the target did up to its exit is in the rings already
   return absl::OkStatus();
 }
 
 absl::StatusOr<int> UprobeRunner::Run() {
   KW_RETURN_IF_ERROR(Start());
   const absl::Status looped = Loop();
+  // The kernel's counts first, then the last samples (what the target did up to its exit
+  // is in the rings already): a sample counted but never read was dropped. The ring's own
+  // lost records miss drops at the very end (their record is written only once space frees).
+  std::vector<std::optional<uint64_t>> counts;
+  for (const auto& ev : events_) {
+    absl::StatusOr<uint64_t> c = ev->Count();
+    counts.push_back(c.ok() ? std::optional<uint64_t>(*c) : std::nullopt);
+  }
+  DrainAll();
   std::map<uint32_t, ProbeEndStats> stats;
   for (size_t i = 0; i < events_.size(); ++i) {
     ProbeEndStats st;
     st.lost = events_[i]->lost();
-    if (absl::StatusOr<uint64_t> c = events_[i]->Count(); c.ok()) {
-      st.kernel_count = *c;
+    st.kernel_count = counts[i];
+    if (counts[i].has_value() && *counts[i] > sampled_[i]) {
+      st.lost = std::max(st.lost, *counts[i] - sampled_[i]);
     }
     stats[set_.probes[i].id] = st;
   }

@@ -1,5 +1,6 @@
 // End-to-end tests of `kwatch probe`: the real binary on fixtures whose calls and arguments
 // are known (tests/targets/uprobe_loop.c, probe_args.c, probe_cli_pause.c).
+#include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -104,8 +105,8 @@ long LoopSum(long n) {
 void ExpectLoopHits(const JsonRun& run, long n) {
   const std::vector<json> entries = OfEvent(run.hits, "tick");
   const std::vector<json> returns = OfEvent(run.hits, "tick__return");
-  ASSERT_EQ(entries.size(), static_cast<size_t>(n));
-  ASSERT_EQ(returns.size(), static_cast<size_t>(n));
+  ASSERT_EQ(entries.size(), static_cast<size_t>(n)) << run.summary.dump();
+  ASSERT_EQ(returns.size(), static_cast<size_t>(n)) << run.summary.dump();
   const int line = SourceLine("uprobe_loop.c", "return 3 * i + r->len;");
   for (long i = 0; i < n; ++i) {
     ASSERT_EQ(entries[i]["args"]["i"], i) << entries[i].dump();
@@ -189,11 +190,13 @@ TEST(ProbeCmd, UprobeBackendSaysWhatItCouldNotSample) {
 TEST(ProbeCmd, FourThreadsEachCountedExactly) {
   for (const std::string backend : {"ptrace", "uprobe"}) {
     SCOPED_TRACE(backend);
-    const RunResult r = Probe({"--json", "--backend", backend, "tick i r->len", "--",
-                               TargetPath("uprobe_loop"), "2000", "--threads", "4"});
+    // uprobe: rings big enough for every sample even if kwatch gets no CPU meanwhile.
+    const RunResult r =
+        Probe({"--json", "--backend", backend, "--ring-pages", "4096", "tick i r->len", "--",
+               TargetPath("uprobe_loop"), "2000", "--threads", "4"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const JsonRun run = ParseJson(r.out);
-    ASSERT_EQ(run.hits.size(), 8000u);
+    ASSERT_EQ(run.hits.size(), 8000u) << run.summary.dump() << "\n" << r.err;
     // Each thread calls tick(i, r) for i = 0..1999 with its own r->len (100 + thread index).
     std::map<int, std::vector<long>> by_tid;
     std::map<int, std::set<long>> lens;
@@ -217,6 +220,22 @@ TEST(ProbeCmd, FourThreadsEachCountedExactly) {
       sum += 3 * 2000 * 1999 / 2 + (100 + t) * 2000;
     }
     EXPECT_THAT(run.other, ::testing::ElementsAre(absl::StrCat("sum=", sum)));
+  }
+}
+
+TEST(ProbeCmd, UprobeBackendCountsTheSamplesItDropped) {
+  // One-page rings (5 samples) under four busy threads overflow: every call is either shown
+  // or counted lost, and the summary says so.
+  const RunResult r = Probe({"--json", "-q", "--backend", "uprobe", "--ring-pages", "1", "tick i",
+                             "--", TargetPath("uprobe_loop"), "2000", "--threads", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  const json& p = run.summary["probes"][0];
+  EXPECT_EQ(p["kernel_count"], 8000);
+  EXPECT_EQ(p["hits"].get<long>() + p["lost"].get<long>(), 8000) << p.dump();
+  if (p["lost"].get<long>() > 0) {
+    EXPECT_THAT(run.summary["notes"].dump(),
+                HasSubstr(absl::StrCat("the kernel dropped ", p["lost"].get<long>(), " samples")));
   }
 }
 
@@ -356,9 +375,14 @@ TEST(ProbeCmd, CountStopsAfterNAndTheTargetFinishesUnharmed) {
   }
   EXPECT_EQ(run.summary["hits"], 10);
   EXPECT_EQ(run.summary["stop_reason"], "--count 10 reached");
-  EXPECT_TRUE(run.summary["exit_code"].is_null());
   EXPECT_EQ(run.summary["probes"][0]["hits"], 10);
-  EXPECT_THAT(r.err, HasSubstr("keeps running"));
+  // Unprobed, the rest of the calls take about a millisecond: the target may end while kwatch
+  // detaches (then the summary has its exit), or after.
+  if (run.summary["exit_code"].is_null()) {
+    EXPECT_THAT(r.err, HasSubstr("keeps running"));
+  } else {
+    EXPECT_EQ(run.summary["exit_code"], 0);
+  }
   // The target, detached with its code restored, ran every call and printed the right sum
   // (kwatch's stdout pipe stays open until the target closes it too).
   EXPECT_THAT(run.other, ::testing::ElementsAre(absl::StrCat("sum=", LoopSum(100000))));
@@ -612,6 +636,141 @@ TEST(ProbeCmd, DurationStopsAndLeavesTheLaunchedTargetRunning) {
   EXPECT_EQ(run.summary["stop_reason"], "--duration 0.5s elapsed");
   EXPECT_THAT(r->out, HasSubstr("phase2 sum=400\n"));
   std::filesystem::remove(go);
+}
+
+// A directory of its own holding a copy of `names` (kwatch, fixtures), readable by anyone:
+// a uprobe on the copy sees no other test's runs, and an unprivileged user can run it.
+class PrivateCopies {
+ public:
+  explicit PrivateCopies(const std::vector<std::pair<std::string, std::string>>& files) {
+    char tmpl[] = "/tmp/kwatch-probe-test-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+    for (const auto& [from, name] : files) {
+      const std::filesystem::path to = dir_ / name;
+      std::filesystem::copy_file(from, to);
+      std::filesystem::permissions(to, std::filesystem::perms(0755));
+    }
+  }
+  ~PrivateCopies() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  PrivateCopies(const PrivateCopies&) = delete;
+  PrivateCopies& operator=(const PrivateCopies&) = delete;
+  std::string operator[](const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+TEST(ProbeCmd, UprobeWithoutATargetProbesEveryProcessRunningTheFile) {
+  PrivateCopies copies({{TargetPath("uprobe_loop"), "uprobe_loop"}});
+  auto k = Spawned::Start({KwatchPath(), "probe", "--json", "--backend", "uprobe", "-x",
+                           copies["uprobe_loop"], "-c", "300", "tick i"});
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE((*k)->WaitForStderr("armed 1 probe on every process running it").ok()) << (*k)->err();
+  // Three processes started after the probe, 100 calls each.
+  for (int run = 0; run < 3; ++run) {
+    auto r = kwatch::testing::Run({copies["uprobe_loop"], "100"});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->exit_code, 0);
+    EXPECT_EQ(r->out, absl::StrCat("sum=", LoopSum(100), "\n"));
+  }
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  const JsonRun run = ParseJson(r->out);
+  EXPECT_EQ(run.summary["stop_reason"], "--count 300 reached");
+  EXPECT_EQ(run.summary["pid"], 0);
+  std::map<int, std::vector<long>> by_pid;
+  for (const json& h : run.hits) {
+    by_pid[h["pid"].get<int>()].push_back(h["args"]["i"].get<long>());
+  }
+  ASSERT_EQ(by_pid.size(), 3u);
+  for (const auto& [pid, is] : by_pid) {
+    ASSERT_EQ(is.size(), 100u) << pid;
+    for (long i = 0; i < 100; ++i) {
+      ASSERT_EQ(is[i], i) << pid;
+    }
+  }
+}
+
+// Runs `argv` as user nobody (uid/gid 65534); returns the exit status and stderr.
+RunResult RunAsNobody(const std::vector<std::string>& argv) {
+  int errp[2];
+  int outp[2];
+  EXPECT_EQ(pipe(errp), 0);
+  EXPECT_EQ(pipe(outp), 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) {
+    args.push_back(const_cast<char*>(a.c_str()));  // NOLINT
+  }
+  args.push_back(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(outp[1], 1);
+    dup2(errp[1], 2);
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) {
+      _exit(99);
+    }
+    execv(args[0], args.data());
+    _exit(98);
+  }
+  close(errp[1]);
+  close(outp[1]);
+  RunResult r;
+  char buf[4096];
+  for (ssize_t n; (n = read(errp[0], buf, sizeof(buf))) > 0;) {
+    r.err.append(buf, static_cast<size_t>(n));
+  }
+  for (ssize_t n; (n = read(outp[0], buf, sizeof(buf))) > 0;) {
+    r.out.append(buf, static_cast<size_t>(n));
+  }
+  close(errp[0]);
+  close(outp[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  EXPECT_NE(r.exit_code, 99) << "cannot switch to uid 65534 (are tests running as root?)";
+  return r;
+}
+
+TEST(ProbeCmd, PermissionErrorsNameWhatIsMissing) {
+  PrivateCopies copies({{KwatchPath(), "kwatch"},
+                        {TargetPath("uprobe_loop"), "uprobe_loop"},
+                        {TargetPath("probe_cli_pause"), "probe_cli_pause"}});
+  // Its own child: ptrace needs no privilege.
+  const RunResult own = RunAsNobody(
+      {copies["kwatch"], "probe", "--json", "tick i", "--", copies["uprobe_loop"], "3"});
+  EXPECT_EQ(own.exit_code, 0) << own.err;
+  EXPECT_EQ(ParseJson(own.out).hits.size(), 3u);
+  // Another user's process.
+  const std::string go = TempPath("go-nobody");
+  std::filesystem::remove(go);
+  auto target = Spawned::Start({copies["probe_cli_pause"], "1", go});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("phase1").ok());
+  const std::string pid = std::to_string((*target)->pid());
+  const RunResult attach = RunAsNobody({copies["kwatch"], "probe", "-p", pid, "step"});
+  EXPECT_EQ(attach.exit_code, 1);
+  EXPECT_THAT(attach.err, HasSubstr("needs root or CAP_SYS_PTRACE")) << attach.err;
+  const RunResult attach_x =
+      RunAsNobody({copies["kwatch"], "probe", "-x", copies["probe_cli_pause"], "-p", pid, "step"});
+  EXPECT_EQ(attach_x.exit_code, 1);
+  EXPECT_THAT(attach_x.err, HasSubstr("needs root or CAP_SYS_PTRACE")) << attach_x.err;
+  std::ofstream(go).put('1');
+  auto t = (*target)->Finish();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->exit_code, 0);
+  std::filesystem::remove(go);
+  // The uprobe PMU needs CAP_PERFMON.
+  const RunResult up = RunAsNobody(
+      {copies["kwatch"], "probe", "--backend", "uprobe", "tick", "--", copies["uprobe_loop"], "3"});
+  EXPECT_EQ(up.exit_code, 1);
+  EXPECT_THAT(up.err, HasSubstr("CAP_PERFMON")) << up.err;
+  EXPECT_THAT(up.out, Not(HasSubstr("sum=")));  // the launched program did not run
 }
 
 TEST(ProbeCmd, RecordingThenReportShowsTheHits) {
