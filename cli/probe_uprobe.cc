@@ -89,9 +89,8 @@ class UprobeRunner {
   std::string stop_reason_;
   std::vector<std::string> notes_;
   uint64_t not_sampled_ = 0;
-  uint64_t other_processes_ = 0;
-  std::vector<uint64_t> sampled_;  // per event: samples read, of every process  // hits of other
-                                   // processes running the file (dropped)
+  uint64_t other_processes_ = 0;   // hits of other processes running the file (dropped)
+  std::vector<uint64_t> sampled_;  // per event: samples read, of every process
 };
 
 uint64_t UprobeRunner::BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h) {
