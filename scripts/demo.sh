@@ -27,13 +27,18 @@ bold "\$ kwatch --write g_shared g_padded -q -o $OUT/false_sharing.kwdb -- false
   | tee "$OUT/false_sharing.txt"
 "$KWATCH" report "$OUT/false_sharing.kwdb" --png "$OUT/false_sharing.png" > "$OUT/false_sharing_report.txt"
 
+bold "\$ kwatch probe 'tick i r->len' 'tick%return \$retval' -o $OUT/probes.kwdb -- uprobe_loop 5      # INT3 probes with arguments"
+"$KWATCH" probe 'tick i r->len' 'tick%return $retval' -o "$OUT/probes.kwdb" -- "$TARGETS/uprobe_loop" 5 \
+  | tee "$OUT/probes.txt"
+
 bold "\$ kwatch --write g_stats.hits --json -- field_writer 2 500 > $OUT/events.jsonl"
 "$KWATCH" --write g_stats.hits --json -- "$TARGETS/field_writer" 2 500 --truth "$OUT/truth2.jsonl" > "$OUT/events.jsonl"
 echo "$(grep -c '"type":"event"' "$OUT/events.jsonl") events, summary: $(tail -n 1 "$OUT/events.jsonl" | cut -c1-160)..."
 
 bold "Report files:"
 for f in live.txt summary.txt run.kwdb report.txt report.json heatmap.png false_sharing.txt \
-         false_sharing.kwdb false_sharing_report.txt false_sharing.png events.jsonl; do
+         false_sharing.kwdb false_sharing_report.txt false_sharing.png probes.txt probes.kwdb \
+         events.jsonl; do
   printf '  %s/%s\n' "$OUT" "$f"
 done
 echo "  (open a recording with: sqlite3 $OUT/run.kwdb, see docs/recording.md)"
