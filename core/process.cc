@@ -41,7 +41,10 @@ bool Debug() {
   return on;
 }
 
-constexpr long kTraceOptions = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC | PTRACE_O_TRACEFORK;
+// TRACESYSGOOD marks syscall stops (SIGTRAP | 0x80); they only happen while kwatch asks.
+constexpr long kTraceOptions =
+    PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC | PTRACE_O_TRACEFORK | PTRACE_O_TRACESYSGOOD;
+constexpr int kSyscallTrap = SIGTRAP | 0x80;
 
 bool IsStopSignal(int sig) {
   return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
@@ -290,15 +293,23 @@ Process::~Process() {
 }
 
 absl::Status Process::Cont(pid_t tid, int sig) {
-  if (::ptrace(PTRACE_CONT, tid, nullptr, sig) != 0) {
+  auto it = threads_.find(tid);
+  // The exit of a call whose entry the interceptor saw is always reported to it too.
+  const bool from_entry = it != threads_.end() && it->second.at_syscall == SyscallAt::kEntry;
+  const bool trace = syscall_stops_ || (from_entry && interceptor_ != nullptr);
+  if (::ptrace(trace ? PTRACE_SYSCALL : PTRACE_CONT, tid, nullptr, sig) != 0) {
     const int err = errno;
     if (err == ESRCH) {
       return absl::OkStatus();  // died meanwhile; its exit status follows
     }
-    return SyscallError(err, absl::StrCat("ptrace(PTRACE_CONT, ", tid, ")"));
+    return SyscallError(
+        err, absl::StrCat("ptrace(", trace ? "PTRACE_SYSCALL" : "PTRACE_CONT", ", ", tid, ")"));
   }
-  if (auto it = threads_.find(tid); it != threads_.end()) {
+  if (it != threads_.end()) {
     it->second.state = ThreadState::kRunning;
+    it->second.in_syscall = trace && from_entry;
+    it->second.at_syscall = SyscallAt::kNone;
+    it->second.syscall_unseen = false;
   }
   return absl::OkStatus();
 }
@@ -390,8 +401,13 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
     return absl::OkStatus();
   }
   Thread& thread = threads_[tid];
+  thread.in_syscall = false;
+  thread.at_syscall = SyscallAt::kNone;
   const int event = status >> 16;
   const int sig = WSTOPSIG(status);
+  if (event == 0 && sig == kSyscallTrap) {
+    return HandleSyscallStop(tid);
+  }
   switch (event) {
     case PTRACE_EVENT_CLONE: {
       unsigned long new_tid = 0;
@@ -527,14 +543,27 @@ absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
 }
 
 absl::Status Process::StopAll() {
+  return StopThreads(/*user_code_only=*/false);
+}
+
+absl::Status Process::StopUserCode() {
+  return StopThreads(/*user_code_only=*/true);
+}
+
+absl::Status Process::StopThreads(bool user_code_only) {
   if (!alive()) {
     return absl::OkStatus();
   }
+  const bool was = stopping_all_;
   stopping_all_ = true;
-  absl::Cleanup done = [this] { stopping_all_ = false; };
+  absl::Cleanup done = [this, was] { stopping_all_ = was; };
+  // A thread inside a call that stops at its exit runs no user code meanwhile.
+  const auto must_stop = [user_code_only](const Thread& t) {
+    return t.state == ThreadState::kRunning && !(user_code_only && t.in_syscall);
+  };
   for (auto& [tid, thread] : threads_) {
     thread.interrupt_pending = false;
-    if (thread.state == ThreadState::kRunning) {
+    if (must_stop(thread)) {
       if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0) {
         thread.interrupt_pending = true;
       }
@@ -544,7 +573,7 @@ absl::Status Process::StopAll() {
   for (;;) {
     bool all_stopped = true;
     for (auto& [tid, thread] : threads_) {
-      if (thread.state == ThreadState::kRunning) {
+      if (must_stop(thread)) {
         all_stopped = false;
         // An earlier interrupt may have been absorbed by another stop: ask again (an extra
         // interrupt stop later is simply resumed).
@@ -574,6 +603,7 @@ absl::Status Process::ResumeAll() {
       }
     }
   }
+  KW_RETURN_IF_ERROR(SettleSyscallStops());
   for (auto& [tid, thread] : threads_) {
     if (thread.state == ThreadState::kStopped) {
       KW_RETURN_IF_ERROR(Cont(tid, std::exchange(thread.pending_signal, 0)));
@@ -586,7 +616,7 @@ absl::Status Process::HandleClaimed() {
   handling_claimed_ = true;
   absl::Cleanup done = [this] { handling_claimed_ = false; };
   if (threads_.size() > 1) {
-    KW_RETURN_IF_ERROR(StopAll());
+    KW_RETURN_IF_ERROR(StopUserCode());
   }
   for (bool again = true; again && alive();) {
     again = false;
@@ -612,6 +642,7 @@ absl::Status Process::HandleClaimed() {
     return absl::OkStatus();
   }
   handling_claimed_ = false;
+  KW_RETURN_IF_ERROR(SettleSyscallStops());
   for (auto& [tid, thread] : threads_) {
     if (thread.state == ThreadState::kStopped) {
       KW_RETURN_IF_ERROR(Cont(tid, std::exchange(thread.pending_signal, 0)));
@@ -754,7 +785,21 @@ absl::Status Process::Detach() {
     detached_ = true;
     return absl::OkStatus();
   }
+  syscall_stops_ = false;
   KW_RETURN_IF_ERROR(StopAll());
+  // Calls whose stops the interceptor has not seen yet: it may have to undo what it did to
+  // them (a redirected buffer) before kwatch lets go. Seeing them may resume a thread.
+  for (int round = 0; round < 16; ++round) {
+    bool unseen = false;
+    for (const auto& [tid, thread] : threads_) {
+      unseen = unseen || thread.syscall_unseen;
+    }
+    if (!unseen) {
+      break;
+    }
+    KW_RETURN_IF_ERROR(SettleSyscallStops());
+    KW_RETURN_IF_ERROR(StopAll());
+  }
   KW_RETURN_IF_ERROR(FlushClaimedSignals());
   for (auto& [tid, thread] : threads_) {
     const int sig = std::exchange(thread.pending_signal, 0);

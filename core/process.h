@@ -4,6 +4,7 @@
 #include <sys/types.h>
 #include <sys/user.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/maps.h"
 #include "core/remote_addr.h"
 #include "core/unique_fd.h"
@@ -50,6 +52,15 @@ struct ProcessEvent {
 
 class Process;
 
+// A system-call stop of a thread resumed with PTRACE_SYSCALL (see Process::SetSyscallStops).
+struct SyscallStop {
+  bool entry = false;              // syscall-entry stop; false: syscall-exit stop
+  uint64_t nr = 0;                 // the call's number (orig_rax)
+  std::array<uint64_t, 6> args{};  // its arguments (rdi, rsi, rdx, r10, r8, r9)
+  int64_t ret = 0;                 // exit stops: the raw result, -errno on failure
+  uint64_t ip = 0;                 // the address right after the syscall instruction
+};
+
 // Lets a backend own some of the signals a target receives (a page-protection fault on a
 // watched page, a breakpoint trap of kwatch's): the target never sees those.
 class SignalInterceptor {
@@ -69,6 +80,25 @@ class SignalInterceptor {
   // The target forked: `child` (stopped, one thread) is a copy of the target, kwatch's
   // changes included. Undo them in it; kwatch then detaches from it (forks are not followed).
   virtual absl::Status OnFork(Process& /*child*/) { return absl::OkStatus(); }
+  // A syscall stop of `tid` (stopped). With `world_stopped` every other thread is stopped by
+  // kwatch (or inside a system call, see StopUserCode) and the caller resumes them: the
+  // interceptor must not. Otherwise the others run, and the interceptor may stop them and
+  // must then resume them. `tid` is resumed afterwards unless the interceptor did.
+  virtual absl::Status OnSyscallStop(pid_t /*tid*/, const SyscallStop& /*stop*/,
+                                     bool /*world_stopped*/) {
+    return absl::OkStatus();
+  }
+};
+
+// How a system call that kwatch let run (Process::FinishSyscall) went on.
+struct SyscallOutcome {
+  enum class Kind : uint8_t {
+    kReturned,  // the thread is at the call's exit stop: see `exit`
+    kBlocked,   // the call sleeps (or runs long) in the kernel; its exit stop comes later
+    kGone,      // the thread ended, or stopped for a ptrace event (exec) first
+  };
+  Kind kind = Kind::kGone;
+  SyscallStop exit;
 };
 
 struct LaunchOptions {
@@ -112,8 +142,29 @@ class Process {
   // Stops every thread (PTRACE_INTERRUPT) and waits until all are in a ptrace stop; no new
   // thread can appear until ResumeAll(). Other stops seen meanwhile are handled as Poll does.
   absl::Status StopAll();
-  // Resumes every thread stopped by kwatch (group-stopped threads stay stopped).
+  // Like StopAll, but a thread inside a system call that will stop at the call's exit
+  // (resumed from its entry stop while syscall stops are on) is left there: it runs no user
+  // code until kwatch resumes it. Does not interrupt blocking calls.
+  absl::Status StopUserCode();
+  // Resumes every thread stopped by kwatch (group-stopped threads stay stopped), after
+  // passing any syscall stop seen meanwhile to the interceptor.
   absl::Status ResumeAll();
+  // With the world stopped: passes the syscall stops seen meanwhile to the interceptor now.
+  absl::Status SettleSyscallStops();
+
+  // System-call stops: while on, threads resume with PTRACE_SYSCALL and the interceptor sees
+  // each call's entry and exit (OnSyscallStop). Off by default; a call already running keeps
+  // the mode it was resumed with.
+  void SetSyscallStops(bool on) { syscall_stops_ = on; }
+  bool syscall_stops() const { return syscall_stops_; }
+  uint64_t syscall_stop_count() const { return syscall_stop_count_; }
+  // Thread `tid`, at a syscall-entry stop, goes on with its call alone and kwatch waits up to
+  // `max_wait` for the call's exit stop (kReturned; `tid` then stays stopped there) or until
+  // it sleeps in the kernel (kBlocked; `tid` runs on, fenced by its exit stop).
+  absl::StatusOr<SyscallOutcome> FinishSyscall(pid_t tid, absl::Duration max_wait);
+  // Thread `tid`, at a syscall-exit stop, goes back to the entry stop of the same call (its
+  // registers rewound to the syscall instruction), to run it again.
+  absl::Status RestartSyscall(pid_t tid);
 
   // Reaps all pending wait statuses without blocking (or blocking for the first one when
   // `block`), handles ptrace stops, passes signals on to the target, and returns what
@@ -149,7 +200,9 @@ class Process {
 
   // Runs system call `nr` with up to 6 arguments in stopped thread `tid` and returns its
   // raw result (-errno on failure). The thread's registers and code are restored; other
-  // threads must be stopped (StopAll) so that none runs the patched bytes.
+  // threads must be stopped (StopAll) so that none runs the patched bytes. A thread at a
+  // syscall stop runs it through its own syscall instruction instead (nothing patched, other
+  // threads may run) and is left at the same stop, its own call untouched.
   absl::StatusOr<int64_t> RemoteSyscall(pid_t tid, long nr, std::span<const uint64_t> args);
 
   // A stopped thread of the process (for RemoteSyscall), or 0 when none is stopped.
@@ -161,8 +214,12 @@ class Process {
 
  private:
   enum class ThreadState : uint8_t { kRunning, kStopped, kGroupStopped };
+  enum class SyscallAt : uint8_t { kNone, kEntry, kExit };
   struct Thread {
     ThreadState state = ThreadState::kRunning;
+    SyscallAt at_syscall = SyscallAt::kNone;  // stopped at a syscall stop
+    bool in_syscall = false;      // running a call resumed from its entry with PTRACE_SYSCALL
+    bool syscall_unseen = false;  // its syscall stop waits for the interceptor
     bool interrupt_pending = false;
     std::optional<siginfo_t> claimed;  // an intercepted signal waiting for Handle()
     int pending_signal = 0;            // delivered on the next resume
@@ -175,6 +232,15 @@ class Process {
   // Handles one wait status of `tid`, appending to `events`.
   absl::Status HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events);
   absl::Status Cont(pid_t tid, int sig);
+  absl::Status StopThreads(bool user_code_only);
+  // A syscall stop of `tid` (SIGTRAP|0x80): to the interceptor now, or later.
+  absl::Status HandleSyscallStop(pid_t tid);
+  absl::StatusOr<SyscallStop> ReadSyscallStop(pid_t tid) const;
+  absl::Status DeliverSyscallStop(pid_t tid, bool world_stopped);
+  // Resumes `tid` with PTRACE_SYSCALL and waits for its next syscall stop (entry or exit as
+  // asked), setting aside signals that come first (delivered on the next resume).
+  absl::Status AwaitSyscallStop(pid_t tid, bool entry);
+  absl::StatusOr<int64_t> SyscallAtStop(pid_t tid, long nr, std::span<const uint64_t> args);
   absl::StatusOr<int> MemFd() const;
   // Stops the world and lets the interceptor handle every claimed signal, then resumes.
   absl::Status HandleClaimed();
@@ -199,6 +265,8 @@ class Process {
   bool detached_ = false;
   bool handling_claimed_ = false;
   SignalInterceptor* interceptor_ = nullptr;
+  bool syscall_stops_ = false;
+  uint64_t syscall_stop_count_ = 0;
   absl::flat_hash_set<pid_t> foreign_stops_;
   uint64_t forks_ = 0;
   mutable UniqueFd mem_fd_;  // /proc/PID/mem, opened on first use, reopened after exec

@@ -22,6 +22,9 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
     return absl::FailedPreconditionError(
         absl::StrCat("thread ", tid, " is not stopped by kwatch; cannot run a system call in it"));
   }
+  if (it->second.at_syscall != SyscallAt::kNone) {
+    return SyscallAtStop(tid, nr, args);  // its own syscall instruction: nothing to patch
+  }
   KW_ASSIGN_OR_RETURN(const user_regs_struct saved, GetRegs(tid));
   // Patch a `syscall` instruction (0f 05) over the code at rip, run it, put everything back.
   const uint64_t at = saved.rip;
