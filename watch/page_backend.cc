@@ -1,7 +1,9 @@
 #include "watch/page_backend.h"
 
+#include <errno.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/user.h>
 #include <time.h>
 
 #include <algorithm>
@@ -9,9 +11,11 @@
 #include <cstring>
 #include <set>
 
+#include "absl/algorithm/container.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
 #include "core/x86_access.h"
@@ -22,6 +26,65 @@ namespace kwatch::watch {
 namespace {
 
 constexpr uint64_t kPageSize = 4096;
+// Buffers up to this size are bounced through scratch memory; larger ones get their pages
+// opened instead.
+constexpr uint64_t kMaxBounce = 16ULL << 20;
+constexpr uint64_t kScratchQuantum = 64ULL << 10;
+// How long a call opened with the other threads stopped may run before kwatch lets them go.
+constexpr absl::Duration kAloneMax = absl::Milliseconds(20);
+
+uint64_t ArgOf(const user_regs_struct& r, int i) {
+  switch (i) {
+    case 0:
+      return r.rdi;
+    case 1:
+      return r.rsi;
+    case 2:
+      return r.rdx;
+    case 3:
+      return r.r10;
+    case 4:
+      return r.r8;
+    default:
+      return r.r9;
+  }
+}
+
+void SetArg(user_regs_struct& r, int i, uint64_t v) {
+  switch (i) {
+    case 0:
+      r.rdi = v;
+      break;
+    case 1:
+      r.rsi = v;
+      break;
+    case 2:
+      r.rdx = v;
+      break;
+    case 3:
+      r.r10 = v;
+      break;
+    case 4:
+      r.r8 = v;
+      break;
+    default:
+      r.r9 = v;
+      break;
+  }
+}
+
+// Copies `size` bytes inside the target, through kwatch (protections do not apply).
+absl::Status CopyRemote(const core::Process& proc, uint64_t from, uint64_t to, uint64_t size) {
+  std::vector<uint8_t> buf(std::min<uint64_t>(size, kScratchQuantum));
+  for (uint64_t off = 0; off < size;) {
+    const uint64_t n = std::min<uint64_t>(size - off, buf.size());
+    const std::span<uint8_t> chunk(buf.data(), n);
+    KW_RETURN_IF_ERROR(proc.ReadMemory(core::RemoteAddr{from + off}, chunk));
+    KW_RETURN_IF_ERROR(proc.WriteMemory(core::RemoteAddr{to + off}, chunk));
+    off += n;
+  }
+  return absl::OkStatus();
+}
 
 uint64_t PageOf(uint64_t addr) {
   return addr & ~(kPageSize - 1);
@@ -65,6 +128,7 @@ absl::Status PageBackend::OnFork(core::Process& child) {
   for (const auto& [addr, page] : pages_) {
     KW_RETURN_IF_ERROR(ProtectIn(child, child.pid(), addr, page.original));
   }
+  UnmapScratch(child, child.pid());
   return absl::OkStatus();
 }
 
@@ -118,6 +182,8 @@ absl::Status PageBackend::Arm() {
   pages_ = std::move(pages);
   armed_ = true;
   proc_.SetInterceptor(this);
+  // The kernel's accesses to these pages come through system calls: watch them too.
+  proc_.SetSyscallStops(true);
   return absl::OkStatus();
 }
 
@@ -128,6 +194,14 @@ void PageBackend::Disarm() {
   // Claims stay on while the world stops, so that faults already raised are not mistaken
   // for the target's own.
   if (proc_.alive() && proc_.StopAll().ok()) {
+    // Calls in flight (interrupted by the stop) settle first: bounced buffers are copied back
+    // and their arguments restored, calls that failed on a protected page are set to re-run.
+    disarming_ = true;
+    if (absl::Status s = proc_.SettleSyscallStops(); !s.ok()) {
+      std::fprintf(stderr, "kwatch: settling system calls in pid %d: %s\n", proc_.pid(),
+                   std::string(s.message()).c_str());
+    }
+    disarming_ = false;
     const pid_t tid = proc_.AnyStoppedThread();
     for (const auto& [addr, page] : pages_) {
       const absl::Status s = tid != 0 ? Protect(tid, addr, page.original)
@@ -138,12 +212,20 @@ void PageBackend::Disarm() {
                      std::string(s.message()).c_str());
       }
     }
+    if (tid != 0) {
+      UnmapScratch(proc_, tid);
+    }
+    for (auto& [addr, page] : pages_) {
+      page.holds = 0;
+    }
     armed_ = false;
     draining_ = true;
+    proc_.SetSyscallStops(false);
     (void)proc_.ResumeAll();
   }
   armed_ = false;
   draining_ = true;
+  proc_.SetSyscallStops(false);
 }
 
 void PageBackend::Forget() {
@@ -152,6 +234,9 @@ void PageBackend::Forget() {
   draining_ = false;
   pages_.clear();
   code_cache_.clear();
+  calls_.clear();
+  scratch_.clear();
+  proc_.SetSyscallStops(false);
   proc_.SetInterceptor(nullptr);
 }
 
@@ -301,20 +386,507 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;
   Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);
-  // Lift the protection, run the one instruction, protect again.
+  // Lift the protection, run the one instruction, protect again (a page a system call
+  // holds open stays open).
   for (uint64_t p : touched) {
-    KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].original));
+    if (pages_[p].holds == 0) {
+      KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].original));
+    }
   }
   KW_ASSIGN_OR_RETURN(const int stop, proc_.SingleStep(tid));
   if (stop == 0) {
     return absl::OkStatus();  // the process ended
   }
   for (uint64_t p : touched) {
-    KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].armed));
+    if (pages_[p].holds == 0) {
+      KW_RETURN_IF_ERROR(Protect(tid, p, pages_[p].armed));
+    }
   }
   ++stepped_;
   Record(tid, regs.rip, hits);
   return absl::OkStatus();
+}
+
+// ---- System calls ----
+
+KernelAccessStats::Syscall& PageBackend::CallStats(uint64_t nr) {
+  return kstats_.syscalls[SyscallName(nr)];
+}
+
+std::vector<uint64_t> PageBackend::BlockedPages(const std::vector<KernelRange>& ranges) const {
+  std::vector<uint64_t> out;
+  for (const KernelRange& r : ranges) {
+    if (r.size == 0) {
+      continue;
+    }
+    const uint64_t end = r.addr + r.size < r.addr ? ~0ULL : r.addr + r.size;
+    for (auto it = pages_.lower_bound(PageOf(r.addr)); it != pages_.end() && it->first < end;
+         ++it) {
+      const Page& pg = it->second;
+      bool blocks = false;
+      switch (r.use) {
+        case KernelUse::kRead:
+        case KernelUse::kPage:
+          blocks = (pg.original & PROT_READ) != 0 && (pg.armed & PROT_READ) == 0;
+          break;
+        case KernelUse::kWrite:
+          blocks = (pg.original & PROT_WRITE) != 0 && (pg.armed & PROT_WRITE) == 0;
+          break;
+        case KernelUse::kReadWrite:
+        case KernelUse::kUnknown:
+          blocks = pg.armed != pg.original;
+          break;
+      }
+      if (blocks) {
+        out.push_back(it->first);
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+absl::Status PageBackend::ProtectRuns(pid_t tid, const std::vector<uint64_t>& pages, bool open) {
+  for (size_t i = 0; i < pages.size();) {
+    const auto prot_of = [&](uint64_t p) {
+      const Page& pg = pages_.at(p);
+      return open ? pg.original : pg.armed;
+    };
+    const int prot = prot_of(pages[i]);
+    size_t j = i + 1;
+    while (j < pages.size() && pages[j] == pages[j - 1] + kPageSize && prot_of(pages[j]) == prot) {
+      ++j;
+    }
+    const uint64_t args[3] = {pages[i], (j - i) * kPageSize, static_cast<uint64_t>(prot)};
+    KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_mprotect, args));
+    if (r < 0) {
+      return core::SyscallError(static_cast<int>(-r),
+                                absl::StrFormat("mprotect(0x%x, %d pages, %s) in pid %d", pages[i],
+                                                j - i, ProtText(prot), proc_.pid()));
+    }
+    i = j;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PageBackend::OpenPages(pid_t tid, Call& c, const std::vector<uint64_t>& pages) {
+  std::vector<uint64_t> closed;
+  for (uint64_t p : pages) {
+    if (pages_.at(p).holds == 0) {
+      closed.push_back(p);
+    }
+  }
+  KW_RETURN_IF_ERROR(ProtectRuns(tid, closed, /*open=*/true));
+  for (uint64_t p : pages) {
+    ++pages_.at(p).holds;
+    c.held.push_back(p);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PageBackend::ReleasePages(pid_t via_tid, Call& c) {
+  std::vector<uint64_t> to_close;
+  for (uint64_t p : c.held) {
+    auto it = pages_.find(p);
+    if (it != pages_.end() && it->second.holds > 0 && --it->second.holds == 0 && armed_) {
+      to_close.push_back(p);
+    }
+  }
+  c.held.clear();
+  if (via_tid == 0) {
+    // No thread to run mprotect in now; every other thread is inside a system call and
+    // passes a syscall stop before it runs user code again: the first one closes them.
+    close_pending_.insert(close_pending_.end(), to_close.begin(), to_close.end());
+    return absl::OkStatus();
+  }
+  std::sort(to_close.begin(), to_close.end());
+  return ProtectRuns(via_tid, to_close, /*open=*/false);
+}
+
+absl::Status PageBackend::ClosePending(pid_t tid) {
+  if (close_pending_.empty()) {
+    return absl::OkStatus();
+  }
+  std::vector<uint64_t> pages;
+  for (uint64_t p : close_pending_) {
+    auto it = pages_.find(p);
+    if (armed_ && it != pages_.end() && it->second.holds == 0) {
+      pages.push_back(p);
+    }
+  }
+  close_pending_.clear();
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  return ProtectRuns(tid, pages, /*open=*/false);
+}
+
+void PageBackend::AddUnprotected(Call& c, uint64_t now_ns) {
+  if (c.open_since_ns == 0) {
+    return;
+  }
+  for (uint64_t p : c.held) {
+    KernelAccessStats::Unprotected& u = kstats_.unprotected[{p, SyscallName(c.nr)}];
+    ++u.times;
+    u.ns += now_ns - c.open_since_ns;
+  }
+  c.open_since_ns = 0;
+}
+
+absl::StatusOr<int> PageBackend::TakeScratch(pid_t tid, uint64_t size) {
+  for (size_t i = 0; i < scratch_.size(); ++i) {
+    if (!scratch_[i].busy && scratch_[i].size >= size) {
+      scratch_[i].busy = true;
+      return static_cast<int>(i);
+    }
+  }
+  const uint64_t sz = (size + kScratchQuantum - 1) / kScratchQuantum * kScratchQuantum;
+  const uint64_t args[6] = {0,
+                            sz,
+                            PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                            static_cast<uint64_t>(-1),
+                            0};
+  KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_mmap, args));
+  if (r < 0 && r > -4096) {
+    return core::SyscallError(
+        static_cast<int>(-r),
+        absl::StrFormat("mmap(%d bytes of scratch) in pid %d", sz, proc_.pid()));
+  }
+  scratch_.push_back({static_cast<uint64_t>(r), sz, true});
+  return static_cast<int>(scratch_.size() - 1);
+}
+
+void PageBackend::UnmapScratch(core::Process& proc, pid_t tid) {
+  const bool child = &proc != &proc_;
+  for (auto it = scratch_.begin(); it != scratch_.end();) {
+    if (it->busy && !child) {
+      ++it;  // a call still uses it: unmapped with its exit... or left (see Disarm)
+      continue;
+    }
+    const uint64_t args[2] = {it->addr, it->size};
+    (void)proc.RemoteSyscall(tid, SYS_munmap, args);
+    it = child ? it + 1 : scratch_.erase(it);
+  }
+}
+
+void PageBackend::SnapshotBefore(Call& c) {
+  for (const KernelRange& r : c.model.ranges) {
+    if (r.use != KernelUse::kWrite && r.use != KernelUse::kReadWrite) {
+      continue;
+    }
+    for (const Watch& w : watches_) {
+      const uint64_t a = w.target.addr.value;
+      const uint64_t lo = std::max(r.addr, a);
+      const uint64_t hi = std::min(r.addr + r.size, a + w.target.length);
+      if (lo < hi) {
+        Before b{w.id, lo, 0};
+        (void)ReadValue(lo, static_cast<uint32_t>(std::min<uint64_t>(hi - lo, 8)), b.value);
+        c.before.push_back(b);
+      }
+    }
+  }
+}
+
+void PageBackend::RecordKernel(pid_t tid, const Call& c, int64_t ret) {
+  KernelAccessStats::Syscall& cs = CallStats(c.nr);
+  const uint64_t now = MonotonicNs();
+  for (const KernelRange& r : TouchedRanges(c.nr, c.model, ret)) {
+    for (const Watch& w : watches_) {
+      const uint64_t a = w.target.addr.value;
+      const uint64_t lo = std::max(r.addr, a);
+      const uint64_t hi = std::min(r.addr + r.size, a + w.target.length);
+      if (lo >= hi) {
+        continue;
+      }
+      const core::AccessKind kind =
+          r.use == KernelUse::kRead ? core::AccessKind::kRead : core::AccessKind::kWrite;
+      if (w.request.kind == drmgr::DrKind::kWrite && kind != core::AccessKind::kWrite) {
+        continue;
+      }
+      const auto size = static_cast<uint32_t>(std::min<uint64_t>(hi - lo, 8));
+      uint64_t now_value = 0;
+      (void)ReadValue(lo, size, now_value);
+      uint64_t old_value = now_value;
+      for (const Before& b : c.before) {
+        if (b.watch_id == w.id && b.addr == lo) {
+          old_value = b.value;
+          break;
+        }
+      }
+      core::AccessEvent ev;
+      ev.time_ns = now;
+      ev.pid = proc_.pid();
+      ev.tid = tid;
+      ev.watch_id = w.id;
+      ev.trap_ip = core::RemoteAddr{c.ip};
+      ev.ip = core::RemoteAddr{c.ip - 2};  // the syscall instruction
+      ev.addr = w.target.addr;
+      ev.len = static_cast<uint32_t>(w.target.length);
+      ev.access_addr = core::RemoteAddr{lo};
+      ev.access_size = static_cast<uint32_t>(hi - lo);
+      ev.kind = kind;
+      ev.old_value = old_value;
+      ev.value = now_value;
+      ev.value_exact = true;
+      events_.push_back(ev);
+      ++cs.events;
+    }
+  }
+  if (!c.model.known) {
+    // A pointer argument into watched bytes: the kernel may have used them, how is unknown.
+    for (const KernelRange& r : c.model.ranges) {
+      const bool inside = std::any_of(watches_.begin(), watches_.end(), [&](const Watch& w) {
+        return r.addr >= w.target.addr.value && r.addr < w.target.addr.value + w.target.length;
+      });
+      if (inside) {
+        ++cs.unknown;
+        break;
+      }
+    }
+  }
+}
+
+absl::Status PageBackend::SetupBounce(pid_t tid, Call& c) {
+  const Bounce& b = *c.model.bounce;
+  KW_ASSIGN_OR_RETURN(const int i, TakeScratch(tid, b.size));
+  absl::Cleanup release = [&] { scratch_[i].busy = false; };
+  KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
+  const uint64_t real = ArgOf(regs, b.arg);
+  if (b.in) {
+    KW_RETURN_IF_ERROR(CopyRemote(proc_, real, scratch_[i].addr, b.size));
+  }
+  SetArg(regs, b.arg, scratch_[i].addr);
+  KW_RETURN_IF_ERROR(proc_.SetRegs(tid, regs));
+  std::move(release).Cancel();
+  c.scratch = i;
+  c.bounced_arg = real;
+  return absl::OkStatus();
+}
+
+absl::Status PageBackend::FinishBounce(pid_t tid, Call& c, int64_t ret, bool copy_out) {
+  const Bounce& b = *c.model.bounce;
+  Scratch& s = scratch_[c.scratch];
+  absl::Cleanup release = [&] {
+    s.busy = false;
+    c.scratch = -1;
+  };
+  if (copy_out) {
+    KW_RETURN_IF_ERROR(CopyRemote(proc_, s.addr, c.bounced_arg, BounceOutBytes(b, ret)));
+  }
+  KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
+  SetArg(regs, b.arg, c.bounced_arg);  // the ABI keeps argument registers across a call
+  return proc_.SetRegs(tid, regs);
+}
+
+absl::Status PageBackend::OnSyscallStop(pid_t tid, const core::SyscallStop& st,
+                                        bool world_stopped) {
+  kstats_.syscall_stops = proc_.syscall_stop_count();
+  absl::Status s = ClosePending(tid);
+  if (s.ok()) {
+    s = st.entry ? OnEntry(tid, st, world_stopped) : OnExit(tid, st, world_stopped);
+  }
+  if (!s.ok() && (!proc_.alive() || !absl::c_linear_search(proc_.TracedThreads(), tid))) {
+    // The thread (or the process) ended under kwatch's hands: nothing is left to look after.
+    calls_.erase(tid);
+    return absl::OkStatus();
+  }
+  return s;
+}
+
+absl::Status PageBackend::OnEntry(pid_t tid, const core::SyscallStop& st, bool world_stopped) {
+  if (auto it = calls_.find(tid); it != calls_.end()) {
+    // What a call that ended with a restart code still held (the restart, or whatever the
+    // thread does next, starts afresh).
+    Call old = std::move(it->second);
+    calls_.erase(it);
+    AddUnprotected(old, MonotonicNs());
+    KW_RETURN_IF_ERROR(ReleasePages(tid, old));
+  }
+  if (!armed_ || disarming_) {
+    return absl::OkStatus();
+  }
+  const auto read = [this](uint64_t addr, std::span<uint8_t> out) {
+    return proc_.ReadMemory(core::RemoteAddr{addr}, out).ok();
+  };
+  Call c;
+  c.nr = st.nr;
+  c.ip = st.ip;
+  c.model = ModelSyscall(st.nr, st.args, read);
+  std::vector<uint64_t> blocked = BlockedPages(c.model.ranges);
+  if (blocked.empty()) {
+    return absl::OkStatus();  // the common case: nothing protected in reach
+  }
+  KernelAccessStats::Syscall& cs = CallStats(c.nr);
+  ++cs.calls;
+  SnapshotBefore(c);
+  if (c.model.bounce.has_value() && c.model.bounce->size <= kMaxBounce &&
+      !BlockedPages({c.model.ranges[0]}).empty()) {
+    // Without scratch memory (mmap refused) the pages are opened instead.
+    if (SetupBounce(tid, c).ok()) {
+      ++cs.bounced;
+      const std::vector<KernelRange> rest(c.model.ranges.begin() + 1, c.model.ranges.end());
+      blocked = BlockedPages(rest);
+    }
+  }
+  Call& call = calls_[tid] = std::move(c);
+  if (blocked.empty()) {
+    return absl::OkStatus();
+  }
+  ++cs.opened;
+  if (call.model.lifecycle) {
+    // clone, exec, exit: never run alone; the page stays open until the call returns.
+    KW_RETURN_IF_ERROR(OpenPages(tid, call, blocked));
+    if (proc_.TracedThreads().size() > 1) {
+      call.open_since_ns = MonotonicNs();
+    }
+    return absl::OkStatus();
+  }
+  const bool stop_others = !world_stopped && proc_.TracedThreads().size() > 1;
+  if (stop_others) {
+    KW_RETURN_IF_ERROR(proc_.StopUserCode());
+  }
+  absl::Status s = OpenPages(tid, call, blocked);
+  if (s.ok()) {
+    s = RunOpen(tid, call, /*world_stopped=*/true);  // `call` may be gone after this
+  }
+  if (stop_others) {
+    const absl::Status r = proc_.ResumeAll();
+    if (s.ok()) {
+      s = r;
+    }
+  }
+  return s;
+}
+
+absl::Status PageBackend::RunOpen(pid_t tid, Call& c, bool world_stopped) {
+  KW_ASSIGN_OR_RETURN(const core::SyscallOutcome out, proc_.FinishSyscall(tid, kAloneMax));
+  switch (out.kind) {
+    case core::SyscallOutcome::Kind::kReturned:
+      return ExitCall(tid, c, out.exit, world_stopped);
+    case core::SyscallOutcome::Kind::kBlocked: {
+      if (c.model.start_only && !c.retried) {
+        // The call used its memory before it went to sleep (futex wait): protect again now,
+        // through a thread that is stopped (or the next one to pass a syscall stop).
+        const pid_t other = proc_.AnyStoppedThread();
+        return ReleasePages(other != tid ? other : 0, c);
+      }
+      if (proc_.TracedThreads().size() > 1) {
+        c.open_since_ns = MonotonicNs();  // others run while the page is open
+      }
+      return absl::OkStatus();
+    }
+    case core::SyscallOutcome::Kind::kGone: {
+      Call gone = std::move(c);
+      calls_.erase(tid);
+      const pid_t other = proc_.AnyStoppedThread();
+      if (other != 0 && proc_.alive()) {
+        return ReleasePages(other, gone);
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PageBackend::RunAgainAfterEfault(pid_t tid, Call& c, bool world_stopped) {
+  ++CallStats(c.nr).retried;
+  c.retried = true;
+  if (!armed_ || disarming_) {
+    // The pages are (being) restored: the call only has to run again.
+    Call done = std::move(c);
+    calls_.erase(tid);
+    AddUnprotected(done, MonotonicNs());
+    (void)ReleasePages(tid, done);
+    return proc_.RestartSyscall(tid);
+  }
+  // Which protected page the kernel met is unknown (a pointer inside a structure): open them
+  // all for the second run.
+  std::vector<uint64_t> all;
+  for (const auto& [addr, pg] : pages_) {
+    if (pg.armed != pg.original && std::find(c.held.begin(), c.held.end(), addr) == c.held.end()) {
+      all.push_back(addr);
+    }
+  }
+  const bool stop_others = !world_stopped && proc_.TracedThreads().size() > 1;
+  if (stop_others) {
+    KW_RETURN_IF_ERROR(proc_.StopUserCode());
+  }
+  absl::Status s = OpenPages(tid, c, all);
+  if (s.ok()) {
+    s = proc_.RestartSyscall(tid);
+    if (absl::IsUnimplemented(s)) {
+      // Not made with `syscall`: it cannot run again; the program gets its EFAULT.
+      Call done = std::move(c);
+      calls_.erase(tid);
+      s = ReleasePages(tid, done);
+    } else if (s.ok()) {
+      s = RunOpen(tid, c, /*world_stopped=*/true);
+    }
+  }
+  if (stop_others) {
+    const absl::Status r = proc_.ResumeAll();
+    if (s.ok()) {
+      s = r;
+    }
+  }
+  return s;
+}
+
+absl::Status PageBackend::OnExit(pid_t tid, const core::SyscallStop& st, bool world_stopped) {
+  auto it = calls_.find(tid);
+  if (it == calls_.end()) {
+    // A call kwatch did not look after: only an EFAULT on a protected page concerns it
+    // (rt_sigreturn's "result" is the interrupted code's rax, not its own).
+    if (st.ret != -EFAULT || pages_.empty() || !(armed_ || disarming_) ||
+        st.nr == SYS_rt_sigreturn) {
+      return absl::OkStatus();
+    }
+    Call& c = calls_[tid];
+    c.nr = st.nr;
+    c.ip = st.ip;
+    c.unseen = true;
+    ++CallStats(c.nr).calls;
+    return RunAgainAfterEfault(tid, c, world_stopped);
+  }
+  return ExitCall(tid, it->second, st, world_stopped);
+}
+
+absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::SyscallStop& st,
+                                   bool world_stopped) {
+  const int64_t ret = st.ret;
+  if (ret == -EFAULT && !c.retried && (armed_ || disarming_) && c.nr != SYS_rt_sigreturn) {
+    return RunAgainAfterEfault(tid, c, world_stopped);
+  }
+  if (ret == -EFAULT && c.retried && c.unseen) {
+    // It fails with every page open: the program's own EFAULT, not kwatch's doing.
+    KernelAccessStats::Syscall& cs = CallStats(c.nr);
+    --cs.calls;
+    --cs.retried;
+  }
+  if (IsRestartResult(ret)) {
+    // Not over: interrupted by a signal, to run again (or fail with EINTR) after it. The
+    // buffer argument goes back to the program's own; what is held stays held until the
+    // thread's next call.
+    if (c.scratch >= 0) {
+      KW_RETURN_IF_ERROR(FinishBounce(tid, c, ret, /*copy_out=*/false));
+    }
+    c.restarting = true;
+    if (!c.held.empty() && c.open_since_ns == 0 && proc_.TracedThreads().size() > 1) {
+      c.open_since_ns = MonotonicNs();
+    }
+    return absl::OkStatus();
+  }
+  absl::Status s = absl::OkStatus();
+  if (c.scratch >= 0) {
+    s = FinishBounce(tid, c, ret, /*copy_out=*/true);
+  }
+  RecordKernel(tid, c, ret);
+  AddUnprotected(c, MonotonicNs());
+  Call done = std::move(c);
+  calls_.erase(tid);
+  const absl::Status r = ReleasePages(tid, done);
+  return s.ok() ? r : s;
 }
 
 void PageBackend::Collect(std::vector<core::AccessEvent>& out) {

@@ -10,7 +10,9 @@
 #include "core/process.h"
 #include "core/x86_access.h"
 #include "watch/backend.h"
+#include "watch/page_syscalls.h"
 #include "watch/session.h"
+#include "watch/summary.h"
 
 namespace kwatch::watch {
 
@@ -21,8 +23,20 @@ namespace kwatch::watch {
 // instruction with every other thread stopped, reads the new value and protects again.
 // Exact (old and new values, no lost events) for any number of watches, at the cost of a
 // fault and a few ptrace stops per access to the page, including accesses to other data
-// on it (counted as unrelated()). The kernel's own accesses to a protected page (a read()
-// into it) fail with EFAULT instead of faulting: a documented limit of the method.
+// on it (counted as unrelated()).
+//
+// The kernel's own accesses to a protected page inside a system call raise no fault: the call
+// would fail with EFAULT (futex, read into the page...). So while armed, threads run with
+// syscall stops, and a call that may touch a protected page (watch/page_syscalls.h) is run
+// (1) through a scratch copy of its buffer when it has one (read, write, recv, poll...):
+//     exact events for the bytes the kernel wrote or read, nothing left unprotected;
+// (2) else with the page opened and every other thread stopped (fenced), protected again
+//     at the call's exit; a call that sleeps meanwhile (futex wait) gets its page protected
+//     again at once when it uses memory only before sleeping, else the page stays open until
+//     its exit and that time is reported (kernel_stats().unprotected): accesses by other
+//     threads then are not seen;
+// (3) a call that still fails with EFAULT on a protected page (a pointer kwatch did not
+//     know, such as one inside a structure) is run again with the pages opened.
 class PageBackend : public WatchBackend, public core::SignalInterceptor {
  public:
   PageBackend(core::Process& proc, const std::vector<Watch>& watches)
@@ -43,6 +57,10 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
   // A forked child inherits the protected pages: give it back their original protections.
   absl::Status OnFork(core::Process& child) override;
+  absl::Status OnSyscallStop(pid_t tid, const core::SyscallStop& stop, bool world_stopped) override;
+
+  // What the kernel did with the protected pages inside system calls.
+  const KernelAccessStats& kernel_stats() const { return kstats_; }
 
   // Faults handled by emulating the instruction, and by single-stepping it.
   uint64_t emulated() const { return emulated_; }
@@ -52,6 +70,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   struct Page {
     int original = 0;
     int armed = 0;
+    int holds = 0;  // system calls in flight that need it open (original protections)
   };
   const std::map<uint64_t, Page>& pages() const { return pages_; }
 
@@ -72,6 +91,56 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
              std::vector<Hit>& hits, std::vector<uint64_t>& touched) const;
   void Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits);
 
+  // A system call that may touch protected pages, from its entry stop to its exit stop.
+  struct Before {  // watched bytes the call may write, before it
+    uint32_t watch_id;
+    uint64_t addr;
+    uint64_t value;
+  };
+  struct Call {
+    uint64_t nr = 0;
+    uint64_t ip = 0;  // after the syscall instruction
+    SyscallModel model;
+    std::vector<uint64_t> held;  // protected pages it holds open
+    std::vector<Before> before;
+    int scratch = -1;            // bounce: index in scratch_
+    uint64_t bounced_arg = 0;    // the argument's own value, put back at the exit
+    uint64_t open_since_ns = 0;  // pages left open while other threads run, since
+    bool retried = false;        // run again after EFAULT
+    bool unseen = false;         // looked after only from its EFAULT exit on
+    bool restarting = false;     // ended with a restart code: its holds end at the next entry
+  };
+  absl::Status OnEntry(pid_t tid, const core::SyscallStop& st, bool world_stopped);
+  absl::Status OnExit(pid_t tid, const core::SyscallStop& st, bool world_stopped);
+  // The call's exit: events, bounce copied back, holds released. `st` is its exit stop.
+  absl::Status ExitCall(pid_t tid, Call& c, const core::SyscallStop& st, bool world_stopped);
+  // Runs the rest of the call with its pages open and the others stopped.
+  absl::Status RunOpen(pid_t tid, Call& c, bool world_stopped);
+  absl::Status RunAgainAfterEfault(pid_t tid, Call& c, bool world_stopped);
+  // Pages of `ranges` kwatch protects and that block `use` (opened or not).
+  std::vector<uint64_t> BlockedPages(const std::vector<KernelRange>& ranges) const;
+  absl::Status OpenPages(pid_t tid, Call& c, const std::vector<uint64_t>& pages);
+  // Drops the call's holds; pages no call holds any more are protected again through
+  // `via_tid` (0: through the next thread at a syscall stop, see ClosePending).
+  absl::Status ReleasePages(pid_t via_tid, Call& c);
+  absl::Status ClosePending(pid_t tid);
+  // mprotect of a run of pages in one call per stretch of equal protections.
+  absl::Status ProtectRuns(pid_t tid, const std::vector<uint64_t>& pages, bool open);
+  absl::Status SetupBounce(pid_t tid, Call& c);
+  absl::Status FinishBounce(pid_t tid, Call& c, int64_t ret, bool copy_out);
+  void SnapshotBefore(Call& c);
+  void RecordKernel(pid_t tid, const Call& c, int64_t ret);
+  KernelAccessStats::Syscall& CallStats(uint64_t nr);
+  void AddUnprotected(Call& c, uint64_t now_ns);
+
+  struct Scratch {  // a mapping kwatch made in the target for bounce buffers
+    uint64_t addr = 0;
+    uint64_t size = 0;
+    bool busy = false;
+  };
+  absl::StatusOr<int> TakeScratch(pid_t tid, uint64_t size);
+  void UnmapScratch(core::Process& proc, pid_t tid);
+
   core::Process& proc_;
   const std::vector<Watch>& watches_;
   std::map<uint64_t, Page> pages_;
@@ -87,6 +156,11 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   };
   std::span<const uint8_t> CodeAt(uint64_t rip);
   absl::flat_hash_map<uint64_t, Code> code_cache_;  // by instruction address
+  std::map<pid_t, Call> calls_;                     // by thread (stable references: handlers nest)
+  std::vector<Scratch> scratch_;
+  std::vector<uint64_t> close_pending_;  // pages to protect again at the next syscall stop
+  bool disarming_ = false;               // calls in flight are settled; new ones are left alone
+  KernelAccessStats kstats_;
   uint64_t unrelated_ = 0;
   uint64_t emulated_ = 0;
   uint64_t stepped_ = 0;

@@ -1,9 +1,48 @@
 #include "watch/summary.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace kwatch::watch {
+
+std::vector<std::string> KernelAccessLines(const KernelAccessStats& stats) {
+  std::vector<std::string> out;
+  for (const auto& [name, c] : stats.syscalls) {
+    std::vector<std::string> how;
+    if (c.bounced > 0) {
+      how.push_back(absl::StrCat(c.bounced, " through a scratch buffer"));
+    }
+    if (c.opened > 0) {
+      how.push_back(absl::StrCat(c.opened, " with the page opened, other threads stopped"));
+    }
+    if (c.retried > 0) {
+      how.push_back(absl::StrCat(c.retried, " run again after EFAULT"));
+    }
+    std::string line = absl::StrCat("kernel: ", name, ": ", c.calls, " call",
+                                    c.calls == 1 ? "" : "s", " on watched pages");
+    if (!how.empty()) {
+      absl::StrAppend(&line, " (", absl::StrJoin(how, ", "), ")");
+    }
+    if (c.events > 0) {
+      absl::StrAppend(&line, "; ", c.events, " exact access", c.events == 1 ? "" : "es",
+                      " to watched bytes reported");
+    }
+    if (c.unknown > 0) {
+      absl::StrAppend(&line, "; ", c.unknown, " call", c.unknown == 1 ? "" : "s",
+                      " given a pointer into watched bytes, what the kernel did there is not "
+                      "known (not counted as events)");
+    }
+    out.push_back(std::move(line));
+  }
+  for (const auto& [key, u] : stats.unprotected) {
+    out.push_back(absl::StrFormat(
+        "kernel: page 0x%x unprotected for %.3f ms during %s() (%d time%s); accesses by other "
+        "threads then were not seen",
+        key.first, static_cast<double>(u.ns) / 1e6, key.second, u.times, u.times == 1 ? "" : "s"));
+  }
+  return out;
+}
 
 std::vector<std::string> FieldsOverlapping(const std::string& display,
                                            const core::TypeLayout& layout, uint64_t offset,

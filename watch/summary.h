@@ -3,7 +3,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -68,6 +70,37 @@ class Summary {
   std::vector<WatchCounts> counts_;
   uint64_t events_ = 0;
 };
+
+// Page mode: what the kernel did with protected pages inside the target's system calls.
+struct KernelAccessStats {
+  struct Syscall {         // per system call name
+    uint64_t calls = 0;    // calls that could touch a protected page
+    uint64_t bounced = 0;  // ... run on a scratch copy of their buffer
+    uint64_t opened = 0;   // ... run with the page(s) opened, the other threads stopped
+    uint64_t retried = 0;  // ... that failed with EFAULT there and were run again
+    uint64_t events = 0;   // exact kernel accesses to watched bytes, delivered as events
+    uint64_t unknown = 0;  // calls given a pointer into watched bytes, accesses not known
+  };
+  std::map<std::string, Syscall> syscalls;
+  // Pages left unprotected while other threads ran (a call slept with the page open):
+  // accesses by other threads then were not seen. By (page, syscall name).
+  struct Unprotected {
+    uint64_t times = 0;
+    uint64_t ns = 0;
+  };
+  std::map<std::pair<uint64_t, std::string>, Unprotected> unprotected;
+  uint64_t syscall_stops = 0;  // system-call stops taken while watching (their cost)
+
+  bool empty() const { return syscalls.empty() && unprotected.empty(); }
+};
+
+// Summary lines for `stats`, one per syscall and per unprotected page, e.g.
+//   "kernel: futex: 12 calls on watched pages (12 run with the page opened, other threads
+//    stopped)"
+//   "kernel: page 0x5555... unprotected for 3.2 ms during futex() (2 times); accesses by other
+//    threads then were not seen"
+// Empty when nothing happened.
+std::vector<std::string> KernelAccessLines(const KernelAccessStats& stats);
 
 // The leaf fields of `layout` overlapping [offset, offset+size), by their effective bytes
 // (a bitfield covers only the bytes of its bits), as display + path.
