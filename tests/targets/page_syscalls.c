@@ -9,17 +9,25 @@
 //   page_syscalls misc        readv from /dev/zero into g_page.buf, clock_gettime into
 //                             g_page.ts, recvmmsg from a socket pair into g_page.buf (a pointer
 //                             two structures deep). Prints "misc ok".
+//   page_syscalls readvpipe N like pipe, but the main thread readv()s the 8-byte values into
+//                             g_page.buf (a call kwatch cannot bounce: it blocks with the page
+//                             open). Prints "readvpipe N last=N-1".
+//   page_syscalls signals N   a 1 ms interval timer whose SA_RESTART handler bumps
+//                             g_page.ticks interrupts read()s into g_page.value that block on a
+//                             slow writer. Prints "signals N last=N-1 ticks=T".
 //   page_syscalls getpid N    N getpid() calls; prints "getpid N calls NS ns/call".
 // g_page is page-aligned, so that every field shares one 4 KiB page.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +37,7 @@ struct page {
   volatile long sent;      // bumped by the writer thread
   volatile long received;  // bumped by the main thread
   volatile long counter;   // bumped under the mutex
+  volatile long ticks;     // bumped by the signal handler
   pthread_mutex_t lock;
   struct timespec ts;
   char buf[256];
@@ -96,6 +105,82 @@ static int run_pipe(void) {
   }
   pthread_join(w, NULL);
   printf("pipe %ld last=%ld text='%s'\n", g_n, g_page.value, g_page.buf);
+  return 0;
+}
+
+static void* value_writer(void* arg) {
+  const long pause_us = (long)arg;
+  for (long i = 0; i < g_n; i++) {
+    g_page.sent = g_page.sent + 1;
+    if (write(g_pipe[1], &i, sizeof(i)) != (ssize_t)sizeof(i)) {
+      die("write value");
+    }
+    usleep((useconds_t)pause_us);
+  }
+  return NULL;
+}
+
+static int run_readvpipe(void) {
+  if (pipe(g_pipe) != 0) {
+    die("pipe");
+  }
+  pthread_t w;
+  pthread_create(&w, NULL, value_writer, (void*)200L);
+  long last = -1;
+  for (long i = 0; i < g_n; i++) {
+    struct iovec iov = {g_page.buf, sizeof(long)};
+    if (readv(g_pipe[0], &iov, 1) != (ssize_t)sizeof(long)) {
+      die("readv");
+    }
+    memcpy(&last, g_page.buf, sizeof(long));
+    if (last != i) {
+      fprintf(stderr, "page_syscalls: got %ld, expected %ld\n", last, i);
+      return 4;
+    }
+  }
+  pthread_join(w, NULL);
+  printf("readvpipe %ld last=%ld\n", g_n, last);
+  return 0;
+}
+
+static void on_tick(int sig) {
+  (void)sig;
+  g_page.ticks = g_page.ticks + 1;
+}
+
+static int run_signals(void) {
+  if (pipe(g_pipe) != 0) {
+    die("pipe");
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_tick;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGALRM, &sa, NULL);
+  // The writer must not take the timer's signals: block SIGALRM in it.
+  sigset_t alrm;
+  sigemptyset(&alrm);
+  sigaddset(&alrm, SIGALRM);
+  pthread_sigmask(SIG_BLOCK, &alrm, NULL);
+  pthread_t w;
+  pthread_create(&w, NULL, value_writer, (void*)3000L);
+  pthread_sigmask(SIG_UNBLOCK, &alrm, NULL);
+  struct itimerval it = {{0, 1000}, {0, 1000}};
+  setitimer(ITIMER_REAL, &it, NULL);
+  for (long i = 0; i < g_n; i++) {
+    const ssize_t r = read(g_pipe[0], (void*)&g_page.value, sizeof(long));
+    if (r != (ssize_t)sizeof(long)) {
+      die("read value");
+    }
+    if (g_page.value != i) {
+      fprintf(stderr, "page_syscalls: got value %ld, expected %ld\n", g_page.value, i);
+      return 4;
+    }
+  }
+  struct itimerval off = {{0, 0}, {0, 0}};
+  setitimer(ITIMER_REAL, &off, NULL);
+  pthread_join(w, NULL);
+  printf("signals %ld last=%ld ticks=%ld\n", g_n, g_page.value, g_page.ticks);
   return 0;
 }
 
@@ -174,7 +259,9 @@ static int run_getpid(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: page_syscalls pipe N | mutex T N | misc | getpid N\n");
+    fprintf(
+        stderr,
+        "usage: page_syscalls pipe N | readvpipe N | signals N | mutex T N | misc | getpid N\n");
     return 2;
   }
   if (strcmp(argv[1], "pipe") == 0 && argc > 2) {
@@ -191,6 +278,14 @@ int main(int argc, char** argv) {
   }
   if (strcmp(argv[1], "misc") == 0) {
     return run_misc();
+  }
+  if (strcmp(argv[1], "readvpipe") == 0 && argc > 2) {
+    g_n = atol(argv[2]);
+    return run_readvpipe();
+  }
+  if (strcmp(argv[1], "signals") == 0 && argc > 2) {
+    g_n = atol(argv[2]);
+    return run_signals();
   }
   if (strcmp(argv[1], "getpid") == 0 && argc > 2) {
     g_n = atol(argv[2]);

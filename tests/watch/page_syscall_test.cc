@@ -327,6 +327,36 @@ TEST(PageSyscalls, CallsWithStructuresAreOpenedOrRunAgain) {
                                             "after EFAULT)")));
 }
 
+TEST(PageSyscalls, ABlockingCallLeftOpenIsReportedAsUnprotected) {
+  // readv() cannot be bounced and blocks on the pipe: its page stays open while it sleeps,
+  // and the writer thread's stores meanwhile are not seen. The summary says so.
+  constexpr int kN = 50;
+  auto live = Live::Start({"readvpipe", std::to_string(kN)}, {"g_page.sent"});
+  ASSERT_NE(live, nullptr);
+  ASSERT_EQ(live->Finish(), 0);
+  const KernelAccessStats& k = live->backend->kernel_stats();
+  ASSERT_TRUE(k.syscalls.count("readv"));
+  EXPECT_EQ(k.syscalls.at("readv").calls, uint64_t{kN});
+  EXPECT_EQ(k.syscalls.at("readv").opened, uint64_t{kN});
+  uint64_t times = 0;
+  for (const auto& [key, u] : k.unprotected) {
+    EXPECT_EQ(key.second, "readv");
+    EXPECT_GT(u.ns, 0u);
+    times += u.times;
+  }
+  EXPECT_GT(times, 0u);
+  EXPECT_LE(times, uint64_t{kN});
+  uint64_t sent_writes = 0;
+  for (const auto& ev : live->events) {
+    sent_writes += ev.kind == core::AccessKind::kWrite ? 1 : 0;
+  }
+  EXPECT_LE(sent_writes, uint64_t{kN});
+  EXPECT_THAT(KernelAccessLines(k),
+              ::testing::Contains(
+                  ::testing::AllOf(HasSubstr("unprotected for"), HasSubstr("during readv()"),
+                                   HasSubstr("accesses by other threads then were not seen"))));
+}
+
 // ---- End to end, with the kwatch command ----
 
 // The summary object of a --json run (the last line holding "watches").
@@ -419,6 +449,27 @@ TEST(PageSyscalls, ContendedMutexOnTheWatchedPageUnderKwatch) {
   const json summary = SummaryOf(r->out);
   ASSERT_EQ(summary["watches"].size(), 1u);
   EXPECT_EQ(FieldCounts(summary["watches"][0]).at("g_page.counter"), std::make_pair(1001, 1000));
+}
+
+TEST(PageSyscalls, SignalsInterruptingABouncedReadUnderKwatch) {
+  // A 1 ms timer interrupts read()s blocked on a slow writer: each interrupted call gets its
+  // own buffer back before the handler runs and is bounced again when it restarts.
+  const auto r = ::kwatch::testing::Run({KwatchPath(), "--backend", "page", "--rw", "g_page.value",
+                                         "g_page.ticks", "--json", "--",
+                                         TargetPath("page_syscalls"), "signals", "60"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->exit_code, 0) << r->err;
+  const size_t at = r->out.find("signals 60 last=59 ticks=");
+  ASSERT_NE(at, std::string::npos) << r->out.substr(0, 2000);
+  const int ticks = std::stoi(r->out.substr(at + std::strlen("signals 60 last=59 ticks=")));
+  EXPECT_GT(ticks, 0);
+  const json summary = SummaryOf(r->out);
+  ASSERT_EQ(summary["watches"].size(), 2u);
+  // g_page.value: 60 kernel writes (read), 61 reads by the program (its checks, the printf).
+  EXPECT_EQ(FieldCounts(summary["watches"][0]).at("g_page.value"), std::make_pair(61, 60));
+  // g_page.ticks: one load and one store per signal handled, and the final printf.
+  EXPECT_EQ(FieldCounts(summary["watches"][1]).at("g_page.ticks"),
+            std::make_pair(ticks + 1, ticks));
 }
 
 }  // namespace
