@@ -47,11 +47,11 @@ class PtraceRunner {
   // Restores the target and lets it go (detach, or kill with --kill-on-exit).
   absl::Status Release();
   void OnHit(const ProbeDef& def, const core::ProbeContext& ctx);
-  void Stop(std::string reason) {
-    if (stop_reason_.empty()) {
-      stop_reason_ = std::move(reason);
-    }
-  }
+  // What the loop does every round: flush, check the stop conditions. Also run from the hit
+  // handler every 50 ms: while the target hits probes back to back, Process::Poll keeps
+  // handling its stops and does not return to the loop.
+  void Duties(int stop_signal);
+  void Stop(std::string reason);
   std::string Caller(core::RemoteAddr ra);
 
   const ProbeCmdOptions& opts_;
@@ -70,8 +70,43 @@ class PtraceRunner {
   std::map<uint32_t, core::ProbeId> ids_;  // ProbeDef::id -> engine id
   std::string stop_reason_;
   std::vector<std::string> notes_;
-  absl::Status hit_error_;
+  uint64_t deadline_ns_ = 0;  // --duration, 0: none
+  uint64_t last_duties_ns_ = 0;
+  bool probes_disabled_ = false;
 };
+
+constexpr uint64_t kDutyIntervalNs = 50'000'000;
+
+void PtraceRunner::Stop(std::string reason) {
+  if (!stop_reason_.empty()) {
+    return;
+  }
+  stop_reason_ = std::move(reason);
+  // No more hits are shown; the probes come out once the loop runs again (Release).
+  if (engine_ != nullptr && !probes_disabled_) {
+    probes_disabled_ = true;
+    for (const auto& [def_id, id] : ids_) {
+      (void)engine_->Disable(id);
+    }
+  }
+}
+
+void PtraceRunner::Duties(int stop_signal) {
+  last_duties_ns_ = NowNs();
+  sink_->Flush();
+  if (stop_signal != 0) {
+    Stop(absl::StrCat("interrupted by ", sigabbrev_np(stop_signal)));
+  }
+  if (!sink_->record_error().ok()) {
+    Stop(absl::StrCat("recording failed: ", sink_->record_error().message()));
+  }
+  if (sink_->output_failed()) {
+    Stop("output closed");
+  }
+  if (deadline_ns_ != 0 && last_duties_ns_ >= deadline_ns_) {
+    Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
+  }
+}
 
 std::string PtraceRunner::Caller(core::RemoteAddr ra) {
   if (symbolizer_ == nullptr) {
@@ -85,8 +120,17 @@ std::string PtraceRunner::Caller(core::RemoteAddr ra) {
 }
 
 void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx) {
-  if (sink_->done()) {
-    return;  // --count reached; the probes are being disabled
+  if (ctx.time_ns >= last_duties_ns_ + kDutyIntervalNs && stop_reason_.empty()) {
+    Duties(ReadStopSignal(sigfd_));
+    if (!stop_reason_.empty()) {
+      std::fprintf(stderr,
+                   "kwatch: stopping (%s): the probes are disabled and come out as soon as the "
+                   "target pauses between hits\n",
+                   stop_reason_.c_str());
+    }
+  }
+  if (!stop_reason_.empty() || sink_->done()) {
+    return;  // stopping: the probes are disabled
   }
   ProbeHit hit;
   hit.time_ns = ctx.time_ns;
@@ -113,9 +157,6 @@ void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx) {
   }
   sink_->Add(hit);
   if (sink_->done()) {
-    for (const auto& [def_id, id] : ids_) {
-      (void)engine_->Disable(id);
-    }
     Stop(absl::StrCat("--count ", opts_.count, " reached"));
   }
 }
@@ -175,6 +216,7 @@ absl::Status PtraceRunner::Arm() {
     ids_[def.id] = *id;
   }
   start_ns_ = NowNs();
+  last_duties_ns_ = start_ns_;
   SinkOptions so;
   so.json = opts_.json;
   so.quiet = opts_.quiet;
@@ -223,8 +265,7 @@ absl::Status PtraceRunner::HandleChild() {
 
 absl::Status PtraceRunner::Loop() {
   KW_ASSIGN_OR_RETURN(std::unique_ptr<ProbeLoop> loop, ProbeLoop::Create(sigfd_));
-  const uint64_t deadline =
-      opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
+  deadline_ns_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   // The target may have ended while being armed.
   KW_RETURN_IF_ERROR(HandleChild());
   while (stop_reason_.empty()) {
@@ -237,17 +278,8 @@ absl::Status PtraceRunner::Loop() {
     if (proc_->alive()) {
       KW_RETURN_IF_ERROR(HandleChild());
     }
-    if (r.tick) {
-      sink_->Flush();
-    }
-    if (!sink_->record_error().ok()) {
-      Stop(absl::StrCat("recording failed: ", sink_->record_error().message()));
-    }
-    if (sink_->output_failed()) {
-      Stop("output closed");
-    }
-    if (deadline != 0 && NowNs() >= deadline) {
-      Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
+    if (r.tick || NowNs() >= last_duties_ns_ + kDutyIntervalNs) {
+      Duties(0);
     }
   }
   return absl::OkStatus();

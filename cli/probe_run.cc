@@ -27,6 +27,17 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+int ReadStopSignal(int sigfd) {
+  int stop = 0;
+  signalfd_siginfo si{};
+  while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
+    if (si.ssi_signo != SIGCHLD && stop == 0) {
+      stop = static_cast<int>(si.ssi_signo);
+    }
+  }
+  return stop;
+}
+
 absl::StatusOr<std::unique_ptr<ProbeLoop>> ProbeLoop::Create(int sigfd) {
   auto loop = std::unique_ptr<ProbeLoop>(new ProbeLoop());
   loop->sigfd_ = sigfd;

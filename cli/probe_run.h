@@ -83,4 +83,8 @@ void FinishRecording(core::TraceWriter* writer, const HitSink& sink, const Probe
 
 uint64_t NowNs();
 
+// Reads what waits in the signalfd without blocking: the first SIGINT/SIGTERM/SIGHUP, or 0
+// (SIGCHLD is dropped: the runners poll the target every round anyway).
+int ReadStopSignal(int sigfd);
+
 }  // namespace kwatch::cli
