@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 
@@ -21,6 +22,29 @@
 
 namespace kwatch::cli {
 
+namespace {
+
+// Reads every signal waiting in the signalfd (several per read: one read is the common case).
+template <typename F>
+void DrainSignals(int sigfd, F&& on_signal) {
+  std::array<signalfd_siginfo, 16> si{};
+  for (;;) {
+    const ssize_t n = read(sigfd, si.data(), sizeof(si));
+    if (n < static_cast<ssize_t>(sizeof(signalfd_siginfo))) {
+      return;
+    }
+    const size_t count = static_cast<size_t>(n) / sizeof(signalfd_siginfo);
+    for (size_t i = 0; i < count; ++i) {
+      on_signal(static_cast<int>(si[i].ssi_signo));
+    }
+    if (count < si.size()) {
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 uint64_t NowNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -29,12 +53,11 @@ uint64_t NowNs() {
 
 int ReadStopSignal(int sigfd) {
   int stop = 0;
-  signalfd_siginfo si{};
-  while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
-    if (si.ssi_signo != SIGCHLD && stop == 0) {
-      stop = static_cast<int>(si.ssi_signo);
+  DrainSignals(sigfd, [&stop](int sig) {
+    if (sig != SIGCHLD && stop == 0) {
+      stop = sig;
     }
-  }
+  });
   return stop;
 }
 
@@ -88,14 +111,13 @@ absl::StatusOr<ProbeLoop::Ready> ProbeLoop::Wait(int timeout_ms) {
   for (int i = 0; i < n; ++i) {
     const int fd = evs[i].data.fd;
     if (fd == sigfd_) {
-      signalfd_siginfo si{};
-      while (read(sigfd_, &si, sizeof(si)) == sizeof(si)) {
-        if (si.ssi_signo == SIGCHLD) {
+      DrainSignals(sigfd_, [&r](int sig) {
+        if (sig == SIGCHLD) {
           r.child = true;
         } else if (r.stop_signal == 0) {
-          r.stop_signal = static_cast<int>(si.ssi_signo);
+          r.stop_signal = sig;
         }
-      }
+      });
     } else if (fd == tick_.get()) {
       uint64_t ticks = 0;
       (void)!read(fd, &ticks, sizeof(ticks));
