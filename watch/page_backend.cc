@@ -218,6 +218,7 @@ void PageBackend::Disarm() {
     for (auto& [addr, page] : pages_) {
       page.holds = 0;
     }
+    close_pending_.clear();
     armed_ = false;
     draining_ = true;
     proc_.SetSyscallStops(false);
@@ -236,6 +237,7 @@ void PageBackend::Forget() {
   code_cache_.clear();
   calls_.clear();
   scratch_.clear();
+  close_pending_.clear();
   proc_.SetSyscallStops(false);
   proc_.SetInterceptor(nullptr);
 }
