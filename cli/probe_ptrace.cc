@@ -350,6 +350,11 @@ absl::StatusOr<int> PtraceRunner::Run() {
   info.seconds = static_cast<double>(NowNs() - start_ns_) / 1e9;
   const absl::Status released = Release();
   info.stop_reason = stop_reason_;
+  if (proc_->forks() > 0) {
+    notes_.push_back(absl::StrFormat(
+        "the target forked %d child%s: not followed, their copy of the code was restored",
+        proc_->forks(), proc_->forks() == 1 ? "" : "ren"));
+  }
   info.notes = notes_;
   info.exit = proc_->exit_info();
   sink_->Flush();

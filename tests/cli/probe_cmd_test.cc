@@ -364,6 +364,48 @@ TEST(ProbeCmd, StringsStructMembersAndLines) {
   EXPECT_EQ(is, (std::vector<long>{0, 1, 2, 3}));
 }
 
+// The C library this test runs with (the fixtures load the same one).
+std::string LibcPath() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash != std::string::npos && line.find("/libc.so") != std::string::npos) {
+      return line.substr(slash);
+    }
+  }
+  return "";
+}
+
+TEST(ProbeCmd, SharedLibraryProbedWithMinusX) {
+  const std::string libc = LibcPath();
+  ASSERT_FALSE(libc.empty());
+  const RunResult r =
+      Probe({"--json", "-x", libc, "printf fmt=+0(%di):string", "--", TargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  ASSERT_EQ(run.hits.size(), 1u) << r.out;
+  EXPECT_EQ(run.hits[0]["args"]["fmt"], "sum=%ld scaled=%g total=%ld\n");
+  EXPECT_EQ(run.hits[0]["function"], "printf");
+}
+
+TEST(ProbeCmd, ExecEndsTheProbesAndForkedChildrenAreNotProbed) {
+  // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
+  const RunResult e = Probe({"--json", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  JsonRun run = ParseJson(e.out);
+  EXPECT_EQ(run.hits.size(), 5u);
+  EXPECT_THAT(run.summary["notes"].dump(), HasSubstr("called exec"));
+  EXPECT_THAT(e.out, HasSubstr("after exec sum"));
+  // probe_engine fork: work() 100 times, a child forked at i == 50 calls it 10 more times.
+  const RunResult f = Probe({"--json", "work", "--", TargetPath("probe_engine"), "fork"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  run = ParseJson(f.out);
+  EXPECT_EQ(run.hits.size(), 100u);
+  EXPECT_THAT(f.out, HasSubstr("child exited 0 signaled 0"));
+  EXPECT_THAT(run.summary["notes"].dump(), HasSubstr("forked 1 child"));
+}
+
 TEST(ProbeCmd, CountStopsAfterNAndTheTargetFinishesUnharmed) {
   const RunResult r =
       Probe({"--json", "-c", "10", "tick i", "--", TargetPath("uprobe_loop"), "100000"});
