@@ -300,8 +300,14 @@ SyscallModel ModelSyscall(uint64_t nr, const std::array<uint64_t, 6>& a, ReadFn 
       ModelFutex(m, a);
       return m;
     case SYS_clock_gettime:
-      m.known = true;
-      Add(m, a[1], 16, KernelUse::kWrite);
+      Buffer(m, 1, a[1], 16, false, true, 0);
+      return m;
+    case SYS_pipe:
+    case SYS_pipe2:
+      Buffer(m, 0, a[0], 8, false, true, 0);  // int fds[2]
+      return m;
+    case SYS_socketpair:
+      Buffer(m, 3, a[3], 8, false, true, 0);
       return m;
     case SYS_gettimeofday:
       m.known = true;

@@ -6,6 +6,30 @@
 
 namespace kwatch::watch {
 
+std::string KernelAccessJson(const KernelAccessStats& stats) {
+  // Syscall names are plain identifiers ("read", "syscall_512"): nothing to escape.
+  std::string out = absl::StrCat("{\"syscall_stops\":", stats.syscall_stops, ",\"syscalls\":[");
+  bool first = true;
+  for (const auto& [name, c] : stats.syscalls) {
+    absl::StrAppendFormat(&out,
+                          "%s{\"name\":\"%s\",\"calls\":%d,\"bounced\":%d,\"opened\":%d,"
+                          "\"retried\":%d,\"events\":%d,\"unknown\":%d}",
+                          first ? "" : ",", name, c.calls, c.bounced, c.opened, c.retried, c.events,
+                          c.unknown);
+    first = false;
+  }
+  out += "],\"unprotected\":[";
+  first = true;
+  for (const auto& [key, u] : stats.unprotected) {
+    absl::StrAppendFormat(&out, "%s{\"page\":\"0x%x\",\"syscall\":\"%s\",\"times\":%d,\"ms\":%.3f}",
+                          first ? "" : ",", key.first, key.second, u.times,
+                          static_cast<double>(u.ns) / 1e6);
+    first = false;
+  }
+  out += "]}";
+  return out;
+}
+
 std::vector<std::string> KernelAccessLines(const KernelAccessStats& stats) {
   std::vector<std::string> out;
   for (const auto& [name, c] : stats.syscalls) {

@@ -102,6 +102,12 @@ struct KernelAccessStats {
 // Empty when nothing happened.
 std::vector<std::string> KernelAccessLines(const KernelAccessStats& stats);
 
+// The same as one JSON object:
+//   {"syscall_stops":N,"syscalls":[{"name":"futex","calls":..,"bounced":..,"opened":..,
+//    "retried":..,"events":..,"unknown":..}],"unprotected":[{"page":"0x...",
+//    "syscall":"readv","times":..,"ms":..}]}
+std::string KernelAccessJson(const KernelAccessStats& stats);
+
 // The leaf fields of `layout` overlapping [offset, offset+size), by their effective bytes
 // (a bitfield covers only the bytes of its bits), as display + path.
 std::vector<std::string> FieldsOverlapping(const std::string& display,

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sys/syscall.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -154,6 +155,35 @@ TEST(PageSyscallModel, UnknownCallsAndNames) {
   EXPECT_FALSE(IsRestartResult(0));
 }
 
+TEST(PageSyscallModel, SummaryLinesAndJson) {
+  KernelAccessStats k;
+  EXPECT_TRUE(k.empty());
+  EXPECT_TRUE(KernelAccessLines(k).empty());
+  k.syscall_stops = 42;
+  k.syscalls["futex"] = {
+      .calls = 3, .bounced = 0, .opened = 3, .retried = 0, .events = 0, .unknown = 0};
+  k.syscalls["read"] = {
+      .calls = 2, .bounced = 2, .opened = 0, .retried = 0, .events = 2, .unknown = 0};
+  k.unprotected[{0x5000, "readv"}] = {.times = 2, .ns = 1500000};
+  EXPECT_THAT(KernelAccessLines(k),
+              ::testing::ElementsAre(
+                  "kernel: futex: 3 calls on watched pages (3 with the page opened, other "
+                  "threads stopped)",
+                  "kernel: read: 2 calls on watched pages (2 through a scratch buffer); 2 exact "
+                  "accesses to watched bytes reported",
+                  "kernel: page 0x5000 unprotected for 1.500 ms during readv() (2 times); "
+                  "accesses by other threads then were not seen"));
+  const json j = json::parse(KernelAccessJson(k));
+  EXPECT_EQ(j["syscall_stops"], 42);
+  ASSERT_EQ(j["syscalls"].size(), 2u);
+  EXPECT_EQ(j["syscalls"][1]["name"], "read");
+  EXPECT_EQ(j["syscalls"][1]["bounced"], 2);
+  ASSERT_EQ(j["unprotected"].size(), 1u);
+  EXPECT_EQ(j["unprotected"][0]["page"], "0x5000");
+  EXPECT_EQ(j["unprotected"][0]["syscall"], "readv");
+  EXPECT_DOUBLE_EQ(j["unprotected"][0]["ms"].get<double>(), 1.5);
+}
+
 // ---- A live target under a PageBackend ----
 
 // Launches page_syscalls with `args`, resolves `exprs` (read-write) and arms a PageBackend of
@@ -209,6 +239,9 @@ struct Live {
       backend->Collect(events);
     }
     backend->Collect(events);
+    for (const std::string& line : KernelAccessLines(backend->kernel_stats())) {
+      std::printf("  %s\n", line.c_str());  // what the summary would say
+    }
     return proc->exit_info()->ShellStatus();
   }
 
