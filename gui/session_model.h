@@ -1,0 +1,123 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <QObject>
+#include <QString>
+#include <QTimer>
+
+#include "gui/cache_line_model.h"
+#include "gui/field_tree_model.h"
+#include "gui/heatmap_model.h"
+#include "gui/loader.h"
+#include "gui/selection.h"
+#include "gui/site_table_model.h"
+#include "gui/snapshot.h"
+#include "gui/thread_model.h"
+#include "gui/timeline_model.h"
+
+namespace kwatch::gui {
+
+// One open recording and what the user selected in it: loads snapshots off the GUI thread
+// (Loader), keeps the selection (object, fields, time range, thread) and the view settings,
+// and feeds every item model from them. Widgets only call the setters and show the models.
+//
+// The whole recording's snapshot ("main") feeds the field tree, the heatmap and the
+// timeline; a selection with a time range or a thread gets its own slice of the recording
+// ("detail", loaded in the background) for the sites table, the per-thread breakdown and the
+// cache lines, which keep showing the previous data until it arrives (DetailLoaded).
+// Follow mode reloads the main snapshot while the recording grows and stops when it is
+// complete. Lives on the GUI thread.
+class SessionModel : public QObject {
+  Q_OBJECT
+
+ public:
+  explicit SessionModel(QObject* parent = nullptr);
+  ~SessionModel() override;
+
+  // Starts loading `path` (what was shown stays until it loads). `follow`: poll every
+  // follow_interval_ms() while the recording is incomplete; a missing file is waited for and
+  // a failed load retried (LoadFailed once per distinct message).
+  void Open(const QString& path, bool follow = false);
+  // Runs the event loop until no load is in flight (true) or `timeout_ms` passed (false).
+  // For headless use (exports, benchmarks); a window never needs it.
+  bool WaitIdle(int timeout_ms);
+  void SetFollowInterval(int ms) { follow_timer_.setInterval(ms); }
+  int follow_interval_ms() const { return follow_timer_.interval(); }
+
+  void SetObject(uint32_t obj);
+  // Global field indices (any order); empty: the whole object.
+  void SetFieldSelection(std::vector<uint32_t> fields);
+  // Nanoseconds after the session start, [from_ns, to_ns); unset: unbounded.
+  void SetTimeSelection(std::optional<uint64_t> from_ns, std::optional<uint64_t> to_ns);
+  void ClearSelection();  // fields and time range
+  void SetThreadFilter(std::optional<pid_t> tid);
+  void SetMode(AccessMode mode);
+  void SetScale(Scale scale);
+
+  const QString& path() const { return path_; }
+  bool following() const { return follow_; }
+  bool loading() const { return main_in_flight_; }
+  bool detail_pending() const { return detail_in_flight_; }
+  const QString& error() const { return error_; }
+  const SnapshotPtr& main_snapshot() const { return main_; }
+  // The snapshot behind the sites, threads and cache lines (main when no slice is needed).
+  const SnapshotPtr& detail_snapshot() const { return detail_; }
+  const Selection& selection() const { return sel_; }
+  // Threads of the recording (tid, accesses to the current object), in order of appearance.
+  std::vector<std::pair<pid_t, uint64_t>> Threads() const;
+  // One line for the status bar: file, events, span, complete or cut short, load time.
+  QString Summary() const;
+
+  FieldTreeModel* fields() { return &fields_; }
+  HeatmapModel* heatmap() { return &heatmap_; }
+  TimelineModel* timeline() { return &timeline_; }
+  SiteTableModel* sites() { return &sites_; }
+  ThreadModel* threads() { return &threads_; }
+  CacheLineModel* cache_lines() { return &lines_; }
+
+ Q_SIGNALS:
+  void LoadStarted(const QString& path);
+  // A new main snapshot is shown (every model was reset).
+  void Loaded();
+  // The load failed; what was shown before stays. The message is for people.
+  void LoadFailed(const QString& message);
+  // Sites, threads and cache lines now reflect the selection.
+  void DetailLoaded();
+  void SelectionChanged();
+  // Follow mode: waiting for a missing file, or the recording completed.
+  void FollowStatus(const QString& message);
+
+ private:
+  void OnFinished(const LoadResult& r);
+  void OnFollowTick();
+  void SubmitMain(bool follow_reload);
+  void UpdateSelectionModels();  // timeline now; detail models now or after a slice load
+  void ApplyDetail();
+
+  Loader loader_;
+  QTimer follow_timer_;
+  QString path_;
+  bool follow_ = false;
+  uint64_t main_generation_ = 0;
+  uint64_t detail_generation_ = 0;
+  bool main_in_flight_ = false;
+  bool detail_in_flight_ = false;
+  QString error_;
+  SnapshotPtr main_;
+  SnapshotPtr detail_;
+  Selection sel_;
+
+  FieldTreeModel fields_;
+  HeatmapModel heatmap_;
+  TimelineModel timeline_;
+  SiteTableModel sites_;
+  ThreadModel threads_;
+  CacheLineModel lines_;
+};
+
+}  // namespace kwatch::gui

@@ -1,0 +1,77 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "core/store/trace_records.h"
+#include "watch/profile/storage_profile.h"
+#include "watch/recording.h"
+
+namespace kwatch::gui {
+
+// What to load from a recording.
+struct LoadRequest {
+  std::string path;
+  // Times are nanoseconds after the session's start: [from_ns, to_ns), unset = unbounded.
+  std::optional<uint64_t> from_ns;
+  std::optional<uint64_t> to_ns;
+  std::optional<pid_t> tid;  // only this thread's events
+  // About this many time columns over the session (the profile doubles the width as needed).
+  uint32_t columns = 240;
+  // Read the source lines around each site (the main load does; slices reuse them).
+  bool read_sources = true;
+  // When set and the file still holds this many events and is as complete as `known_complete`,
+  // the load stops early and returns a snapshot with `unchanged` set (follow mode).
+  std::optional<uint64_t> known_events;
+  bool known_complete = false;
+};
+
+// Source text around a site: lines [first_line, first_line + lines.size()).
+struct SourceSnippet {
+  std::string file;  // as the recording names it
+  int first_line = 0;
+  int line = 0;  // the site's line
+  std::vector<std::string> lines;
+};
+
+// One immutable load of a recording: its session, sites and the storage profile of the
+// requested slice. Built on a worker thread, then shared read-only (std::shared_ptr<const>).
+struct Snapshot {
+  LoadRequest request;
+  bool unchanged = false;  // follow mode: nothing new since request.known_events (no profile)
+  core::SessionRecord session;
+  bool complete = false;
+  std::optional<core::SessionEnd> end;
+  uint64_t recorded_events = 0;  // events in the file (all threads and times)
+  std::vector<core::WatchRecord> watches;
+  absl::flat_hash_map<uint64_t, core::SiteRecord> sites;  // by ip
+  absl::flat_hash_map<uint64_t, SourceSnippet> sources;   // by ip, readable sources only
+  std::optional<watch::StorageProfile> profile;           // unset only when `unchanged`
+  double load_seconds = 0;
+
+  // Session length in ns: to the end record, else to the last event (0 when unknown).
+  uint64_t SpanNs() const;
+};
+
+using SnapshotPtr = std::shared_ptr<const Snapshot>;
+
+// Opens `req.path` and builds its snapshot. Errors are TraceReader's (NotFound, DataLoss for a
+// corrupted file, InvalidArgument for another SQLite database, FailedPrecondition for a newer
+// schema), with the path in the message.
+absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req);
+
+// Lines [line - context, line + context] of `file` (1-based `line`); nullopt when the file is
+// unreadable, larger than 8 MiB, or shorter than `line`.
+std::optional<SourceSnippet> ReadSourceSnippet(const std::string& file, int line, int context);
+
+// "0 ns", "900 ns", "1.5 ms", "2.25 s" (as `kwatch report`).
+std::string FormatDuration(uint64_t ns);
+
+}  // namespace kwatch::gui
