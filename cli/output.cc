@@ -210,7 +210,12 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
       }
       s += "]}";
     }
-    s += "],\"profile\":";
+    s += "]";
+    if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
+      s += ",\"kernel\":";
+      s += watch::KernelAccessJson(*k);
+    }
+    s += ",\"profile\":";
     s += RenderJson(profile, namer, ropts).dump();
     s += "}\n";
     std::fputs(s.c_str(), out);
@@ -237,6 +242,14 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
                   backend);
   }
   absl::FPrintF(out, "\n%s", RenderText(profile, namer, ropts));
+  if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
+    absl::FPrintF(out, "\n");
+    for (const std::string& line : watch::KernelAccessLines(*k)) {
+      absl::FPrintF(out, "%s\n", line);
+    }
+    absl::FPrintF(out, "kernel: %d system-call stops (page mode stops at every system call)\n",
+                  k->syscall_stops);
+  }
   if (info.exit.has_value()) {
     if (info.exit->signaled) {
       absl::FPrintF(out, "\ntarget %d was killed by signal %d (%s)%s\n", info.pid,

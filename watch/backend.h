@@ -9,6 +9,8 @@
 
 namespace kwatch::watch {
 
+struct KernelAccessStats;  // watch/summary.h
+
 // How the watches of a session are made real.
 enum class BackendKind : uint8_t {
   kAuto,  // hardware breakpoints if this machine delivers their traps, else pages
@@ -41,6 +43,8 @@ class WatchBackend {
   virtual uint64_t lost() const { return 0; }
   // Faults or traps that touched no watched byte (page mode: other data on the page).
   virtual uint64_t unrelated() const { return 0; }
+  // Page mode: what the kernel did with protected pages in system calls; nullptr otherwise.
+  virtual const KernelAccessStats* kernel_access() const { return nullptr; }
 };
 
 }  // namespace kwatch::watch

@@ -61,6 +61,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
   // What the kernel did with the protected pages inside system calls.
   const KernelAccessStats& kernel_stats() const { return kstats_; }
+  const KernelAccessStats* kernel_access() const override { return &kstats_; }
 
   // Faults handled by emulating the instruction, and by single-stepping it.
   uint64_t emulated() const { return emulated_; }

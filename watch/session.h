@@ -70,6 +70,8 @@ class WatchSession {
   std::vector<int> Fds() const { return backend_->Fds(); }
   uint64_t lost() const { return backend_->lost(); }
   uint64_t unrelated() const { return backend_->unrelated(); }
+  // Page mode: what the kernel did with the protected pages in system calls; null otherwise.
+  const KernelAccessStats* kernel_access() const { return backend_->kernel_access(); }
   uint64_t filtered() const { return filtered_; }
   BackendKind backend() const { return backend_->kind(); }
   // A line for the user about the backend ("note: ..." why auto chose it, "warning: ..."

@@ -157,6 +157,24 @@ TEST(Recording, LiveSessionEndsWithTheSameProfile) {
   EXPECT_THAT(text.out, HasSubstr("98 (was 97), 99 (was 98)  tid "));
 }
 
+// Page mode stops the target at its system calls (a pthread barrier lives on the watched page):
+// the summary says what the kernel did with the protected pages, in JSON and in text.
+TEST(Recording, SummarySaysWhatTheKernelDidWithWatchedPages) {
+  const RunResult r = RunKwatch(
+      {"-q", "--json", "--backend=page", "--rw", "g_shared", "--", TargetPath("false_sharing"), "500"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("done a=499 b=499"));
+  const json summary = json::parse(r.out.substr(r.out.rfind("{\"type\":\"summary\"")));
+  ASSERT_TRUE(summary.contains("kernel")) << summary.dump();
+  EXPECT_GT(summary["kernel"]["syscall_stops"].get<uint64_t>(), 0u);
+  EXPECT_EQ((*Field(summary["profile"]["watches"][0], "g_shared.a"))["writes"], 500);
+
+  const RunResult text = RunKwatch(
+      {"-q", "--backend=page", "--rw", "g_shared", "--", TargetPath("false_sharing"), "100"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, ::testing::ContainsRegex("kernel: [0-9]+ system-call stops"));
+}
+
 // Text, CSV, and the filters: one thread, one field, a time window after the end.
 TEST(Recording, TextCsvAndFilters) {
   const std::string db = TempFile("filters.kwdb");
