@@ -256,13 +256,14 @@ void HeatmapWidget::paintEvent(QPaintEvent* /*event*/) {
   const QString title = model_->ObjectTitle();
   p.drawText(g.title.adjusted(6, 0, -6, 0), Qt::AlignLeft | Qt::AlignVCenter, title);
   p.setFont(font());
-  QString what = QStringLiteral("%1 per %2, %3, %4   ·   %5 fields, shaded by cache line")
-                     .arg(ModeText(model_->mode()),
-                          QString::fromStdString(FormatDuration(model_->bucket_ns())),
-                          model_->scale() == Scale::kLog ? tr("log scale") : tr("linear scale"),
-                          model_->thread().has_value() ? tr("thread %1").arg(*model_->thread())
-                                                       : tr("all threads"))
-                     .arg(model_->rowCount());
+  QString what =
+      QStringLiteral("%1 per %2, %3, %4   ·   %5, shaded by cache line")
+          .arg(ModeText(model_->mode()),
+               QString::fromStdString(FormatDuration(model_->bucket_ns())),
+               model_->scale() == Scale::kLog ? tr("log scale") : tr("linear scale"),
+               model_->thread().has_value() ? tr("thread %1").arg(*model_->thread())
+                                            : tr("all threads"))
+          .arg(model_->rowCount() == 1 ? tr("1 field") : tr("%1 fields").arg(model_->rowCount()));
   if (g.visible_rows < model_->rowCount()) {
     what += tr(" (rows %1–%2 shown)").arg(g.first_row + 1).arg(g.first_row + g.visible_rows);
   }
