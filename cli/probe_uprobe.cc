@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -36,6 +37,10 @@ namespace kwatch::cli {
 
 namespace {
 
+// How long a hit may take from its timestamp to its ring (a sample being written on another
+// CPU while the rings are read).
+constexpr uint64_t kOrderSlackNs = 2'000'000;
+
 // Why a value is missing: the memory it needs was not in the sample.
 constexpr char kNotSampled[] = "(not sampled)";
 
@@ -60,7 +65,8 @@ class UprobeRunner {
  private:
   absl::Status Start();
   absl::Status Loop();
-  void DrainAll();
+  // Reads the rings; shows the hits in time order (all of them when `final`).
+  void DrainAll(bool final = false);
   // Evaluates the arguments of a sampled hit (the stack slice is valid only now).
   ProbeHit MakeHit(const ProbeDef& def, const watch::UprobeHit& h);
   uint64_t BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h);
@@ -91,6 +97,7 @@ class UprobeRunner {
   uint64_t not_sampled_ = 0;
   uint64_t other_processes_ = 0;   // hits of other processes running the file (dropped)
   std::vector<uint64_t> sampled_;  // per event: samples read, of every process
+  std::vector<ProbeHit> waiting_;  // read, newer than the last drain's horizon
 };
 
 uint64_t UprobeRunner::BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h) {
@@ -156,8 +163,12 @@ ProbeHit UprobeRunner::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) {
   return hit;
 }
 
-void UprobeRunner::DrainAll() {
-  std::vector<ProbeHit> hits;
+void UprobeRunner::DrainAll(bool final) {
+  // Rings are per CPU and per probe, read one after the other: a ring read later may hold
+  // hits newer than some not yet written to a ring read earlier. Hits are shown in time
+  // order up to a horizon a little before the drain began (every hit older than that is in
+  // its ring by then); later ones wait for the next drain.
+  const uint64_t horizon = NowNs() - kOrderSlackNs;
   for (size_t i = 0; i < events_.size(); ++i) {
     const ProbeDef& def = set_.probes[i];
     events_[i]->Drain([&](const watch::UprobeHit& h) {
@@ -166,18 +177,20 @@ void UprobeRunner::DrainAll() {
         ++other_processes_;  // the same file run by another process
         return;
       }
-      hits.push_back(MakeHit(def, h));
+      waiting_.push_back(MakeHit(def, h));
     });
   }
-  // Rings are per CPU and per probe: show one time line.
-  std::stable_sort(hits.begin(), hits.end(),
+  std::stable_sort(waiting_.begin(), waiting_.end(),
                    [](const ProbeHit& a, const ProbeHit& b) { return a.time_ns < b.time_ns; });
-  for (const ProbeHit& h : hits) {
-    if (!sink_->Add(h)) {
+  size_t shown = 0;
+  for (; shown < waiting_.size(); ++shown) {
+    if ((!final && waiting_[shown].time_ns > horizon) || !sink_->Add(waiting_[shown])) {
       break;
     }
   }
+  waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(shown));
   if (sink_->done()) {
+    waiting_.clear();
     Stop(absl::StrCat("--count ", opts_.count, " reached"));
   }
 }
@@ -351,7 +364,7 @@ absl::StatusOr<int> UprobeRunner::Run() {
     absl::StatusOr<uint64_t> c = ev->Count();
     counts.push_back(c.ok() ? std::optional<uint64_t>(*c) : std::nullopt);
   }
-  DrainAll();
+  DrainAll(/*final=*/true);
   std::map<uint32_t, ProbeEndStats> stats;
   for (size_t i = 0; i < events_.size(); ++i) {
     ProbeEndStats st;
