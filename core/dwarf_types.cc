@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -155,7 +156,13 @@ std::string NameWithDeclarator(Dwarf_Die die, int skip_dims, const std::string& 
             t, 0, declarator.empty() ? std::string(qual) : absl::StrCat(qual, " ", declarator),
             depth + 1);
       }
-      return absl::StrCat(qual, " ", NameWithDeclarator(t, 0, declarator, depth + 1));
+      // GCC qualifies both a qualified array and its elements (`volatile struct row a[64]`
+      // is volatile -> array -> volatile -> struct): say the qualifier once.
+      std::string inner = NameWithDeclarator(t, 0, declarator, depth + 1);
+      if (absl::StartsWith(inner, absl::StrCat(qual, " "))) {
+        return inner;
+      }
+      return absl::StrCat(qual, " ", inner);
     }
     case DW_TAG_array_type: {
       const std::string d = absl::StrCat(declarator, DimsText(die, skip_dims));

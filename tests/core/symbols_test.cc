@@ -596,6 +596,15 @@ TEST_F(SymbolsFileTest, LineAtNamesTheInlinedFunction) {
   EXPECT_GT(plain, 0);
 }
 
+TEST_F(SymbolsFileTest, QualifiedArrayNamesItsQualifierOnce) {
+  auto r = Resolve("g_vrows");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->type_name, "volatile struct inner[4]");
+  auto e = Resolve("g_vrows[3]");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->type_name, "volatile struct inner");
+}
+
 TEST_F(SymbolsFileTest, ReadCodeComesFromTheFile) {
   auto f = symbols_->FindFunction("IncCounter");
   ASSERT_TRUE(f.has_value());

@@ -71,6 +71,7 @@ struct line* g_line_ptr = &g_lines[1];
 union value g_value;
 int g_matrix[3][4];
 long g_big[1000];
+volatile struct inner g_vrows[4];  // GCC: volatile -> array -> volatile -> struct
 counter_t g_counter;
 const char* g_name = "layouts";
 static int s_file_static;
@@ -115,6 +116,7 @@ static void Touch(int seed) {
   g_value.l = seed;
   g_matrix[2][3] = seed;
   g_big[999] = seed;
+  g_vrows[3].a = seed;
   IncCounter();
   StoreScaled(seed);
   s_file_static += seed + LoadMisses();
