@@ -27,6 +27,9 @@ bold "\$ kwatch --write g_shared g_padded -q -o $OUT/false_sharing.kwdb -- false
   | tee "$OUT/false_sharing.txt"
 "$KWATCH" report "$OUT/false_sharing.kwdb" --png "$OUT/false_sharing.png" > "$OUT/false_sharing_report.txt"
 
+bold "\$ kwatch-gui --export-png $OUT/viewer.png $OUT/false_sharing.kwdb      # the viewer, rendered headless"
+"$BUILD/gui/kwatch-gui" --export-png "$OUT/viewer.png" "$OUT/false_sharing.kwdb"
+
 bold "\$ kwatch probe 'tick i r->len' 'tick%return \$retval' -o $OUT/probes.kwdb -- uprobe_loop 5      # INT3 probes with arguments"
 "$KWATCH" probe 'tick i r->len' 'tick%return $retval' -o "$OUT/probes.kwdb" -- "$TARGETS/uprobe_loop" 5 \
   | tee "$OUT/probes.txt"
@@ -37,7 +40,7 @@ echo "$(grep -c '"type":"event"' "$OUT/events.jsonl") events, summary: $(tail -n
 
 bold "Report files:"
 for f in live.txt summary.txt run.kwdb report.txt report.json heatmap.png false_sharing.txt \
-         false_sharing.kwdb false_sharing_report.txt false_sharing.png probes.txt probes.kwdb \
+         false_sharing.kwdb false_sharing_report.txt false_sharing.png viewer.png probes.txt probes.kwdb \
          events.jsonl; do
   printf '  %s/%s\n' "$OUT" "$f"
 done
