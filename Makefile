@@ -34,10 +34,10 @@ bench: build
 	@./scripts/readme-overhead.sh bench/results/compare.md README.md
 
 lint: configure
-	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(core|drmgr|watch|cli)/' 
+	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(core|drmgr|watch|cli|gui)/' 
 
 format:
-	@find core drmgr watch cli tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
+	@find core drmgr watch cli gui tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
 
 clean:
 	@rm -rf build
