@@ -237,7 +237,8 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "is killed outright, a guardian process puts the original code back.\n"
       "Permissions: ptrace needs the right to trace the target (same user and\n"
       "kernel.yama.ptrace_scope <= 1 for children, 0 for -p, or CAP_SYS_PTRACE); the uprobe\n"
-      "backend needs kernel.perf_event_paranoid <= 1 for your processes, or CAP_PERFMON.");
+      "backend needs root (CAP_SYS_ADMIN; CAP_PERFMON on older kernels), whatever\n"
+      "kernel.perf_event_paranoid says.");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {

@@ -253,10 +253,12 @@ absl::Status UprobeRunner::Start() {
       std::string msg = absl::StrCat("probe ", def.point.event, " (", def.Location(),
                                      "): ", ev.status().message());
       if (absl::IsPermissionDenied(ev.status())) {
-        // perf_uprobe_event_init() checks perfmon_capable() whatever perf_event_paranoid says.
+        // perf_uprobe_event_init() checks capable(CAP_SYS_ADMIN) (perfmon_capable() before a
+        // 2025 fix, also in stable kernels), whatever perf_event_paranoid says.
         absl::StrAppend(&msg,
-                        "; note: the kernel's uprobe PMU always needs CAP_PERFMON (or root); "
-                        "--backend ptrace probes your own processes without privileges");
+                        "; note: the kernel's uprobe PMU needs root (CAP_SYS_ADMIN; CAP_PERFMON "
+                        "on older kernels) whatever perf_event_paranoid says: --backend ptrace "
+                        "probes your own processes without privileges");
       }
       return absl::Status(ev.status().code(), msg);
     }
