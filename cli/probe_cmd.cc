@@ -1,10 +1,11 @@
 #include "cli/probe_cmd.h"
 
-#include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <array>
+#include <csignal>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -67,8 +68,8 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
   }
   if (o.pid.has_value()) {
     const std::string link = absl::StrCat("/proc/", *o.pid, "/exe");
-    char buf[4096];
-    const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+    std::array<char, 4096> buf{};
+    const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
     if (n < 0) {
       const int err = errno;
       return core::SyscallError(
@@ -78,7 +79,7 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
                                       "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
                                       "it further)"));
     }
-    const std::string path(buf, static_cast<size_t>(n));
+    const std::string path(buf.data(), static_cast<size_t>(n));
     // A deleted or replaced program is still reachable through the link itself.
     return ::access(path.c_str(), R_OK) == 0 ? path : link;
   }

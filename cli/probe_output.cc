@@ -1,14 +1,14 @@
 #include "cli/probe_output.h"
 
-#include <limits.h>
-#include <signal.h>
-#include <string.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -28,7 +28,7 @@ std::string Hex(uint64_t v) {
   return absl::StrFormat("0x%x", v);
 }
 
-constexpr size_t kFlushBytes = 64 * 1024;
+constexpr size_t kFlushBytes = size_t{64} * 1024;
 
 double Seconds(uint64_t t, uint64_t start) {
   return static_cast<double>(t - std::min(t, start)) / 1e9;
@@ -199,9 +199,9 @@ uint64_t HitSink::hits(uint32_t probe_id) const {
 }
 
 const std::vector<HitSink::ArgTally>& HitSink::tallies(uint32_t probe_id) const {
-  static const std::vector<ArgTally> kNone;
+  static const std::vector<ArgTally> none;
   auto it = per_probe_.find(probe_id);
-  return it == per_probe_.end() ? kNone : it->second.args;
+  return it == per_probe_.end() ? none : it->second.args;
 }
 
 void HitSink::PrintText(const ProbeHit& hit) {

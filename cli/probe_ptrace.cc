@@ -1,12 +1,12 @@
 // `kwatch probe --backend ptrace`: the INT3 engine (core/probe/int3_engine.h) on a launched
 // or attached process, every patch journaled by a guardian process.
-#include <signal.h>
-#include <string.h>
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>

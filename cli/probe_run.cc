@@ -1,15 +1,15 @@
 #include "cli/probe_run.h"
 
-#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -99,8 +99,8 @@ absl::Status ProbeLoop::Add(int fd) {
 
 absl::StatusOr<ProbeLoop::Ready> ProbeLoop::Wait(int timeout_ms) {
   Ready r;
-  epoll_event evs[64];
-  const int n = epoll_wait(epfd_.get(), evs, 64, timeout_ms);
+  std::array<epoll_event, 64> evs{};
+  const int n = epoll_wait(epfd_.get(), evs.data(), static_cast<int>(evs.size()), timeout_ms);
   if (n < 0) {
     const int err = errno;
     if (err == EINTR) {
@@ -109,7 +109,7 @@ absl::StatusOr<ProbeLoop::Ready> ProbeLoop::Wait(int timeout_ms) {
     return core::SyscallError(err, "epoll_wait");
   }
   for (int i = 0; i < n; ++i) {
-    const int fd = evs[i].data.fd;
+    const int fd = evs[static_cast<size_t>(i)].data.fd;
     if (fd == sigfd_) {
       DrainSignals(sigfd_, [&r](int sig) {
         if (sig == SIGCHLD) {

@@ -3,11 +3,13 @@
 #include <dwarf.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -49,14 +51,11 @@ bool IsXmm(uint64_t regno) {
 }
 
 bool UsesXmm(const core::CompiledArg& arg) {
-  for (const core::DwarfOp& op : arg.location) {
-    if ((op.atom >= DW_OP_reg0 && op.atom <= DW_OP_reg31 && IsXmm(op.atom - DW_OP_reg0)) ||
-        (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31 && IsXmm(op.atom - DW_OP_breg0)) ||
-        ((op.atom == DW_OP_regx || op.atom == DW_OP_bregx) && IsXmm(op.number))) {
-      return true;
-    }
-  }
-  return false;
+  return std::any_of(arg.location.begin(), arg.location.end(), [](const core::DwarfOp& op) {
+    return (op.atom >= DW_OP_reg0 && op.atom <= DW_OP_reg31 && IsXmm(op.atom - DW_OP_reg0)) ||
+           (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31 && IsXmm(op.atom - DW_OP_breg0)) ||
+           ((op.atom == DW_OP_regx || op.atom == DW_OP_bregx) && IsXmm(op.number));
+  });
 }
 
 }  // namespace
@@ -86,7 +85,7 @@ std::string PointAt(const std::string& text, size_t pos, size_t len) {
 }
 
 absl::StatusOr<std::string> FindProgram(const std::string& name) {
-  if (name.find('/') != std::string::npos) {
+  if (absl::StrContains(name, '/')) {
     if (::access(name.c_str(), F_OK) != 0) {
       return absl::NotFoundError(absl::StrCat("no such file: '", name, "'"));
     }

@@ -2,13 +2,12 @@
 // kernel runs the breakpoint; kwatch reads samples (registers and a slice of the user stack)
 // from per-CPU rings and evaluates the arguments from them afterwards. No ptrace, no code
 // change kwatch has to undo: closing the events removes the probes.
-#include <signal.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "cli/probe_run.h"
 #include "core/maps.h"
 #include "core/probe/fetch.h"
@@ -42,7 +42,7 @@ namespace {
 constexpr uint64_t kOrderSlackNs = 2'000'000;
 
 // Why a value is missing: the memory it needs was not in the sample.
-constexpr char kNotSampled[] = "(not sampled)";
+constexpr absl::string_view kNotSampled = "(not sampled)";
 
 core::ExitInfo ExitFromWaitStatus(int status) {
   core::ExitInfo e;
@@ -153,7 +153,7 @@ ProbeHit UprobeRunner::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) {
     if (!v.ok()) {
       value = absl::StrCat("<error: ", v.status().message(), ">");
     } else if (outside && (*v == "(fault)" || v->empty())) {
-      value = kNotSampled;
+      value = std::string(kNotSampled);
       ++not_sampled_;
     } else {
       value = *std::move(v);
