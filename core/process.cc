@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -506,6 +507,31 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
   }
 }
 
+bool Process::Dying() const {
+  if (!alive()) {
+    return true;
+  }
+  auto text = ReadSmallFile(absl::StrCat("/proc/", pid_, "/status"));
+  if (!text.ok()) {
+    return true;  // reaped or being reaped
+  }
+  constexpr uint64_t kKillBit = uint64_t{1} << (SIGKILL - 1);
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (absl::ConsumePrefix(&line, "State:")) {
+      line = absl::StripAsciiWhitespace(line);
+      if (absl::StartsWith(line, "Z") || absl::StartsWith(line, "X")) {
+        return true;
+      }
+    } else if (absl::ConsumePrefix(&line, "ShdPnd:") || absl::ConsumePrefix(&line, "SigPnd:")) {
+      uint64_t mask = 0;
+      if (absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &mask) && (mask & kKillBit) != 0) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
   std::vector<ProcessEvent> events = std::move(pending_events_);
   pending_events_.clear();
@@ -537,7 +563,16 @@ absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
     if (!Adopt(tid, status)) {
       continue;
     }
-    KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
+    if (absl::Status s = HandleStatus(tid, status, events); !s.ok()) {
+      if (!Dying()) {
+        return s;
+      }
+      // Killed while kwatch worked on one of its stops: the remaining exits follow.
+      if (Debug()) {
+        std::fprintf(stderr, "kwatch-debug: pid %d dying: %s\n", pid_,
+                     std::string(s.message()).c_str());
+      }
+    }
   }
   return events;
 }

@@ -109,6 +109,10 @@ class Process {
   pid_t pid() const { return pid_; }
   bool launched() const { return launched_; }
   bool alive() const { return !exit_.has_value(); }
+  // True when the process is being torn down by a fatal signal (SIGKILL pending, or its
+  // threads already zombies): ptrace requests on it then fail with ESRCH at any point, and
+  // such failures are its death, not kwatch's error; its exit status follows from waitpid.
+  bool Dying() const;
   const std::optional<ExitInfo>& exit_info() const { return exit_; }
   const std::vector<std::string>& argv() const { return argv_; }
   // Children the target forked (each cleaned up and left untraced).

@@ -171,8 +171,9 @@ TEST(KwatchLaunch, TargetKilledMidSessionStillGetsASummary) {
   ASSERT_EQ(kill(target, SIGKILL), 0);
   auto r = (*k)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->exit_code, 128 + SIGKILL);
+  EXPECT_EQ(r->exit_code, 128 + SIGKILL) << r->err;
   const JsonRun run = ParseJsonLines(r->out);
+  ASSERT_FALSE(run.summary.is_null()) << r->err;
   EXPECT_EQ(run.summary["stop_reason"], "target killed by KILL");
   EXPECT_GT(run.summary["events"].get<long>(), 0);
   EXPECT_EQ(run.summary["lost"], 0);
