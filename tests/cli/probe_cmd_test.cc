@@ -33,10 +33,52 @@ namespace {
 using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::Spawned;
-using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using json = nlohmann::json;
+
+class PrivateCopies {
+ public:
+  explicit PrivateCopies(const std::vector<std::pair<std::string, std::string>>& files) {
+    char tmpl[] = "/tmp/kwatch-probe-test-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+    for (const auto& [from, name] : files) {
+      const std::filesystem::path to = dir_ / name;
+      std::filesystem::copy_file(from, to);
+      std::filesystem::permissions(to, std::filesystem::perms(0755));
+    }
+  }
+  ~PrivateCopies() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  PrivateCopies(const PrivateCopies&) = delete;
+  PrivateCopies& operator=(const PrivateCopies&) = delete;
+  std::string operator[](const std::string& name) const { return (dir_ / name).string(); }
+  // The private copy of the build's fixture `name`, made on first use.
+  std::string Get(const std::string& name) {
+    const std::filesystem::path to = dir_ / name;
+    if (!std::filesystem::exists(to)) {
+      std::filesystem::copy_file(::kwatch::testing::TargetPath(name), to);
+      std::filesystem::permissions(to, std::filesystem::perms(0755));
+    }
+    return to.string();
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// Every fixture this test runs is a private copy. A kernel uprobe (another test's
+// `--backend uprobe` on the shared build's file) patches the file's page in every process
+// mapping it, and unregistering it writes the original byte back over kwatch's own INT3
+// there: tests running in parallel under ctest -j would lose hits to each other.
+std::string TargetPath(const std::string& name) {
+  static PrivateCopies copies({});
+  return copies.Get(name);
+}
 
 RunResult Probe(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {KwatchPath(), "probe"};
@@ -682,30 +724,6 @@ TEST(ProbeCmd, DurationStopsAndLeavesTheLaunchedTargetRunning) {
 
 // A directory of its own holding a copy of `names` (kwatch, fixtures), readable by anyone:
 // a uprobe on the copy sees no other test's runs, and an unprivileged user can run it.
-class PrivateCopies {
- public:
-  explicit PrivateCopies(const std::vector<std::pair<std::string, std::string>>& files) {
-    char tmpl[] = "/tmp/kwatch-probe-test-XXXXXX";
-    EXPECT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    std::filesystem::permissions(dir_, std::filesystem::perms(0755));
-    for (const auto& [from, name] : files) {
-      const std::filesystem::path to = dir_ / name;
-      std::filesystem::copy_file(from, to);
-      std::filesystem::permissions(to, std::filesystem::perms(0755));
-    }
-  }
-  ~PrivateCopies() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  PrivateCopies(const PrivateCopies&) = delete;
-  PrivateCopies& operator=(const PrivateCopies&) = delete;
-  std::string operator[](const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  std::filesystem::path dir_;
-};
 
 TEST(ProbeCmd, UprobeWithoutATargetProbesEveryProcessRunningTheFile) {
   PrivateCopies copies({{TargetPath("uprobe_loop"), "uprobe_loop"}});

@@ -5,11 +5,14 @@
 #include <libelf.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -95,8 +98,13 @@ TEST(UprobeEvent, GlobalEntryProbeSeesEveryCallWithArguments) {
   // sum of 3i + 100 for i < 1000
   EXPECT_EQ(run->out, "sum=1598500\n");
 
-  std::vector<uint64_t> args;
-  std::vector<int64_t> lens;
+  // Hits come per CPU ring; the process may have moved between CPUs: order them by time.
+  struct Seen {
+    uint64_t time_ns;
+    uint64_t arg;
+    std::optional<int64_t> len;
+  };
+  std::vector<Seen> seen;
   pid_t pid = 0;
   (*ev)->Drain([&](const UprobeHit& hit) {
     if (pid == 0) {
@@ -105,15 +113,26 @@ TEST(UprobeEvent, GlobalEntryProbeSeesEveryCallWithArguments) {
     if (hit.pid != pid) {
       return;  // another test running the same fixture at the same time
     }
-    args.push_back(hit.regs.rdi);
+    Seen s{hit.time_ns, hit.regs.rdi, std::nullopt};
     const uint64_t r = hit.regs.rsi;  // struct req* on the caller's stack
     const uint64_t len_at = r + 8;
     if (len_at >= hit.regs.rsp && len_at + 8 <= hit.regs.rsp + hit.stack.size()) {
       int64_t len = 0;
       std::memcpy(&len, hit.stack.data() + (len_at - hit.regs.rsp), 8);
-      lens.push_back(len);
+      s.len = len;
     }
+    seen.push_back(s);
   });
+  std::stable_sort(seen.begin(), seen.end(),
+                   [](const Seen& a, const Seen& b) { return a.time_ns < b.time_ns; });
+  std::vector<uint64_t> args;
+  std::vector<int64_t> lens;
+  for (const Seen& s : seen) {
+    args.push_back(s.arg);
+    if (s.len.has_value()) {
+      lens.push_back(*s.len);
+    }
+  }
   ASSERT_EQ(args.size(), 1000u);
   for (uint64_t i = 0; i < 1000; ++i) {
     ASSERT_EQ(args[i], i);
@@ -134,16 +153,22 @@ TEST(UprobeEvent, ReturnProbeSeesReturnValues) {
   ASSERT_TRUE(ev.ok()) << ev.status();
   auto run = kwatch::testing::Run({t.path, "500"});
   ASSERT_TRUE(run.ok()) << run.status();
-  std::vector<uint64_t> rets;
+  std::vector<std::pair<uint64_t, uint64_t>> timed;  // (time, return value), per CPU ring
   pid_t pid = 0;
   (*ev)->Drain([&](const UprobeHit& hit) {
     if (pid == 0) {
       pid = hit.pid;
     }
     if (hit.pid == pid) {
-      rets.push_back(hit.regs.rax);
+      timed.emplace_back(hit.time_ns, hit.regs.rax);
     }
   });
+  std::stable_sort(timed.begin(), timed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<uint64_t> rets;
+  for (const auto& [time_ns, rax] : timed) {
+    rets.push_back(rax);
+  }
   ASSERT_EQ(rets.size(), 500u);
   for (uint64_t i = 0; i < 500; ++i) {
     ASSERT_EQ(rets[i], 3 * i + 100);
