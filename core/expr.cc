@@ -3,7 +3,6 @@
 #include <cctype>
 #include <charconv>
 #include <cstdint>
-#include <ranges>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -253,10 +252,12 @@ absl::StatusOr<Expr> Parser::Parse() {
     }
     expr.steps.push_back(std::move(step));
   }
-  for (const size_t at : std::views::reverse(derefs)) {
+  // Reverse iterators, not std::views::reverse: clang 14 (the fuzz build) cannot compile
+  // libstdc++ 12's <ranges>.
+  for (auto at = derefs.rbegin(); at != derefs.rend(); ++at) {
     ExprStep step;
     step.kind = ExprStep::Kind::kDeref;
-    step.column = at;
+    step.column = *at;
     expr.steps.push_back(std::move(step));
   }
   return expr;
