@@ -1,11 +1,13 @@
 # kwatch: the two commands of the README contract, plus helpers.
 #   make demo   install dependencies, build, watch the bundled workload
 #   make test   install dependencies, build, run every test (ctest)
+#   make fuzz   build the libFuzzer targets (clang) and run each for FUZZ_SECONDS (fuzz/)
 PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build demo test test-asan bench lint format clean
+.PHONY: all deps configure build demo test test-asan bench lint format clean fuzz
 
 all: build
 
@@ -32,6 +34,11 @@ bench: build
 	@for b in $(BUILD)/bench/*_bench; do $$b --benchmark_out=bench/results/$$(basename $$b).json --benchmark_out_format=json || exit 1; done
 	@./bench/compare/compare.sh $(BUILD) bench/results
 	@./scripts/readme-overhead.sh bench/results/compare.md README.md
+
+fuzz: deps
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	@./fuzz/run.sh build/fuzz $(FUZZ_SECONDS)
 
 lint: configure
 	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(core|drmgr|watch|cli|gui)/' 
