@@ -316,6 +316,7 @@ absl::StatusOr<int> Runner::Run() {
   info.lost = session_.lost();
   info.filtered = session_.filtered();
   info.unrelated = session_.unrelated();
+  info.spurious_traps = proc_.spurious_traps();
   info.pid = proc_.pid();
   info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
   session_.Disarm();

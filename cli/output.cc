@@ -162,8 +162,9 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
   if (json) {
     std::string s = absl::StrFormat(
         "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
-        "\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
-        summary.events(), info.lost, info.filtered, info.unrelated, info.seconds,
+        "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
+        summary.events(), info.lost, info.filtered, info.unrelated, info.spurious_traps,
+        info.seconds,
         watch::BackendName(session.backend()), JsonString(info.stop_reason), info.pid);
     if (info.exit.has_value()) {
       absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
@@ -228,6 +229,9 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
   }
   if (info.unrelated > 0) {
     absl::FPrintF(out, ", %d faults on unwatched bytes of watched pages", info.unrelated);
+  }
+  if (info.spurious_traps > 0) {
+    absl::FPrintF(out, ", %d spurious debug traps absorbed", info.spurious_traps);
   }
   absl::FPrintF(out, " (%s) ==\n", info.stop_reason);
   const char* backend = session.backend() == watch::BackendKind::kPage

@@ -23,6 +23,7 @@ struct RunInfo {
   uint64_t lost = 0;
   uint64_t filtered = 0;   // writes dropped by --read
   uint64_t unrelated = 0;  // page mode: faults that touched no watched byte
+  uint64_t spurious_traps = 0;  // SIGTRAPs nothing explains, absorbed (core/trap_origin.h)
   double seconds = 0;
   std::optional<core::ExitInfo> exit;
   pid_t pid = 0;

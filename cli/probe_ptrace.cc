@@ -355,6 +355,12 @@ absl::StatusOr<int> PtraceRunner::Run() {
         "the target forked %d child%s: not followed, their copy of the code was restored",
         proc_->forks(), proc_->forks() == 1 ? "" : "ren"));
   }
+  if (proc_->spurious_traps() > 0) {
+    notes_.push_back(absl::StrFormat(
+        "absorbed %d spurious debug trap%s (SIGTRAP with no cause: no debug-register bit, no "
+        "icebp) that would have killed a target without a SIGTRAP handler",
+        proc_->spurious_traps(), proc_->spurious_traps() == 1 ? "" : "s"));
+  }
   info.notes = notes_;
   info.exit = proc_->exit_info();
   sink_->Flush();

@@ -6,11 +6,13 @@
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/uio.h>
+#include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +29,7 @@
 #include "absl/strings/strip.h"
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
+#include "core/trap_origin.h"
 #include "core/unique_fd.h"
 
 namespace kwatch::core {
@@ -487,6 +490,17 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
           return HandleClaimed();
         }
       }
+      if (sig == SIGTRAP) {
+        siginfo_t si{};
+        if (::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0 && SpuriousTrap(tid, si)) {
+          ++spurious_traps_;
+          if (stopping_all_ || handling_claimed_) {
+            thread.state = ThreadState::kStopped;
+            return absl::OkStatus();
+          }
+          return Cont(tid, 0);  // absorbed: it would kill a target without a handler
+        }
+      }
       // Signal-delivery stop: the target's own signal, passed on unchanged.
       if (Debug()) {
         siginfo_t si{};
@@ -505,6 +519,35 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
     default:
       return Cont(tid, 0);
   }
+}
+
+bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
+  TrapEvidence e;
+  e.si_code = si.si_code;
+  if (e.si_code != TRAP_BRKPT) {
+    return !DeliverTrap(ClassifySigtrap(e));
+  }
+  user_regs_struct regs{};
+  if (::ptrace(PTRACE_GETREGS, tid, nullptr, &regs) == 0 && regs.rip > 0) {
+    uint8_t byte = 0;
+    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(&byte, 1)).ok()) {
+      e.byte_before_ip = byte;
+    }
+  }
+  errno = 0;
+  const long dr6 = ::ptrace(PTRACE_PEEKUSER, tid,
+                            reinterpret_cast<void*>(offsetof(struct user, u_debugreg) +
+                                                    6 * sizeof(long)),
+                            nullptr);
+  if (errno == 0) {
+    e.dr6 = static_cast<uint64_t>(dr6);
+  }
+  const TrapOrigin origin = ClassifySigtrap(e);
+  if (Debug()) {
+    std::fprintf(stderr, "kwatch-debug: tid %d SIGTRAP code %d: %s\n", tid, si.si_code,
+                 std::string(TrapOriginName(origin)).c_str());
+  }
+  return !DeliverTrap(origin);
 }
 
 bool Process::Dying() const {

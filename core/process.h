@@ -117,6 +117,9 @@ class Process {
   const std::vector<std::string>& argv() const { return argv_; }
   // Children the target forked (each cleaned up and left untraced).
   uint64_t forks() const { return forks_; }
+  // SIGTRAPs absorbed because nothing explains them (a debug exception with no cause:
+  // see core/trap_origin.h); every other SIGTRAP is delivered to the target unchanged.
+  uint64_t spurious_traps() const { return spurious_traps_; }
 
   // Launched targets only, right after Launch(): runs the dynamic loader up to the program's
   // entry point (AT_ENTRY) with a temporary INT3, so that shared libraries are mapped,
@@ -228,6 +231,8 @@ class Process {
   absl::StatusOr<int> MemFd() const;
   // Stops the world and lets the interceptor handle every claimed signal, then resumes.
   absl::Status HandleClaimed();
+  // Whether the SIGTRAP that stopped `tid` is a spurious debug exception to absorb.
+  bool SpuriousTrap(pid_t tid, const siginfo_t& si) const;
   // Before detaching: lets signals kwatch caused that still wait in threads' queues arrive
   // and drops them, so that none reaches the target after kwatch has gone.
   absl::Status FlushClaimedSignals();
@@ -253,6 +258,7 @@ class Process {
   uint64_t syscall_stop_count_ = 0;
   absl::flat_hash_set<pid_t> foreign_stops_;
   uint64_t forks_ = 0;
+  uint64_t spurious_traps_ = 0;
   mutable UniqueFd mem_fd_;  // /proc/PID/mem, opened on first use, reopened after exec
 };
 

@@ -1,0 +1,107 @@
+// kwatch never kills its target with a debug trap, and never swallows the target's own:
+// tests/targets/sigtraps.c raises SIGTRAP every legitimate way (raise, kill, int3, icebp)
+// and then forges the signal the kernel sends for a debug exception with no cause.
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "tests/test_util.h"
+
+namespace kwatch {
+namespace {
+
+using ::kwatch::testing::KwatchPath;
+using ::kwatch::testing::RunResult;
+using ::kwatch::testing::TargetPath;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+// kwatch's JSON summary, and the target's own lines.
+struct Output {
+  json summary;
+  std::vector<std::string> target_lines;
+};
+
+Output Split(const std::string& out) {
+  Output o;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    if (line.front() == '{') {
+      json j = json::parse(std::string(line));
+      if (j.value("type", "") == "summary") {
+        o.summary = std::move(j);
+      }
+    } else {
+      o.target_lines.emplace_back(line);
+    }
+  }
+  return o;
+}
+
+RunResult RunOrFail(const std::vector<std::string>& argv) {
+  auto r = kwatch::testing::Run(argv);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RunResult{};
+}
+
+constexpr char kFiveRounds[] = "tkill=5 user=5 int3=5 icebp=5 other=0 counter=15";
+
+TEST(Sigtrap, AloneTheTargetCatchesItsOwnTrapsAndDiesOfAForgedOne) {
+  // The fixture itself: what it prints alone, and that the forged trap is fatal without kwatch.
+  const RunResult alone = RunOrFail({TargetPath("sigtraps"), "5"});
+  EXPECT_EQ(alone.exit_code, 0);
+  EXPECT_EQ(alone.out, absl::StrCat(kFiveRounds, "\n"));
+  const RunResult forged = RunOrFail({TargetPath("sigtraps"), "1", "--forge", "1"});
+  EXPECT_EQ(forged.exit_code, 128 + SIGTRAP);
+}
+
+TEST(Sigtrap, WatchedTargetGetsEveryLegitimateTrap) {
+  const RunResult r = RunOrFail(
+      {KwatchPath(), "--json", "-q", "--write", "g_counter", "--", TargetPath("sigtraps"), "5"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Output o = Split(r.out);
+  EXPECT_EQ(o.target_lines, std::vector<std::string>{kFiveRounds});
+  ASSERT_FALSE(o.summary.is_null()) << r.err;
+  EXPECT_EQ(o.summary["events"], 5);
+  EXPECT_EQ(o.summary["spurious_traps"], 0);
+}
+
+TEST(Sigtrap, WatchedTargetSurvivesTrapsNothingExplains) {
+  const RunResult r = RunOrFail({KwatchPath(), "--json", "-q", "--write", "g_counter", "--",
+                                 TargetPath("sigtraps"), "5", "--forge", "7"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Output o = Split(r.out);
+  EXPECT_EQ(o.target_lines,
+            (std::vector<std::string>{kFiveRounds, "survived 7 forged debug traps"}));
+  ASSERT_FALSE(o.summary.is_null()) << r.err;
+  EXPECT_EQ(o.summary["spurious_traps"], 7);
+  EXPECT_EQ(o.summary["events"], 5 + 7);  // five ticks, then one after each forged trap
+
+  const RunResult text = RunOrFail({KwatchPath(), "-q", "--write", "g_counter", "--",
+                                    TargetPath("sigtraps"), "1", "--forge", "3"});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("3 spurious debug traps absorbed"));
+}
+
+TEST(Sigtrap, ProbedTargetGetsEveryLegitimateTrapAndSurvivesForgedOnes) {
+  const RunResult r =
+      RunOrFail({KwatchPath(), "probe", "--json", "-q", "tick i", "--", TargetPath("sigtraps"),
+                 "5", "--forge", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Output o = Split(r.out);
+  EXPECT_EQ(o.target_lines,
+            (std::vector<std::string>{kFiveRounds, "survived 2 forged debug traps"}));
+  ASSERT_FALSE(o.summary.is_null()) << r.err;
+  EXPECT_EQ(o.summary["hits"], 5 + 2);
+  EXPECT_THAT(o.summary.dump(), HasSubstr("absorbed 2 spurious debug traps"));
+}
+
+}  // namespace
+}  // namespace kwatch
