@@ -1,0 +1,421 @@
+#include "core/kernel/kernel_symbols.h"
+
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/syscall_status.h"
+#include "core/unique_fd.h"
+
+namespace kwatch::core::kernel {
+
+namespace {
+
+constexpr size_t kMinCompared = 16;
+constexpr size_t kMaxEvidence = 5;
+
+std::string SignedHex(int64_t v) {
+  return v < 0 ? absl::StrFormat("-0x%x", static_cast<uint64_t>(0) - static_cast<uint64_t>(v))
+               : absl::StrFormat("+0x%x", static_cast<uint64_t>(v));
+}
+
+// name -> address of text symbols of the kernel image that appear exactly once.
+absl::flat_hash_map<std::string, uint64_t> UniqueText(const KernelSymbolTable& t) {
+  absl::flat_hash_map<std::string, uint64_t> out;
+  absl::flat_hash_map<std::string, int> count;
+  for (const KernelSymbol& s : t.symbols()) {
+    if (s.module.empty() && s.IsText()) {
+      ++count[s.name];
+      out[s.name] = s.addr;
+    }
+  }
+  for (const auto& [name, n] : count) {
+    if (n != 1) {
+      out.erase(name);
+    }
+  }
+  return out;
+}
+
+struct ElfDeleter {
+  void operator()(Elf* e) const { elf_end(e); }
+};
+
+std::string ElfError(absl::string_view call) {
+  return absl::StrCat(call, ": ", elf_errmsg(-1));
+}
+
+std::string RunningRelease() {
+  utsname u{};
+  if (uname(&u) != 0) {
+    return "";
+  }
+  return u.release;
+}
+
+std::string StatusText(const absl::Status& s) {
+  return std::string(s.message());
+}
+
+}  // namespace
+
+absl::StatusOr<SlideCheck> ComputeSlide(const KernelSymbolTable& running,
+                                        const KernelSymbolTable& link) {
+  if (running.addresses_hidden()) {
+    return absl::FailedPreconditionError(HiddenAddressesAdvice());
+  }
+  SlideCheck check;
+  const KernelSymbol* run_anchor = nullptr;
+  const KernelSymbol* link_anchor = nullptr;
+  for (const char* anchor : {"_text", "_stext"}) {
+    run_anchor = running.Find(anchor);
+    link_anchor = link.Find(anchor);
+    if (run_anchor != nullptr && link_anchor != nullptr) {
+      check.anchor = anchor;
+      break;
+    }
+  }
+  if (check.anchor.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(link.origin(), " has no _text or _stext symbol in common with ",
+                     running.origin(), ": it is not a symbol listing of a Linux kernel image"));
+  }
+  check.slide = static_cast<int64_t>(run_anchor->addr - link_anchor->addr);
+  const auto run_text = UniqueText(running);
+  const auto link_text = UniqueText(link);
+  std::vector<std::pair<std::string, uint64_t>> sorted(link_text.begin(), link_text.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (const auto& [name, link_addr] : sorted) {
+    auto it = run_text.find(name);
+    if (it == run_text.end()) {
+      continue;
+    }
+    ++check.compared;
+    if (it->second - link_addr != static_cast<uint64_t>(check.slide)) {
+      ++check.disagreeing;
+      if (check.evidence.size() < kMaxEvidence) {
+        check.evidence.push_back(SlideDisagreement{name, link_addr, it->second});
+      }
+    }
+  }
+  if (check.compared < kMinCompared) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s shares only %d text symbols with %s (at least %d are needed to check the KASLR "
+        "slide): it does not describe the running kernel",
+        link.origin(), check.compared, running.origin(), kMinCompared));
+  }
+  if (check.disagreeing > 0) {
+    std::vector<std::string> ev;
+    for (const SlideDisagreement& d : check.evidence) {
+      ev.push_back(absl::StrFormat("%s at 0x%x in the file, 0x%x running (slide %s)", d.name,
+                                   d.link_addr, d.run_addr,
+                                   SignedHex(static_cast<int64_t>(d.run_addr - d.link_addr))));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s does not match the running kernel: %s gives a KASLR slide of %s (0x%x in the "
+        "file, 0x%x in %s), but %d of the %d text symbols found in both disagree, e.g. %s",
+        link.origin(), check.anchor, SignedHex(check.slide), link_anchor->addr, run_anchor->addr,
+        running.origin(), check.disagreeing, check.compared, absl::StrJoin(ev, "; ")));
+  }
+  return check;
+}
+
+std::vector<std::string> DefaultSystemMapPlaces(const std::string& release) {
+  return {absl::StrCat("/boot/System.map-", release),
+          absl::StrCat("/lib/modules/", release, "/build/System.map")};
+}
+
+std::vector<std::string> DefaultVmlinuxPlaces(const std::string& release) {
+  return {absl::StrCat("/boot/vmlinux-", release),
+          absl::StrCat("/usr/lib/debug/boot/vmlinux-", release),
+          absl::StrCat("/usr/lib/debug/boot/vmlinux-", release, ".debug"),
+          absl::StrCat("/lib/modules/", release, "/build/vmlinux"),
+          absl::StrCat("/usr/lib/debug/lib/modules/", release, "/vmlinux"),
+          absl::StrCat("/usr/lib/debug/lib/modules/", release, "/vmlinux.debug")};
+}
+
+absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("open(", path, ")"));
+  }
+  elf_version(EV_CURRENT);
+  std::unique_ptr<Elf, ElfDeleter> elf(elf_begin(fd.get(), ELF_C_READ_MMAP, nullptr));
+  if (elf == nullptr || elf_kind(elf.get()) != ELF_K_ELF) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not an ELF file"));
+  }
+  Elf_Scn* symtab = nullptr;
+  GElf_Shdr symtab_hdr{};
+  for (Elf_Scn* scn = elf_nextscn(elf.get(), nullptr); scn != nullptr;
+       scn = elf_nextscn(elf.get(), scn)) {
+    GElf_Shdr shdr{};
+    if (gelf_getshdr(scn, &shdr) != nullptr && shdr.sh_type == SHT_SYMTAB) {
+      symtab = scn;
+      symtab_hdr = shdr;
+      break;
+    }
+  }
+  if (symtab == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no symbol table (.symtab): a stripped image has no symbols"));
+  }
+  Elf_Data* data = elf_getdata(symtab, nullptr);
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", ElfError("elf_getdata")));
+  }
+  const size_t n = symtab_hdr.sh_entsize == 0 ? 0 : symtab_hdr.sh_size / symtab_hdr.sh_entsize;
+  std::vector<KernelSymbol> syms;
+  syms.reserve(n);
+  uint64_t banner_addr = 0;
+  size_t banner_shndx = 0;
+  for (size_t i = 1; i < n; ++i) {
+    GElf_Sym sym{};
+    if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) {
+      continue;
+    }
+    const int type = GELF_ST_TYPE(sym.st_info);
+    if (type == STT_SECTION || type == STT_FILE || sym.st_name == 0) {
+      continue;
+    }
+    const char* name = elf_strptr(elf.get(), symtab_hdr.sh_link, sym.st_name);
+    if (name == nullptr || *name == '\0') {
+      continue;
+    }
+    char letter = 'a';
+    if (sym.st_shndx != SHN_UNDEF && sym.st_shndx < SHN_LORESERVE) {
+      Elf_Scn* scn = elf_getscn(elf.get(), sym.st_shndx);
+      GElf_Shdr shdr{};
+      if (scn != nullptr && gelf_getshdr(scn, &shdr) != nullptr) {
+        if ((shdr.sh_flags & SHF_EXECINSTR) != 0) {
+          letter = 't';
+        } else if (shdr.sh_type == SHT_NOBITS) {
+          letter = 'b';
+        } else if ((shdr.sh_flags & SHF_WRITE) != 0) {
+          letter = 'd';
+        } else {
+          letter = 'r';
+        }
+      }
+    } else if (sym.st_shndx == SHN_UNDEF) {
+      continue;
+    }
+    if (GELF_ST_BIND(sym.st_info) != STB_LOCAL) {
+      letter = static_cast<char>(absl::ascii_toupper(static_cast<unsigned char>(letter)));
+    }
+    if (std::strcmp(name, "linux_banner") == 0) {
+      banner_addr = sym.st_value;
+      banner_shndx = sym.st_shndx;
+    }
+    syms.push_back(KernelSymbol{name, sym.st_value, letter, ""});
+  }
+  if (banner != nullptr && banner_addr != 0) {
+    Elf_Scn* scn = elf_getscn(elf.get(), banner_shndx);
+    GElf_Shdr shdr{};
+    Elf_Data* d = scn != nullptr ? elf_getdata(scn, nullptr) : nullptr;
+    if (d != nullptr && gelf_getshdr(scn, &shdr) != nullptr && d->d_buf != nullptr &&
+        banner_addr >= shdr.sh_addr && banner_addr - shdr.sh_addr < d->d_size) {
+      const char* p = static_cast<const char*>(d->d_buf) + (banner_addr - shdr.sh_addr);
+      const size_t left = d->d_size - (banner_addr - shdr.sh_addr);
+      *banner = std::string(p, strnlen(p, left));
+    }
+  }
+  if (syms.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the symbol table is empty"));
+  }
+  return KernelSymbolTable::FromSymbols(std::move(syms), path);
+}
+
+absl::StatusOr<std::unique_ptr<KernelSymbolResolver>> KernelSymbolResolver::Create(
+    KernelSymbolSources sources) {
+  if (sources.release.empty()) {
+    sources.release = RunningRelease();
+  }
+  absl::StatusOr<KernelSymbolTable> kallsyms = KernelSymbolTable::Load(sources.kallsyms);
+  if (!kallsyms.ok()) {
+    return kallsyms.status();
+  }
+  if (kallsyms->addresses_hidden()) {
+    return absl::FailedPreconditionError(HiddenAddressesAdvice());
+  }
+  return std::unique_ptr<KernelSymbolResolver>(
+      new KernelSymbolResolver(std::move(sources), *std::move(kallsyms)));
+}
+
+KernelSymbolResolver::Listing KernelSymbolResolver::LoadListing(const std::string& kind,
+                                                                const std::string& path,
+                                                                bool explicit_file) const {
+  Listing l;
+  l.kind = kind;
+  l.path = path;
+  l.explicit_file = explicit_file;
+  absl::StatusOr<KernelSymbolTable> table;
+  if (kind == "System.map") {
+    // A System.map named for a release says which kernel it belongs to.
+    const std::string base = path.substr(path.find_last_of('/') + 1);
+    constexpr absl::string_view kPrefix = "System.map-";
+    if (absl::StartsWith(base, kPrefix) && base.substr(kPrefix.size()) != sources_.release) {
+      l.status = absl::FailedPreconditionError(
+          absl::StrFormat("%s is named for release %s, but the running kernel is %s", path,
+                          base.substr(kPrefix.size()), sources_.release));
+      return l;
+    }
+    table = KernelSymbolTable::Load(path);
+  } else {
+    std::string banner;
+    table = LoadVmlinuxSymbols(path, &banner);
+    if (table.ok()) {
+      absl::StatusOr<std::string> version = ReadWholeFile(sources_.proc_version);
+      if (banner.empty()) {
+        l.status = absl::FailedPreconditionError(absl::StrCat(
+            path, " has no linux_banner string to compare with ", sources_.proc_version));
+        return l;
+      }
+      if (version.ok() &&
+          absl::StripAsciiWhitespace(*version) != absl::StripAsciiWhitespace(banner)) {
+        l.status = absl::FailedPreconditionError(
+            absl::StrFormat("%s is another kernel build: its linux_banner is '%s', %s says '%s'",
+                            path, absl::StripAsciiWhitespace(banner), sources_.proc_version,
+                            absl::StripAsciiWhitespace(*version)));
+        return l;
+      }
+    }
+  }
+  if (!table.ok()) {
+    l.status = table.status();
+    return l;
+  }
+  absl::StatusOr<SlideCheck> slide = ComputeSlide(kallsyms_, *table);
+  if (!slide.ok()) {
+    l.status = slide.status();
+    return l;
+  }
+  l.slide = *slide;
+  l.table = *std::move(table);
+  return l;
+}
+
+void KernelSymbolResolver::LoadListings() {
+  if (listings_loaded_) {
+    return;
+  }
+  listings_loaded_ = true;
+  const std::vector<std::string> maps =
+      sources_.system_map_places.value_or(DefaultSystemMapPlaces(sources_.release));
+  const std::vector<std::string> vmlinuxes =
+      sources_.vmlinux_places.value_or(DefaultVmlinuxPlaces(sources_.release));
+  if (!sources_.system_map.empty()) {
+    listings_.push_back(LoadListing("System.map", sources_.system_map, true));
+  }
+  for (const std::string& p : maps) {
+    if (p != sources_.system_map) {
+      listings_.push_back(LoadListing("System.map", p, false));
+    }
+  }
+  if (!sources_.vmlinux.empty()) {
+    listings_.push_back(LoadListing("vmlinux", sources_.vmlinux, true));
+  }
+  for (const std::string& p : vmlinuxes) {
+    if (p != sources_.vmlinux) {
+      listings_.push_back(LoadListing("vmlinux", p, false));
+    }
+  }
+}
+
+absl::StatusOr<KernelSymbolAddress> KernelSymbolResolver::Resolve(absl::string_view name) {
+  const auto room_after = [](const KernelSymbolTable& t, uint64_t addr) -> std::optional<uint64_t> {
+    std::optional<uint64_t> best;
+    for (const KernelSymbol& s : t.symbols()) {
+      if (s.module.empty() && s.addr > addr && (!best.has_value() || s.addr - addr < *best)) {
+        best = s.addr - addr;
+      }
+    }
+    return best;
+  };
+  std::vector<std::string> tried;
+  if (const KernelSymbol* s = kallsyms_.Find(name); s != nullptr) {
+    KernelSymbolAddress out;
+    out.name = std::string(name);
+    out.addr = out.link_addr = s->addr;
+    out.type = s->type;
+    out.source = out.file = sources_.kallsyms;
+    out.room = room_after(kallsyms_, s->addr);
+    return out;
+  }
+  const bool all = kallsyms_.HasDataSymbols();
+  tried.push_back(
+      all ? absl::StrFormat("%s: no symbol '%s' (it lists %d text and %d data symbols)",
+                            sources_.kallsyms, name, kallsyms_.text_count(), kallsyms_.data_count())
+          : absl::StrFormat("%s: no symbol '%s'; it lists %d text symbols but no data symbols "
+                            "(only %d section boundaries): CONFIG_KALLSYMS_ALL is off",
+                            sources_.kallsyms, name, kallsyms_.text_count(),
+                            kallsyms_.data_count()));
+  LoadListings();
+  for (const Listing& l : listings_) {
+    if (!l.status.ok()) {
+      // A file the user named that does not match is refused outright, with the evidence.
+      if (l.explicit_file && !absl::IsNotFound(l.status) &&
+          l.status.code() == absl::StatusCode::kFailedPrecondition) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("refusing --", l.kind == "System.map" ? "system-map" : "vmlinux", " ",
+                         l.path, ": ", StatusText(l.status),
+                         ". kwatch never guesses an address: give the file "
+                         "of the running kernel (",
+                         sources_.release, ")"));
+      }
+      tried.push_back(absl::StrCat(l.kind, " ", l.path, ": ", StatusText(l.status)));
+      continue;
+    }
+    const KernelSymbol* s = l.table->Find(name);
+    if (s == nullptr) {
+      tried.push_back(
+          absl::StrFormat("%s %s: matches the running kernel (slide %s) but has no "
+                          "symbol '%s'",
+                          l.kind, l.path, SignedHex(l.slide.slide), name));
+      continue;
+    }
+    KernelSymbolAddress out;
+    out.name = std::string(name);
+    out.link_addr = s->addr;
+    out.slide = l.slide.slide;
+    out.addr = s->addr + static_cast<uint64_t>(l.slide.slide);
+    out.type = s->type;
+    out.source = absl::StrCat(l.kind, " ", l.path);
+    out.file = l.path;
+    out.from_vmlinux = l.kind == "vmlinux";
+    out.room = room_after(*l.table, s->addr);
+    return out;
+  }
+  std::string head =
+      all ? absl::StrFormat("no kernel symbol '%s' in any source", name)
+          : absl::StrFormat(
+                "cannot find kernel symbol '%s': this kernel was built without "
+                "CONFIG_KALLSYMS_ALL, so /proc/kallsyms lists functions but not variables, and "
+                "no System.map or vmlinux of this kernel (%s) was found",
+                name, sources_.release);
+  return absl::NotFoundError(absl::StrCat(
+      head, ".\nSources tried:\n  ", absl::StrJoin(tried, "\n  "),
+      "\nGive the kernel's System.map with --system-map FILE, or its vmlinux with debug info "
+      "with --vmlinux FILE (from the kernel build, or the distribution's debug package). "
+      "kwatch never guesses an address."));
+}
+
+}  // namespace kwatch::core::kernel

@@ -1,0 +1,120 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/kernel/kallsyms.h"
+
+namespace kwatch::core::kernel {
+
+// A text symbol whose link-time address (System.map, vmlinux) does not move by the slide.
+struct SlideDisagreement {
+  std::string name;
+  uint64_t link_addr = 0;
+  uint64_t run_addr = 0;
+};
+
+// The KASLR slide of a symbol listing against the running kernel's /proc/kallsyms.
+struct SlideCheck {
+  int64_t slide = 0;    // run-time minus link-time address, bytes
+  std::string anchor;   // the symbol it was computed from: "_text" (or "_stext")
+  size_t compared = 0;  // text symbols with one address in each listing, checked
+  size_t disagreeing = 0;
+  std::vector<SlideDisagreement> evidence;  // the first few disagreements
+};
+
+// Computes the slide of `link` (a System.map or vmlinux symbol table) from `running` (the
+// kallsyms of the running kernel) at _text (else _stext), then checks it on every text
+// symbol that appears exactly once in both. FailedPrecondition when the running addresses
+// are hidden, when neither listing has the anchor, when fewer than 16 symbols can be
+// compared, or when any compared symbol disagrees: the message gives the counts and the
+// first disagreements (name, both addresses, the slide each implies).
+absl::StatusOr<SlideCheck> ComputeSlide(const KernelSymbolTable& running,
+                                        const KernelSymbolTable& link);
+
+// Where kwatch looks for kernel symbols, in order.
+struct KernelSymbolSources {
+  std::string kallsyms = "/proc/kallsyms";
+  std::string system_map;  // --system-map: tried first among System.maps ("" for none)
+  std::string vmlinux;     // --vmlinux: tried first among vmlinux files ("" for none)
+  std::string release;     // the running release (uname -r); "" to ask uname(2)
+  std::string proc_version = "/proc/version";  // compared with a vmlinux's linux_banner
+  // The usual places, after the explicit file; nullopt for the defaults below.
+  std::optional<std::vector<std::string>> system_map_places;
+  std::optional<std::vector<std::string>> vmlinux_places;
+};
+
+// /boot/System.map-RELEASE, /lib/modules/RELEASE/build/System.map.
+std::vector<std::string> DefaultSystemMapPlaces(const std::string& release);
+// Where perf looks for a vmlinux with debug info (tools/perf/util/symbol.c, vmlinux_path).
+std::vector<std::string> DefaultVmlinuxPlaces(const std::string& release);
+
+// A kernel symbol's run-time address and where it came from.
+struct KernelSymbolAddress {
+  std::string name;
+  uint64_t addr = 0;       // run-time (absolute) address
+  uint64_t link_addr = 0;  // address in the file it came from (== addr for kallsyms)
+  int64_t slide = 0;       // addr - link_addr
+  char type = '?';         // nm letter
+  std::string source;      // "/proc/kallsyms", "System.map FILE", "vmlinux FILE"
+  std::string file;        // the file itself
+  bool from_vmlinux = false;
+  std::optional<uint64_t> room;  // bytes to the next symbol of the listing (a size bound)
+};
+
+// Resolves kernel symbol names through the chain kallsyms -> System.map -> vmlinux (libelf
+// for the symbols; the linux_banner string checked against /proc/version), and kernel
+// text addresses to function+offset through kallsyms. Owns the listings it loaded; not
+// thread-safe.
+class KernelSymbolResolver {
+ public:
+  // Loads `sources.kallsyms`. FailedPrecondition when its addresses are hidden
+  // (kptr_restrict: HiddenAddressesAdvice), or the errno of opening it.
+  static absl::StatusOr<std::unique_ptr<KernelSymbolResolver>> Create(KernelSymbolSources sources);
+
+  // The run-time address of `name`. Errors:
+  //  FailedPrecondition: the explicit --system-map/--vmlinux does not match the running
+  //   kernel (with the evidence);
+  //  NotFound: no source has it: the message says whether kallsyms lacks data symbols
+  //   (CONFIG_KALLSYMS_ALL), lists every source tried and why it failed, and how to pass
+  //   --system-map / --vmlinux. Never a guessed address.
+  absl::StatusOr<KernelSymbolAddress> Resolve(absl::string_view name);
+
+  // function+offset of a kernel text address (from kallsyms).
+  std::optional<KernelTextLocation> TextAt(uint64_t addr) const { return kallsyms_.TextAt(addr); }
+
+  const KernelSymbolTable& kallsyms() const { return kallsyms_; }
+  const std::string& release() const { return sources_.release; }
+
+ private:
+  struct Listing {
+    std::string kind;  // "System.map" or "vmlinux"
+    std::string path;
+    bool explicit_file = false;
+    absl::Status status;  // why it cannot be used (ok: usable)
+    std::optional<KernelSymbolTable> table;
+    SlideCheck slide;
+  };
+
+  KernelSymbolResolver(KernelSymbolSources sources, KernelSymbolTable kallsyms)
+      : sources_(std::move(sources)), kallsyms_(std::move(kallsyms)) {}
+  void LoadListings();
+  Listing LoadListing(const std::string& kind, const std::string& path, bool explicit_file) const;
+
+  KernelSymbolSources sources_;
+  KernelSymbolTable kallsyms_;
+  bool listings_loaded_ = false;
+  std::vector<Listing> listings_;  // in chain order
+};
+
+// The symbols of a vmlinux ELF file (.symtab) as a listing, with nm's letters derived from
+// the symbol's section (text, data, bss, read-only). `banner` receives the linux_banner
+// string when the file has one.
+absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner);
+
+}  // namespace kwatch::core::kernel
