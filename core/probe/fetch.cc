@@ -226,8 +226,15 @@ absl::Status VariableSteps(const ProbeArgSpec& spec, TypeRef* type, CompiledArg*
           return absl::InvalidArgumentError(
               absl::StrCat("the elements of '", display, "' (", type_name, ") have no size"));
         }
-        out->steps.push_back(
-            FetchStep{FetchStep::Kind::kOffset, step.index * static_cast<int64_t>(*esize)});
+        // The byte offset must fit in int64_t ('p[9223372036854775807]' overflowed it).
+        int64_t byte_offset = 0;
+        if (*esize > static_cast<uint64_t>(INT64_MAX) ||
+            __builtin_mul_overflow(step.index, static_cast<int64_t>(*esize), &byte_offset)) {
+          return absl::InvalidArgumentError(absl::StrCat("index ", step.index, " of '", display,
+                                                         "' is too large: its elements are ",
+                                                         *esize, " bytes"));
+        }
+        out->steps.push_back(FetchStep{FetchStep::Kind::kOffset, byte_offset});
         *type = *elem;
         absl::StrAppend(&display, "[", step.index, "]");
         break;

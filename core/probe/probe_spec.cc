@@ -117,8 +117,13 @@ absl::Status ParseFunctionSuffix(absl::string_view text, absl::string_view rest,
   return absl::OkStatus();
 }
 
-// The fetch part of an argument (no NAME=, no :TYPE).
-absl::Status ParseFetch(absl::string_view text, absl::string_view body, ProbeArgSpec* arg) {
+// Most +OFF(...) wrappers one argument may nest: the parser recurses once per wrapper, and
+// a deeper one (a 20000-level argument fits in one shell word) overflowed the stack.
+constexpr size_t kMaxDerefDepth = 64;
+
+// The fetch part of an argument (no NAME=, no :TYPE), inside `depth` +OFF(...) wrappers.
+absl::Status ParseFetch(absl::string_view text, absl::string_view body, ProbeArgSpec* arg,
+                        size_t depth = 0) {
   if (body.empty()) {
     return ArgError(text, kFetchForms);
   }
@@ -213,8 +218,12 @@ absl::Status ParseFetch(absl::string_view text, absl::string_view body, ProbeArg
     if (!off.has_value() || *off > static_cast<uint64_t>(INT64_MAX)) {
       return ArgError(text, NotANumber(num));
     }
+    if (depth >= kMaxDerefDepth) {
+      return ArgError(text,
+                      absl::StrCat("more than ", kMaxDerefDepth, " nested dereferences +OFF(...)"));
+    }
     const absl::string_view inner = body.substr(open + 1, body.size() - open - 2);
-    KW_RETURN_IF_ERROR(ParseFetch(text, inner, arg));
+    KW_RETURN_IF_ERROR(ParseFetch(text, inner, arg, depth + 1));
     if (arg->kind == ProbeArgSpec::Kind::kComm || arg->kind == ProbeArgSpec::Kind::kParams ||
         arg->kind == ProbeArgSpec::Kind::kVars) {
       return ArgError(text, absl::StrCat("'", inner, "' cannot be dereferenced"));
