@@ -3,6 +3,8 @@
 // watches, ProbeTarget for probes) and queried the way the CLI queries them. libdw's errors
 // must come back as Status values: a crash or a sanitizer report is a bug.
 
+#include <sys/user.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -26,9 +28,15 @@ using kwatch::core::RemoteAddr;
 constexpr const char* kExprs[] = {"g_items[1].next->values[2]", "g_total", "*g_items[0].label",
                                   "0x4010:8", "add_ints"};
 constexpr const char* kSpecs[] = {"sum_item p->len:u32 p->next->id p->label:string",
-                                  "add_ints%return $retval a b", "fact+4 n",
-                                  "probe_args.c:42 $vars", "loop_lines:3 $params",
-                                  "0x1149 %di +8(%sp):u32 @g_total", "main"};
+                                  "add_ints%return $retval a b",
+                                  "fact+4 n",
+                                  "probe_args.c:42 $vars",
+                                  "loop_lines:3 $params",
+                                  "0x1149 %di +8(%sp):u32 @g_total",
+                                  "main",
+                                  "scale x factor",
+                                  "many_args g h",
+                                  "local_item $vars"};
 
 uint64_t Word(const uint8_t* data, size_t size, size_t at) {
   uint64_t v = 0;
@@ -88,12 +96,31 @@ void QueryProbeTarget(const std::string& path) {
       continue;
     }
     (void)(*target)->ListVars(spec->point);
-    if (spec->point.kind == kwatch::core::ProbePoint::Kind::kFunction &&
-        !spec->point.is_return && spec->point.offset == 0) {
+    if (spec->point.kind == kwatch::core::ProbePoint::Kind::kFunction && !spec->point.is_return &&
+        spec->point.offset == 0) {
       (void)(*target)->ListLines(spec->point);
     }
     for (const kwatch::core::ResolvedPoint& point : *points) {
-      (void)kwatch::core::CompileArgs(**target, point, spec->args);
+      auto args = kwatch::core::CompileArgs(**target, point, spec->args);
+      if (!args.ok()) {
+        continue;
+      }
+      // The file's DWARF location expressions, evaluated: a hostile file chooses the ops.
+      user_regs_struct regs{};
+      regs.rsp = 0x7ffc0000;
+      regs.rdi = 0x4010;
+      user_fpregs_struct fpregs{};
+      kwatch::core::FetchContext ctx;
+      ctx.regs = &regs;
+      ctx.fpregs = &fpregs;
+      ctx.read = [](RemoteAddr addr, std::span<uint8_t> out) -> absl::Status {
+        for (size_t i = 0; i < out.size(); ++i) {
+          out[i] = static_cast<uint8_t>((addr.value + i) * 7);
+        }
+        return absl::OkStatus();
+      };
+      ctx.at_return = point.is_return;
+      (void)kwatch::core::EvaluateAll(*args, ctx);
     }
   }
 }

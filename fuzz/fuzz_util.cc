@@ -34,12 +34,14 @@ MemFile::MemFile(const uint8_t* data, size_t size) {
   path_ = "/proc/self/fd/" + std::to_string(fd_);
 }
 
-MemFile::~MemFile() { ::close(fd_); }
+MemFile::~MemFile() {
+  ::close(fd_);
+}
 
 TempFile::TempFile(const uint8_t* data, size_t size) {
   const char* dir = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe): one thread
-  std::string tmpl = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
-                     "/kwatch-fuzz-XXXXXX";
+  std::string tmpl =
+      std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/kwatch-fuzz-XXXXXX";
   const int fd = ::mkstemp(tmpl.data());
   if (fd < 0) {
     std::perror("mkstemp");

@@ -32,6 +32,11 @@ max_len() {
   esac
 }
 
+# trace_reader writes each input to a file: keep those in memory when possible.
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  export TMPDIR=/dev/shm
+fi
+
 artifacts=$build/fuzz-artifacts
 mkdir -p "$artifacts"
 status=0
