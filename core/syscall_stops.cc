@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,12 @@ namespace kwatch::core {
 namespace {
 
 constexpr int kSyscallTrap = SIGTRAP | 0x80;
+// The kernel's internal "restart this call" results (include/linux/errno.h), seen by
+// tracers at syscall-exit stops and never by programs.
+constexpr int64_t kErestartSys = 512;
+constexpr int64_t kErestartNoIntr = 513;
+constexpr int64_t kErestartNoHand = 514;
+constexpr int64_t kErestartRestartBlock = 516;
 
 bool IsStopSignal(int sig) {
   return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
@@ -253,7 +260,28 @@ absl::StatusOr<int64_t> Process::SyscallAtStop(pid_t tid, long nr, std::span<con
     KW_ASSIGN_OR_RETURN(const user_regs_struct after, GetRegs(tid));
     result = static_cast<int64_t>(after.rax);
   }
-  KW_RETURN_IF_ERROR(SetRegs(tid, saved));
+  user_regs_struct back = saved;
+  if (at == SyscallAt::kExit) {
+    // The thread's own call was interrupted (a signal, kwatch's PTRACE_INTERRUPT) and is due
+    // to restart: the kernel does that on the way out of the exit stop, but the pending work
+    // that triggers it was used up by the call kwatch ran. Restart it here, or the program
+    // sees -ERESTARTSYS as its result (glibc aborts on such a futex result).
+    switch (static_cast<int64_t>(saved.rax)) {
+      case -kErestartSys:
+      case -kErestartNoIntr:
+      case -kErestartNoHand:
+        back.rip -= 2;
+        back.rax = saved.orig_rax;
+        break;
+      case -kErestartRestartBlock:
+        back.rip -= 2;
+        back.rax = SYS_restart_syscall;
+        break;
+      default:
+        break;
+    }
+  }
+  KW_RETURN_IF_ERROR(SetRegs(tid, back));
   return result;
 }
 

@@ -1,7 +1,14 @@
 #include "core/process.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <span>
+#include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -112,6 +119,41 @@ TEST(ProcessAttach, NoSuchProcess) {
   auto p = Process::Attach(999999999);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
+}
+
+// A thread interrupted inside a blocking call (here by StopAll, with system-call stops on)
+// is due to restart it; a system call kwatch runs in it meanwhile must not cost it that
+// restart: the program would see the kernel's -ERESTARTSYS (glibc aborts on a futex result
+// it does not know).
+TEST(ProcessSyscalls, ACallRunInAThreadInterruptedInABlockingCallKeepsItsRestart) {
+  const std::string out = ::testing::TempDir() + "futex_restart_" + std::to_string(::getpid());
+  std::remove(out.c_str());
+  auto p = Process::Launch({kwatch::testing::TargetPath("futex_restart"), out, "600"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  Process& proc = **p;
+  ASSERT_TRUE(proc.RunToEntry().ok());
+  proc.SetSyscallStops(true);
+  ASSERT_TRUE(proc.ResumeAll().ok());
+  // Let the main thread reach its futex wait (every call stops at entry and exit meanwhile).
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(proc.Poll(/*block=*/false).ok());
+    ::usleep(1000);
+  }
+  ASSERT_TRUE(proc.StopAll().ok());
+  const uint64_t none[1] = {0};
+  auto r = proc.RemoteSyscall(proc.pid(), SYS_getpid, std::span<const uint64_t>(none, 0));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, proc.pid());
+  ASSERT_TRUE(proc.ResumeAll().ok());
+  proc.SetSyscallStops(false);
+  RunToExit(proc);
+  ASSERT_TRUE(proc.exit_info().has_value());
+  EXPECT_EQ(proc.exit_info()->code, 0);
+  std::ifstream in(out);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "futex ok");
+  std::remove(out.c_str());
 }
 
 }  // namespace
