@@ -190,6 +190,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  "ELF file the specs refer to: the program or a shared library it loads "
                  "(default: the command after --, or the program of -p PID)");
   app.add_option("-p,--pid", opts.pid, "Attach to a running process")->check(CLI::PositiveNumber);
+  std::string user;
+  app.add_option("-u,--user", user,
+                 "Run the command as USER (name or uid, with its groups), as strace -u; needs "
+                 "root");
   auto* lines = app.add_option("-L,--line", opts.list_lines,
                                "List the source lines of FUNC[@SRC] that can be probed "
                                "(FUNC:RELLINE names them), as perf probe -L");
@@ -263,6 +267,18 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  "./prog`\n%s",
                  app.help().c_str());
     return 2;
+  }
+  if (!user.empty()) {
+    if (opts.command.empty()) {
+      std::fprintf(stderr, "kwatch: error: -u USER applies to a command given after `--`\n");
+      return 2;
+    }
+    absl::StatusOr<core::RunAs> as = core::ResolveUser(user);
+    if (!as.ok()) {
+      PrintError(as.status());
+      return 2;
+    }
+    opts.user = *std::move(as);
   }
   if (!listing && !opts.pid.has_value() && opts.command.empty() &&
       !(opts.backend == "uprobe" && !opts.binary.empty())) {

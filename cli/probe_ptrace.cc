@@ -166,6 +166,7 @@ absl::Status PtraceRunner::Start() {
     KW_ASSIGN_OR_RETURN(proc_, core::Process::Attach(*opts_.pid));
   } else {
     core::LaunchOptions lo;
+    lo.run_as = opts_.user;
     lo.kill_on_exit = opts_.kill_on_exit;
     KW_ASSIGN_OR_RETURN(proc_, core::Process::Launch(opts_.command, lo));
     KW_RETURN_IF_ERROR(proc_->RunToEntry());

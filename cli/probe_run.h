@@ -17,6 +17,7 @@
 #include "cli/probe_output.h"
 #include "cli/probe_set.h"
 #include "core/store/trace_writer.h"
+#include "core/process.h"
 #include "core/unique_fd.h"
 
 namespace kwatch::cli {
@@ -26,6 +27,7 @@ struct ProbeCmdOptions {
   std::string binary;                // -x: the ELF file the specs refer to
   std::optional<pid_t> pid;          // -p
   std::vector<std::string> command;  // after --
+  std::optional<core::RunAs> user;   // -u: run the command as this user
   std::string list_lines;            // -L FUNC
   std::string list_vars;             // -V POINT
   uint64_t count = 0;

@@ -227,6 +227,7 @@ absl::Status UprobeRunner::Start() {
     // Launched stopped right after exec, so that the events exist before its first
     // instruction; then let go: the uprobe backend needs no tracer.
     core::LaunchOptions lo;
+    lo.run_as = opts_.user;
     lo.kill_on_exit = false;
     KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts_.command, lo));
     pid_ = proc->pid();

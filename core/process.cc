@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <elf.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/uio.h>
@@ -129,6 +131,45 @@ std::string ProcStatusField(pid_t pid, const std::string& name) {
   return "";
 }
 
+absl::StatusOr<RunAs> ResolveUser(const std::string& user) {
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(size > 0 ? static_cast<size_t>(size) : 16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  int rc = ::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found);
+  uid_t numeric = 0;
+  if (found == nullptr && absl::SimpleAtoi(user, &numeric)) {
+    rc = ::getpwuid_r(numeric, &pw, buf.data(), buf.size(), &found);
+  }
+  if (found == nullptr) {
+    if (rc != 0) {
+      return SyscallError(rc, absl::StrCat("getpwnam_r(", user, ")"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat("-u ", user, ": no such user (`getent passwd` lists them)"));
+  }
+  RunAs as;
+  as.name = pw.pw_name;
+  as.uid = pw.pw_uid;
+  as.gid = pw.pw_gid;
+  int n = 64;
+  for (int tries = 0; tries < 4; ++tries) {
+    as.groups.resize(static_cast<size_t>(n));
+    int got = n;
+    if (::getgrouplist(pw.pw_name, pw.pw_gid, as.groups.data(), &got) >= 0) {
+      as.groups.resize(static_cast<size_t>(got));
+      break;
+    }
+    n = got > n ? got : n * 4;
+  }
+  if (::geteuid() != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "-u ", user, ": running the command as another user needs root (kwatch switches to ",
+        as.name, " before exec: CAP_SETUID and CAP_SETGID)"));
+  }
+  return as;
+}
+
 absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::string>& argv,
                                                          const LaunchOptions& opts) {
   if (argv.empty()) {
@@ -161,6 +202,15 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) {
       signal(sig, SIG_DFL);
     }
+    if (opts.run_as.has_value()) {
+      const RunAs& as = *opts.run_as;
+      if (::setgroups(as.groups.size(), as.groups.data()) != 0 || ::setgid(as.gid) != 0 ||
+          ::setuid(as.uid) != 0) {
+        int err = errno;
+        (void)!write(write_end.get(), &err, sizeof(err));
+        _exit(127);
+      }
+    }
     raise(SIGSTOP);
     execvp(args[0], args.data());
     int err = errno;
@@ -172,6 +222,11 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
 
   int status = 0;
   if (::waitpid(pid, &status, WUNTRACED) != pid || !WIFSTOPPED(status)) {
+    int err = 0;
+    if (opts.run_as.has_value() && ::read(read_end.get(), &err, sizeof(err)) == sizeof(err)) {
+      return SyscallError(err, absl::StrCat("switching the command to user ", opts.run_as->name,
+                                            " (setgroups, setgid, setuid)"));
+    }
     return absl::InternalError(absl::StrCat("child ", pid, " did not stop before exec"));
   }
   long options = kTraceOptions;
