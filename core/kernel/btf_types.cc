@@ -29,6 +29,16 @@ struct Member {
   uint32_t bit_size = 0;
 };
 
+// Nesting bound for walks over types: real kernel types nest a few dozen levels at most; a
+// hostile BTF can make cycles (a const of itself, a struct holding itself).
+constexpr int kMaxTypeDepth = 64;
+
+// btf__name_by_offset returns nullptr for an offset outside the string section.
+std::string NameOf(const struct btf* b, uint32_t off) {
+  const char* name = btf__name_by_offset(b, off);
+  return name != nullptr ? std::string(name) : std::string();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KernelBtf>> KernelBtf::Load(const std::string& path) {
@@ -106,6 +116,13 @@ BtfTypeRef KernelBtf::Strip(BtfTypeRef type) const {
 }
 
 std::string KernelBtf::TypeName(BtfTypeRef type) const {
+  return TypeNameAt(type, 0);
+}
+
+std::string KernelBtf::TypeNameAt(BtfTypeRef type, int depth) const {
+  if (depth > kMaxTypeDepth) {
+    return "?";
+  }
   if (type.id == 0) {
     return "void";
   }
@@ -113,12 +130,12 @@ std::string KernelBtf::TypeName(BtfTypeRef type) const {
   if (t == nullptr) {
     return "?";
   }
-  const std::string name = btf__name_by_offset(btf_, t->name_off);
+  const std::string name = NameOf(btf_, t->name_off);
   switch (btf_kind(t)) {
     case BTF_KIND_INT:
     case BTF_KIND_FLOAT:
     case BTF_KIND_TYPEDEF:
-      return name;
+      return name.empty() ? "?" : name;  // a name outside the string section
     case BTF_KIND_STRUCT:
       return name.empty() ? "struct {...}" : absl::StrCat("struct ", name);
     case BTF_KIND_UNION:
@@ -129,28 +146,28 @@ std::string KernelBtf::TypeName(BtfTypeRef type) const {
     case BTF_KIND_FWD:
       return absl::StrCat(btf_kflag(t) ? "union " : "struct ", name);
     case BTF_KIND_PTR: {
-      const std::string pointee = TypeName(BtfTypeRef{t->type});
+      const std::string pointee = TypeNameAt(BtfTypeRef{t->type}, depth + 1);
       return absl::StrCat(pointee, absl::EndsWith(pointee, "*") ? "*" : " *");
     }
     case BTF_KIND_CONST:
-      return absl::StrCat("const ", TypeName(BtfTypeRef{t->type}));
+      return absl::StrCat("const ", TypeNameAt(BtfTypeRef{t->type}, depth + 1));
     case BTF_KIND_VOLATILE:
-      return absl::StrCat("volatile ", TypeName(BtfTypeRef{t->type}));
+      return absl::StrCat("volatile ", TypeNameAt(BtfTypeRef{t->type}, depth + 1));
     case BTF_KIND_RESTRICT:
     case BTF_KIND_TYPE_TAG:
-      return TypeName(BtfTypeRef{t->type});
+      return TypeNameAt(BtfTypeRef{t->type}, depth + 1);
     case BTF_KIND_ARRAY: {
       // Nested arrays are arrays of arrays: "int[3][4]".
       std::string dims;
       const btf_type* cur = t;
       BtfTypeRef elem{type.id};
-      while (cur != nullptr && btf_is_array(cur)) {
+      for (int n = 0; cur != nullptr && btf_is_array(cur) && n < kMaxTypeDepth; ++n) {
         const struct btf_array* a = btf_array(cur);
         absl::StrAppend(&dims, "[", a->nelems, "]");
         elem.id = a->type;
         cur = btf__type_by_id(btf_, elem.id);
       }
-      return absl::StrCat(TypeName(elem), dims);
+      return absl::StrCat(TypeNameAt(elem, depth + 1), dims);
     }
     case BTF_KIND_FUNC_PROTO:
     case BTF_KIND_FUNC:
@@ -183,7 +200,7 @@ std::vector<Member> MembersOf(const struct btf* b, const KernelBtf& kb, BtfTypeR
   const uint16_t n = btf_vlen(t);
   for (uint32_t i = 0; i < n; ++i, ++m) {
     Member mem;
-    mem.name = btf__name_by_offset(b, m->name_off);
+    mem.name = NameOf(b, m->name_off);
     mem.type = BtfTypeRef{m->type};
     const uint32_t bit_off = btf_member_bit_offset(t, i);
     const uint32_t bits = btf_member_bitfield_size(t, i);
@@ -215,12 +232,19 @@ std::vector<Member> MembersOf(const struct btf* b, const KernelBtf& kb, BtfTypeR
 }  // namespace
 
 std::vector<std::string> KernelBtf::MemberNames(BtfTypeRef type) const {
+  return MemberNamesAt(type, 0);
+}
+
+std::vector<std::string> KernelBtf::MemberNamesAt(BtfTypeRef type, int depth) const {
   std::vector<std::string> names;
+  if (depth > kMaxTypeDepth) {
+    return names;
+  }
   for (const Member& m : MembersOf(btf_, *this, Strip(type))) {
     if (!m.name.empty()) {
       names.push_back(m.name);
     } else {
-      for (std::string& n : MemberNames(m.type)) {
+      for (std::string& n : MemberNamesAt(m.type, depth + 1)) {
         names.push_back(std::move(n));
       }
     }
@@ -273,7 +297,7 @@ absl::StatusOr<BtfMemberRef> KernelBtf::Walk(BtfTypeRef type,
         // Search named members, then through anonymous members, accumulating offsets.
         std::optional<Member> found;
         std::vector<std::pair<BtfTypeRef, uint64_t>> work = {{s, 0}};
-        while (!work.empty() && !found.has_value()) {
+        for (size_t visited = 0; !work.empty() && !found.has_value() && visited < 4096; ++visited) {
           const auto [agg, base] = work.front();
           work.erase(work.begin());
           for (const Member& m : MembersOf(btf_, *this, Strip(agg))) {
@@ -335,8 +359,8 @@ class BtfFlattener {
     return false;
   }
 
-  size_t Count(BtfTypeRef type) const {
-    if (!Expandable(type)) {
+  size_t Count(BtfTypeRef type, int guard = 0) const {
+    if (guard > kMaxTypeDepth || !Expandable(type)) {
       return 0;
     }
     const BtfTypeRef s = kb_.Strip(type);
@@ -344,7 +368,8 @@ class BtfFlattener {
     size_t n = 0;
     if (btf_is_composite(t)) {
       for (const Member& m : MembersOf(btf_, kb_, s)) {
-        n += m.name.empty() ? Count(m.type) : 1 + (m.bit_size == 0 ? Count(m.type) : 0);
+        n += m.name.empty() ? Count(m.type, guard + 1)
+                            : 1 + (m.bit_size == 0 ? Count(m.type, guard + 1) : 0);
         if (n > kMaxLayoutFields) {
           return n;
         }
@@ -352,10 +377,14 @@ class BtfFlattener {
       return n;
     }
     const struct btf_array* a = btf_array(t);
-    return static_cast<size_t>(a->nelems) * (1 + Count(BtfTypeRef{a->type}));
+    return static_cast<size_t>(a->nelems) * (1 + Count(BtfTypeRef{a->type}, guard + 1));
   }
 
-  void FlattenInto(BtfTypeRef type, uint64_t base, const std::string& path, int depth) {
+  void FlattenInto(BtfTypeRef type, uint64_t base, const std::string& path, int depth,
+                   int guard = 0) {
+    if (guard > kMaxTypeDepth) {
+      return;
+    }
     const BtfTypeRef s = kb_.Strip(type);
     const btf_type* t = btf__type_by_id(btf_, s.id);
     if (t == nullptr) {
@@ -366,7 +395,7 @@ class BtfFlattener {
         if (m.name.empty()) {
           const btf_type* mt = btf__type_by_id(btf_, kb_.Strip(m.type).id);
           if (mt != nullptr && btf_is_composite(mt)) {
-            FlattenInto(m.type, base + m.offset, path, depth);  // anonymous member
+            FlattenInto(m.type, base + m.offset, path, depth, guard + 1);  // anonymous member
           }
           continue;  // unnamed bitfield padding
         }
@@ -409,7 +438,7 @@ class BtfFlattener {
     const int depth = f.depth;
     out_->push_back(std::move(f));
     if (expand) {
-      FlattenInto(*type, offset, path, depth + 1);
+      FlattenInto(*type, offset, path, depth + 1, depth + 1);
     }
   }
 

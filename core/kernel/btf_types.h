@@ -80,6 +80,9 @@ class KernelBtf {
 
  private:
   KernelBtf(struct btf* btf, std::string path) : btf_(btf), path_(std::move(path)) {}
+  // The recursive parts, bounded in depth (a hostile BTF can make type cycles).
+  std::string TypeNameAt(BtfTypeRef type, int depth) const;
+  std::vector<std::string> MemberNamesAt(BtfTypeRef type, int depth) const;
 
   struct btf* btf_;
   std::string path_;

@@ -177,5 +177,27 @@ TEST(KernelBtfTest, PerCpuVariablesHaveTypes) {
   EXPECT_FALSE(btf->VarType("jiffies").has_value());
 }
 
+// Hostile BTF found by fuzz/btf_fuzzer.cc (fuzz/known/btf/): names outside the string
+// section and a const that refers to itself. Every query must return, bounded.
+TEST(KernelBtfTest, HostileBtfFromTheFuzzer) {
+  for (const char* name : {"null-name-TypeName", "null-name-MembersOf", "const-cycle-TypeName"}) {
+    SCOPED_TRACE(name);
+    auto btf = KernelBtf::Load(std::string(KWATCH_SOURCE_DIR) + "/fuzz/known/btf/" + name);
+    ASSERT_TRUE(btf.ok()) << btf.status();
+    size_t names = 0;
+    for (uint32_t id = 0; id < (*btf)->type_count(); ++id) {
+      const BtfTypeRef t{id};
+      names += (*btf)->TypeName(t).empty() ? 0 : 1;
+      (void)(*btf)->Layout(t);
+      for (const std::string& m : (*btf)->MemberNames(t)) {
+        ExprStep step;
+        step.member = m;
+        (void)(*btf)->Walk(t, {step});
+      }
+    }
+    EXPECT_EQ(names, (*btf)->type_count());  // every type has a spelling, "?" at worst
+  }
+}
+
 }  // namespace
 }  // namespace kwatch::core::kernel
