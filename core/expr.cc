@@ -252,12 +252,12 @@ absl::StatusOr<Expr> Parser::Parse() {
     }
     expr.steps.push_back(std::move(step));
   }
-  // Reverse iterators, not std::views::reverse: clang 14 (the fuzz build) cannot compile
-  // libstdc++ 12's <ranges>.
-  for (auto at = derefs.rbegin(); at != derefs.rend(); ++at) {
+  // Innermost '*' first, by index: clang 14 (the fuzz build) cannot compile libstdc++ 12's
+  // <ranges> (std::views::reverse).
+  for (size_t i = derefs.size(); i-- > 0;) {
     ExprStep step;
     step.kind = ExprStep::Kind::kDeref;
-    step.column = *at;
+    step.column = derefs[i];
     expr.steps.push_back(std::move(step));
   }
   return expr;
