@@ -72,9 +72,10 @@ struct Options {
   std::string output;        // -o: recording file
   std::string command_line;  // as typed, for the recording
   // Kernel watches (no -p and no command):
-  std::string system_map;   // --system-map
-  std::string vmlinux;      // --vmlinux
-  std::string kernel_type;  // --type: the C type of the watched kernel symbol
+  std::string system_map;        // --system-map
+  std::string vmlinux;           // --vmlinux
+  std::string kernel_type;       // --type: the C type of the watched kernel symbol
+  bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
 };
 
 uint64_t MonotonicNs() {
@@ -655,6 +656,247 @@ struct KernelEvent {
   size_t watch = 0;
 };
 
+// The event loop of breakpoints whose samples carry kernel IPs (kernel watches, and
+// --kernel-accesses of a process, `proc`): drains the rings, prints each event with its CPU,
+// task and kernel function+offset, stops on --count, --duration, a signal or the target's
+// end, then prints the summary. Returns the exit status.
+absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWatch>& watches,
+                                      core::kernel::KernelSymbolResolver& symbols,
+                                      drmgr::DrKind kind, const std::string& armed,
+                                      core::Process* proc) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    sigaddset(&mask, sig);
+  }
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  core::UniqueFd epfd(epoll_create1(EPOLL_CLOEXEC));
+  core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!sigfd || !epfd || !tick) {
+    const int err = errno;
+    return core::SyscallError(err, "signalfd/epoll_create1/timerfd_create");
+  }
+  itimerspec its{};
+  its.it_interval.tv_nsec = 50'000'000;
+  its.it_value.tv_nsec = 50'000'000;
+  timerfd_settime(tick.get(), 0, &its, nullptr);
+  auto add = [&](int fd) -> absl::Status {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epfd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      const int err = errno;
+      return core::SyscallError(err, "epoll_ctl(ADD)");
+    }
+    return absl::OkStatus();
+  };
+  KW_RETURN_IF_ERROR(add(sigfd.get()));
+  KW_RETURN_IF_ERROR(add(tick.get()));
+  for (const KernelWatch& w : watches) {
+    for (const auto& bp : w.bps) {
+      for (const int fd : bp->fds()) {
+        KW_RETURN_IF_ERROR(add(fd));
+      }
+    }
+  }
+  std::fprintf(stderr, "kwatch: %s\n", armed.c_str());
+  std::fflush(stderr);
+  // The target's end (or exec) while kwatch handles its stops.
+  auto poll_target = [&]() -> absl::Status {
+    if (proc == nullptr || !proc->alive()) {
+      return absl::OkStatus();
+    }
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> pevs, proc->Poll());
+    for (const auto& e : pevs) {
+      if (e.kind == core::ProcessEvent::Kind::kExited) {
+        return absl::CancelledError(
+            proc->exit_info()->signaled
+                ? absl::StrCat("target killed by ", sigabbrev_np(proc->exit_info()->signal))
+                : std::string("target exited"));
+      }
+      if (e.kind == core::ProcessEvent::Kind::kExec) {
+        KW_RETURN_IF_ERROR(proc->Resume(e.tid));
+        return absl::CancelledError(
+            "target called exec (the watched addresses mean nothing in the new image)");
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  const uint64_t start_ns = MonotonicNs();
+  const uint64_t deadline_ns =
+      opts.duration > 0 ? start_ns + static_cast<uint64_t>(opts.duration * 1e9) : 0;
+  CommCache comms;
+  uint64_t delivered = 0;
+  std::string stop_reason;
+  if (!opts.quiet && !opts.json) {
+    std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %s\n", "TIME(s)", "CPU", "TID", "COMM", "ACC",
+                "WATCH", "IP (after the access)");
+  }
+  auto drain = [&]() {
+    std::vector<KernelEvent> evs;
+    for (size_t i = 0; i < watches.size(); ++i) {
+      for (auto& bp : watches[i].bps) {
+        if (bp->ring() != nullptr) {
+          bp->ring()->Drain([&](const watch::PerfSample& s) { evs.push_back({s, i}); });
+        }
+      }
+    }
+    std::sort(evs.begin(), evs.end(),
+              [](const KernelEvent& a, const KernelEvent& b) { return a.s.time < b.s.time; });
+    for (const KernelEvent& ev : evs) {
+      if (opts.count > 0 && delivered >= opts.count) {
+        break;
+      }
+      ++delivered;
+      KernelWatch& w = watches[ev.watch];
+      ++w.events;
+      if (opts.quiet) {
+        continue;
+      }
+      const auto loc = symbols.TextAt(ev.s.ip);
+      const std::string ip = loc.has_value() ? loc->ToString() : absl::StrFormat("0x%x", ev.s.ip);
+      const double t =
+          ev.s.time >= start_ns ? static_cast<double>(ev.s.time - start_ns) / 1e9 : 0.0;
+      const std::string& comm = comms.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
+      const char* acc = kind == drmgr::DrKind::kExec    ? "x"
+                        : kind == drmgr::DrKind::kWrite ? "w"
+                                                        : "rw";
+      if (opts.json) {
+        std::printf(
+            "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
+            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"ip\":\"0x%llx\",\"site\":%s}\n",
+            t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), acc, ev.watch,
+            JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr),
+            static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str());
+      } else {
+        std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid, comm.c_str(),
+                    acc, w.display.c_str(), ip.c_str());
+      }
+    }
+    std::fflush(stdout);
+    if (opts.count > 0 && delivered >= opts.count && stop_reason.empty()) {
+      stop_reason = absl::StrCat("--count ", opts.count, " reached");
+    }
+  };
+  epoll_event evs[64];
+  while (stop_reason.empty()) {
+    const int n = epoll_wait(epfd.get(), evs, 64, 1000);
+    if (n < 0 && errno != EINTR) {
+      const int err = errno;
+      return core::SyscallError(err, "epoll_wait");
+    }
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == sigfd.get()) {
+        signalfd_siginfo si{};
+        while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
+          if (si.ssi_signo != SIGCHLD) {
+            stop_reason =
+                absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo)));
+          }
+        }
+      } else if (evs[i].data.fd == tick.get()) {
+        uint64_t ticks = 0;
+        (void)!read(tick.get(), &ticks, sizeof(ticks));
+      }
+    }
+    drain();
+    if (absl::Status st = poll_target(); !st.ok()) {
+      if (!absl::IsCancelled(st)) {
+        return st;
+      }
+      if (stop_reason.empty()) {
+        stop_reason = std::string(st.message());
+      }
+    }
+    if (deadline_ns != 0 && MonotonicNs() >= deadline_ns && stop_reason.empty()) {
+      stop_reason = absl::StrFormat("--duration %gs elapsed", opts.duration);
+    }
+  }
+  drain();
+  uint64_t lost = 0;
+  for (KernelWatch& w : watches) {
+    for (auto& bp : w.bps) {
+      (void)bp->Disable();
+      lost += bp->ring() != nullptr ? bp->ring()->lost() : 0;
+    }
+  }
+  if (opts.json) {
+    std::printf(
+        "{\"type\":\"summary\",\"events\":%llu,\"lost\":%llu,\"stop_reason\":%s,"
+        "\"watches\":[",
+        static_cast<unsigned long long>(delivered), static_cast<unsigned long long>(lost),
+        JsonString(stop_reason).c_str());
+  } else {
+    std::printf("kwatch: %llu event%s, %llu lost; %s\n", static_cast<unsigned long long>(delivered),
+                delivered == 1 ? "" : "s", static_cast<unsigned long long>(lost),
+                stop_reason.c_str());
+  }
+  for (size_t i = 0; i < watches.size(); ++i) {
+    const KernelWatch& w = watches[i];
+    uint64_t counted = 0;
+    for (const auto& bp : w.bps) {
+      auto c = bp->Count();
+      counted += c.ok() ? *c : 0;
+    }
+    const std::string cpus_text = absl::StrJoin(w.cpus, ",");
+    const std::string scope = proc == nullptr
+                                  ? absl::StrCat("kernel, CPUs ", cpus_text)
+                                  : absl::StrCat("kernel accesses for pid ", proc->pid());
+    if (opts.json) {
+      std::printf(
+          "%s{\"id\":%zu,\"expr\":%s,\"addr\":\"0x%llx\",\"len\":%u,\"kind\":\"%s\","
+          "\"type\":%s,\"source\":%s,\"slide\":%lld,\"cpus\":[%s],\"events\":%llu,"
+          "\"kernel_count\":%llu}",
+          i == 0 ? "" : ",", i, JsonString(w.display).c_str(),
+          static_cast<unsigned long long>(w.addr), w.len,
+          std::string(drmgr::DrKindName(kind)).c_str(), JsonString(w.type_name).c_str(),
+          JsonString(w.source).c_str(), static_cast<long long>(w.slide), cpus_text.c_str(),
+          static_cast<unsigned long long>(w.events), static_cast<unsigned long long>(counted));
+    } else {
+      std::printf(
+          "watch #%zu %s: %u byte%s at 0x%llx%s%s, %s, %s: %llu event%s "
+          "(the kernel counted %llu)\n",
+          i + 1, w.display.c_str(), w.len, w.len == 1 ? "" : "s",
+          static_cast<unsigned long long>(w.addr), w.type_name.empty() ? "" : ", ",
+          w.type_name.c_str(), std::string(drmgr::DrKindName(kind)).c_str(), scope.c_str(),
+          static_cast<unsigned long long>(w.events), w.events == 1 ? "" : "s",
+          static_cast<unsigned long long>(counted));
+    }
+  }
+  if (opts.json) {
+    std::printf("]}\n");
+  }
+  std::fflush(stdout);
+  // CPU hotplug: a CPU that came online after arming had no breakpoint.
+  if (proc == nullptr && !watches.empty()) {
+    const std::vector<int>& cpus = watches.front().cpus;
+    for (const int cpu : watch::OnlineCpus()) {
+      if (std::find(cpus.begin(), cpus.end(), cpu) == cpus.end()) {
+        std::fprintf(stderr,
+                     "kwatch: note: CPU %d came online during the session and was not watched\n",
+                     cpu);
+      }
+    }
+  }
+  watches.clear();  // closes every event before the target is let go
+  if (proc != nullptr) {
+    if (proc->alive()) {
+      if (proc->launched() && opts.kill_on_exit) {
+        KW_RETURN_IF_ERROR(proc->Kill());
+      } else {
+        KW_RETURN_IF_ERROR(proc->Detach());
+        std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", proc->pid());
+      }
+    }
+    if (proc->launched() && proc->exit_info().has_value()) {
+      return proc->exit_info()->ShellStatus();
+    }
+  }
+  return 0;
+}
+
 absl::StatusOr<int> RunKernelWatch(const Options& opts) {
   if (!HasPerfmonCapability()) {
     return absl::PermissionDeniedError(
@@ -710,186 +952,118 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
     watches.push_back(std::move(w));
   }
 
+  return RunBreakpointLoop(
+      opts, watches, *symbols, kind,
+      absl::StrFormat("armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf "
+                      "breakpoint stream mode",
+                      watches.size(), watches.size() == 1 ? "" : "es", cpus.size()),
+      nullptr);
+}
+
+// --kernel-accesses: user addresses of a process watched for the accesses the kernel makes
+// on the process's behalf (exclude_user: copy_to_user into a read(2) buffer, futex words...),
+// on every thread (inherited by new ones), each event with its kernel function+offset.
+absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
+  if (!HasPerfmonCapability()) {
+    return absl::PermissionDeniedError(
+        "--kernel-accesses watches kernel code: it needs root, or CAP_PERFMON (Linux >= 5.8) "
+        "or CAP_SYS_ADMIN (also CAP_SYSLOG to read kernel addresses in /proc/kallsyms)");
+  }
+  KW_ASSIGN_OR_RETURN(auto ksyms, core::kernel::KernelSymbolResolver::Create({}));
   sigset_t mask;
   sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
     sigaddset(&mask, sig);
   }
   sigprocmask(SIG_BLOCK, &mask, nullptr);
-  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-  core::UniqueFd epfd(epoll_create1(EPOLL_CLOEXEC));
-  core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!sigfd || !epfd || !tick) {
-    const int err = errno;
-    return core::SyscallError(err, "signalfd/epoll_create1/timerfd_create");
-  }
-  itimerspec its{};
-  its.it_interval.tv_nsec = 50'000'000;
-  its.it_value.tv_nsec = 50'000'000;
-  timerfd_settime(tick.get(), 0, &its, nullptr);
-  auto add = [&](int fd) -> absl::Status {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (epoll_ctl(epfd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      const int err = errno;
-      return core::SyscallError(err, "epoll_ctl(ADD)");
-    }
-    return absl::OkStatus();
-  };
-  KW_RETURN_IF_ERROR(add(sigfd.get()));
-  KW_RETURN_IF_ERROR(add(tick.get()));
-  for (const KernelWatch& w : watches) {
-    for (const auto& bp : w.bps) {
-      KW_RETURN_IF_ERROR(add(bp->fd()));
-    }
-  }
-  std::fprintf(stderr,
-               "kwatch: armed %zu kernel watch%s on %zu CPUs (one breakpoint per CPU), perf "
-               "breakpoint stream mode\n",
-               watches.size(), watches.size() == 1 ? "" : "es", cpus.size());
-  std::fflush(stderr);
-
-  const uint64_t start_ns = MonotonicNs();
-  const uint64_t deadline_ns =
-      opts.duration > 0 ? start_ns + static_cast<uint64_t>(opts.duration * 1e9) : 0;
-  CommCache comms;
-  uint64_t delivered = 0;
-  std::string stop_reason;
-  if (!opts.quiet && !opts.json) {
-    std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %s\n", "TIME(s)", "CPU", "TID", "COMM", "ACC",
-                "WATCH", "IP (after the access)");
-  }
-  auto drain = [&]() {
-    std::vector<KernelEvent> evs;
-    for (size_t i = 0; i < watches.size(); ++i) {
-      for (auto& bp : watches[i].bps) {
-        if (bp->ring() != nullptr) {
-          bp->ring()->Drain([&](const watch::PerfSample& s) { evs.push_back({s, i}); });
-        }
-      }
-    }
-    std::sort(evs.begin(), evs.end(),
-              [](const KernelEvent& a, const KernelEvent& b) { return a.s.time < b.s.time; });
-    for (const KernelEvent& ev : evs) {
-      if (opts.count > 0 && delivered >= opts.count) {
-        break;
-      }
-      ++delivered;
-      KernelWatch& w = watches[ev.watch];
-      ++w.events;
-      if (opts.quiet) {
-        continue;
-      }
-      const auto loc = symbols->TextAt(ev.s.ip);
-      const std::string ip = loc.has_value() ? loc->ToString() : absl::StrFormat("0x%x", ev.s.ip);
-      const double t =
-          ev.s.time >= start_ns ? static_cast<double>(ev.s.time - start_ns) / 1e9 : 0.0;
-      const std::string& comm = comms.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
-      const char* acc = kind == drmgr::DrKind::kExec    ? "x"
-                        : kind == drmgr::DrKind::kWrite ? "w"
-                                                        : "rw";
-      if (opts.json) {
-        std::printf(
-            "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
-            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"ip\":\"0x%llx\",\"site\":%s}\n",
-            t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), acc, ev.watch,
-            JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr),
-            static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str());
-      } else {
-        std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid, comm.c_str(),
-                    acc, w.display.c_str(), ip.c_str());
-      }
-    }
-    std::fflush(stdout);
-    if (opts.count > 0 && delivered >= opts.count && stop_reason.empty()) {
-      stop_reason = absl::StrCat("--count ", opts.count, " reached");
-    }
-  };
-  epoll_event evs[64];
-  while (stop_reason.empty()) {
-    const int n = epoll_wait(epfd.get(), evs, 64, 1000);
-    if (n < 0 && errno != EINTR) {
-      const int err = errno;
-      return core::SyscallError(err, "epoll_wait");
-    }
-    for (int i = 0; i < n; ++i) {
-      if (evs[i].data.fd == sigfd.get()) {
-        signalfd_siginfo si{};
-        while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
-          stop_reason =
-              absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo)));
-        }
-      } else if (evs[i].data.fd == tick.get()) {
-        uint64_t ticks = 0;
-        (void)!read(tick.get(), &ticks, sizeof(ticks));
-      }
-    }
-    drain();
-    if (deadline_ns != 0 && MonotonicNs() >= deadline_ns && stop_reason.empty()) {
-      stop_reason = absl::StrFormat("--duration %gs elapsed", opts.duration);
-    }
-  }
-  drain();
-  uint64_t lost = 0;
-  for (KernelWatch& w : watches) {
-    for (auto& bp : w.bps) {
-      (void)bp->Disable();
-      lost += bp->ring() != nullptr ? bp->ring()->lost() : 0;
-    }
-  }
-  if (opts.json) {
-    std::printf(
-        "{\"type\":\"summary\",\"events\":%llu,\"lost\":%llu,\"stop_reason\":%s,"
-        "\"watches\":[",
-        static_cast<unsigned long long>(delivered), static_cast<unsigned long long>(lost),
-        JsonString(stop_reason).c_str());
+  std::unique_ptr<core::Process> proc;
+  if (opts.pid.has_value()) {
+    KW_ASSIGN_OR_RETURN(proc, core::Process::Attach(*opts.pid));
   } else {
-    std::printf("kwatch: %llu event%s, %llu lost; %s\n", static_cast<unsigned long long>(delivered),
-                delivered == 1 ? "" : "s", static_cast<unsigned long long>(lost),
-                stop_reason.c_str());
-  }
-  for (size_t i = 0; i < watches.size(); ++i) {
-    const KernelWatch& w = watches[i];
-    uint64_t counted = 0;
-    for (const auto& bp : w.bps) {
-      auto c = bp->Count();
-      counted += c.ok() ? *c : 0;
+    core::LaunchOptions lo;
+    lo.kill_on_exit = opts.kill_on_exit;
+    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts.command, lo));
+    if (absl::Status st = proc->RunToEntry(); !st.ok()) {
+      (void)proc->Kill();
+      return st;
     }
-    const std::string cpus_text = absl::StrJoin(w.cpus, ",");
-    if (opts.json) {
-      std::printf(
-          "%s{\"id\":%zu,\"expr\":%s,\"addr\":\"0x%llx\",\"len\":%u,\"kind\":\"%s\","
-          "\"type\":%s,\"source\":%s,\"slide\":%lld,\"cpus\":[%s],\"events\":%llu,"
-          "\"kernel_count\":%llu}",
-          i == 0 ? "" : ",", i, JsonString(w.display).c_str(),
-          static_cast<unsigned long long>(w.addr), w.len,
-          std::string(drmgr::DrKindName(kind)).c_str(), JsonString(w.type_name).c_str(),
-          JsonString(w.source).c_str(), static_cast<long long>(w.slide), cpus_text.c_str(),
-          static_cast<unsigned long long>(w.events), static_cast<unsigned long long>(counted));
+  }
+  auto fail = [&](absl::Status st) -> absl::Status {
+    if (proc->launched()) {
+      (void)proc->Kill();
     } else {
-      std::printf(
-          "watch #%zu %s: %u bytes at 0x%llx%s%s, %s, kernel, CPUs %s: %llu event%s "
-          "(the kernel counted %llu)\n",
-          i + 1, w.display.c_str(), w.len, static_cast<unsigned long long>(w.addr),
-          w.type_name.empty() ? "" : ", ", w.type_name.c_str(),
-          std::string(drmgr::DrKindName(kind)).c_str(), cpus_text.c_str(),
-          static_cast<unsigned long long>(w.events), w.events == 1 ? "" : "s",
-          static_cast<unsigned long long>(counted));
+      (void)proc->Detach();
+    }
+    return st;
+  };
+  auto syms = core::Symbols::ForProcess(proc->pid());
+  if (!syms.ok()) {
+    return fail(syms.status());
+  }
+  const core::MemoryReader reader = [&proc](core::RemoteAddr addr, std::span<uint8_t> out) {
+    return proc->ReadMemory(addr, out);
+  };
+  const drmgr::DrKind kind = opts.rw ? drmgr::DrKind::kReadWrite : drmgr::DrKind::kWrite;
+  std::vector<KernelWatch> watches;
+  for (const std::string& text : opts.exprs) {
+    auto expr = core::ParseExpr(text);
+    if (!expr.ok()) {
+      return fail(expr.status());
+    }
+    KernelWatch w;
+    w.expr = text;
+    if (expr->address.has_value()) {
+      w.addr = *expr->address;
+      w.display = absl::StrFormat("0x%x", w.addr);
+      w.len = static_cast<uint32_t>(opts.len.value_or(expr->length.value_or(8)));
+    } else {
+      auto r = (*syms)->Resolve(*expr, reader);
+      if (!r.ok()) {
+        return fail(r.status());
+      }
+      w.addr = r->addr.value;
+      w.display = r->display;
+      w.type_name = r->type_name;
+      w.len = static_cast<uint32_t>(opts.len.value_or(r->length));
+    }
+    w.source = "the target's symbols";
+    watches.push_back(std::move(w));
+  }
+  if (absl::Status st = proc->StopAll(); !st.ok()) {
+    return fail(st);
+  }
+  for (KernelWatch& w : watches) {
+    for (const pid_t tid : proc->TracedThreads()) {
+      watch::BreakpointRequest req;
+      req.addr = core::RemoteAddr{w.addr};
+      req.len = w.len;
+      req.kind = kind;
+      req.tid = tid;
+      req.inherit = true;
+      req.exclude_kernel = false;
+      req.exclude_user = true;
+      auto bp = watch::PerfBreakpoint::Open(req);
+      if (!bp.ok()) {
+        return fail(absl::Status(
+            bp.status().code(), absl::StrCat("arming '", w.display, "': ", bp.status().message())));
+      }
+      w.bps.push_back(*std::move(bp));
     }
   }
-  if (opts.json) {
-    std::printf("]}\n");
+  if (absl::Status st = proc->ResumeAll(); !st.ok()) {
+    return fail(st);
   }
-  std::fflush(stdout);
-  // CPU hotplug: a CPU that came online after arming had no breakpoint.
-  for (const int cpu : watch::OnlineCpus()) {
-    if (std::find(cpus.begin(), cpus.end(), cpu) == cpus.end()) {
-      std::fprintf(
-          stderr, "kwatch: note: CPU %d came online during the session and was not watched\n", cpu);
-    }
+  const std::string prog = proc->argv().empty() ? "?" : proc->argv()[0];
+  auto code = RunBreakpointLoop(
+      opts, watches, *ksyms, kind,
+      absl::StrFormat("armed %d watch%s on pid %d (%s) for the kernel's accesses only "
+                      "(exclude_user), perf breakpoint stream mode",
+                      watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog),
+      proc.get());
+  if (!code.ok()) {
+    return fail(code.status());
   }
-  return 0;
+  return code;
 }
 
 // Kernel mode's exit codes: 2 when the expression resolves nowhere and nothing more was given
@@ -986,6 +1160,9 @@ int Main(int argc, char** argv) {
                  "/proc/kallsyms does not list (kernels without CONFIG_KALLSYMS_ALL)");
   app.add_option("--vmlinux", opts.vmlinux,
                  "Kernel watches: the running kernel's vmlinux (with its symbol table)");
+  app.add_flag("--kernel-accesses", opts.kernel_accesses,
+               "Watch a process's memory for the accesses the kernel makes on its behalf "
+               "(e.g. the buffer read(2) fills), with the kernel function that made each");
   app.add_option("--type", opts.kernel_type,
                  "Kernel watches: the C type of the watched symbol (e.g. 'struct task_struct'), "
                  "for member expressions; the layout comes from the kernel's BTF");
@@ -1016,7 +1193,25 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (!opts.pid.has_value() && opts.command.empty()) {
+    if (opts.kernel_accesses) {
+      std::fprintf(stderr,
+                   "kwatch: error: --kernel-accesses watches a process's memory: give -p PID "
+                   "or a command after `--`\n");
+      return 2;
+    }
     return KernelMain(opts);
+  }
+  if (opts.kernel_accesses) {
+    if (opts.read || opts.exec || !opts.output.empty()) {
+      std::fprintf(stderr, "kwatch: error: --kernel-accesses takes --write or --rw, and no -o\n");
+      return 2;
+    }
+    auto code = RunKernelAccesses(opts);
+    if (!code.ok()) {
+      Error(code.status());
+      return 1;
+    }
+    return *code;
   }
   if (!opts.system_map.empty() || !opts.vmlinux.empty() || !opts.kernel_type.empty()) {
     std::fprintf(stderr,
