@@ -2,6 +2,7 @@
 
 #include <bpf/btf.h>
 
+#include <array>
 #include <cerrno>
 #include <string>
 #include <vector>
@@ -63,12 +64,12 @@ uint32_t KernelBtf::type_count() const {
 absl::StatusOr<BtfTypeRef> KernelBtf::FindType(absl::string_view name) const {
   struct Try {
     absl::string_view prefix;
-    uint32_t kind;
+    uint32_t kind = 0;
   };
-  const Try kinds[] = {{"struct ", BTF_KIND_STRUCT},
-                       {"union ", BTF_KIND_UNION},
-                       {"enum ", BTF_KIND_ENUM},
-                       {"enum ", static_cast<uint32_t>(BTF_KIND_ENUM64)}};
+  const std::array<Try, 4> kinds = {{{"struct ", BTF_KIND_STRUCT},
+                                     {"union ", BTF_KIND_UNION},
+                                     {"enum ", BTF_KIND_ENUM},
+                                     {"enum ", static_cast<uint32_t>(BTF_KIND_ENUM64)}}};
   for (const Try& t : kinds) {
     if (absl::StartsWith(name, t.prefix)) {
       const std::string bare(absl::StripAsciiWhitespace(name.substr(t.prefix.size())));
@@ -83,8 +84,9 @@ absl::StatusOr<BtfTypeRef> KernelBtf::FindType(absl::string_view name) const {
     }
   }
   const std::string bare(name);
-  constexpr uint32_t kKinds[] = {BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_TYPEDEF, BTF_KIND_ENUM,
-                                 BTF_KIND_ENUM64, BTF_KIND_INT,   BTF_KIND_FLOAT};
+  constexpr std::array<uint32_t, 7> kKinds = {BTF_KIND_STRUCT, BTF_KIND_UNION,  BTF_KIND_TYPEDEF,
+                                              BTF_KIND_ENUM,   BTF_KIND_ENUM64, BTF_KIND_INT,
+                                              BTF_KIND_FLOAT};
   for (const uint32_t kind : kKinds) {
     const int id = btf__find_by_name_kind(btf_, bare.c_str(), kind);
     if (id > 0) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <string>
@@ -23,8 +24,8 @@ namespace kwatch::core::kernel {
 namespace {
 
 // Data symbols that every x86-64 kernel has and that only CONFIG_KALLSYMS_ALL lists.
-constexpr const char* kAllSymbolsWitnesses[] = {"init_task", "jiffies_64", "linux_banner",
-                                                "loops_per_jiffy"};
+constexpr std::array<const char*, 4> kAllSymbolsWitnesses = {"init_task", "jiffies_64",
+                                                             "linux_banner", "loops_per_jiffy"};
 
 bool IsSectionBoundary(absl::string_view name) {
   return absl::StartsWith(name, "__start") || absl::StartsWith(name, "__stop") ||
@@ -49,9 +50,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
     return SyscallError(err, absl::StrCat("open(", path, ")"));
   }
   std::string out;
-  char buf[1 << 16];
+  std::array<char, 1 << 16> buf{};
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
     if (n < 0) {
       const int err = errno;
       if (err == EINTR) {
@@ -62,7 +63,7 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
     if (n == 0) {
       break;
     }
-    out.append(buf, static_cast<size_t>(n));
+    out.append(buf.data(), static_cast<size_t>(n));
   }
   return out;
 }
@@ -93,21 +94,23 @@ absl::StatusOr<KernelSymbolTable> KernelSymbolTable::Parse(absl::string_view tex
           "%s:%d: '%s' is not a hexadecimal address: '%s'", origin, line_no, hex, line));
     }
     sym.type = parts[1][0];
-    sym.name = std::string(parts[2]);
+    sym.name.assign(parts[2].data(), parts[2].size());
     if (parts.size() == 4) {
       absl::string_view mod = parts[3];
       if (mod.size() < 2 || mod.front() != '[' || mod.back() != ']') {
         return absl::InvalidArgumentError(absl::StrFormat(
             "%s:%d: expected '[module]' after the name: '%s'", origin, line_no, line));
       }
-      sym.module = std::string(mod.substr(1, mod.size() - 2));
+      const absl::string_view inner = mod.substr(1, mod.size() - 2);
+      sym.module.assign(inner.data(), inner.size());
     }
     symbols.push_back(std::move(sym));
   }
   if (symbols.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": no symbols in it"));
   }
-  return FromSymbols(std::move(symbols), std::string(origin));
+  std::string origin_name(origin);
+  return FromSymbols(std::move(symbols), std::move(origin_name));
 }
 
 KernelSymbolTable KernelSymbolTable::FromSymbols(std::vector<KernelSymbol> symbols,

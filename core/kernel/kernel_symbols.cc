@@ -71,7 +71,8 @@ std::string RunningRelease() {
 }
 
 std::string StatusText(const absl::Status& s) {
-  return std::string(s.message());
+  std::string text(s.message());
+  return text;
 }
 
 }  // namespace
@@ -353,7 +354,7 @@ absl::StatusOr<KernelSymbolAddress> KernelSymbolResolver::Resolve(absl::string_v
   std::vector<std::string> tried;
   if (const KernelSymbol* s = kallsyms_.Find(name); s != nullptr) {
     KernelSymbolAddress out;
-    out.name = std::string(name);
+    out.name.assign(name.data(), name.size());
     out.addr = out.link_addr = s->addr;
     out.type = s->type;
     out.source = out.file = sources_.kallsyms;
@@ -393,7 +394,7 @@ absl::StatusOr<KernelSymbolAddress> KernelSymbolResolver::Resolve(absl::string_v
       continue;
     }
     KernelSymbolAddress out;
-    out.name = std::string(name);
+    out.name.assign(name.data(), name.size());
     out.link_addr = s->addr;
     out.slide = l.slide.slide;
     out.addr = s->addr + static_cast<uint64_t>(l.slide.slide);
