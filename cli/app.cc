@@ -611,6 +611,8 @@ absl::StatusOr<KernelWatch> ResolveKernelExpr(const std::string& text, const Opt
           w.display, w.type_name, *type_size));
     }
     w.len = static_cast<uint32_t>(*type_size);
+  } else if (sym.type == 'T' || sym.type == 't' || sym.type == 'W' || sym.type == 'w') {
+    w.len = LengthWithin(w.addr, sym.room);  // code: the first bytes of the function
   } else {
     w.len = LengthWithin(w.addr, sym.room);
     std::fprintf(stderr,

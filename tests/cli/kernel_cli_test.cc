@@ -436,6 +436,24 @@ TEST_F(KernelCli, ExecuteOnKernelTextExplainsTheKernelsEinval) {
                        sched, sched));
 }
 
+TEST_F(KernelCli, WriteWatchOnKernelTextIsArmedWithAWarning) {
+  const uint64_t sched = AddrOf(raw_, "schedule");
+  const std::string cpus = OnlineCpuList();
+  const RunResult r = RunKwatch({"--write", "schedule", "--duration", "0.2", "-q"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, absl::StrFormat(
+                       "kwatch: warning: 'schedule' is in a read-only kernel section (type 'T' in "
+                       "/proc/kallsyms): nothing writes there, so --write will see no event\n"
+                       "kwatch: schedule: 8 bytes at 0x%x, from /proc/kallsyms\n"
+                       "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
+                       "breakpoint stream mode\n",
+                       sched, CountOf(cpus)));
+  EXPECT_EQ(r.out, absl::StrFormat("kwatch: 0 events, 0 lost; --duration 0.2s elapsed\n"
+                                   "watch #1 schedule: 8 bytes at 0x%x, write, kernel, CPUs %s: "
+                                   "0 events (the kernel counted 0)\n",
+                                   sched, cpus));
+}
+
 TEST_F(KernelCli, WithoutPrivilegesSaysWhatIsNeeded) {
   // Run a copy that user nobody can reach (the build tree may be under /root).
   const std::filesystem::path copy = dir_ / "kwatch";
