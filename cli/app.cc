@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -671,7 +673,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
     sigaddset(&mask, sig);
   }
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
   core::UniqueFd epfd(epoll_create1(EPOLL_CLOEXEC));
   core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
@@ -782,15 +784,15 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       stop_reason = absl::StrCat("--count ", opts.count, " reached");
     }
   };
-  epoll_event evs[64];
+  std::array<epoll_event, 64> evs{};
   while (stop_reason.empty()) {
-    const int n = epoll_wait(epfd.get(), evs, 64, 1000);
+    const int n = epoll_wait(epfd.get(), evs.data(), static_cast<int>(evs.size()), 1000);
     if (n < 0 && errno != EINTR) {
       const int err = errno;
       return core::SyscallError(err, "epoll_wait");
     }
     for (int i = 0; i < n; ++i) {
-      if (evs[i].data.fd == sigfd.get()) {
+      if (evs[static_cast<size_t>(i)].data.fd == sigfd.get()) {
         signalfd_siginfo si{};
         while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
           if (si.ssi_signo != SIGCHLD) {
@@ -798,9 +800,9 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
                 absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo)));
           }
         }
-      } else if (evs[i].data.fd == tick.get()) {
+      } else if (evs[static_cast<size_t>(i)].data.fd == tick.get()) {
         uint64_t ticks = 0;
-        (void)!read(tick.get(), &ticks, sizeof(ticks));
+        (void)(read(tick.get(), &ticks, sizeof(ticks)) > 0);
       }
     }
     drain();
@@ -809,7 +811,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
         return st;
       }
       if (stop_reason.empty()) {
-        stop_reason = std::string(st.message());
+        stop_reason.assign(st.message().data(), st.message().size());
       }
     }
     if (deadline_ns != 0 && MonotonicNs() >= deadline_ns && stop_reason.empty()) {
@@ -843,6 +845,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       counted += c.ok() ? *c : 0;
     }
     const std::string cpus_text = absl::StrJoin(w.cpus, ",");
+    const std::string kind_name(drmgr::DrKindName(kind));
     const std::string scope = proc == nullptr
                                   ? absl::StrCat("kernel, CPUs ", cpus_text)
                                   : absl::StrCat("kernel accesses for pid ", proc->pid());
@@ -852,9 +855,9 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
           "\"type\":%s,\"source\":%s,\"slide\":%lld,\"cpus\":[%s],\"events\":%llu,"
           "\"kernel_count\":%llu}",
           i == 0 ? "" : ",", i, JsonString(w.display).c_str(),
-          static_cast<unsigned long long>(w.addr), w.len,
-          std::string(drmgr::DrKindName(kind)).c_str(), JsonString(w.type_name).c_str(),
-          JsonString(w.source).c_str(), static_cast<long long>(w.slide), cpus_text.c_str(),
+          static_cast<unsigned long long>(w.addr), w.len, kind_name.c_str(),
+          JsonString(w.type_name).c_str(), JsonString(w.source).c_str(),
+          static_cast<long long>(w.slide), cpus_text.c_str(),
           static_cast<unsigned long long>(w.events), static_cast<unsigned long long>(counted));
     } else {
       std::printf(
@@ -862,7 +865,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
           "(the kernel counted %llu)\n",
           i + 1, w.display.c_str(), w.len, w.len == 1 ? "" : "s",
           static_cast<unsigned long long>(w.addr), w.type_name.empty() ? "" : ", ",
-          w.type_name.c_str(), std::string(drmgr::DrKindName(kind)).c_str(), scope.c_str(),
+          w.type_name.c_str(), kind_name.c_str(), scope.c_str(),
           static_cast<unsigned long long>(w.events), w.events == 1 ? "" : "s",
           static_cast<unsigned long long>(counted));
     }
@@ -927,16 +930,16 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
   std::vector<KernelWatch> watches;
   for (const std::string& e : opts.exprs) {
     KW_ASSIGN_OR_RETURN(KernelWatch w, ResolveKernelExpr(e, opts, *symbols, btf.get()));
-    std::fprintf(
-        stderr, "kwatch: %s: %u byte%s at 0x%llx%s%s, from %s%s\n", w.display.c_str(), w.len,
-        w.len == 1 ? "" : "s", static_cast<unsigned long long>(w.addr),
-        w.type_name.empty() ? "" : ", ", w.type_name.c_str(), w.source.c_str(),
-        w.slide != 0 || w.source.rfind("System.map", 0) == 0 || w.source.rfind("vmlinux", 0) == 0
-            ? absl::StrFormat(
-                  " (KASLR slide %s0x%x)", w.slide < 0 ? "-" : "+",
-                  w.slide < 0 ? -static_cast<uint64_t>(w.slide) : static_cast<uint64_t>(w.slide))
-                  .c_str()
-            : "");
+    std::fprintf(stderr, "kwatch: %s: %u byte%s at 0x%llx%s%s, from %s%s\n", w.display.c_str(),
+                 w.len, w.len == 1 ? "" : "s", static_cast<unsigned long long>(w.addr),
+                 w.type_name.empty() ? "" : ", ", w.type_name.c_str(), w.source.c_str(),
+                 w.slide != 0 || absl::StartsWith(w.source, "System.map") ||
+                         absl::StartsWith(w.source, "vmlinux")
+                     ? absl::StrFormat(" (KASLR slide %s0x%x)", w.slide < 0 ? "-" : "+",
+                                       w.slide < 0 ? -static_cast<uint64_t>(w.slide)
+                                                   : static_cast<uint64_t>(w.slide))
+                           .c_str()
+                     : "");
     for (const int cpu : cpus) {
       watch::BreakpointRequest req;
       req.addr = core::RemoteAddr{w.addr};
@@ -977,7 +980,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
     sigaddset(&mask, sig);
   }
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   std::unique_ptr<core::Process> proc;
   if (opts.pid.has_value()) {
     KW_ASSIGN_OR_RETURN(proc, core::Process::Attach(*opts.pid));
