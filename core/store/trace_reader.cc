@@ -378,7 +378,9 @@ absl::StatusOr<int64_t> TraceReader::FirstRowidAtOrAfter(const char* table,
   }
   ++hi;
   while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
+    // hi - lo in unsigned: rowids of a damaged file may span more than INT64_MAX.
+    const int64_t mid =
+        lo + static_cast<int64_t>((static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo)) / 2);
     sqlite3_reset(probe.get());
     sqlite3_bind_int64(probe.get(), 1, mid);
     rc = sqlite3_step(probe.get());

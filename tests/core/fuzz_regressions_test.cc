@@ -3,9 +3,13 @@
 // through the same entry points, in the ordinary (unsanitized or ASan) test build.
 
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,12 +17,15 @@
 #include "core/probe/fetch.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
+#include "core/store/trace_reader.h"
 #include "tests/test_util.h"
 
 namespace kwatch::core {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
 
 std::string Nested(size_t depth, const std::string& inner) {
   std::string s;
@@ -85,6 +92,58 @@ TEST(FuzzRegressions, ProbeArgIndexTooLargeForItsElementsIsAnError) {
   ASSERT_EQ(fits->size(), 1U);
   const auto too_big = CompileArgStrings(**target, points->front(), {"p[192153584101141163].id"});
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// fuzz/regressions/trace_reader/ubsan-rowid-span-over-int64: a recording marked in time
+// order whose events and hits have rowids from INT64_MIN to 100 (events) and to INT64_MAX - 1
+// (hits). Seeking to a start time bisected rowids with `lo + (hi - lo) / 2`, and hi - lo
+// overflowed int64_t (UBSan: signed integer overflow in FirstRowidAtOrAfter).
+TEST(FuzzRegressions, TraceReaderSeeksOverRowidsSpanningMoreThanInt64) {
+  const std::string path = ::testing::TempDir() + "/kwatch-fuzz-regression.kwdb";
+  {
+    const std::string bytes = ReadRegression("trace_reader/ubsan-rowid-span-over-int64");
+    ASSERT_EQ(bytes.size(), 7168U);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+  auto reader = TraceReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+
+  std::vector<uint64_t> all_events;
+  ASSERT_TRUE((*reader)
+                  ->ForEachEvent({},
+                                 [&](const AccessEvent& e) {
+                                   all_events.push_back(e.time_ns);
+                                   return true;
+                                 })
+                  .ok());
+  EXPECT_THAT(all_events, ElementsAre(5, 2000));
+
+  EventFilter from;
+  from.from_ns = 1000;
+  std::vector<uint64_t> events;
+  const absl::Status es = (*reader)->ForEachEvent(from, [&](const AccessEvent& e) {
+    events.push_back(e.time_ns);
+    EXPECT_EQ(e.ip.value, 4097U);
+    return true;
+  });
+  ASSERT_TRUE(es.ok()) << es;
+  EXPECT_THAT(events, ElementsAre(2000));
+
+  HitFilter hits_from;
+  hits_from.from_ns = 1000;
+  std::vector<HitRecord> hits;
+  const absl::Status hs = (*reader)->ForEachHit(hits_from, [&](const HitRecord& h) {
+    hits.push_back(h);
+    return true;
+  });
+  ASSERT_TRUE(hs.ok()) << hs;
+  ASSERT_EQ(hits.size(), 1U);
+  EXPECT_EQ(hits[0].time_ns, 2000U);
+  EXPECT_EQ(hits[0].ip.value, 4097U);
+  EXPECT_THAT(hits[0].args, ElementsAre(Pair("a", "2")));
+  reader->reset();
+  std::remove(path.c_str());
 }
 
 }  // namespace
