@@ -2,7 +2,7 @@
 # Runs kwatch's libFuzzer targets (fuzz/). Usage: fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
 #   BUILD_DIR  a build configured with -DKWATCH_FUZZ=ON (cmake --preset fuzz: build/fuzz)
 #   SECONDS    fuzzing time per target
-#   TARGET     expr probe_spec args_json trace_reader elf kallsyms btf (default: all but btf,
+#   TARGET     expr probe_spec args_json trace_reader trace_sql elf kallsyms btf (default: all but btf,
 #              which crashes at once until the bugs of fuzz/known/btf/ are fixed)
 # Each target first replays fuzz/regressions/TARGET/ (inputs that once crashed), then fuzzes
 # from the committed seeds fuzz/corpus/TARGET/ plus a working corpus kept in
@@ -20,7 +20,7 @@ seconds=$2
 shift 2
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(expr probe_spec args_json trace_reader elf kallsyms)
+  targets=(expr probe_spec args_json trace_reader trace_sql elf kallsyms)
 fi
 
 # Largest input per target: the seeds' size plus room to grow (ELF and SQLite seeds are
@@ -59,8 +59,12 @@ for t in "${targets[@]}"; do
   fi
   work=$build/fuzz-corpus/$t
   mkdir -p "$work"
+  dict=()
+  if [ -f "fuzz/$t.dict" ]; then
+    dict=(-dict="fuzz/$t.dict")
+  fi
   # -timeout: one input taking this long is a hang, reported as a failure.
-  if ! "$bin" -max_total_time="$seconds" -max_len="$(max_len "$t")" -timeout=25 \
+  if ! "$bin" "${dict[@]}" -max_total_time="$seconds" -max_len="$(max_len "$t")" -timeout=25 \
       -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
       "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
     echo "fuzz: $t FAILED (log: $log; input saved under $artifacts/)" >&2
