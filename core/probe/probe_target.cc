@@ -823,11 +823,19 @@ absl::StatusOr<std::vector<LineListing>> ProbeTarget::ListLines(const ProbePoint
     const std::optional<std::vector<std::string>> src = ReadSource(f->decl_file);
     listing.have_source = src.has_value();
     const int last = lines.empty() ? f->decl_line : std::max(f->decl_line, lines.rbegin()->first);
-    for (int line = f->decl_line; line <= last; ++line) {
+    // A line table may name any line ('#line 1600000000', a damaged file): listing every line
+    // up to it took minutes and gigabytes. At most 100000 lines; the loop counts in int64_t.
+    constexpr int64_t kMaxListedLines = 100000;
+    if (int64_t{last} - f->decl_line >= kMaxListedLines) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", f->name, "' spans lines ", f->decl_line, " to ", last, " of ", f->decl_file,
+          " in the line table: more than ", kMaxListedLines, " lines to list"));
+    }
+    for (int64_t line = f->decl_line; line <= last; ++line) {
       ListedLine l;
-      l.line = line;
-      l.relative = line - f->decl_line;
-      l.has_code = lines.contains(line);
+      l.line = static_cast<int>(line);
+      l.relative = static_cast<int>(line - f->decl_line);
+      l.has_code = lines.contains(l.line);
       if (src.has_value() && line >= 1 && static_cast<size_t>(line) <= src->size()) {
         l.text = (*src)[line - 1];
       }

@@ -146,5 +146,34 @@ TEST(FuzzRegressions, TraceReaderSeeksOverRowidsSpanningMoreThanInt64) {
   std::remove(path.c_str());
 }
 
+// fuzz/regressions/elf/timeout-listlines-1600106623: fuzz/corpus/elf/tiny (sum_item declared at
+// line 4) with its line table mutated so that it ends at line 1600106623. ListLines built one entry
+// per line up to there (1.6 billion: `kwatch probe -L sum_item` ran for minutes and gigabytes, the
+// fuzz target timed out). Now a span over 100000 lines is FailedPrecondition.
+TEST(FuzzRegressions, ListLinesRefusesALineTableSpanningBillionsOfLines) {
+  auto target = ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) +
+                                  "/fuzz/regressions/elf/timeout-listlines-1600106623");
+  ASSERT_TRUE(target.ok()) << target.status();
+  const absl::StatusOr<ProbePoint> point = ParseProbePoint("sum_item");
+  ASSERT_TRUE(point.ok()) << point.status();
+  const auto listing = (*target)->ListLines(*point);
+  ASSERT_FALSE(listing.ok());
+  EXPECT_EQ(listing.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(listing.status().message());
+  EXPECT_THAT(message, HasSubstr("'sum_item' spans lines 4 to 1600106623 of "));
+  EXPECT_THAT(message, HasSubstr("more than 100000 lines to list"));
+
+  // The seed it came from lists sum_item's lines 4 to 8 (tiny_elf.c, built as fuzz/README.md
+  // says).
+  auto seed = ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) + "/fuzz/corpus/elf/tiny");
+  ASSERT_TRUE(seed.ok()) << seed.status();
+  const auto lines = (*seed)->ListLines(*point);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  ASSERT_EQ(lines->size(), 1U);
+  ASSERT_FALSE(lines->front().lines.empty());
+  EXPECT_EQ(lines->front().lines.front().line, 4);
+  EXPECT_EQ(lines->front().lines.back().line, 8);
+}
+
 }  // namespace
 }  // namespace kwatch::core
