@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
 
@@ -286,13 +287,27 @@ TEST_F(PerfBreakpointTest, InheritedWatchWithRingIsOneEventPerCpu) {
 
 TEST_F(PerfBreakpointTest, FifthBreakpointOnAThreadIsResourceExhausted) {
   std::vector<std::unique_ptr<PerfBreakpoint>> held;
-  for (int i = 0; i < drmgr::kNumDebugRegisters; ++i) {
-    BreakpointRequest req = SelfRequest(&g_slots[i], drmgr::DrKind::kWrite);
-    req.ring_pages = 0;
-    auto bp = PerfBreakpoint::Open(req);
-    KW_REQUIRE_FEATURE(bp.ok(), bp.status().ToString());
-    held.push_back(*std::move(bp));
+  // A CPU-wide breakpoint of another process (a kernel watch test running in parallel)
+  // holds a slot of every thread on its CPU for a moment: wait for the four to be free.
+  constexpr size_t kSlots = drmgr::kNumDebugRegisters;
+  absl::Status last = absl::OkStatus();
+  for (int attempt = 0; attempt < 100 && held.size() < kSlots; ++attempt) {
+    held.clear();
+    for (int i = 0; i < drmgr::kNumDebugRegisters; ++i) {
+      BreakpointRequest req = SelfRequest(&g_slots[i], drmgr::DrKind::kWrite);
+      req.ring_pages = 0;
+      auto bp = PerfBreakpoint::Open(req);
+      if (!bp.ok()) {
+        last = bp.status();
+        break;
+      }
+      held.push_back(*std::move(bp));
+    }
+    if (held.size() < kSlots) {
+      ::usleep(50 * 1000);
+    }
   }
+  KW_REQUIRE_FEATURE(held.size() == kSlots, last.ToString());
   BreakpointRequest fifth = SelfRequest(&g_slots[4], drmgr::DrKind::kWrite);
   fifth.ring_pages = 0;
   auto bp = PerfBreakpoint::Open(fifth);
