@@ -516,7 +516,16 @@ std::vector<MemberInfo> Members(Dwarf_Die aggregate) {
   return members;
 }
 
-std::optional<MemberInfo> FindMember(Dwarf_Die aggregate, std::string_view name) {
+namespace {
+
+// Anonymous members searched per lookup (all levels together) and nesting depth. A hostile
+// file can give a struct an anonymous member of its own type: the search recursed until the
+// stack overflowed.
+constexpr int kMaxAnonymousSearch = 4096;
+constexpr int kMaxAnonymousDepth = 64;
+
+std::optional<MemberInfo> FindMemberIn(Dwarf_Die aggregate, std::string_view name, int* budget,
+                                       int depth) {
   for (const MemberInfo& m : Members(aggregate)) {
     if (!m.name.empty()) {
       if (m.name == name) {
@@ -524,14 +533,14 @@ std::optional<MemberInfo> FindMember(Dwarf_Die aggregate, std::string_view name)
       }
       continue;
     }
-    if (!m.has_type) {
+    if (!m.has_type || depth >= kMaxAnonymousDepth || --*budget < 0) {
       continue;
     }
     TypeRef s = StripType(m.type);
     if (!IsAggregateTag(dwarf_tag(&s.die))) {
       continue;
     }
-    std::optional<MemberInfo> inner = FindMember(s.die, name);
+    std::optional<MemberInfo> inner = FindMemberIn(s.die, name, budget, depth + 1);
     if (inner.has_value()) {
       inner->offset += m.offset;
       return inner;
@@ -540,23 +549,33 @@ std::optional<MemberInfo> FindMember(Dwarf_Die aggregate, std::string_view name)
   return std::nullopt;
 }
 
-std::vector<std::string> MemberNames(Dwarf_Die aggregate) {
-  std::vector<std::string> names;
+void MemberNamesIn(Dwarf_Die aggregate, std::vector<std::string>* names, int* budget, int depth) {
   for (const MemberInfo& m : Members(aggregate)) {
     if (!m.name.empty()) {
-      names.push_back(m.name);
+      names->push_back(m.name);
       continue;
     }
-    if (!m.has_type) {
+    if (!m.has_type || depth >= kMaxAnonymousDepth || --*budget < 0) {
       continue;
     }
     TypeRef s = StripType(m.type);
     if (IsAggregateTag(dwarf_tag(&s.die))) {
-      for (std::string& n : MemberNames(s.die)) {
-        names.push_back(std::move(n));
-      }
+      MemberNamesIn(s.die, names, budget, depth + 1);
     }
   }
+}
+
+}  // namespace
+
+std::optional<MemberInfo> FindMember(Dwarf_Die aggregate, std::string_view name) {
+  int budget = kMaxAnonymousSearch;
+  return FindMemberIn(aggregate, name, &budget, 0);
+}
+
+std::vector<std::string> MemberNames(Dwarf_Die aggregate) {
+  std::vector<std::string> names;
+  int budget = kMaxAnonymousSearch;
+  MemberNamesIn(aggregate, &names, &budget, 0);
   return names;
 }
 

@@ -175,5 +175,27 @@ TEST(FuzzRegressions, ListLinesRefusesALineTableSpanningBillionsOfLines) {
   EXPECT_EQ(lines->front().lines.back().line, 8);
 }
 
+// fuzz/regressions/elf/stack-overflow-anonymous-member-cycle: fuzz/corpus/elf/tiny with its
+// DWARF mutated so that a struct has an anonymous member of its own type. Looking up a member
+// name that is not there searched the anonymous member, which is the struct again, until the
+// stack overflowed (FindMember in core/dwarf_types.cc). Now the search is bounded.
+TEST(FuzzRegressions, MemberLookupThroughAnonymousMemberCycleEnds) {
+  auto target = ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) +
+                                  "/fuzz/regressions/elf/stack-overflow-anonymous-member-cycle");
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto points = (*target)->Resolve(ParseProbePoint("sum_item").value());
+  ASSERT_TRUE(points.ok()) << points.status();
+  ASSERT_EQ(points->size(), 1U);
+
+  const auto len = CompileArgStrings(**target, points->front(), {"p->len"});
+  ASSERT_TRUE(len.ok()) << len.status();
+  for (const char* arg : {"p->nope", "p->next->id"}) {
+    const auto compiled = CompileArgStrings(**target, points->front(), {std::string(arg)});
+    ASSERT_FALSE(compiled.ok()) << arg;
+    EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument) << arg;
+    EXPECT_THAT(std::string(compiled.status().message()), HasSubstr("has no member '")) << arg;
+  }
+}
+
 }  // namespace
 }  // namespace kwatch::core
