@@ -22,6 +22,7 @@ void RecordLineWrite(CacheLine& line, uint32_t thread, uint64_t mask, const uint
     w = &added;
   }
   ++w->writes;
+  w->mask |= mask;
   for (uint32_t i = 0; i < n_positions; ++i) {
     ++w->field_writes[positions[i]];
   }
@@ -30,7 +31,14 @@ void RecordLineWrite(CacheLine& line, uint32_t thread, uint64_t mask, const uint
 
   if (line.last_thread != CacheLine::kNoThread && line.last_thread != thread &&
       (t_ns < line.last_ns || t_ns - line.last_ns <= window_ns)) {
-    if ((mask & line.last_mask) != 0) {
+    uint64_t previous = line.last_mask;
+    for (const LineWriter& other : line.writers) {
+      if (other.thread == line.last_thread) {
+        previous |= other.mask;
+        break;
+      }
+    }
+    if ((mask & previous) != 0) {
       ++line.true_transfers;
     } else {
       if (line.false_transfers == 0) {

@@ -17,6 +17,7 @@ inline constexpr uint64_t kCacheLineBytes = 64;
 struct LineWriter {
   uint32_t thread = 0;                 // index into StorageProfile::threads()
   uint64_t writes = 0;                 // write events touching the line
+  uint64_t mask = 0;                   // every byte of the line it wrote (bit i = byte i)
   std::vector<uint64_t> field_writes;  // per CacheLine::fields position
   SiteTable sites;                     // writing instructions (bounded, see SiteTable)
 };
@@ -31,7 +32,10 @@ struct CacheLine {
   std::vector<LineWriter> writers;  // in order of first write
   uint64_t writes = 0;
   // Writes by a thread other than the line's previous writer within the window: to bytes the
-  // previous write did not touch (false sharing), or to some of the same bytes (true sharing).
+  // previous writer never wrote (false sharing: the threads work on different data of the
+  // line), or to some bytes it wrote too (true sharing). Comparing with everything the
+  // previous writer wrote, not only its last write, keeps threads that all write the same
+  // fields in turn (hits, then misses) from counting as false sharing.
   uint64_t false_transfers = 0;
   uint64_t true_transfers = 0;
   uint64_t first_false_ns = 0;  // times of the first and last false-sharing transfer

@@ -136,6 +136,24 @@ TEST(FalseSharing, MostlyTrueSharingIsNoFinding) {
   EXPECT_TRUE(p.FalseSharing().empty());
 }
 
+TEST(FalseSharing, ThreadsWritingTheSameFieldsInTurnAreTrueSharing) {
+  // Both threads write left, right, left, ... (as field_writer's workers write hits and
+  // misses): consecutive writes of two threads always touch different fields here, but each
+  // thread writes the other's field too. Only the first transfer (thread 1 had written only
+  // `right` when thread 2 wrote `left`) is false sharing; the 38 after it are true.
+  StorageProfile p({Pairs()}, Opts());
+  uint64_t t = kStart;
+  for (int round = 0; round < 20; ++round) {
+    for (uint32_t thread : {1u, 2u}) {
+      p.Add(Write(t, thread, (round + thread) % 2 == 0 ? kLine : kLine + 8, 8, 0x100 * thread));
+      t += 100;
+    }
+  }
+  EXPECT_EQ(p.lines()[0].false_transfers, 1u);
+  EXPECT_EQ(p.lines()[0].true_transfers, 38u);
+  EXPECT_TRUE(p.FalseSharing().empty());
+}
+
 TEST(FalseSharing, ElementsOfOneArrayFieldAreFalseSharing) {
   // Per-thread counters in one array: one field, disjoint bytes.
   StorageProfile p({Pairs()}, Opts());
