@@ -70,6 +70,8 @@ struct Options {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
+  std::string user;                  // -u: run the command as this user
+  std::optional<core::RunAs> run_as;  // resolved from `user`
   std::string backend = "auto";
   std::string output;        // -o: recording file
   std::string command_line;  // as typed, for the recording
@@ -404,6 +406,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   } else {
     core::LaunchOptions lo;
     lo.kill_on_exit = opts.kill_on_exit;
+    lo.run_as = opts.run_as;
     KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts.command, lo));
     if (absl::Status s = proc->RunToEntry(); !s.ok()) {
       (void)proc->Kill();
@@ -987,6 +990,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   } else {
     core::LaunchOptions lo;
     lo.kill_on_exit = opts.kill_on_exit;
+    lo.run_as = opts.run_as;
     KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts.command, lo));
     if (absl::Status st = proc->RunToEntry(); !st.ok()) {
       (void)proc->Kill();
@@ -1147,6 +1151,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("expr", opts.exprs, "What to watch (one or more expressions)");
   app.add_option("-p,--pid", opts.pid, "Attach to a running process")->check(CLI::PositiveNumber);
+  app.add_option("-u,--user", opts.user,
+                 "Run the command as USER (name or uid, with its groups), as strace -u; needs "
+                 "root");
   app.add_option("-c,--count", opts.count, "Stop after N events");
   app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
@@ -1196,6 +1203,23 @@ int Main(int argc, char** argv) {
   if (opts.pid.has_value() && !opts.command.empty()) {
     std::fprintf(stderr, "kwatch: error: give either -p PID or a command after `--`, not both\n");
     return 2;
+  }
+  if (!opts.user.empty()) {
+    if (opts.command.empty()) {
+      std::fprintf(stderr, "kwatch: error: -u USER applies to a command given after `--`\n");
+      return 2;
+    }
+    absl::StatusOr<core::RunAs> as = core::ResolveUser(opts.user);
+    if (!as.ok()) {
+      Error(as.status());
+      return 2;
+    }
+    opts.run_as = *std::move(as);
+  }
+  if (!opts.command.empty()) {
+    // The command shares kwatch's stdout: write whole lines, so that its output never lands
+    // inside one of kwatch's lines.
+    std::setvbuf(stdout, nullptr, _IOLBF, 1 << 16);
   }
   if (!opts.pid.has_value() && opts.command.empty()) {
     if (opts.kernel_accesses) {

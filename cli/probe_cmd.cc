@@ -268,6 +268,11 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  app.help().c_str());
     return 2;
   }
+  if (!opts.command.empty()) {
+    // The command shares kwatch's stdout: write whole lines, so that its output never lands
+    // inside one of kwatch's lines.
+    std::setvbuf(stdout, nullptr, _IOLBF, 1 << 16);
+  }
   if (!user.empty()) {
     if (opts.command.empty()) {
       std::fprintf(stderr, "kwatch: error: -u USER applies to a command given after `--`\n");

@@ -89,6 +89,32 @@ TEST(RunAsUser, ProbedCommandRunsAsTheUserWithItsGroups) {
   }
 }
 
+TEST(RunAsUser, WatchedCommandRunsAsTheUser) {
+  ASSERT_EQ(::geteuid(), 0u) << "this test launches a command as 'nobody': it needs root";
+  const passwd* nobody = ::getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr) << "no user 'nobody' on this machine";
+  PublicCopy copy;
+  const RunResult r =
+      RunOrFail({KwatchPath(), "--json", "-q", "-u", "nobody", "--write", "g_ticks", "--",
+                 copy.path()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> target;
+  json summary;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+    if (line.front() != '{') {
+      target.emplace_back(line);
+    } else if (json j = json::parse(std::string(line)); j["type"] == "summary") {
+      summary = std::move(j);
+    }
+  }
+  ASSERT_EQ(target.size(), 1u) << r.out;
+  EXPECT_THAT(target[0],
+              HasSubstr(absl::StrCat("uid=", nobody->pw_uid, " gid=", nobody->pw_gid, " ")));
+  ASSERT_FALSE(summary.is_null()) << r.err;
+  EXPECT_EQ(summary["events"], 1);
+  EXPECT_EQ(summary["watches"][0]["writes"], 1);
+}
+
 TEST(RunAsUser, UnknownUserAndMisuseAreUsageErrors) {
   const RunResult unknown =
       RunOrFail({KwatchPath(), "probe", "-u", "kw-no-such-user", "tick", "--", "/bin/true"});
@@ -97,6 +123,10 @@ TEST(RunAsUser, UnknownUserAndMisuseAreUsageErrors) {
   const RunResult no_command = RunOrFail({KwatchPath(), "probe", "-u", "nobody", "-p", "1", "tick"});
   EXPECT_EQ(no_command.exit_code, 2);
   EXPECT_THAT(no_command.err, HasSubstr("-u USER applies to a command"));
+  const RunResult watch_unknown =
+      RunOrFail({KwatchPath(), "-u", "kw-no-such-user", "--write", "x", "--", "/bin/true"});
+  EXPECT_EQ(watch_unknown.exit_code, 2);
+  EXPECT_THAT(watch_unknown.err, HasSubstr("-u kw-no-such-user: no such user"));
 }
 
 }  // namespace

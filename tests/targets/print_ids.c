@@ -1,9 +1,12 @@
-// Prints who it runs as, then calls tick(7) once: for `-u USER` tests.
+// Prints who it runs as, then calls tick(7) once, which writes g_ticks once: for `-u USER`
+// tests.
 //   uid=U gid=G groups=N
 #include <stdio.h>
 #include <unistd.h>
 
-__attribute__((noinline)) void tick(long i) { __asm__ volatile("" ::"r"(i)); }
+volatile long g_ticks;
+
+__attribute__((noinline)) void tick(long i) { g_ticks += i; }
 
 int main(void) {
   gid_t groups[64];
