@@ -33,6 +33,8 @@ struct Member {
 // Nesting bound for walks over types: real kernel types nest a few dozen levels at most; a
 // hostile BTF can make cycles (a const of itself, a struct holding itself).
 constexpr int kMaxTypeDepth = 64;
+// Anonymous members searched per lookup or layout (real kernels: a few hundred at most).
+constexpr size_t kMaxAnonymousMembers = 4096;
 
 // btf__name_by_offset returns nullptr for an offset outside the string section.
 std::string NameOf(const struct btf* b, uint32_t off) {
@@ -234,10 +236,12 @@ std::vector<Member> MembersOf(const struct btf* b, const KernelBtf& kb, BtfTypeR
 }  // namespace
 
 std::vector<std::string> KernelBtf::MemberNames(BtfTypeRef type) const {
-  return MemberNamesAt(type, 0);
+  size_t budget = kMaxAnonymousMembers;
+  return MemberNamesAt(type, 0, budget);
 }
 
-std::vector<std::string> KernelBtf::MemberNamesAt(BtfTypeRef type, int depth) const {
+std::vector<std::string> KernelBtf::MemberNamesAt(BtfTypeRef type, int depth,
+                                                  size_t& budget) const {
   std::vector<std::string> names;
   if (depth > kMaxTypeDepth) {
     return names;
@@ -245,8 +249,9 @@ std::vector<std::string> KernelBtf::MemberNamesAt(BtfTypeRef type, int depth) co
   for (const Member& m : MembersOf(btf_, *this, Strip(type))) {
     if (!m.name.empty()) {
       names.push_back(m.name);
-    } else {
-      for (std::string& n : MemberNamesAt(m.type, depth + 1)) {
+    } else if (budget > 0) {
+      --budget;
+      for (std::string& n : MemberNamesAt(m.type, depth + 1, budget)) {
         names.push_back(std::move(n));
       }
     }
@@ -308,7 +313,7 @@ absl::StatusOr<BtfMemberRef> KernelBtf::Walk(BtfTypeRef type,
               found->offset += base;
               break;
             }
-            if (m.name.empty()) {
+            if (m.name.empty() && work.size() < kMaxAnonymousMembers) {
               work.emplace_back(m.type, base + m.offset);
             }
           }
@@ -361,7 +366,10 @@ class BtfFlattener {
     return false;
   }
 
-  size_t Count(BtfTypeRef type, int guard = 0) const {
+  size_t Count(BtfTypeRef type, int guard = 0) {
+    if (guard == 0) {
+      count_budget_ = kMaxAnonymousMembers;
+    }
     if (guard > kMaxTypeDepth || !Expandable(type)) {
       return 0;
     }
@@ -370,8 +378,15 @@ class BtfFlattener {
     size_t n = 0;
     if (btf_is_composite(t)) {
       for (const Member& m : MembersOf(btf_, kb_, s)) {
-        n += m.name.empty() ? Count(m.type, guard + 1)
-                            : 1 + (m.bit_size == 0 ? Count(m.type, guard + 1) : 0);
+        if (m.name.empty()) {
+          if (count_budget_ == 0) {
+            continue;  // a hostile BTF's self-nested anonymous members: stop counting them
+          }
+          --count_budget_;
+          n += Count(m.type, guard + 1);
+        } else {
+          n += 1 + (m.bit_size == 0 ? Count(m.type, guard + 1) : 0);
+        }
         if (n > kMaxLayoutFields) {
           return n;
         }
@@ -396,7 +411,8 @@ class BtfFlattener {
       for (const Member& m : MembersOf(btf_, kb_, s)) {
         if (m.name.empty()) {
           const btf_type* mt = btf__type_by_id(btf_, kb_.Strip(m.type).id);
-          if (mt != nullptr && btf_is_composite(mt)) {
+          if (mt != nullptr && btf_is_composite(mt) && flatten_budget_ > 0) {
+            --flatten_budget_;
             FlattenInto(m.type, base + m.offset, path, depth, guard + 1);  // anonymous member
           }
           continue;  // unnamed bitfield padding
@@ -447,6 +463,8 @@ class BtfFlattener {
   const struct btf* btf_;
   const KernelBtf& kb_;
   std::vector<FieldLayout>* out_;
+  size_t count_budget_ = kMaxAnonymousMembers;    // per top-level Count()
+  size_t flatten_budget_ = kMaxAnonymousMembers;  // per layout
 };
 
 }  // namespace

@@ -82,7 +82,9 @@ class KernelBtf {
   KernelBtf(struct btf* btf, std::string path) : btf_(btf), path_(std::move(path)) {}
   // The recursive parts, bounded in depth (a hostile BTF can make type cycles).
   std::string TypeNameAt(BtfTypeRef type, int depth) const;
-  std::vector<std::string> MemberNamesAt(BtfTypeRef type, int depth) const;
+  // `budget`: anonymous members still to be searched (a hostile BTF can nest a struct's own
+  // type as several anonymous members of itself: without it the search is exponential).
+  std::vector<std::string> MemberNamesAt(BtfTypeRef type, int depth, size_t& budget) const;
 
   struct btf* btf_;
   std::string path_;
