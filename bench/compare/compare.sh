@@ -15,7 +15,7 @@
 # the bare program's slope is subtracted. RUNS pairs per tool (default 5): median, min, max.
 # Each run's hit count is checked against what the program did; a tool that counted something
 # else is shown with what it counted and why, never with a cost. Writes OUT_DIR/compare.md
-# (the table) and OUT_DIR/compare.tsv (every run).
+# (the table) and OUT_DIR/compare.tsv (every run); REUSE_TSV=1 remakes the table from it.
 set -uo pipefail
 
 BUILD=${1:-build/default}
@@ -60,6 +60,10 @@ WADDR=$(printf '0x%x' $((0x555555554000 + 0x$GSTATS_OFF)))
 # --- measuring ------------------------------------------------------------------------------
 now() { date +%s%N; }
 TSV="$OUT/compare.tsv"
+# REUSE_TSV=1: only remake the table from an earlier run's compare.tsv.
+if [ -n "${REUSE_TSV:-}" ] && [ -s "$TSV" ]; then
+  log "reusing $TSV (REUSE_TSV): the table only"
+else
 printf 'mechanism\ttool\trun\tn\twall_ns\thits\n' >"$TSV"
 
 # run_tool MECH TOOL COUNT_FN CMD... : CMD with @N@ standing for the number of hits; COUNT_FN
@@ -135,6 +139,8 @@ run_tool watch "bpftrace watchpoint:ADDR:8:w" count_bpftrace bpftrace -e "watchp
 run_tool watch "kwatch --backend perf (stream)" count_kwatch_watch "$KWATCH" -q --json --backend perf --write g_stats.hits -- "$WRITER" 1 @N@
 run_tool watch "kwatch --backend page" count_kwatch_watch "$KWATCH" -q --json --backend page --write g_stats.hits -- "$WRITER" 1 @N@
 
+fi  # measuring
+
 # --- the table ------------------------------------------------------------------------------
 # Per tool: the slope of each run pair, then median, min, max; the hits must equal N in every
 # run. Output: mech, tool, median, min, max, counted, expected, ok.
@@ -202,6 +208,12 @@ why() {  # MECH TOOL COUNTED: one line on why a tool counted something else
     else
       awk -v mname="$mname" -v tool="$tool" -v med="$med" -v lo="$lo" -v hi="$hi" -v base="$base" \
         -v n="$expect" -v refc="$refc" 'BEGIN {
+        if (lo - base < 0) {
+          # A negative slope: the tool'"'"'s own fixed run time varies more than the hits cost
+          # (perf record spends about a second of its own, partly while the program runs).
+          printf "| %s | %s | not measurable by wall time here: its own run time varies more than the hits cost (slopes from %.0f to %.0f ns per hit) | - | - | %d / %d | - |\n", mname, tool, lo - base, hi - base, n, n
+          exit
+        }
         r = (refc != "" && refc > 0) ? sprintf("%.2fx", (med - base) / refc) : "-"
         printf "| %s | %s | %.0f | %.0f | %.0f | %d / %d | %s |\n", mname, tool, med - base, lo - base, hi - base, n, n, r }'
     fi
@@ -209,7 +221,11 @@ why() {  # MECH TOOL COUNTED: one line on why a tool counted something else
 } >"$WORK/table"
 
 {
-  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  if [ -n "${REUSE_TSV:-}" ]; then
+    echo "Measured on $(uname -n) (table remade $(date -u '+%Y-%m-%d %H:%M UTC') from compare.tsv, modified $(date -u -r "$TSV" '+%H:%M UTC')): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r)."
+  else
+    echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  fi
   echo "$RUNS run pairs per tool. Code probes: \`uprobe_loop N\` (one probe on tick(), hit N times); watchpoints: \`field_writer 1 N\` (g_stats.hits written N times); N = $((NPROBE / 4)) and $NPROBE, $((NWATCH / 4)) and $NWATCH."
   echo "Cost per hit: slope of wall time over hits between the two sizes (start-up cancels out) minus the bare program's slope. Ratio: to kwatch's fastest backend that counted every hit."
   echo
