@@ -1,0 +1,50 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "drmgr/allocator_types.h"
+#include "drmgr/scope.h"
+#include "watch/backend.h"
+
+namespace kwatch::watch {
+
+// A backend that makes drmgr's slot decisions real in the debug registers of one process:
+// the perf applier (PERF_TYPE_BREAKPOINT events, stream mode) and the ptrace applier (DR0-DR3
+// and DR7 of every thread through PTRACE_POKEUSER, stop mode). The session owns the
+// drmgr::SlotAllocator, asks it for one request per watch, and hands each change list here.
+//
+// Lifecycle: Arm() prepares (nothing is in the registers yet), then Apply() with the
+// allocator's changes, as often as the decision changes (multiplex rotation, preemption);
+// Disarm() removes every slot.
+class SlotBackend : public WatchBackend {
+ public:
+  // `owners`: which watch (Watch::id) each allocator request belongs to. Holders of a slot
+  // whose request is not in the map receive nothing.
+  explicit SlotBackend(std::map<drmgr::RequestId, uint32_t> owners) : owners_(std::move(owners)) {}
+
+  // Applies the changes in order, all or nothing: on error the registers are as before.
+  // ResourceExhausted when the kernel refused a slot (ENOSPC: held outside kwatch, e.g. by a
+  // debugger); refused_scope() then names its scope, for SlotAllocator::ReportNoSpace.
+  virtual absl::Status Apply(const drmgr::Changes& changes) = 0;
+  const std::optional<drmgr::Scope>& refused_scope() const { return refused_scope_; }
+
+  // The watch a request belongs to, if any.
+  std::optional<uint32_t> OwnerOf(drmgr::RequestId id) const {
+    auto it = owners_.find(id);
+    if (it == owners_.end()) {
+      return std::nullopt;
+    }
+    return it->second;
+  }
+
+ protected:
+  std::optional<drmgr::Scope> refused_scope_;
+
+ private:
+  std::map<drmgr::RequestId, uint32_t> owners_;
+};
+
+}  // namespace kwatch::watch
