@@ -1,0 +1,626 @@
+#include "watch/condition.h"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/status_macros.h"
+
+namespace kwatch::watch {
+namespace {
+
+using Op = Condition::Op;
+using Insn = Condition::Insn;
+
+// Parentheses and unary operators nest at most this deep (the parser recurses on them).
+constexpr int kMaxNesting = 200;
+
+constexpr uint64_t kSignBit = uint64_t{1} << 63;
+
+// Signed comparison of two's-complement values held in uint64 (no implementation-defined
+// conversions): flipping the sign bit maps int64 order onto uint64 order.
+inline bool LessSigned(uint64_t a, uint64_t b) {
+  return (a ^ kSignBit) < (b ^ kSignBit);
+}
+inline bool Negative(uint64_t a) {
+  return (a & kSignBit) != 0;
+}
+inline uint64_t Negate(uint64_t a) {
+  return ~a + 1;
+}
+
+// Signed division truncating towards zero, on two's-complement values; INT64_MIN / -1 wraps.
+inline uint64_t DivSigned(uint64_t a, uint64_t b) {
+  const bool neg = Negative(a) != Negative(b);
+  const uint64_t q = (Negative(a) ? Negate(a) : a) / (Negative(b) ? Negate(b) : b);
+  return neg ? Negate(q) : q;
+}
+// Remainder with the sign of the dividend (C99).
+inline uint64_t ModSigned(uint64_t a, uint64_t b) {
+  const uint64_t r = (Negative(a) ? Negate(a) : a) % (Negative(b) ? Negate(b) : b);
+  return Negative(a) ? Negate(r) : r;
+}
+inline uint64_t Shl(uint64_t a, uint64_t n) {
+  return n >= 64 ? 0 : a << n;
+}
+inline uint64_t ShrU(uint64_t a, uint64_t n) {
+  return n >= 64 ? 0 : a >> n;
+}
+inline uint64_t ShrS(uint64_t a, uint64_t n) {
+  if (n >= 64) {
+    return Negative(a) ? ~uint64_t{0} : 0;
+  }
+  const uint64_t shifted = a >> n;
+  return Negative(a) && n > 0 ? shifted | ~(~uint64_t{0} >> n) : shifted;
+}
+
+// Applies a binary operator; false for a division by zero.
+inline bool ApplyBinary(Op op, uint64_t a, uint64_t b, uint64_t* out) {
+  switch (op) {
+    case Op::kMul:
+      *out = a * b;
+      return true;
+    case Op::kDivU:
+      if (b == 0) {
+        return false;
+      }
+      *out = a / b;
+      return true;
+    case Op::kDivS:
+      if (b == 0) {
+        return false;
+      }
+      *out = DivSigned(a, b);
+      return true;
+    case Op::kModU:
+      if (b == 0) {
+        return false;
+      }
+      *out = a % b;
+      return true;
+    case Op::kModS:
+      if (b == 0) {
+        return false;
+      }
+      *out = ModSigned(a, b);
+      return true;
+    case Op::kAdd:
+      *out = a + b;
+      return true;
+    case Op::kSub:
+      *out = a - b;
+      return true;
+    case Op::kShl:
+      *out = Shl(a, b);
+      return true;
+    case Op::kShrU:
+      *out = ShrU(a, b);
+      return true;
+    case Op::kShrS:
+      *out = ShrS(a, b);
+      return true;
+    case Op::kLtU:
+      *out = static_cast<uint64_t>(a < b);
+      return true;
+    case Op::kLtS:
+      *out = static_cast<uint64_t>(LessSigned(a, b));
+      return true;
+    case Op::kLeU:
+      *out = static_cast<uint64_t>(a <= b);
+      return true;
+    case Op::kLeS:
+      *out = static_cast<uint64_t>(!LessSigned(b, a));
+      return true;
+    case Op::kGtU:
+      *out = static_cast<uint64_t>(a > b);
+      return true;
+    case Op::kGtS:
+      *out = static_cast<uint64_t>(LessSigned(b, a));
+      return true;
+    case Op::kGeU:
+      *out = static_cast<uint64_t>(a >= b);
+      return true;
+    case Op::kGeS:
+      *out = static_cast<uint64_t>(!LessSigned(a, b));
+      return true;
+    case Op::kEq:
+      *out = static_cast<uint64_t>(a == b);
+      return true;
+    case Op::kNe:
+      *out = static_cast<uint64_t>(a != b);
+      return true;
+    case Op::kAnd:
+      *out = a & b;
+      return true;
+    case Op::kXor:
+      *out = a ^ b;
+      return true;
+    case Op::kOr:
+      *out = a | b;
+      return true;
+    default:
+      KW_CHECK(false && "not a binary operator");
+  }
+  return false;
+}
+
+inline uint64_t ApplyUnary(Op op, uint64_t a) {
+  switch (op) {
+    case Op::kNeg:
+      return Negate(a);
+    case Op::kNot:
+      return static_cast<uint64_t>(a == 0);
+    case Op::kBitNot:
+      return ~a;
+    default:
+      KW_CHECK(false && "not a unary operator");
+  }
+  return 0;
+}
+
+const char* OpName(Op op) {
+  static constexpr std::array<const char*, 37> kNames = {
+      "const",  "new", "old",  "tid",  "pid",  "cpu",  "len", "addr", "neg", "not",
+      "bitnot", "mul", "divu", "divs", "modu", "mods", "add", "sub",  "shl", "shru",
+      "shrs",   "ltu", "lts",  "leu",  "les",  "gtu",  "gts", "geu",  "ges", "eq",
+      "ne",     "and", "xor",  "or",   "jz",   "jnz",  "bool"};
+  const auto i = static_cast<size_t>(op);
+  return i < kNames.size() ? kNames[i] : "?";
+}
+
+enum class Tok : uint8_t { kEnd, kNumber, kName, kPunct };
+
+struct Token {
+  Tok kind = Tok::kEnd;
+  size_t pos = 0;          // byte offset in the text
+  absl::string_view text;  // the token's spelling
+  uint64_t value = 0;      // kNumber
+};
+
+struct BinaryOp {
+  absl::string_view spelling;
+  int precedence;  // higher binds tighter
+  Op unsigned_op;
+  Op signed_op;
+};
+
+// C's binary operators, from the loosest; && and || are compiled as jumps.
+constexpr std::array<BinaryOp, 18> kBinaryOps = {{
+    {"||", 1, Op::kJumpIfNonZero, Op::kJumpIfNonZero},
+    {"&&", 2, Op::kJumpIfZero, Op::kJumpIfZero},
+    {"|", 3, Op::kOr, Op::kOr},
+    {"^", 4, Op::kXor, Op::kXor},
+    {"&", 5, Op::kAnd, Op::kAnd},
+    {"==", 6, Op::kEq, Op::kEq},
+    {"!=", 6, Op::kNe, Op::kNe},
+    {"<", 7, Op::kLtU, Op::kLtS},
+    {"<=", 7, Op::kLeU, Op::kLeS},
+    {">", 7, Op::kGtU, Op::kGtS},
+    {">=", 7, Op::kGeU, Op::kGeS},
+    {"<<", 8, Op::kShl, Op::kShl},
+    {">>", 8, Op::kShrU, Op::kShrS},
+    {"+", 9, Op::kAdd, Op::kAdd},
+    {"-", 9, Op::kSub, Op::kSub},
+    {"*", 10, Op::kMul, Op::kMul},
+    {"/", 10, Op::kDivU, Op::kDivS},
+    {"%", 10, Op::kModU, Op::kModS},
+}};
+
+struct Name {
+  absl::string_view spelling;
+  Op op;
+};
+constexpr std::array<Name, 7> kNames = {{{"new", Op::kNew},
+                                         {"old", Op::kOld},
+                                         {"tid", Op::kTid},
+                                         {"pid", Op::kPid},
+                                         {"cpu", Op::kCpu},
+                                         {"len", Op::kLen},
+                                         {"addr", Op::kAddr}}};
+
+bool IsDigit(char c) {
+  return c >= '0' && c <= '9';
+}
+bool IsNameStart(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool IsNameChar(char c) {
+  return IsNameStart(c) || IsDigit(c);
+}
+int HexDigit(char c) {
+  if (IsDigit(c)) {
+    return c - '0';
+  }
+  if (c >= 'a' && c <= 'f') {
+    return c - 'a' + 10;
+  }
+  if (c >= 'A' && c <= 'F') {
+    return c - 'A' + 10;
+  }
+  return -1;
+}
+
+// Recursive-descent parser (precedence climbing) that emits bytecode as it goes.
+class Compiler {
+ public:
+  Compiler(absl::string_view text, bool signed_values) : text_(text), signed_(signed_values) {}
+
+  absl::Status Run() {
+    KW_RETURN_IF_ERROR(Advance());
+    KW_RETURN_IF_ERROR(Expression(0, 0));
+    if (tok_.kind != Tok::kEnd) {
+      return Error(tok_.pos, absl::StrCat("expected an operator before '", tok_.text, "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<Insn> TakeCode() { return std::move(code_); }
+  bool uses_new() const { return uses_new_; }
+  bool uses_old() const { return uses_old_; }
+
+ private:
+  absl::Status Error(size_t pos, absl::string_view what) const {
+    const size_t column = pos + 1;
+    std::string caret;
+    for (size_t i = 0; i < pos && i < text_.size(); ++i) {
+      caret.push_back(text_[i] == '\t' ? '\t' : ' ');
+    }
+    return absl::InvalidArgumentError(absl::StrCat("--if '", text_, "': ", what, " at column ",
+                                                   column, "\n  ", text_, "\n  ", caret, "^"));
+  }
+
+  // Reads the next token into tok_.
+  absl::Status Advance() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
+      ++pos_;
+    }
+    tok_ = Token{};
+    tok_.pos = pos_;
+    if (pos_ == text_.size()) {
+      tok_.kind = Tok::kEnd;
+      return absl::OkStatus();
+    }
+    const char c = text_[pos_];
+    if (IsDigit(c)) {
+      return Number();
+    }
+    if (IsNameStart(c)) {
+      size_t end = pos_;
+      while (end < text_.size() && IsNameChar(text_[end])) {
+        ++end;
+      }
+      tok_.kind = Tok::kName;
+      tok_.text = text_.substr(pos_, end - pos_);
+      pos_ = end;
+      return absl::OkStatus();
+    }
+    static constexpr std::array<absl::string_view, 8> kTwo = {
+        "<<", ">>", "<=", ">=", "==", "!=", "&&", "||"};
+    for (absl::string_view two : kTwo) {
+      if (text_.substr(pos_, 2) == two) {
+        tok_.kind = Tok::kPunct;
+        tok_.text = two;
+        pos_ += 2;
+        return absl::OkStatus();
+      }
+    }
+    static constexpr absl::string_view kOne = "*/%+-&^|<>!~()";
+    if (kOne.find(c) != absl::string_view::npos) {
+      tok_.kind = Tok::kPunct;
+      tok_.text = text_.substr(pos_, 1);
+      ++pos_;
+      return absl::OkStatus();
+    }
+    if (c == '=') {
+      return Error(pos_, "'=' is not a comparison (use '==')");
+    }
+    if (static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f) {
+      return Error(pos_, absl::StrCat("unexpected character '", absl::string_view(&c, 1), "'"));
+    }
+    return Error(pos_, absl::StrCat("unexpected byte 0x",
+                                    absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2)));
+  }
+
+  absl::Status Number() {
+    const size_t start = pos_;
+    uint64_t value = 0;
+    constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+    if (text_.substr(pos_, 2) == "0x" || text_.substr(pos_, 2) == "0X") {
+      pos_ += 2;
+      const size_t digits = pos_;
+      for (; pos_ < text_.size() && HexDigit(text_[pos_]) >= 0; ++pos_) {
+        if (value > (kMax >> 4)) {
+          return Error(start, "integer literal does not fit in 64 bits");
+        }
+        value = (value << 4) | static_cast<uint64_t>(HexDigit(text_[pos_]));
+      }
+      if (pos_ == digits) {
+        return Error(start, "hexadecimal literal without digits");
+      }
+    } else {
+      if (text_[pos_] == '0' && pos_ + 1 < text_.size() && IsDigit(text_[pos_ + 1])) {
+        return Error(start, "octal literals are not supported (write 0x... or decimal)");
+      }
+      for (; pos_ < text_.size() && IsDigit(text_[pos_]); ++pos_) {
+        const auto d = static_cast<uint64_t>(text_[pos_] - '0');
+        if (value > (kMax - d) / 10) {
+          return Error(start, "integer literal does not fit in 64 bits");
+        }
+        value = value * 10 + d;
+      }
+    }
+    if (pos_ < text_.size() && IsNameChar(text_[pos_])) {
+      return Error(pos_, "invalid character in integer literal");
+    }
+    tok_.kind = Tok::kNumber;
+    tok_.text = text_.substr(start, pos_ - start);
+    tok_.value = value;
+    return absl::OkStatus();
+  }
+
+  bool IsPunct(absl::string_view p) const { return tok_.kind == Tok::kPunct && tok_.text == p; }
+
+  const BinaryOp* CurrentBinary() const {
+    if (tok_.kind != Tok::kPunct) {
+      return nullptr;
+    }
+    for (const BinaryOp& b : kBinaryOps) {
+      if (b.spelling == tok_.text) {
+        return &b;
+      }
+    }
+    return nullptr;
+  }
+
+  absl::Status Emit(Op op, uint64_t arg, size_t pos) {
+    code_.push_back(Insn{op, arg});
+    depth_ += 1;
+    if (depth_ > Condition::kMaxStack) {
+      return Error(pos, absl::StrCat("condition too complex (more than ", Condition::kMaxStack,
+                                     " pending values)"));
+    }
+    return absl::OkStatus();
+  }
+
+  void EmitUnary(Op op) {
+    if (!code_.empty() && code_.back().op == Op::kConst) {
+      // Constant folding. A jump landing on that constant pushes the folded value instead,
+      // which is what it would have computed.
+      code_.back().arg = ApplyUnary(op, code_.back().arg);
+      return;
+    }
+    code_.push_back(Insn{op, 0});
+  }
+
+  void EmitBinary(Op op) {
+    const size_t n = code_.size();
+    uint64_t folded = 0;
+    if (n >= 2 && code_[n - 1].op == Op::kConst && code_[n - 2].op == Op::kConst &&
+        ApplyBinary(op, code_[n - 2].arg, code_[n - 1].arg, &folded)) {
+      // Constant folding (a division by zero is left to run time, where it is counted).
+      // No jump lands on n-1 (jumps land after a kToBool); one landing on n-2 now pushes the
+      // folded value, which is what it would have computed.
+      code_.pop_back();
+      code_.back().arg = folded;
+    } else {
+      code_.push_back(Insn{op, 0});
+    }
+    depth_ -= 1;
+  }
+
+  absl::Status Expression(int min_precedence, int nesting) {
+    KW_RETURN_IF_ERROR(Unary(nesting));
+    for (const BinaryOp* b = CurrentBinary(); b != nullptr && b->precedence >= min_precedence;
+         b = CurrentBinary()) {
+      const BinaryOp op = *b;
+      KW_RETURN_IF_ERROR(Advance());
+      if (op.unsigned_op == Op::kJumpIfZero || op.unsigned_op == Op::kJumpIfNonZero) {
+        const size_t jump = code_.size();
+        code_.push_back(Insn{op.unsigned_op, 0});
+        depth_ -= 1;  // falls through with the left operand popped
+        KW_RETURN_IF_ERROR(Expression(op.precedence + 1, nesting));
+        code_.push_back(Insn{Op::kToBool, 0});
+        code_[jump].arg = code_.size();
+        continue;
+      }
+      KW_RETURN_IF_ERROR(Expression(op.precedence + 1, nesting));
+      EmitBinary(signed_ ? op.signed_op : op.unsigned_op);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Unary(int nesting) {
+    if (nesting > kMaxNesting) {
+      return Error(tok_.pos, absl::StrCat("nested more than ", kMaxNesting, " levels deep"));
+    }
+    const size_t pos = tok_.pos;
+    switch (tok_.kind) {
+      case Tok::kNumber: {
+        const uint64_t value = tok_.value;
+        KW_RETURN_IF_ERROR(Emit(Op::kConst, value, pos));
+        return Advance();
+      }
+      case Tok::kName:
+        for (const Name& n : kNames) {
+          if (n.spelling == tok_.text) {
+            uses_new_ |= n.op == Op::kNew;
+            uses_old_ |= n.op == Op::kOld;
+            KW_RETURN_IF_ERROR(Emit(n.op, 0, pos));
+            return Advance();
+          }
+        }
+        return Error(pos, absl::StrCat("unknown name '", tok_.text,
+                                       "' (known: new, old, tid, pid, cpu, len, addr)"));
+      case Tok::kPunct:
+        if (IsPunct("(")) {
+          KW_RETURN_IF_ERROR(Advance());
+          KW_RETURN_IF_ERROR(Expression(0, nesting + 1));
+          if (!IsPunct(")")) {
+            return Error(tok_.pos,
+                         absl::StrCat("expected ')' to match the '(' of column ", pos + 1));
+          }
+          return Advance();
+        }
+        if (IsPunct("-") || IsPunct("!") || IsPunct("~") || IsPunct("+")) {
+          const char c = tok_.text[0];
+          KW_RETURN_IF_ERROR(Advance());
+          KW_RETURN_IF_ERROR(Unary(nesting + 1));
+          if (c != '+') {
+            EmitUnary(c == '-' ? Op::kNeg : c == '!' ? Op::kNot : Op::kBitNot);
+          }
+          return absl::OkStatus();
+        }
+        return Error(pos, absl::StrCat("expected an operand before '", tok_.text, "'"));
+      case Tok::kEnd:
+        break;
+    }
+    return Error(pos, "expected an operand");
+  }
+
+  absl::string_view text_;
+  bool signed_;
+  size_t pos_ = 0;
+  Token tok_;
+  std::vector<Insn> code_;
+  size_t depth_ = 0;
+  bool uses_new_ = false;
+  bool uses_old_ = false;
+};
+
+// The accessed bytes as the condition sees them: `width` bytes (1..8; 0 means 8),
+// zero- or sign-extended.
+inline uint64_t Extend(uint64_t raw, uint32_t width, bool is_signed) {
+  if (width == 0 || width >= 8) {
+    return raw;
+  }
+  const unsigned bits = width * 8;
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  raw &= mask;
+  if (is_signed && (raw >> (bits - 1)) != 0) {
+    raw |= ~mask;
+  }
+  return raw;
+}
+
+}  // namespace
+
+absl::StatusOr<Condition> Condition::Parse(std::string_view text, const ConditionOptions& opts) {
+  Compiler compiler(absl::string_view(text.data(), text.size()), opts.signed_values);
+  KW_RETURN_IF_ERROR(compiler.Run());
+  Condition c;
+  c.text_ = std::string(text);
+  c.opts_ = opts;
+  c.code_ = compiler.TakeCode();
+  c.uses_new_ = compiler.uses_new();
+  c.uses_old_ = compiler.uses_old();
+  return c;
+}
+
+bool Condition::Matches(const core::AccessEvent& event) {
+  ++stats_.evaluated;
+  if (uses_new_ && !event.value.has_value()) {
+    ++stats_.missing_new;
+    return false;
+  }
+  if (uses_old_ && !event.old_value.has_value()) {
+    ++stats_.missing_old;
+    return false;
+  }
+  const uint32_t width = event.access_size != 0 ? event.access_size : event.len;
+  const uint64_t new_value = uses_new_ ? Extend(*event.value, width, opts_.signed_values) : 0;
+  const uint64_t old_value = uses_old_ ? Extend(*event.old_value, width, opts_.signed_values) : 0;
+
+  std::array<uint64_t, kMaxStack> stack;  // NOLINT(cppcoreguidelines-pro-type-member-init)
+  size_t sp = 0;                          // next free slot
+  const Insn* code = code_.data();
+  const size_t n = code_.size();
+  for (size_t pc = 0; pc < n; ++pc) {
+    const Insn& in = code[pc];
+    switch (in.op) {
+      case Op::kConst:
+        stack[sp++] = in.arg;
+        break;
+      case Op::kNew:
+        stack[sp++] = new_value;
+        break;
+      case Op::kOld:
+        stack[sp++] = old_value;
+        break;
+      case Op::kTid:
+        stack[sp++] = static_cast<uint64_t>(static_cast<int64_t>(event.tid));
+        break;
+      case Op::kPid:
+        stack[sp++] = static_cast<uint64_t>(static_cast<int64_t>(event.pid));
+        break;
+      case Op::kCpu:
+        stack[sp++] = event.cpu;
+        break;
+      case Op::kLen:
+        stack[sp++] = width;
+        break;
+      case Op::kAddr:
+        stack[sp++] = event.access_addr.value;
+        break;
+      case Op::kNeg:
+      case Op::kNot:
+      case Op::kBitNot:
+        stack[sp - 1] = ApplyUnary(in.op, stack[sp - 1]);
+        break;
+      case Op::kJumpIfZero:
+        if (stack[sp - 1] == 0) {
+          pc = in.arg - 1;
+        } else {
+          --sp;
+        }
+        break;
+      case Op::kJumpIfNonZero:
+        if (stack[sp - 1] != 0) {
+          stack[sp - 1] = 1;
+          pc = in.arg - 1;
+        } else {
+          --sp;
+        }
+        break;
+      case Op::kToBool:
+        stack[sp - 1] = static_cast<uint64_t>(stack[sp - 1] != 0);
+        break;
+      default:
+        --sp;
+        if (!ApplyBinary(in.op, stack[sp - 1], stack[sp], &stack[sp - 1])) {
+          ++stats_.division_by_zero;
+          return false;
+        }
+        break;
+    }
+  }
+  KW_CHECK(sp == 1);
+  const bool matched = stack[0] != 0;
+  stats_.matched += static_cast<uint64_t>(matched);
+  return matched;
+}
+
+std::string Condition::Disassemble() const {
+  std::string out;
+  for (size_t i = 0; i < code_.size(); ++i) {
+    const Insn& in = code_[i];
+    absl::StrAppend(&out, i, ": ", OpName(in.op));
+    if (in.op == Op::kConst) {
+      absl::StrAppend(&out, " 0x", absl::Hex(in.arg));
+    } else if (in.op == Op::kJumpIfZero || in.op == Op::kJumpIfNonZero) {
+      absl::StrAppend(&out, " ", in.arg);
+    }
+    out.push_back('\n');
+  }
+  return out;
+}
+
+}  // namespace kwatch::watch
