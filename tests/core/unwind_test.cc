@@ -177,7 +177,8 @@ TEST_F(UnwindTest, MaxFramesAndAnUnreadableStack) {
   }
   ASSERT_EQ(catcher_->captures.size(), 1u);
   const Capture& c = catcher_->captures[0];
-  // The thread is still stopped at its syscall-entry stop: unwind it again from here.
+  // The thread now sleeps inside pause(), its stack unchanged: unwind it again from the
+  // registers of its syscall-entry stop.
   auto two = unwinder_->Unwind(c.tid, c.regs, 2);
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_THAT(Names(*two), ElementsAre("pause", "level3"));
