@@ -2,7 +2,8 @@
 # Runs kwatch's libFuzzer targets (fuzz/). Usage: fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
 #   BUILD_DIR  a build configured with -DKWATCH_FUZZ=ON (cmake --preset fuzz: build/fuzz)
 #   SECONDS    fuzzing time per target
-#   TARGET     expr probe_spec args_json trace_reader trace_sql elf kallsyms btf (default: all)
+#   TARGET     expr probe_spec args_json trace_reader trace_sql elf kallsyms btf condition
+#              (default: all)
 # Each target first replays fuzz/regressions/TARGET/ and fuzz/known/TARGET/ (inputs that once
 # crashed), then fuzzes from the committed seeds fuzz/corpus/TARGET/ plus a working corpus kept
 # in BUILD_DIR/fuzz-corpus/TARGET/ (the repository is never written). A crash, leak or sanitizer
@@ -19,7 +20,7 @@ seconds=$2
 shift 2
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(expr probe_spec args_json trace_reader trace_sql elf kallsyms btf)
+  targets=(expr probe_spec args_json trace_reader trace_sql elf kallsyms btf condition)
 fi
 
 # Largest input per target: the seeds' size plus room to grow (ELF and SQLite seeds are
