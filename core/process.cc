@@ -395,6 +395,7 @@ bool Process::Adopt(pid_t tid, int status) {
   }
   if (ProcStatusField(tid, "Tgid") == absl::StrCat(pid_)) {
     threads_[tid] = Thread{};  // a new thread whose clone event comes later
+    threads_[tid].fresh = true;
     return true;
   }
   foreign_stops_.insert(tid);  // a forked child's first stop, before its parent's fork event
@@ -462,6 +463,12 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
   Thread& thread = threads_[tid];
   thread.in_syscall = false;
   thread.at_syscall = SyscallAt::kNone;
+  if (thread.fresh) {
+    thread.fresh = false;
+    if (interceptor_ != nullptr) {
+      KW_RETURN_IF_ERROR(interceptor_->OnThreadStart(tid));
+    }
+  }
   const int event = status >> 16;
   const int sig = WSTOPSIG(status);
   if (event == 0 && sig == kSyscallTrap) {
@@ -473,6 +480,7 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
       ::ptrace(PTRACE_GETEVENTMSG, tid, nullptr, &new_tid);
       if (new_tid != 0 && !threads_.contains(static_cast<pid_t>(new_tid))) {
         threads_[static_cast<pid_t>(new_tid)] = Thread{};  // may rehash: `thread` is stale
+        threads_[static_cast<pid_t>(new_tid)].fresh = true;
       }
       events.push_back({ProcessEvent::Kind::kThreadStarted, static_cast<pid_t>(new_tid), 0});
       if (stopping_all_) {

@@ -71,6 +71,10 @@ class SignalInterceptor {
   // The target forked: `child` (stopped, one thread) is a copy of the target, kwatch's
   // changes included. Undo them in it; kwatch then detaches from it (forks are not followed).
   virtual absl::Status OnFork(Process& /*child*/) { return absl::OkStatus(); }
+  // A new thread of the process (PTRACE_O_TRACECLONE) is at its first stop, before it has run
+  // any code. clone() copies no per-thread state kwatch set (debug registers) into it: set it
+  // here. The thread is then resumed (or kept stopped by StopAll). An error ends the session.
+  virtual absl::Status OnThreadStart(pid_t /*tid*/) { return absl::OkStatus(); }
   // A syscall stop of `tid` (stopped). With `world_stopped` every other thread is stopped by
   // kwatch (or inside a system call, see StopUserCode) and the caller resumes them: the
   // interceptor must not. Otherwise the others run, and the interceptor may stop them and
@@ -221,6 +225,7 @@ class Process {
     bool in_syscall = false;      // running a call resumed from its entry with PTRACE_SYSCALL
     bool syscall_unseen = false;  // its syscall stop waits for the interceptor
     bool interrupt_pending = false;
+    bool fresh = false;  // created by clone, its first stop not seen yet (OnThreadStart)
     std::optional<siginfo_t> claimed;  // an intercepted signal waiting for Handle()
     int pending_signal = 0;            // delivered on the next resume
   };
