@@ -1,0 +1,574 @@
+#include "watch/stop_backend.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/user.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <set>
+#include <span>
+#include <string>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "core/syscall_status.h"
+#include "core/x86_access.h"
+#include "drmgr/dr7.h"
+
+namespace kwatch::watch {
+
+namespace {
+
+constexpr int kDr6 = 6;
+constexpr int kDr7 = 7;
+// The largest holder range kept in a shadow copy (hardware covers at most 32 bytes a scope).
+constexpr uint64_t kMaxShadow = 4096;
+
+void* DrOffset(int n) {
+  return reinterpret_cast<void*>(offsetof(struct user, u_debugreg) + n * sizeof(long));
+}
+
+absl::Status PokeDr(pid_t tid, int n, uint64_t value) {
+  if (::ptrace(PTRACE_POKEUSER, tid, DrOffset(n), reinterpret_cast<void*>(value)) != 0) {
+    const int err = errno;
+    return core::SyscallError(
+        err, absl::StrFormat("ptrace(POKEUSER, DR%d=0x%x) of thread %d", n, value, tid));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PeekDr(pid_t tid, int n) {
+  errno = 0;
+  const long v = ::ptrace(PTRACE_PEEKUSER, tid, DrOffset(n), nullptr);
+  const int err = errno;
+  if (err != 0) {
+    return core::SyscallError(err, absl::StrFormat("ptrace(PEEKUSER, DR%d) of thread %d", n, tid));
+  }
+  return static_cast<uint64_t>(v);
+}
+
+// DR7 bits of physical slot `p`: its enables and its R/W and LEN fields.
+uint64_t SlotBits(int p) {
+  return (uint64_t{3} << (2 * p)) | (uint64_t{0xF} << (16 + 4 * p));
+}
+
+bool Enabled(uint64_t dr7, int p) {
+  return (dr7 & (uint64_t{3} << (2 * p))) != 0;
+}
+
+uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t LittleEndian(std::span<const uint8_t> bytes) {
+  uint64_t v = 0;
+  std::memcpy(&v, bytes.data(), std::min<size_t>(bytes.size(), 8));
+  return v;
+}
+
+}  // namespace
+
+StopBackend::StopBackend(core::Process& proc, const std::vector<Watch>& watches,
+                         core::Symbolizer& symbolizer, std::map<drmgr::RequestId, uint32_t> owners)
+    : SlotBackend(std::move(owners)), proc_(proc), watches_(watches), symbolizer_(symbolizer) {}
+
+StopBackend::~StopBackend() {
+  Disarm();
+  proc_.SetInterceptor(nullptr);
+}
+
+absl::Status StopBackend::Arm() {
+  armed_ = true;
+  draining_ = false;
+  proc_.SetInterceptor(this);
+  return absl::OkStatus();
+}
+
+ThreadDebugRegs StopBackend::RegistersOf(pid_t tid) const {
+  auto it = threads_.find(tid);
+  return it == threads_.end() ? ThreadDebugRegs{} : it->second.regs;
+}
+
+absl::StatusOr<StopBackend::ThreadState> StopBackend::Layout(pid_t tid,
+                                                             const std::map<SlotKey, Armed>& slots,
+                                                             const ThreadState& cur) const {
+  std::vector<SlotKey> wanted;
+  for (const auto& [key, armed] : slots) {
+    const drmgr::Scope& s = key.first;
+    if (s.kind == drmgr::Scope::Kind::kProcess ||
+        (s.kind == drmgr::Scope::Kind::kThread && s.tid == tid)) {
+      wanted.push_back(key);
+    }
+  }
+  ThreadState next;
+  std::vector<SlotKey> unplaced;
+  for (const SlotKey& key : wanted) {  // stay where they are
+    bool kept = false;
+    for (int p = 0; p < drmgr::kNumDebugRegisters && !kept; ++p) {
+      if (cur.phys[p] == key && !next.phys[p].has_value()) {
+        next.phys[p] = key;
+        kept = true;
+      }
+    }
+    if (!kept) {
+      unplaced.push_back(key);
+    }
+  }
+  // Process slots prefer their own index, then everyone takes the lowest free register.
+  std::stable_sort(unplaced.begin(), unplaced.end(), [](const SlotKey& a, const SlotKey& b) {
+    return (a.first.kind == drmgr::Scope::Kind::kProcess) >
+           (b.first.kind == drmgr::Scope::Kind::kProcess);
+  });
+  for (const SlotKey& key : unplaced) {
+    int p = -1;
+    if (key.first.kind == drmgr::Scope::Kind::kProcess && !next.phys[key.second].has_value()) {
+      p = key.second;
+    }
+    for (int i = 0; p < 0 && i < drmgr::kNumDebugRegisters; ++i) {
+      if (!next.phys[i].has_value()) {
+        p = i;
+      }
+    }
+    if (p < 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("thread %d would carry more than 4 debug-register slots", tid));
+    }
+    next.phys[p] = key;
+  }
+  drmgr::Dr7 dr7;
+  bool any = false;
+  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+    next.regs.addr[p] = cur.regs.addr[p];  // a free register keeps its old address
+    if (!next.phys[p].has_value()) {
+      continue;
+    }
+    const Armed& a = slots.at(*next.phys[p]);
+    next.regs.addr[p] = a.chunk.addr.value;
+    dr7.slots[p] = drmgr::LocalSlot(a.kind, a.chunk.len);
+    any = true;
+  }
+  if (any) {
+    KW_ASSIGN_OR_RETURN(next.regs.dr7, drmgr::EncodeDr7(dr7));
+  }
+  return next;
+}
+
+absl::Status StopBackend::WriteRegs(pid_t tid, const ThreadState& cur, const ThreadState& want,
+                                    int* refused) {
+  // A register whose breakpoint changes is disabled first, with R/W and LEN zero (a 1-byte
+  // execute breakpoint, which the kernel accepts at any address), so that its new address is
+  // never checked against the old length; then the addresses; then DR7.
+  std::array<bool, drmgr::kNumDebugRegisters> changed{};
+  uint64_t mid = cur.regs.dr7;
+  bool any = false;
+  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+    const bool on = Enabled(want.regs.dr7, p);
+    changed[p] = (cur.regs.dr7 & SlotBits(p)) != (want.regs.dr7 & SlotBits(p)) ||
+                 (on && cur.regs.addr[p] != want.regs.addr[p]);
+    if (changed[p]) {
+      mid &= ~SlotBits(p);
+      any = true;
+    }
+  }
+  if (!any) {
+    return absl::OkStatus();
+  }
+  if (mid != cur.regs.dr7) {
+    KW_RETURN_IF_ERROR(PokeDr(tid, kDr7, mid));
+  }
+  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+    // (A register going free keeps its address, unless `want` is a rollback to an older one.)
+    if (changed[p] && cur.regs.addr[p] != want.regs.addr[p]) {
+      absl::Status s = PokeDr(tid, p, want.regs.addr[p]);
+      if (!s.ok()) {
+        *refused = p;
+        return s;
+      }
+    }
+  }
+  if (want.regs.dr7 != mid) {
+    absl::Status s = PokeDr(tid, kDr7, want.regs.dr7);
+    if (!s.ok()) {
+      for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+        if (changed[p] && Enabled(want.regs.dr7, p)) {
+          *refused = p;
+          break;
+        }
+      }
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StopBackend::Apply(const drmgr::Changes& changes) {
+  refused_scope_.reset();
+  std::map<SlotKey, Armed> next = slots_;
+  bool registers_change = false;
+  for (const drmgr::SlotChange& c : changes.slots) {
+    if (!c.scope.is_task() || c.scope.pid != proc_.pid()) {
+      return absl::InvalidArgumentError(absl::StrCat("stop mode writes debug registers of process ",
+                                                     proc_.pid(), " only, not of ",
+                                                     c.scope.ToString()));
+    }
+    if (c.slot < 0 || c.slot >= drmgr::kNumDebugRegisters) {
+      return absl::InvalidArgumentError(absl::StrCat("no debug-register slot ", c.slot));
+    }
+    const SlotKey key{c.scope, c.slot};
+    switch (c.op) {
+      case drmgr::SlotChange::Op::kDisarm:
+        if (next.erase(key) == 0) {
+          return absl::FailedPreconditionError(absl::StrCat("not armed: ", c.ToString()));
+        }
+        registers_change = true;
+        break;
+      case drmgr::SlotChange::Op::kUpdateHolders: {
+        auto it = next.find(key);
+        if (it == next.end()) {
+          return absl::FailedPreconditionError(absl::StrCat("not armed: ", c.ToString()));
+        }
+        it->second.holders = c.holders;
+        break;
+      }
+      case drmgr::SlotChange::Op::kArm:
+        if (next.count(key) != 0) {
+          return absl::FailedPreconditionError(absl::StrCat("slot busy: ", c.ToString()));
+        }
+        KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(c.chunk.addr, c.chunk.len, c.kind));
+        next[key] = Armed{c.chunk, c.kind, c.holders};
+        registers_change = true;
+        break;
+    }
+  }
+  if (!armed_) {
+    KW_RETURN_IF_ERROR(Arm());
+  }
+  if (!registers_change) {
+    slots_ = std::move(next);
+    SeedShadows(slots_);
+    return absl::OkStatus();
+  }
+  KW_RETURN_IF_ERROR(proc_.StopAll());
+  absl::Cleanup resume = [this] { (void)proc_.ResumeAll(); };
+  std::map<pid_t, ThreadState> wrote;                 // new state of each thread
+  std::vector<std::pair<pid_t, ThreadState>> before;  // for the rollback
+  absl::Status failed = absl::OkStatus();
+  for (pid_t tid : proc_.TracedThreads()) {
+    auto it = threads_.find(tid);
+    const ThreadState cur = it == threads_.end() ? ThreadState{} : it->second;
+    absl::StatusOr<ThreadState> want = Layout(tid, next, cur);
+    if (!want.ok()) {
+      failed = want.status();
+      break;
+    }
+    int refused = -1;
+    absl::Status s = WriteRegs(tid, cur, *want, &refused);
+    if (absl::IsNotFound(s)) {
+      continue;  // ESRCH: the thread died under kwatch (SIGKILL); its registers went with it
+    }
+    if (!s.ok()) {
+      int ignored = -1;
+      (void)WriteRegs(tid, *want, cur, &ignored);  // whatever part of it was written
+      if (refused >= 0 && want->phys[refused].has_value()) {
+        refused_scope_ = want->phys[refused]->first;
+      }
+      failed = s;
+      break;
+    }
+    before.emplace_back(tid, cur);
+    wrote[tid] = *std::move(want);
+  }
+  if (!failed.ok()) {
+    for (const auto& [tid, old] : before) {  // all or nothing
+      int ignored = -1;
+      if (absl::Status r = WriteRegs(tid, wrote.at(tid), old, &ignored); !r.ok()) {
+        std::fprintf(stderr, "kwatch: restoring debug registers of thread %d: %s\n", tid,
+                     std::string(r.message()).c_str());
+      }
+    }
+    return failed;
+  }
+  threads_ = std::move(wrote);  // threads gone meanwhile are dropped
+  slots_ = std::move(next);
+  SeedShadows(slots_);
+  return absl::OkStatus();
+}
+
+absl::Status StopBackend::OnThreadStart(pid_t tid) {
+  threads_.erase(tid);  // a recycled tid: the kernel gives new threads no breakpoint
+  if (!armed_ || slots_.empty()) {
+    return absl::OkStatus();
+  }
+  const ThreadState cur;
+  KW_ASSIGN_OR_RETURN(ThreadState want, Layout(tid, slots_, cur));
+  int refused = -1;
+  absl::Status s = WriteRegs(tid, cur, want, &refused);
+  if (absl::IsNotFound(s)) {
+    return absl::OkStatus();
+  }
+  if (!s.ok()) {
+    int ignored = -1;
+    (void)WriteRegs(tid, want, cur, &ignored);
+    return absl::Status(s.code(), absl::StrCat("arming the debug registers of new thread ", tid,
+                                               ": ", s.message()));
+  }
+  threads_[tid] = std::move(want);
+  return absl::OkStatus();
+}
+
+void StopBackend::Disarm() {
+  if (!armed_) {
+    return;
+  }
+  if (proc_.alive() && proc_.StopAll().ok()) {
+    for (const auto& [tid, st] : threads_) {
+      if (st.regs == ThreadDebugRegs{}) {
+        continue;
+      }
+      absl::Status s = PokeDr(tid, kDr7, 0);
+      for (int p = 0; s.ok() && p < drmgr::kNumDebugRegisters; ++p) {
+        if (st.regs.addr[p] != 0) {
+          s = PokeDr(tid, p, 0);
+        }
+      }
+      if (!s.ok() && !absl::IsNotFound(s)) {
+        std::fprintf(stderr, "kwatch: clearing debug registers of thread %d: %s\n", tid,
+                     std::string(s.message()).c_str());
+      }
+    }
+    if (absl::Status s = proc_.ResumeAll(); !s.ok()) {
+      std::fprintf(stderr, "kwatch: resuming pid %d: %s\n", proc_.pid(),
+                   std::string(s.message()).c_str());
+    }
+  }
+  armed_ = false;
+  // Traps raised before the registers were cleared may still be queued: claimed and dropped.
+  draining_ = true;
+  slots_.clear();
+  threads_.clear();
+  shadows_.clear();
+}
+
+void StopBackend::Forget() {
+  // exec flushed the ptrace breakpoints with the old image (flush_ptrace_hw_breakpoint).
+  armed_ = false;
+  draining_ = false;
+  slots_.clear();
+  threads_.clear();
+  shadows_.clear();
+  proc_.SetInterceptor(nullptr);
+}
+
+absl::Status StopBackend::OnFork(core::Process& child) {
+  if (!armed_ && !draining_) {
+    return absl::OkStatus();
+  }
+  // Linux 6.1 copy_thread() drops the ptrace breakpoints but keeps the thread's ptrace_dr7 and
+  // virtual DR6 values, which a debugger of the child would read as armed slots.
+  for (int n : {kDr7, kDr6}) {
+    absl::Status s = PokeDr(child.pid(), n, 0);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StopBackend::SeedShadows(const std::map<SlotKey, Armed>& slots) {
+  std::set<drmgr::RequestId> live;
+  for (const auto& [key, armed] : slots) {
+    for (const drmgr::SlotHolder& h : armed.holders) {
+      live.insert(h.id);
+      if (shadows_.count(h.id) == 0) {
+        Shadow& sh = shadows_[h.id];
+        sh.addr = h.addr.value;
+        sh.bytes.assign(std::min(h.len, kMaxShadow), 0);
+        (void)proc_.ReadMemory(h.addr, sh.bytes);
+      }
+    }
+  }
+  for (auto it = shadows_.begin(); it != shadows_.end();) {
+    it = live.count(it->first) != 0 ? std::next(it) : shadows_.erase(it);
+  }
+}
+
+void StopBackend::RefreshShadow(drmgr::RequestId id) {
+  auto it = shadows_.find(id);
+  if (it != shadows_.end()) {
+    (void)proc_.ReadMemory(core::RemoteAddr{it->second.addr}, it->second.bytes);
+  }
+}
+
+bool StopBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
+  return (armed_ || draining_) && si.si_signo == SIGTRAP && si.si_code == TRAP_HWBKPT;
+}
+
+absl::Status StopBackend::Handle(pid_t tid, const siginfo_t& /*si*/) {
+  return OnTrap(tid);
+}
+
+absl::StatusOr<bool> StopBackend::HandleInPlace(pid_t tid, const siginfo_t& /*si*/) {
+  KW_RETURN_IF_ERROR(OnTrap(tid));
+  return true;
+}
+
+absl::Status StopBackend::OnTrap(pid_t tid) {
+  absl::StatusOr<uint64_t> raw = PeekDr(tid, kDr6);
+  if (absl::IsNotFound(raw.status())) {
+    return absl::OkStatus();  // the thread is gone
+  }
+  KW_RETURN_IF_ERROR(raw.status());
+  // The kernel accumulates B0-B3 in the virtual DR6 until someone clears it.
+  KW_RETURN_IF_ERROR(PokeDr(tid, kDr6, 0));
+  auto th = threads_.find(tid);
+  if (!armed_ || th == threads_.end()) {
+    return absl::OkStatus();  // a late trap of a disarmed slot: dropped
+  }
+  const drmgr::Dr6 dr6 = drmgr::DecodeDr6(*raw);
+  std::vector<const Armed*> fired;
+  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+    if (dr6.hit[p] && th->second.phys[p].has_value()) {
+      auto it = slots_.find(*th->second.phys[p]);
+      if (it != slots_.end()) {
+        fired.push_back(&it->second);
+      }
+    }
+  }
+  if (fired.empty()) {
+    ++stray_traps_;
+    return absl::OkStatus();
+  }
+  KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
+  const core::RemoteAddr trap_ip{regs.rip};
+  const core::AccessSite& site = symbolizer_.SiteForTrap(trap_ip);
+  // The accessing instruction, decoded with the registers after it ran: exact for the
+  // usual stores and loads; an instruction that changes its own base register (push, pop,
+  // movs) may miss its operand, and the access then counts as the whole fired chunk.
+  std::vector<core::MemoryOperand> operands;
+  if (site.exact && site.ip < trap_ip && trap_ip - site.ip <= 15) {
+    std::array<uint8_t, 15> code{};
+    const std::span<uint8_t> bytes(code.data(), trap_ip - site.ip);
+    if (proc_.ReadMemory(site.ip, bytes).ok()) {
+      if (auto d = core::DecodeAccess(bytes, site.ip.value, regs); d.ok()) {
+        operands = d->memory;
+      }
+    }
+  }
+  struct HolderHit {
+    drmgr::SlotHolder holder;
+    drmgr::DrKind slot_kind = drmgr::DrKind::kWrite;
+    uint64_t chunk_lo = ~uint64_t{0}, chunk_hi = 0;  // fired chunks' span
+    bool exact = false;
+    uint64_t lo = ~uint64_t{0}, hi = 0;  // the operands' bytes in the fired chunks
+    bool write = false;
+  };
+  std::map<drmgr::RequestId, HolderHit> hits;
+  for (const Armed* a : fired) {
+    const uint64_t c_lo = a->chunk.addr.value;
+    const uint64_t c_hi = c_lo + a->chunk.len;
+    for (const drmgr::SlotHolder& h : a->holders) {
+      HolderHit& hh = hits[h.id];
+      hh.holder = h;
+      hh.slot_kind = a->kind;
+      hh.chunk_lo = std::min(hh.chunk_lo, c_lo);
+      hh.chunk_hi = std::max(hh.chunk_hi, c_hi);
+      for (const core::MemoryOperand& m : operands) {
+        if (m.addr < c_hi && m.addr + m.size > c_lo) {
+          hh.exact = true;
+          hh.lo = std::min(hh.lo, m.addr);
+          hh.hi = std::max(hh.hi, m.addr + m.size);
+          hh.write = hh.write || m.write;
+        }
+      }
+    }
+  }
+  // When an operand lies in some fired chunk the decoding is trusted: a holder whose chunks it
+  // missed saw nothing (a wide cover, or a register DR6 names without a match). Otherwise
+  // the instruction is unknown and each holder gets its fired bytes.
+  const bool decoded =
+      std::any_of(hits.begin(), hits.end(), [](const auto& kv) { return kv.second.exact; });
+  const uint64_t now = MonotonicNs();
+  for (auto& [id, hh] : hits) {
+    const std::optional<uint32_t> owner = OwnerOf(id);
+    if (!owner.has_value()) {
+      continue;
+    }
+    const uint64_t h_lo = hh.holder.addr.value;
+    const uint64_t h_hi = h_lo + hh.holder.len;
+    // The watched bytes in the fired chunks, and those the instruction touched.
+    const uint64_t w_lo = std::max(hh.chunk_lo, h_lo);
+    const uint64_t w_hi = std::min(hh.chunk_hi, h_hi);
+    const uint64_t a_lo = hh.exact ? std::max(hh.lo, h_lo) : w_lo;
+    const uint64_t a_hi = hh.exact ? std::min(hh.hi, h_hi) : w_hi;
+    if (a_lo >= a_hi || (decoded && !hh.exact)) {
+      ++unrelated_;  // a wide cover: the access missed the watched bytes
+      continue;
+    }
+    const auto size = static_cast<uint32_t>(std::min<uint64_t>(a_hi - a_lo, 8));
+    std::array<uint8_t, 8> now_bytes{};
+    const absl::Status read =
+        proc_.ReadMemory(core::RemoteAddr{a_lo}, std::span<uint8_t>(now_bytes.data(), size));
+    std::optional<uint64_t> old_value;
+    auto sh = shadows_.find(id);
+    if (sh != shadows_.end() && a_lo >= sh->second.addr &&
+        a_lo + size <= sh->second.addr + sh->second.bytes.size()) {
+      old_value = LittleEndian(
+          std::span<const uint8_t>(sh->second.bytes.data() + (a_lo - sh->second.addr), size));
+    }
+    core::AccessKind kind = core::AccessKind::kRead;
+    if (hh.slot_kind == drmgr::DrKind::kExec) {
+      kind = core::AccessKind::kExec;
+    } else if (hh.exact) {
+      kind = hh.write ? core::AccessKind::kWrite : core::AccessKind::kRead;
+    } else if (hh.slot_kind == drmgr::DrKind::kWrite ||
+               (read.ok() && old_value.has_value() &&
+                *old_value != LittleEndian(std::span<const uint8_t>(now_bytes.data(), size)))) {
+      kind = core::AccessKind::kWrite;  // undecoded: a write slot, or the bytes changed
+    }
+    if (hh.holder.kind == drmgr::DrKind::kWrite && kind == core::AccessKind::kRead) {
+      ++reads_filtered_;
+      continue;
+    }
+    core::AccessEvent ev;
+    ev.time_ns = now;
+    ev.pid = proc_.pid();
+    ev.tid = tid;
+    ev.watch_id = *owner;
+    ev.trap_ip = trap_ip;
+    ev.ip = kind == core::AccessKind::kExec ? trap_ip : site.ip;
+    ev.addr = core::RemoteAddr{w_lo};
+    ev.len = static_cast<uint32_t>(w_hi - w_lo);
+    ev.access_addr = core::RemoteAddr{a_lo};
+    ev.access_size = hh.exact ? static_cast<uint32_t>(a_hi - a_lo) : 0;
+    ev.kind = kind;
+    if (kind != core::AccessKind::kExec) {
+      if (read.ok()) {
+        ev.value = LittleEndian(std::span<const uint8_t>(now_bytes.data(), size));
+      }
+      ev.old_value = old_value;
+      ev.value_exact = true;
+    }
+    events_.push_back(ev);
+  }
+  for (const auto& [id, hh] : hits) {
+    RefreshShadow(id);
+  }
+  return absl::OkStatus();
+}
+
+void StopBackend::Collect(std::vector<core::AccessEvent>& out) {
+  out.insert(out.end(), events_.begin(), events_.end());
+  events_.clear();
+}
+
+}  // namespace kwatch::watch
