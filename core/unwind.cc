@@ -21,7 +21,7 @@ absl::Status DwflError(absl::string_view call) {
 // Callbacks must outlive every Dwfl that uses them.
 char* g_debuginfo_path = nullptr;
 
-const Dwfl_Callbacks kProcCallbacks = {
+constexpr Dwfl_Callbacks kProcCallbacks = {
     .find_elf = dwfl_linux_proc_find_elf,
     .find_debuginfo = dwfl_standard_find_debuginfo,
     .section_address = nullptr,
@@ -54,7 +54,7 @@ bool SetInitialRegistersCb(Dwfl_Thread* thread, void* thread_arg) {
   return Self(thread_arg)->SetInitialRegisters(thread);
 }
 
-const Dwfl_Thread_Callbacks kThreadCallbacks = {
+constexpr Dwfl_Thread_Callbacks kThreadCallbacks = {
     .next_thread = NextThreadCb,
     .get_thread = GetThreadCb,
     .memory_read = MemoryReadCb,
@@ -131,7 +131,7 @@ pid_t Unwinder::NextThread(void** thread_arg) {
   return tid_;
 }
 
-bool Unwinder::GetThread(pid_t tid) {
+bool Unwinder::GetThread(pid_t tid) const {
   return tid_ != 0 && tid == tid_;
 }
 

@@ -56,7 +56,7 @@ class Unwinder {
 
   // libdw's callbacks (Dwfl_Thread_Callbacks), public for the C trampolines in unwind.cc.
   pid_t NextThread(void** thread_arg);
-  bool GetThread(pid_t tid);
+  bool GetThread(pid_t tid) const;
   bool ReadWord(uint64_t addr, uint64_t* out);
   bool SetInitialRegisters(void* thread);
 

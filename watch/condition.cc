@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/status_macros.h"
@@ -187,9 +188,9 @@ struct Token {
 
 struct BinaryOp {
   absl::string_view spelling;
-  int precedence;  // higher binds tighter
-  Op unsigned_op;
-  Op signed_op;
+  int precedence = 0;  // higher binds tighter
+  Op unsigned_op = Op::kAdd;
+  Op signed_op = Op::kAdd;
 };
 
 // C's binary operators, from the loosest; && and || are compiled as jumps.
@@ -216,7 +217,7 @@ constexpr std::array<BinaryOp, 18> kBinaryOps = {{
 
 struct Name {
   absl::string_view spelling;
-  Op op;
+  Op op = Op::kNew;
 };
 constexpr std::array<Name, 7> kNames = {{{"new", Op::kNew},
                                          {"old", Op::kOld},
@@ -263,8 +264,8 @@ class Compiler {
   }
 
   std::vector<Insn> TakeCode() { return std::move(code_); }
-  bool uses_new() const { return uses_new_; }
-  bool uses_old() const { return uses_old_; }
+  bool UsesNew() const { return uses_new_; }
+  bool UsesOld() const { return uses_old_; }
 
  private:
   absl::Status Error(size_t pos, absl::string_view what) const {
@@ -314,7 +315,7 @@ class Compiler {
       }
     }
     static constexpr absl::string_view kOne = "*/%+-&^|<>!~()";
-    if (kOne.find(c) != absl::string_view::npos) {
+    if (absl::StrContains(kOne, c)) {
       tok_.kind = Tok::kPunct;
       tok_.text = text_.substr(pos_, 1);
       ++pos_;
@@ -520,8 +521,8 @@ absl::StatusOr<Condition> Condition::Parse(std::string_view text, const Conditio
   c.text_ = std::string(text);
   c.opts_ = opts;
   c.code_ = compiler.TakeCode();
-  c.uses_new_ = compiler.uses_new();
-  c.uses_old_ = compiler.uses_old();
+  c.uses_new_ = compiler.UsesNew();
+  c.uses_old_ = compiler.UsesOld();
   return c;
 }
 
