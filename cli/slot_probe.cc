@@ -40,16 +40,15 @@ absl::StatusOr<int> CountFreeSlots(pid_t tid) {
     attr.inherit = 0;
     attr.exclude_kernel = 1;
     attr.exclude_hv = 1;
-    const int fd = static_cast<int>(
-        ::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC));
+    const int fd =
+        static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC));
     if (fd >= 0) {
       held.emplace_back(fd);
       continue;
     }
     const int err = errno;
-    const std::string call =
-        absl::StrCat("perf_event_open(disabled breakpoint ", i + 1, " of ",
-                     drmgr::kNumDebugRegisters, ", tid ", tid, ")");
+    const std::string call = absl::StrCat("perf_event_open(disabled breakpoint ", i + 1, " of ",
+                                          drmgr::kNumDebugRegisters, ", tid ", tid, ")");
     switch (err) {
       case ENOSPC:
         return static_cast<int>(held.size());  // `held` closes them all on return
@@ -65,7 +64,8 @@ absl::StatusOr<int> CountFreeSlots(pid_t tid) {
       case ENOENT:
       case EOPNOTSUPP:
         return core::SyscallError(
-            err, call, "this kernel has no hardware breakpoint support (CONFIG_HAVE_HW_BREAKPOINT)");
+            err, call,
+            "this kernel has no hardware breakpoint support (CONFIG_HAVE_HW_BREAKPOINT)");
       default:
         return core::SyscallError(err, call);
     }

@@ -13,12 +13,11 @@
 #include <cstdlib>
 #include <ctime>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -47,7 +46,9 @@ constexpr size_t kMaxIds = 65536;
 absl::Mutex g_mu;
 std::string g_published_path ABSL_GUARDED_BY(g_mu);
 
-std::string FileName(pid_t pid) { return absl::StrCat("kwatch-", pid, ".json"); }
+std::string FileName(pid_t pid) {
+  return absl::StrCat("kwatch-", pid, ".json");
+}
 
 // Field 22 of /proc/PID/stat (start time in clock ticks after boot); nullopt when the
 // process does not exist or the file is odd.
@@ -150,7 +151,9 @@ json IdsJson(const std::vector<drmgr::RequestId>& ids) {
   return a;
 }
 
-json ChunkJson(const drmgr::Chunk& c) { return json{{"addr", c.addr.value}, {"len", c.len}}; }
+json ChunkJson(const drmgr::Chunk& c) {
+  return json{{"addr", c.addr.value}, {"len", c.len}};
+}
 
 json RequestJson(const drmgr::RequestView& r) {
   json chunks = json::array();
@@ -297,7 +300,7 @@ class Reader {
 
 template <typename Enum, typename F, size_t... I>
 auto NameTable(F name, std::array<Enum, sizeof...(I)> values,
-                         std::index_sequence<I...> /*unused*/) {
+               std::index_sequence<I...> /*unused*/) {
   return std::array<std::pair<Enum, absl::string_view>, sizeof...(I)>{
       std::pair<Enum, absl::string_view>{values[I], name(values[I])}...};
 }
@@ -309,15 +312,17 @@ auto Names(F name, std::array<Enum, N> values) {
 
 const auto& KindNames() {
   static const auto names = Names<drmgr::DrKind, 3>(
-      drmgr::DrKindName,
-      {drmgr::DrKind::kExec, drmgr::DrKind::kWrite, drmgr::DrKind::kReadWrite});
+      drmgr::DrKindName, {drmgr::DrKind::kExec, drmgr::DrKind::kWrite, drmgr::DrKind::kReadWrite});
   return names;
 }
 
 absl::StatusOr<drmgr::Scope> ScopeFrom(const Reader& r, const json& j) {
   using K = drmgr::Scope::Kind;
   static const std::array<std::pair<K, absl::string_view>, 4> kNames = {
-      {{K::kThread, "thread"}, {K::kProcess, "process"}, {K::kCpu, "cpu"}, {K::kAllCpus, "all-cpus"}}};
+      {{K::kThread, "thread"},
+       {K::kProcess, "process"},
+       {K::kCpu, "cpu"},
+       {K::kAllCpus, "all-cpus"}}};
   drmgr::Scope s;
   KW_ASSIGN_OR_RETURN(s.kind, r.Named(j, "kind", kNames));
   KW_ASSIGN_OR_RETURN(const int64_t pid, r.I64(j, "pid", 0, INT32_MAX));
@@ -354,8 +359,8 @@ absl::StatusOr<drmgr::Chunk> ChunkFrom(const Reader& r, const json& j, bool may_
   KW_ASSIGN_OR_RETURN(c.addr.value, r.U64(j, "addr"));
   KW_ASSIGN_OR_RETURN(c.len, r.U64(j, "len"));
   const bool empty = c.len == 0 && c.addr.value == 0;
-  const bool valid = (c.len == 1 || c.len == 2 || c.len == 4 || c.len == 8) &&
-                     c.addr.value % c.len == 0;
+  const bool valid =
+      (c.len == 1 || c.len == 2 || c.len == 4 || c.len == 8) && c.addr.value % c.len == 0;
   if (!(valid || (may_be_empty && empty))) {
     return r.Bad("is not an aligned 1, 2, 4 or 8-byte chunk");
   }
@@ -551,14 +556,10 @@ std::string SlotRegistryDir() {
 }
 
 std::string PublishedSlotsToJson(const PublishedSlots& p, uint64_t kwatch_start_ticks) {
-  const json j = {{"format", "kwatch-slots"},
-                  {"version", kFormatVersion},
-                  {"kwatch_pid", p.kwatch_pid},
-                  {"kwatch_start_ticks", kwatch_start_ticks},
-                  {"target", p.target},
-                  {"command_line", p.command_line},
-                  {"updated_ns", p.updated_ns},
-                  {"snapshot", SnapshotJson(p.snapshot)}};
+  const json j = {{"format", "kwatch-slots"},   {"version", kFormatVersion},
+                  {"kwatch_pid", p.kwatch_pid}, {"kwatch_start_ticks", kwatch_start_ticks},
+                  {"target", p.target},         {"command_line", p.command_line},
+                  {"updated_ns", p.updated_ns}, {"snapshot", SnapshotJson(p.snapshot)}};
   // Replace invalid UTF-8 in labels and command lines instead of throwing.
   return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
 }

@@ -10,11 +10,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
@@ -319,9 +318,9 @@ std::string WaitingStateText(const drmgr::RequestView& v) {
     case drmgr::RequestState::kFailed:
       return "failed";
     case drmgr::RequestState::kPreempted:
-      return "preempted, waiting for a slot";
+      return "preempted";
     case drmgr::RequestState::kMultiplexed:
-      return absl::StrFormat("multiplexed %.0f%%, waiting for its turn", 100 * v.coverage());
+      return absl::StrFormat("multiplexed %.0f%%", 100 * v.coverage());
     case drmgr::RequestState::kHardware:
       return "hardware, not armed";
   }
@@ -364,8 +363,8 @@ void PrintText(const ProcessTable& p) {
     for (const SlotRow& r : t.rows) {
       const bool mine = !r.requests.empty();
       std::printf("  %-4s  %-*s  %-*s  %-5s  %s\n",
-                  r.dr < 0 ? "DR?" : absl::StrCat("DR", r.dr).c_str(),
-                  static_cast<int>(w_holder), HolderText(r).c_str(), static_cast<int>(w_range),
+                  r.dr < 0 ? "DR?" : absl::StrCat("DR", r.dr).c_str(), static_cast<int>(w_holder),
+                  HolderText(r).c_str(), static_cast<int>(w_range),
                   mine ? RangeText(r.chunk).c_str() : "-",
                   mine ? std::string(KindShort(r.kind)).c_str() : "-", StateText(r).c_str());
     }
@@ -436,8 +435,10 @@ json ProcessJson(const ProcessTable& p) {
                            {"coverage", v.coverage()},
                            {"reason", v.reason}});
   }
-  return json{{"pid", p.pid},           {"comm", p.comm},
-              {"sessions", sessions},   {"threads", threads},
+  return json{{"pid", p.pid},
+              {"comm", p.comm},
+              {"sessions", sessions},
+              {"threads", threads},
               {"not_in_hardware", waiting}};
 }
 
@@ -513,8 +514,7 @@ int SlotsMain(const std::vector<std::string>& args) {
     for (const ProcessTable& t : tables) {
       processes.push_back(ProcessJson(t));
     }
-    const json out = {
-        {"registry", SlotRegistryDir()}, {"processes", processes}, {"notes", notes}};
+    const json out = {{"registry", SlotRegistryDir()}, {"processes", processes}, {"notes", notes}};
     std::printf("%s\n", out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
@@ -522,8 +522,9 @@ int SlotsMain(const std::vector<std::string>& args) {
     std::fprintf(stderr, "kwatch: note: %s\n", n.c_str());
   }
   if (tables.empty()) {
-    std::printf("no running kwatch session watches a process (sessions publish their slots in %s)\n",
-                SlotRegistryDir().c_str());
+    std::printf(
+        "no running kwatch session watches a process (sessions publish their slots in %s)\n",
+        SlotRegistryDir().c_str());
     return 0;
   }
   for (size_t i = 0; i < tables.size(); ++i) {
