@@ -46,6 +46,11 @@ constexpr size_t kMaxIds = 65536;
 absl::Mutex g_mu;
 std::string g_published_path ABSL_GUARDED_BY(g_mu);
 
+// An owned copy without a functional cast (Debian's absl::string_view is a class).
+std::string Own(absl::string_view v) {
+  return {v.data(), v.size()};
+}
+
 std::string FileName(pid_t pid) {
   return absl::StrCat("kwatch-", pid, ".json");
 }
@@ -163,15 +168,15 @@ json RequestJson(const drmgr::RequestView& r) {
   return json{
       {"id", r.id.value},
       {"client", r.client.value},
-      {"client_kind", std::string(drmgr::ClientKindName(r.client_kind))},
+      {"client_kind", Own(drmgr::ClientKindName(r.client_kind))},
       {"addr", r.request.addr.value},
       {"len", r.request.len},
-      {"kind", std::string(drmgr::DrKindName(r.request.kind))},
+      {"kind", Own(drmgr::DrKindName(r.request.kind))},
       {"scope", ScopeJson(r.request.scope)},
       {"priority", r.request.priority},
-      {"policy", std::string(drmgr::ShortagePolicyName(r.request.policy))},
+      {"policy", Own(drmgr::ShortagePolicyName(r.request.policy))},
       {"label", r.request.label},
-      {"state", std::string(drmgr::RequestStateName(r.state))},
+      {"state", Own(drmgr::RequestStateName(r.state))},
       {"armed", r.armed},
       {"chunks", chunks},
       {"slots", r.slots},
@@ -190,10 +195,10 @@ json SnapshotJson(const drmgr::AllocatorSnapshot& snap) {
   for (const drmgr::ScopeView& s : snap.scopes) {
     json slots = json::array();
     for (const drmgr::SlotView& v : s.slots) {
-      slots.push_back(json{{"state", std::string(drmgr::SlotStateName(v.state))},
+      slots.push_back(json{{"state", Own(drmgr::SlotStateName(v.state))},
                            {"addr", v.chunk.addr.value},
                            {"len", v.chunk.len},
-                           {"kind", std::string(drmgr::DrKindName(v.kind))},
+                           {"kind", Own(drmgr::DrKindName(v.kind))},
                            {"holders", IdsJson(v.holders)},
                            {"displaced", IdsJson(v.displaced)},
                            {"coverage", v.coverage}});
@@ -318,13 +323,13 @@ const auto& KindNames() {
 
 absl::StatusOr<drmgr::Scope> ScopeFrom(const Reader& r, const json& j) {
   using K = drmgr::Scope::Kind;
-  static const std::array<std::pair<K, absl::string_view>, 4> kNames = {
+  static const std::array<std::pair<K, absl::string_view>, 4> scope_names = {
       {{K::kThread, "thread"},
        {K::kProcess, "process"},
        {K::kCpu, "cpu"},
        {K::kAllCpus, "all-cpus"}}};
   drmgr::Scope s;
-  KW_ASSIGN_OR_RETURN(s.kind, r.Named(j, "kind", kNames));
+  KW_ASSIGN_OR_RETURN(s.kind, r.Named(j, "kind", scope_names));
   KW_ASSIGN_OR_RETURN(const int64_t pid, r.I64(j, "pid", 0, INT32_MAX));
   KW_ASSIGN_OR_RETURN(const int64_t tid, r.I64(j, "tid", 0, INT32_MAX));
   KW_ASSIGN_OR_RETURN(const int64_t cpu, r.I64(j, "cpu", 0, 1 << 20));
@@ -369,10 +374,10 @@ absl::StatusOr<drmgr::Chunk> ChunkFrom(const Reader& r, const json& j, bool may_
 
 absl::StatusOr<drmgr::SlotView> SlotFrom(const Reader& r, const json& j) {
   using S = drmgr::SlotState;
-  static const auto kStates = Names<S, 5>(
+  static const auto states = Names<S, 5>(
       drmgr::SlotStateName, {S::kFree, S::kArmed, S::kMultiplexed, S::kPreempted, S::kExternal});
   drmgr::SlotView v;
-  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", kStates));
+  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", states));
   const bool held = v.state == S::kArmed || v.state == S::kMultiplexed || v.state == S::kPreempted;
   KW_ASSIGN_OR_RETURN(v.chunk, ChunkFrom(r, j, /*may_be_empty=*/!held));
   KW_ASSIGN_OR_RETURN(v.kind, r.Named(j, "kind", KindNames()));
@@ -394,17 +399,17 @@ absl::StatusOr<drmgr::RequestView> RequestFrom(const Reader& r, const json& j) {
   using C = drmgr::ClientKind;
   using P = drmgr::ShortagePolicy;
   using RS = drmgr::RequestState;
-  static const auto kClients =
+  static const auto clients =
       Names<C, 3>(drmgr::ClientKindName, {C::kDebugger, C::kExecProbe, C::kWatchpoint});
-  static const auto kPolicies = Names<P, 4>(
+  static const auto policies = Names<P, 4>(
       drmgr::ShortagePolicyName, {P::kFail, P::kPreemptLower, P::kMultiplex, P::kFallbackPages});
-  static const auto kStates = Names<RS, 5>(
+  static const auto states = Names<RS, 5>(
       drmgr::RequestStateName,
       {RS::kHardware, RS::kMultiplexed, RS::kPreempted, RS::kFallbackPages, RS::kFailed});
   drmgr::RequestView v;
   KW_ASSIGN_OR_RETURN(v.id.value, r.U64(j, "id"));
   KW_ASSIGN_OR_RETURN(v.client.value, r.U64(j, "client"));
-  KW_ASSIGN_OR_RETURN(v.client_kind, r.Named(j, "client_kind", kClients));
+  KW_ASSIGN_OR_RETURN(v.client_kind, r.Named(j, "client_kind", clients));
   KW_ASSIGN_OR_RETURN(v.request.addr.value, r.U64(j, "addr"));
   KW_ASSIGN_OR_RETURN(v.request.len, r.U64(j, "len"));
   if (v.request.len == 0 || v.request.len > drmgr::kMaxRequestLen) {
@@ -415,9 +420,9 @@ absl::StatusOr<drmgr::RequestView> RequestFrom(const Reader& r, const json& j) {
   KW_ASSIGN_OR_RETURN(v.request.scope, ScopeFrom(r.In("scope"), *scope));
   KW_ASSIGN_OR_RETURN(const int64_t prio, r.I64(j, "priority", INT32_MIN, INT32_MAX));
   v.request.priority = static_cast<int>(prio);
-  KW_ASSIGN_OR_RETURN(v.request.policy, r.Named(j, "policy", kPolicies));
+  KW_ASSIGN_OR_RETURN(v.request.policy, r.Named(j, "policy", policies));
   KW_ASSIGN_OR_RETURN(v.request.label, r.Str(j, "label"));
-  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", kStates));
+  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", states));
   KW_ASSIGN_OR_RETURN(v.armed, r.Bool(j, "armed"));
   KW_ASSIGN_OR_RETURN(const json* chunks, r.Array(j, "chunks", drmgr::kNumDebugRegisters));
   for (const json& c : *chunks) {
@@ -433,7 +438,7 @@ absl::StatusOr<drmgr::RequestView> RequestFrom(const Reader& r, const json& j) {
     v.slots.push_back(s.get<int>());
   }
   if (v.slots.size() != v.chunks.size()) {
-    return r.Bad("has a different number of \"slots\" and \"chunks\"");
+    return r.Bad(R"(has a different number of "slots" and "chunks")");
   }
   KW_ASSIGN_OR_RETURN(v.exact, r.Bool(j, "exact"));
   KW_ASSIGN_OR_RETURN(v.bytes_filtered, r.U64(j, "bytes_filtered"));
@@ -612,7 +617,7 @@ absl::Status PublishSlots(pid_t target, const drmgr::AllocatorSnapshot& snapshot
   PublishedSlots p;
   p.kwatch_pid = self;
   p.target = target;
-  p.command_line = std::string(command_line);
+  p.command_line = Own(command_line);
   p.updated_ns = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   p.snapshot = snapshot;
   const std::string text = PublishedSlotsToJson(p, *ticks);
@@ -730,7 +735,8 @@ absl::StatusOr<std::vector<PublishedSlots>> ReadPublishedSlots(pid_t target,
     if (target != 0 && p->target != target) {
       continue;
     }
-    found.emplace(p->kwatch_pid, *std::move(p));
+    const pid_t kwatch_pid = p->kwatch_pid;
+    found.emplace(kwatch_pid, *std::move(p));
   }
   std::vector<PublishedSlots> out;
   out.reserve(found.size());

@@ -74,6 +74,11 @@ struct ProcessTable {
   std::vector<WaitingRequest> not_in_hardware;
 };
 
+// An owned copy without a functional cast (Debian's absl::string_view is a class).
+std::string Own(absl::string_view v) {
+  return {v.data(), v.size()};
+}
+
 absl::string_view KindShort(drmgr::DrKind kind) {
   switch (kind) {
     case drmgr::DrKind::kExec:
@@ -366,7 +371,7 @@ void PrintText(const ProcessTable& p) {
                   r.dr < 0 ? "DR?" : absl::StrCat("DR", r.dr).c_str(), static_cast<int>(w_holder),
                   HolderText(r).c_str(), static_cast<int>(w_range),
                   mine ? RangeText(r.chunk).c_str() : "-",
-                  mine ? std::string(KindShort(r.kind)).c_str() : "-", StateText(r).c_str());
+                  mine ? Own(KindShort(r.kind)).c_str() : "-", StateText(r).c_str());
     }
   }
   if (!p.not_in_hardware.empty()) {
@@ -377,7 +382,7 @@ void PrintText(const ProcessTable& p) {
                   v.request.label.empty() ? absl::StrCat("request ", v.id.value).c_str()
                                           : v.request.label.c_str(),
                   w.kwatch_pid, RequestRange(v.request).c_str(),
-                  std::string(KindShort(v.request.kind)).c_str(), WaitingStateText(v).c_str(),
+                  Own(KindShort(v.request.kind)).c_str(), WaitingStateText(v).c_str(),
                   v.reason.c_str());
     }
   }
@@ -394,9 +399,8 @@ json ProcessJson(const ProcessTable& p) {
   for (const ThreadTable& t : p.threads) {
     json rows = json::array();
     for (const SlotRow& r : t.rows) {
-      json row = {{"slot", r.dr},
-                  {"state", std::string(drmgr::SlotStateName(r.state))},
-                  {"text", StateText(r)}};
+      json row = {
+          {"slot", r.dr}, {"state", Own(drmgr::SlotStateName(r.state))}, {"text", StateText(r)}};
       if (!r.requests.empty()) {
         json ids = json::array();
         for (const drmgr::RequestId id : r.requests) {
@@ -408,7 +412,7 @@ json ProcessJson(const ProcessTable& p) {
         row["requests"] = ids;
         row["addr"] = absl::StrFormat("0x%x", r.chunk.addr.value);
         row["len"] = r.chunk.len;
-        row["kind"] = std::string(KindShort(r.kind));
+        row["kind"] = Own(KindShort(r.kind));
         row["coverage"] = r.coverage;
         row["waiting"] = r.waiting;
       }
@@ -429,8 +433,8 @@ json ProcessJson(const ProcessTable& p) {
                            {"label", v.request.label},
                            {"addr", absl::StrFormat("0x%x", v.request.addr.value)},
                            {"len", v.request.len},
-                           {"kind", std::string(KindShort(v.request.kind))},
-                           {"state", std::string(drmgr::RequestStateName(v.state))},
+                           {"kind", Own(KindShort(v.request.kind))},
+                           {"state", Own(drmgr::RequestStateName(v.state))},
                            {"text", WaitingStateText(v)},
                            {"coverage", v.coverage()},
                            {"reason", v.reason}});
@@ -443,7 +447,7 @@ json ProcessJson(const ProcessTable& p) {
 }
 
 int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+  std::fprintf(stderr, "kwatch: error: %s\n", Own(s.message()).c_str());
   return 1;
 }
 
