@@ -1120,4 +1120,66 @@ absl::Status Process::SetRegs(pid_t tid, const user_regs_struct& regs) const {
   return absl::OkStatus();
 }
 
+void Process::AddInterceptor(SignalInterceptor* interceptor) {
+  if (std::find(interceptors_.begin(), interceptors_.end(), interceptor) == interceptors_.end()) {
+    interceptors_.push_back(interceptor);
+  }
+  interceptor_ = interceptors_.size() == 1 ? interceptors_.front() : &fan_out_;
+}
+
+void Process::RemoveInterceptor(SignalInterceptor* interceptor) {
+  std::erase(interceptors_, interceptor);
+  interceptor_ = interceptors_.empty()       ? nullptr
+                 : interceptors_.size() == 1 ? interceptors_.front()
+                                             : &fan_out_;
+}
+
+bool Process::FanOut::Claims(pid_t tid, const siginfo_t& si) {
+  claimer_ = nullptr;
+  for (SignalInterceptor* i : all_) {
+    if (i->Claims(tid, si)) {
+      claimer_ = i;
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status Process::FanOut::Handle(pid_t tid, const siginfo_t& si) {
+  if (claimer_ == nullptr && !Claims(tid, si)) {
+    return absl::InternalError("a claimed signal has no interceptor");
+  }
+  return claimer_->Handle(tid, si);
+}
+
+absl::StatusOr<bool> Process::FanOut::HandleInPlace(pid_t tid, const siginfo_t& si) {
+  if (claimer_ == nullptr && !Claims(tid, si)) {
+    return false;
+  }
+  return claimer_->HandleInPlace(tid, si);
+}
+
+absl::Status Process::FanOut::OnFork(Process& child) {
+  absl::Status first;
+  for (SignalInterceptor* i : all_) {
+    first.Update(i->OnFork(child));
+  }
+  return first;
+}
+
+absl::Status Process::FanOut::OnThreadStart(pid_t tid) {
+  for (SignalInterceptor* i : all_) {
+    KW_RETURN_IF_ERROR(i->OnThreadStart(tid));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Process::FanOut::OnSyscallStop(pid_t tid, const SyscallStop& stop,
+                                            bool world_stopped) {
+  for (SignalInterceptor* i : all_) {
+    KW_RETURN_IF_ERROR(i->OnSyscallStop(tid, stop, world_stopped));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kwatch::core

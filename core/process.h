@@ -193,8 +193,19 @@ class Process {
   std::vector<pid_t> TracedThreads() const;
   absl::StatusOr<std::vector<MapEntry>> Maps() const { return ReadMaps(pid_); }
 
-  // Installs (or, with nullptr, removes) the interceptor of signal-delivery stops.
-  void SetInterceptor(SignalInterceptor* interceptor) { interceptor_ = interceptor; }
+  // Interceptors of signal-delivery stops. Several backends may own signals of one process
+  // (stop mode's debug traps and page mode's faults in one session): the first that claims a
+  // signal handles it, and every one hears of forks, new threads and system-call stops.
+  void AddInterceptor(SignalInterceptor* interceptor);
+  void RemoveInterceptor(SignalInterceptor* interceptor);
+  // Makes `interceptor` the only one (nullptr: none).
+  void SetInterceptor(SignalInterceptor* interceptor) {
+    interceptors_.clear();
+    interceptor_ = nullptr;
+    if (interceptor != nullptr) {
+      AddInterceptor(interceptor);
+    }
+  }
 
   // Executes one instruction of stopped thread `tid` (PTRACE_SINGLESTEP) while the other
   // threads stay as they are. Signals that arrive first are set aside (the target's own are
@@ -271,7 +282,24 @@ class Process {
   bool stopping_all_ = false;                 // inside StopAll: keep interrupt stops
   bool detached_ = false;
   bool handling_claimed_ = false;
-  SignalInterceptor* interceptor_ = nullptr;
+  // Forwards to every interceptor of interceptors_ (used when there are several).
+  class FanOut : public SignalInterceptor {
+   public:
+    explicit FanOut(const std::vector<SignalInterceptor*>& all) : all_(all) {}
+    bool Claims(pid_t tid, const siginfo_t& si) override;
+    absl::Status Handle(pid_t tid, const siginfo_t& si) override;
+    absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+    absl::Status OnFork(Process& child) override;
+    absl::Status OnThreadStart(pid_t tid) override;
+    absl::Status OnSyscallStop(pid_t tid, const SyscallStop& stop, bool world_stopped) override;
+
+   private:
+    const std::vector<SignalInterceptor*>& all_;
+    SignalInterceptor* claimer_ = nullptr;  // of the last signal claimed
+  };
+  std::vector<SignalInterceptor*> interceptors_;
+  FanOut fan_out_{interceptors_};
+  SignalInterceptor* interceptor_ = nullptr;  // the one, the fan-out, or nullptr
   bool syscall_stops_ = false;
   uint64_t syscall_stop_count_ = 0;
   absl::flat_hash_set<pid_t> foreign_stops_;

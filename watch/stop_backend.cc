@@ -84,13 +84,13 @@ StopBackend::StopBackend(core::Process& proc, const std::vector<Watch>& watches,
 
 StopBackend::~StopBackend() {
   Disarm();
-  proc_.SetInterceptor(nullptr);
+  proc_.RemoveInterceptor(this);
 }
 
 absl::Status StopBackend::Arm() {
   armed_ = true;
   draining_ = false;
-  proc_.SetInterceptor(this);
+  proc_.AddInterceptor(this);
   return absl::OkStatus();
 }
 
@@ -366,7 +366,7 @@ void StopBackend::Forget() {
   slots_.clear();
   threads_.clear();
   shadows_.clear();
-  proc_.SetInterceptor(nullptr);
+  proc_.RemoveInterceptor(this);
 }
 
 absl::Status StopBackend::OnFork(core::Process& child) {

@@ -54,7 +54,7 @@ Int3Engine::Int3Engine(Process& process) : process_(process) {
   memory_.write = [this](uint64_t addr, std::span<const uint8_t> data) {
     return process_.WriteMemory(RemoteAddr{addr}, data);
   };
-  process_.SetInterceptor(this);
+  process_.AddInterceptor(this);
 }
 
 Int3Engine::~Int3Engine() {
@@ -69,7 +69,7 @@ Int3Engine::~Int3Engine() {
                    std::string(s.message()).c_str());
     }
   }
-  process_.SetInterceptor(nullptr);
+  process_.RemoveInterceptor(this);
 }
 
 // ---------------------------------------------------------------------------------------
