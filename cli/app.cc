@@ -22,6 +22,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -29,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cli/output.h"
+#include "cli/slot_registry.h"
 #include "cli/report_cmd.h"
 #include "core/expr.h"
 #include "core/kernel/btf_types.h"
@@ -73,6 +75,9 @@ struct Options {
   std::string user;                  // -u: run the command as this user
   std::optional<core::RunAs> run_as;  // resolved from `user`
   std::string backend = "auto";
+  bool stop = false;                 // --stop: --backend stop
+  std::string overcommit = "pages";  // hardware: what to do beyond 4 debug registers
+  int mux_interval_ms = 10;          // --overcommit=multiplex rotation
   std::string output;        // -o: recording file
   std::string command_line;  // as typed, for the recording
   // Kernel watches (no -p and no command):
@@ -137,7 +142,7 @@ class Runner {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) {
       const int err = errno;
       return core::SyscallError(err, "epoll_ctl(ADD)");
     }
@@ -262,8 +267,13 @@ absl::StatusOr<int> Runner::Run() {
   // A periodic tick drains samples below the wakeup threshold; a deadline for --duration.
   core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   itimerspec its{};
-  its.it_interval.tv_nsec = 50'000'000;
-  its.it_value.tv_nsec = 50'000'000;
+  // Multiplexed watches rotate through the debug registers at each tick.
+  const long tick_ns = session_.multiplexing()
+                           ? std::min<long>(50'000'000, opts_.mux_interval_ms * 1'000'000L)
+                           : 50'000'000;
+  its.it_interval.tv_sec = tick_ns / 1'000'000'000;
+  its.it_interval.tv_nsec = tick_ns % 1'000'000'000;
+  its.it_value = its.it_interval;
   timerfd_settime(tick.get(), 0, &its, nullptr);
   KW_RETURN_IF_ERROR(AddFd(tick.get()));
   const uint64_t start_ns = MonotonicNs();
@@ -287,11 +297,55 @@ absl::StatusOr<int> Runner::Run() {
   if (!session_.backend_note().empty()) {
     std::fprintf(stderr, "kwatch: %s\n", session_.backend_note().c_str());
   }
+  size_t paged = 0;
+  for (const watch::Watch& w : session_.watches()) {
+    paged += session_.placement(w.id).backend == watch::BackendKind::kPage ? 1 : 0;
+  }
+  std::string mode = session_.backend() == watch::BackendKind::kPage   ? "page-protection mode"
+                     : session_.backend() == watch::BackendKind::kStop ? "stop mode (ptrace debug registers)"
+                                                                       : "perf breakpoint stream mode";
+  if (session_.backend() != watch::BackendKind::kPage && paged > 0) {
+    absl::StrAppend(&mode, " (", paged, " with page protection)");
+  }
   std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n", session_.watches().size(),
                session_.watches().size() == 1 ? "" : "es", proc_.pid(), prog.c_str(),
-               session_.backend() == watch::BackendKind::kPage ? "page-protection mode"
-                                                               : "perf breakpoint stream mode");
+               mode.c_str());
+  if (session_.allocator() != nullptr) {
+    // drmgr's decisions, one line per watch: split, shared, multiplexed, sent to pages.
+    for (const watch::Watch& w : session_.watches()) {
+      std::fprintf(stderr, "kwatch:   watch #%u %s: %s\n", w.id + 1, w.target.display.c_str(),
+                   session_.placement(w.id).detail.c_str());
+    }
+    if (const int ext = session_.external_slots(); ext > 0) {
+      std::fprintf(stderr,
+                   "kwatch: %d debug register%s of pid %d %s held outside kwatch (a debugger's "
+                   "hardware watchpoints, or another tool); kwatch uses the rest "
+                   "(`kwatch slots -p %d` shows them)\n",
+                   ext, ext == 1 ? "" : "s", proc_.pid(), ext == 1 ? "is" : "are", proc_.pid());
+    }
+  }
   std::fflush(stderr);
+
+  // drmgr's decisions, for `kwatch slots` (refreshed as multiplexing rotates them).
+  uint64_t published_ns = 0;
+  auto publish = [&](bool force) {
+    if (session_.allocator() == nullptr) {
+      return;
+    }
+    const uint64_t now = MonotonicNs();
+    if (!force && now - published_ns < 200'000'000) {
+      return;
+    }
+    published_ns = now;
+    if (absl::Status s =
+            PublishSlots(proc_.pid(), session_.allocator()->Snapshot(), opts_.command_line);
+        !s.ok() && force) {
+      std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
+                   std::string(s.message()).c_str());
+    }
+  };
+  absl::Cleanup unpublish = [] { UnpublishSlots(); };
+  publish(true);
 
   // The target may already have ended (or exec'd) while arming.
   KW_RETURN_IF_ERROR(HandleChild());
@@ -318,6 +372,15 @@ absl::StatusOr<int> Runner::Run() {
         uint64_t ticks = 0;
         (void)!read(tick.get(), &ticks, sizeof(ticks));
         drain = true;
+        if (session_.multiplexing()) {
+          KW_ASSIGN_OR_RETURN(const bool rotated, session_.Tick(absl::Now()));
+          if (rotated) {
+            for (int fd : session_.Fds()) {
+              KW_RETURN_IF_ERROR(AddFd(fd));
+            }
+            publish(false);
+          }
+        }
       } else {
         drain = true;
       }
@@ -441,7 +504,15 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   watch::SessionOptions so;
   so.backend = opts.backend == "perf"   ? watch::BackendKind::kPerf
                : opts.backend == "page" ? watch::BackendKind::kPage
+               : opts.backend == "stop" ? watch::BackendKind::kStop
                                         : watch::BackendKind::kAuto;
+  if (opts.stop) {
+    so.backend = watch::BackendKind::kStop;
+  }
+  so.overcommit = opts.overcommit == "multiplex" ? watch::Overcommit::kMultiplex
+                  : opts.overcommit == "fail"    ? watch::Overcommit::kFail
+                                                 : watch::Overcommit::kPages;
+  so.mux_interval = absl::Milliseconds(opts.mux_interval_ms);
   auto session = watch::WatchSession::Create(*proc, std::move(requests), so);
   if (!session.ok()) {
     return fail(session.status());
@@ -462,7 +533,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
       return fail(w.status());
     }
     for (const watch::Watch& wt : (*session)->watches()) {
-      if (absl::Status s = (*w)->AddWatch(watch::WatchRecordFor(wt, (*session)->backend()));
+      if (absl::Status s = (*w)->AddWatch(watch::WatchRecordFor(wt, (*session)->placement(wt.id).backend));
           !s.ok()) {
         return fail(s);
       }
@@ -1093,6 +1164,12 @@ int KernelMain(const Options& opts) {
                        "a process's pages)");
     return 2;
   }
+  if (opts.stop || opts.backend == "stop") {
+    std::fprintf(stderr,
+                 "kwatch: error: stop mode stops a process's threads through ptrace; kernel "
+                 "watches use CPU-wide perf breakpoints (leave --stop out)\n");
+    return 2;
+  }
   auto code = RunKernelWatch(opts);
   if (code.ok()) {
     return *code;
@@ -1132,10 +1209,13 @@ int Main(int argc, char** argv) {
       "  kwatch --rw g_stats -o run.kwdb -- ./prog      record; then `kwatch report run.kwdb`\n"
       "  kwatch --write &jiffies                        no -p and no command: a kernel variable,\n"
       "                                                 on every CPU (root; see --system-map)\n\n"
-      "Subcommands: `kwatch report FILE` (storage profile of a recording), see --help of each.\n"
+      "Subcommands: `kwatch report FILE` (storage profile of a recording), `kwatch probe`\n"
+      "(INT3 and uprobe probes), `kwatch slots [-p PID]` (who holds the debug registers);\n"
+      "see --help of each.\n"
       "Expressions: name, &name, name.field, name[3], ptr->field, 0xADDR, 0xADDR:LEN.\n"
-      "With hardware breakpoints a watch covers 1, 2, 4 or 8 aligned bytes (one x86 debug\n"
-      "register); with page protection (--backend page) any variable or structure, per field.",
+      "With hardware breakpoints a structure is split over the four x86 debug registers and\n"
+      "what does not fit follows --overcommit; with page protection (--backend page) any\n"
+      "variable or structure is watched exactly, per field.",
       "kwatch"};
   app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
   auto* w = app.add_flag("-w,--write", opts.write, "Report writes (default)");
@@ -1158,10 +1238,24 @@ int Main(int argc, char** argv) {
   app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
   app.add_option("--backend", opts.backend,
-                 "How to watch: perf (hardware breakpoints, stream mode), page (page "
-                 "protection, exact values), auto (perf where this machine delivers debug "
-                 "traps, else page)")
-      ->check(CLI::IsMember({"auto", "perf", "page"}))
+                 "How to watch: perf (hardware breakpoints, stream mode), stop (hardware "
+                 "breakpoints through ptrace: each access stops the thread, exact old and new "
+                 "values; same as --stop), page (page protection, exact values), auto (perf "
+                 "where this machine delivers debug traps, else page)")
+      ->check(CLI::IsMember({"auto", "perf", "page", "stop"}))
+      ->capture_default_str();
+  app.add_flag("--stop", opts.stop,
+               "Stop mode: hardware breakpoints written into the threads' debug registers "
+               "(ptrace); each access stops the thread for its exact old and new values");
+  app.add_option("--overcommit", opts.overcommit,
+                 "Hardware sessions: what to do with watches beyond the 4 debug registers of a "
+                 "thread: pages (page protection), multiplex (take turns; counts scaled by "
+                 "coverage), fail")
+      ->check(CLI::IsMember({"pages", "multiplex", "fail"}))
+      ->capture_default_str();
+  app.add_option("--mux-interval", opts.mux_interval_ms,
+                 "Multiplexing: milliseconds each group of watches holds the debug registers")
+      ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   app.add_option("-o,--output", opts.output,
                  "Record the session to FILE (SQLite; read it with `kwatch report FILE`)");

@@ -100,11 +100,13 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
                     w.id, JsonString(w.request.expr), JsonString(w.target.display),
                     Hex(w.target.addr.value), w.target.length,
                     w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-                    JsonString(w.target.type_name), watch::BackendName(session.backend()));
+                    JsonString(w.target.type_name),
+                    watch::BackendName(session.placement(w.id).backend));
     }
     return;
   }
-  const bool exact = session.backend() == watch::BackendKind::kPage;
+  const bool exact = session.backend() == watch::BackendKind::kPage ||
+                     session.backend() == watch::BackendKind::kStop;
   absl::FPrintF(out_, "%-14s %-7s %-3s %-24s %-24s %s\n", "TIME(s)", "TID", "ACC", "FIELD",
                 exact ? "OLD -> NEW" : "VALUE(at drain)", "SITE");
 }
@@ -170,17 +172,33 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
       absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
                             info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
     }
+    absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
     s += ",\"watches\":[";
     for (const auto& w : session.watches()) {
       const watch::WatchCounts& c = summary.counts(w.id);
       absl::StrAppendFormat(
           &s,
           "%s{\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\",\"len\":%d,\"kind\":\"%s\","
-          "\"backend\":\"%s\",\"events\":%d,\"reads\":%d,\"writes\":%d,\"fields\":[",
+          "\"backend\":\"%s\",\"events\":%d,\"reads\":%d,\"writes\":%d,",
           w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
           Hex(w.target.addr.value), w.target.length,
           w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-          watch::BackendName(session.backend()), c.total.total(), c.total.reads, c.total.writes);
+          watch::BackendName(session.placement(w.id).backend), c.total.total(), c.total.reads,
+          c.total.writes);
+      if (session.allocator() != nullptr) {
+        const watch::WatchPlacement p = session.placement(w.id);
+        s += "\"slots\":[";
+        for (size_t i = 0; i < std::min(p.slots.size(), p.chunks.size()); ++i) {
+          absl::StrAppendFormat(&s, "%s{\"dr\":%d,\"addr\":\"%s\",\"len\":%d}", i == 0 ? "" : ",",
+                                p.slots[i], Hex(p.chunks[i].addr.value), p.chunks[i].len);
+        }
+        absl::StrAppendFormat(&s,
+                              "],\"multiplexed\":%s,\"coverage\":%.4f,\"exact_cover\":%s,"
+                              "\"placement\":%s,",
+                              p.multiplexed ? "true" : "false", p.coverage,
+                              p.exact ? "true" : "false", JsonString(p.detail));
+      }
+      s += "\"fields\":[";
       bool first = true;
       for (const auto& [name, k] : Ranked(c.fields)) {
         absl::StrAppendFormat(&s, "%s{\"field\":%s,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
@@ -234,16 +252,24 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
     absl::FPrintF(out, ", %d spurious debug traps absorbed", info.spurious_traps);
   }
   absl::FPrintF(out, " (%s) ==\n", info.stop_reason);
-  const char* backend = session.backend() == watch::BackendKind::kPage
-                            ? "page protection (exact values)"
-                            : "perf hardware breakpoint stream";
   for (const auto& w : session.watches()) {
+    const watch::WatchPlacement p = session.placement(w.id);
     absl::FPrintF(out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
                   w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
                   Hex(w.target.addr.value),
                   w.request.reads_only ? "read (read-write filtered)"
                                        : drmgr::DrKindName(w.request.kind),
-                  backend);
+                  p.detail);
+    if (p.multiplexed) {
+      const watch::WatchCounts& c = summary.counts(w.id);
+      absl::FPrintF(out, "  multiplexed: %d events seen in %.0f%% of the time, ~%.0f estimated\n",
+                    c.total.total(), 100.0 * p.coverage,
+                    p.coverage > 0 ? static_cast<double>(c.total.total()) / p.coverage : 0.0);
+    }
+  }
+  if (const int ext = session.external_slots(); ext > 0) {
+    absl::FPrintF(out, "%d debug register%s held outside kwatch (see `kwatch slots -p %d`)\n", ext,
+                  ext == 1 ? " was" : "s were", info.pid);
   }
   absl::FPrintF(out, "\n%s", RenderText(profile, namer, ropts));
   if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {

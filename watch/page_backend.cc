@@ -181,7 +181,7 @@ absl::Status PageBackend::Arm() {
   }
   pages_ = std::move(pages);
   armed_ = true;
-  proc_.SetInterceptor(this);
+  proc_.AddInterceptor(this);
   // The kernel's accesses to these pages come through system calls: watch them too.
   proc_.SetSyscallStops(true);
   return absl::OkStatus();
@@ -239,12 +239,12 @@ void PageBackend::Forget() {
   scratch_.clear();
   close_pending_.clear();
   proc_.SetSyscallStops(false);
-  proc_.SetInterceptor(nullptr);
+  proc_.RemoveInterceptor(this);
 }
 
 PageBackend::~PageBackend() {
   Disarm();
-  proc_.SetInterceptor(nullptr);
+  proc_.RemoveInterceptor(this);
 }
 
 bool PageBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
@@ -309,7 +309,9 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
   }
   const uint64_t now = MonotonicNs();
   for (const Hit& h : hits) {
-    const Watch& w = watches_[h.watch_id];
+    // The session may give this backend only some of its watches: find by id.
+    const Watch& w = *std::find_if(watches_.begin(), watches_.end(),
+                                   [&](const Watch& x) { return x.id == h.watch_id; });
     core::AccessEvent ev;
     ev.time_ns = now;
     ev.pid = proc_.pid();

@@ -2,14 +2,22 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <regex>
+#include <utility>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "core/expr.h"
 #include "core/status_macros.h"
 #include "watch/hw_probe.h"
 #include "watch/page_backend.h"
 #include "watch/perf_backend.h"
+#include "watch/stop_backend.h"
 
 namespace kwatch::watch {
 
@@ -25,6 +33,8 @@ absl::string_view BackendName(BackendKind kind) {
       return "perf";
     case BackendKind::kPage:
       return "page";
+    case BackendKind::kStop:
+      return "stop";
   }
   return "?";
 }
@@ -36,10 +46,63 @@ WatchSession::WatchSession(core::Process& proc, std::unique_ptr<core::Symbols> s
       symbolizer_(std::make_unique<core::Symbolizer>(*symbols_)),
       watches_(std::move(watches)) {}
 
-WatchSession::~WatchSession() {
-  if (backend_ != nullptr) {
-    backend_->Disarm();
+WatchSession::~WatchSession() { Disarm(); }
+
+namespace {
+
+bool IsHardware(BackendKind kind) { return kind != BackendKind::kPage && kind != BackendKind::kAuto; }
+
+drmgr::ShortagePolicy PolicyFor(const WatchRequest& req, Overcommit o) {
+  switch (o) {
+    case Overcommit::kPages:
+      // Pages cannot watch execution: an execute watch needs a register or fails.
+      return req.kind == drmgr::DrKind::kExec ? drmgr::ShortagePolicy::kFail
+                                              : drmgr::ShortagePolicy::kFallbackPages;
+    case Overcommit::kMultiplex:
+      return drmgr::ShortagePolicy::kMultiplex;
+    case Overcommit::kFail:
+      return drmgr::ShortagePolicy::kFail;
   }
+  return drmgr::ShortagePolicy::kFail;
+}
+
+drmgr::SlotRequest SlotRequestFor(const Watch& w, pid_t pid, Overcommit o) {
+  drmgr::SlotRequest r;
+  r.addr = w.target.addr;
+  r.len = w.target.length;
+  r.kind = w.request.kind;
+  r.scope = drmgr::Scope::Process(pid);
+  r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kWatchpoint);
+  r.policy = PolicyFor(w.request, o);
+  r.label = w.target.display;
+  return r;
+}
+
+// What to tell a user whose watch cannot have hardware.
+std::string RefusalAdvice(const Watch& w, Overcommit o) {
+  if (w.request.kind == drmgr::DrKind::kExec) {
+    return "an execute watch needs a debug register of its own (page protection cannot "
+           "watch execution); watch fewer addresses, or --overcommit=multiplex to take turns";
+  }
+  if (o == Overcommit::kFail) {
+    return "--overcommit=pages watches what does not fit with page protection, "
+           "--overcommit=multiplex rotates the watches through the registers";
+  }
+  return "--overcommit=pages watches it with page protection";
+}
+
+}  // namespace
+
+absl::string_view OvercommitName(Overcommit o) {
+  switch (o) {
+    case Overcommit::kPages:
+      return "pages";
+    case Overcommit::kMultiplex:
+      return "multiplex";
+    case Overcommit::kFail:
+      return "fail";
+  }
+  return "?";
 }
 
 absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
@@ -61,11 +124,11 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
                           "hardware breakpoints)");
     }
   }
-  if (kind == BackendKind::kPerf) {
+  if (IsHardware(kind)) {
     const DebugTrapProbe& probe = ProbeDebugTraps();
     if (probe.accepted && !probe.delivered) {
-      note = absl::StrCat("warning: ", probe.detail,
-                          "; --backend perf will arm the watches but report no accesses "
+      note = absl::StrCat("warning: ", probe.detail, "; --backend ", BackendName(kind),
+                          " will arm the watches but report no accesses in debug registers "
                           "(--backend page works here)");
     }
   }
@@ -84,40 +147,21 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     }
     if (req.length.has_value()) {
       resolved->length = *req.length;
+    } else if (req.kind == drmgr::DrKind::kExec) {
+      resolved->length = 1;  // an execute breakpoint fires at one instruction start
     }
     if (resolved->length == 0 || resolved->length > kMaxPageWatch) {
       return absl::InvalidArgumentError(
           absl::StrFormat("'%s': a watch covers 1 byte to %d MiB; this one is %d bytes",
                           resolved->display, kMaxPageWatch >> 20, resolved->length));
     }
-    // Page protection watches any size; hardware keeps the one-register rule until the
-    // drmgr allocator splits ranges over several slots.
-    absl::Status fits = kind == BackendKind::kPage
-                            ? absl::OkStatus()
-                            : drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind);
-    if (!fits.ok() && opts.backend == BackendKind::kAuto && req.kind != drmgr::DrKind::kExec) {
-      // Auto mode: what one debug register cannot cover, page protection can.
-      kind = BackendKind::kPage;
-      note = absl::StrFormat(
-          "note: '%s' (%d bytes) needs more than one debug register; using page-protection "
-          "watchpoints for this session (exact values, one fault per access to the page)",
-          resolved->display, resolved->length);
-      fits = absl::OkStatus();
-    }
-    if (!fits.ok()) {
-      // Both backends keep the one-debug-register rule until the drmgr allocator splits
-      // ranges, so that a watch means the same whichever backend runs it.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", resolved->display, "' (", resolved->type_name,
-          resolved->type_name.empty() ? "" : ", ", resolved->length, " bytes at ",
-          absl::StrFormat("0x%x", resolved->addr.value), "): ", fits.message(),
-          ". With hardware breakpoints, watch one field or use --len with an aligned 1/2/4/8; "
-          "--backend page watches ranges of any size"));
-    }
-    if (kind == BackendKind::kPage && req.kind == drmgr::DrKind::kExec) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", resolved->display, "': --exec needs hardware breakpoints, and ",
-                       note.empty() ? "the page backend was chosen" : ProbeDebugTraps().detail));
+    if (req.kind == drmgr::DrKind::kExec) {
+      if (kind == BackendKind::kPage) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", resolved->display, "': --exec needs hardware breakpoints, and ",
+            note.empty() ? "the page backend was chosen" : ProbeDebugTraps().detail));
+      }
+      KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind));
     }
     Watch w;
     w.id = static_cast<uint32_t>(watches.size());
@@ -125,53 +169,283 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     w.target = *std::move(resolved);
     watches.push_back(std::move(w));
   }
-  for (const Watch& w : watches) {
-    if (kind == BackendKind::kPage && w.request.kind == drmgr::DrKind::kExec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", w.target.display, "': --exec needs hardware breakpoints, and this session ",
-          "uses page protection (", note, ")"));
+  if (IsHardware(kind)) {
+    // What drmgr would decide with every register free: refusals surface now, before
+    // anything is armed (the kernel may still say that some registers are taken, at Arm).
+    drmgr::SlotAllocator dry;
+    const drmgr::ClientId client = dry.AddClient(drmgr::ClientKind::kWatchpoint, "kwatch");
+    for (const Watch& w : watches) {
+      if (w.target.length > drmgr::kMaxRequestLen && opts.overcommit == Overcommit::kPages) {
+        continue;  // straight to pages
+      }
+      absl::StatusOr<drmgr::Grant> g =
+          dry.Request(client, SlotRequestFor(w, proc.pid(), opts.overcommit));
+      if (!g.ok()) {
+        return absl::Status(g.status().code(), absl::StrCat("'", w.target.display, "': ",
+                                                            g.status().message()));
+      }
+      if (g->state == drmgr::RequestState::kFailed) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("'", w.target.display, "' (", w.target.length, " bytes at ",
+                         absl::StrFormat("0x%x", w.target.addr.value), "): ", g->reason, "; ",
+                         RefusalAdvice(w, opts.overcommit)));
+      }
     }
   }
   auto session =
       std::unique_ptr<WatchSession>(new WatchSession(proc, std::move(symbols), std::move(watches)));
   session->backend_note_ = std::move(note);
-  if (kind == BackendKind::kPerf) {
-    session->backend_ =
-        std::make_unique<PerfBackend>(proc, session->watches_, *session->symbolizer_, opts);
-  } else {
-    session->backend_ = std::make_unique<PageBackend>(proc, session->watches_);
-  }
+  session->opts_ = opts;
+  session->kind_ = kind;
   return session;
 }
 
+std::string WatchSession::PeopleReason(const std::string& reason) const {
+  // drmgr names requests ("request 3 (watchpoint 'kwatch', g_stats.hits, priority 10)",
+  // "requests 2, 3"); a user knows the watches by number.
+  std::map<uint64_t, uint32_t> watch_of;
+  for (const auto& [id, req] : request_of_) {
+    watch_of[req.value] = id;
+  }
+  static const std::regex kOne(R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
+  static const std::regex kMany(R"(requests? ((\d+)(, \d+)*))");
+  std::string out = std::regex_replace(reason, kOne, "request $1");
+  std::string result;
+  auto begin = std::sregex_iterator(out.begin(), out.end(), kMany);
+  size_t last = 0;
+  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    result.append(out, last, static_cast<size_t>(m.position(0)) - last);
+    std::vector<std::string> names;
+    for (absl::string_view n : absl::StrSplit(m[1].str(), ", ")) {
+      uint64_t id = 0;
+      auto w = absl::SimpleAtoi(n, &id) ? watch_of.find(id) : watch_of.end();
+      names.push_back(w == watch_of.end()
+                          ? absl::StrCat("request ", n)
+                          : absl::StrCat("#", w->second + 1, " ", watches_[w->second].target.display));
+    }
+    absl::StrAppend(&result, names.size() == 1 ? "watch " : "watches ", absl::StrJoin(names, ", "));
+    last = static_cast<size_t>(m.position(0) + m.length(0));
+  }
+  result.append(out, last, std::string::npos);
+  return result;
+}
+
+absl::Status WatchSession::ApplyChanges(drmgr::Changes changes) {
+  for (int tries = 0;; ++tries) {
+    absl::Status s = hw_->Apply(changes);
+    if (s.ok() || !absl::IsResourceExhausted(s) || !hw_->refused_scope().has_value() ||
+        tries > drmgr::kNumDebugRegisters) {
+      return s;
+    }
+    // The kernel counts a register kwatch does not know about (a debugger, another tool).
+    absl::StatusOr<drmgr::Changes> next = alloc_->ReportNoSpace(*hw_->refused_scope());
+    if (!next.ok()) {
+      return s;
+    }
+    changes = *std::move(next);
+  }
+}
+
 absl::Status WatchSession::Arm() {
-  KW_RETURN_IF_ERROR(backend_->Arm());
+  page_watches_.clear();
+  if (IsHardware(kind_)) {
+    alloc_ = std::make_unique<drmgr::SlotAllocator>(
+        drmgr::SlotAllocator::Options{.rotate_interval = opts_.mux_interval});
+    client_ = alloc_->AddClient(drmgr::ClientKind::kWatchpoint, "kwatch");
+    request_of_.clear();
+    if (kind_ == BackendKind::kStop) {
+      hw_ = std::make_unique<StopBackend>(proc_, watches_, *symbolizer_,
+                                          std::map<drmgr::RequestId, uint32_t>{});
+    } else {
+      hw_ = std::make_unique<PerfBackend>(proc_, watches_, *symbolizer_, opts_,
+                                          std::map<drmgr::RequestId, uint32_t>{});
+    }
+    KW_RETURN_IF_ERROR(hw_->Arm());
+    absl::Cleanup undo = [this] { hw_->Disarm(); };
+    for (const Watch& w : watches_) {
+      if (w.target.length > drmgr::kMaxRequestLen) {
+        page_watches_.push_back(w);  // Create allowed it only with --overcommit=pages
+        continue;
+      }
+      KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_->Request(client_, SlotRequestFor(
+                                                                       w, proc_.pid(),
+                                                                       opts_.overcommit)));
+      hw_->AddOwner(g.id, w.id);
+      request_of_[w.id] = g.id;
+      if (absl::Status s = ApplyChanges(std::move(g.changes)); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("arming '", w.target.display, "': ", s.message()));
+      }
+    }
+    multiplexing_ = false;
+    for (const Watch& w : watches_) {
+      auto it = request_of_.find(w.id);
+      if (it == request_of_.end()) {
+        continue;
+      }
+      KW_ASSIGN_OR_RETURN(const drmgr::RequestView v, alloc_->Describe(it->second));
+      switch (v.state) {
+        case drmgr::RequestState::kFallbackPages:
+          page_watches_.push_back(w);
+          break;
+        case drmgr::RequestState::kFailed:
+        case drmgr::RequestState::kPreempted:
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "'", w.target.display, "': ", v.reason, "; ", RefusalAdvice(w, opts_.overcommit)));
+        case drmgr::RequestState::kMultiplexed:
+          multiplexing_ = true;
+          break;
+        case drmgr::RequestState::kHardware:
+          break;
+      }
+    }
+    alloc_->AdvanceClock(absl::Now());  // multiplex coverage counts from here
+    if (!page_watches_.empty()) {
+      page_ = std::make_unique<PageBackend>(proc_, page_watches_);
+      KW_RETURN_IF_ERROR(page_->Arm());
+    }
+    std::move(undo).Cancel();
+  } else {
+    page_watches_ = watches_;
+    page_ = std::make_unique<PageBackend>(proc_, page_watches_);
+    KW_RETURN_IF_ERROR(page_->Arm());
+  }
   armed_ = true;
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> WatchSession::Tick(absl::Time now) {
+  if (alloc_ == nullptr || !armed_) {
+    return false;
+  }
+  drmgr::Changes changes = alloc_->Rotate(now);
+  if (changes.slots.empty()) {
+    return false;
+  }
+  KW_RETURN_IF_ERROR(ApplyChanges(std::move(changes)));
+  return true;
+}
+
 void WatchSession::Disarm() {
-  backend_->Disarm();
+  if (alloc_ != nullptr && armed_) {
+    alloc_->AdvanceClock(absl::Now());
+  }
+  if (hw_ != nullptr) {
+    hw_->Disarm();
+  }
+  if (page_ != nullptr) {
+    page_->Disarm();
+  }
   armed_ = false;
 }
 
 void WatchSession::Forget() {
-  backend_->Forget();
+  if (alloc_ != nullptr && armed_) {
+    alloc_->AdvanceClock(absl::Now());
+  }
+  if (hw_ != nullptr) {
+    hw_->Forget();
+  }
+  if (page_ != nullptr) {
+    page_->Forget();
+  }
   armed_ = false;
+}
+
+std::vector<int> WatchSession::Fds() const {
+  std::vector<int> fds;
+  for (const WatchBackend* b : {static_cast<const WatchBackend*>(hw_.get()),
+                                static_cast<const WatchBackend*>(page_.get())}) {
+    if (b != nullptr) {
+      for (int fd : b->Fds()) {
+        fds.push_back(fd);
+      }
+    }
+  }
+  return fds;
+}
+
+uint64_t WatchSession::lost() const {
+  return (hw_ != nullptr ? hw_->lost() : 0) + (page_ != nullptr ? page_->lost() : 0);
+}
+
+uint64_t WatchSession::unrelated() const {
+  return (hw_ != nullptr ? hw_->unrelated() : 0) + (page_ != nullptr ? page_->unrelated() : 0);
+}
+
+BackendKind WatchSession::backend() const {
+  if (IsHardware(kind_) && page_watches_.size() < watches_.size()) {
+    return kind_;
+  }
+  return BackendKind::kPage;
+}
+
+int WatchSession::external_slots() const {
+  return alloc_ != nullptr ? alloc_->ExternallyHeld(drmgr::Scope::Process(proc_.pid())) : 0;
+}
+
+WatchPlacement WatchSession::placement(uint32_t id) const {
+  WatchPlacement p;
+  const bool paged = std::any_of(page_watches_.begin(), page_watches_.end(),
+                                 [id](const Watch& w) { return w.id == id; });
+  auto it = request_of_.find(id);
+  std::optional<drmgr::RequestView> v;
+  if (alloc_ != nullptr && it != request_of_.end()) {
+    if (auto d = alloc_->Describe(it->second); d.ok()) {
+      v = *std::move(d);
+    }
+  }
+  if (paged || !v.has_value()) {
+    p.backend = BackendKind::kPage;
+    if (!IsHardware(kind_)) {
+      p.detail = "page protection (exact values)";
+    } else if (v.has_value()) {
+      p.detail = absl::StrCat("page protection (exact values): ", PeopleReason(v->reason));
+    } else {
+      p.detail = absl::StrCat("page protection (exact values): ", watches_[id].target.length,
+                              " bytes are more than debug registers can cover");
+    }
+    return p;
+  }
+  p.backend = kind_;
+  p.chunks = v->chunks;
+  p.slots = v->slots;
+  p.exact = v->exact;
+  p.shared = v->shared;
+  p.multiplexed = v->state == drmgr::RequestState::kMultiplexed;
+  p.coverage = v->coverage();
+  std::string regs;
+  for (size_t i = 0; i < p.slots.size(); ++i) {
+    absl::StrAppend(&regs, i == 0 ? "" : "+", "DR", p.slots[i]);
+  }
+  const char* mode = kind_ == BackendKind::kPerf ? "perf breakpoint stream" : "stop mode";
+  const std::string reason = PeopleReason(v->reason);
+  if (p.multiplexed) {
+    p.detail = absl::StrCat("debug registers, multiplexed (", mode, "): ", reason);
+  } else {
+    p.detail = absl::StrCat("debug register", p.slots.size() == 1 ? " " : "s ", regs, " (", mode,
+                            "): ", reason);
+  }
+  return p;
 }
 
 size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sink) {
   batch_.clear();
-  backend_->Collect(batch_);
+  if (hw_ != nullptr) {
+    hw_->Collect(batch_);
+  }
+  if (page_ != nullptr) {
+    page_->Collect(batch_);
+  }
   if (batch_.empty()) {
     return 0;
   }
   std::stable_sort(
       batch_.begin(), batch_.end(),
       [](const core::AccessEvent& a, const core::AccessEvent& b) { return a.time_ns < b.time_ns; });
-  // Backends that cannot read values at the access: one read per watch per batch.
-  std::vector<std::optional<uint64_t>> values(watches_.size());
-  std::vector<bool> read(watches_.size(), false);
+  // Backends that cannot read values at the access: one read per range per batch.
+  std::map<std::pair<uint64_t, uint32_t>, std::optional<uint64_t>> values;
   size_t delivered = 0;
   for (auto& ev : batch_) {
     const Watch& w = watches_[ev.watch_id];
@@ -179,19 +453,19 @@ size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sin
       ++filtered_;
       continue;
     }
-    if (!ev.value_exact && !read[ev.watch_id]) {
-      read[ev.watch_id] = true;
-      if (proc_.alive() && w.request.kind != drmgr::DrKind::kExec && w.target.length <= 8) {
+    if (!ev.value_exact) {
+      const auto key = std::make_pair(ev.addr.value, ev.len);
+      auto [it, fresh] = values.try_emplace(key);
+      if (fresh && proc_.alive() && w.request.kind != drmgr::DrKind::kExec && ev.len > 0 &&
+          ev.len <= 8) {
         uint8_t buf[8] = {};
-        if (proc_.ReadMemory(w.target.addr, std::span<uint8_t>(buf, w.target.length)).ok()) {
+        if (proc_.ReadMemory(ev.addr, std::span<uint8_t>(buf, ev.len)).ok()) {
           uint64_t v = 0;
           std::memcpy(&v, buf, 8);
-          values[ev.watch_id] = v;
+          it->second = v;
         }
       }
-    }
-    if (!ev.value_exact) {
-      ev.value = values[ev.watch_id];
+      ev.value = it->second;
     }
     sink(ev);
     ++delivered;

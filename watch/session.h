@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,8 +14,11 @@
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
+#include "absl/time/time.h"
 #include "drmgr/debug_regs.h"
+#include "drmgr/slot_allocator.h"
 #include "watch/backend.h"
+#include "watch/slot_backend.h"
 
 namespace kwatch::watch {
 
@@ -33,8 +37,30 @@ struct Watch {
   core::ResolvedExpr target;
 };
 
+// What a hardware session does with watches beyond the four debug registers of a thread.
+enum class Overcommit : uint8_t {
+  kPages,      // watch them with page protection (default for processes)
+  kMultiplex,  // rotate the watches through the registers; counts scaled by coverage
+  kFail,       // refuse the session
+};
+absl::string_view OvercommitName(Overcommit o);
+
+// How one watch runs, decided by drmgr (hardware sessions) or the backend choice.
+struct WatchPlacement {
+  BackendKind backend = BackendKind::kPage;  // kPerf/kStop: debug registers; kPage: pages
+  bool multiplexed = false;  // takes turns for debug registers
+  double coverage = 1.0;     // fraction of the session it was in hardware (multiplexed)
+  std::vector<int> slots;    // debug registers (DR0-DR3) it holds now, one per chunk
+  std::vector<drmgr::Chunk> chunks;  // the hardware cover
+  bool exact = true;                 // false: a wider cover, the extra bytes filtered
+  bool shared = false;               // some register also serves another watch
+  std::string detail;                // for people: what drmgr chose and why
+};
+
 struct SessionOptions {
   BackendKind backend = BackendKind::kAuto;
+  Overcommit overcommit = Overcommit::kPages;
+  absl::Duration mux_interval = absl::Milliseconds(10);  // multiplex rotation
   size_t ring_pages = 256;      // per event, power of two
   uint32_t wakeup_events = 64;  // samples per wakeup; a periodic drain picks up the rest
 };
@@ -67,13 +93,27 @@ class WatchSession {
   // --read watches, and passes each event to `sink`. Returns the number delivered.
   size_t Drain(absl::FunctionRef<void(const core::AccessEvent&)> sink);
 
-  std::vector<int> Fds() const { return backend_->Fds(); }
-  uint64_t lost() const { return backend_->lost(); }
-  uint64_t unrelated() const { return backend_->unrelated(); }
+  // Multiplexing: rotates the watches through the debug registers once per mux interval.
+  // True when the armed registers changed (Fds() changed).
+  absl::StatusOr<bool> Tick(absl::Time now);
+  bool multiplexing() const { return multiplexing_; }
+
+  std::vector<int> Fds() const;
+  uint64_t lost() const;
+  uint64_t unrelated() const;
   // Page mode: what the kernel did with the protected pages in system calls; null otherwise.
-  const KernelAccessStats* kernel_access() const { return backend_->kernel_access(); }
+  const KernelAccessStats* kernel_access() const {
+    return page_ != nullptr ? page_->kernel_access() : nullptr;
+  }
   uint64_t filtered() const { return filtered_; }
-  BackendKind backend() const { return backend_->kind(); }
+  // The session's main backend: the hardware one when some watch is in debug registers.
+  BackendKind backend() const;
+  // How watch `id` runs (kept current: multiplex coverage at the last Tick or Disarm).
+  WatchPlacement placement(uint32_t id) const;
+  // drmgr's decisions (hardware sessions), for `kwatch slots`; nullptr in page mode.
+  const drmgr::SlotAllocator* allocator() const { return alloc_.get(); }
+  // Debug registers of the target that the kernel said are held outside kwatch.
+  int external_slots() const;
   // A line for the user about the backend ("note: ..." why auto chose it, "warning: ..."
   // when a forced backend cannot work here), "" when there is nothing to say.
   const std::string& backend_note() const { return backend_note_; }
@@ -86,11 +126,24 @@ class WatchSession {
   WatchSession(core::Process& proc, std::unique_ptr<core::Symbols> symbols,
                std::vector<Watch> watches);
 
+  // drmgr's reason with its request numbers replaced by the watches users know.
+  std::string PeopleReason(const std::string& reason) const;
+  // Applies one change list, learning from ENOSPC that slots are held outside kwatch.
+  absl::Status ApplyChanges(drmgr::Changes changes);
+
   core::Process& proc_;
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
   std::vector<Watch> watches_;
-  std::unique_ptr<WatchBackend> backend_;
+  SessionOptions opts_;
+  BackendKind kind_ = BackendKind::kPage;  // the hardware kind, or kPage for pages only
+  std::unique_ptr<drmgr::SlotAllocator> alloc_;
+  drmgr::ClientId client_;
+  std::map<uint32_t, drmgr::RequestId> request_of_;  // by watch id
+  std::unique_ptr<SlotBackend> hw_;
+  std::vector<Watch> page_watches_;  // those watched with pages (ids kept)
+  std::unique_ptr<WatchBackend> page_;
+  bool multiplexing_ = false;
   std::string backend_note_;
   bool armed_ = false;
   std::vector<core::AccessEvent> batch_;

@@ -31,6 +31,9 @@ class SlotBackend : public WatchBackend {
   virtual absl::Status Apply(const drmgr::Changes& changes) = 0;
   const std::optional<drmgr::Scope>& refused_scope() const { return refused_scope_; }
 
+  // Request `id` belongs to watch `watch_id` (before the changes that arm it are applied).
+  void AddOwner(drmgr::RequestId id, uint32_t watch_id) { owners_[id] = watch_id; }
+
   // The watch a request belongs to, if any.
   std::optional<uint32_t> OwnerOf(drmgr::RequestId id) const {
     auto it = owners_.find(id);

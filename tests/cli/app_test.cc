@@ -401,19 +401,31 @@ TEST(KwatchErrors, UnknownMemberListsMembers) {
   EXPECT_THAT(r.err, HasSubstr("misses"));
 }
 
-TEST(KwatchErrors, UnalignedFieldIsRefusedWithTheRule) {
-  // g_stats.tag is 8 bytes at offset 14: not 8-aligned.
-  const RunResult r = RunKwatch(
-      {"--backend", "perf", "--write", "g_stats.tag", "--", TargetPath("field_writer"), "1", "1"});
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("not aligned to 8 bytes"));
+TEST(KwatchErrors, UnalignedFieldIsSplitIntoAlignedChunks) {
+  // g_stats.tag is 8 bytes at offset 14, not 8-aligned: three registers (2 + 4 + 2 bytes).
+  const RunResult r =
+      RunKwatch({"--backend", "perf", "--json", "-q", "--write", "g_stats.tag", "--",
+                 TargetPath("field_writer"), "1", "1", "--truth", TruthFile("split-tag")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  const json& w = run.summary["watches"][0];
+  const uint64_t addr = std::stoull(w["addr"].get<std::string>(), nullptr, 16);
+  ASSERT_EQ(w["slots"].size(), 3u) << w.dump();
+  const std::pair<uint64_t, int> want[] = {{addr, 2}, {addr + 2, 4}, {addr + 6, 2}};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::stoull(w["slots"][i]["addr"].get<std::string>(), nullptr, 16), want[i].first);
+    EXPECT_EQ(w["slots"][i]["len"], want[i].second);
+  }
+  EXPECT_EQ(w["exact_cover"], true);
 }
 
 TEST(KwatchErrors, OversizedRangeIsRefusedWithTheRule) {
-  const RunResult r = RunKwatch(
-      {"--backend", "perf", "--write", "g_stats", "--", TargetPath("field_writer"), "1", "1"});
+  // g_matrix (int[3][4], 48 bytes) cannot be covered by four 8-byte registers.
+  const RunResult r = RunKwatch({"--backend", "perf", "--overcommit", "fail", "--write",
+                                 "g_matrix", "--", TargetPath("layouts")});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("x86 watches 1, 2, 4 or 8 bytes"));
+  EXPECT_THAT(r.err, HasSubstr("'g_matrix' (48 bytes at 0x"));
+  EXPECT_THAT(r.err, HasSubstr("a thread or CPU has only 4"));
 }
 
 TEST(KwatchErrors, NoSuchPid) {
