@@ -115,11 +115,11 @@ TEST_F(SlotRegistryTest, PublishThenReadBackEqualSnapshot) {
     EXPECT_EQ(::lstat(dir_.c_str(), &st), 0);
     return st;
   }();
-  EXPECT_EQ(dir_st.st_mode & 0777, 0700u);
+  EXPECT_EQ(dir_st.st_mode & 0777, 0700U);
   const std::string file = absl::StrCat(dir_, "/kwatch-", ::getpid(), ".json");
   struct stat st {};
   ASSERT_EQ(::lstat(file.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_mode & 0777, 0600U);
 
   std::vector<std::string> notes;
   auto read = ReadPublishedSlots(4242, &notes);
@@ -129,7 +129,7 @@ TEST_F(SlotRegistryTest, PublishThenReadBackEqualSnapshot) {
   EXPECT_EQ((*read)[0].kwatch_pid, ::getpid());
   EXPECT_EQ((*read)[0].target, 4242);
   EXPECT_EQ((*read)[0].command_line, "kwatch --write g_a -p 4242");
-  const uint64_t now = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  const auto now = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   EXPECT_LE((*read)[0].updated_ns, now);
   EXPECT_GT((*read)[0].updated_ns, now - uint64_t{60} * 1000000000);
   EXPECT_EQ((*read)[0].snapshot, snap) << "published:\n"
@@ -274,7 +274,7 @@ TEST_F(SlotRegistryTest, EveryTruncationIsACleanError) {
 
 TEST_F(SlotRegistryTest, UnsafeDirectoryIsRefused) {
   fs::create_directories(dir_);
-  fs::permissions(dir_, fs::perms(0755));
+  fs::permissions(dir_, static_cast<fs::perms>(0755));
   absl::Status s = PublishSlots(1, drmgr::AllocatorSnapshot{}, "x");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("`chmod 700 ", dir_, "`")));
@@ -295,7 +295,7 @@ TEST_F(SlotRegistryTest, RunDirectoryComesFromTheEnvironmentFirst) {
   EXPECT_EQ(SlotRegistryDir(), dir_);
   ::unsetenv("KWATCH_RUN_DIR");  // NOLINT(concurrency-mt-unsafe): one thread
   // Tests run as root, for whom /run is writable.
-  ASSERT_EQ(::geteuid(), 0u) << "this test expects to run as root";
+  ASSERT_EQ(::geteuid(), 0U) << "this test expects to run as root";
   EXPECT_EQ(SlotRegistryDir(), "/run/kwatch");
   ::setenv("KWATCH_RUN_DIR", dir_.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread
 }

@@ -81,7 +81,7 @@ Holder StartHolder() {
       h.addr[kv[0]] = a;
     }
   }
-  EXPECT_EQ(h.tids.size(), 3u) << line;
+  EXPECT_EQ(h.tids.size(), 3U) << line;
   return h;
 }
 
@@ -148,27 +148,28 @@ json SlotsJson(pid_t pid, const std::map<pid_t, int>& max_external) {
 
 TEST_F(SlotsTest, CountsPerfBreakpointsHeldOutsideKwatchPerThread) {
   Holder h = StartHolder();
-  ASSERT_EQ(h.tids.size(), 3u);
+  ASSERT_EQ(h.tids.size(), 3U);
   const std::vector<uint64_t> addrs = {h.addr["a"], h.addr["b"], h.addr["c"], h.addr["d"]};
   for (int n = 1; n <= 4; ++n) {
     const pid_t busy = h.tids[1];  // the first worker
     std::vector<core::UniqueFd> held;
+    held.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       held.push_back(OpenBreakpoint(busy, addrs[static_cast<size_t>(i)]));
     }
     const json j = SlotsJson(h.pid, {{busy, n}});
-    ASSERT_EQ(j["processes"].size(), 1u) << j.dump();
+    ASSERT_EQ(j["processes"].size(), 1U) << j.dump();
     const json& p = j["processes"][0];
     EXPECT_EQ(p["pid"], h.pid);
     EXPECT_EQ(p["comm"], "slot_holder");
-    EXPECT_EQ(p["sessions"].size(), 0u);
-    ASSERT_EQ(p["threads"].size(), 3u) << p.dump();
+    EXPECT_EQ(p["sessions"].size(), 0U);
+    ASSERT_EQ(p["threads"].size(), 3U) << p.dump();
     for (const json& t : p["threads"]) {
       const bool is_busy = t["tid"] == busy;
       EXPECT_EQ(t["external"], is_busy ? n : 0) << "n=" << n << " " << t.dump();
       EXPECT_EQ(t["free"], is_busy ? 4 - n : 4) << "n=" << n << " " << t.dump();
       EXPECT_EQ(t["kwatch"], 0);
-      ASSERT_EQ(t["slots"].size(), 4u);
+      ASSERT_EQ(t["slots"].size(), 4U);
       // Held outside kwatch from DR3 down, free from DR0 up.
       for (int dr = 0; dr < 4; ++dr) {
         const json& s = t["slots"][static_cast<size_t>(dr)];
@@ -186,7 +187,7 @@ TEST_F(SlotsTest, CountsPerfBreakpointsHeldOutsideKwatchPerThread) {
 
 TEST_F(SlotsTest, TextTableOfAThreadWithTwoSlotsHeldOutside) {
   Holder h = StartHolder();
-  ASSERT_EQ(h.tids.size(), 3u);
+  ASSERT_EQ(h.tids.size(), 3U);
   std::vector<core::UniqueFd> held;
   held.push_back(OpenBreakpoint(h.tids[2], h.addr["c"]));
   held.push_back(OpenBreakpoint(h.tids[2], h.addr["d"]));
@@ -224,7 +225,7 @@ TEST_F(SlotsTest, BadInput) {
   EXPECT_EQ(r.out, "");
   // A thread id is not a process.
   Holder h = StartHolder();
-  ASSERT_EQ(h.tids.size(), 3u);
+  ASSERT_EQ(h.tids.size(), 3U);
   r = RunKwatch({"slots", "-p", absl::StrCat(h.tids[1])});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, absl::StrCat("kwatch: error: ", h.tids[1], " is a thread of process ", h.pid,
@@ -258,7 +259,7 @@ TEST_F(SlotsTest, NoSessionsWithoutPid) {
 TEST_F(SlotsTest, GdbHardwareWatchpointsShowAsHeldOutsideKwatch) {
   KW_REQUIRE_FEATURE(::access("/usr/bin/gdb", X_OK) == 0, "gdb is not installed at /usr/bin/gdb");
   Holder h = StartHolder();
-  ASSERT_EQ(h.tids.size(), 3u);
+  ASSERT_EQ(h.tids.size(), 3U);
   // Several samples, in case a parallel test's CPU-wide breakpoint takes a slot for a moment.
   constexpr int kSamples = 10;
   const std::string loop = absl::StrFormat(
@@ -295,7 +296,7 @@ TEST_F(SlotsTest, GdbHardwareWatchpointsShowAsHeldOutsideKwatch) {
     std::ifstream in(absl::StrCat(dir_, "/out.", i));
     const json j = json::parse(in, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << "sample " << i;
-    ASSERT_EQ(j["processes"].size(), 1u) << j.dump();
+    ASSERT_EQ(j["processes"].size(), 1U) << j.dump();
     int total = 0;
     for (const json& t : j["processes"][0]["threads"]) {
       total += t["external"].get<int>();
@@ -306,7 +307,7 @@ TEST_F(SlotsTest, GdbHardwareWatchpointsShowAsHeldOutsideKwatch) {
     }
   }
   const json& threads = best["processes"][0]["threads"];
-  ASSERT_EQ(threads.size(), 3u);
+  ASSERT_EQ(threads.size(), 3U);
   // gdb (13.1) writes the debug registers of the thread it stopped in at attach (the main
   // thread) when it resumes it.
   EXPECT_EQ(threads[0]["tid"], h.pid);
@@ -360,7 +361,7 @@ std::vector<core::UniqueFd> ApplyInKernel(const drmgr::AllocatorSnapshot& snap,
 // published through the registry: `kwatch slots` shows them row by row.
 TEST_F(SlotsTest, ShowsPublishedSessionRowByRow) {
   Holder h = StartHolder();
-  ASSERT_EQ(h.tids.size(), 3u);
+  ASSERT_EQ(h.tids.size(), 3U);
   const pid_t t0 = h.tids[0];
   const pid_t t1 = h.tids[1];
   const pid_t t2 = h.tids[2];
