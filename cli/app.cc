@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cli/output.h"
+#include "watch/condition.h"
 #include "cli/slot_registry.h"
 #include "cli/report_cmd.h"
 #include "core/expr.h"
@@ -76,6 +77,9 @@ struct Options {
   std::optional<core::RunAs> run_as;  // resolved from `user`
   std::string backend = "auto";
   bool stop = false;                 // --stop: --backend stop
+  std::string condition;             // --if EXPR
+  bool stack = false;                // --stack
+  size_t stack_depth = 16;           // --stack-depth
   std::string overcommit = "pages";  // hardware: what to do beyond 4 debug registers
   int mux_interval_ms = 10;          // --overcommit=multiplex rotation
   std::string output;        // -o: recording file
@@ -126,12 +130,13 @@ void Error(const absl::Status& s) {
 class Runner {
  public:
   Runner(const Options& opts, core::Process& proc, watch::WatchSession& session, int sigfd,
-         core::TraceWriter* writer)
+         core::TraceWriter* writer, std::vector<watch::Condition> conditions)
       : opts_(opts),
         proc_(proc),
         session_(session),
         sigfd_(sigfd),
         writer_(writer),
+        conditions_(std::move(conditions)),
         summary_(session.watches()),
         printer_(stdout, opts.json, 0) {}
 
@@ -165,6 +170,7 @@ class Runner {
   watch::WatchSession& session_;
   int sigfd_;
   core::TraceWriter* writer_;  // -o, or nullptr
+  std::vector<watch::Condition> conditions_;  // --if, one per watch (by id), or none
   absl::Status record_error_;
   watch::Summary summary_;
   std::optional<watch::StorageProfile> profile_;  // from the start of Run()
@@ -182,6 +188,9 @@ void Runner::DrainAll() {
   }
   session_.Drain([&](const core::AccessEvent& ev) {
     if (opts_.count > 0 && delivered_ >= opts_.count) {
+      return;
+    }
+    if (!conditions_.empty() && !conditions_[ev.watch_id].Matches(ev)) {
       return;
     }
     ++delivered_;
@@ -403,6 +412,15 @@ absl::StatusOr<int> Runner::Run() {
   info.filtered = session_.filtered();
   info.unrelated = session_.unrelated();
   info.spurious_traps = proc_.spurious_traps();
+  if (!conditions_.empty()) {
+    info.condition = opts_.condition;
+    for (const watch::Condition& c : conditions_) {
+      info.condition_evaluated += c.stats().evaluated;
+      info.condition_matched += c.stats().matched;
+      info.condition_undefined +=
+          c.stats().missing_new + c.stats().missing_old + c.stats().division_by_zero;
+    }
+  }
   info.pid = proc_.pid();
   info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
   session_.Disarm();
@@ -513,6 +531,15 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
                   : opts.overcommit == "fail"    ? watch::Overcommit::kFail
                                                  : watch::Overcommit::kPages;
   so.mux_interval = absl::Milliseconds(opts.mux_interval_ms);
+  so.stack_frames = opts.stack ? opts.stack_depth : 0;
+  if (!opts.condition.empty()) {
+    // Parsed once up front for its errors and for whether it needs exact values.
+    auto c = watch::Condition::Parse(opts.condition);
+    if (!c.ok()) {
+      return fail(c.status());
+    }
+    so.exact_values = c->uses_new() || c->uses_old();
+  }
   auto session = watch::WatchSession::Create(*proc, std::move(requests), so);
   if (!session.ok()) {
     return fail(session.status());
@@ -540,7 +567,19 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     }
     writer = std::move(*w);
   }
-  Runner runner(opts, *proc, **session, sigfd.get(), writer.get());
+  std::vector<watch::Condition> conditions;
+  if (!opts.condition.empty()) {
+    for (const watch::Watch& wt : (*session)->watches()) {
+      watch::ConditionOptions co;
+      co.signed_values = watch::IsSignedType(wt.target.type_name);
+      auto c = watch::Condition::Parse(opts.condition, co);
+      if (!c.ok()) {
+        return fail(c.status());
+      }
+      conditions.push_back(*std::move(c));
+    }
+  }
+  Runner runner(opts, *proc, **session, sigfd.get(), writer.get(), std::move(conditions));
   auto code = runner.Run();
   if (!code.ok()) {
     return fail(code.status());
@@ -1247,6 +1286,16 @@ int Main(int argc, char** argv) {
   app.add_flag("--stop", opts.stop,
                "Stop mode: hardware breakpoints written into the threads' debug registers "
                "(ptrace); each access stops the thread for its exact old and new values");
+  app.add_option("--if", opts.condition,
+                 "Report only accesses for which EXPR holds, C syntax over new, old (the bytes "
+                 "accessed, after and before), tid, pid, cpu, len, addr: 'new > 100', "
+                 "'new != old && tid == 4242'. Exact modes only (page, stop)");
+  app.add_flag("--stack", opts.stack,
+               "Print the backtrace of each access (exact modes only: page, stop; the thread "
+               "is stopped at the access)");
+  app.add_option("--stack-depth", opts.stack_depth, "Frames per --stack backtrace")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app.add_option("--overcommit", opts.overcommit,
                  "Hardware sessions: what to do with watches beyond the 4 debug registers of a "
                  "thread: pages (page protection), multiplex (take turns; counts scaled by "
@@ -1293,6 +1342,12 @@ int Main(int argc, char** argv) {
                  "`kwatch --write g_counter -- ./prog`\n%s",
                  app.help().c_str());
     return 2;
+  }
+  if (!opts.condition.empty()) {
+    if (absl::StatusOr<watch::Condition> c = watch::Condition::Parse(opts.condition); !c.ok()) {
+      Error(c.status());
+      return 2;
+    }
   }
   if (opts.pid.has_value() && !opts.command.empty()) {
     std::fprintf(stderr, "kwatch: error: give either -p PID or a command after `--`, not both\n");

@@ -91,6 +91,36 @@ std::string JsonString(absl::string_view s) {
   return out;
 }
 
+namespace {
+
+// Frame 0 is where the thread stopped; the others are return addresses, looked up one byte
+// back to name the call (which may be the caller's last instruction).
+core::RemoteAddr FrameLookup(const std::vector<core::RemoteAddr>& frames, size_t i) {
+  return i == 0 ? frames[i] : core::RemoteAddr{frames[i].value - 1};
+}
+
+// `,"stack":[...]` for an event with a backtrace, else "". Frame 0 is the accessing
+// instruction (the thread stopped after it).
+std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev) {
+  const std::vector<core::RemoteAddr>* frames = session.stack(ev.stack_id);
+  if (frames == nullptr) {
+    return "";
+  }
+  std::string s = ",\"stack\":[";
+  for (size_t i = 0; i < frames->size(); ++i) {
+    const core::RemoteAddr at = i == 0 ? ev.ip : (*frames)[i];
+    const core::CodeLocation& f = session.symbolizer().Locate(i == 0 ? ev.ip : FrameLookup(*frames, i));
+    absl::StrAppendFormat(&s, "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                          "\"line\":%d}",
+                          i == 0 ? "" : ",", Hex(at.value), JsonString(f.function),
+                          f.offset, JsonString(f.file), f.line);
+  }
+  s += "]";
+  return s;
+}
+
+}  // namespace
+
 void EventPrinter::PrintHeader(const watch::WatchSession& session) {
   if (json_) {
     for (const auto& w : session.watches()) {
@@ -134,12 +164,13 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
         "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
         "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
         "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-        "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"}\n",
+        "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
         ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind), Hex(ev.addr.value),
         ev.len, Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
         ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr), JsonString(field),
         Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
-        JsonString(loc.file), loc.line, value, old_value, ev.value_exact ? "access" : "drain");
+        JsonString(loc.file), loc.line, value, old_value, ev.value_exact ? "access" : "drain",
+        StackJson(session, ev));
     return;
   }
   std::string value = "?";
@@ -151,6 +182,13 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
   }
   absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %-24s %s\n", t, ev.tid,
                 core::AccessKindLetter(ev.kind), field, value, SiteText(loc, ev.ip));
+  if (const std::vector<core::RemoteAddr>* frames = session.stack(ev.stack_id)) {
+    for (size_t i = 0; i < frames->size(); ++i) {
+      const core::RemoteAddr at = i == 0 ? ev.ip : FrameLookup(*frames, i);
+      const core::CodeLocation& f = session.symbolizer().Locate(at);
+      absl::FPrintF(out_, "    #%-2d %s\n", i, SiteText(f, at));
+    }
+  }
 }
 
 void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watch::Summary& summary,
@@ -173,6 +211,12 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
                             info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
     }
     absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
+    if (!info.condition.empty()) {
+      absl::StrAppendFormat(&s, ",\"if\":{\"text\":%s,\"evaluated\":%d,\"matched\":%d,"
+                            "\"undefined\":%d}",
+                            JsonString(info.condition), info.condition_evaluated,
+                            info.condition_matched, info.condition_undefined);
+    }
     s += ",\"watches\":[";
     for (const auto& w : session.watches()) {
       const watch::WatchCounts& c = summary.counts(w.id);
@@ -252,6 +296,15 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
     absl::FPrintF(out, ", %d spurious debug traps absorbed", info.spurious_traps);
   }
   absl::FPrintF(out, " (%s) ==\n", info.stop_reason);
+  if (!info.condition.empty()) {
+    absl::FPrintF(out, "--if '%s': %d of %d accesses matched", info.condition,
+                  info.condition_matched, info.condition_evaluated);
+    if (info.condition_undefined > 0) {
+      absl::FPrintF(out, " (%d false for want of a value, or a division by zero)",
+                    info.condition_undefined);
+    }
+    absl::FPrintF(out, "; the counts below are of those that matched\n");
+  }
   for (const auto& w : session.watches()) {
     const watch::WatchPlacement p = session.placement(w.id);
     absl::FPrintF(out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,

@@ -24,6 +24,10 @@ struct RunInfo {
   uint64_t filtered = 0;   // writes dropped by --read
   uint64_t unrelated = 0;  // page mode: faults that touched no watched byte
   uint64_t spurious_traps = 0;  // SIGTRAPs nothing explains, absorbed (core/trap_origin.h)
+  std::string condition;            // --if, "" when none
+  uint64_t condition_evaluated = 0;  // events tested
+  uint64_t condition_matched = 0;    // ... reported
+  uint64_t condition_undefined = 0;  // ... false for want of a value (or a division by 0)
   double seconds = 0;
   std::optional<core::ExitInfo> exit;
   pid_t pid = 0;

@@ -47,6 +47,7 @@ struct AccessEvent {
   std::optional<uint64_t> value;
   std::optional<uint64_t> old_value;  // ... and before it (exact modes only)
   bool value_exact = false;           // true: read right at the access; false: at drain time
+  uint32_t stack_id = 0;              // --stack: the session's backtrace of the access (0: none)
 };
 
 }  // namespace kwatch::core

@@ -1,6 +1,10 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +50,17 @@ class WatchBackend {
   virtual uint64_t unrelated() const { return 0; }
   // Page mode: what the kernel did with protected pages in system calls; nullptr otherwise.
   virtual const KernelAccessStats* kernel_access() const { return nullptr; }
+
+  // --stack: called while thread `tid` is stopped at an access the backend reports (exact
+  // backends only); returns the id of the backtrace it took (AccessEvent::stack_id, 0: none).
+  using StackHook = std::function<uint32_t(pid_t tid)>;
+  void SetStackHook(StackHook hook) { stack_hook_ = std::move(hook); }
+
+ protected:
+  uint32_t CaptureStack(pid_t tid) const { return stack_hook_ ? stack_hook_(tid) : 0; }
+
+ private:
+  StackHook stack_hook_;
 };
 
 }  // namespace kwatch::watch

@@ -624,4 +624,27 @@ std::string Condition::Disassemble() const {
   return out;
 }
 
+bool IsSignedType(std::string_view type_name) {
+  std::string_view t = type_name;
+  for (bool again = true; again;) {
+    again = false;
+    for (std::string_view q : {"volatile ", "const "}) {
+      if (t.substr(0, q.size()) == q) {
+        t.remove_prefix(q.size());
+        again = true;
+      }
+    }
+  }
+  static constexpr std::string_view kSigned[] = {
+      "char",    "signed char", "short",   "short int", "int",     "signed",  "signed int",
+      "long",    "long int",    "long long", "long long int", "int8_t", "int16_t", "int32_t",
+      "int64_t", "ssize_t",     "intptr_t", "ptrdiff_t", "off_t",  "pid_t",   "time_t"};
+  for (std::string_view s : kSigned) {
+    if (t == s) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace kwatch::watch

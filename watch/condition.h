@@ -115,4 +115,8 @@ class Condition {
   ConditionStats stats_;
 };
 
+// Whether a C type, as the watch's DWARF names it ("volatile long", "int", "int64_t",
+// "const short"), is a signed integer: ConditionOptions::signed_values for its watch.
+bool IsSignedType(std::string_view type_name);
+
 }  // namespace kwatch::watch

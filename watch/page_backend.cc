@@ -308,6 +308,7 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
     return;
   }
   const uint64_t now = MonotonicNs();
+  const uint32_t stack = CaptureStack(tid);
   for (const Hit& h : hits) {
     // The session may give this backend only some of its watches: find by id.
     const Watch& w = *std::find_if(watches_.begin(), watches_.end(),
@@ -325,6 +326,7 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
     ev.access_size = h.size;
     ev.kind = h.kind;
     ev.old_value = h.old_value;
+    ev.stack_id = stack;
     uint64_t v = h.old_value;
     if (h.kind == core::AccessKind::kRead || ReadValue(h.addr, h.size, v).ok()) {
       ev.value = v;  // a load leaves the bytes as they were

@@ -112,10 +112,11 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
   }
   BackendKind kind = opts.backend;
   std::string note;
+  const bool exact = opts.exact_values || opts.stack_frames > 0;
   if (kind == BackendKind::kAuto) {
     const DebugTrapProbe& probe = ProbeDebugTraps();
     if (probe.delivered) {
-      kind = BackendKind::kPerf;
+      kind = exact ? BackendKind::kStop : BackendKind::kPerf;
     } else {
       kind = BackendKind::kPage;
       note = absl::StrCat("note: ", probe.detail,
@@ -131,6 +132,12 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
                           " will arm the watches but report no accesses in debug registers "
                           "(--backend page works here)");
     }
+  }
+  if (kind == BackendKind::kPerf && exact) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        opts.stack_frames > 0 ? "--stack" : "--if on new or old values",
+        " needs the accessing thread stopped at the access, and perf stream mode reads values "
+        "later, at drain time: use --stop (debug registers through ptrace) or --backend page"));
   }
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Symbols> symbols,
                       core::Symbols::ForProcess(proc.pid()));
@@ -249,6 +256,13 @@ absl::Status WatchSession::ApplyChanges(drmgr::Changes changes) {
 
 absl::Status WatchSession::Arm() {
   page_watches_.clear();
+  if (opts_.stack_frames > 0 && unwinder_ == nullptr) {
+    KW_ASSIGN_OR_RETURN(unwinder_, core::Unwinder::ForProcess(
+                                       proc_.pid(), [this](core::RemoteAddr a, std::span<uint8_t> o) {
+                                         return proc_.ReadMemory(a, o);
+                                       }));
+  }
+  auto hook = [this](pid_t tid) { return CaptureStack(tid); };
   if (IsHardware(kind_)) {
     alloc_ = std::make_unique<drmgr::SlotAllocator>(
         drmgr::SlotAllocator::Options{.rotate_interval = opts_.mux_interval});
@@ -260,6 +274,9 @@ absl::Status WatchSession::Arm() {
     } else {
       hw_ = std::make_unique<PerfBackend>(proc_, watches_, *symbolizer_, opts_,
                                           std::map<drmgr::RequestId, uint32_t>{});
+    }
+    if (unwinder_ != nullptr) {
+      hw_->SetStackHook(hook);
     }
     KW_RETURN_IF_ERROR(hw_->Arm());
     absl::Cleanup undo = [this] { hw_->Disarm(); };
@@ -303,16 +320,41 @@ absl::Status WatchSession::Arm() {
     alloc_->AdvanceClock(absl::Now());  // multiplex coverage counts from here
     if (!page_watches_.empty()) {
       page_ = std::make_unique<PageBackend>(proc_, page_watches_);
+      if (unwinder_ != nullptr) {
+        page_->SetStackHook(hook);
+      }
       KW_RETURN_IF_ERROR(page_->Arm());
     }
     std::move(undo).Cancel();
   } else {
     page_watches_ = watches_;
     page_ = std::make_unique<PageBackend>(proc_, page_watches_);
+    if (unwinder_ != nullptr) {
+      page_->SetStackHook(hook);
+    }
     KW_RETURN_IF_ERROR(page_->Arm());
   }
   armed_ = true;
   return absl::OkStatus();
+}
+
+uint32_t WatchSession::CaptureStack(pid_t tid) {
+  absl::StatusOr<user_regs_struct> regs = proc_.GetRegs(tid);
+  if (!regs.ok()) {
+    ++stack_errors_;
+    return 0;
+  }
+  absl::StatusOr<std::vector<core::RemoteAddr>> frames =
+      unwinder_->Unwind(tid, *regs, opts_.stack_frames);
+  if (!frames.ok()) {
+    ++stack_errors_;
+    return 0;
+  }
+  auto [it, fresh] = stack_ids_.try_emplace(*frames, static_cast<uint32_t>(stacks_.size() + 1));
+  if (fresh) {
+    stacks_.push_back(*std::move(frames));
+  }
+  return it->second;
 }
 
 absl::StatusOr<bool> WatchSession::Tick(absl::Time now) {

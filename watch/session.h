@@ -14,6 +14,7 @@
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
+#include "core/unwind.h"
 #include "absl/time/time.h"
 #include "drmgr/debug_regs.h"
 #include "drmgr/slot_allocator.h"
@@ -61,6 +62,10 @@ struct SessionOptions {
   BackendKind backend = BackendKind::kAuto;
   Overcommit overcommit = Overcommit::kPages;
   absl::Duration mux_interval = absl::Milliseconds(10);  // multiplex rotation
+  // Exact values at the access are needed (--if on new/old): auto prefers stop mode to perf
+  // stream mode, and perf stream mode is refused.
+  bool exact_values = false;
+  size_t stack_frames = 0;  // --stack: backtrace of each access, at most this many frames
   size_t ring_pages = 256;      // per event, power of two
   uint32_t wakeup_events = 64;  // samples per wakeup; a periodic drain picks up the rest
 };
@@ -114,6 +119,11 @@ class WatchSession {
   const drmgr::SlotAllocator* allocator() const { return alloc_.get(); }
   // Debug registers of the target that the kernel said are held outside kwatch.
   int external_slots() const;
+  // --stack: the backtrace of AccessEvent::stack_id (innermost first; frame 0 is where the
+  // thread stopped, the others return addresses); nullptr for 0 or an unknown id.
+  const std::vector<core::RemoteAddr>* stack(uint32_t id) const {
+    return id == 0 || id > stacks_.size() ? nullptr : &stacks_[id - 1];
+  }
   // A line for the user about the backend ("note: ..." why auto chose it, "warning: ..."
   // when a forced backend cannot work here), "" when there is nothing to say.
   const std::string& backend_note() const { return backend_note_; }
@@ -144,6 +154,12 @@ class WatchSession {
   std::vector<Watch> page_watches_;  // those watched with pages (ids kept)
   std::unique_ptr<WatchBackend> page_;
   bool multiplexing_ = false;
+  // --stack: distinct backtraces, by id - 1 (deduplicated: memory grows with distinct stacks).
+  uint32_t CaptureStack(pid_t tid);
+  std::unique_ptr<core::Unwinder> unwinder_;
+  std::vector<std::vector<core::RemoteAddr>> stacks_;
+  std::map<std::vector<core::RemoteAddr>, uint32_t> stack_ids_;
+  uint64_t stack_errors_ = 0;
   std::string backend_note_;
   bool armed_ = false;
   std::vector<core::AccessEvent> batch_;

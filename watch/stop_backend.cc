@@ -498,6 +498,7 @@ absl::Status StopBackend::OnTrap(pid_t tid) {
   const bool decoded =
       std::any_of(hits.begin(), hits.end(), [](const auto& kv) { return kv.second.exact; });
   const uint64_t now = MonotonicNs();
+  uint32_t stack = 0;  // taken at the first event of this trap
   for (auto& [id, hh] : hits) {
     const std::optional<uint32_t> owner = OwnerOf(id);
     if (!owner.has_value()) {
@@ -549,6 +550,10 @@ absl::Status StopBackend::OnTrap(pid_t tid) {
     ev.addr = core::RemoteAddr{w_lo};
     ev.len = static_cast<uint32_t>(w_hi - w_lo);
     ev.access_addr = core::RemoteAddr{a_lo};
+    if (stack == 0) {
+      stack = CaptureStack(tid);
+    }
+    ev.stack_id = stack;
     ev.access_size = hh.exact ? static_cast<uint32_t>(a_hi - a_lo) : 0;
     ev.kind = kind;
     if (kind != core::AccessKind::kExec) {
