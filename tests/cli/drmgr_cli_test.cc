@@ -221,4 +221,52 @@ TEST(DrmgrCli, RegistersHeldOutsideKwatchAreLearnedFromTheKernel) {
   EXPECT_EQ(inner["writes"], 0);
 }
 
+TEST(DrmgrCli, KwatchSlotsShowsTheDecisionsOfALiveSession) {
+  auto target = kwatch::testing::Spawned::Start(
+      {TargetPath("field_writer"), "1", "10", "--wait", "--truth", TruthFile("drmgr-live")});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  const std::string pid = std::to_string((*target)->pid());
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--write",
+                                            "g_stats.hits", "g_stats.tag", "g_sink",
+                                            "g_stats.inner", "-p", pid});
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  const RunResult r = RunKwatch({"slots", "-p", pid, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["processes"].size(), 1u) << r.out;
+  const json& p = j["processes"][0];
+  ASSERT_EQ(p["sessions"].size(), 1u) << r.out;
+  EXPECT_EQ(p["sessions"][0]["kwatch_pid"], (*k)->pid());
+  ASSERT_EQ(p["threads"].size(), 1u);
+  const json& t = p["threads"][0];
+  EXPECT_EQ(t["kwatch"], 4);
+  EXPECT_EQ(t["external"], 0);
+  EXPECT_EQ(t["free"], 0);
+  // g_stats.hits in one register, g_stats.tag (8 bytes at offset 14) split 2 + 4 + 2.
+  const std::pair<const char*, int> want[] = {
+      {"g_stats.hits", 8}, {"g_stats.tag", 2}, {"g_stats.tag", 4}, {"g_stats.tag", 2}};
+  ASSERT_EQ(t["slots"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(t["slots"][i]["labels"], json::array({want[i].first})) << t["slots"][i].dump();
+    EXPECT_EQ(t["slots"][i]["len"], want[i].second);
+    EXPECT_EQ(t["slots"][i]["state"], "armed");
+  }
+  ASSERT_EQ(p["not_in_hardware"].size(), 2u);
+  EXPECT_EQ(p["not_in_hardware"][0]["label"], "g_sink");
+  EXPECT_EQ(p["not_in_hardware"][0]["state"], "pages");
+  EXPECT_EQ(p["not_in_hardware"][1]["label"], "g_stats.inner");
+  // The session ends: its registers are free again and it is no longer listed.
+  ASSERT_EQ(kill((*k)->pid(), SIGINT), 0);
+  ASSERT_TRUE((*k)->Finish().ok());
+  const RunResult after = RunKwatch({"slots", "-p", pid, "--json"});
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  const json ja = json::parse(after.out);
+  EXPECT_EQ(ja["processes"][0]["sessions"].size(), 0u) << after.out;
+  EXPECT_EQ(ja["processes"][0]["threads"][0]["free"], 4) << after.out;
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  ASSERT_TRUE((*target)->Finish().ok());
+}
+
 }  // namespace
