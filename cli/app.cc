@@ -80,7 +80,7 @@ struct Options {
   std::string condition;             // --if EXPR
   bool stack = false;                // --stack
   size_t stack_depth = 16;           // --stack-depth
-  std::string overcommit = "pages";  // hardware: what to do beyond 4 debug registers
+  std::string overcommit;  // beyond 4 debug registers: "" = pages (processes), fail (kernel)
   int mux_interval_ms = 10;          // --overcommit=multiplex rotation
   std::string output;        // -o: recording file
   std::string command_line;  // as typed, for the recording
@@ -1209,6 +1209,16 @@ int KernelMain(const Options& opts) {
                  "watches use CPU-wide perf breakpoints (leave --stop out)\n");
     return 2;
   }
+  if (opts.overcommit == "pages" || opts.overcommit == "multiplex") {
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 opts.overcommit == "pages"
+                     ? "--overcommit=pages cannot watch kernel memory: page protection works on "
+                       "a process's pages; kernel watches have the debug registers only "
+                       "(--overcommit=fail, the default there)"
+                     : "--overcommit=multiplex is for process watches; kernel watches take one "
+                       "debug register each on every CPU and fail beyond four");
+    return 2;
+  }
   auto code = RunKernelWatch(opts);
   if (code.ok()) {
     return *code;
@@ -1301,7 +1311,7 @@ int Main(int argc, char** argv) {
                  "thread: pages (page protection), multiplex (take turns; counts scaled by "
                  "coverage), fail")
       ->check(CLI::IsMember({"pages", "multiplex", "fail"}))
-      ->capture_default_str();
+      ->default_str("pages for processes, fail for the kernel");
   app.add_option("--mux-interval", opts.mux_interval_ms,
                  "Multiplexing: milliseconds each group of watches holds the debug registers")
       ->check(CLI::Range(1, 10000))

@@ -736,7 +736,17 @@ absl::Status Process::StopThreads(bool user_code_only) {
   return absl::OkStatus();
 }
 
+absl::Status Process::ReleaseHold() {
+  if (hold_ > 0 && --hold_ == 0) {
+    return ResumeAll();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Process::ResumeAll() {
+  if (hold_ > 0) {
+    return absl::OkStatus();  // HoldStopped: the holder resumes them
+  }
   if (interceptor_ != nullptr) {
     for (auto& [tid, thread] : threads_) {
       if (thread.claimed.has_value()) {

@@ -153,6 +153,11 @@ class Process {
   // Resumes every thread stopped by kwatch (group-stopped threads stay stopped), after
   // passing any syscall stop seen meanwhile to the interceptor.
   absl::Status ResumeAll();
+  // Keeps every thread stopped across several StopAll/ResumeAll pairs (a session arming two
+  // backends, each stopping and resuming the world): ResumeAll resumes nothing while held.
+  // Call after StopAll; ReleaseHold() ends it and resumes every thread.
+  void HoldStopped() { ++hold_; }
+  absl::Status ReleaseHold();
   // With the world stopped: passes the syscall stops seen meanwhile to the interceptor now.
   absl::Status SettleSyscallStops();
 
@@ -280,6 +285,7 @@ class Process {
   std::optional<ExitInfo> exit_;
   std::vector<ProcessEvent> pending_events_;  // seen inside StopAll/RunToEntry, for Poll
   bool stopping_all_ = false;                 // inside StopAll: keep interrupt stops
+  int hold_ = 0;                              // HoldStopped depth
   bool detached_ = false;
   bool handling_claimed_ = false;
   // Forwards to every interceptor of interceptors_ (used when there are several).

@@ -263,6 +263,13 @@ absl::Status WatchSession::Arm() {
                                        }));
   }
   auto hook = [this](pid_t tid) { return CaptureStack(tid); };
+  // Both backends stop and resume the world while they arm: the target must not run between
+  // the hardware registers and the protected pages.
+  if (proc_.alive()) {
+    KW_RETURN_IF_ERROR(proc_.StopAll());
+  }
+  proc_.HoldStopped();
+  absl::Cleanup release = [this] { (void)proc_.ReleaseHold(); };
   if (IsHardware(kind_)) {
     alloc_ = std::make_unique<drmgr::SlotAllocator>(
         drmgr::SlotAllocator::Options{.rotate_interval = opts_.mux_interval});
@@ -335,7 +342,8 @@ absl::Status WatchSession::Arm() {
     KW_RETURN_IF_ERROR(page_->Arm());
   }
   armed_ = true;
-  return absl::OkStatus();
+  std::move(release).Cancel();
+  return proc_.ReleaseHold();
 }
 
 uint32_t WatchSession::CaptureStack(pid_t tid) {

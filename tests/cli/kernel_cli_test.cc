@@ -476,5 +476,17 @@ TEST_F(KernelCli, ReadOnlyIsRefusedForTheKernel) {
   EXPECT_THAT(r.err, HasSubstr("--read is not available for kernel watches"));
 }
 
+TEST_F(KernelCli, PageFallbackAndStopModeAreRefusedForTheKernel) {
+  RunResult r = RunKwatch({"--overcommit", "pages", "--write", "&jiffies"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--overcommit=pages cannot watch kernel memory"));
+  r = RunKwatch({"--overcommit", "multiplex", "--write", "&jiffies"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--overcommit=multiplex is for process watches"));
+  r = RunKwatch({"--stop", "--write", "&jiffies"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("stop mode stops a process's threads through ptrace"));
+}
+
 }  // namespace
 }  // namespace kwatch::clitest
