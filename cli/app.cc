@@ -560,8 +560,13 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
       return fail(w.status());
     }
     for (const watch::Watch& wt : (*session)->watches()) {
-      if (absl::Status s = (*w)->AddWatch(watch::WatchRecordFor(wt, (*session)->placement(wt.id).backend));
-          !s.ok()) {
+      const watch::WatchPlacement placed = (*session)->placement(wt.id);
+      core::WatchRecord watch_record = watch::WatchRecordFor(wt, placed.backend);
+      if ((*session)->allocator() != nullptr) {
+        // drmgr's decision: registers, split, page protection, multiplexed.
+        watch_record.coverage = placed.detail;
+      }
+      if (absl::Status s = (*w)->AddWatch(watch_record); !s.ok()) {
         return fail(s);
       }
     }

@@ -570,6 +570,8 @@ TEST(ProbeCmd, GuardianRestoresTheCodeWhenKwatchIsKilled) {
   // (kwatch flushes every 50 ms), so that kwatch is idle and the target waits for `go`.
   ASSERT_TRUE((*k)->WaitForStdout("phase1 sum=10000").ok()) << (*k)->out();
   ASSERT_TRUE((*k)->WaitForStdout("\"args\":{\"i\":99}").ok()) << (*k)->out();
+  // ... and the last call's return (2 * 99 + 1), which may come in the next flush.
+  ASSERT_TRUE((*k)->WaitForStdout("\"args\":{\"arg1\":199}").ok()) << (*k)->out();
   ASSERT_EQ(kill((*k)->pid(), SIGKILL), 0);
   // The guardian puts the INT3 back (no return address is patched between calls).
   ASSERT_TRUE((*k)->WaitForStderr("kwatch-guard: kwatch ended without cleaning up; restored 1 "
