@@ -487,7 +487,9 @@ absl::Status TraceWriter::Commit() {
   if (s.ok() && checkpointer_ != nullptr) {
     s = checkpointer_->error();
     if (s.ok() && checkpointer_->wal_pages() >= kRestartPages) {
-      s = RestartWal();
+      // Past the bound by a sixteenth: wait for the checkpoint thread (a loaded machine can
+      // starve it so that every try without waiting finds it busy) rather than grow on.
+      s = RestartWal(checkpointer_->wal_pages() >= kRestartPages + kRestartPages / 16);
     }
   }
   events_.clear();
@@ -500,14 +502,14 @@ absl::Status TraceWriter::Commit() {
   return absl::OkStatus();
 }
 
-absl::Status TraceWriter::RestartWal() {
+absl::Status TraceWriter::RestartWal(bool wait) {
   // The checkpoint thread keeps up with what is committed but cannot make the WAL restart
   // while commits follow each other faster than its checkpoints (each commit lands before the
   // checkpoint finishes). A RESTART checkpoint from here copies the few pages it has not
-  // copied yet and restarts the WAL. Without waiting: if the checkpoint thread or a reader is
-  // in the way, it returns busy and the next commit tries again.
+  // copied yet and restarts the WAL. Without waiting (unless `wait`): if the checkpoint thread
+  // or a reader is in the way, it returns busy and the next commit tries again.
   sqlite3* db = db_.get();
-  sqlite3_busy_timeout(db, 0);
+  sqlite3_busy_timeout(db, wait ? 5000 : 0);
   const int rc = sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_RESTART, nullptr, nullptr);
   sqlite3_busy_timeout(db, 5000);
   if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY) {

@@ -101,7 +101,7 @@ class TraceWriter {
   absl::Status Check() const;
   absl::Status Error(int rc, const char* what);
   absl::Status StopCheckpointer();
-  absl::Status RestartWal();
+  absl::Status RestartWal(bool wait);
 
   std::string path_;
   SqlitePtr db_;
