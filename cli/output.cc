@@ -143,6 +143,8 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
 
 void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
                          const core::AccessEvent& ev) {
+  // Before `loc`: looking frames up may grow the symbolizer's cache, which `loc` points into.
+  const std::string stack_json = json_ ? StackJson(session, ev) : std::string();
   const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
   const std::string field = summary.FieldLabel(ev);
@@ -170,7 +172,7 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
         ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr), JsonString(field),
         Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
         JsonString(loc.file), loc.line, value, old_value, ev.value_exact ? "access" : "drain",
-        StackJson(session, ev));
+        stack_json);
     return;
   }
   std::string value = "?";
