@@ -1,8 +1,11 @@
 #include "tests/test_util.h"
 
 #include <fcntl.h>
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+
+#include <gtest/gtest.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -147,6 +152,24 @@ absl::StatusOr<RunResult> Spawned::Finish(int timeout_s) {
   reaped_ = true;
   result_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result_;
+}
+
+core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr) {
+  perf_event_attr attr{};
+  attr.type = PERF_TYPE_BREAKPOINT;
+  attr.size = sizeof(attr);
+  attr.bp_type = HW_BREAKPOINT_W;
+  attr.bp_addr = addr;
+  attr.bp_len = HW_BREAKPOINT_LEN_8;
+  attr.sample_period = 1;
+  attr.exclude_kernel = 1;
+  attr.exclude_hv = 1;
+  attr.disabled = 1;
+  core::UniqueFd fd(static_cast<int>(
+      ::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
+  EXPECT_TRUE(fd.valid()) << "perf_event_open(breakpoint) on tid " << tid << ": "
+                          << std::strerror(errno);
+  return fd;
 }
 
 }  // namespace kwatch::testing

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/unique_fd.h"
 
 namespace kwatch::testing {
 
@@ -59,6 +60,12 @@ class Spawned {
 
 // Whether kernel-feature tests may skip instead of failing (KWATCH_ALLOW_SKIP=1, never in CI).
 bool AllowSkip();
+
+// Holds one debug register of thread `tid` as another tool would (a debugger's hardware
+// watchpoint is such an event inside the kernel): a disabled, not inherited perf breakpoint
+// on 8 bytes at `addr`, user space only. Adds a test failure (naming errno) when the kernel
+// refuses; the descriptor is then invalid.
+core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr);
 
 }  // namespace kwatch::testing
 

@@ -3,17 +3,13 @@
 // registers held outside kwatch learned from the kernel. Hardware traps are not delivered
 // on every machine: the decisions are checked everywhere, hardware hit counts only where
 // traps arrive (KW_REQUIRE_DEBUG_TRAPS, last in each test).
-#include <linux/hw_breakpoint.h>
-#include <linux/perf_event.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/unique_fd.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -166,23 +162,6 @@ TEST(DrmgrCli, MultiplexedWatchesTakeTurnsAndTheirCoverageAddsUp) {
   EXPECT_THAT(r.err, HasSubstr("taking turns with watches"));
 }
 
-// Opens a disabled breakpoint on `tid` as another tool would (a debugger's hardware
-// watchpoint is such an event inside the kernel).
-kwatch::core::UniqueFd HoldRegister(pid_t tid, uint64_t addr) {
-  perf_event_attr attr{};
-  attr.type = PERF_TYPE_BREAKPOINT;
-  attr.size = sizeof(attr);
-  attr.bp_type = HW_BREAKPOINT_W;
-  attr.bp_addr = addr;
-  attr.bp_len = HW_BREAKPOINT_LEN_8;
-  attr.sample_period = 1;
-  attr.exclude_kernel = 1;
-  attr.exclude_hv = 1;
-  attr.disabled = 1;
-  return kwatch::core::UniqueFd(static_cast<int>(
-      syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
-}
-
 TEST(DrmgrCli, RegistersHeldOutsideKwatchAreLearnedFromTheKernel) {
   const std::string truth_path = TruthFile("drmgr-external");
   auto target = kwatch::testing::Spawned::Start(
@@ -191,9 +170,9 @@ TEST(DrmgrCli, RegistersHeldOutsideKwatchAreLearnedFromTheKernel) {
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
   const pid_t pid = (*target)->pid();
   // Another tool holds two of the main thread's four registers.
-  kwatch::core::UniqueFd a = HoldRegister(pid, 0x10000);
-  kwatch::core::UniqueFd b = HoldRegister(pid, 0x10008);
-  ASSERT_TRUE(a && b) << "perf_event_open: " << strerror(errno);
+  kwatch::core::UniqueFd a = kwatch::testing::HoldBreakpointSlot(pid, 0x10000);
+  kwatch::core::UniqueFd b = kwatch::testing::HoldBreakpointSlot(pid, 0x10008);
+  ASSERT_TRUE(a && b);
   auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--json", "-q",
                                             "--write", "g_sink", "g_stats.misses", "g_stats.hits",
                                             "g_stats.inner", "-p", absl::StrCat(pid)});

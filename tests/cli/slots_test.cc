@@ -1,9 +1,6 @@
 // End-to-end tests of `kwatch slots`: the real binary on tests/targets/slot_holder.c, whose
 // debug registers are taken by perf breakpoints the test opens, by a real gdb, or by a
 // session published through cli/slot_registry.h.
-#include <linux/hw_breakpoint.h>
-#include <linux/perf_event.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -36,6 +33,7 @@ namespace kwatch::cli {
 namespace {
 
 using ::kwatch::clitest::RunKwatch;
+using ::kwatch::testing::HoldBreakpointSlot;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::Spawned;
 using ::kwatch::testing::TargetPath;
@@ -83,23 +81,6 @@ Holder StartHolder() {
   }
   EXPECT_EQ(h.tids.size(), 3U) << line;
   return h;
-}
-
-// One write breakpoint of 8 bytes on thread `tid` (not inherited, user space).
-core::UniqueFd OpenBreakpoint(pid_t tid, uint64_t addr) {
-  perf_event_attr attr{};
-  attr.type = PERF_TYPE_BREAKPOINT;
-  attr.size = sizeof(attr);
-  attr.bp_type = HW_BREAKPOINT_W;
-  attr.bp_addr = addr;
-  attr.bp_len = HW_BREAKPOINT_LEN_8;
-  attr.sample_period = 1;
-  attr.exclude_kernel = 1;
-  attr.exclude_hv = 1;
-  core::UniqueFd fd(
-      static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
-  EXPECT_TRUE(fd.valid()) << "perf_event_open on tid " << tid << ": errno " << errno;
-  return fd;
 }
 
 // A private, empty run directory in KWATCH_RUN_DIR (the kwatch binary inherits it).
@@ -155,7 +136,7 @@ TEST_F(SlotsTest, CountsPerfBreakpointsHeldOutsideKwatchPerThread) {
     std::vector<core::UniqueFd> held;
     held.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
-      held.push_back(OpenBreakpoint(busy, addrs[static_cast<size_t>(i)]));
+      held.push_back(HoldBreakpointSlot(busy, addrs[static_cast<size_t>(i)]));
     }
     const json j = SlotsJson(h.pid, {{busy, n}});
     ASSERT_EQ(j["processes"].size(), 1U) << j.dump();
@@ -189,8 +170,8 @@ TEST_F(SlotsTest, TextTableOfAThreadWithTwoSlotsHeldOutside) {
   Holder h = StartHolder();
   ASSERT_EQ(h.tids.size(), 3U);
   std::vector<core::UniqueFd> held;
-  held.push_back(OpenBreakpoint(h.tids[2], h.addr["c"]));
-  held.push_back(OpenBreakpoint(h.tids[2], h.addr["d"]));
+  held.push_back(HoldBreakpointSlot(h.tids[2], h.addr["c"]));
+  held.push_back(HoldBreakpointSlot(h.tids[2], h.addr["d"]));
   (void)SlotsJson(h.pid, {{h.tids[2], 2}});  // wait for parallel tests' slots to go
   const RunResult r = RunKwatch({"slots", "-p", absl::StrCat(h.pid)});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -349,7 +330,7 @@ std::vector<core::UniqueFd> ApplyInKernel(const drmgr::AllocatorSnapshot& snap,
       }
       for (const pid_t tid : tids) {
         if (s.scope.kind == drmgr::Scope::Kind::kProcess || s.scope.tid == tid) {
-          fds.push_back(OpenBreakpoint(tid, v.chunk.addr.value & ~uint64_t{7}));
+          fds.push_back(HoldBreakpointSlot(tid, v.chunk.addr.value & ~uint64_t{7}));
         }
       }
     }

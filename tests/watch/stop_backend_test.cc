@@ -1,11 +1,8 @@
 #include "watch/stop_backend.h"
 
 #include <errno.h>
-#include <linux/hw_breakpoint.h>
-#include <linux/perf_event.h>
 #include <signal.h>
 #include <sys/ptrace.h>
-#include <sys/syscall.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +30,8 @@
 
 namespace kwatch::watch {
 namespace {
+
+using ::kwatch::testing::HoldBreakpointSlot;
 
 void* DrOffset(int n) {
   return reinterpret_cast<void*>(offsetof(struct user, u_debugreg) + n * sizeof(long));
@@ -254,20 +253,6 @@ TEST(StopBackend, WritesDrmgrSlotsIntoEveryThreadOldAndNew) {
   EXPECT_EQ(t.proc->exit_info()->code, 0);
 }
 
-core::UniqueFd OpenPerfBreakpoint(pid_t tid, uint64_t addr) {
-  perf_event_attr a{};
-  a.type = PERF_TYPE_BREAKPOINT;
-  a.size = sizeof(a);
-  a.bp_type = HW_BREAKPOINT_W;
-  a.bp_addr = addr;
-  a.bp_len = 8;
-  a.exclude_kernel = 1;
-  a.exclude_hv = 1;
-  const long fd = ::syscall(SYS_perf_event_open, &a, tid, -1, -1, 0);
-  EXPECT_GE(fd, 0) << "perf_event_open(breakpoint) on " << tid << ": " << std::strerror(errno);
-  return core::UniqueFd(static_cast<int>(fd));
-}
-
 TEST(StopBackend, SlotHeldOutsideKwatchIsRefusedAllOrNothing) {
   Target t({"threads", "2", "0"});
   ASSERT_TRUE(t.ok());
@@ -278,7 +263,7 @@ TEST(StopBackend, SlotHeldOutsideKwatchIsRefusedAllOrNothing) {
   // The last thread kwatch will write holds two slots outside kwatch (a debugger would).
   const pid_t busy = tids.back();
   const uint64_t go = t.Resolve("g_go").addr.value;
-  core::UniqueFd held[2] = {OpenPerfBreakpoint(busy, go), OpenPerfBreakpoint(busy, go)};
+  core::UniqueFd held[2] = {HoldBreakpointSlot(busy, go), HoldBreakpointSlot(busy, go)};
 
   const auto proc_scope = drmgr::Scope::Process(pid);
   const drmgr::Grant g1 = t.AddWatch("g_rec.a", drmgr::DrKind::kWrite, proc_scope);
