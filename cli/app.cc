@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -30,9 +30,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cli/output.h"
-#include "watch/condition.h"
-#include "cli/slot_registry.h"
 #include "cli/report_cmd.h"
+#include "cli/slot_registry.h"
 #include "core/expr.h"
 #include "core/kernel/btf_types.h"
 #include "core/kernel/kallsyms.h"
@@ -44,6 +43,7 @@
 #include "core/syscall_status.h"
 #include "core/unique_fd.h"
 #include "drmgr/debug_regs.h"
+#include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
 #include "watch/profile/storage_profile.h"
@@ -73,15 +73,15 @@ struct Options {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
-  std::string user;                  // -u: run the command as this user
+  std::string user;                   // -u: run the command as this user
   std::optional<core::RunAs> run_as;  // resolved from `user`
   std::string backend = "auto";
-  bool stop = false;                 // --stop: --backend stop
-  std::string condition;             // --if EXPR
-  bool stack = false;                // --stack
-  size_t stack_depth = 16;           // --stack-depth
-  std::string overcommit;  // beyond 4 debug registers: "" = pages (processes), fail (kernel)
-  int mux_interval_ms = 10;          // --overcommit=multiplex rotation
+  bool stop = false;         // --stop: --backend stop
+  std::string condition;     // --if EXPR
+  bool stack = false;        // --stack
+  size_t stack_depth = 16;   // --stack-depth
+  std::string overcommit;    // beyond 4 debug registers: "" = pages (processes), fail (kernel)
+  int mux_interval_ms = 10;  // --overcommit=multiplex rotation
   std::string output;        // -o: recording file
   std::string command_line;  // as typed, for the recording
   // Kernel watches (no -p and no command):
@@ -169,7 +169,7 @@ class Runner {
   core::Process& proc_;
   watch::WatchSession& session_;
   int sigfd_;
-  core::TraceWriter* writer_;  // -o, or nullptr
+  core::TraceWriter* writer_;                 // -o, or nullptr
   std::vector<watch::Condition> conditions_;  // --if, one per watch (by id), or none
   absl::Status record_error_;
   watch::Summary summary_;
@@ -310,15 +310,15 @@ absl::StatusOr<int> Runner::Run() {
   for (const watch::Watch& w : session_.watches()) {
     paged += session_.placement(w.id).backend == watch::BackendKind::kPage ? 1 : 0;
   }
-  std::string mode = session_.backend() == watch::BackendKind::kPage   ? "page-protection mode"
-                     : session_.backend() == watch::BackendKind::kStop ? "stop mode (ptrace debug registers)"
-                                                                       : "perf breakpoint stream mode";
+  std::string mode = session_.backend() == watch::BackendKind::kPage ? "page-protection mode"
+                     : session_.backend() == watch::BackendKind::kStop
+                         ? "stop mode (ptrace debug registers)"
+                         : "perf breakpoint stream mode";
   if (session_.backend() != watch::BackendKind::kPage && paged > 0) {
     absl::StrAppend(&mode, " (", paged, " with page protection)");
   }
   std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n", session_.watches().size(),
-               session_.watches().size() == 1 ? "" : "es", proc_.pid(), prog.c_str(),
-               mode.c_str());
+               session_.watches().size() == 1 ? "" : "es", proc_.pid(), prog.c_str(), mode.c_str());
   if (session_.allocator() != nullptr) {
     // drmgr's decisions, one line per watch: split, shared, multiplexed, sent to pages.
     for (const watch::Watch& w : session_.watches()) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,6 @@
 #include "absl/strings/string_view.h"
 #include "cli/profile_report.h"
 #include "core/symbolizer.h"
-#include <nlohmann/json.hpp>
 
 namespace kwatch::cli {
 
@@ -109,11 +109,13 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
   std::string s = ",\"stack\":[";
   for (size_t i = 0; i < frames->size(); ++i) {
     const core::RemoteAddr at = i == 0 ? ev.ip : (*frames)[i];
-    const core::CodeLocation& f = session.symbolizer().Locate(i == 0 ? ev.ip : FrameLookup(*frames, i));
-    absl::StrAppendFormat(&s, "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+    const core::CodeLocation& f =
+        session.symbolizer().Locate(i == 0 ? ev.ip : FrameLookup(*frames, i));
+    absl::StrAppendFormat(&s,
+                          "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
                           "\"line\":%d}",
-                          i == 0 ? "" : ",", Hex(at.value), JsonString(f.function),
-                          f.offset, JsonString(f.file), f.line);
+                          i == 0 ? "" : ",", Hex(at.value), JsonString(f.function), f.offset,
+                          JsonString(f.file), f.line);
   }
   s += "]";
   return s;
@@ -124,14 +126,13 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
 void EventPrinter::PrintHeader(const watch::WatchSession& session) {
   if (json_) {
     for (const auto& w : session.watches()) {
-      absl::FPrintF(out_,
-                    "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
-                    "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"%s\"}\n",
-                    w.id, JsonString(w.request.expr), JsonString(w.target.display),
-                    Hex(w.target.addr.value), w.target.length,
-                    w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-                    JsonString(w.target.type_name),
-                    watch::BackendName(session.placement(w.id).backend));
+      absl::FPrintF(
+          out_,
+          "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
+          "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"%s\"}\n",
+          w.id, JsonString(w.request.expr), JsonString(w.target.display), Hex(w.target.addr.value),
+          w.target.length, w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
+          JsonString(w.target.type_name), watch::BackendName(session.placement(w.id).backend));
     }
     return;
   }
@@ -160,19 +161,19 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
       old_value = absl::StrCat(ValueOf(*ev.old_value, vlen));
     }
     const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
-    absl::FPrintF(
-        out_,
-        "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
-        "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
-        "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
-        "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-        "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
-        ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind), Hex(ev.addr.value),
-        ev.len, Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
-        ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr), JsonString(field),
-        Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
-        JsonString(loc.file), loc.line, value, old_value, ev.value_exact ? "access" : "drain",
-        stack_json);
+    absl::FPrintF(out_,
+                  "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+                  "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
+                  "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
+                  "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                  "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
+                  ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
+                  Hex(ev.addr.value), ev.len,
+                  Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
+                  ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
+                  JsonString(field), Hex(ev.ip.value), Hex(ev.trap_ip.value),
+                  JsonString(loc.function), loc.offset, JsonString(loc.file), loc.line, value,
+                  old_value, ev.value_exact ? "access" : "drain", stack_json);
     return;
   }
   std::string value = "?";
@@ -206,15 +207,16 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
         "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
         "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
         summary.events(), info.lost, info.filtered, info.unrelated, info.spurious_traps,
-        info.seconds,
-        watch::BackendName(session.backend()), JsonString(info.stop_reason), info.pid);
+        info.seconds, watch::BackendName(session.backend()), JsonString(info.stop_reason),
+        info.pid);
     if (info.exit.has_value()) {
       absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
                             info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
     }
     absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
     if (!info.condition.empty()) {
-      absl::StrAppendFormat(&s, ",\"if\":{\"text\":%s,\"evaluated\":%d,\"matched\":%d,"
+      absl::StrAppendFormat(&s,
+                            ",\"if\":{\"text\":%s,\"evaluated\":%d,\"matched\":%d,"
                             "\"undefined\":%d}",
                             JsonString(info.condition), info.condition_evaluated,
                             info.condition_matched, info.condition_undefined);
@@ -309,12 +311,12 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
   }
   for (const auto& w : session.watches()) {
     const watch::WatchPlacement p = session.placement(w.id);
-    absl::FPrintF(out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
-                  w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
-                  Hex(w.target.addr.value),
-                  w.request.reads_only ? "read (read-write filtered)"
-                                       : drmgr::DrKindName(w.request.kind),
-                  p.detail);
+    absl::FPrintF(
+        out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
+        w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
+        Hex(w.target.addr.value),
+        w.request.reads_only ? "read (read-write filtered)" : drmgr::DrKindName(w.request.kind),
+        p.detail);
     if (p.multiplexed) {
       const watch::WatchCounts& c = summary.counts(w.id);
       absl::FPrintF(out, "  multiplexed: %d events seen in %.0f%% of the time, ~%.0f estimated\n",

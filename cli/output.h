@@ -21,10 +21,10 @@ std::string JsonString(absl::string_view s);
 struct RunInfo {
   std::string stop_reason;  // "target exited", "count reached", "interrupted", ...
   uint64_t lost = 0;
-  uint64_t filtered = 0;   // writes dropped by --read
-  uint64_t unrelated = 0;  // page mode: faults that touched no watched byte
-  uint64_t spurious_traps = 0;  // SIGTRAPs nothing explains, absorbed (core/trap_origin.h)
-  std::string condition;            // --if, "" when none
+  uint64_t filtered = 0;             // writes dropped by --read
+  uint64_t unrelated = 0;            // page mode: faults that touched no watched byte
+  uint64_t spurious_traps = 0;       // SIGTRAPs nothing explains, absorbed (core/trap_origin.h)
+  std::string condition;             // --if, "" when none
   uint64_t condition_evaluated = 0;  // events tested
   uint64_t condition_matched = 0;    // ... reported
   uint64_t condition_undefined = 0;  // ... false for want of a value (or a division by 0)

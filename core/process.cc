@@ -598,10 +598,9 @@ bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
     }
   }
   errno = 0;
-  const long dr6 = ::ptrace(PTRACE_PEEKUSER, tid,
-                            reinterpret_cast<void*>(offsetof(struct user, u_debugreg) +
-                                                    6 * sizeof(long)),
-                            nullptr);
+  const long dr6 = ::ptrace(
+      PTRACE_PEEKUSER, tid,
+      reinterpret_cast<void*>(offsetof(struct user, u_debugreg) + 6 * sizeof(long)), nullptr);
   if (errno == 0) {
     e.dr6 = static_cast<uint64_t>(dr6);
   }

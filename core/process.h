@@ -98,7 +98,7 @@ struct RunAs {
 absl::StatusOr<RunAs> ResolveUser(const std::string& user);
 
 struct LaunchOptions {
-  bool kill_on_exit = true;  // PTRACE_O_EXITKILL: the target dies if kwatch dies
+  bool kill_on_exit = true;     // PTRACE_O_EXITKILL: the target dies if kwatch dies
   std::optional<RunAs> run_as;  // the command's user, groups and group ids (else kwatch's)
 };
 

@@ -165,8 +165,8 @@ core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr) {
   attr.exclude_kernel = 1;
   attr.exclude_hv = 1;
   attr.disabled = 1;
-  core::UniqueFd fd(static_cast<int>(
-      ::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
+  core::UniqueFd fd(
+      static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
   EXPECT_TRUE(fd.valid()) << "perf_event_open(breakpoint) on tid " << tid << ": "
                           << std::strerror(errno);
   return fd;

@@ -636,9 +636,9 @@ bool IsSignedType(std::string_view type_name) {
     }
   }
   static constexpr std::string_view kSigned[] = {
-      "char",    "signed char", "short",   "short int", "int",     "signed",  "signed int",
+      "char",    "signed char", "short",     "short int",     "int",    "signed",  "signed int",
       "long",    "long int",    "long long", "long long int", "int8_t", "int16_t", "int32_t",
-      "int64_t", "ssize_t",     "intptr_t", "ptrdiff_t", "off_t",  "pid_t",   "time_t"};
+      "int64_t", "ssize_t",     "intptr_t",  "ptrdiff_t",     "off_t",  "pid_t",   "time_t"};
   for (std::string_view s : kSigned) {
     if (t == s) {
       return true;

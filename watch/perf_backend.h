@@ -80,7 +80,7 @@ class PerfBackend : public SlotBackend {
   SessionOptions opts_;
   std::map<SlotKey, Slot> slots_;
   absl::flat_hash_map<uint64_t, Operand> operands_;  // by trap address
-  std::vector<core::AccessEvent> pending_;  // drained from slots that closed
+  std::vector<core::AccessEvent> pending_;           // drained from slots that closed
   uint64_t lost_closed_ = 0;
   uint64_t unrelated_ = 0;
 };

@@ -9,9 +9,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/str_format.h"
 #include "core/expr.h"
 #include "core/status_macros.h"
 #include "watch/hw_probe.h"
@@ -46,11 +46,15 @@ WatchSession::WatchSession(core::Process& proc, std::unique_ptr<core::Symbols> s
       symbolizer_(std::make_unique<core::Symbolizer>(*symbols_)),
       watches_(std::move(watches)) {}
 
-WatchSession::~WatchSession() { Disarm(); }
+WatchSession::~WatchSession() {
+  Disarm();
+}
 
 namespace {
 
-bool IsHardware(BackendKind kind) { return kind != BackendKind::kPage && kind != BackendKind::kAuto; }
+bool IsHardware(BackendKind kind) {
+  return kind != BackendKind::kPage && kind != BackendKind::kAuto;
+}
 
 drmgr::ShortagePolicy PolicyFor(const WatchRequest& req, Overcommit o) {
   switch (o) {
@@ -164,9 +168,9 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     }
     if (req.kind == drmgr::DrKind::kExec) {
       if (kind == BackendKind::kPage) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "'", resolved->display, "': --exec needs hardware breakpoints, and ",
-            note.empty() ? "the page backend was chosen" : ProbeDebugTraps().detail));
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", resolved->display, "': --exec needs hardware breakpoints, and ",
+                         note.empty() ? "the page backend was chosen" : ProbeDebugTraps().detail));
       }
       KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(resolved->addr, resolved->length, req.kind));
     }
@@ -188,8 +192,8 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       absl::StatusOr<drmgr::Grant> g =
           dry.Request(client, SlotRequestFor(w, proc.pid(), opts.overcommit));
       if (!g.ok()) {
-        return absl::Status(g.status().code(), absl::StrCat("'", w.target.display, "': ",
-                                                            g.status().message()));
+        return absl::Status(g.status().code(),
+                            absl::StrCat("'", w.target.display, "': ", g.status().message()));
       }
       if (g->state == drmgr::RequestState::kFailed) {
         return absl::ResourceExhaustedError(
@@ -227,9 +231,9 @@ std::string WatchSession::PeopleReason(const std::string& reason) const {
     for (absl::string_view n : absl::StrSplit(m[1].str(), ", ")) {
       uint64_t id = 0;
       auto w = absl::SimpleAtoi(n, &id) ? watch_of.find(id) : watch_of.end();
-      names.push_back(w == watch_of.end()
-                          ? absl::StrCat("request ", n)
-                          : absl::StrCat("#", w->second + 1, " ", watches_[w->second].target.display));
+      names.push_back(w == watch_of.end() ? absl::StrCat("request ", n)
+                                          : absl::StrCat("#", w->second + 1, " ",
+                                                         watches_[w->second].target.display));
     }
     absl::StrAppend(&result, names.size() == 1 ? "watch " : "watches ", absl::StrJoin(names, ", "));
     last = static_cast<size_t>(m.position(0) + m.length(0));
@@ -257,10 +261,11 @@ absl::Status WatchSession::ApplyChanges(drmgr::Changes changes) {
 absl::Status WatchSession::Arm() {
   page_watches_.clear();
   if (opts_.stack_frames > 0 && unwinder_ == nullptr) {
-    KW_ASSIGN_OR_RETURN(unwinder_, core::Unwinder::ForProcess(
-                                       proc_.pid(), [this](core::RemoteAddr a, std::span<uint8_t> o) {
-                                         return proc_.ReadMemory(a, o);
-                                       }));
+    KW_ASSIGN_OR_RETURN(
+        unwinder_,
+        core::Unwinder::ForProcess(proc_.pid(), [this](core::RemoteAddr a, std::span<uint8_t> o) {
+          return proc_.ReadMemory(a, o);
+        }));
   }
   auto hook = [this](pid_t tid) { return CaptureStack(tid); };
   // Both backends stop and resume the world while they arm: the target must not run between
@@ -292,9 +297,9 @@ absl::Status WatchSession::Arm() {
         page_watches_.push_back(w);  // Create allowed it only with --overcommit=pages
         continue;
       }
-      KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_->Request(client_, SlotRequestFor(
-                                                                       w, proc_.pid(),
-                                                                       opts_.overcommit)));
+      KW_ASSIGN_OR_RETURN(
+          drmgr::Grant g,
+          alloc_->Request(client_, SlotRequestFor(w, proc_.pid(), opts_.overcommit)));
       hw_->AddOwner(g.id, w.id);
       request_of_[w.id] = g.id;
       if (absl::Status s = ApplyChanges(std::move(g.changes)); !s.ok()) {

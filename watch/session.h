@@ -10,12 +10,12 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/event.h"
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
 #include "core/unwind.h"
-#include "absl/time/time.h"
 #include "drmgr/debug_regs.h"
 #include "drmgr/slot_allocator.h"
 #include "watch/backend.h"
@@ -49,9 +49,9 @@ absl::string_view OvercommitName(Overcommit o);
 // How one watch runs, decided by drmgr (hardware sessions) or the backend choice.
 struct WatchPlacement {
   BackendKind backend = BackendKind::kPage;  // kPerf/kStop: debug registers; kPage: pages
-  bool multiplexed = false;  // takes turns for debug registers
-  double coverage = 1.0;     // fraction of the session it was in hardware (multiplexed)
-  std::vector<int> slots;    // debug registers (DR0-DR3) it holds now, one per chunk
+  bool multiplexed = false;                  // takes turns for debug registers
+  double coverage = 1.0;             // fraction of the session it was in hardware (multiplexed)
+  std::vector<int> slots;            // debug registers (DR0-DR3) it holds now, one per chunk
   std::vector<drmgr::Chunk> chunks;  // the hardware cover
   bool exact = true;                 // false: a wider cover, the extra bytes filtered
   bool shared = false;               // some register also serves another watch
@@ -65,7 +65,7 @@ struct SessionOptions {
   // Exact values at the access are needed (--if on new/old): auto prefers stop mode to perf
   // stream mode, and perf stream mode is refused.
   bool exact_values = false;
-  size_t stack_frames = 0;  // --stack: backtrace of each access, at most this many frames
+  size_t stack_frames = 0;      // --stack: backtrace of each access, at most this many frames
   size_t ring_pages = 256;      // per event, power of two
   uint32_t wakeup_events = 64;  // samples per wakeup; a periodic drain picks up the rest
 };

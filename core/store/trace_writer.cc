@@ -159,7 +159,9 @@ absl::Status CreateFreshFile(const std::string& path) {
   return absl::OkStatus();
 }
 
-void BindU64(sqlite3_stmt* s, int i, uint64_t v) { sqlite3_bind_int64(s, i, ToSqlInt(v)); }
+void BindU64(sqlite3_stmt* s, int i, uint64_t v) {
+  sqlite3_bind_int64(s, i, ToSqlInt(v));
+}
 
 void BindOptU64(sqlite3_stmt* s, int i, const std::optional<uint64_t>& v) {
   if (v.has_value()) {
@@ -234,8 +236,8 @@ TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size)
 }
 
 absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path,
-                                                                  const SessionRecord& session,
-                                                                  size_t batch_size) {
+                                                                 const SessionRecord& session,
+                                                                 size_t batch_size) {
   KW_RETURN_IF_ERROR(CreateFreshFile(path));
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(
@@ -268,12 +270,11 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
                                 context));
   KW_RETURN_IF_ERROR(SqliteExec(db, "BEGIN", context));
   KW_RETURN_IF_ERROR(SqliteExec(db, kSchemaSql, context));
-  KW_RETURN_IF_ERROR(SqliteExec(
-      db,
-      absl::StrCat("PRAGMA application_id=", kTraceApplicationId,
-                   ";PRAGMA user_version=", kTraceSchemaVersion, ";")
-          .c_str(),
-      context));
+  KW_RETURN_IF_ERROR(SqliteExec(db,
+                                absl::StrCat("PRAGMA application_id=", kTraceApplicationId,
+                                             ";PRAGMA user_version=", kTraceSchemaVersion, ";")
+                                    .c_str(),
+                                context));
   {
     KW_ASSIGN_OR_RETURN(
         SqliteStmtPtr s,
@@ -298,9 +299,8 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
   KW_RETURN_IF_ERROR(SqliteExec(db, "COMMIT", context));
   // WAL: committed batches survive a killed writer; NORMAL: no fsync per commit.
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr wal, SqlitePrepare(db, "PRAGMA journal_mode=WAL", context));
-  if (sqlite3_step(wal.get()) != SQLITE_ROW ||
-      absl::string_view(reinterpret_cast<const char*>(sqlite3_column_text(wal.get(), 0))) !=
-          "wal") {
+  if (sqlite3_step(wal.get()) != SQLITE_ROW || absl::string_view(reinterpret_cast<const char*>(
+                                                   sqlite3_column_text(wal.get(), 0))) != "wal") {
     return absl::InternalError(absl::StrCat(context, ": could not switch to WAL mode"));
   }
   wal.reset();
@@ -372,9 +372,8 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
   const std::string context = absl::StrCat("writing watch ", w.id, " to ", path_);
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr ws,
                       SqlitePrepare(db, "INSERT INTO watches VALUES(?,?,?,?,?,?,?,?)", context));
-  KW_ASSIGN_OR_RETURN(
-      SqliteStmtPtr fs,
-      SqlitePrepare(db, "INSERT INTO fields VALUES(?,?,?,?,?,?,?,?,?,?)", context));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr fs,
+                      SqlitePrepare(db, "INSERT INTO fields VALUES(?,?,?,?,?,?,?,?,?,?)", context));
   if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
     return Fail(SqliteError(db, rc, context));
   }
@@ -510,7 +509,8 @@ absl::Status TraceWriter::RestartWal(bool wait) {
   // or a reader is in the way, it returns busy and the next commit tries again.
   sqlite3* db = db_.get();
   sqlite3_busy_timeout(db, wait ? 5000 : 0);
-  const int rc = sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_RESTART, nullptr, nullptr);
+  const int rc =
+      sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_RESTART, nullptr, nullptr);
   sqlite3_busy_timeout(db, 5000);
   if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY) {
     return Error(rc, "checkpointing");
@@ -625,8 +625,7 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   // Recordings whose batches overlap in time get an index, so that reading in time order
   // needs no sort.
   if (!events_in_order_) {
-    if (absl::Status s =
-            SqliteExec(db, "CREATE INDEX events_by_time ON events(time_ns)", context);
+    if (absl::Status s = SqliteExec(db, "CREATE INDEX events_by_time ON events(time_ns)", context);
         !s.ok()) {
       return fail(s);
     }
@@ -681,8 +680,9 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(mode.get(), 0));
   if (text == nullptr || absl::string_view(text) != "delete") {
     return Fail(absl::UnavailableError(
-        absl::StrCat(context, ": recording complete, but still in WAL mode (another process has "
-                              "it open?)")));
+        absl::StrCat(context,
+                     ": recording complete, but still in WAL mode (another process has "
+                     "it open?)")));
   }
   mode.reset();
   sqlite3* raw = db_.release();

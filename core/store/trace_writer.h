@@ -47,9 +47,9 @@ class TraceWriter {
   // anything but a regular file; an existing regular file at `path` is REPLACED (unlinked
   // first, with any stale `path`-wal / -shm / -journal beside it). The parent directory must
   // exist.
-  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(
-      const std::string& path, const SessionRecord& session,
-      size_t batch_size = kDefaultBatchSize);
+  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
+                                                             const SessionRecord& session,
+                                                             size_t batch_size = kDefaultBatchSize);
 
   // Without Finish(): commits what is pending and leaves WAL mode (best effort); the
   // recording stays marked cut short.

@@ -421,8 +421,8 @@ TEST(KwatchErrors, UnalignedFieldIsSplitIntoAlignedChunks) {
 
 TEST(KwatchErrors, OversizedRangeIsRefusedWithTheRule) {
   // g_matrix (int[3][4], 48 bytes) cannot be covered by four 8-byte registers.
-  const RunResult r = RunKwatch({"--backend", "perf", "--overcommit", "fail", "--write",
-                                 "g_matrix", "--", TargetPath("layouts")});
+  const RunResult r = RunKwatch({"--backend", "perf", "--overcommit", "fail", "--write", "g_matrix",
+                                 "--", TargetPath("layouts")});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("'g_matrix' (48 bytes at 0x"));
   EXPECT_THAT(r.err, HasSubstr("a thread or CPU has only 4"));

@@ -27,7 +27,9 @@ using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-uint64_t Hex(const json& j) { return std::stoull(j.get<std::string>(), nullptr, 16); }
+uint64_t Hex(const json& j) {
+  return std::stoull(j.get<std::string>(), nullptr, 16);
+}
 
 const json& WatchNamed(const JsonRun& run, const std::string& display) {
   for (const json& w : run.summary["watches"]) {
@@ -51,9 +53,8 @@ long Sum(const std::map<int, kwatch::clitest::Truth>& truth, long kwatch::clites
 TEST(DrmgrCli, AStructLargerThanOneRegisterIsSplitIntoExactChunks) {
   // g_stats is 32 bytes: four exact 8-byte chunks, DR0-DR3.
   const std::string truth_path = TruthFile("drmgr-split");
-  const RunResult r =
-      RunKwatch({"--backend", "perf", "--json", "-q", "--write", "g_stats", "--",
-                 TargetPath("field_writer"), "2", "1000", "--truth", truth_path});
+  const RunResult r = RunKwatch({"--backend", "perf", "--json", "-q", "--write", "g_stats", "--",
+                                 TargetPath("field_writer"), "2", "1000", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("watch #1 g_stats: debug registers DR0+DR1+DR2+DR3"));
   const JsonRun run = ParseJsonLines(r.out);
@@ -80,10 +81,10 @@ TEST(DrmgrCli, WatchesBeyondFourRegistersGoToPagesWithExactCounts) {
   // hits, misses, flags and inner take one register each; tag (8 bytes at an odd offset)
   // needs three and g_sink one more: both are watched with page protection.
   const std::string truth_path = TruthFile("drmgr-pages");
-  const RunResult r = RunKwatch({"--backend", "perf", "--json", "-q", "--write", "g_stats.hits",
-                                 "g_stats.misses", "g_stats.flags", "g_stats.tag", "g_stats.inner",
-                                 "g_sink", "--", TargetPath("field_writer"), "2", "1000",
-                                 "--truth", truth_path});
+  const RunResult r =
+      RunKwatch({"--backend", "perf", "--json", "-q", "--write", "g_stats.hits", "g_stats.misses",
+                 "g_stats.flags", "g_stats.tag", "g_stats.inner", "g_sink", "--",
+                 TargetPath("field_writer"), "2", "1000", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("perf breakpoint stream mode (2 with page protection)"));
   const JsonRun run = ParseJsonLines(r.out);
@@ -122,8 +123,8 @@ TEST(DrmgrCli, OvercommitFailRefusesWhatDoesNotFitAndSaysWhy) {
 TEST(DrmgrCli, A48ByteStructureGoesToPagesWholeAndIsCountedPerField) {
   // g_matrix (int[3][4]) is 48 bytes: more than four registers hold, so with the default
   // --overcommit=pages the whole of it is watched with page protection.
-  const RunResult r = RunKwatch({"--backend", "perf", "--json", "-q", "--rw", "g_matrix", "--",
-                                 TargetPath("layouts")});
+  const RunResult r = RunKwatch(
+      {"--backend", "perf", "--json", "-q", "--rw", "g_matrix", "--", TargetPath("layouts")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJsonLines(r.out);
   const json& w = WatchNamed(run, "g_matrix");
@@ -139,11 +140,28 @@ TEST(DrmgrCli, A48ByteStructureGoesToPagesWholeAndIsCountedPerField) {
 }
 
 TEST(DrmgrCli, MultiplexedWatchesTakeTurnsAndTheirCoverageAddsUp) {
-  const RunResult r = RunKwatch(
-      {"--backend", "perf", "--overcommit", "multiplex", "--mux-interval", "5", "--json", "-q",
-       "-d", "1", "--kill-on-exit", "--write", "g_stats.hits", "g_stats.misses", "g_stats.flags",
-       "g_stats.inner", "g_sink", "g_stats.tag", "--", TargetPath("field_writer"), "2",
-       "4000000000"});
+  const RunResult r = RunKwatch({"--backend",
+                                 "perf",
+                                 "--overcommit",
+                                 "multiplex",
+                                 "--mux-interval",
+                                 "5",
+                                 "--json",
+                                 "-q",
+                                 "-d",
+                                 "1",
+                                 "--kill-on-exit",
+                                 "--write",
+                                 "g_stats.hits",
+                                 "g_stats.misses",
+                                 "g_stats.flags",
+                                 "g_stats.inner",
+                                 "g_sink",
+                                 "g_stats.tag",
+                                 "--",
+                                 TargetPath("field_writer"),
+                                 "2",
+                                 "4000000000"});
   const JsonRun run = ParseJsonLines(r.out);
   ASSERT_EQ(run.summary["watches"].size(), 6u) << r.err;
   double total = 0;
@@ -206,9 +224,9 @@ TEST(DrmgrCli, KwatchSlotsShowsTheDecisionsOfALiveSession) {
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
   const std::string pid = std::to_string((*target)->pid());
-  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--write",
-                                            "g_stats.hits", "g_stats.tag", "g_sink",
-                                            "g_stats.inner", "-p", pid});
+  auto k =
+      kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--write", "g_stats.hits",
+                                       "g_stats.tag", "g_sink", "g_stats.inner", "-p", pid});
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   const RunResult r = RunKwatch({"slots", "-p", pid, "--json"});

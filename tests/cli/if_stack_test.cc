@@ -22,9 +22,9 @@ using json = nlohmann::json;
 TEST(KwatchIf, ReportsOnlyTheAccessesForWhichTheConditionHolds) {
   // Each worker stores g_stats.hits = i for i in 0..299: the values 100 and 200 match.
   const std::string truth_path = TruthFile("if");
-  const RunResult r = RunKwatch({"--backend", "page", "--json", "--if",
-                                 "new % 100 == 0 && new > 0", "--write", "g_stats.hits", "--",
-                                 TargetPath("field_writer"), "2", "300", "--truth", truth_path});
+  const RunResult r = RunKwatch({"--backend", "page", "--json", "--if", "new % 100 == 0 && new > 0",
+                                 "--write", "g_stats.hits", "--", TargetPath("field_writer"), "2",
+                                 "300", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto truth = ReadTruth(truth_path);
   ASSERT_EQ(truth.size(), 2u);
@@ -46,9 +46,9 @@ TEST(KwatchIf, ReportsOnlyTheAccessesForWhichTheConditionHolds) {
 
 TEST(KwatchIf, ComparesOldAndNewValues) {
   const std::string truth_path = TruthFile("if-old");
-  const RunResult r = RunKwatch({"--backend", "page", "--json", "--if", "new - old == 2",
-                                 "--write", "g_stats.misses", "--", TargetPath("field_writer"),
-                                 "1", "10", "--truth", truth_path});
+  const RunResult r = RunKwatch({"--backend", "page", "--json", "--if", "new - old == 2", "--write",
+                                 "g_stats.misses", "--", TargetPath("field_writer"), "1", "10",
+                                 "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // One worker stores misses = i for even i: 0, 2, 4, 6, 8 (the first over a 0); each
   // store after the first adds 2.
@@ -61,25 +61,25 @@ TEST(KwatchIf, ComparesOldAndNewValues) {
 }
 
 TEST(KwatchIf, ASyntaxErrorSaysWhereAndIsAUsageError) {
-  const RunResult r = RunKwatch({"--if", "new >> ", "--write", "g_stats.hits", "--",
-                                 TargetPath("field_writer"), "1", "1"});
+  const RunResult r = RunKwatch(
+      {"--if", "new >> ", "--write", "g_stats.hits", "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--if 'new >> ': expected an operand at column 8"));
   EXPECT_EQ(r.out, "");  // the target never ran
 }
 
 TEST(KwatchIf, StreamModeRefusesAConditionOnValues) {
-  const RunResult r = RunKwatch({"--backend", "perf", "--if", "new > 1", "--write",
-                                 "g_stats.hits", "--", TargetPath("field_writer"), "1", "1"});
+  const RunResult r = RunKwatch({"--backend", "perf", "--if", "new > 1", "--write", "g_stats.hits",
+                                 "--", TargetPath("field_writer"), "1", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("use --stop (debug registers through ptrace) or --backend page"));
 }
 
 TEST(KwatchStack, EachAccessCarriesItsBacktrace) {
   const std::string truth_path = TruthFile("stack");
-  const RunResult r = RunKwatch({"--backend", "page", "--json", "--stack", "--write",
-                                 "g_stats.hits", "--", TargetPath("field_writer"), "2", "50",
-                                 "--truth", truth_path});
+  const RunResult r =
+      RunKwatch({"--backend", "page", "--json", "--stack", "--write", "g_stats.hits", "--",
+                 TargetPath("field_writer"), "2", "50", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJsonLines(r.out);
   ASSERT_EQ(run.events.size(), 100u);

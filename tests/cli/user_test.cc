@@ -81,8 +81,8 @@ TEST(RunAsUser, ProbedCommandRunsAsTheUserWithItsGroups) {
       }
     }
     ASSERT_EQ(target.size(), 1u) << r.out;
-    EXPECT_THAT(target[0], HasSubstr(absl::StrCat("uid=", nobody->pw_uid, " gid=",
-                                                  nobody->pw_gid, " groups=")));
+    EXPECT_THAT(target[0], HasSubstr(absl::StrCat("uid=", nobody->pw_uid, " gid=", nobody->pw_gid,
+                                                  " groups=")));
     ASSERT_EQ(hits.size(), 1u) << r.out;
     EXPECT_EQ(hits[0]["args"]["i"], 7);
     EXPECT_EQ(summary["hits"], 1);
@@ -94,9 +94,8 @@ TEST(RunAsUser, WatchedCommandRunsAsTheUser) {
   const passwd* nobody = ::getpwnam("nobody");
   ASSERT_NE(nobody, nullptr) << "no user 'nobody' on this machine";
   PublicCopy copy;
-  const RunResult r =
-      RunOrFail({KwatchPath(), "--json", "-q", "-u", "nobody", "--write", "g_ticks", "--",
-                 copy.path()});
+  const RunResult r = RunOrFail(
+      {KwatchPath(), "--json", "-q", "-u", "nobody", "--write", "g_ticks", "--", copy.path()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::vector<std::string> target;
   json summary;
@@ -120,7 +119,8 @@ TEST(RunAsUser, UnknownUserAndMisuseAreUsageErrors) {
       RunOrFail({KwatchPath(), "probe", "-u", "kw-no-such-user", "tick", "--", "/bin/true"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, HasSubstr("-u kw-no-such-user: no such user"));
-  const RunResult no_command = RunOrFail({KwatchPath(), "probe", "-u", "nobody", "-p", "1", "tick"});
+  const RunResult no_command =
+      RunOrFail({KwatchPath(), "probe", "-u", "nobody", "-p", "1", "tick"});
   EXPECT_EQ(no_command.exit_code, 2);
   EXPECT_THAT(no_command.err, HasSubstr("-u USER applies to a command"));
   const RunResult watch_unknown =
