@@ -232,6 +232,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
         return "";
       })
       ->capture_default_str();
+  app.add_flag("-f,--follow-forks", opts.follow_forks,
+               "Probe the children the target forks too (ptrace backend), as strace -f; their "
+               "hits carry their pid. Without -f a child gets the original code back and runs "
+               "unprobed");
   app.add_flag("--kill-on-exit", opts.kill_on_exit,
                "Kill a launched target when kwatch stops before it ends (default: remove the "
                "probes and leave it running)");

@@ -35,6 +35,7 @@ struct ProbeCmdOptions {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
+  bool follow_forks = false;   // -f: children the target forks are probed too (ptrace)
   std::string backend = "ptrace";
   std::string output;          // -o
   std::string command_line;    // as typed, for recordings
