@@ -10,11 +10,24 @@
 //  - entry + post handler: out of line followed by a second trap for the post handler;
 //  - return probe: tick%return (an entry trap plus a trampoline trap per call).
 // The handler counts hits; the run fails (SkipWithError) unless it counted exactly N.
+//
+// BM_PtraceFloor is the floor under any ptrace backend on this machine: a forked child
+// executes N `int3` instructions and a minimal tracer only waits and continues (wait4 +
+// PTRACE_CONT per trap), or also reads and writes the registers as an emulating tracer must
+// (+ PTRACE_GETREGS/SETREGS). Argument 0 lets the scheduler place tracer and child, 1 pins
+// both to the CPU the benchmark started on. kwatch's per-hit cost is this floor plus its
+// own work; compare the two (run the whole binary under `taskset -c 0` to pin kwatch too).
 
+#include <sched.h>
+#include <sys/ptrace.h>
 #include <sys/types.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,7 +47,9 @@ constexpr int kCalls = 20000;
 
 enum class Variant { kNone, kEmulated, kOutOfLine, kPost, kReturn };
 
-std::string LoopPath() { return std::string(KWATCH_TARGETS_DIR) + "/uprobe_loop"; }
+std::string LoopPath() {
+  return std::string(KWATCH_TARGETS_DIR) + "/uprobe_loop";
+}
 
 // One launched run; returns its wall time in ns, or -1 with `error` set.
 double RunOnce(Variant v, std::string& error) {
@@ -104,7 +119,8 @@ double RunOnce(Variant v, std::string& error) {
     error = absl::StrCat("counted ", hits, " hits, expected ", kCalls);
     return -1;
   }
-  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
+  return static_cast<double>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
 }
 
 double Unprobed() {
@@ -138,16 +154,111 @@ void BM_Int3Hit(benchmark::State& state, Variant v) {
       v == Variant::kNone ? per_run / kCalls : (per_run - Unprobed()) / kCalls;
 }
 
+// The child of BM_PtraceFloor: stops for its tracer, then traps `calls` times.
+[[noreturn]] void TrapLoop(int calls) {
+  ::ptrace(PTRACE_TRACEME, 0, nullptr, nullptr);
+  ::raise(SIGSTOP);
+  for (int i = 0; i < calls; ++i) {
+    __asm__ volatile("int3");
+  }
+  ::_exit(0);
+}
+
+// One traced run of TrapLoop; returns ns per trap, or -1 with `error` set.
+double FloorRun(bool pin, bool regs, std::string& error) {
+  cpu_set_t old_set;
+  CPU_ZERO(&old_set);
+  ::sched_getaffinity(0, sizeof old_set, &old_set);
+  if (pin) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(::sched_getcpu(), &one);
+    ::sched_setaffinity(0, sizeof one, &one);  // the child inherits it
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    TrapLoop(kCalls);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::ptrace(PTRACE_SETOPTIONS, child, nullptr, PTRACE_O_EXITKILL);
+  const auto start = std::chrono::steady_clock::now();
+  ::ptrace(PTRACE_CONT, child, nullptr, nullptr);
+  int traps = 0;
+  for (;;) {
+    if (::waitpid(child, &status, __WALL) != child || WIFEXITED(status) || WIFSIGNALED(status)) {
+      break;
+    }
+    if (regs) {
+      user_regs_struct r{};
+      ::ptrace(PTRACE_GETREGS, child, nullptr, &r);
+      ::ptrace(PTRACE_SETREGS, child, nullptr, &r);
+    }
+    ++traps;
+    ::ptrace(PTRACE_CONT, child, nullptr, nullptr);
+  }
+  const auto end = std::chrono::steady_clock::now();
+  ::sched_setaffinity(0, sizeof old_set, &old_set);
+  if (traps != kCalls) {
+    error = absl::StrCat("saw ", traps, " traps, expected ", kCalls);
+    return -1;
+  }
+  return static_cast<double>(
+             std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count()) /
+         kCalls;
+}
+
+void BM_PtraceFloor(benchmark::State& state, bool regs) {
+  const bool pin = state.range(0) != 0;
+  double total = 0;
+  for (auto _ : state) {
+    std::string error;
+    const double ns = FloorRun(pin, regs, error);
+    if (ns < 0) {
+      state.SkipWithError(error.c_str());
+      return;
+    }
+    state.SetIterationTime(ns * kCalls / 1e9);
+    total += ns;
+  }
+  state.counters["ns_per_hit"] = total / static_cast<double>(state.iterations());
+}
+
+BENCHMARK_CAPTURE(BM_PtraceFloor, wait_cont, false)
+    ->ArgName("pinned")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
+BENCHMARK_CAPTURE(BM_PtraceFloor, wait_regs_cont, true)
+    ->ArgName("pinned")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
+
 BENCHMARK_CAPTURE(BM_Int3Hit, unprobed, Variant::kNone)
-    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 BENCHMARK_CAPTURE(BM_Int3Hit, entry_emulated, Variant::kEmulated)
-    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 BENCHMARK_CAPTURE(BM_Int3Hit, entry_out_of_line, Variant::kOutOfLine)
-    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 BENCHMARK_CAPTURE(BM_Int3Hit, entry_with_post_handler, Variant::kPost)
-    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 BENCHMARK_CAPTURE(BM_Int3Hit, return_probe, Variant::kReturn)
-    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 
 }  // namespace
 }  // namespace kwatch::core
