@@ -153,6 +153,88 @@ std::vector<std::string> DefaultVmlinuxPlaces(const std::string& release) {
           absl::StrCat("/usr/lib/debug/lib/modules/", release, "/vmlinux.debug")};
 }
 
+namespace {
+
+// Whether the ELF file at `path` carries DWARF line tables (.debug_info and .debug_line).
+absl::Status HasLineTables(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("open(", path, ")"));
+  }
+  elf_version(EV_CURRENT);
+  std::unique_ptr<Elf, ElfDeleter> elf(elf_begin(fd.get(), ELF_C_READ_MMAP, nullptr));
+  size_t shstrndx = 0;
+  if (elf == nullptr || elf_getshdrstrndx(elf.get(), &shstrndx) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not an ELF file"));
+  }
+  bool info = false;
+  bool line = false;
+  for (Elf_Scn* scn = elf_nextscn(elf.get(), nullptr); scn != nullptr;
+       scn = elf_nextscn(elf.get(), scn)) {
+    GElf_Shdr shdr{};
+    const char* name = gelf_getshdr(scn, &shdr) != nullptr
+                           ? elf_strptr(elf.get(), shstrndx, shdr.sh_name)
+                           : nullptr;
+    if (name != nullptr && shdr.sh_type != SHT_NOBITS) {
+      info = info || std::strcmp(name, ".debug_info") == 0;
+      line = line || std::strcmp(name, ".debug_line") == 0;
+    }
+  }
+  if (!info || !line) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " has no DWARF line tables (", info ? "" : ".debug_info ", line ? "" : ".debug_line ",
+        "missing): a kernel built without CONFIG_DEBUG_INFO, or stripped"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status KernelSymbolResolver::LoadLines() {
+  if (lines_status_.has_value()) {
+    return *lines_status_;
+  }
+  LoadListings();
+  std::vector<std::string> tried;
+  for (const Listing& l : listings_) {
+    if (l.kind != "vmlinux") {
+      continue;
+    }
+    absl::Status usable = l.status.ok() ? HasLineTables(l.path) : l.status;
+    absl::StatusOr<std::unique_ptr<Symbols>> syms = absl::InternalError("unused");
+    if (usable.ok()) {
+      syms = Symbols::ForFile(l.path);
+      usable = syms.status();
+    }
+    if (!usable.ok()) {
+      tried.push_back(absl::StrCat(l.path, ": ", StatusText(usable)));
+      continue;
+    }
+    lines_ = *std::move(syms);
+    lines_file_ = l.path;
+    lines_slide_ = l.slide.slide;
+    lines_status_ = absl::OkStatus();
+    return *lines_status_;
+  }
+  lines_status_ = absl::NotFoundError(absl::StrCat(
+      "no vmlinux with debug info matches the running kernel (", sources_.release,
+      "), so kernel code is shown as function+offset without file:line",
+      tried.empty() ? std::string(" (no vmlinux places configured)")
+                    : absl::StrCat(".\nvmlinux files tried:\n  ", absl::StrJoin(tried, "\n  ")),
+      "\nGive one with --vmlinux FILE (from the kernel build, or the distribution's debug "
+      "package, e.g. linux-image-",
+      sources_.release, "-dbg)."));
+  return *lines_status_;
+}
+
+std::optional<SourceLine> KernelSymbolResolver::LineAt(uint64_t addr) {
+  if (!LoadLines().ok()) {
+    return std::nullopt;
+  }
+  return lines_->LineAt(RemoteAddr{addr - static_cast<uint64_t>(lines_slide_)});
+}
+
 absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) {

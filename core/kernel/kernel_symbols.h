@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/kernel/kallsyms.h"
+#include "core/symbols.h"
 
 namespace kwatch::core::kernel {
 
@@ -88,6 +89,18 @@ class KernelSymbolResolver {
   // function+offset of a kernel text address (from kallsyms).
   std::optional<KernelTextLocation> TextAt(uint64_t addr) const { return kallsyms_.TextAt(addr); }
 
+  // Loads the line tables of the first vmlinux of the chain (--vmlinux, then perf's places)
+  // that matches the running kernel and has DWARF (.debug_info, .debug_line). NotFound when
+  // none does: the message lists each file tried and why. Loaded once; later calls return
+  // the first answer.
+  absl::Status LoadLines();
+  // file:line (and the innermost inlined function) of a run-time kernel text address, from
+  // that vmlinux's DWARF at the address minus the KASLR slide; nullopt without a vmlinux
+  // (LoadLines says why) or when the address has no line.
+  std::optional<SourceLine> LineAt(uint64_t addr);
+  // The vmlinux LineAt reads ("" until LoadLines found one).
+  const std::string& lines_file() const { return lines_file_; }
+
   const KernelSymbolTable& kallsyms() const { return kallsyms_; }
   const std::string& release() const { return sources_.release; }
 
@@ -109,7 +122,11 @@ class KernelSymbolResolver {
   KernelSymbolSources sources_;
   KernelSymbolTable kallsyms_;
   bool listings_loaded_ = false;
-  std::vector<Listing> listings_;  // in chain order
+  std::vector<Listing> listings_;             // in chain order
+  std::optional<absl::Status> lines_status_;  // set by the first LoadLines
+  std::unique_ptr<Symbols> lines_;            // the vmlinux's DWARF, at link-time addresses
+  std::string lines_file_;
+  int64_t lines_slide_ = 0;
 };
 
 // The symbols of a vmlinux ELF file (.symtab) as a listing, with nm's letters derived from
