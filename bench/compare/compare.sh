@@ -97,6 +97,7 @@ count_dprintf() { grep -c '^tick ' "$WORK/out"; }
 count_perf_stat() { awk -F, '/probe_uprobe_loop:tick/ {print $1}' "$WORK/out" | head -n 1; }
 count_perf_record() { grep -oE '\(([0-9]+) samples\)' "$WORK/out" | tr -dc '0-9'; }
 count_bpftrace() { grep -oE '^@c: [0-9]+' "$WORK/out" | awk '{print $2}'; }
+count_floor() { grep -oE '^hits=[0-9]+' "$WORK/out" | cut -d= -f2; }
 count_kwatch_probe() { grep '"type":"summary"' "$WORK/out" | grep -oE '"hits":[0-9]+' | head -n 1 | cut -d: -f2; }
 count_kwatch_watch() { grep '"type":"summary"' "$WORK/out" | grep -oE '"events":[0-9]+' | head -n 1 | cut -d: -f2; }
 
@@ -123,6 +124,14 @@ else
 fi
 
 run_tool probe "bpftrace uprobe count()" count_bpftrace bpftrace -e "uprobe:$LOOP:tick { @c = count(); }" -c "$LOOP @N@"
+# The floor under every ptrace tool here: a 100-line tracer that emulates tick's first
+# instruction and does nothing else (bench/compare/ptrace_floor.c).
+TICK_OFF=$(nm "$LOOP" | awk '$3 == "tick" {print $1}')
+if cc -O2 -o "$WORK/ptrace_floor" "$(dirname "$0")/ptrace_floor.c" 2>"$WORK/floor-cc.txt"; then
+  run_tool probe "minimal ptrace tracer (emulates; the floor)" count_floor "$WORK/ptrace_floor" "0x$TICK_OFF" "$LOOP" @N@
+else
+  run_tool probe "minimal ptrace tracer (emulates; the floor)" count_floor false
+fi
 run_tool probe "kwatch probe (ptrace INT3)" count_kwatch_probe "$KWATCH" probe -q --json --backend ptrace tick -- "$LOOP" @N@
 run_tool probe "kwatch probe (uprobe PMU)" count_kwatch_probe "$KWATCH" probe -q --json --backend uprobe tick -- "$LOOP" @N@
 
