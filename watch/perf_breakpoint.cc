@@ -143,6 +143,10 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
   attr.sample_period = 1;
   attr.sample_type =
       PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_ADDR | PERF_SAMPLE_CPU;
+  if (req.callchain_frames > 0) {
+    attr.sample_type |= PERF_SAMPLE_CALLCHAIN;
+    attr.sample_max_stack = req.callchain_frames;
+  }
   // Inheritance follows new tasks of a watched task; a CPU-wide event has none.
   attr.inherit = (req.inherit && req.tid != -1) ? 1 : 0;
   attr.exclude_kernel = req.exclude_kernel ? 1 : 0;

@@ -27,6 +27,9 @@ struct BreakpointRequest {
   bool exclude_user = false;   // kernel accesses only (kernel watches)
   size_t ring_pages = 64;      // data pages, power of two; 0 = counting only
   uint32_t wakeup_events = 1;  // samples per wakeup
+  // Samples also carry the callchain (PERF_SAMPLE_CALLCHAIN), at most this many frames
+  // (0: none). Drain them with PerfRing::DrainRecords and ParseCallchainSample.
+  uint16_t callchain_frames = 0;
 };
 
 // One perf_event_open(PERF_TYPE_BREAKPOINT) event with sample_period = 1 and samples of

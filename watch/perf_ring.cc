@@ -51,6 +51,42 @@ constexpr size_t kMaxParsed = kPerfSampleRecordSize;
 
 }  // namespace
 
+bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
+                          PerfCallchain& chain) {
+  chain.kernel.clear();
+  chain.user.clear();
+  if (record.size() < kPerfSampleRecordSize + 8 ||
+      Load<perf_event_header>(record.data()).type != PERF_RECORD_SAMPLE) {
+    return false;
+  }
+  const uint8_t* p = record.data();
+  sample.ip = Load<uint64_t>(p + kSampleIpOff);
+  sample.pid = Load<uint32_t>(p + kSamplePidOff);
+  sample.tid = Load<uint32_t>(p + kSampleTidOff);
+  sample.time = Load<uint64_t>(p + kSampleTimeOff);
+  sample.addr = Load<uint64_t>(p + kSampleAddrOff);
+  sample.cpu = Load<uint32_t>(p + kSampleCpuOff);
+  const uint64_t nr = Load<uint64_t>(p + kPerfSampleRecordSize);
+  const size_t room = (record.size() - kPerfSampleRecordSize - 8) / 8;
+  if (nr > room) {
+    return false;
+  }
+  std::vector<uint64_t>* into = &chain.kernel;
+  for (uint64_t i = 0; i < nr; ++i) {
+    const uint64_t ip = Load<uint64_t>(p + kPerfSampleRecordSize + 8 + 8 * i);
+    if (ip >= PERF_CONTEXT_MAX) {  // a context marker
+      into = ip == PERF_CONTEXT_USER     ? &chain.user
+             : ip == PERF_CONTEXT_KERNEL ? &chain.kernel
+                                         : nullptr;
+      continue;
+    }
+    if (into != nullptr) {
+      into->push_back(ip);
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<PerfRing> PerfRing::Map(int fd, size_t data_pages) {
   if (!IsPowerOfTwo(data_pages)) {
     return absl::InvalidArgumentError(absl::StrFormat(

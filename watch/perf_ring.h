@@ -26,6 +26,19 @@ struct PerfSample {
 // Size in bytes of one such PERF_RECORD_SAMPLE, header included (8-byte aligned).
 inline constexpr size_t kPerfSampleRecordSize = 48;
 
+// The frames of a sample's callchain (PERF_SAMPLE_CALLCHAIN), innermost first, split by the
+// context markers the kernel puts in the chain (PERF_CONTEXT_KERNEL, PERF_CONTEXT_USER).
+struct PerfCallchain {
+  std::vector<uint64_t> kernel;  // kernel text addresses
+  std::vector<uint64_t> user;    // user addresses of the task, when it came from user space
+};
+
+// Parses a PERF_RECORD_SAMPLE (header included, as PerfRing::DrainRecords hands it over)
+// of sample_type IP | TID | TIME | ADDR | CPU | CALLCHAIN into `sample` and `chain`. False
+// for another record type, or a record too short for what it claims (chain left empty).
+bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
+                          PerfCallchain& chain);
+
 // The mmap ring buffer of one perf event: a metadata page plus 2^n data pages. Owns the
 // mapping. A ring may also own the rings of the same logical event on other CPUs (Join):
 // Linux refuses to mmap an inherited per-task event (cpu -1), so an inherited watch with

@@ -183,6 +183,35 @@ TEST_F(PerfBreakpointTest, CountingOnlyHasNoRing) {
   EXPECT_TRUE((*bp)->Enable().ok());
 }
 
+TEST_F(PerfBreakpointTest, CallchainSamplesCarryTheWritersFrames) {
+  constexpr int kWrites = 5;
+  BreakpointRequest req = SelfRequest(&g_write_target, drmgr::DrKind::kWrite);
+  req.callchain_frames = 16;
+  auto bp = PerfBreakpoint::Open(req);
+  // The kernel takes a callchain on a breakpoint event (kernel watches' --stack use it).
+  KW_REQUIRE_FEATURE(bp.ok(), bp.status().ToString());
+  EXPECT_EQ((*bp)->request().callchain_frames, 16u);
+  KW_REQUIRE_DEBUG_TRAPS();
+  WriteTarget(&g_write_target, kWrites);
+  std::vector<PerfCallchain> chains;
+  (*bp)->ring()->DrainRecords([&](std::span<const uint8_t> record) {
+    PerfSample s;
+    PerfCallchain chain;
+    if (ParseCallchainSample(record, s, chain)) {
+      EXPECT_EQ(s.tid, Tid());
+      chains.push_back(chain);
+    }
+  });
+  ASSERT_EQ(chains.size(), static_cast<size_t>(kWrites));
+  for (const PerfCallchain& c : chains) {
+    // A user access: no kernel frames; frame 0 is inside WriteTarget, frame 1 in this test.
+    EXPECT_TRUE(c.kernel.empty());
+    ASSERT_GE(c.user.size(), 2u);
+    EXPECT_GE(c.user[0], CodeAddr(&WriteTarget));
+    EXPECT_LT(c.user[0], CodeAddr(&WriteTarget) + 256);
+  }
+}
+
 TEST_F(PerfBreakpointTest, CountingOnlyCountsEveryWrite) {
   BreakpointRequest req = SelfRequest(&g_write_target, drmgr::DrKind::kWrite);
   req.ring_pages = 0;

@@ -462,5 +462,66 @@ TEST(PerfRing, MapReportsTheMmapFailure) {
   EXPECT_THAT(std::string(ring.status().message()), ::testing::HasSubstr("mmap(perf ring)"));
 }
 
+// A sample with PERF_SAMPLE_CALLCHAIN: the fixed fields, then nr and the frames with the
+// kernel's context markers, as a kernel watch's sample looks when the access came from a
+// system call (kernel frames, then the user frames of the task).
+TEST(PerfCallchain, SampleIsSplitIntoKernelAndUserFrames) {
+  FakeRing fake(kPage);
+  PerfSample s;
+  s.ip = 0xffffffff81234567;
+  s.pid = 41;
+  s.tid = 42;
+  s.time = 123456789;
+  s.addr = 0x7ffd0000;
+  s.cpu = 1;
+  const std::vector<uint64_t> chain = {PERF_CONTEXT_KERNEL, 0xffffffff81234567, 0xffffffff81000100,
+                                       PERF_CONTEXT_USER,   0x401234,           0x401500};
+  std::vector<uint8_t> p(kPerfSampleRecordSize - sizeof(perf_event_header) + 8 + 8 * chain.size(),
+                         0);
+  std::memcpy(&p[0], &s.ip, 8);
+  std::memcpy(&p[8], &s.pid, 4);
+  std::memcpy(&p[12], &s.tid, 4);
+  std::memcpy(&p[16], &s.time, 8);
+  std::memcpy(&p[24], &s.addr, 8);
+  std::memcpy(&p[32], &s.cpu, 4);
+  const uint64_t nr = chain.size();
+  std::memcpy(&p[40], &nr, 8);
+  std::memcpy(&p[48], chain.data(), 8 * chain.size());
+  fake.Put(PERF_RECORD_SAMPLE, p);
+  fake.PutLost(7, 3);
+  // A record that claims more frames than it holds.
+  const uint64_t too_many = 1000;
+  std::memcpy(&p[40], &too_many, 8);
+  fake.Put(PERF_RECORD_SAMPLE, p);
+  fake.Publish();
+  PerfRing ring = fake.Ring();
+  std::vector<PerfSample> samples;
+  std::vector<PerfCallchain> chains;
+  size_t refused = 0;
+  EXPECT_EQ(ring.DrainRecords([&](std::span<const uint8_t> record) {
+    PerfSample got;
+    PerfCallchain c;
+    if (ParseCallchainSample(record, got, c)) {
+      samples.push_back(got);
+      chains.push_back(c);
+    } else {
+      ++refused;
+      EXPECT_TRUE(c.kernel.empty() && c.user.empty());
+    }
+  }),
+            3u);
+  EXPECT_EQ(refused, 2u);  // the lost record and the short one
+  EXPECT_EQ(ring.lost(), 3u);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].ip, s.ip);
+  EXPECT_EQ(samples[0].pid, 41u);
+  EXPECT_EQ(samples[0].tid, 42u);
+  EXPECT_EQ(samples[0].time, 123456789u);
+  EXPECT_EQ(samples[0].addr, 0x7ffd0000u);
+  EXPECT_EQ(samples[0].cpu, 1u);
+  EXPECT_EQ(chains[0].kernel, (std::vector<uint64_t>{0xffffffff81234567, 0xffffffff81000100}));
+  EXPECT_EQ(chains[0].user, (std::vector<uint64_t>{0x401234, 0x401500}));
+}
+
 }  // namespace
 }  // namespace kwatch::watch
