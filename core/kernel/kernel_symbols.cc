@@ -235,6 +235,27 @@ std::optional<SourceLine> KernelSymbolResolver::LineAt(uint64_t addr) {
   return lines_->LineAt(RemoteAddr{addr - static_cast<uint64_t>(lines_slide_)});
 }
 
+std::string KernelSymbolResolver::Describe(uint64_t addr) {
+  const std::optional<KernelTextLocation> text = TextAt(addr);
+  std::string out = text.has_value() ? text->ToString() : absl::StrFormat("0x%x", addr);
+  if (!text.has_value() || !text->module.empty()) {
+    return out;  // lines come from vmlinux, which holds no module code
+  }
+  if (std::optional<SourceLine> line = LineAt(addr); line.has_value()) {
+    absl::string_view file = line->file;
+    for (absl::string_view tree : {"/linux-", "/build/"}) {
+      const size_t at = file.rfind(tree);
+      if (at != absl::string_view::npos) {
+        const size_t slash = file.find('/', at + 1);
+        file = slash == absl::string_view::npos ? file : file.substr(slash + 1);
+        break;
+      }
+    }
+    absl::StrAppendFormat(&out, " (%s:%d)", file, line->line);
+  }
+  return out;
+}
+
 absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) {

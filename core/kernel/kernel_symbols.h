@@ -98,6 +98,11 @@ class KernelSymbolResolver {
   // that vmlinux's DWARF at the address minus the KASLR slide; nullopt without a vmlinux
   // (LoadLines says why) or when the address has no line.
   std::optional<SourceLine> LineAt(uint64_t addr);
+  // How kwatch names a kernel code address: "func+0x1a (fs/read_write.c:482)" with a
+  // vmlinux's lines, "func+0x1a" from kallsyms alone, "0xffffffff81234567" outside any
+  // known function. The file is shown relative to the kernel source tree when it lies in
+  // one (the path after the compilation directory's last "linux-*/" or "build/"), else whole.
+  std::string Describe(uint64_t addr);
   // The vmlinux LineAt reads ("" until LoadLines found one).
   const std::string& lines_file() const { return lines_file_; }
 

@@ -126,6 +126,15 @@ TEST_F(KernelLinesTest, RunTimeAddressesMapToTheImagesLines) {
     ASSERT_TRUE(text.has_value());
     EXPECT_EQ(text->ToString(), fn + "+0x4");
   }
+  // Describe: function+offset from kallsyms, the line from the vmlinux (the fixture was
+  // compiled outside a kernel tree: the path stays whole).
+  const uint64_t fn7 = link_.at("fixture_fn07") + kSlide;
+  const std::string desc = (*r)->Describe(fn7 + 4);
+  EXPECT_TRUE(absl::StartsWith(desc, "fixture_fn07+0x4 (")) << desc;
+  EXPECT_TRUE(
+      absl::EndsWith(desc, absl::StrCat("fake_vmlinux.c:", LineOf("// line of fixture_fn07"), ")")))
+      << desc;
+  EXPECT_EQ((*r)->Describe(0xffffffff00001000), "0xffffffff00001000");
   // An address of the image's link-time layout, unslid, is not kernel text of this kernel
   // and has no line.
   EXPECT_FALSE((*r)->LineAt(link_.at("fixture_fn07") - kSlide).has_value());
@@ -151,7 +160,8 @@ TEST_F(KernelLinesTest, ImageWithoutDebugInfoIsNamedWithTheReason) {
                             kRelease, stripped, stripped, kRelease));
   EXPECT_FALSE((*r)->LineAt(link_.at("fixture_fn07") + kSlide).has_value());
   EXPECT_EQ((*r)->lines_file(), "");
-  // Its symbols still resolve function+offset (kallsyms).
+  // Its symbols still resolve function+offset (kallsyms), without a line.
+  EXPECT_EQ((*r)->Describe(link_.at("fixture_fn07") + kSlide + 2), "fixture_fn07+0x2");
   EXPECT_EQ((*r)->TextAt(link_.at("fixture_fn07") + kSlide + 2)->ToString(), "fixture_fn07+0x2");
 }
 
