@@ -154,6 +154,9 @@ absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
   if (opts.backend == "uprobe") {
     return RunUprobeProbes(opts, set, sigfd.get());
   }
+  if (opts.hw) {
+    return RunHwProbes(opts, set, sigfd.get());
+  }
   return RunPtraceProbes(opts, set, sigfd.get());
 }
 
@@ -236,6 +239,11 @@ int ProbeMain(const std::vector<std::string>& argv) {
                "Probe the children the target forks too (ptrace backend), as strace -f; their "
                "hits carry their pid. Without -f a child gets the original code back and runs "
                "unprobed");
+  app.add_flag("--hw", opts.hw,
+               "Probe with execute breakpoints in the debug registers (DR0-DR3, through "
+               "ptrace) instead of INT3: the program's code is never modified. At most 4 "
+               "probed addresses (fewer when a debugger or another tool holds registers); no "
+               "%return probes; ptrace backend only (docs/probe-hw.md)");
   app.add_flag("--kill-on-exit", opts.kill_on_exit,
                "Kill a launched target when kwatch stops before it ends (default: remove the "
                "probes and leave it running)");
@@ -258,6 +266,21 @@ int ProbeMain(const std::vector<std::string>& argv) {
   }
   if (opts.pid.has_value() && !opts.command.empty()) {
     std::fprintf(stderr, "kwatch: error: give either -p PID or a command after `--`, not both\n");
+    return 2;
+  }
+  if (opts.hw && opts.backend == "uprobe") {
+    std::fprintf(stderr,
+                 "kwatch: error: --hw and --backend uprobe exclude each other: the uprobe PMU "
+                 "is the kernel's own INT3 breakpoint in the file's code, while --hw places "
+                 "execute breakpoints in the debug registers of the threads kwatch traces "
+                 "(ptrace); drop one of them\n");
+    return 2;
+  }
+  if (opts.hw && opts.follow_forks) {
+    std::fprintf(stderr,
+                 "kwatch: error: --hw does not follow forks yet: a child starts with no debug "
+                 "registers, and kwatch clears the copy of DR7 it inherits; drop -f (children "
+                 "then run unprobed) or --hw\n");
     return 2;
   }
   const bool listing = !opts.list_lines.empty() || !opts.list_vars.empty();

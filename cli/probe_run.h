@@ -6,8 +6,11 @@
 // SIGHUP (delivered through `sigfd`), and return kwatch's exit status.
 
 #include <sys/types.h>
+#include <sys/user.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,9 +19,19 @@
 #include "absl/status/statusor.h"
 #include "cli/probe_output.h"
 #include "cli/probe_set.h"
-#include "core/store/trace_writer.h"
 #include "core/process.h"
+#include "core/store/trace_writer.h"
+#include "core/symbolizer.h"
 #include "core/unique_fd.h"
+#include "drmgr/allocator_types.h"
+
+namespace kwatch::drmgr {
+class SlotAllocator;
+}  // namespace kwatch::drmgr
+namespace kwatch::watch {
+class StopBackend;
+struct Watch;
+}  // namespace kwatch::watch
 
 namespace kwatch::cli {
 
@@ -35,7 +48,8 @@ struct ProbeCmdOptions {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
-  bool follow_forks = false;   // -f: children the target forks are probed too (ptrace)
+  bool follow_forks = false;  // -f: children the target forks are probed too (ptrace)
+  bool hw = false;            // --hw: execute breakpoints in debug registers, no INT3
   std::string backend = "ptrace";
   std::string output;          // -o
   std::string command_line;    // as typed, for recordings
@@ -52,6 +66,90 @@ absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, 
 // Runs the session with the kernel's uprobe PMU: launched, attached (-p, no ptrace) or, with
 // neither, every process running the file.
 absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
+
+// Runs the session with execute breakpoints in the debug registers (--hw, cli/probe_hw.cc):
+// launch or attach over ptrace like RunPtraceProbes, but the code is never written.
+absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
+
+// Why `probes` cannot run with --hw (InvalidArgument for a return probe; ResourceExhausted,
+// naming who would get which register, when they need more than the 4 debug registers),
+// decided as drmgr would with all 4 free. OK otherwise.
+absl::Status CheckHwProbes(const std::vector<ProbeDef>& probes);
+
+// The probes of a --hw session in the debug registers of one traced process: one drmgr
+// execute request per probe (process scope, 1 byte; probes at one address share a register)
+// made real in DR0-DR3/DR7 of every thread, threads created later included, by the ptrace
+// applier (watch::StopBackend). The code is never written. At each SIGTRAP (TRAP_HWBKPT)
+// whose DR6 names a probe's register, `on_hit` runs while the thread is stopped at the probed
+// instruction, before it runs; the thread then resumes with the RF flag the kernel set for an
+// execute breakpoint (arch/x86/kernel/hw_breakpoint.c), so the instruction runs once without
+// trapping again: registers are never written back.
+//
+// Registers itself as the process's first signal interceptor at Arm (before the applier);
+// `proc`, `symbolizer` and `probes` must outlive it. Used on the thread that owns `proc`.
+class HwProbes : public core::SignalInterceptor {
+ public:
+  struct Hit {
+    const ProbeDef* probe = nullptr;
+    pid_t tid = 0;
+    uint64_t time_ns = 0;                    // CLOCK_MONOTONIC at the trap
+    core::RemoteAddr ip;                     // the probed instruction (absolute)
+    const user_regs_struct* regs = nullptr;  // the thread's, at the probed instruction
+  };
+  using HitFn = std::function<void(const Hit&)>;
+
+  HwProbes(core::Process& proc, core::Symbolizer& symbolizer, const std::vector<ProbeDef>& probes,
+           uint64_t load_bias, HitFn on_hit);
+  ~HwProbes() override;
+  HwProbes(const HwProbes&) = delete;
+  HwProbes& operator=(const HwProbes&) = delete;
+
+  // Stops the target, arms every probe, resumes it. All or nothing. ResourceExhausted when
+  // the registers do not suffice, the kernel's ENOSPC (registers held by another tool)
+  // included: the message says which probes got which register and which did not fit.
+  absl::Status Arm();
+  // Clears the registers of every thread (the target keeps running). Safe to call twice.
+  void Disarm();
+  // After exec: the registers went with the old image; nothing is written.
+  void Forget();
+
+  // The debug register (0-3) probe `id` (ProbeDef::id) holds, -1 when none.
+  int RegisterOf(uint32_t id) const;
+  // Debug registers of the process the kernel said are held outside kwatch.
+  int external_slots() const;
+  // drmgr's decisions (for `kwatch slots`); nullptr before Arm.
+  const drmgr::SlotAllocator* allocator() const { return alloc_.get(); }
+  // Traps whose DR6 named no probe's register (dropped).
+  uint64_t stray_traps() const;
+
+  // ---- core::SignalInterceptor ----
+  bool Claims(pid_t tid, const siginfo_t& si) override;
+  absl::Status Handle(pid_t tid, const siginfo_t& si) override;
+  absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+
+ private:
+  absl::Status ApplyChanges(drmgr::Changes changes);
+  absl::Status Deliver(pid_t tid);
+
+  core::Process& proc_;
+  core::Symbolizer& symbolizer_;
+  const std::vector<ProbeDef>& probes_;
+  uint64_t bias_;
+  HitFn on_hit_;
+  std::unique_ptr<drmgr::SlotAllocator> alloc_;
+  std::unique_ptr<watch::StopBackend> backend_;
+  std::map<size_t, drmgr::RequestId> request_of_;  // index in probes_ -> request
+  std::vector<watch::Watch> no_watches_;  // the applier's watch list: none, probes own requests
+  std::vector<core::AccessEvent> events_;
+  uint64_t off_address_ = 0;  // traps of a probe's register away from its address
+  bool armed_ = false;
+};
+
+// A --hw hit as the INT3 path shows it: the probe's arguments evaluated with core/probe/fetch.h
+// against the stopped thread's registers (and its floating-point registers when an argument
+// needs them) and memory, read through `read`.
+ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
+                       const core::MemoryReader& read);
 
 // --- shared by the runners ---
 
