@@ -11,9 +11,13 @@
 
 namespace kwatch::core {
 
-void SqliteCloser::operator()(sqlite3* db) const { sqlite3_close_v2(db); }
+void SqliteCloser::operator()(sqlite3* db) const {
+  sqlite3_close_v2(db);
+}
 
-void SqliteStmtFinalizer::operator()(sqlite3_stmt* stmt) const { sqlite3_finalize(stmt); }
+void SqliteStmtFinalizer::operator()(sqlite3_stmt* stmt) const {
+  sqlite3_finalize(stmt);
+}
 
 namespace {
 
@@ -66,6 +70,9 @@ absl::Status SqliteError(sqlite3* db, int rc, absl::string_view context) {
     std::string detail = IoOperation(rc);
     if (err != 0) {
       absl::StrAppend(&detail, detail.empty() ? "" : ": ", ErrnoText(err));
+    } else if (primary == SQLITE_FULL) {
+      // SQLite's unix VFS turns a write's ENOSPC into SQLITE_FULL and forgets the errno.
+      absl::StrAppend(&detail, detail.empty() ? "" : ": ", "ENOSPC: ", ErrnoText(ENOSPC));
     }
     if (!detail.empty()) {
       absl::StrAppend(&msg, " (", detail, ")");

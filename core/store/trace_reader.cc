@@ -32,9 +32,13 @@ std::string ColumnText(sqlite3_stmt* s, int i) {
   return std::string(p, static_cast<size_t>(sqlite3_column_bytes(s, i)));
 }
 
-uint64_t ColumnU64(sqlite3_stmt* s, int i) { return FromSqlInt(sqlite3_column_int64(s, i)); }
+uint64_t ColumnU64(sqlite3_stmt* s, int i) {
+  return FromSqlInt(sqlite3_column_int64(s, i));
+}
 
-bool IsNull(sqlite3_stmt* s, int i) { return sqlite3_column_type(s, i) == SQLITE_NULL; }
+bool IsNull(sqlite3_stmt* s, int i) {
+  return sqlite3_column_type(s, i) == SQLITE_NULL;
+}
 
 uint32_t ColumnCpu(sqlite3_stmt* s, int i) {
   return IsNull(s, i) ? kUnknownCpu : static_cast<uint32_t>(sqlite3_column_int64(s, i));
@@ -60,7 +64,8 @@ bool IsCorruption(int rc) {
 }
 
 absl::Status NotARecording(const std::string& path, absl::string_view why) {
-  return absl::DataLossError(absl::StrCat("not a kwatch recording or corrupted: ", path, ": ", why));
+  return absl::DataLossError(
+      absl::StrCat("not a kwatch recording or corrupted: ", path, ": ", why));
 }
 
 uint32_t Be32(const unsigned char* p) {
@@ -96,8 +101,8 @@ absl::Status CheckNotTruncated(const std::string& path, uint64_t size) {
   const uint64_t pages = Be32(h + 28);
   const uint32_t valid_for = Be32(h + 92);
   if (valid_for == change_counter && pages > 0 && size < pages * page_size) {
-    return NotARecording(path, absl::StrCat("truncated: ", size, " bytes, its header says ",
-                                            pages * page_size));
+    return NotARecording(
+        path, absl::StrCat("truncated: ", size, " bytes, its header says ", pages * page_size));
   }
   return absl::OkStatus();
 }
@@ -119,9 +124,9 @@ absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string
   }
   KW_RETURN_IF_ERROR(CheckNotTruncated(path, static_cast<uint64_t>(st.st_size)));
   sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw,
-                                 SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
-                                 nullptr);
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &raw,
+                      SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, nullptr);
   SqlitePtr db(raw);
   if (rc != SQLITE_OK) {
     return SqliteError(db.get(), rc, absl::StrCat("opening ", path));
@@ -148,8 +153,8 @@ absl::Status TraceReader::ReadError(int rc) const {
 
 absl::StatusOr<SqliteStmtPtr> TraceReader::Prepare(const std::string& sql) const {
   sqlite3_stmt* raw = nullptr;
-  const int rc = sqlite3_prepare_v2(db_.get(), sql.c_str(), static_cast<int>(sql.size()), &raw,
-                                    nullptr);
+  const int rc =
+      sqlite3_prepare_v2(db_.get(), sql.c_str(), static_cast<int>(sql.size()), &raw, nullptr);
   SqliteStmtPtr stmt(raw);
   if (rc != SQLITE_OK) {
     return ReadError(rc);
@@ -159,8 +164,9 @@ absl::StatusOr<SqliteStmtPtr> TraceReader::Prepare(const std::string& sql) const
 
 absl::Status TraceReader::Load() {
   sqlite3* db = db_.get();
-  if (const int rc = sqlite3_exec(db, "PRAGMA trusted_schema=OFF; PRAGMA query_only=ON;"
-                                      "PRAGMA cell_size_check=ON;",
+  if (const int rc = sqlite3_exec(db,
+                                  "PRAGMA trusted_schema=OFF; PRAGMA query_only=ON;"
+                                  "PRAGMA cell_size_check=ON;",
                                   nullptr, nullptr, nullptr);
       rc != SQLITE_OK) {
     return ReadError(rc);
@@ -171,11 +177,10 @@ absl::Status TraceReader::Load() {
     return NotARecording(path_, sqlite3_errmsg(db));
   }
   if (*app_id != kTraceApplicationId) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("not a kwatch recording: %s (a SQLite database with application_id "
-                        "0x%08x, not 0x%08x 'kwdb')",
-                        path_, static_cast<uint32_t>(*app_id),
-                        static_cast<uint32_t>(kTraceApplicationId)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "not a kwatch recording: %s (a SQLite database with application_id "
+        "0x%08x, not 0x%08x 'kwdb')",
+        path_, static_cast<uint32_t>(*app_id), static_cast<uint32_t>(kTraceApplicationId)));
   }
   auto version = SqliteQueryInt(db, "PRAGMA user_version", path_);
   if (!version.ok()) {
@@ -235,6 +240,8 @@ absl::Status TraceReader::LoadSession() {
     end.exit_reason = ColumnText(s, 12);
     end.lost_count = ColumnU64(s, 13);
     end_ = std::move(end);
+  } else if (!IsNull(s, 12)) {
+    cut_reason_ = ColumnText(s, 12);
   }
   return absl::OkStatus();
 }
@@ -354,10 +361,9 @@ absl::StatusOr<int64_t> TraceReader::FirstRowidAtOrAfter(const char* table,
                       Prepare(absl::StrCat("SELECT min(rowid) FROM ", table)));
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr max_stmt,
                       Prepare(absl::StrCat("SELECT max(rowid) FROM ", table)));
-  KW_ASSIGN_OR_RETURN(
-      SqliteStmtPtr probe,
-      Prepare(absl::StrCat("SELECT rowid,time_ns FROM ", table,
-                           " WHERE rowid >= ?1 ORDER BY rowid LIMIT 1")));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr probe,
+                      Prepare(absl::StrCat("SELECT rowid,time_ns FROM ", table,
+                                           " WHERE rowid >= ?1 ORDER BY rowid LIMIT 1")));
   int rc = sqlite3_step(min_stmt.get());
   if (rc != SQLITE_ROW) {
     return ReadError(rc);
@@ -523,8 +529,9 @@ absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) con
   std::string sql = "SELECT count(*) FROM events";
   const bool filtered = filter.from_ns || filter.to_ns || filter.tid || filter.watch_id;
   if (filtered) {
-    sql += " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
-           "(?4 IS NULL OR watch_id = ?4)";
+    sql +=
+        " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
+        "(?4 IS NULL OR watch_id = ?4)";
   }
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
   sqlite3_stmt* s = stmt.get();
@@ -549,8 +556,9 @@ absl::StatusOr<uint64_t> TraceReader::CountHits(const HitFilter& filter) const {
   std::string sql = "SELECT count(*) FROM hits";
   const bool filtered = filter.from_ns || filter.to_ns || filter.tid || filter.probe_id;
   if (filtered) {
-    sql += " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
-           "(?4 IS NULL OR probe_id = ?4)";
+    sql +=
+        " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
+        "(?4 IS NULL OR probe_id = ?4)";
   }
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
   sqlite3_stmt* s = stmt.get();

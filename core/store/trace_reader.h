@@ -61,6 +61,10 @@ class TraceReader {
   bool complete() const { return complete_; }
   // How it ended; nullopt when cut short.
   const std::optional<SessionEnd>& end() const { return end_; }
+  // Why it was cut short, when the writer could say (e.g. "recording cut short: writing events
+  // to run.kwdb: database or disk is full (ENOSPC: No space left on device); ..."); empty when
+  // complete, or when the writer died without a word (killed).
+  const std::string& cut_reason() const { return cut_reason_; }
   const std::vector<WatchRecord>& watches() const { return watches_; }
   // Sorted by ip (unsigned).
   const std::vector<SiteRecord>& sites() const { return sites_; }
@@ -101,6 +105,7 @@ class TraceReader {
   SqlitePtr db_;
   SessionRecord session_;
   bool complete_ = false;
+  std::string cut_reason_;
   std::optional<SessionEnd> end_;
   std::vector<WatchRecord> watches_;
   std::vector<SiteRecord> sites_;

@@ -124,8 +124,9 @@ absl::Status RemoveIfPresent(const std::string& p) {
   return absl::OkStatus();
 }
 
-// Makes `path` a fresh empty regular file, mode 0600, created by us (O_EXCL|O_NOFOLLOW).
-absl::Status CreateFreshFile(const std::string& path) {
+// Makes `path` a fresh empty regular file, mode 0600, created by us (O_EXCL|O_NOFOLLOW), and
+// returns it open for writing.
+absl::StatusOr<UniqueFd> CreateFreshFile(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) {
@@ -156,7 +157,46 @@ absl::Status CreateFreshFile(const std::string& path) {
     const int err = errno;
     return SyscallError(err, absl::StrCat("fchmod(", path, ", 0600)"));
   }
-  return absl::OkStatus();
+  return fd;
+}
+
+// An unlinked file of `bytes` allocated bytes in the directory of `path` (so on its
+// filesystem and under its quota), or an invalid fd when the filesystem cannot make one
+// (no O_TMPFILE) or has no room: the reserve is best effort.
+UniqueFd MakeReserve(const std::string& path, off_t bytes) {
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    return fd;
+  }
+  if (::fallocate(fd.get(), 0, 0, bytes) == 0) {
+    return fd;
+  }
+  // No fallocate on this filesystem: write the bytes.
+  static constexpr size_t kChunk = 64 * 1024;
+  static const char kZeros[kChunk] = {};
+  for (off_t off = 0; off < bytes; off += static_cast<off_t>(kChunk)) {
+    if (::pwrite(fd.get(), kZeros, kChunk, off) != static_cast<ssize_t>(kChunk)) {
+      return UniqueFd();
+    }
+  }
+  if (::fsync(fd.get()) != 0) {
+    return UniqueFd();
+  }
+  return fd;
+}
+
+// The path the open file `fd` has now ("/proc/self/fd/N"), or "" if unknown.
+std::string CurrentPath(int fd) {
+  char buf[4096];
+  const std::string link = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) {
+    return "";
+  }
+  return std::string(buf, static_cast<size_t>(n));
 }
 
 void BindU64(sqlite3_stmt* s, int i, uint64_t v) {
@@ -230,15 +270,18 @@ int StepDone(sqlite3_stmt* s) {
 
 }  // namespace
 
-TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size)
-    : path_(std::move(path)), db_(std::move(db)), batch_size_(std::max<size_t>(batch_size, 1)) {
+TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file)
+    : path_(std::move(path)),
+      db_(std::move(db)),
+      batch_size_(std::max<size_t>(batch_size, 1)),
+      file_(std::move(file)) {
   events_.reserve(batch_size_);
 }
 
 absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path,
                                                                  const SessionRecord& session,
                                                                  size_t batch_size) {
-  KW_RETURN_IF_ERROR(CreateFreshFile(path));
+  KW_ASSIGN_OR_RETURN(UniqueFd file, CreateFreshFile(path));
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(
       path.c_str(), &raw,
@@ -248,8 +291,9 @@ absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::stri
   if (rc != SQLITE_OK) {
     return SqliteError(db.get(), rc, absl::StrCat("opening ", path));
   }
-  std::unique_ptr<TraceWriter> w(new TraceWriter(path, std::move(db), batch_size));
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path, std::move(db), batch_size, std::move(file)));
   KW_RETURN_IF_ERROR(w->Init(session));
+  w->reserve_ = MakeReserve(path, kReserveBytes);
   return w;
 }
 
@@ -335,6 +379,9 @@ TraceWriter::~TraceWriter() {
     // Cut short but closed cleanly: still one file. Best effort.
     sqlite3_exec(db_.get(), "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);
   }
+  // SQLite's locks are POSIX locks, which closing any fd of the file drops: close it last.
+  db_.reset();
+  file_.Reset();
 }
 
 absl::Status TraceWriter::StopCheckpointer() {
@@ -375,7 +422,7 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr fs,
                       SqlitePrepare(db, "INSERT INTO fields VALUES(?,?,?,?,?,?,?,?,?,?)", context));
   if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
-    return Fail(SqliteError(db, rc, context));
+    return WriteFailure(SqliteError(db, rc, context), 0);
   }
   int rc = SQLITE_OK;
   sqlite3_stmt* s = ws.get();
@@ -413,7 +460,7 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
     if ((rc & 0xff) == SQLITE_CONSTRAINT) {
       return absl::InvalidArgumentError(st.message());
     }
-    return Fail(st);
+    return WriteFailure(st, 0);
   }
   return absl::OkStatus();
 }
@@ -438,7 +485,7 @@ absl::Status TraceWriter::AddProbe(const ProbeRecord& p) {
     if ((rc & 0xff) == SQLITE_CONSTRAINT) {
       return absl::InvalidArgumentError(st.message());
     }
-    return Fail(st);
+    return WriteFailure(st, 0);
   }
   return absl::OkStatus();
 }
@@ -479,6 +526,13 @@ absl::Status TraceWriter::Flush() {
 }
 
 absl::Status TraceWriter::Commit() {
+  const size_t dropped = pending();
+  if (absl::Status s = CheckLocation(); !s.ok()) {
+    events_.clear();
+    hits_.clear();
+    sites_.clear();
+    return WriteFailure(std::move(s), dropped);
+  }
   if (events_.empty() && hits_.empty() && sites_.empty()) {
     return absl::OkStatus();
   }
@@ -496,9 +550,84 @@ absl::Status TraceWriter::Commit() {
   sites_.clear();
   if (!s.ok()) {
     sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-    return Fail(std::move(s));
+    return WriteFailure(std::move(s), dropped);
   }
   return absl::OkStatus();
+}
+
+absl::Status TraceWriter::CheckLocation() {
+  if (!file_.valid()) {
+    return absl::OkStatus();
+  }
+  struct stat fst {};
+  if (::fstat(file_.get(), &fst) != 0) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("fstat(", path_, ")"));
+  }
+  if (fst.st_nlink == 0) {
+    location_lost_ = true;
+    return absl::DataLossError(
+        absl::StrCat(path_,
+                     ": the recording's file was removed while recording (its directory "
+                     "deleted?); the recording is lost"));
+  }
+  struct stat pst {};
+  if (::stat(path_.c_str(), &pst) != 0 || pst.st_dev != fst.st_dev || pst.st_ino != fst.st_ino) {
+    moved_to_ = CurrentPath(file_.get());
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": the recording's file or directory was renamed or replaced while recording",
+        moved_to_.empty() ? "" : absl::StrCat("; the recording is now ", moved_to_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::WriteFailure(absl::Status s, size_t dropped) {
+  if (!error_.ok()) {
+    return error_;
+  }
+  std::string message(s.message());
+  if (location_lost_) {
+    absl::StrAppend(&message, " (", events_committed_, " events and ", hits_committed_,
+                    " probe hits had been written into it)");
+    (void)StopCheckpointer();
+  } else {
+    absl::StrAppend(&message, "; recording stopped with ", events_committed_, " events and ",
+                    hits_committed_, " probe hits committed, ", dropped,
+                    " lost with the failed batch");
+    MarkCutShort(message, dropped);
+  }
+  error_ = absl::Status(s.code(), message);
+  return error_;
+}
+
+void TraceWriter::MarkCutShort(const std::string& reason, uint64_t dropped) {
+  // The writer is dead from here on: no more checkpoints in the background.
+  (void)StopCheckpointer();
+  // Room for this last small commit on a full disk.
+  reserve_.Reset();
+  sqlite3* db = db_.get();
+  if (db == nullptr) {
+    return;
+  }
+  sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_stmt* raw = nullptr;
+  if (sqlite3_prepare_v2(db,
+                         "UPDATE session SET end_wall_ns=?1, end_mono_ns=?2, exit_reason=?3, "
+                         "lost_count=?4, complete=0",
+                         -1, &raw, nullptr) != SQLITE_OK) {
+    return;
+  }
+  SqliteStmtPtr stmt(raw);
+  BindU64(raw, 1, WallClockNs());
+  BindU64(raw, 2, MonotonicClockNs());
+  BindText(raw, 3, absl::StrCat("recording cut short: ", reason));
+  BindU64(raw, 4, dropped);
+  (void)StepDone(raw);  // best effort: the recording is readable without it
+  stmt.reset();
+  if (!moved_to_.empty()) {
+    // The file was renamed, perhaps without path-wal: fold the WAL into the file itself.
+    sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr);
+  }
 }
 
 absl::Status TraceWriter::RestartWal(bool wait) {
@@ -613,11 +742,13 @@ absl::Status TraceWriter::WriteBatch() {
 absl::Status TraceWriter::Finish(const SessionEnd& end) {
   KW_RETURN_IF_ERROR(Check());
   KW_RETURN_IF_ERROR(Commit());
+  // From here on, the room kept for a failure helps fold the WAL into the file.
+  reserve_.Reset();
   sqlite3* db = db_.get();
   const std::string context = absl::StrCat("finishing ", path_);
   auto fail = [&](absl::Status s) {
     sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-    return Fail(std::move(s));
+    return WriteFailure(std::move(s), 0);
   };
   if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
     return fail(SqliteError(db, rc, context));
@@ -670,12 +801,24 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   insert_site_.reset();
   update_counts_.reset();
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.
-  KW_RETURN_IF_ERROR(Fail(StopCheckpointer()));
-  KW_RETURN_IF_ERROR(Fail(SqliteExec(db, "PRAGMA wal_checkpoint(TRUNCATE)", context)));
+  // A failure from here on leaves a complete recording whose last batches are in path-wal.
+  auto fold_failed = [&](const absl::Status& s) {
+    return Fail(absl::Status(
+        s.code(), absl::StrCat(s.message(),
+                               "; the recording is complete, but its last batches "
+                               "stay in ",
+                               path_, "-wal: keep that file (and ", path_, "-shm) beside it")));
+  };
+  if (absl::Status s = StopCheckpointer(); !s.ok()) {
+    return fold_failed(s);
+  }
+  if (absl::Status s = SqliteExec(db, "PRAGMA wal_checkpoint(TRUNCATE)", context); !s.ok()) {
+    return fold_failed(s);
+  }
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr mode, SqlitePrepare(db, "PRAGMA journal_mode=DELETE", context));
   const int rc = sqlite3_step(mode.get());
   if (rc != SQLITE_ROW) {
-    return Fail(SqliteError(db, rc, context));
+    return fold_failed(SqliteError(db, rc, context));
   }
   const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(mode.get(), 0));
   if (text == nullptr || absl::string_view(text) != "delete") {

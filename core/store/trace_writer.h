@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "core/remote_addr.h"
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
+#include "core/unique_fd.h"
 
 namespace kwatch::core {
 
@@ -32,9 +35,19 @@ class WalCheckpointer;
 // Checkpoints (copying the WAL into the database) run on a background thread with its own
 // connection (WalCheckpointer), so Append and Flush never wait for a checkpoint's fsyncs.
 //
-// Errors: a failed write (disk full, I/O error) returns a Status naming the path and SQLite's
-// message; the failed batch is dropped, the committed data stays readable, and every later
-// call returns the same error (the writer is dead).
+// Errors: a failed write (disk full, quota, I/O error) returns a Status naming the path,
+// SQLite's message with the errno text, how many events and hits are committed and how many
+// were lost with the failed batch; every later call returns the same error (the writer is
+// dead). The committed data stays readable, and the writer marks the recording cut short with
+// the reason (session.exit_reason, complete = 0): a reserve of kReserveBytes, allocated on
+// the recording's filesystem at Create and released on the failure, leaves room for that last
+// small commit on a full disk. The recording's files stay in WAL mode then (path-wal holds
+// the last batches); readers need path, path-wal and path-shm together.
+// The writer also checks, at each commit and Flush, that `path` still names its file: when
+// the file was removed (e.g. its directory deleted: the data would go into an unlinked file)
+// it fails at once with DataLoss, says the recording is lost, and location_lost() is true;
+// when the file or its directory was renamed, it folds the WAL into the file, marks it cut
+// short, fails with FailedPrecondition naming the new path, and moved_to() gives it.
 //
 // Owns its SQLite connection and the checkpoint thread. Not thread-safe: one thread calls
 // everything.
@@ -83,16 +96,25 @@ class TraceWriter {
   absl::Status Finish(const SessionEnd& end);
 
   const std::string& path() const { return path_; }
+  // The first failure, OK while the writer works.
+  const absl::Status& error() const { return error_; }
+  // After a failure: true when the recording's file no longer exists anywhere (removed while
+  // recording); nothing of the recording is left.
+  bool location_lost() const { return location_lost_; }
+  // After a failure: the file's path now, when it was renamed (or its directory) while
+  // recording; empty otherwise.
+  const std::string& moved_to() const { return moved_to_; }
   uint64_t events_committed() const { return events_committed_; }
   uint64_t hits_committed() const { return hits_committed_; }
   size_t pending() const { return events_.size() + hits_.size(); }
 
  private:
   static constexpr size_t kEventsPerInsert = 32;
-  static constexpr int kCheckpointPages = 1024;  // 16 MiB of 16 KiB pages
-  static constexpr int kRestartPages = 4096;     // 64 MiB: the writer restarts the WAL
+  static constexpr int kCheckpointPages = 1024;    // 16 MiB of 16 KiB pages
+  static constexpr int kRestartPages = 4096;       // 64 MiB: the writer restarts the WAL
+  static constexpr off_t kReserveBytes = 1 << 20;  // released on a failure for the last commit
 
-  TraceWriter(std::string path, SqlitePtr db, size_t batch_size);
+  TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file);
 
   absl::Status Init(const SessionRecord& session);
   absl::Status Commit();
@@ -102,11 +124,18 @@ class TraceWriter {
   absl::Status Error(int rc, const char* what);
   absl::Status StopCheckpointer();
   absl::Status RestartWal(bool wait);
+  absl::Status CheckLocation();
+  absl::Status WriteFailure(absl::Status s, size_t dropped);
+  void MarkCutShort(const std::string& reason, uint64_t dropped);
 
   std::string path_;
   SqlitePtr db_;
   size_t batch_size_;
   std::unique_ptr<WalCheckpointer> checkpointer_;
+  UniqueFd file_;     // the database file (O_RDONLY): where it is now, whether it still exists
+  UniqueFd reserve_;  // unlinked file of kReserveBytes on the same filesystem, or invalid
+  bool location_lost_ = false;
+  std::string moved_to_;
   absl::Status error_;  // sticky: the first failure
   bool finished_ = false;
 
