@@ -119,13 +119,14 @@ if command -v sqlite3 >/dev/null && [ -s "$REC" ]; then
 fi
 awk -F, -v events="$EVENTS" -v total="$SECONDS_TOTAL" -v rec="$(size_of "$REC")" '
   NR == 1 { next }
-  { last = $1; if ($3 > peak) peak = $3
+  { last = $1; last_rss = $2; if ($3 > peak) peak = $3
     for (i = 1; i <= 4; ++i) if (!(i in at) && $1 >= mark[i]) { at[i] = $2 } }
   BEGIN { mark[1] = 60; mark[2] = 600; mark[3] = 1800; mark[4] = 3600
           name[1] = "1 min"; name[2] = "10 min"; name[3] = "30 min"; name[4] = "60 min" }
   END {
     printf "memory_soak: %s s sampled; peak RSS (VmHWM) %.1f MiB\n", last, peak / 1024
     for (i = 1; i <= 4; ++i) if (i in at) printf "memory_soak: RSS at %s: %.1f MiB\n", name[i], at[i] / 1024
+    printf "memory_soak: RSS at the last sample (%s s): %.1f MiB\n", last, last_rss / 1024
     if (events != "") printf "memory_soak: %d events recorded, %.0f events/s\n", events, events / total
     printf "memory_soak: recording %.1f MiB\n", rec / 1048576
   }' "$CSV"
