@@ -213,9 +213,11 @@ void HitSink::PrintText(const ProbeHit& hit) {
   } else if (const std::string line = p.SourceLine(); !line.empty()) {
     absl::StrAppend(&where, " (", line, ")");
   }
-  std::string line =
-      absl::StrFormat("%-12.6f %-7d %-20s %-34s", Seconds(hit.time_ns, opts_.start_ns), hit.tid,
-                      p.point.event, where);
+  const std::string who = opts_.main_pid != 0 && hit.pid != 0 && hit.pid != opts_.main_pid
+                              ? absl::StrCat(hit.pid, "/", hit.tid)
+                              : absl::StrCat(hit.tid);
+  std::string line = absl::StrFormat(
+      "%-12.6f %-7s %-20s %-34s", Seconds(hit.time_ns, opts_.start_ns), who, p.point.event, where);
   for (const auto& [name, value] : hit.args) {
     absl::StrAppend(&line, " ", name, "=", value);
   }

@@ -51,6 +51,9 @@ struct SinkOptions {
   uint64_t count = 0;     // > 0: take this many hits, ignore the rest
   uint64_t start_ns = 0;  // CLOCK_MONOTONIC origin of the TIME column
   std::string backend;    // "ptrace", "uprobe"
+  // The target's pid: text lines of other processes (children followed with -f) show
+  // PID/TID in the TID column. 0: never.
+  pid_t main_pid = 0;
 };
 
 // Takes hits from a backend: prints, tallies, records. Not thread-safe.

@@ -20,6 +20,7 @@
 #include "core/probe/fetch.h"
 #include "core/probe/int3_engine.h"
 #include "core/process.h"
+#include "core/process_group.h"
 #include "core/status_macros.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
@@ -43,10 +44,32 @@ class PtraceRunner {
   absl::Status Start();
   absl::Status Arm();
   absl::Status Loop();
+  // Polls the target and every followed child, handles what happened to each.
   absl::Status HandleChild();
+  // A process of the session (the target or a followed child) and its engine.
+  struct Tracee {
+    std::unique_ptr<core::Process> proc;
+    std::unique_ptr<core::Guardian> guardian;
+    std::unique_ptr<core::Int3Engine> engine;
+    pid_t parent = 0;
+    uint64_t adopt_ns = 0;  // fork event seen -> child resumed with its probes
+  };
+  absl::Status HandleEvents(core::Process& proc, core::Int3Engine& engine,
+                            const std::vector<core::ProcessEvent>& events);
+  // -f: takes the followed child `pid` forked by thread `tid` of `parent` and resumes it
+  // with an engine adopting the parent's probes.
+  absl::Status AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t pid);
+  bool AnyChildAlive() const;
+  // Engines of every process, the target's first.
+  std::vector<core::Int3Engine*> Engines() const;
   // Restores the target and lets it go (detach, or kill with --kill-on-exit).
   absl::Status Release();
-  void OnHit(const ProbeDef& def, const core::ProbeContext& ctx);
+  void OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uint64_t bias);
+  // Registers every probe in `engine` (world stopped by the caller) at the addresses of an
+  // image loaded at `bias`; adds the ids to the engine's sets.
+  absl::Status RegisterAll(core::Int3Engine& engine, uint64_t bias);
+  // -f: after `proc` exec'd, probes its new image again if the probed file is mapped in it.
+  void Rearm(core::Process& proc, core::Int3Engine& engine);
   // What the loop does every round: flush, check the stop conditions. Also run from the hit
   // handler every 50 ms: while the target hits probes back to back, Process::Poll keeps
   // handling its stops and does not return to the loop.
@@ -57,6 +80,7 @@ class PtraceRunner {
   const ProbeCmdOptions& opts_;
   ProbeSet& set_;
   int sigfd_;
+  std::unique_ptr<core::ProcessGroup> group_;  // -f; outlives every process below
   std::unique_ptr<core::Process> proc_;
   std::unique_ptr<core::Guardian> guardian_;
   std::unique_ptr<core::Int3Engine> engine_;
@@ -68,11 +92,14 @@ class PtraceRunner {
   uint64_t bias_ = 0;
   uint64_t start_ns_ = 0;
   std::map<uint32_t, core::ProbeId> ids_;  // ProbeDef::id -> engine id
+  // Every engine's probe ids (ProbeDef::id -> engine id), one set per image it probed.
+  std::map<const core::Int3Engine*, std::vector<std::map<uint32_t, core::ProbeId>>> id_sets_;
   std::string stop_reason_;
   std::vector<std::string> notes_;
   uint64_t deadline_ns_ = 0;  // --duration, 0: none
   uint64_t last_duties_ns_ = 0;
   bool probes_disabled_ = false;
+  std::vector<std::unique_ptr<Tracee>> children_;  // -f: followed children, in fork order
 };
 
 constexpr uint64_t kDutyIntervalNs = 50'000'000;
@@ -85,8 +112,12 @@ void PtraceRunner::Stop(std::string reason) {
   // No more hits are shown; the probes come out once the loop runs again (Release).
   if (engine_ != nullptr && !probes_disabled_) {
     probes_disabled_ = true;
-    for (const auto& [def_id, id] : ids_) {
-      (void)engine_->Disable(id);
+    for (core::Int3Engine* e : Engines()) {
+      for (const auto& set : id_sets_[e]) {
+        for (const auto& [def_id, id] : set) {
+          (void)e->Disable(id);
+        }
+      }
     }
   }
 }
@@ -119,7 +150,7 @@ std::string PtraceRunner::Caller(core::RemoteAddr ra) {
   return core::Symbolizer::Format(loc);
 }
 
-void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx) {
+void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uint64_t bias) {
   if (ctx.time_ns >= last_duties_ns_ + kDutyIntervalNs && stop_reason_.empty()) {
     Duties(ReadStopSignal(sigfd_));
     if (!stop_reason_.empty()) {
@@ -134,15 +165,19 @@ void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx) {
   }
   ProbeHit hit;
   hit.time_ns = ctx.time_ns;
-  hit.pid = proc_->pid();
+  hit.pid = ctx.process.pid();
   hit.tid = ctx.tid;
   hit.probe = &def;
   hit.ip = ctx.addr;
   hit.return_address = ctx.return_address;
   core::FetchContext fc;
   fc.regs = &ctx.regs;
-  fc.load_bias = bias_;
+  fc.load_bias = bias;
   fc.read = read_;
+  if (&ctx.process != proc_.get()) {  // a followed child
+    const core::Process& p = ctx.process;
+    fc.read = [&p](core::RemoteAddr a, std::span<uint8_t> out) { return p.ReadMemory(a, out); };
+  }
   fc.at_return = ctx.is_return;
   fc.tid = ctx.tid;
   user_fpregs_struct fp{};
@@ -171,6 +206,10 @@ absl::Status PtraceRunner::Start() {
     KW_ASSIGN_OR_RETURN(proc_, core::Process::Launch(opts_.command, lo));
     KW_RETURN_IF_ERROR(proc_->RunToEntry());
   }
+  if (opts_.follow_forks) {
+    group_ = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
+    group_->Add(*proc_);
+  }
   KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_->Maps());
   absl::StatusOr<uint64_t> bias = set_.target->LoadBias(maps);
   if (!bias.ok()) {
@@ -194,28 +233,65 @@ absl::Status PtraceRunner::Start() {
   return absl::OkStatus();
 }
 
-absl::Status PtraceRunner::Arm() {
-  KW_RETURN_IF_ERROR(engine_->StopWorld());
+absl::Status PtraceRunner::RegisterAll(core::Int3Engine& engine, uint64_t bias) {
+  std::map<uint32_t, core::ProbeId> ids;
   for (const ProbeDef& def : set_.probes) {
-    const core::RemoteAddr addr{def.point.vaddr.value + bias_};
+    const core::RemoteAddr addr{def.point.vaddr.value + bias};
     core::ProbeHandlers h;
-    h.pre = [this, &def](const core::ProbeContext& ctx) { OnHit(def, ctx); };
+    h.pre = [this, &def, bias](const core::ProbeContext& ctx) { OnHit(def, ctx, bias); };
     absl::StatusOr<core::ProbeId> id;
     if (def.point.is_return) {
       core::ReturnProbeOptions ro;
       ro.maxactive = opts_.maxactive;
-      id = engine_->RegisterReturn(addr, std::move(h), ro);
+      id = engine.RegisterReturn(addr, std::move(h), ro);
     } else {
-      id = engine_->Register(addr, std::move(h));
+      id = engine.Register(addr, std::move(h));
     }
     if (!id.ok()) {
-      (void)engine_->ResumeWorld();
       return absl::Status(id.status().code(),
                           absl::StrCat("probe ", def.point.event, " (", def.Location(),
                                        "): ", id.status().message()));
     }
-    ids_[def.id] = *id;
+    ids[def.id] = *id;
   }
+  id_sets_[&engine].push_back(ids);
+  return absl::OkStatus();
+}
+
+void PtraceRunner::Rearm(core::Process& proc, core::Int3Engine& engine) {
+  absl::StatusOr<std::vector<core::MapEntry>> maps = proc.Maps();
+  absl::StatusOr<uint64_t> bias =
+      maps.ok() ? set_.target->LoadBias(*maps) : absl::StatusOr<uint64_t>(maps.status());
+  std::string what;
+  if (!bias.ok()) {
+    what = absl::StrFormat("not re-armed: %s is not mapped in the new image (%s)", set_.path,
+                           bias.status().message());
+  } else {
+    absl::Status s = engine.StopWorld();
+    if (s.ok()) {
+      s = RegisterAll(engine, *bias);
+      if (!s.ok()) {
+        (void)engine.RestoreAll();  // all or nothing
+      }
+      (void)engine.ResumeWorld();
+    }
+    what = s.ok() ? absl::StrFormat("%d probe%s re-armed in the new image (-f)", set_.probes.size(),
+                                    set_.probes.size() == 1 ? "" : "s")
+                  : absl::StrCat("not re-armed: ", s.message());
+  }
+  notes_.push_back(absl::StrFormat("%s %d called exec: the probes of the old image ended there; %s",
+                                   &proc == proc_.get() ? "target" : "followed child", proc.pid(),
+                                   what));
+  std::fprintf(stderr, "kwatch: %s\n", notes_.back().c_str());
+}
+
+absl::Status PtraceRunner::Arm() {
+  KW_RETURN_IF_ERROR(engine_->StopWorld());
+  if (absl::Status s = RegisterAll(*engine_, bias_); !s.ok()) {
+    (void)engine_->ResumeWorld();
+    return s;
+  }
+  ids_ = id_sets_[engine_.get()].back();
   start_ns_ = NowNs();
   last_duties_ns_ = start_ns_;
   SinkOptions so;
@@ -224,6 +300,7 @@ absl::Status PtraceRunner::Arm() {
   so.count = opts_.count;
   so.start_ns = start_ns_;
   so.backend = "ptrace";
+  so.main_pid = proc_->pid();
   sink_ = std::make_unique<HitSink>(STDOUT_FILENO, so, set_.probes, writer_.get(),
                                     [this](core::RemoteAddr ra) { return Caller(ra); });
   sink_->PrintHeader();
@@ -235,27 +312,121 @@ absl::Status PtraceRunner::Arm() {
 }
 
 absl::Status PtraceRunner::HandleChild() {
-  KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_->Poll());
+  if (proc_->alive()) {
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_->Poll());
+    KW_RETURN_IF_ERROR(HandleEvents(*proc_, *engine_, events));
+  }
+  // Children adopted meanwhile are polled in the same round (the vector may grow).
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Tracee& t = *children_[i];
+    if (!t.proc->alive()) {
+      continue;
+    }
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, t.proc->Poll());
+    KW_RETURN_IF_ERROR(HandleEvents(*t.proc, *t.engine, events));
+  }
+  if (group_ != nullptr && !proc_->alive() && !AnyChildAlive()) {
+    Stop(children_.empty() ? "target exited" : "target and its followed children exited");
+  }
+  return absl::OkStatus();
+}
+
+bool PtraceRunner::AnyChildAlive() const {
+  for (const auto& t : children_) {
+    if (t->proc->alive()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<core::Int3Engine*> PtraceRunner::Engines() const {
+  std::vector<core::Int3Engine*> out;
+  if (engine_ != nullptr) {
+    out.push_back(engine_.get());
+  }
+  for (const auto& t : children_) {
+    out.push_back(t->engine.get());
+  }
+  return out;
+}
+
+absl::Status PtraceRunner::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t pid) {
+  const uint64_t t0 = NowNs();
+  std::unique_ptr<core::Process> child = group_->TakeChild(pid);
+  if (child == nullptr) {
+    return absl::OkStatus();
+  }
+  auto t = std::make_unique<Tracee>();
+  t->parent = parent.process().pid();
+  t->proc = std::move(child);
+  if (absl::StatusOr<std::unique_ptr<core::Guardian>> g = core::Guardian::Start(pid); g.ok()) {
+    t->guardian = *std::move(g);
+  } else {
+    notes_.push_back(absl::StrFormat("child %d is not guarded (the guardian did not start: %s)",
+                                     pid, g.status().message()));
+  }
+  // The engine adopted the parent's state at the fork event (OnFollowedFork), while the
+  // parent was still stopped there.
+  t->engine = parent.TakeForkedEngine(pid);
+  if (t->engine == nullptr) {
+    t->engine = parent.AdoptFork(*t->proc, tid, nullptr);
+  }
+  t->engine->JournalInto(t->guardian.get());
+  if (const auto& sets = id_sets_[&parent]; !sets.empty()) {
+    id_sets_[t->engine.get()].push_back(sets.back());
+  }
+  KW_RETURN_IF_ERROR(t->proc->ResumeAll());
+  t->adopt_ns = NowNs() - t0;
+  if (!opts_.quiet) {
+    std::fprintf(stderr, "kwatch: following child %d of %d (probes adopted in %.0f us)\n", pid,
+                 t->parent, static_cast<double>(t->adopt_ns) / 1e3);
+  }
+  children_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& engine,
+                                        const std::vector<core::ProcessEvent>& events) {
+  const bool main = &proc == proc_.get();
   for (const core::ProcessEvent& e : events) {
     switch (e.kind) {
       case core::ProcessEvent::Kind::kExited:
-        Stop(proc_->exit_info()->signaled
-                 ? absl::StrCat("target killed by ", sigabbrev_np(proc_->exit_info()->signal))
-                 : "target exited");
+        if (main && group_ == nullptr) {
+          Stop(proc.exit_info()->signaled
+                   ? absl::StrCat("target killed by ", sigabbrev_np(proc.exit_info()->signal))
+                   : "target exited");
+        } else if (!main && !opts_.quiet) {
+          std::fprintf(
+              stderr, "kwatch: followed child %d %s %d\n", proc.pid(),
+              proc.exit_info()->signaled ? "killed by signal" : "exited with status",
+              proc.exit_info()->signaled ? proc.exit_info()->signal : proc.exit_info()->code);
+        }
         break;
       case core::ProcessEvent::Kind::kExec:
-        engine_->OnExec();
-        notes_.push_back(absl::StrFormat(
-            "target %d called exec: the probes of the old image ended there", proc_->pid()));
+        engine.OnExec();
+        if (group_ != nullptr && stop_reason_.empty()) {
+          Rearm(proc, engine);
+          KW_RETURN_IF_ERROR(proc.Resume(e.tid));
+          break;
+        }
+        notes_.push_back(
+            absl::StrFormat("%s %d called exec: the probes of the old image ended there",
+                            main ? "target" : "followed child", proc.pid()));
         std::fprintf(stderr, "kwatch: %s\n", notes_.back().c_str());
-        KW_RETURN_IF_ERROR(proc_->Resume(e.tid));
+        KW_RETURN_IF_ERROR(proc.Resume(e.tid));
         break;
       case core::ProcessEvent::Kind::kThreadExited:
-        engine_->OnThreadExit(e.tid);
+        engine.OnThreadExit(e.tid);
+        break;
+      case core::ProcessEvent::Kind::kForked:
+        if (e.child != 0) {
+          KW_RETURN_IF_ERROR(AdoptChild(engine, e.tid, e.child));
+        }
         break;
       case core::ProcessEvent::Kind::kGroupStop:
-        std::fprintf(stderr, "kwatch: target %d stopped by %s (job control); still probing\n",
-                     proc_->pid(), sigabbrev_np(e.signal));
+        std::fprintf(stderr, "kwatch: %s %d stopped by %s (job control); still probing\n",
+                     main ? "target" : "followed child", proc.pid(), sigabbrev_np(e.signal));
         break;
       default:
         break;
@@ -276,9 +447,7 @@ absl::Status PtraceRunner::Loop() {
       break;
     }
     // SIGCHLD may merge with another one: poll on every round.
-    if (proc_->alive()) {
-      KW_RETURN_IF_ERROR(HandleChild());
-    }
+    KW_RETURN_IF_ERROR(HandleChild());
     if (r.tick || NowNs() >= last_duties_ns_ + kDutyIntervalNs) {
       Duties(0);
     }
@@ -287,6 +456,35 @@ absl::Status PtraceRunner::Loop() {
 }
 
 absl::Status PtraceRunner::Release() {
+  if (group_ != nullptr) {
+    // Forks from now on are cleaned and let go; children already announced are adopted (and
+    // restored below).
+    group_->set_follow_forks(false);
+    (void)HandleChild();
+  }
+  const bool kill_children = proc_->launched() && opts_.kill_on_exit;
+  size_t detached = 0;
+  for (auto& t : children_) {
+    if (t->proc->alive()) {
+      KW_RETURN_IF_ERROR(t->engine->RestoreAll());
+      if (kill_children) {
+        KW_RETURN_IF_ERROR(t->proc->Kill());
+      } else {
+        KW_RETURN_IF_ERROR(t->proc->Detach());
+        ++detached;
+      }
+    }
+    if (t->guardian != nullptr) {
+      if (!t->proc->alive()) {
+        t->guardian->ForgetAll();
+      }
+      (void)t->guardian->Dismiss();
+    }
+  }
+  if (detached > 0) {
+    std::fprintf(stderr, "kwatch: probes removed from %zu followed child%s, detached; %s running\n",
+                 detached, detached == 1 ? "" : "ren", detached == 1 ? "it keeps" : "they keep");
+  }
   if (engine_ != nullptr && proc_->alive()) {
     KW_RETURN_IF_ERROR(engine_->RestoreAll());
   }
@@ -319,6 +517,15 @@ absl::StatusOr<int> PtraceRunner::Run() {
     s = Loop();
   }
   if (!s.ok()) {
+    for (auto& t : children_) {
+      if (t->proc->alive()) {
+        (void)t->engine->RestoreAll();
+        (void)t->proc->Detach();
+      }
+      if (t->guardian != nullptr) {
+        (void)t->guardian->Dismiss();
+      }
+    }
     if (proc_ != nullptr && proc_->alive()) {
       if (engine_ != nullptr) {
         (void)engine_->RestoreAll();
@@ -336,13 +543,17 @@ absl::StatusOr<int> PtraceRunner::Run() {
     return s;
   }
   std::map<uint32_t, ProbeEndStats> stats;
-  for (const auto& [def_id, id] : ids_) {
-    if (absl::StatusOr<core::ProbeStats> st = engine_->Stats(id); st.ok()) {
-      ProbeEndStats& e = stats[def_id];
-      e.misses = st->misses;
-      e.nmissed = st->nmissed;
-      e.abandoned = st->abandoned;
-      e.faults = st->faults;
+  for (const core::Int3Engine* eng : Engines()) {  // every process and image counts
+    for (const auto& set : id_sets_[eng]) {
+      for (const auto& [def_id, id] : set) {
+        if (absl::StatusOr<core::ProbeStats> st = eng->Stats(id); st.ok()) {
+          ProbeEndStats& e = stats[def_id];
+          e.misses += st->misses;
+          e.nmissed += st->nmissed;
+          e.abandoned += st->abandoned;
+          e.faults += st->faults;
+        }
+      }
     }
   }
   ProbeRunInfo info;
@@ -356,11 +567,25 @@ absl::StatusOr<int> PtraceRunner::Run() {
         "the target forked %d child%s: not followed, their copy of the code was restored",
         proc_->forks(), proc_->forks() == 1 ? "" : "ren"));
   }
-  if (proc_->spurious_traps() > 0) {
+  if (!children_.empty()) {
+    std::string pids;
+    for (const auto& t : children_) {
+      absl::StrAppend(&pids, pids.empty() ? "" : " ", t->proc->pid());
+    }
+    notes_.push_back(absl::StrFormat(
+        "followed %d forked child%s (-f; pids %s): their hits are counted above and labelled "
+        "with their pid",
+        children_.size(), children_.size() == 1 ? "" : "ren", pids));
+  }
+  uint64_t spurious = proc_->spurious_traps();
+  for (const auto& t : children_) {
+    spurious += t->proc->spurious_traps();
+  }
+  if (spurious > 0) {
     notes_.push_back(absl::StrFormat(
         "absorbed %d spurious debug trap%s (SIGTRAP with no cause: no debug-register bit, no "
         "icebp) that would have killed a target without a SIGTRAP handler",
-        proc_->spurious_traps(), proc_->spurious_traps() == 1 ? "" : "s"));
+        spurious, spurious == 1 ? "" : "s"));
   }
   info.notes = notes_;
   info.exit = proc_->exit_info();

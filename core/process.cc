@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -349,6 +350,9 @@ Process::~Process() {
   if (!detached_ && alive()) {
     (void)Detach();
   }
+  if (group_ != nullptr) {
+    group_->Remove(*this);
+  }
 }
 
 absl::Status Process::Cont(pid_t tid, int sig) {
@@ -373,9 +377,15 @@ absl::Status Process::Cont(pid_t tid, int sig) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<pid_t> Process::WaitAny(int& status) {
+absl::StatusOr<pid_t> Process::NextStatus(int& status, bool nohang) {
+  if (!stashed_.empty()) {
+    const auto [tid, st] = stashed_.front();
+    stashed_.pop_front();
+    status = st;
+    return tid;
+  }
   for (;;) {
-    const pid_t tid = ::waitpid(-1, &status, __WALL);
+    const pid_t tid = ::waitpid(-1, &status, __WALL | (nohang ? WNOHANG : 0));
     if (tid >= 0) {
       return tid;
     }
@@ -390,28 +400,48 @@ bool Process::Adopt(pid_t tid, int status) {
   if (threads_.contains(tid) || tid == pid_) {
     return true;
   }
+  if (group_ != nullptr) {
+    // Another member's stop or exit: handed to it.
+    for (Process* p : group_->members_) {
+      if (p != this && (p->threads_.contains(tid) || p->pid_ == tid)) {
+        p->stashed_.emplace_back(tid, status);
+        return false;
+      }
+    }
+  }
   if (!WIFSTOPPED(status)) {
     return false;  // the end of something that was never ours (or a detached fork child)
   }
-  if (ProcStatusField(tid, "Tgid") == absl::StrCat(pid_)) {
+  const std::string tgid = ProcStatusField(tid, "Tgid");
+  if (tgid == absl::StrCat(pid_)) {
     threads_[tid] = Thread{};  // a new thread whose clone event comes later
     threads_[tid].fresh = true;
     return true;
+  }
+  if (group_ != nullptr) {
+    if (Process* owner = group_->Owner(tid); owner != nullptr && owner != this) {
+      owner->stashed_.emplace_back(tid, status);
+      return false;
+    }
+    group_->foreign_stops_.insert(tid);
+    return false;
   }
   foreign_stops_.insert(tid);  // a forked child's first stop, before its parent's fork event
   return false;
 }
 
-absl::Status Process::HandleFork(pid_t parent) {
+absl::StatusOr<pid_t> Process::HandleFork(pid_t parent) {
   unsigned long child_pid = 0;
   ::ptrace(PTRACE_GETEVENTMSG, parent, nullptr, &child_pid);
   const auto child = static_cast<pid_t>(child_pid);
   if (child <= 0) {
-    return absl::OkStatus();
+    return 0;
   }
   // The child starts traced (PTRACE_O_TRACEFORK) and stopped; wait for that stop unless a
   // waitpid(-1) already saw it.
-  if (!foreign_stops_.erase(child)) {
+  const bool seen =
+      group_ != nullptr ? group_->foreign_stops_.erase(child) > 0 : foreign_stops_.erase(child) > 0;
+  if (!seen) {
     for (;;) {
       int status = 0;
       const pid_t r = ::waitpid(child, &status, __WALL);
@@ -419,10 +449,25 @@ absl::Status Process::HandleFork(pid_t parent) {
         continue;
       }
       if (r < 0 || !WIFSTOPPED(status)) {
-        return absl::OkStatus();  // gone already
+        return 0;  // gone already
       }
       break;
     }
+  }
+  if (group_ != nullptr && group_->follow_forks()) {
+    // Followed: a member, stopped, kwatch's changes in place until its owner takes it. It
+    // inherited the tracing options (PTRACE_O_EXITKILL included).
+    auto proc = std::unique_ptr<Process>(new Process(child, /*launched=*/false, argv_));
+    proc->threads_[child].state = ThreadState::kStopped;
+    proc->syscall_stops_ = false;
+    if (interceptor_ != nullptr) {
+      interceptor_->OnFollowedFork(*proc, parent);
+    }
+    group_->Add(*proc);
+    group_->children_[child] = std::move(proc);
+    ++group_->followed_;
+    ++followed_forks_;
+    return child;
   }
   // kwatch does not follow forks: undo in the child what kwatch changed in the parent's
   // image (protected pages...), then let it go.
@@ -442,7 +487,7 @@ absl::Status Process::HandleFork(pid_t parent) {
     return absl::Status(cleaned.code(),
                         absl::StrCat("cleaning up forked child ", child, ": ", cleaned.message()));
   }
-  return absl::OkStatus();
+  return 0;
 }
 
 absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events) {
@@ -493,8 +538,8 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
       return Cont(tid, 0);
     }
     case PTRACE_EVENT_FORK: {
-      KW_RETURN_IF_ERROR(HandleFork(tid));
-      events.push_back({ProcessEvent::Kind::kForked, tid, 0});
+      KW_ASSIGN_OR_RETURN(const pid_t followed, HandleFork(tid));
+      events.push_back({ProcessEvent::Kind::kForked, tid, 0, followed});
       if (stopping_all_ || handling_claimed_) {
         threads_[tid].state = ThreadState::kStopped;
         return absl::OkStatus();
@@ -643,8 +688,14 @@ absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
   bool first = events.empty();
   while (alive()) {
     int status = 0;
-    const int flags = __WALL | ((block && first) ? 0 : WNOHANG);
-    const pid_t tid = ::waitpid(-1, &status, flags);
+    pid_t tid = 0;
+    if (!stashed_.empty()) {
+      std::tie(tid, status) = stashed_.front();  // reaped for us by another member
+      stashed_.pop_front();
+    } else {
+      const int flags = __WALL | ((block && first) ? 0 : WNOHANG);
+      tid = ::waitpid(-1, &status, flags);
+    }
     first = false;
     if (tid == 0) {
       break;
@@ -726,7 +777,7 @@ absl::Status Process::StopThreads(bool user_code_only) {
       break;
     }
     int status = 0;
-    KW_ASSIGN_OR_RETURN(const pid_t tid, WaitAny(status));
+    KW_ASSIGN_OR_RETURN(const pid_t tid, NextStatus(status, /*nohang=*/false));
     if (!Adopt(tid, status)) {
       continue;
     }
@@ -909,7 +960,7 @@ absl::Status Process::RunToEntry() {
   std::vector<ProcessEvent>& events = pending_events_;
   while (alive()) {
     int status = 0;
-    KW_ASSIGN_OR_RETURN(const pid_t tid, WaitAny(status));
+    KW_ASSIGN_OR_RETURN(const pid_t tid, NextStatus(status, /*nohang=*/false));
     if (tid == pid_ && WIFSTOPPED(status) && (status >> 16) == 0 && WSTOPSIG(status) == SIGTRAP) {
       KW_ASSIGN_OR_RETURN(user_regs_struct regs, GetRegs(pid_));
       if (regs.rip == entry + 1) {
@@ -1174,6 +1225,12 @@ absl::Status Process::FanOut::OnFork(Process& child) {
     first.Update(i->OnFork(child));
   }
   return first;
+}
+
+void Process::FanOut::OnFollowedFork(Process& child, pid_t parent_tid) {
+  for (SignalInterceptor* i : all_) {
+    i->OnFollowedFork(child, parent_tid);
+  }
 }
 
 absl::Status Process::FanOut::OnThreadStart(pid_t tid) {

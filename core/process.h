@@ -5,10 +5,12 @@
 #include <sys/user.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -17,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/maps.h"
+#include "core/process_group.h"
 #include "core/remote_addr.h"
 #include "core/syscall_stop.h"
 #include "core/unique_fd.h"
@@ -43,11 +46,14 @@ struct ProcessEvent {
     kExited,         // the whole process ended; see exit_info()
     kSignal,         // a signal was delivered to tid (already passed on to the target)
     kGroupStop,      // job-control stop (SIGSTOP/SIGTSTP...): the target stays stopped
-    kForked,         // tid forked a child; kwatch cleaned the child up and let it go
+    kForked,         // tid forked a child: cleaned up and let go, or followed (`child`)
   };
   Kind kind = Kind::kThreadStarted;
   pid_t tid = 0;
   int signal = 0;
+  // kForked in a ProcessGroup following forks: the child's pid, stopped until its owner
+  // takes it (ProcessGroup::TakeChild) and resumes it; 0 when the child was let go.
+  pid_t child = 0;
 };
 
 class Process;
@@ -71,6 +77,11 @@ class SignalInterceptor {
   // The target forked: `child` (stopped, one thread) is a copy of the target, kwatch's
   // changes included. Undo them in it; kwatch then detaches from it (forks are not followed).
   virtual absl::Status OnFork(Process& /*child*/) { return absl::OkStatus(); }
+  // The target forked and kwatch follows the child (core/process_group.h): `child` (stopped,
+  // one thread, a copy of the target's thread `parent_tid`, kwatch's changes included) is
+  // about to be handed to the group. Called while `parent_tid` is still stopped at its fork
+  // event, so the parent's state is the child's: take a copy of it here.
+  virtual void OnFollowedFork(Process& /*child*/, pid_t /*parent_tid*/) {}
   // A new thread of the process (PTRACE_O_TRACECLONE) is at its first stop, before it has run
   // any code. clone() copies no per-thread state kwatch set (debug registers) into it: set it
   // here. The thread is then resumed (or kept stopped by StopAll). An error ends the session.
@@ -132,8 +143,12 @@ class Process {
   bool Dying() const;
   const std::optional<ExitInfo>& exit_info() const { return exit_; }
   const std::vector<std::string>& argv() const { return argv_; }
-  // Children the target forked (each cleaned up and left untraced).
+  // Children the target forked and kwatch let go (each cleaned up and left untraced).
   uint64_t forks() const { return forks_; }
+  // Children the target forked that kwatch follows (members of its group).
+  uint64_t followed_forks() const { return followed_forks_; }
+  // The group this process belongs to (ProcessGroup::Add), or nullptr.
+  ProcessGroup* group() const { return group_; }
   // SIGTRAPs absorbed because nothing explains them (a debug exception with no cause:
   // see core/trap_origin.h); every other SIGTRAP is delivered to the target unchanged.
   uint64_t spurious_traps() const { return spurious_traps_; }
@@ -273,10 +288,12 @@ class Process {
   // Whether a wait status of `tid` concerns this process (adopting threads not seen yet);
   // false for a forked child's first stop (kept in foreign_stops_).
   bool Adopt(pid_t tid, int status);
-  // Blocks for the next wait status of any child or tracee (EINTR retried).
-  static absl::StatusOr<pid_t> WaitAny(int& status);
-  // PTRACE_EVENT_FORK of `parent`: cleans the child up through the interceptor, detaches it.
-  absl::Status HandleFork(pid_t parent);
+  // PTRACE_EVENT_FORK of `parent`: cleans the child up through the interceptor and detaches
+  // it, or (a group following forks) makes it a member; returns its pid when followed, else 0.
+  absl::StatusOr<pid_t> HandleFork(pid_t parent);
+  // The next wait status of any tracee: one another member of the group handed over first,
+  // then waitpid(-1) (0 with `nohang` when none is ready). EINTR retried.
+  absl::StatusOr<pid_t> NextStatus(int& status, bool nohang);
 
   pid_t pid_;
   bool launched_;
@@ -296,6 +313,7 @@ class Process {
     absl::Status Handle(pid_t tid, const siginfo_t& si) override;
     absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
     absl::Status OnFork(Process& child) override;
+    void OnFollowedFork(Process& child, pid_t parent_tid) override;
     absl::Status OnThreadStart(pid_t tid) override;
     absl::Status OnSyscallStop(pid_t tid, const SyscallStop& stop, bool world_stopped) override;
 
@@ -309,7 +327,11 @@ class Process {
   bool syscall_stops_ = false;
   uint64_t syscall_stop_count_ = 0;
   absl::flat_hash_set<pid_t> foreign_stops_;
+  friend class ProcessGroup;
+  ProcessGroup* group_ = nullptr;
+  std::deque<std::pair<pid_t, int>> stashed_;  // statuses other members reaped for us
   uint64_t forks_ = 0;
+  uint64_t followed_forks_ = 0;
   uint64_t spurious_traps_ = 0;
   mutable UniqueFd mem_fd_;  // /proc/PID/mem, opened on first use, reopened after exec
 };

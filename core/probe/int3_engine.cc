@@ -924,6 +924,87 @@ absl::Status Int3Engine::OnFork(Process& child) {
   return status;
 }
 
+std::unique_ptr<Int3Engine> Int3Engine::AdoptFork(Process& child, pid_t forking_tid,
+                                                  Guardian* guardian) const {
+  auto e = std::make_unique<Int3Engine>(child);
+  e->guardian_ = guardian;
+  e->xol_ = xol_;
+  e->trampoline_ = trampoline_;
+  e->slots_ = slots_;
+  e->slot_of_ = slot_of_;
+  e->post_traps_ = post_traps_;
+  e->retired_ = retired_;
+  e->next_id_ = next_id_;
+  e->fault_handlers_ = fault_handlers_;
+  e->probes_ = probes_;
+  for (auto& [id, p] : e->probes_) {
+    p.stats = ProbeStats{};
+    p.taken = 0;
+    p.active = 0;
+  }
+  for (const auto& [addr, bp] : breakpoints_) {
+    Breakpoint copy = bp;
+    if (bp.slot != nullptr) {
+      copy.slot = &e->slots_.at(bp.slot->addr.value);  // the child's own copy of the slot
+    }
+    const uint8_t int3 = kInt3;
+    e->Journal(PatchRecord::Kind::kBreakpoint, addr, std::span<const uint8_t>(&bp.insn.bytes[0], 1),
+               std::span<const uint8_t>(&int3, 1), copy.journal);
+    e->breakpoints_.emplace(addr, std::move(copy));
+  }
+  if (auto t = threads_.find(forking_tid); t != threads_.end()) {
+    ThreadState ts = t->second;
+    ts.stale_traps = 0;
+    for (Instance& inst : ts.instances) {
+      const auto real = Bytes64(inst.real_return);
+      const auto tramp = Bytes64(trampoline_.value);
+      e->Journal(PatchRecord::Kind::kReturnAddress, RemoteAddr{inst.slot}, real, tramp,
+                 inst.journal);
+      for (const ProbeId id : inst.probes) {
+        if (auto p = e->probes_.find(id); p != e->probes_.end()) {
+          ++p->second.active;
+        }
+      }
+    }
+    e->threads_.emplace(child.pid(), std::move(ts));
+  }
+  return e;
+}
+
+void Int3Engine::OnFollowedFork(Process& child, pid_t parent_tid) {
+  forked_[child.pid()] = AdoptFork(child, parent_tid, nullptr);
+}
+
+std::unique_ptr<Int3Engine> Int3Engine::TakeForkedEngine(pid_t pid) {
+  auto it = forked_.find(pid);
+  if (it == forked_.end()) {
+    return nullptr;
+  }
+  std::unique_ptr<Int3Engine> e = std::move(it->second);
+  forked_.erase(it);
+  return e;
+}
+
+void Int3Engine::JournalInto(Guardian* guardian) {
+  guardian_ = guardian;
+  const uint8_t int3 = kInt3;
+  for (auto& [addr, bp] : breakpoints_) {
+    if (bp.journal == int3_internal::kNoJournal) {
+      Journal(PatchRecord::Kind::kBreakpoint, addr, std::span<const uint8_t>(&bp.insn.bytes[0], 1),
+              std::span<const uint8_t>(&int3, 1), bp.journal);
+    }
+  }
+  const auto tramp = Bytes64(trampoline_.value);
+  for (auto& [tid, ts] : threads_) {
+    for (Instance& inst : ts.instances) {
+      if (inst.journal == int3_internal::kNoJournal) {
+        Journal(PatchRecord::Kind::kReturnAddress, RemoteAddr{inst.slot}, Bytes64(inst.real_return),
+                tramp, inst.journal);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Records.
 

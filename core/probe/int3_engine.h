@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -96,6 +97,19 @@ class Int3Engine : public SignalInterceptor {
   void OnExec();
   // A traced thread ended (ProcessEvent::kThreadExited): its instances are abandoned.
   void OnThreadExit(pid_t tid);
+  // A followed fork (core/process_group.h): `child` (stopped, one thread: a copy of thread
+  // `forking_tid` of this engine's process) already holds this engine's breakpoints, XOL
+  // areas and replaced return addresses. Returns an engine for the child adopting that state
+  // without writing anything: the same probes (ids, handlers, enabled flags), counted from
+  // zero, the forking thread's return instances becoming the child's. Every patch it adopts is
+  // journaled into `guardian` (may be null).
+  std::unique_ptr<Int3Engine> AdoptFork(Process& child, pid_t forking_tid,
+                                        Guardian* guardian) const;
+  // The engine AdoptFork made for followed child `pid` at its fork event (OnFollowedFork),
+  // once; nullptr if none.
+  std::unique_ptr<Int3Engine> TakeForkedEngine(pid_t pid);
+  // Sets the guardian and journals into it every patch already in place (an adopted engine).
+  void JournalInto(Guardian* guardian);
 
   // Everything patched now (breakpoints, replaced return addresses).
   std::vector<PatchRecord> Patches() const;
@@ -103,6 +117,7 @@ class Int3Engine : public SignalInterceptor {
   // Set before registering; nullptr stops journaling.
   void SetGuardian(Guardian* guardian) { guardian_ = guardian; }
   const XolAreas& xol() const { return xol_; }
+  Process& process() const { return process_; }
   // How hits were handled, for tests and benches.
   struct Counters {
     uint64_t traps = 0;        // breakpoint hits
@@ -118,6 +133,7 @@ class Int3Engine : public SignalInterceptor {
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
   absl::Status OnFork(Process& child) override;
+  void OnFollowedFork(Process& child, pid_t parent_tid) override;
 
  private:
   using Probe = int3_internal::Probe;
@@ -177,6 +193,7 @@ class Int3Engine : public SignalInterceptor {
   bool swallowed_trap_ = false;
   Guardian* guardian_ = nullptr;
   Counters counters_;
+  absl::flat_hash_map<pid_t, std::unique_ptr<Int3Engine>> forked_;  // OnFollowedFork, untaken
 };
 
 }  // namespace kwatch::core
