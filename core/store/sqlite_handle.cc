@@ -102,7 +102,7 @@ absl::Status SqliteError(sqlite3* db, int rc, absl::string_view context) {
     default:
       break;
   }
-  return absl::Status(code, msg);
+  return {code, msg};
 }
 
 absl::StatusOr<SqliteStmtPtr> SqlitePrepare(sqlite3* db, absl::string_view sql,

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <string>
 #include <utility>
@@ -175,28 +176,28 @@ UniqueFd MakeReserve(const std::string& path, off_t bytes) {
     return fd;
   }
   // No fallocate on this filesystem: write the bytes.
-  static constexpr size_t kChunk = 64 * 1024;
-  static const char kZeros[kChunk] = {};
+  static constexpr size_t kChunk = size_t{64} * 1024;
+  static constexpr std::array<char, kChunk> kZeros{};
   for (off_t off = 0; off < bytes; off += static_cast<off_t>(kChunk)) {
-    if (::pwrite(fd.get(), kZeros, kChunk, off) != static_cast<ssize_t>(kChunk)) {
-      return UniqueFd();
+    if (::pwrite(fd.get(), kZeros.data(), kChunk, off) != static_cast<ssize_t>(kChunk)) {
+      return {};
     }
   }
   if (::fsync(fd.get()) != 0) {
-    return UniqueFd();
+    return {};
   }
   return fd;
 }
 
 // The path the open file `fd` has now ("/proc/self/fd/N"), or "" if unknown.
 std::string CurrentPath(int fd) {
-  char buf[4096];
+  std::array<char, 4096> buf{};
   const std::string link = absl::StrCat("/proc/self/fd/", fd);
-  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
   if (n <= 0) {
     return "";
   }
-  return std::string(buf, static_cast<size_t>(n));
+  return {buf.data(), static_cast<size_t>(n)};
 }
 
 void BindU64(sqlite3_stmt* s, int i, uint64_t v) {
@@ -531,7 +532,7 @@ absl::Status TraceWriter::Commit() {
     events_.clear();
     hits_.clear();
     sites_.clear();
-    return WriteFailure(std::move(s), dropped);
+    return WriteFailure(s, dropped);
   }
   if (events_.empty() && hits_.empty() && sites_.empty()) {
     return absl::OkStatus();
@@ -550,7 +551,7 @@ absl::Status TraceWriter::Commit() {
   sites_.clear();
   if (!s.ok()) {
     sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-    return WriteFailure(std::move(s), dropped);
+    return WriteFailure(s, dropped);
   }
   return absl::OkStatus();
 }
@@ -581,7 +582,7 @@ absl::Status TraceWriter::CheckLocation() {
   return absl::OkStatus();
 }
 
-absl::Status TraceWriter::WriteFailure(absl::Status s, size_t dropped) {
+absl::Status TraceWriter::WriteFailure(const absl::Status& s, size_t dropped) {
   if (!error_.ok()) {
     return error_;
   }
@@ -746,9 +747,9 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   reserve_.Reset();
   sqlite3* db = db_.get();
   const std::string context = absl::StrCat("finishing ", path_);
-  auto fail = [&](absl::Status s) {
+  auto fail = [&](const absl::Status& s) {
     sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-    return WriteFailure(std::move(s), 0);
+    return WriteFailure(s, 0);
   };
   if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
     return fail(SqliteError(db, rc, context));

@@ -125,7 +125,7 @@ class TraceWriter {
   absl::Status StopCheckpointer();
   absl::Status RestartWal(bool wait);
   absl::Status CheckLocation();
-  absl::Status WriteFailure(absl::Status s, size_t dropped);
+  absl::Status WriteFailure(const absl::Status& s, size_t dropped);
   void MarkCutShort(const std::string& reason, uint64_t dropped);
 
   std::string path_;
