@@ -360,7 +360,10 @@ absl::Status PtraceRunner::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t
   auto t = std::make_unique<Tracee>();
   t->parent = parent.process().pid();
   t->proc = std::move(child);
-  if (absl::StatusOr<std::unique_ptr<core::Guardian>> g = core::Guardian::Start(pid); g.ok()) {
+  const uint64_t g0 = NowNs();
+  absl::StatusOr<std::unique_ptr<core::Guardian>> g = core::Guardian::Start(pid);
+  const uint64_t guardian_ns = NowNs() - g0;
+  if (g.ok()) {
     t->guardian = *std::move(g);
   } else {
     notes_.push_back(absl::StrFormat("child %d is not guarded (the guardian did not start: %s)",
@@ -379,8 +382,11 @@ absl::Status PtraceRunner::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t
   KW_RETURN_IF_ERROR(t->proc->ResumeAll());
   t->adopt_ns = NowNs() - t0;
   if (!opts_.quiet) {
-    std::fprintf(stderr, "kwatch: following child %d of %d (probes adopted in %.0f us)\n", pid,
-                 t->parent, static_cast<double>(t->adopt_ns) / 1e3);
+    std::fprintf(stderr,
+                 "kwatch: following child %d of %d (probes adopted in %.0f us, %.0f us of it "
+                 "starting its guardian)\n",
+                 pid, t->parent, static_cast<double>(t->adopt_ns) / 1e3,
+                 static_cast<double>(guardian_ns) / 1e3);
   }
   children_.push_back(std::move(t));
   return absl::OkStatus();

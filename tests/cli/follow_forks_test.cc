@@ -175,6 +175,19 @@ TEST(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
   }
 }
 
+TEST(FollowForks, ExecReArmsTheProbesInTheNewImage) {
+  // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
+  const RunResult r =
+      Probe({"--json", "-f", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Hits h = ParseHits(r.out);
+  EXPECT_EQ(h.all.size(), 8u) << r.out;
+  EXPECT_EQ(h.summary["probes"][0]["hits"], 8);
+  EXPECT_THAT(h.summary["notes"].dump(), HasSubstr("1 probe re-armed in the new image"));
+  EXPECT_THAT(r.out, HasSubstr("before exec sum 35"));
+  EXPECT_THAT(r.out, HasSubstr("after exec sum 12"));
+}
+
 // Ctrl-C while followed children run: every process gets its code back and keeps running.
 TEST(FollowForks, InterruptedKwatchLeavesNoInt3InFollowedChildren) {
   SubreaperScope reaper;
