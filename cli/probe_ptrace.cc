@@ -597,10 +597,13 @@ absl::StatusOr<int> PtraceRunner::Run() {
   info.exit = proc_->exit_info();
   sink_->Flush();
   std::fflush(stdout);
-  FinishRecording(writer_.get(), *sink_, info, opts_.output);
+  const bool recorded = FinishRecording(writer_.get(), *sink_, info, opts_.output);
   PrintProbeSummary(stdout, opts_.json, set_.probes, *sink_, stats, info);
   std::fflush(stdout);
   KW_RETURN_IF_ERROR(released);
+  if (!recorded) {
+    return 1;  // -o was not honoured (docs/recording.md)
+  }
   if (proc_->launched() && info.exit.has_value()) {
     return info.exit->ShellStatus();
   }

@@ -147,17 +147,22 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdO
   return w;
 }
 
-void FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
+bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
                      const std::string& path) {
   if (writer == nullptr) {
-    return;
+    return true;
   }
   if (!sink.record_error().ok()) {
-    std::fprintf(stderr,
-                 "kwatch: error: recording to %s failed: %s; it holds the hits committed before "
-                 "the failure (`kwatch report` reads it)\n",
-                 path.c_str(), std::string(sink.record_error().message()).c_str());
-    return;
+    std::fprintf(stderr, "kwatch: error: recording to %s failed: %s\n", path.c_str(),
+                 std::string(sink.record_error().message()).c_str());
+    if (!writer->location_lost()) {  // never claim a file that no longer exists
+      const std::string& where = writer->moved_to().empty() ? path : writer->moved_to();
+      std::fprintf(stderr,
+                   "kwatch: the recording %s holds the hits committed before the failure; "
+                   "`kwatch report %s` reads it\n",
+                   where.c_str(), where.c_str());
+    }
+    return false;
   }
   core::SessionEnd end;
   if (info.exit.has_value()) {
@@ -166,11 +171,12 @@ void FinishRecording(core::TraceWriter* writer, const HitSink& sink, const Probe
   end.exit_reason = info.stop_reason;
   if (absl::Status s = writer->Finish(end); !s.ok()) {
     std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
-    return;
+    return false;
   }
   std::fprintf(stderr, "kwatch: recorded %llu probe hits to %s (kwatch report %s)\n",
                static_cast<unsigned long long>(writer->hits_committed()), path.c_str(),
                path.c_str());
+  return true;
 }
 
 }  // namespace kwatch::cli

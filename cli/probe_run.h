@@ -178,8 +178,9 @@ class ProbeLoop {
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
                                                                  const ProbeSet& set, pid_t pid,
                                                                  uint64_t load_bias);
-// Finishes the recording and says so on stderr.
-void FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
+// Finishes the recording and says so on stderr. False when recording failed (the caller
+// exits 1 after its summary).
+bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
                      const std::string& path);
 
 uint64_t NowNs();

@@ -421,10 +421,13 @@ absl::StatusOr<int> UprobeRunner::Run() {
   info.notes = notes_;
   sink_->Flush();
   std::fflush(stdout);
-  FinishRecording(writer_.get(), *sink_, info, opts_.output);
+  const bool recorded = FinishRecording(writer_.get(), *sink_, info, opts_.output);
   PrintProbeSummary(stdout, opts_.json, set_.probes, *sink_, stats, info);
   std::fflush(stdout);
   KW_RETURN_IF_ERROR(looped);
+  if (!recorded) {
+    return 1;  // -o was not honoured (docs/recording.md)
+  }
   if (launched_ && exit_.has_value()) {
     return exit_->ShellStatus();
   }
