@@ -438,6 +438,7 @@ absl::StatusOr<int> Runner::Run() {
     }
   }
   info.exit = proc_.exit_info();
+  bool recording_failed = false;
   if (writer_ != nullptr && record_error_.ok()) {
     core::SessionEnd end;
     if (info.exit.has_value()) {
@@ -447,20 +448,30 @@ absl::StatusOr<int> Runner::Run() {
     end.lost_count = info.lost;
     if (absl::Status s = writer_->Finish(end); !s.ok()) {
       Error(s);
+      recording_failed = true;
     } else {
       std::fprintf(stderr, "kwatch: recorded %llu events to %s (kwatch report %s)\n",
                    static_cast<unsigned long long>(writer_->events_committed()),
                    writer_->path().c_str(), writer_->path().c_str());
     }
   } else if (!record_error_.ok()) {
-    std::fprintf(stderr,
-                 "kwatch: the recording %s holds the events committed before the failure; "
-                 "`kwatch report` reads it\n",
-                 opts_.output.c_str());
+    recording_failed = true;
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string(record_error_.message()).c_str());
+    if (!writer_->location_lost()) {  // never claim a file that no longer exists
+      const std::string& where =
+          writer_->moved_to().empty() ? writer_->path() : writer_->moved_to();
+      std::fprintf(stderr,
+                   "kwatch: the recording %s holds the events committed before the failure; "
+                   "`kwatch report %s` reads it\n",
+                   where.c_str(), where.c_str());
+    }
   }
   std::fflush(stdout);
   PrintSummary(stdout, opts_.json, session_, summary_, *profile_, info);
   std::fflush(stdout);
+  if (recording_failed) {
+    return 1;  // -o was not honoured (docs/recording.md)
+  }
   if (proc_.launched() && info.exit.has_value()) {
     return info.exit->ShellStatus();
   }
@@ -608,6 +619,18 @@ struct KernelWatch {
   std::vector<int> cpus;
   uint64_t events = 0;
 };
+
+// Loads the kernel's line tables when a vmlinux with DWARF is at hand (--vmlinux, or perf's
+// places), so that kernel code shows as func+off (file:line); says so when --vmlinux was
+// given and cannot serve, and when --stack would show function+offset only.
+void KernelLinesNote(const Options& opts, core::kernel::KernelSymbolResolver& symbols) {
+  const absl::Status st = symbols.LoadLines();
+  if (st.ok()) {
+    std::fprintf(stderr, "kwatch: kernel source lines from %s\n", symbols.lines_file().c_str());
+  } else if (!opts.vmlinux.empty() || opts.stack) {
+    std::fprintf(stderr, "kwatch: note: %s\n", std::string(st.message()).c_str());
+  }
+}
 
 // Whether this process may open kernel breakpoint events: root, CAP_PERFMON or CAP_SYS_ADMIN
 // (perf_event_open checks perfmon_capable(): CAP_PERFMON since Linux 5.8, else
@@ -776,7 +799,42 @@ class CommCache {
 struct KernelEvent {
   watch::PerfSample s;
   size_t watch = 0;
+  watch::PerfCallchain chain;  // --stack
 };
+
+// The frames of a kernel event's callchain: kernel frames by Describe (func+off, file:line
+// with a vmlinux), then the user frames of the task (by the process's symbols for
+// --kernel-accesses; addresses for kernel-wide watches, whose tasks are anyone's).
+struct KernelFrame {
+  uint64_t ip = 0;
+  bool user = false;
+  std::string site;
+};
+
+std::vector<KernelFrame> KernelFrames(core::kernel::KernelSymbolResolver& symbols,
+                                      const core::Symbols* user_syms,
+                                      const watch::PerfCallchain& chain) {
+  std::vector<KernelFrame> out;
+  for (const uint64_t ip : chain.kernel) {
+    out.push_back({ip, false, symbols.Describe(ip)});
+  }
+  for (const uint64_t ip : chain.user) {
+    std::string site = absl::StrFormat("0x%x", ip);
+    if (user_syms != nullptr) {
+      if (auto f = user_syms->FunctionAt(core::RemoteAddr{ip}); f.has_value()) {
+        site = absl::StrFormat("%s+0x%x", f->name, ip - f->start.value);
+        if (auto l = user_syms->LineAt(core::RemoteAddr{ip}); l.has_value()) {
+          const size_t slash = l->file.rfind('/');
+          absl::StrAppendFormat(&site, " (%s:%d)",
+                                slash == std::string::npos ? l->file : l->file.substr(slash + 1),
+                                l->line);
+        }
+      }
+    }
+    out.push_back({ip, true, std::move(site)});
+  }
+  return out;
+}
 
 // The event loop of breakpoints whose samples carry kernel IPs (kernel watches, and
 // --kernel-accesses of a process, `proc`): drains the rings, prints each event with its CPU,
@@ -785,7 +843,8 @@ struct KernelEvent {
 absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWatch>& watches,
                                       core::kernel::KernelSymbolResolver& symbols,
                                       drmgr::DrKind kind, const std::string& armed,
-                                      core::Process* proc) {
+                                      core::Process* proc,
+                                      const core::Symbols* user_syms = nullptr) {
   sigset_t mask;
   sigemptyset(&mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
@@ -860,8 +919,19 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
     std::vector<KernelEvent> evs;
     for (size_t i = 0; i < watches.size(); ++i) {
       for (auto& bp : watches[i].bps) {
-        if (bp->ring() != nullptr) {
-          bp->ring()->Drain([&](const watch::PerfSample& s) { evs.push_back({s, i}); });
+        if (bp->ring() == nullptr) {
+          continue;
+        }
+        if (opts.stack) {
+          bp->ring()->DrainRecords([&](std::span<const uint8_t> record) {
+            KernelEvent ev;
+            ev.watch = i;
+            if (watch::ParseCallchainSample(record, ev.s, ev.chain)) {
+              evs.push_back(std::move(ev));
+            }
+          });
+        } else {
+          bp->ring()->Drain([&](const watch::PerfSample& s) { evs.push_back({s, i, {}}); });
         }
       }
     }
@@ -877,8 +947,9 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       if (opts.quiet) {
         continue;
       }
-      const auto loc = symbols.TextAt(ev.s.ip);
-      const std::string ip = loc.has_value() ? loc->ToString() : absl::StrFormat("0x%x", ev.s.ip);
+      const std::string ip = symbols.Describe(ev.s.ip);
+      const std::vector<KernelFrame> frames =
+          opts.stack ? KernelFrames(symbols, user_syms, ev.chain) : std::vector<KernelFrame>{};
       const double t =
           ev.s.time >= start_ns ? static_cast<double>(ev.s.time - start_ns) / 1e9 : 0.0;
       const std::string& comm = comms.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
@@ -888,13 +959,30 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       if (opts.json) {
         std::printf(
             "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
-            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"ip\":\"0x%llx\",\"site\":%s}\n",
+            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"ip\":\"0x%llx\",\"site\":%s%s}\n",
             t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), acc, ev.watch,
             JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr),
-            static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str());
+            static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str(),
+            frames.empty() ? ""
+                           : absl::StrCat(",\"stack\":[",
+                                          absl::StrJoin(frames, ",",
+                                                        [](std::string* o, const KernelFrame& f) {
+                                                          absl::StrAppendFormat(
+                                                              o,
+                                                              "{\"ip\":\"0x%x\",\"space\":"
+                                                              "\"%s\",\"site\":%s}",
+                                                              f.ip, f.user ? "user" : "kernel",
+                                                              JsonString(f.site));
+                                                        }),
+                                          "]")
+                                 .c_str());
       } else {
         std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid, comm.c_str(),
                     acc, w.display.c_str(), ip.c_str());
+        for (size_t f = 0; f < frames.size(); ++f) {
+          std::printf("    #%-2zu %s%s\n", f, frames[f].user ? "[user] " : "",
+                      frames[f].site.c_str());
+        }
       }
     }
     std::fflush(stdout);
@@ -1068,6 +1156,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
       req.inherit = false;
       req.exclude_kernel = false;
       req.exclude_user = false;
+      req.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
       KW_ASSIGN_OR_RETURN(auto bp, watch::PerfBreakpoint::Open(req));
       w.bps.push_back(std::move(bp));
       w.cpus.push_back(cpu);
@@ -1075,11 +1164,15 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
     watches.push_back(std::move(w));
   }
 
+  KernelLinesNote(opts, *symbols);
   return RunBreakpointLoop(
       opts, watches, *symbols, kind,
       absl::StrFormat("armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf "
-                      "breakpoint stream mode",
-                      watches.size(), watches.size() == 1 ? "" : "es", cpus.size()),
+                      "breakpoint stream mode%s",
+                      watches.size(), watches.size() == 1 ? "" : "es", cpus.size(),
+                      opts.stack ? absl::StrFormat(", callchains of up to %d frames (--stack)",
+                                                   opts.stack_depth)
+                                 : std::string()),
       nullptr);
 }
 
@@ -1166,6 +1259,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
       req.inherit = true;
       req.exclude_kernel = false;
       req.exclude_user = true;
+      req.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
       auto bp = watch::PerfBreakpoint::Open(req);
       if (!bp.ok()) {
         return fail(absl::Status(
@@ -1177,18 +1271,27 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   if (absl::Status st = proc->ResumeAll(); !st.ok()) {
     return fail(st);
   }
+  KernelLinesNote(opts, *ksyms);
   const std::string prog = proc->argv().empty() ? "?" : proc->argv()[0];
   auto code = RunBreakpointLoop(
       opts, watches, *ksyms, kind,
       absl::StrFormat("armed %d watch%s on pid %d (%s) for the kernel's accesses only "
-                      "(exclude_user), perf breakpoint stream mode",
-                      watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog),
-      proc.get());
+                      "(exclude_user), perf breakpoint stream mode%s",
+                      watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
+                      opts.stack ? absl::StrFormat(", callchains of up to %d frames (--stack)",
+                                                   opts.stack_depth)
+                                 : std::string()),
+      proc.get(), syms->get());
   if (!code.ok()) {
     return fail(code.status());
   }
   return code;
 }
+
+constexpr char kKernelIfRefusal[] =
+    "--if needs the values of each access, and kernel watches (and --kernel-accesses) are "
+    "perf breakpoint streams that read no memory at the access; leave --if out and filter "
+    "the --json events (tid, cpu, comm, site)";
 
 // Kernel mode's exit codes: 2 when the expression resolves nowhere and nothing more was given
 // (a missing target or symbol file: an argument is missing), 1 for other errors.
@@ -1212,6 +1315,10 @@ int KernelMain(const Options& opts) {
     std::fprintf(stderr,
                  "kwatch: error: stop mode stops a process's threads through ptrace; kernel "
                  "watches use CPU-wide perf breakpoints (leave --stop out)\n");
+    return 2;
+  }
+  if (!opts.condition.empty()) {
+    std::fprintf(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
     return 2;
   }
   if (opts.overcommit == "pages" || opts.overcommit == "multiplex") {
@@ -1306,8 +1413,9 @@ int Main(int argc, char** argv) {
                  "accessed, after and before), tid, pid, cpu, len, addr: 'new > 100', "
                  "'new != old && tid == 4242'. Exact modes only (page, stop)");
   app.add_flag("--stack", opts.stack,
-               "Print the backtrace of each access (exact modes only: page, stop; the thread "
-               "is stopped at the access)");
+               "Print the backtrace of each access (process watches: exact modes only, page "
+               "and stop, the thread is stopped at the access; kernel watches and "
+               "--kernel-accesses: the kernel's callchain, then the task's user frames)");
   app.add_option("--stack-depth", opts.stack_depth, "Frames per --stack backtrace")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -1329,7 +1437,8 @@ int Main(int argc, char** argv) {
                  "Kernel watches: the running kernel's System.map, for variables that "
                  "/proc/kallsyms does not list (kernels without CONFIG_KALLSYMS_ALL)");
   app.add_option("--vmlinux", opts.vmlinux,
-                 "Kernel watches: the running kernel's vmlinux (with its symbol table)");
+                 "Kernel watches: the running kernel's vmlinux (with its symbol table); with "
+                 "DWARF, kernel code is shown with file:line");
   app.add_flag("--kernel-accesses", opts.kernel_accesses,
                "Watch a process's memory for the accesses the kernel makes on its behalf "
                "(e.g. the buffer read(2) fills), with the kernel function that made each");
@@ -1397,6 +1506,10 @@ int Main(int argc, char** argv) {
   if (opts.kernel_accesses) {
     if (opts.read || opts.exec || !opts.output.empty()) {
       std::fprintf(stderr, "kwatch: error: --kernel-accesses takes --write or --rw, and no -o\n");
+      return 2;
+    }
+    if (!opts.condition.empty()) {
+      std::fprintf(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
       return 2;
     }
     auto code = RunKernelAccesses(opts);

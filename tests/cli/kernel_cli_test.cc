@@ -330,16 +330,28 @@ TEST_F(KernelCli, FixtureVmlinuxGivesAddressesAndDwarfTypes) {
   const RunResult r =
       RunKwatch({"--write", "init_task.prio", "--vmlinux", vmlinux, "--duration", "0.2"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // The vmlinux has DWARF (gcc -g): kernel code will show with file:line.
   EXPECT_EQ(r.err, absl::StrFormat(
                        "kwatch: init_task.prio: 4 bytes at 0x%x, int, from vmlinux %s (KASLR "
                        "slide +0x1e00000)\n"
+                       "kwatch: kernel source lines from %s\n"
                        "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
                        "breakpoint stream mode\n",
-                       prio, vmlinux, CountOf(cpus)));
+                       prio, vmlinux, vmlinux, CountOf(cpus)));
   EXPECT_THAT(r.out, HasSubstr(absl::StrFormat(
                          "watch #1 init_task.prio: 4 bytes at 0x%x, int, write, kernel, CPUs %s: "
                          "0 events (the kernel counted 0)\n",
                          prio, cpus)));
+
+  // --stack: every breakpoint also samples the kernel callchain.
+  const RunResult stacked = RunKwatch(
+      {"--write", "init_task.prio", "--vmlinux", vmlinux, "--stack", "--duration", "0.2"});
+  EXPECT_EQ(stacked.exit_code, 0) << stacked.err;
+  EXPECT_THAT(stacked.err,
+              HasSubstr(absl::StrFormat("kwatch: armed 1 kernel watch on %d CPUs (one breakpoint "
+                                        "per CPU), perf breakpoint stream mode, callchains of "
+                                        "up to 16 frames (--stack)\n",
+                                        CountOf(cpus))));
 
   // The same file with another banner is another build: refused.
   const std::string other =
@@ -468,6 +480,36 @@ TEST_F(KernelCli, WithoutPrivilegesSaysWhatIsNeeded) {
             "kwatch: error: watching the kernel needs root, or CAP_PERFMON (Linux >= 5.8) or "
             "CAP_SYS_ADMIN (also CAP_SYSLOG to read kernel addresses in /proc/kallsyms): run it "
             "with sudo, or `sudo setcap cap_perfmon,cap_syslog+ep $(command -v kwatch)`\n");
+}
+
+// Without a vmlinux with DWARF, --stack says that kernel frames will be function+offset
+// only, and why (each place tried), then arms with callchains.
+TEST_F(KernelCli, StackWithoutVmlinuxSaysFramesAreFunctionOffsetOnly) {
+  const std::string map = Write("System.map", FixtureMap(raw_));
+  const RunResult r = RunKwatch({"--write", "&jiffies", "--len", "8", "--system-map", map,
+                                 "--stack", "--stack-depth", "8", "--duration", "0.2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("kwatch: note: no vmlinux with debug info matches the running "
+                               "kernel ("));
+  EXPECT_THAT(r.err, HasSubstr("so kernel code is shown as function+offset without file:line.\n"
+                               "vmlinux files tried:\n"));
+  EXPECT_THAT(r.err, HasSubstr("perf breakpoint stream mode, callchains of up to 8 frames "
+                               "(--stack)\n"));
+  EXPECT_THAT(r.out, HasSubstr("kwatch: 0 events, 0 lost; --duration 0.2s elapsed\n"));
+}
+
+TEST_F(KernelCli, IfIsRefusedForKernelStreams) {
+  constexpr char kWhy[] =
+      "kwatch: error: --if needs the values of each access, and kernel watches (and "
+      "--kernel-accesses) are perf breakpoint streams that read no memory at the access; "
+      "leave --if out and filter the --json events (tid, cpu, comm, site)\n";
+  RunResult r = RunKwatch({"--write", "&jiffies", "--if", "new > 1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, kWhy);
+  r = RunKwatch({"--kernel-accesses", "--write", "buf", "--if", "tid == 1", "--",
+                 kwatch::testing::TargetPath("field_writer"), "1", "1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, kWhy);
 }
 
 TEST_F(KernelCli, ReadOnlyIsRefusedForTheKernel) {
