@@ -898,6 +898,11 @@ absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::SyscallStop& 
 void PageBackend::Collect(std::vector<core::AccessEvent>& out) {
   out.insert(out.end(), events_.begin(), events_.end());
   events_.clear();
+  // A burst between two drains (kwatch starved of CPU) must not keep its memory for the
+  // rest of the session: past 64k events the buffer starts again from nothing.
+  if (events_.capacity() > 65536) {
+    std::vector<core::AccessEvent>().swap(events_);
+  }
 }
 
 }  // namespace kwatch::watch

@@ -487,6 +487,9 @@ WatchPlacement WatchSession::placement(uint32_t id) const {
 
 size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sink) {
   batch_.clear();
+  if (batch_.capacity() > 65536) {  // the memory of an old burst goes back (see PageBackend)
+    std::vector<core::AccessEvent>().swap(batch_);
+  }
   if (hw_ != nullptr) {
     hw_->Collect(batch_);
   }
