@@ -450,6 +450,9 @@ absl::StatusOr<int> Runner::Run() {
       Error(s);
       recording_failed = true;
     } else {
+      if (!writer_->finish_warning().empty()) {
+        std::fprintf(stderr, "kwatch: warning: %s\n", writer_->finish_warning().c_str());
+      }
       std::fprintf(stderr, "kwatch: recorded %llu events to %s (kwatch report %s)\n",
                    static_cast<unsigned long long>(writer_->events_committed()),
                    writer_->path().c_str(), writer_->path().c_str());

@@ -173,6 +173,9 @@ bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const Probe
     std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
     return false;
   }
+  if (!writer->finish_warning().empty()) {
+    std::fprintf(stderr, "kwatch: warning: %s\n", writer->finish_warning().c_str());
+  }
   std::fprintf(stderr, "kwatch: recorded %llu probe hits to %s (kwatch report %s)\n",
                static_cast<unsigned long long>(writer->hits_committed()), path.c_str(),
                path.c_str());

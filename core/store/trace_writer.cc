@@ -804,11 +804,12 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.
   // A failure from here on leaves a complete recording whose last batches are in path-wal.
   auto fold_failed = [&](const absl::Status& s) {
-    return Fail(absl::Status(
-        s.code(), absl::StrCat(s.message(),
-                               "; the recording is complete, but its last batches "
-                               "stay in ",
-                               path_, "-wal: keep that file (and ", path_, "-shm) beside it")));
+    finish_warning_ = absl::StrCat(s.message(),
+                                   "; the recording is complete, but its last batches "
+                                   "stay in ",
+                                   path_, "-wal: keep that file (and ", path_, "-shm) beside it");
+    db_.reset();
+    return absl::OkStatus();
   };
   if (absl::Status s = StopCheckpointer(); !s.ok()) {
     return fold_failed(s);
@@ -823,10 +824,9 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   }
   const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(mode.get(), 0));
   if (text == nullptr || absl::string_view(text) != "delete") {
-    return Fail(absl::UnavailableError(
-        absl::StrCat(context,
-                     ": recording complete, but still in WAL mode (another process has "
-                     "it open?)")));
+    mode.reset();
+    return fold_failed(absl::UnavailableError(
+        absl::StrCat(context, ": still in WAL mode (another process has it open)")));
   }
   mode.reset();
   sqlite3* raw = db_.release();

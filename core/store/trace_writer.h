@@ -104,6 +104,10 @@ class TraceWriter {
   // After a failure: the file's path now, when it was renamed (or its directory) while
   // recording; empty otherwise.
   const std::string& moved_to() const { return moved_to_; }
+  // After a Finish() that returned OK: non-empty when the recording is complete but could not
+  // leave WAL mode because a reader held it (kwatch-gui --follow, sqlite3): its last batches
+  // stay in path-wal, which must stay beside it. A warning for the user, not a failure.
+  const std::string& finish_warning() const { return finish_warning_; }
   uint64_t events_committed() const { return events_committed_; }
   uint64_t hits_committed() const { return hits_committed_; }
   size_t pending() const { return events_.size() + hits_.size(); }
@@ -136,6 +140,7 @@ class TraceWriter {
   UniqueFd reserve_;  // unlinked file of kReserveBytes on the same filesystem, or invalid
   bool location_lost_ = false;
   std::string moved_to_;
+  std::string finish_warning_;
   absl::Status error_;  // sticky: the first failure
   bool finished_ = false;
 

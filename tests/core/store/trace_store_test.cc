@@ -7,23 +7,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "absl/strings/match.h"
-#include "core/status_macros.h"
 #include "core/event.h"
+#include "core/status_macros.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
@@ -249,10 +249,22 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
   ASSERT_TRUE(w->AddSite(s1).ok());
   ASSERT_TRUE(w->AddSite(SiteRecord{s0.ip, "other", 1, "x.c", 1, "nop"}).ok());  // ignored
 
-  const ProbeRecord p0{1, "handle_request", "handle_request req->len:u32",
-                       RemoteAddr{0x555555555100ULL}, "handle_request", "server.c", 17, false};
-  const ProbeRecord p1{2, "handle_request__return", "handle_request%return $retval",
-                       RemoteAddr{0x555555555100ULL}, "handle_request", "server.c", 17, true};
+  const ProbeRecord p0{1,
+                       "handle_request",
+                       "handle_request req->len:u32",
+                       RemoteAddr{0x555555555100ULL},
+                       "handle_request",
+                       "server.c",
+                       17,
+                       false};
+  const ProbeRecord p1{2,
+                       "handle_request__return",
+                       "handle_request%return $retval",
+                       RemoteAddr{0x555555555100ULL},
+                       "handle_request",
+                       "server.c",
+                       17,
+                       true};
   ASSERT_TRUE(w->AddProbe(p0).ok());
   ASSERT_TRUE(w->AddProbe(p1).ok());
   EXPECT_EQ(w->AddProbe(p1).code(), absl::StatusCode::kInvalidArgument);
@@ -262,7 +274,12 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
     events.push_back(MakeEvent(i));
     ASSERT_TRUE(w->Append(events.back()).ok());
   }
-  HitRecord h0{6'000'000'000ULL, 4243, 1, 1, RemoteAddr{0x555555555100ULL}, false,
+  HitRecord h0{6'000'000'000ULL,
+               4243,
+               1,
+               1,
+               RemoteAddr{0x555555555100ULL},
+               false,
                {{"len", "42"}, {"name", "\"GET /\"\n"}, {"len", "dup"}}};
   HitRecord h1{6'000'000'500ULL, 4244, kUnknownCpu, 2, RemoteAddr{0x555555555180ULL}, true, {}};
   ASSERT_TRUE(w->AppendHit(h0).ok());
@@ -593,8 +610,7 @@ TEST(TraceStoreTest, OutOfOrderBatchesReadInTimeOrder) {
     SCOPED_TRACE(finished);
     if (finished == 1) {
       ASSERT_TRUE(w->Finish(SessionEnd{}).ok());
-      EXPECT_EQ(Sql(path, "SELECT count(*) FROM sqlite_schema WHERE name = 'events_by_time'"),
-                "1");
+      EXPECT_EQ(Sql(path, "SELECT count(*) FROM sqlite_schema WHERE name = 'events_by_time'"), "1");
     }
     auto r = OpenOk(path);
     ASSERT_NE(r, nullptr);
@@ -618,8 +634,9 @@ TEST(TraceStoreTest, InOrderRecordingNeedsNoIndex) {
   const std::string path = dir.File("run.kwdb");
   WriteFinished(path, 500);
   EXPECT_EQ(Sql(path, "SELECT events_in_order FROM session"), "1");
-  EXPECT_EQ(Sql(path, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND "
-                      "tbl_name = 'events'"),
+  EXPECT_EQ(Sql(path,
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND "
+                "tbl_name = 'events'"),
             "0");
 }
 
@@ -635,9 +652,13 @@ TEST_P(FilterTest, SelectsExactlyTheMatchingEventsAndHits) {
   std::vector<HitRecord> hits;
   for (uint64_t i = 0; i < 3000; ++i) {
     events.push_back(MakeEvent(i));
-    hits.push_back(HitRecord{MakeEvent(i).time_ns + 1, static_cast<pid_t>(4242 + i % 4),
-                             static_cast<uint32_t>(i % 2), static_cast<uint32_t>(1 + i % 3),
-                             RemoteAddr{0x1000 + i}, i % 2 == 0, {{"i", std::to_string(i)}}});
+    hits.push_back(HitRecord{MakeEvent(i).time_ns + 1,
+                             static_cast<pid_t>(4242 + i % 4),
+                             static_cast<uint32_t>(i % 2),
+                             static_cast<uint32_t>(1 + i % 3),
+                             RemoteAddr{0x1000 + i},
+                             i % 2 == 0,
+                             {{"i", std::to_string(i)}}});
   }
   std::vector<size_t> order(events.size());
   for (size_t i = 0; i < order.size(); ++i) {
@@ -800,8 +821,8 @@ TEST(TraceStoreTest, TruncatedFileIsAClearError) {
     auto r = TraceReader::Open(cut);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-    EXPECT_TRUE(absl::StartsWith(r.status().message(),
-                                 "not a kwatch recording or corrupted: " + cut))
+    EXPECT_TRUE(
+        absl::StartsWith(r.status().message(), "not a kwatch recording or corrupted: " + cut))
         << r.status();
     if (size >= 4096) {
       EXPECT_TRUE(absl::StrContains(r.status().message(), "truncated")) << r.status();
@@ -971,6 +992,45 @@ TEST(TraceStoreTest, WriteErrorKeepsCommittedData) {
 
 // Appending flat out, the WAL stays bounded: the checkpoint thread copies it into the
 // database and the writer restarts it (TraceWriter::kRestartPages).
+// A reader that holds the recording open while kwatch finishes (kwatch-gui --follow) keeps
+// the WAL from being folded in: the recording is complete all the same, Finish succeeds with
+// a warning naming the -wal file, and the recording reads whole.
+TEST(TraceStoreTest, ReaderHoldingTheFileAtFinishLeavesACompleteRecordingAndAWarning) {
+  TempDir dir;
+  const std::string path = dir.File("held.kwdb");
+  auto w = NewWriter(path);
+  WatchRecord watch;
+  watch.id = 0;
+  watch.expr = "g";
+  ASSERT_TRUE(w->AddWatch(watch).ok());
+  for (uint64_t i = 0; i < 500; ++i) {
+    ASSERT_TRUE(w->Append(MakeEvent(i)).ok());
+  }
+  ASSERT_TRUE(w->Flush().ok());
+  sqlite3* reader = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(reader, "BEGIN; SELECT count(*) FROM events;", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  const absl::Status finished = w->Finish(SessionEnd{});
+  EXPECT_TRUE(finished.ok()) << finished;
+  EXPECT_TRUE(
+      absl::StrContains(w->finish_warning(),
+                        "the recording is complete, but its last batches stay in " + path + "-wal"))
+      << w->finish_warning();
+  sqlite3_exec(reader, "COMMIT", nullptr, nullptr, nullptr);
+  sqlite3_close(reader);
+  w.reset();
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(ReadAll(*r).size(), 500u);
+  // Without a reader, nothing to warn about.
+  const std::string plain = dir.File("plain.kwdb");
+  auto w2 = NewWriter(plain);
+  ASSERT_TRUE(w2->AddWatch(watch).ok());
+  ASSERT_TRUE(w2->Finish(SessionEnd{}).ok());
+  EXPECT_EQ(w2->finish_warning(), "");
+}
+
 TEST(TraceStoreTest, WalStaysBoundedWhileRecording) {
   TempDir dir;
   const std::string path = dir.File("run.kwdb");
