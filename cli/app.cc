@@ -623,6 +623,12 @@ struct KernelWatch {
   uint64_t events = 0;
 };
 
+// ", callchains of up to N frames (--stack)" for the armed line of a kernel session, or "".
+std::string StackNote(const Options& opts) {
+  return opts.stack ? absl::StrFormat(", callchains of up to %d frames (--stack)", opts.stack_depth)
+                    : std::string();
+}
+
 // Loads the kernel's line tables when a vmlinux with DWARF is at hand (--vmlinux, or perf's
 // places), so that kernel code shows as func+off (file:line); says so when --vmlinux was
 // given and cannot serve, and when --stack would show function+offset only.
@@ -1173,9 +1179,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
       absl::StrFormat("armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf "
                       "breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", cpus.size(),
-                      opts.stack ? absl::StrFormat(", callchains of up to %d frames (--stack)",
-                                                   opts.stack_depth)
-                                 : std::string()),
+                      StackNote(opts)),
       nullptr);
 }
 
@@ -1281,9 +1285,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
       absl::StrFormat("armed %d watch%s on pid %d (%s) for the kernel's accesses only "
                       "(exclude_user), perf breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
-                      opts.stack ? absl::StrFormat(", callchains of up to %d frames (--stack)",
-                                                   opts.stack_depth)
-                                 : std::string()),
+                      StackNote(opts)),
       proc.get(), syms->get());
   if (!code.ok()) {
     return fail(code.status());

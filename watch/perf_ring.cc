@@ -42,6 +42,18 @@ constexpr size_t kSampleAddrOff = 32;
 constexpr size_t kSampleCpuOff = 40;
 static_assert(kSampleCpuOff + 8 == kPerfSampleRecordSize);
 
+// The fixed fields of a sample record (header included) of that layout.
+PerfSample LoadSample(const uint8_t* rec) {
+  PerfSample s;
+  s.ip = Load<uint64_t>(rec + kSampleIpOff);
+  s.pid = Load<uint32_t>(rec + kSamplePidOff);
+  s.tid = Load<uint32_t>(rec + kSampleTidOff);
+  s.time = Load<uint64_t>(rec + kSampleTimeOff);
+  s.addr = Load<uint64_t>(rec + kSampleAddrOff);
+  s.cpu = Load<uint32_t>(rec + kSampleCpuOff);
+  return s;
+}
+
 // PERF_RECORD_LOST: header; u64 id; u64 lost;
 constexpr size_t kLostCountOff = 16;
 constexpr size_t kLostRecordSize = 24;
@@ -60,12 +72,7 @@ bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
     return false;
   }
   const uint8_t* p = record.data();
-  sample.ip = Load<uint64_t>(p + kSampleIpOff);
-  sample.pid = Load<uint32_t>(p + kSamplePidOff);
-  sample.tid = Load<uint32_t>(p + kSampleTidOff);
-  sample.time = Load<uint64_t>(p + kSampleTimeOff);
-  sample.addr = Load<uint64_t>(p + kSampleAddrOff);
-  sample.cpu = Load<uint32_t>(p + kSampleCpuOff);
+  sample = LoadSample(p);
   const uint64_t nr = Load<uint64_t>(p + kPerfSampleRecordSize);
   const size_t room = (record.size() - kPerfSampleRecordSize - 8) / 8;
   if (nr > room) {
@@ -188,14 +195,7 @@ size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) 
     }
     if (hdr.type == PERF_RECORD_SAMPLE) {
       if (hdr.size >= kPerfSampleRecordSize) {
-        PerfSample s;
-        s.ip = Load<uint64_t>(rec + kSampleIpOff);
-        s.pid = Load<uint32_t>(rec + kSamplePidOff);
-        s.tid = Load<uint32_t>(rec + kSampleTidOff);
-        s.time = Load<uint64_t>(rec + kSampleTimeOff);
-        s.addr = Load<uint64_t>(rec + kSampleAddrOff);
-        s.cpu = Load<uint32_t>(rec + kSampleCpuOff);
-        on_sample(s);
+        on_sample(LoadSample(rec));
         ++samples;
       }
     } else if (hdr.type == PERF_RECORD_LOST) {

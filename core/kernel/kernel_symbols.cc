@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "core/syscall_status.h"
 #include "core/unique_fd.h"
 
@@ -57,6 +58,26 @@ absl::flat_hash_map<std::string, uint64_t> UniqueText(const KernelSymbolTable& t
 struct ElfDeleter {
   void operator()(Elf* e) const { elf_end(e); }
 };
+
+// An ELF file opened for reading with libelf; the descriptor lives as long as the handle.
+struct ElfFile {
+  UniqueFd fd;
+  std::unique_ptr<Elf, ElfDeleter> elf;
+};
+
+absl::StatusOr<ElfFile> OpenElf(const std::string& path) {
+  ElfFile f{UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), nullptr};
+  if (!f.fd) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("open(", path, ")"));
+  }
+  elf_version(EV_CURRENT);
+  f.elf.reset(elf_begin(f.fd.get(), ELF_C_READ_MMAP, nullptr));
+  if (f.elf == nullptr || elf_kind(f.elf.get()) != ELF_K_ELF) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not an ELF file"));
+  }
+  return f;
+}
 
 std::string ElfError(absl::string_view call) {
   return absl::StrCat(call, ": ", elf_errmsg(-1));
@@ -157,16 +178,11 @@ namespace {
 
 // Whether the ELF file at `path` carries DWARF line tables (.debug_info and .debug_line).
 absl::Status HasLineTables(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    const int err = errno;
-    return SyscallError(err, absl::StrCat("open(", path, ")"));
-  }
-  elf_version(EV_CURRENT);
-  std::unique_ptr<Elf, ElfDeleter> elf(elf_begin(fd.get(), ELF_C_READ_MMAP, nullptr));
+  KW_ASSIGN_OR_RETURN(ElfFile file, OpenElf(path));
+  std::unique_ptr<Elf, ElfDeleter>& elf = file.elf;
   size_t shstrndx = 0;
-  if (elf == nullptr || elf_getshdrstrndx(elf.get(), &shstrndx) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not an ELF file"));
+  if (elf_getshdrstrndx(elf.get(), &shstrndx) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", ElfError("elf_getshdrstrndx")));
   }
   bool info = false;
   bool line = false;
@@ -257,16 +273,8 @@ std::string KernelSymbolResolver::Describe(uint64_t addr) {
 }
 
 absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    const int err = errno;
-    return SyscallError(err, absl::StrCat("open(", path, ")"));
-  }
-  elf_version(EV_CURRENT);
-  std::unique_ptr<Elf, ElfDeleter> elf(elf_begin(fd.get(), ELF_C_READ_MMAP, nullptr));
-  if (elf == nullptr || elf_kind(elf.get()) != ELF_K_ELF) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not an ELF file"));
-  }
+  KW_ASSIGN_OR_RETURN(ElfFile file, OpenElf(path));
+  std::unique_ptr<Elf, ElfDeleter>& elf = file.elf;
   Elf_Scn* symtab = nullptr;
   GElf_Shdr symtab_hdr{};
   for (Elf_Scn* scn = elf_nextscn(elf.get(), nullptr); scn != nullptr;
