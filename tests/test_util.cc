@@ -34,6 +34,14 @@ bool AllowSkip() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+RunResult KwatchProbe(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {KwatchPath(), "probe"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = Run(argv);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RunResult{};
+}
+
 absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, int timeout_s) {
   auto child = Spawned::Start(argv);
   if (!child.ok()) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <sys/prctl.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -56,6 +57,20 @@ class Spawned {
   int err_fd_ = -1;
   bool reaped_ = false;
   RunResult result_;
+};
+
+// Runs `kwatch probe ARGS...` to completion (Run); a spawn failure is a test failure and an
+// empty result.
+RunResult KwatchProbe(const std::vector<std::string>& args);
+
+// Makes this process the reaper of orphans while alive (PR_SET_CHILD_SUBREAPER), so that a
+// target kwatch detached from, or whose kwatch died, can still be waited for.
+class SubreaperScope {
+ public:
+  SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+  ~SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 0); }
+  SubreaperScope(const SubreaperScope&) = delete;
+  SubreaperScope& operator=(const SubreaperScope&) = delete;
 };
 
 // Whether kernel-feature tests may skip instead of failing (KWATCH_ALLOW_SKIP=1, never in CI).

@@ -31,19 +31,13 @@ namespace kwatch {
 namespace {
 
 using ::kwatch::testing::KwatchPath;
+using ::kwatch::testing::KwatchProbe;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::Spawned;
+using ::kwatch::testing::SubreaperScope;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
-
-RunResult Probe(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {KwatchPath(), "probe"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto r = kwatch::testing::Run(argv);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : RunResult{};
-}
 
 struct Hits {
   std::vector<json> all;
@@ -88,16 +82,8 @@ std::string ProcStatusTracer(pid_t pid) {
   return "";
 }
 
-class SubreaperScope {
- public:
-  SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
-  ~SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 0); }
-  SubreaperScope(const SubreaperScope&) = delete;
-  SubreaperScope& operator=(const SubreaperScope&) = delete;
-};
-
 TEST(FollowForks, ProbeCountsEveryProcessExactlyAndLabelsHitsWithTheirPid) {
-  const RunResult r = Probe(
+  const RunResult r = KwatchProbe(
       {"--json", "-f", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
   ASSERT_EQ(r.exit_code, 3) << r.err;  // the target's own status
   const Hits h = ParseHits(r.out);
@@ -150,7 +136,7 @@ TEST(FollowForks, ProbeCountsEveryProcessExactlyAndLabelsHitsWithTheirPid) {
 }
 
 TEST(FollowForks, TextLinesOfChildrenShowPidSlashTid) {
-  const RunResult r = Probe({"-f", "probed tag", "--", TargetPath("fork_tree"), "1"});
+  const RunResult r = KwatchProbe({"-f", "probed tag", "--", TargetPath("fork_tree"), "1"});
   ASSERT_EQ(r.exit_code, 3) << r.err;
   const std::regex child_line(R"(\n[0-9.]+ +([0-9]+)/\1 +probed .* tag=1\n)");
   const std::regex main_line(R"(\n[0-9.]+ +[0-9]+ +probed .* tag=0\n)");
@@ -159,8 +145,8 @@ TEST(FollowForks, TextLinesOfChildrenShowPidSlashTid) {
 }
 
 TEST(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
-  const RunResult r =
-      Probe({"--json", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
+  const RunResult r = KwatchProbe(
+      {"--json", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
   ASSERT_EQ(r.exit_code, 3) << r.err;
   const Hits h = ParseHits(r.out);
   const auto by_tag = ProbedByTag(h);
@@ -178,7 +164,7 @@ TEST(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
 TEST(FollowForks, ExecReArmsTheProbesInTheNewImage) {
   // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
   const RunResult r =
-      Probe({"--json", "-f", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+      KwatchProbe({"--json", "-f", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Hits h = ParseHits(r.out);
   EXPECT_EQ(h.all.size(), 8u) << r.out;

@@ -31,8 +31,10 @@ namespace kwatch {
 namespace {
 
 using ::kwatch::testing::KwatchPath;
+using ::kwatch::testing::KwatchProbe;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::Spawned;
+using ::kwatch::testing::SubreaperScope;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using json = nlohmann::json;
@@ -78,14 +80,6 @@ class PrivateCopies {
 std::string TargetPath(const std::string& name) {
   static PrivateCopies copies({});
   return copies.Get(name);
-}
-
-RunResult Probe(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {KwatchPath(), "probe"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto r = kwatch::testing::Run(argv);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : RunResult{};
 }
 
 // kwatch's JSON lines; other lines (the target's own output) are kept apart.
@@ -184,7 +178,7 @@ std::string TempPath(const std::string& name) {
 }
 
 TEST(ProbeCmd, EntryArgumentsAndReturnValuesExact) {
-  const RunResult r = Probe(
+  const RunResult r = KwatchProbe(
       {"--json", "tick i r->len", "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
@@ -194,8 +188,8 @@ TEST(ProbeCmd, EntryArgumentsAndReturnValuesExact) {
 }
 
 TEST(ProbeCmd, UprobeBackendGivesTheSameHitsAndValues) {
-  const RunResult r = Probe({"--json", "--backend", "uprobe", "tick i r->len",
-                             "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
+  const RunResult r = KwatchProbe({"--json", "--backend", "uprobe", "tick i r->len",
+                                   "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   ExpectLoopHits(run, 1000);
@@ -211,8 +205,8 @@ TEST(ProbeCmd, UprobeBackendGivesTheSameHitsAndValues) {
 
 TEST(ProbeCmd, UprobeBackendSaysWhatItCouldNotSample) {
   // r->name points into .rodata, not the stack: the uprobe backend has no copy of it.
-  const RunResult r = Probe({"--json", "--backend", "uprobe", "tick r->name:string", "--",
-                             TargetPath("uprobe_loop"), "3"});
+  const RunResult r = KwatchProbe({"--json", "--backend", "uprobe", "tick r->name:string", "--",
+                                   TargetPath("uprobe_loop"), "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   ASSERT_EQ(run.hits.size(), 3u);
@@ -222,7 +216,7 @@ TEST(ProbeCmd, UprobeBackendSaysWhatItCouldNotSample) {
   EXPECT_THAT(run.summary["notes"].dump(), HasSubstr("3 argument values showed (not sampled)"));
   // The ptrace backend reads the string at the hit.
   const RunResult p =
-      Probe({"--json", "tick r->name:string", "--", TargetPath("uprobe_loop"), "3"});
+      KwatchProbe({"--json", "tick r->name:string", "--", TargetPath("uprobe_loop"), "3"});
   ASSERT_EQ(p.exit_code, 0) << p.err;
   for (const json& h : ParseJson(p.out).hits) {
     EXPECT_EQ(h["args"]["r->name_string"], "loop");
@@ -234,8 +228,8 @@ TEST(ProbeCmd, FourThreadsEachCountedExactly) {
     SCOPED_TRACE(backend);
     // uprobe: rings big enough for every sample even if kwatch gets no CPU meanwhile.
     const RunResult r =
-        Probe({"--json", "--backend", backend, "--ring-pages", "4096", "tick i r->len", "--",
-               TargetPath("uprobe_loop"), "2000", "--threads", "4"});
+        KwatchProbe({"--json", "--backend", backend, "--ring-pages", "4096", "tick i r->len", "--",
+                     TargetPath("uprobe_loop"), "2000", "--threads", "4"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const JsonRun run = ParseJson(r.out);
     ASSERT_EQ(run.hits.size(), 8000u) << run.summary.dump() << "\n" << r.err;
@@ -268,8 +262,9 @@ TEST(ProbeCmd, FourThreadsEachCountedExactly) {
 TEST(ProbeCmd, UprobeBackendCountsTheSamplesItDropped) {
   // One-page rings (5 samples) under four busy threads overflow: every call is either shown
   // or counted lost, and the summary says so.
-  const RunResult r = Probe({"--json", "-q", "--backend", "uprobe", "--ring-pages", "1", "tick i",
-                             "--", TargetPath("uprobe_loop"), "2000", "--threads", "4"});
+  const RunResult r =
+      KwatchProbe({"--json", "-q", "--backend", "uprobe", "--ring-pages", "1", "tick i", "--",
+                   TargetPath("uprobe_loop"), "2000", "--threads", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   const json& p = run.summary["probes"][0];
@@ -282,8 +277,8 @@ TEST(ProbeCmd, UprobeBackendCountsTheSamplesItDropped) {
 }
 
 TEST(ProbeCmd, TextLinesShowTimeTidEventLocationAndArgs) {
-  const RunResult r =
-      Probe({"tick i r->len", "ret=tick%return $retval", "--", TargetPath("uprobe_loop"), "2"});
+  const RunResult r = KwatchProbe(
+      {"tick i r->len", "ret=tick%return $retval", "--", TargetPath("uprobe_loop"), "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const int line = SourceLine("uprobe_loop.c", "return 3 * i + r->len;");
   const int call = SourceLine("uprobe_loop.c", "sum += tick(i, &r);");
@@ -320,7 +315,7 @@ TEST(ProbeCmd, TextLinesShowTimeTidEventLocationAndArgs) {
 }
 
 TEST(ProbeCmd, JsonSummaryIsExact) {
-  const RunResult r = Probe(
+  const RunResult r = KwatchProbe(
       {"--json", "-q", "tick i", "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
@@ -357,8 +352,8 @@ TEST(ProbeCmd, JsonSummaryIsExact) {
 
 TEST(ProbeCmd, MaxactiveBoundsTrackedReturnsAndCountsNmissed) {
   // fact(5) recurses 5 deep; with one instance only the outermost call is tracked.
-  const RunResult r =
-      Probe({"--json", "--maxactive", "1", "fact%return $retval", "--", TargetPath("probe_args")});
+  const RunResult r = KwatchProbe(
+      {"--json", "--maxactive", "1", "fact%return $retval", "--", TargetPath("probe_args")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   ASSERT_EQ(run.hits.size(), 1u);
@@ -366,7 +361,8 @@ TEST(ProbeCmd, MaxactiveBoundsTrackedReturnsAndCountsNmissed) {
   EXPECT_EQ(run.summary["probes"][0]["hits"], 1);
   EXPECT_EQ(run.summary["probes"][0]["nmissed"], 4);
   // Without the bound every level returns: 1, 2, 6, 24, 120.
-  const RunResult all = Probe({"--json", "fact%return $retval", "--", TargetPath("probe_args")});
+  const RunResult all =
+      KwatchProbe({"--json", "fact%return $retval", "--", TargetPath("probe_args")});
   ASSERT_EQ(all.exit_code, 0) << all.err;
   std::vector<long> values;
   for (const json& h : ParseJson(all.out).hits) {
@@ -377,9 +373,9 @@ TEST(ProbeCmd, MaxactiveBoundsTrackedReturnsAndCountsNmissed) {
 
 TEST(ProbeCmd, StringsStructMembersAndLines) {
   const int body = SourceLine("probe_args.c", "PROBE: loop body");
-  const RunResult r =
-      Probe({"--json", "name_len name:string limit", "sum_item p->id p->label:string p->values[2]",
-             absl::StrCat("probe_args.c:", body, " i"), "--", TargetPath("probe_args")});
+  const RunResult r = KwatchProbe(
+      {"--json", "name_len name:string limit", "sum_item p->id p->label:string p->values[2]",
+       absl::StrCat("probe_args.c:", body, " i"), "--", TargetPath("probe_args")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   const std::vector<json> names = OfEvent(run.hits, "name_len");
@@ -422,8 +418,8 @@ std::string LibcPath() {
 TEST(ProbeCmd, SharedLibraryProbedWithMinusX) {
   const std::string libc = LibcPath();
   ASSERT_FALSE(libc.empty());
-  const RunResult r =
-      Probe({"--json", "-x", libc, "printf fmt=+0(%di):string", "--", TargetPath("probe_args")});
+  const RunResult r = KwatchProbe(
+      {"--json", "-x", libc, "printf fmt=+0(%di):string", "--", TargetPath("probe_args")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   ASSERT_EQ(run.hits.size(), 1u) << r.out;
@@ -433,14 +429,15 @@ TEST(ProbeCmd, SharedLibraryProbedWithMinusX) {
 
 TEST(ProbeCmd, ExecEndsTheProbesAndForkedChildrenAreNotProbed) {
   // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
-  const RunResult e = Probe({"--json", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  const RunResult e =
+      KwatchProbe({"--json", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   JsonRun run = ParseJson(e.out);
   EXPECT_EQ(run.hits.size(), 5u);
   EXPECT_THAT(run.summary["notes"].dump(), HasSubstr("called exec"));
   EXPECT_THAT(e.out, HasSubstr("after exec sum"));
   // probe_engine fork: work() 100 times, a child forked at i == 50 calls it 10 more times.
-  const RunResult f = Probe({"--json", "work", "--", TargetPath("probe_engine"), "fork"});
+  const RunResult f = KwatchProbe({"--json", "work", "--", TargetPath("probe_engine"), "fork"});
   ASSERT_EQ(f.exit_code, 0) << f.err;
   run = ParseJson(f.out);
   EXPECT_EQ(run.hits.size(), 100u);
@@ -450,7 +447,7 @@ TEST(ProbeCmd, ExecEndsTheProbesAndForkedChildrenAreNotProbed) {
 
 TEST(ProbeCmd, CountStopsAfterNAndTheTargetFinishesUnharmed) {
   const RunResult r =
-      Probe({"--json", "-c", "10", "tick i", "--", TargetPath("uprobe_loop"), "100000"});
+      KwatchProbe({"--json", "-c", "10", "tick i", "--", TargetPath("uprobe_loop"), "100000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   ASSERT_EQ(run.hits.size(), 10u);
@@ -473,7 +470,7 @@ TEST(ProbeCmd, CountStopsAfterNAndTheTargetFinishesUnharmed) {
 }
 
 TEST(ProbeCmd, ListLinesLikePerfProbeL) {
-  const RunResult r = Probe({"-x", TargetPath("probe_args"), "-L", "loop_lines"});
+  const RunResult r = KwatchProbe({"-x", TargetPath("probe_args"), "-L", "loop_lines"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const int decl = SourceLine("probe_args.c", "long loop_lines(int n)");
   const int body = SourceLine("probe_args.c", "PROBE: loop body");
@@ -488,7 +485,7 @@ TEST(ProbeCmd, ListLinesLikePerfProbeL) {
             absl::StrFormat("%7d      acc += tick(i) * 3;  // PROBE: loop body", body - decl));
   EXPECT_EQ(lines[1 + empty - decl], "           // PROBE: no code on this line or the one above");
   // The relative line works as a probe point.
-  const RunResult hit = Probe(
+  const RunResult hit = KwatchProbe(
       {"--json", absl::StrCat("loop_lines:", body - decl, " i"), "--", TargetPath("probe_args")});
   ASSERT_EQ(hit.exit_code, 0) << hit.err;
   EXPECT_EQ(ParseJson(hit.out).hits.size(), 4u);
@@ -496,20 +493,20 @@ TEST(ProbeCmd, ListLinesLikePerfProbeL) {
 
 TEST(ProbeCmd, ListVarsLikePerfProbeV) {
   // Without -x the program comes from the command after --.
-  const RunResult r = Probe({"-V", "local_item", "--", TargetPath("probe_args")});
+  const RunResult r = KwatchProbe({"-V", "local_item", "--", TargetPath("probe_args")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out,
             "Available variables at local_item\n"
             "\t@<local_item+0>\n"
             "\t\tlong\tid\n"
             "\t\tstruct item\tlocal\n");
-  const RunResult ret = Probe({"-x", TargetPath("probe_args"), "-V", "fact%return"});
+  const RunResult ret = KwatchProbe({"-x", TargetPath("probe_args"), "-V", "fact%return"});
   EXPECT_EQ(ret.exit_code, 1);
   EXPECT_THAT(ret.err, HasSubstr("only $retval"));
 }
 
 TEST(ProbeCmd, UnknownFunctionSuggestsANearMatch) {
-  const RunResult r = Probe({"tik i", "--", TargetPath("uprobe_loop"), "3"});
+  const RunResult r = KwatchProbe({"tik i", "--", TargetPath("uprobe_loop"), "3"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("unknown function 'tik' in uprobe_loop; did you mean 'tick'?"));
   // Nothing was started.
@@ -517,44 +514,35 @@ TEST(ProbeCmd, UnknownFunctionSuggestsANearMatch) {
 }
 
 TEST(ProbeCmd, BadArgumentIsPointedAt) {
-  const RunResult r = Probe({"tick i r->len:u7", "--", TargetPath("uprobe_loop"), "3"});
+  const RunResult r = KwatchProbe({"tick i r->len:u7", "--", TargetPath("uprobe_loop"), "3"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("unknown type 'u7'"));
   EXPECT_THAT(r.err, HasSubstr("\n  tick i r->len:u7\n         ^~~~~~~~~\n"));
-  const RunResult v = Probe({"tick i nosuch", "--", TargetPath("uprobe_loop"), "3"});
+  const RunResult v = KwatchProbe({"tick i nosuch", "--", TargetPath("uprobe_loop"), "3"});
   EXPECT_EQ(v.exit_code, 1);
   EXPECT_THAT(v.err, HasSubstr("no variable 'nosuch' at tick (available: i, r)"));
   EXPECT_THAT(v.err, HasSubstr("\n  tick i nosuch\n         ^~~~~~\n"));
 }
 
 TEST(ProbeCmd, MidInstructionOffsetAndUnprobeableInstructionAreRefused) {
-  const RunResult r = Probe({"tick+0x1", "--", TargetPath("uprobe_loop"), "3"});
+  const RunResult r = KwatchProbe({"tick+0x1", "--", TargetPath("uprobe_loop"), "3"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("tick+0x1 is inside '"));
   EXPECT_THAT(r.err, HasSubstr("probe an instruction boundary"));
   // probe_engine's has_int3 is a lone int3: the engine refuses to displace it and the
   // launched program is not left behind.
-  const RunResult i = Probe({"has_int3", "--", TargetPath("probe_engine"), "basic"});
+  const RunResult i = KwatchProbe({"has_int3", "--", TargetPath("probe_engine"), "basic"});
   EXPECT_EQ(i.exit_code, 1);
   EXPECT_THAT(i.err, HasSubstr("it is a breakpoint already"));
 }
 
 TEST(ProbeCmd, UsageErrors) {
-  EXPECT_EQ(Probe({"tick"}).exit_code, 2);                           // no target
-  EXPECT_EQ(Probe({"--", TargetPath("uprobe_loop")}).exit_code, 2);  // no spec
-  EXPECT_EQ(Probe({"-p", "1", "tick", "--", TargetPath("uprobe_loop")}).exit_code, 2);
-  EXPECT_EQ(Probe({"--backend", "kprobe", "tick", "--", TargetPath("uprobe_loop")}).exit_code, 2);
+  EXPECT_EQ(KwatchProbe({"tick"}).exit_code, 2);                           // no target
+  EXPECT_EQ(KwatchProbe({"--", TargetPath("uprobe_loop")}).exit_code, 2);  // no spec
+  EXPECT_EQ(KwatchProbe({"-p", "1", "tick", "--", TargetPath("uprobe_loop")}).exit_code, 2);
+  EXPECT_EQ(KwatchProbe({"--backend", "kprobe", "tick", "--", TargetPath("uprobe_loop")}).exit_code,
+            2);
 }
-
-// Sets this process as the reaper of orphans while alive, so that a target whose kwatch died
-// can be waited for.
-class SubreaperScope {
- public:
-  SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
-  ~SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 0); }
-  SubreaperScope(const SubreaperScope&) = delete;
-  SubreaperScope& operator=(const SubreaperScope&) = delete;
-};
 
 TEST(ProbeCmd, GuardianRestoresTheCodeWhenKwatchIsKilled) {
   SubreaperScope reaper;
@@ -838,7 +826,7 @@ TEST(ProbeCmd, PermissionErrorsNameWhatIsMissing) {
 TEST(ProbeCmd, RecordingThenReportShowsTheHits) {
   const std::string db = TempPath("probes.kwdb");
   std::filesystem::remove(db);
-  const RunResult r = Probe(
+  const RunResult r = KwatchProbe(
       {"-q", "-o", db, "tick i", "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("recorded 2000 probe hits to " + db));
@@ -855,7 +843,7 @@ TEST(ProbeCmd, RecordingThenReportShowsTheHits) {
           R"(\ntick__return +tick%return +.*uprobe_loop\.c:[0-9]+ +1000 hits in 1 thread\n)")))
       << rep->out;
   // The uprobe backend records the same.
-  const RunResult u = Probe(
+  const RunResult u = KwatchProbe(
       {"-q", "--backend", "uprobe", "-o", db, "tick i", "--", TargetPath("uprobe_loop"), "500"});
   ASSERT_EQ(u.exit_code, 0) << u.err;
   auto rep2 = kwatch::testing::Run({KwatchPath(), "report", "--format", "json", db});

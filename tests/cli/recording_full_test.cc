@@ -32,17 +32,8 @@ namespace {
 
 using ::kwatch::testing::PrivateTmpfs;
 using ::kwatch::testing::Spawned;
+using ::kwatch::testing::SubreaperScope;
 using ::kwatch::testing::TargetPath;
-
-// Orphans (the target kwatch detaches from and leaves running) are reparented to the test,
-// so that their exit status can be read.
-class SubreaperScope {
- public:
-  SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
-  ~SubreaperScope() { prctl(PR_SET_CHILD_SUBREAPER, 0); }
-  SubreaperScope(const SubreaperScope&) = delete;
-  SubreaperScope& operator=(const SubreaperScope&) = delete;
-};
 
 // The first number after `prefix` in `text`, or nullopt.
 std::optional<uint64_t> NumberAfter(const std::string& text, const std::string& prefix) {
