@@ -283,7 +283,14 @@ void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint
         touched.push_back(p);
       }
     }
-    for (const Watch& w : watches_) {
+  }
+  MatchWatches(watches_, *decoded, hits);
+}
+
+void PageBackend::MatchWatches(const std::vector<Watch>& ws, const core::DecodedAccess& decoded,
+                               std::vector<Hit>& hits) const {
+  for (const core::MemoryOperand& m : decoded.memory) {
+    for (const Watch& w : ws) {
       const uint64_t a = w.target.addr.value;
       if (m.addr >= a + w.target.length || m.addr + m.size <= a) {
         continue;
@@ -302,6 +309,19 @@ void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint
   }
 }
 
+const Watch& PageBackend::WatchById(uint32_t id) const {
+  // The session may give this backend only some of its watches: find by id.
+  auto it =
+      std::find_if(watches_.begin(), watches_.end(), [&](const Watch& x) { return x.id == id; });
+  if (it == watches_.end()) {
+    KW_CHECK(register_watches_ != nullptr);
+    it = std::find_if(register_watches_->begin(), register_watches_->end(),
+                      [&](const Watch& x) { return x.id == id; });
+    KW_CHECK(it != register_watches_->end());
+  }
+  return *it;
+}
+
 void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) {
   if (hits.empty()) {
     ++unrelated_;
@@ -310,9 +330,7 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
   const uint64_t now = MonotonicNs();
   const uint32_t stack = CaptureStack(tid);
   for (const Hit& h : hits) {
-    // The session may give this backend only some of its watches: find by id.
-    const Watch& w = *std::find_if(watches_.begin(), watches_.end(),
-                                   [&](const Watch& x) { return x.id == h.watch_id; });
+    const Watch& w = WatchById(h.watch_id);
     core::AccessEvent ev;
     ev.time_ns = now;
     ev.pid = proc_.pid();
@@ -365,6 +383,12 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;
   Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);
+  // Emulated, the access never reaches the debug registers: it is reported for their watches
+  // here (old values read before it).
+  std::vector<Hit> register_hits;
+  if (register_watches_ != nullptr && decoded.ok()) {
+    MatchWatches(*register_watches_, *decoded, register_hits);
+  }
   core::EmulatorMemory mem;
   mem.read = [this](uint64_t addr, std::span<uint8_t> out) {
     return proc_.ReadMemory(core::RemoteAddr{addr}, out);
@@ -379,6 +403,7 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
   }
   KW_RETURN_IF_ERROR(proc_.SetRegs(tid, regs));
   ++emulated_;
+  hits.insert(hits.end(), register_hits.begin(), register_hits.end());
   Record(tid, rip, hits);
   return true;
 }

@@ -55,6 +55,12 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   bool Claims(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+  // Watches the debug registers hold in the same session (hybrid sessions). An instruction
+  // this backend emulates never reaches the registers, so its accesses to these watches'
+  // bytes are reported here (exact values); one it single-steps runs in the target and the
+  // registers see it. The vector must outlive the backend.
+  void SetRegisterWatches(const std::vector<Watch>* watches) { register_watches_ = watches; }
+
   // A forked child inherits the protected pages: give it back their original protections.
   absl::Status OnFork(core::Process& child) override;
   absl::Status OnSyscallStop(pid_t tid, const core::SyscallStop& stop, bool world_stopped) override;
@@ -90,6 +96,10 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   };
   void Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint64_t fault,
              std::vector<Hit>& hits, std::vector<uint64_t>& touched) const;
+  // The hits of `decoded`'s operands on `ws` (every operand's bytes inside each watch).
+  void MatchWatches(const std::vector<Watch>& ws, const core::DecodedAccess& decoded,
+                    std::vector<Hit>& hits) const;
+  const Watch& WatchById(uint32_t id) const;
   void Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits);
 
   // A system call that may touch protected pages, from its entry stop to its exit stop.
@@ -144,6 +154,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
   core::Process& proc_;
   const std::vector<Watch>& watches_;
+  const std::vector<Watch>* register_watches_ = nullptr;
   std::map<uint64_t, Page> pages_;
   bool armed_ = false;
   // After Disarm: faults raised while the pages were protected may still be on their way

@@ -308,6 +308,7 @@ absl::Status WatchSession::Arm() {
       }
     }
     multiplexing_ = false;
+    register_watches_.clear();
     for (const Watch& w : watches_) {
       auto it = request_of_.find(w.id);
       if (it == request_of_.end()) {
@@ -326,12 +327,16 @@ absl::Status WatchSession::Arm() {
           multiplexing_ = true;
           break;
         case drmgr::RequestState::kHardware:
+          // Multiplexed watches are left out: they hold a register only part of the time.
+          register_watches_.push_back(w);
           break;
       }
     }
     alloc_->AdvanceClock(absl::Now());  // multiplex coverage counts from here
     if (!page_watches_.empty()) {
-      page_ = std::make_unique<PageBackend>(proc_, page_watches_);
+      auto page = std::make_unique<PageBackend>(proc_, page_watches_);
+      page->SetRegisterWatches(&register_watches_);
+      page_ = std::move(page);
       if (unwinder_ != nullptr) {
         page_->SetStackHook(hook);
       }

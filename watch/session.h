@@ -152,6 +152,9 @@ class WatchSession {
   std::map<uint32_t, drmgr::RequestId> request_of_;  // by watch id
   std::unique_ptr<SlotBackend> hw_;
   std::vector<Watch> page_watches_;  // those watched with pages (ids kept)
+  // Hybrid sessions: those in the registers, whose accesses the page backend reports when it
+  // emulates an instruction (the registers never see it).
+  std::vector<Watch> register_watches_;
   std::unique_ptr<WatchBackend> page_;
   bool multiplexing_ = false;
   // --stack: distinct backtraces, by id - 1 (deduplicated: memory grows with distinct stacks).
