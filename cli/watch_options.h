@@ -1,0 +1,48 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/process.h"
+
+namespace kwatch::cli {
+
+// The options of a `kwatch` watch session (process or kernel), as parsed from the command line.
+struct WatchOptions {
+  bool write = false;
+  bool rw = false;
+  bool read = false;
+  bool exec = false;
+  std::optional<uint64_t> len;
+  std::vector<std::string> exprs;
+  std::optional<pid_t> pid;
+  std::vector<std::string> command;
+  uint64_t count = 0;
+  double duration = 0;
+  bool json = false;
+  bool quiet = false;
+  bool kill_on_exit = false;
+  std::string user;                   // -u: run the command as this user
+  std::optional<core::RunAs> run_as;  // resolved from `user`
+  std::string backend = "auto";
+  bool stop = false;         // --stop: --backend stop
+  std::string condition;     // --if EXPR
+  bool stack = false;        // --stack
+  size_t stack_depth = 16;   // --stack-depth
+  std::string overcommit;    // beyond 4 debug registers: "" = pages (processes), fail (kernel)
+  int mux_interval_ms = 10;  // --overcommit=multiplex rotation
+  std::string output;        // -o: recording file
+  std::string command_line;  // as typed, for the recording
+  // Kernel watches (no -p and no command):
+  std::string system_map;        // --system-map
+  std::string vmlinux;           // --vmlinux
+  std::string kernel_type;       // --type: the C type of the watched kernel symbol
+  bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
+};
+
+}  // namespace kwatch::cli
