@@ -7,8 +7,9 @@
 # Code probes: tests/targets/uprobe_loop N calls tick() N times; every tool puts one probe on
 # tick. Watchpoints: tests/targets/field_writer 1 N writes g_stats.hits N times (and other
 # fields of the same struct); every tool watches g_stats.hits for writes. perf mem: and
-# bpftrace watchpoint: need an absolute address: their programs run with ASLR off
-# (setarch -R), as gdb runs its programs.
+# bpftrace watchpoint: need an absolute address: they run with ASLR off (setarch -R around
+# the tool, so that the tool attaches to the program itself, not to setarch, whose own PIE
+# data sits at the same address), as gdb runs its programs.
 #
 # Every run is a pair: the program at N/4 and at N hits. The cost per hit is the slope
 # (t(N) - t(N/4)) / (N - N/4), so a tool's start-up and the program's own work cancel out;
@@ -95,6 +96,7 @@ count_writer_ok() { grep -q "\"hits_w\":$N," "$WORK/out" && echo "$N"; }
 count_gdb() { grep -oE 'already hit [0-9]+ time' "$WORK/out" | awk '{print $3}' | tail -n 1; }
 count_dprintf() { grep -c '^tick ' "$WORK/out"; }
 count_perf_stat() { awk -F, '/probe_uprobe_loop:tick/ {print $1}' "$WORK/out" | head -n 1; }
+count_perf_stat_mem() { awk -F, '/mem:/ {print $1}' "$WORK/out" | head -n 1; }
 count_perf_record() { grep -oE '\(([0-9]+) samples\)' "$WORK/out" | tr -dc '0-9'; }
 count_bpftrace() { grep -oE '^@c: [0-9]+' "$WORK/out" | awk '{print $2}'; }
 count_floor() { grep -oE '^hits=[0-9]+' "$WORK/out" | cut -d= -f2; }
@@ -134,6 +136,7 @@ else
 fi
 run_tool probe "kwatch probe (ptrace INT3)" count_kwatch_probe "$KWATCH" probe -q --json --backend ptrace tick -- "$LOOP" @N@
 run_tool probe "kwatch probe (uprobe PMU)" count_kwatch_probe "$KWATCH" probe -q --json --backend uprobe tick -- "$LOOP" @N@
+run_tool probe "kwatch probe --hw (debug register)" count_kwatch_probe "$KWATCH" probe -q --json --hw tick -- "$LOOP" @N@
 
 # --- watchpoints on g_stats.hits ------------------------------------------------------------
 log "watchpoints: field_writer 1 $((NWATCH / 4)) and $NWATCH (g_stats.hits at $WADDR with ASLR off), $RUNS runs each"
@@ -143,9 +146,11 @@ printf '%s\n' "set pagination off" "set confirm off" "set can-use-hw-watchpoints
   "run" "watch g_stats.hits" "commands" "silent" "continue" "end" "continue" "info watchpoints" \
   >"$WORK/gdb-watch.gdb"
 run_tool watch "gdb watch (hardware)" count_gdb gdb -batch -nx -x "$WORK/gdb-watch.gdb" --args "$WRITER" 1 @N@
-run_tool watch "perf record -e mem:ADDR:w" count_perf_record perf record -o "$WORK/perf-mem.data" -e "mem:$WADDR:w" -- "${SETARCH[@]}" "$WRITER" 1 @N@
-run_tool watch "bpftrace watchpoint:ADDR:8:w" count_bpftrace bpftrace -e "watchpoint:$WADDR:8:w { @c = count(); }" -c "${SETARCH[*]} $WRITER 1 @N@"
+run_tool watch "perf stat -e mem:ADDR:w:u" count_perf_stat_mem "${SETARCH[@]}" perf stat -x, -e "mem:$WADDR:w:u" -- "$WRITER" 1 @N@
+run_tool watch "perf record -e mem:ADDR:w:u" count_perf_record "${SETARCH[@]}" perf record -o "$WORK/perf-mem.data" -e "mem:$WADDR:w:u" -- "$WRITER" 1 @N@
+run_tool watch "bpftrace watchpoint:ADDR:8:w" count_bpftrace "${SETARCH[@]}" bpftrace -e "watchpoint:$WADDR:8:w { @c = count(); }" -c "$WRITER 1 @N@"
 run_tool watch "kwatch --backend perf (stream)" count_kwatch_watch "$KWATCH" -q --json --backend perf --write g_stats.hits -- "$WRITER" 1 @N@
+run_tool watch "kwatch --stop (ptrace debug registers)" count_kwatch_watch "$KWATCH" -q --json --stop --write g_stats.hits -- "$WRITER" 1 @N@
 run_tool watch "kwatch --backend page" count_kwatch_watch "$KWATCH" -q --json --backend page --write g_stats.hits -- "$WRITER" 1 @N@
 
 fi  # measuring
