@@ -601,7 +601,9 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
       if (sig == SIGTRAP) {
         siginfo_t si{};
         if (::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0 && SpuriousTrap(tid, si)) {
-          ++spurious_traps_;
+          if (si.si_code != kTrapPerf) {  // else a late trap of a breakpoint kwatch closed
+            ++spurious_traps_;
+          }
           if (stopping_all_ || handling_claimed_) {
             thread.state = ThreadState::kStopped;
             return absl::OkStatus();
@@ -632,6 +634,9 @@ absl::Status Process::HandleStatus(pid_t tid, int status, std::vector<ProcessEve
 bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
   TrapEvidence e;
   e.si_code = si.si_code;
+  if (e.si_code == kTrapPerf) {
+    e.perf_data = SiPerfData(si);
+  }
   if (e.si_code != TRAP_BRKPT) {
     return !DeliverTrap(ClassifySigtrap(e));
   }

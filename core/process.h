@@ -280,7 +280,8 @@ class Process {
   absl::StatusOr<int> MemFd() const;
   // Stops the world and lets the interceptor handle every claimed signal, then resumes.
   absl::Status HandleClaimed();
-  // Whether the SIGTRAP that stopped `tid` is a spurious debug exception to absorb.
+  // Whether the SIGTRAP that stopped `tid` is a spurious debug exception, or a late trap of a
+  // breakpoint kwatch already closed (core/trap_origin.h), to absorb.
   bool SpuriousTrap(pid_t tid, const siginfo_t& si) const;
   // Before detaching: lets signals kwatch caused that still wait in threads' queues arrive
   // and drops them, so that none reaches the target after kwatch has gone.

@@ -2,15 +2,23 @@
 
 #include <signal.h>
 
+#include <cstring>
+
 namespace kwatch::core {
 namespace {
 
 constexpr uint8_t kIcebpOpcode = 0xF1;
 // DR6: B0-B3 (a slot matched), BD (debug-register access), BS (single step), BT (task switch).
 constexpr uint64_t kDr6CauseBits = 0xFULL | (1ULL << 13) | (1ULL << 14) | (1ULL << 15);
-constexpr int kTrapPerf = 6;  // TRAP_PERF (Linux 5.13); glibc 2.36's headers predate it
 
 }  // namespace
+
+uint64_t SiPerfData(const siginfo_t& si) {
+  static_assert(kSiPerfDataOffset + sizeof(uint64_t) <= sizeof(siginfo_t));
+  uint64_t data = 0;
+  std::memcpy(&data, reinterpret_cast<const char*>(&si) + kSiPerfDataOffset, sizeof(data));
+  return data;
+}
 
 TrapOrigin ClassifySigtrap(const TrapEvidence& e) {
   if (e.si_code <= 0) {
@@ -24,7 +32,8 @@ TrapOrigin ClassifySigtrap(const TrapEvidence& e) {
     case TRAP_HWBKPT:
       return TrapOrigin::kHardwareBreakpoint;
     case kTrapPerf:
-      return TrapOrigin::kPerfSigtrap;
+      return IsKwatchSigData(e.perf_data) ? TrapOrigin::kKwatchBreakpoint
+                                          : TrapOrigin::kPerfSigtrap;
     case TRAP_BRKPT:
       if (e.byte_before_ip == kIcebpOpcode) {
         return TrapOrigin::kIcebp;
@@ -53,6 +62,8 @@ absl::string_view TrapOriginName(TrapOrigin o) {
       return "hardware breakpoint";
     case TrapOrigin::kPerfSigtrap:
       return "perf event sigtrap";
+    case TrapOrigin::kKwatchBreakpoint:
+      return "late trap of a kwatch breakpoint";
     case TrapOrigin::kSpurious:
       return "spurious debug exception";
     case TrapOrigin::kOther:

@@ -9,6 +9,9 @@
 #ifndef KWATCH_CORE_TRAP_ORIGIN_H_
 #define KWATCH_CORE_TRAP_ORIGIN_H_
 
+#include <signal.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -23,6 +26,7 @@ enum class TrapOrigin {
   kSingleStep,          // the program set the trap flag itself (TRAP_TRACE)
   kHardwareBreakpoint,  // a debug register hit the kernel attributes (TRAP_HWBKPT or DR6 bits)
   kPerfSigtrap,         // a perf event the program opened with sigtrap=1 (TRAP_PERF)
+  kKwatchBreakpoint,    // a late trap of kwatch's own breakpoint (TRAP_PERF with kwatch's data)
   kSpurious,            // a debug exception with no cause at all
   kOther,               // any other kernel code (branch trace, unknown): delivered
 };
@@ -34,12 +38,35 @@ struct TrapEvidence {
   std::optional<uint8_t> byte_before_ip;
   // The thread's DR6 as ptrace shows it (the kernel's virtual DR6).
   uint64_t dr6 = 0;
+  // TRAP_PERF: the event's perf_event_attr.sig_data (SiPerfData).
+  uint64_t perf_data = 0;
 };
+
+// TRAP_PERF (Linux 5.13): the si_code of the SIGTRAP a perf event opened with sigtrap=1 sends
+// the thread it fired in, and where siginfo_t carries that event's sig_data
+// (_sigfault._perf._data: after si_addr and the 8 bytes of its union on x86-64). glibc 2.36
+// names neither; everything in kwatch uses these.
+inline constexpr int kTrapPerf = 6;
+inline constexpr size_t kSiPerfDataOffset = 24;
+
+// The sig_data of a TRAP_PERF siginfo (meaningless for other codes).
+uint64_t SiPerfData(const siginfo_t& si);
+
+// kwatch's own sigtrap breakpoints (watch/trap_breakpoints.h) carry this magic in the upper
+// 32 bits of their sig_data ("kwat"); the lower 32 bits name the breakpoint.
+inline constexpr uint64_t kKwatchSigDataMagic = uint64_t{0x6b776174} << 32;
+inline constexpr bool IsKwatchSigData(uint64_t data) {
+  return (data >> 32) == (kKwatchSigDataMagic >> 32);
+}
 
 TrapOrigin ClassifySigtrap(const TrapEvidence& e);
 
-// Whether a trap of this origin is the target's own business (delivered unchanged).
-inline bool DeliverTrap(TrapOrigin o) { return o != TrapOrigin::kSpurious; }
+// Whether a trap of this origin is the target's own business (delivered unchanged). A late
+// trap of kwatch's own breakpoint (raised before kwatch closed it, arriving after the
+// backend that armed it let go) is not: it would kill a target without a SIGTRAP handler.
+inline bool DeliverTrap(TrapOrigin o) {
+  return o != TrapOrigin::kSpurious && o != TrapOrigin::kKwatchBreakpoint;
+}
 
 absl::string_view TrapOriginName(TrapOrigin o);
 

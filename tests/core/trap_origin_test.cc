@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 namespace kwatch::core {
@@ -25,9 +27,9 @@ TEST(TrapOrigin, TheProgramsOwnInstructionsAreDelivered) {
   EXPECT_EQ(Classify(TRAP_HWBKPT, 0x89, 0x1), TrapOrigin::kHardwareBreakpoint);
   EXPECT_EQ(Classify(6), TrapOrigin::kPerfSigtrap);  // TRAP_PERF
   EXPECT_EQ(Classify(TRAP_BRANCH), TrapOrigin::kOther);
-  for (TrapOrigin o : {TrapOrigin::kInt3, TrapOrigin::kIcebp, TrapOrigin::kSingleStep,
-                       TrapOrigin::kHardwareBreakpoint, TrapOrigin::kPerfSigtrap,
-                       TrapOrigin::kOther}) {
+  for (TrapOrigin o :
+       {TrapOrigin::kInt3, TrapOrigin::kIcebp, TrapOrigin::kSingleStep,
+        TrapOrigin::kHardwareBreakpoint, TrapOrigin::kPerfSigtrap, TrapOrigin::kOther}) {
     EXPECT_TRUE(DeliverTrap(o)) << TrapOriginName(o);
   }
 }
@@ -42,10 +44,37 @@ TEST(TrapOrigin, ABreakpointTrapWithCauseBitsIsAHardwareBreakpoint) {
 TEST(TrapOrigin, ADebugExceptionWithNoCauseIsSpurious) {
   // DR6's reserved bits read as ones: 0xFFFF0FF0 has no cause bit.
   EXPECT_EQ(Classify(TRAP_BRKPT, 0x89, 0xFFFF0FF0ULL), TrapOrigin::kSpurious);
-  EXPECT_EQ(Classify(TRAP_BRKPT, 0x05, 0), TrapOrigin::kSpurious);  // after a syscall
+  EXPECT_EQ(Classify(TRAP_BRKPT, 0x05, 0), TrapOrigin::kSpurious);          // after a syscall
   EXPECT_EQ(Classify(TRAP_BRKPT, std::nullopt, 0), TrapOrigin::kSpurious);  // unreadable code
   EXPECT_FALSE(DeliverTrap(TrapOrigin::kSpurious));
   EXPECT_EQ(TrapOriginName(TrapOrigin::kSpurious), "spurious debug exception");
+}
+
+// kwatch's own breakpoints (perf events with sigtrap, watch/trap_breakpoints.h) carry its magic
+// in their sig_data: a late one is absorbed, any other TRAP_PERF is the program's own.
+TEST(TrapOrigin, PerfTrapsAreTheProgramsUnlessTheyCarryKwatchsData) {
+  TrapEvidence e;
+  e.si_code = kTrapPerf;
+  e.perf_data = 0x1234;
+  EXPECT_EQ(ClassifySigtrap(e), TrapOrigin::kPerfSigtrap);
+  EXPECT_TRUE(DeliverTrap(ClassifySigtrap(e)));
+  e.perf_data = kKwatchSigDataMagic | 0x2a;
+  EXPECT_TRUE(IsKwatchSigData(e.perf_data));
+  EXPECT_EQ(ClassifySigtrap(e), TrapOrigin::kKwatchBreakpoint);
+  EXPECT_FALSE(DeliverTrap(TrapOrigin::kKwatchBreakpoint));
+  EXPECT_FALSE(IsKwatchSigData(0x6b77617500000000ULL));
+}
+
+// The kernel puts sig_data at byte 24 of siginfo_t (_sigfault._perf._data on x86-64).
+TEST(TrapOrigin, PerfDataIsReadWhereTheKernelPutsIt) {
+  siginfo_t si{};
+  si.si_signo = SIGTRAP;
+  si.si_code = kTrapPerf;
+  si.si_addr = reinterpret_cast<void*>(0x1000);
+  const uint64_t data = kKwatchSigDataMagic | 7;
+  std::memcpy(reinterpret_cast<char*>(&si) + 24, &data, sizeof(data));
+  EXPECT_EQ(SiPerfData(si), data);
+  EXPECT_EQ(si.si_addr, reinterpret_cast<void*>(0x1000));  // before it, untouched
 }
 
 }  // namespace
