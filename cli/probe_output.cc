@@ -278,6 +278,7 @@ void HitSink::Record(const ProbeHit& hit) {
   if (s.ok()) {
     core::HitRecord r;
     r.time_ns = hit.time_ns;
+    r.pid = hit.pid;
     r.tid = hit.tid;
     r.cpu = hit.cpu;
     r.probe_id = hit.probe->id;

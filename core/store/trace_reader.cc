@@ -194,6 +194,7 @@ absl::Status TraceReader::Load() {
   if (*version < 1) {
     return NotARecording(path_, absl::StrCat("schema version ", *version));
   }
+  schema_ = static_cast<int>(*version);
   for (absl::Status s : {LoadSession(), LoadWatches(), LoadSites(), LoadProbes()}) {
     if (!s.ok()) {
       // Missing tables or columns, or damage: either way not something we can read.
@@ -478,7 +479,9 @@ absl::Status TraceReader::ForEachEvent(const EventFilter& filter,
 absl::Status TraceReader::ForEachHit(const HitFilter& filter,
                                      absl::FunctionRef<bool(const HitRecord&)> fn) const {
   KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("hits_in_order"));
-  std::string sql = "SELECT time_ns,tid,cpu,probe_id,ip,is_return,args FROM hits ";
+  // Schema 1 had no pid per hit: read as 0.
+  std::string sql = absl::StrCat("SELECT time_ns,tid,cpu,probe_id,ip,is_return,args,",
+                                 schema_ >= 2 ? "pid" : "0", " FROM hits ");
   int64_t start = std::numeric_limits<int64_t>::min();
   if (in_order) {
     if (filter.from_ns.has_value()) {
@@ -510,6 +513,7 @@ absl::Status TraceReader::ForEachHit(const HitFilter& filter,
     h.cpu = ColumnCpu(s, 2);
     h.ip = RemoteAddr{ColumnU64(s, 4)};
     h.is_return = sqlite3_column_int64(s, 5) != 0;
+    h.pid = static_cast<pid_t>(sqlite3_column_int64(s, 7));
     const auto* args = reinterpret_cast<const char*>(sqlite3_column_text(s, 6));
     auto parsed = DecodeArgsJson(
         args == nullptr ? absl::string_view("{}")

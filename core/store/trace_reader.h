@@ -103,6 +103,7 @@ class TraceReader {
 
   std::string path_;
   SqlitePtr db_;
+  int schema_ = 0;  // PRAGMA user_version of the file
   SessionRecord session_;
   bool complete_ = false;
   std::string cut_reason_;

@@ -20,7 +20,8 @@ namespace kwatch::core {
 // PRAGMA application_id of every recording: 'kwdb'.
 inline constexpr int32_t kTraceApplicationId = 0x6b776462;
 // PRAGMA user_version: the schema this kwatch writes, and the newest it reads.
-inline constexpr int32_t kTraceSchemaVersion = 1;
+// 2: hits.pid. Schema 1 recordings (no pid per hit) are read with HitRecord::pid 0.
+inline constexpr int32_t kTraceSchemaVersion = 2;
 
 // How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
 // of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.
@@ -83,6 +84,7 @@ struct ProbeRecord {
 // One probe hit. Arguments keep their order; names need not be unique.
 struct HitRecord {
   uint64_t time_ns = 0;  // CLOCK_MONOTONIC
+  pid_t pid = 0;         // thread group of `tid` (0: a schema 1 recording, which had none)
   pid_t tid = 0;
   uint32_t cpu = kUnknownCpu;
   uint32_t probe_id = 0;

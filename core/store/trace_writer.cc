@@ -21,7 +21,7 @@
 namespace kwatch::core {
 namespace {
 
-// Schema version 1 (docs/recording.md). Addresses and memory values are 64-bit patterns
+// Schema version 2 (docs/recording.md). Addresses and memory values are 64-bit patterns
 // stored as signed integers.
 constexpr char kSchemaSql[] = R"sql(
 CREATE TABLE session(
@@ -105,6 +105,7 @@ CREATE TABLE probes(
 );
 CREATE TABLE hits(
   time_ns INTEGER NOT NULL,
+  pid INTEGER NOT NULL,
   tid INTEGER NOT NULL,
   cpu INTEGER,
   probe_id INTEGER NOT NULL,
@@ -360,8 +361,8 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
   KW_ASSIGN_OR_RETURN(insert_event_, SqlitePrepare(db, InsertEventsSql(1), context));
   KW_ASSIGN_OR_RETURN(insert_events_,
                       SqlitePrepare(db, InsertEventsSql(kEventsPerInsert), context));
-  KW_ASSIGN_OR_RETURN(insert_hit_,
-                      SqlitePrepare(db, "INSERT INTO hits VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
+  KW_ASSIGN_OR_RETURN(
+      insert_hit_, SqlitePrepare(db, "INSERT INTO hits VALUES(?1,?2,?3,?4,?5,?6,?7,?8)", context));
   KW_ASSIGN_OR_RETURN(
       insert_site_,
       SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6)", context));
@@ -703,12 +704,13 @@ absl::Status TraceWriter::WriteBatch() {
   s = insert_hit_.get();
   for (const HitRecord& h : hits_) {
     BindU64(s, 1, h.time_ns);
-    sqlite3_bind_int64(s, 2, h.tid);
-    BindCpu(s, 3, h.cpu);
-    sqlite3_bind_int64(s, 4, h.probe_id);
-    BindU64(s, 5, h.ip.value);
-    sqlite3_bind_int(s, 6, h.is_return ? 1 : 0);
-    BindText(s, 7, EncodeArgsJson(h.args));
+    sqlite3_bind_int64(s, 2, h.pid);
+    sqlite3_bind_int64(s, 3, h.tid);
+    BindCpu(s, 4, h.cpu);
+    sqlite3_bind_int64(s, 5, h.probe_id);
+    BindU64(s, 6, h.ip.value);
+    sqlite3_bind_int(s, 7, h.is_return ? 1 : 0);
+    BindText(s, 8, EncodeArgsJson(h.args));
     if (const int rc = StepDone(s); rc != SQLITE_OK) {
       return Error(rc, "writing probe hits to");
     }

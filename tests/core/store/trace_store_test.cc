@@ -275,13 +275,15 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
     ASSERT_TRUE(w->Append(events.back()).ok());
   }
   HitRecord h0{6'000'000'000ULL,
+               4240,
                4243,
                1,
                1,
                RemoteAddr{0x555555555100ULL},
                false,
                {{"len", "42"}, {"name", "\"GET /\"\n"}, {"len", "dup"}}};
-  HitRecord h1{6'000'000'500ULL, 4244, kUnknownCpu, 2, RemoteAddr{0x555555555180ULL}, true, {}};
+  HitRecord h1{
+      6'000'000'500ULL, 4251, 4251, kUnknownCpu, 2, RemoteAddr{0x555555555180ULL}, true, {}};
   ASSERT_TRUE(w->AppendHit(h0).ok());
   ASSERT_TRUE(w->AppendHit(h1).ok());
   SessionEnd end;
@@ -384,6 +386,8 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
   ASSERT_EQ(hits.size(), 2u);
   EXPECT_EQ(hits[0], h0);
   EXPECT_EQ(hits[1], h1);
+  EXPECT_EQ(hits[0].pid, 4240);  // each hit keeps its process (a child followed with -f)
+  EXPECT_EQ(hits[1].pid, 4251);
   EXPECT_EQ(*r->CountEvents(), 100u);
   EXPECT_EQ(*r->CountHits(), 2u);
 
@@ -408,7 +412,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "1");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "2");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -482,7 +486,7 @@ TEST(TraceStoreTest, FlushCommitsPendingEventsHitsAndSites) {
   const std::string path = dir.File("run.kwdb");
   auto w = NewWriter(path);
   ASSERT_TRUE(w->Append(MakeEvent(0)).ok());
-  ASSERT_TRUE(w->AppendHit(HitRecord{1, 2, 0, 1, RemoteAddr{3}, false, {{"a", "b"}}}).ok());
+  ASSERT_TRUE(w->AppendHit(HitRecord{1, 2, 2, 0, 1, RemoteAddr{3}, false, {{"a", "b"}}}).ok());
   ASSERT_TRUE(w->AddSite(SiteRecord{RemoteAddr{3}, "f", 0, "f.c", 1, "ret"}).ok());
   {
     auto r = OpenOk(path);
@@ -653,6 +657,7 @@ TEST_P(FilterTest, SelectsExactlyTheMatchingEventsAndHits) {
   for (uint64_t i = 0; i < 3000; ++i) {
     events.push_back(MakeEvent(i));
     hits.push_back(HitRecord{MakeEvent(i).time_ns + 1,
+                             static_cast<pid_t>(4240 + i % 2),
                              static_cast<pid_t>(4242 + i % 4),
                              static_cast<uint32_t>(i % 2),
                              static_cast<uint32_t>(1 + i % 3),
@@ -782,6 +787,31 @@ TEST(TraceStoreTest, OtherApplicationsDatabaseIsNotARecording) {
   }
 }
 
+TEST(TraceStoreTest, SchemaOneRecordingsReadTheirHitsWithPidZero) {
+  // Schema 1 stored no pid per probe hit; its recordings stay readable.
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  {
+    auto w = NewWriter(path);
+    ASSERT_TRUE(w->AppendHit(HitRecord{5, 4300, 4301, 1, 0, RemoteAddr{0x400000}, false, {}}).ok());
+    ASSERT_TRUE(w->Finish(SessionEnd{}).ok());
+  }
+  EXPECT_EQ(Sql(path, "SELECT pid || '/' || tid FROM hits"), "4300/4301");
+  EXPECT_EQ(Sql(path, "ALTER TABLE hits DROP COLUMN pid"), "");
+  Sql(path, "PRAGMA user_version=1");
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  std::vector<HitRecord> hits;
+  ASSERT_TRUE(r->ForEachHit({}, [&](const HitRecord& h) {
+                 hits.push_back(h);
+                 return true;
+               }).ok());
+  ASSERT_EQ(hits.size(), 1u);
+  EXPECT_EQ(hits[0].pid, 0);
+  EXPECT_EQ(hits[0].tid, 4301);
+  EXPECT_EQ(hits[0].ip, RemoteAddr{0x400000});
+}
+
 TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   TempDir dir;
   const std::string path = dir.File("run.kwdb");
@@ -790,7 +820,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 1");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 2");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {
