@@ -195,7 +195,7 @@ absl::Status TraceReader::Load() {
     return NotARecording(path_, absl::StrCat("schema version ", *version));
   }
   schema_ = static_cast<int>(*version);
-  for (absl::Status s : {LoadSession(), LoadWatches(), LoadSites(), LoadProbes()}) {
+  for (absl::Status s : {LoadSession(), LoadWatches(), LoadSites(), LoadTasks(), LoadProbes()}) {
     if (!s.ok()) {
       // Missing tables or columns, or damage: either way not something we can read.
       if (s.code() == absl::StatusCode::kDataLoss) {
@@ -313,6 +313,33 @@ absl::Status TraceReader::LoadSites() {
   }
   std::sort(sites_.begin(), sites_.end(),
             [](const SiteRecord& a, const SiteRecord& b) { return a.ip < b.ip; });
+  return absl::OkStatus();
+}
+
+absl::Status TraceReader::LoadTasks() {
+  // Recordings made before kernel sessions were recorded have no tasks table.
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr exists,
+                      Prepare("SELECT 1 FROM sqlite_master WHERE type='table' AND name='tasks'"));
+  const int first = sqlite3_step(exists.get());
+  if (first == SQLITE_DONE) {
+    return absl::OkStatus();
+  }
+  if (first != SQLITE_ROW) {
+    return ReadError(first);
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare("SELECT pid,tid,comm FROM tasks ORDER BY tid"));
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    TaskRecord t;
+    t.pid = static_cast<pid_t>(sqlite3_column_int64(s, 0));
+    t.tid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
+    t.comm = ColumnText(s, 2);
+    tasks_.push_back(std::move(t));
+  }
+  if (rc != SQLITE_DONE) {
+    return ReadError(rc);
+  }
   return absl::OkStatus();
 }
 

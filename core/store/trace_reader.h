@@ -70,6 +70,9 @@ class TraceReader {
   const std::vector<SiteRecord>& sites() const { return sites_; }
   const SiteRecord* FindSite(RemoteAddr ip) const;
   const std::vector<ProbeRecord>& probes() const { return probes_; }
+  // The names of the tasks that made events (kernel sessions), by tid; empty for recordings
+  // that store none.
+  const std::vector<TaskRecord>& tasks() const { return tasks_; }
 
   // Calls `fn` for each matching event in time order (ties in recording order), streaming
   // from the file; `fn` returns false to stop early. A corrupted file stops the stream with a
@@ -91,6 +94,7 @@ class TraceReader {
   absl::Status LoadSession();
   absl::Status LoadWatches();
   absl::Status LoadSites();
+  absl::Status LoadTasks();
   absl::Status LoadProbes();
   // DataLoss "not a kwatch recording or corrupted: <path>: <sqlite message>" for corruption,
   // else the SQLite error with the path.
@@ -111,6 +115,7 @@ class TraceReader {
   std::vector<WatchRecord> watches_;
   std::vector<SiteRecord> sites_;
   std::vector<ProbeRecord> probes_;
+  std::vector<TaskRecord> tasks_;
 };
 
 }  // namespace kwatch::core

@@ -69,6 +69,17 @@ struct SiteRecord {
   std::string disassembly;  // AT&T text of the instruction ("" if not decoded)
 };
 
+// A task that made recorded events, with its command name: kernel sessions record who ran
+// on the CPU (tid 0 is each CPU's idle task, "swapper/N": one row per name). `tid` is
+// AccessEvent::tid.
+struct TaskRecord {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  std::string comm;  // /proc/TID/comm when the task was first seen, "?" when it was gone
+
+  bool operator==(const TaskRecord&) const = default;
+};
+
 // One probe point. `id` is HitRecord::probe_id.
 struct ProbeRecord {
   uint32_t id = 0;

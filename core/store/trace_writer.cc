@@ -93,6 +93,12 @@ CREATE TABLE sites(
   line INTEGER NOT NULL,
   disassembly TEXT NOT NULL
 );
+CREATE TABLE tasks(
+  pid INTEGER NOT NULL,
+  tid INTEGER NOT NULL,
+  comm TEXT NOT NULL,
+  PRIMARY KEY(tid, comm)
+) WITHOUT ROWID;
 CREATE TABLE probes(
   id INTEGER PRIMARY KEY,
   event TEXT NOT NULL,
@@ -366,6 +372,8 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
   KW_ASSIGN_OR_RETURN(
       insert_site_,
       SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6)", context));
+  KW_ASSIGN_OR_RETURN(insert_task_,
+                      SqlitePrepare(db, "INSERT OR IGNORE INTO tasks VALUES(?1,?2,?3)", context));
   KW_ASSIGN_OR_RETURN(update_counts_,
                       SqlitePrepare(db,
                                     "UPDATE session SET event_count=?1, hit_count=?2, "
@@ -500,6 +508,14 @@ absl::Status TraceWriter::AddSite(const SiteRecord& s) {
   return absl::OkStatus();
 }
 
+absl::Status TraceWriter::AddTask(const TaskRecord& t) {
+  KW_RETURN_IF_ERROR(Check());
+  if (task_keys_.insert({t.tid, t.comm}).second) {
+    tasks_.push_back(t);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TraceWriter::Append(const AccessEvent& e) {
   if (!error_.ok() || finished_) {
     return Check();
@@ -533,9 +549,10 @@ absl::Status TraceWriter::Commit() {
     events_.clear();
     hits_.clear();
     sites_.clear();
+    tasks_.clear();
     return WriteFailure(s, dropped);
   }
-  if (events_.empty() && hits_.empty() && sites_.empty()) {
+  if (events_.empty() && hits_.empty() && sites_.empty() && tasks_.empty()) {
     return absl::OkStatus();
   }
   absl::Status s = WriteBatch();
@@ -550,6 +567,7 @@ absl::Status TraceWriter::Commit() {
   events_.clear();
   hits_.clear();
   sites_.clear();
+  tasks_.clear();
   if (!s.ok()) {
     sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
     return WriteFailure(s, dropped);
@@ -683,6 +701,15 @@ absl::Status TraceWriter::WriteBatch() {
       return Error(rc, "writing sites to");
     }
   }
+  s = insert_task_.get();
+  for (const TaskRecord& t : tasks_) {
+    sqlite3_bind_int64(s, 1, t.pid);
+    sqlite3_bind_int64(s, 2, t.tid);
+    BindText(s, 3, t.comm);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing tasks to");
+    }
+  }
   // Most events go kEventsPerInsert at a time (one statement step per chunk); the rest one by one.
   size_t i = 0;
   for (; i + kEventsPerInsert <= events_.size(); i += kEventsPerInsert) {
@@ -802,6 +829,7 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   insert_events_.reset();
   insert_hit_.reset();
   insert_site_.reset();
+  insert_task_.reset();
   update_counts_.reset();
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.
   // A failure from here on leaves a complete recording whose last batches are in path-wal.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -82,6 +83,10 @@ class TraceWriter {
   // Whether a site for `ip` was added: lets the caller symbolize each ip once.
   bool HasSite(RemoteAddr ip) const { return site_ips_.contains(ip.value); }
 
+  // Buffers a task's name (committed with the next batch); a (tid, comm) pair already added
+  // is ignored.
+  absl::Status AddTask(const TaskRecord& t);
+
   // Buffers an event / a probe hit; commits when the batch is full. Events need not arrive
   // in time order: each batch is sorted by time, and a recording whose batches overlap in time
   // gets an index on time at Finish().
@@ -150,12 +155,15 @@ class TraceWriter {
   SqliteStmtPtr insert_events_;  // kEventsPerInsert rows
   SqliteStmtPtr insert_hit_;
   SqliteStmtPtr insert_site_;
+  SqliteStmtPtr insert_task_;
   SqliteStmtPtr update_counts_;
 
   std::vector<AccessEvent> events_;
   std::vector<HitRecord> hits_;
   std::vector<SiteRecord> sites_;
   absl::flat_hash_set<uint64_t> site_ips_;
+  std::vector<TaskRecord> tasks_;
+  absl::flat_hash_set<std::pair<pid_t, std::string>> task_keys_;
 
   uint64_t events_committed_ = 0;
   uint64_t hits_committed_ = 0;
