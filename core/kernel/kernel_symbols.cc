@@ -251,11 +251,17 @@ std::optional<SourceLine> KernelSymbolResolver::LineAt(uint64_t addr) {
   return lines_->LineAt(RemoteAddr{addr - static_cast<uint64_t>(lines_slide_)});
 }
 
-std::string KernelSymbolResolver::Describe(uint64_t addr) {
+KernelSymbolResolver::CodeSite KernelSymbolResolver::Locate(uint64_t addr) {
+  CodeSite site;
   const std::optional<KernelTextLocation> text = TextAt(addr);
-  std::string out = text.has_value() ? text->ToString() : absl::StrFormat("0x%x", addr);
-  if (!text.has_value() || !text->module.empty()) {
-    return out;  // lines come from vmlinux, which holds no module code
+  if (!text.has_value()) {
+    return site;
+  }
+  site.function =
+      text->module.empty() ? text->name : absl::StrCat(text->name, " [", text->module, "]");
+  site.offset = text->offset;
+  if (!text->module.empty()) {
+    return site;  // lines come from vmlinux, which holds no module code
   }
   if (std::optional<SourceLine> line = LineAt(addr); line.has_value()) {
     absl::string_view file = line->file;
@@ -267,7 +273,21 @@ std::string KernelSymbolResolver::Describe(uint64_t addr) {
         break;
       }
     }
-    absl::StrAppendFormat(&out, " (%s:%d)", file, line->line);
+    site.file.assign(file.data(), file.size());
+    site.line = line->line;
+  }
+  return site;
+}
+
+std::string KernelSymbolResolver::Describe(uint64_t addr) {
+  const std::optional<KernelTextLocation> text = TextAt(addr);
+  std::string out = text.has_value() ? text->ToString() : absl::StrFormat("0x%x", addr);
+  if (!text.has_value() || !text->module.empty()) {
+    return out;
+  }
+  const CodeSite site = Locate(addr);
+  if (!site.file.empty()) {
+    absl::StrAppendFormat(&out, " (%s:%d)", site.file, site.line);
   }
   return out;
 }

@@ -98,6 +98,16 @@ class KernelSymbolResolver {
   // that vmlinux's DWARF at the address minus the KASLR slide; nullopt without a vmlinux
   // (LoadLines says why) or when the address has no line.
   std::optional<SourceLine> LineAt(uint64_t addr);
+  // A kernel code address for a recording's sites table: `function` ("name" or "name [module]",
+  // "" outside any known function), `offset` from its start, and file:line as Describe shows
+  // them (file relative to the kernel tree; "" and 0 without a vmlinux's lines).
+  struct CodeSite {
+    std::string function;
+    uint64_t offset = 0;
+    std::string file;
+    int line = 0;
+  };
+  CodeSite Locate(uint64_t addr);
   // How kwatch names a kernel code address: "func+0x1a (fs/read_write.c:482)" with a
   // vmlinux's lines, "func+0x1a" from kallsyms alone, "0xffffffff81234567" outside any
   // known function. The file is shown relative to the kernel source tree when it lies in
