@@ -734,8 +734,8 @@ int Main(int argc, char** argv) {
     return KernelMain(opts);
   }
   if (opts.kernel_accesses) {
-    if (opts.read || opts.exec || !opts.output.empty()) {
-      std::fprintf(stderr, "kwatch: error: --kernel-accesses takes --write or --rw, and no -o\n");
+    if (opts.read || opts.exec) {
+      std::fprintf(stderr, "kwatch: error: --kernel-accesses takes --write or --rw\n");
       return 2;
     }
     return KernelAccessesMain(opts);

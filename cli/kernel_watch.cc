@@ -1,8 +1,10 @@
 #include "cli/kernel_watch.h"
 
+#include <linux/netlink.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -10,12 +12,15 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -70,6 +75,39 @@ void Error(const absl::Status& s) {
 // ---------------------------------------------------------------------------------------------
 // Kernel watches: no -p and no command. One CPU-wide breakpoint per online CPU (pid -1).
 
+// What one kernel site (trap IP) did to one watch: the per-site summary.
+struct SiteStat {
+  uint64_t events = 0;
+  std::set<uint32_t> tids;
+  std::set<uint32_t> cpus;
+};
+
+// The events of one watch by trap IP, and how many repeated the IP of the previous event of
+// the same task on the same CPU (the signature of a rep string instruction trapping per
+// iteration).
+struct SiteTally {
+  std::map<uint64_t, SiteStat> by_ip;
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> last_ip;  // (cpu, tid) -> ip
+  uint64_t repeated = 0;
+  uint64_t first_repeated_ip = 0;
+
+  void Add(const watch::PerfSample& s) {
+    SiteStat& st = by_ip[s.ip];
+    ++st.events;
+    st.tids.insert(s.tid);
+    st.cpus.insert(s.cpu);
+    auto [it, fresh] = last_ip.try_emplace({s.cpu, s.tid}, s.ip);
+    if (!fresh) {
+      if (it->second == s.ip) {
+        if (repeated++ == 0) {
+          first_repeated_ip = s.ip;
+        }
+      }
+      it->second = s.ip;
+    }
+  }
+};
+
 // One watched kernel object.
 struct KernelWatch {
   std::string expr;     // as typed
@@ -82,6 +120,14 @@ struct KernelWatch {
   std::vector<std::unique_ptr<watch::PerfBreakpoint>> bps;  // one per CPU
   std::vector<int> cpus;
   uint64_t events = 0;
+  SiteTally sites;  // the delivered events by kernel site
+  // Kernel watches: what each CPU's breakpoint is opened with (cpu set per CPU), for CPUs that
+  // come online during the session.
+  std::optional<watch::BreakpointRequest> cpu_request;
+  // What the breakpoints of CPUs that went offline had counted and lost before they were
+  // closed (the kernel drops CPU-bound events when their CPU goes offline).
+  uint64_t closed_count = 0;
+  uint64_t closed_lost = 0;
 };
 
 // ", callchains of up to N frames (--stack)" for the armed line of a kernel session, or "".
@@ -306,6 +352,169 @@ std::vector<KernelFrame> KernelFrames(core::kernel::KernelSymbolResolver& symbol
   return out;
 }
 
+// The sites of a watch, most events first (then by address).
+std::vector<std::pair<uint64_t, const SiteStat*>> SitesByEvents(const SiteTally& t) {
+  std::vector<std::pair<uint64_t, const SiteStat*>> out;
+  for (const auto& [ip, st] : t.by_ip) {
+    out.emplace_back(ip, &st);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.second->events > b.second->events;
+  });
+  return out;
+}
+
+// The per-site table of watch `i` (text summary), "" when it saw no event:
+//   kernel sites of watch #1 buf (the IP the CPU reported: after the access):
+//     EVENTS  TASKS  CPUS      SITE
+//        140      1  0,1       _copy_to_iter+0x80
+std::string SitesText(const KernelWatch& w, size_t i, core::kernel::KernelSymbolResolver& symbols) {
+  if (w.sites.by_ip.empty()) {
+    return "";
+  }
+  std::string out = absl::StrFormat(
+      "kernel sites of watch #%d %s (the IP the CPU reported: after the access):\n"
+      "  %8s %6s  %-9s %s\n",
+      i + 1, w.display, "EVENTS", "TASKS", "CPUS", "SITE");
+  for (const auto& [ip, st] : SitesByEvents(w.sites)) {
+    absl::StrAppendFormat(&out, "  %8d %6d  %-9s %s\n", st->events, st->tids.size(),
+                          absl::StrJoin(st->cpus, ","), symbols.Describe(ip));
+  }
+  return out;
+}
+
+// The sites of a watch as a JSON array, most events first.
+std::string SitesJson(const SiteTally& t, core::kernel::KernelSymbolResolver& symbols) {
+  std::vector<std::string> items;
+  for (const auto& [ip, st] : SitesByEvents(t)) {
+    items.push_back(
+        absl::StrFormat("{\"ip\":\"0x%x\",\"site\":%s,\"events\":%d,\"tasks\":[%s],\"cpus\":[%s]}",
+                        ip, JsonString(symbols.Describe(ip)), st->events,
+                        absl::StrJoin(st->tids, ","), absl::StrJoin(st->cpus, ",")));
+  }
+  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+}
+
+// Says how many events of a watch came at the IP of their task's previous event on the same
+// CPU (the signature of a rep string instruction trapping per iteration; see
+// kRepeatedIpExplanation).
+std::string RepeatedIpNote(const KernelWatch& w, size_t i,
+                           core::kernel::KernelSymbolResolver& symbols) {
+  return absl::StrFormat(
+      "kwatch: note: watch #%d %s: %d of its %d events came at the same IP as the previous "
+      "event of their task on their CPU (first at %s)\n",
+      i + 1, w.display, w.sites.repeated, w.events, symbols.Describe(w.sites.first_repeated_ip));
+}
+
+// What repeated IPs mean, printed once after the notes above.
+constexpr char kRepeatedIpExplanation[] =
+    "kwatch: note: a rep string instruction traps after each iteration that touches the "
+    "watched bytes, reporting the instruction itself while iterations remain and the next one "
+    "after the last: a `rep movsb` that copies N watched bytes (copy_to_user on CPUs with "
+    "FSRM/ERMS) gives N events, which are iterations of one copy, not N calls; the kernel "
+    "counts them the same way. A task running the same instruction again also repeats its IP "
+    "(docs/kernel.md)\n";
+
+// Appends one kernel event to the recording, with its site (symbolized once: function,
+// offset and file:line as the live output names them) and its task's name (once per tid and
+// name). A kernel event's ip is the trap IP: x86 reports data breakpoints after the access,
+// and kwatch does not read kernel code to find the instruction before it.
+absl::Status RecordKernelEvent(core::TraceWriter& writer,
+                               core::kernel::KernelSymbolResolver& symbols, CommCache& comms,
+                               const KernelWatch& w, const KernelEvent& ev) {
+  const core::RemoteAddr ip{ev.s.ip};
+  if (!writer.HasSite(ip)) {
+    const core::kernel::KernelSymbolResolver::CodeSite site = symbols.Locate(ev.s.ip);
+    core::SiteRecord rec;
+    rec.ip = ip;
+    rec.function = site.function;
+    rec.offset = site.offset;
+    rec.file = site.file;
+    rec.line = site.line;
+    KW_RETURN_IF_ERROR(writer.AddSite(rec));
+  }
+  KW_RETURN_IF_ERROR(
+      writer.AddTask(core::TaskRecord{static_cast<pid_t>(ev.s.pid), static_cast<pid_t>(ev.s.tid),
+                                      comms.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu)}));
+  core::AccessEvent e;
+  e.time_ns = ev.s.time;
+  e.pid = static_cast<pid_t>(ev.s.pid);
+  e.tid = static_cast<pid_t>(ev.s.tid);
+  e.cpu = ev.s.cpu;
+  e.watch_id = static_cast<uint32_t>(ev.watch);
+  e.trap_ip = ip;
+  e.ip = ip;
+  e.addr = core::RemoteAddr{w.addr};
+  e.len = w.len;
+  e.access_addr = core::RemoteAddr{w.addr};
+  e.access_size = 0;                  // the watched range is all a breakpoint tells
+  e.kind = core::AccessKind::kWrite;  // -o takes --write kernel watches only
+  return writer.Append(e);
+}
+
+// Ends a kernel session's recording: the end record after success, else what was kept.
+// Returns false when the recording failed (kwatch then exits 1).
+bool FinishKernelRecording(core::TraceWriter& writer, const absl::Status& record_error,
+                           const std::string& stop_reason, uint64_t lost,
+                           std::optional<int> exit_status) {
+  if (record_error.ok()) {
+    core::SessionEnd end;
+    end.exit_status = exit_status;
+    end.exit_reason = stop_reason;
+    end.lost_count = lost;
+    if (absl::Status s = writer.Finish(end); !s.ok()) {
+      Error(s);
+      return false;
+    }
+    if (!writer.finish_warning().empty()) {
+      std::fprintf(stderr, "kwatch: warning: %s\n", writer.finish_warning().c_str());
+    }
+    std::fprintf(stderr, "kwatch: recorded %llu events to %s (kwatch report %s)\n",
+                 static_cast<unsigned long long>(writer.events_committed()), writer.path().c_str(),
+                 writer.path().c_str());
+    return true;
+  }
+  Error(record_error);
+  if (!writer.location_lost()) {  // never claim a file that no longer exists
+    const std::string& where = writer.moved_to().empty() ? writer.path() : writer.moved_to();
+    std::fprintf(stderr,
+                 "kwatch: the recording %s holds the events committed before the failure; "
+                 "`kwatch report %s` reads it\n",
+                 where.c_str(), where.c_str());
+  }
+  return false;
+}
+
+// Creates the recording of a kernel session (-o) with one watch row per kernel watch.
+// `pid` is the process of --kernel-accesses (0 for kernel watches).
+absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateKernelRecording(
+    const Options& opts, pid_t pid, const std::vector<KernelWatch>& watches) {
+  core::SessionRecord rec = core::SessionRecordForThisHost();
+  rec.command_line = opts.command_line;
+  rec.pid = pid;
+  rec.kwatch_version = KWATCH_VERSION;
+  rec.mode = pid == 0 ? "kernel" : "kernel-accesses";
+  rec.backend = "perf";
+  KW_ASSIGN_OR_RETURN(auto writer, core::TraceWriter::Create(opts.output, rec));
+  for (size_t i = 0; i < watches.size(); ++i) {
+    const KernelWatch& w = watches[i];
+    core::WatchRecord wr;
+    wr.id = static_cast<uint32_t>(i);
+    wr.expr = w.display;
+    wr.address = core::RemoteAddr{w.addr};
+    wr.length = w.len;
+    wr.kind = "w";
+    wr.backend = "perf";
+    wr.coverage =
+        pid == 0 ? absl::StrFormat("%d bytes (hardware breakpoint on CPUs %s)", w.len,
+                                   absl::StrJoin(w.cpus, ","))
+                 : absl::StrFormat("%d bytes (hardware breakpoint, kernel accesses only)", w.len);
+    wr.type_name = w.type_name;
+    KW_RETURN_IF_ERROR(writer->AddWatch(wr));
+  }
+  return writer;
+}
+
 // The event loop of breakpoints whose samples carry kernel IPs (kernel watches, and
 // --kernel-accesses of a process, `proc`): drains the rings, prints each event with its CPU,
 // task and kernel function+offset, stops on --count, --duration, a signal or the target's
@@ -313,7 +522,7 @@ std::vector<KernelFrame> KernelFrames(core::kernel::KernelSymbolResolver& symbol
 absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWatch>& watches,
                                       core::kernel::KernelSymbolResolver& symbols,
                                       drmgr::DrKind kind, const std::string& armed,
-                                      core::Process* proc,
+                                      core::Process* proc, core::TraceWriter* writer,
                                       const core::Symbols* user_syms = nullptr) {
   sigset_t mask;
   sigemptyset(&mask);
@@ -381,6 +590,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   CommCache comms;
   uint64_t delivered = 0;
   std::string stop_reason;
+  absl::Status record_error;  // -o: the first failure, which ends the session
   if (!opts.quiet && !opts.json) {
     std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %s\n", "TIME(s)", "CPU", "TID", "COMM", "ACC",
                 "WATCH", "IP (after the access)");
@@ -414,6 +624,13 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       ++delivered;
       KernelWatch& w = watches[ev.watch];
       ++w.events;
+      w.sites.Add(ev.s);
+      if (writer != nullptr && record_error.ok()) {
+        record_error = RecordKernelEvent(*writer, symbols, comms, w, ev);
+        if (!record_error.ok() && stop_reason.empty()) {
+          stop_reason = absl::StrCat("recording failed: ", record_error.message());
+        }
+      }
       if (opts.quiet) {
         continue;
       }
@@ -460,6 +677,131 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       stop_reason = absl::StrCat("--count ", opts.count, " reached");
     }
   };
+  // CPU hotplug. The kernel drops a CPU-bound event when its CPU goes offline (it counts
+  // nothing after the CPU comes back; seen on 6.18), so a kernel watch closes the breakpoints of
+  // a CPU that goes offline and opens new ones when a CPU comes online. It hears of both from
+  // the kernel's uevents (NETLINK_KOBJECT_UEVENT: "offline@/devices/system/cpu/cpu1", in
+  // order, so a quick offline-online is seen too) and checks /sys/devices/system/cpu/online at
+  // every tick for hotplug that sends none. A CPU that cannot be armed within about a second
+  // is said once and left.
+  std::set<int> refused_cpus;
+  std::map<int, int> cpu_tries;
+  auto retire_cpu = [&](int cpu) {
+    drain();  // what its rings hold
+    bool closed = false;
+    for (KernelWatch& w : watches) {
+      for (size_t j = 0; j < w.cpus.size() && j < w.bps.size(); ++j) {
+        if (w.cpus[j] != cpu) {
+          continue;
+        }
+        auto c = w.bps[j]->Count();
+        w.closed_count += c.ok() ? *c : 0;
+        w.closed_lost += w.bps[j]->ring() != nullptr ? w.bps[j]->ring()->lost() : 0;
+        w.bps.erase(w.bps.begin() + static_cast<std::ptrdiff_t>(j));  // closing leaves epoll
+        w.cpus.erase(w.cpus.begin() + static_cast<std::ptrdiff_t>(j));
+        closed = true;
+        break;
+      }
+    }
+    if (closed) {
+      std::fprintf(stderr,
+                   "kwatch: CPU %d went offline: its breakpoints are closed (the kernel drops "
+                   "CPU-bound events of an offline CPU); it is armed again if it comes back\n",
+                   cpu);
+      std::fflush(stderr);
+    }
+  };
+  auto sync_cpus = [&]() -> absl::Status {
+    if (proc != nullptr || watches.empty()) {
+      return absl::OkStatus();
+    }
+    const std::vector<int> online = watch::OnlineCpus();
+    std::set<int> armed;
+    for (const KernelWatch& w : watches) {
+      armed.insert(w.cpus.begin(), w.cpus.end());
+    }
+    for (const int cpu : armed) {
+      if (std::find(online.begin(), online.end(), cpu) == online.end()) {
+        retire_cpu(cpu);
+      }
+    }
+    for (const int cpu : online) {
+      if (refused_cpus.contains(cpu)) {
+        continue;
+      }
+      size_t armed_here = 0;
+      for (size_t i = 0; i < watches.size(); ++i) {
+        KernelWatch& w = watches[i];
+        if (!w.cpu_request.has_value() ||
+            std::find(w.cpus.begin(), w.cpus.end(), cpu) != w.cpus.end()) {
+          continue;
+        }
+        watch::BreakpointRequest req = *w.cpu_request;
+        req.cpu = cpu;
+        auto bp = watch::PerfBreakpoint::Open(req);
+        if (!bp.ok()) {
+          // The CPU may be listed before perf has brought its context up: try again at the
+          // next ticks, for about a second.
+          if (++cpu_tries[cpu] < 20) {
+            continue;
+          }
+          std::fprintf(stderr,
+                       "kwatch: warning: CPU %d came online during the session, but watch #%zu "
+                       "%s could not be armed there: %s\n",
+                       cpu, i + 1, w.display.c_str(), std::string(bp.status().message()).c_str());
+          refused_cpus.insert(cpu);
+          continue;
+        }
+        for (const int fd : (*bp)->fds()) {
+          KW_RETURN_IF_ERROR(add(fd));
+        }
+        w.bps.push_back(*std::move(bp));
+        w.cpus.push_back(cpu);
+        ++armed_here;
+      }
+      if (armed_here > 0) {
+        cpu_tries.erase(cpu);
+        std::fprintf(stderr,
+                     "kwatch: CPU %d came online during the session: armed %zu kernel watch%s "
+                     "there (accesses on it before this line were not seen)\n",
+                     cpu, armed_here, armed_here == 1 ? "" : "es");
+        std::fflush(stderr);
+      }
+    }
+    return absl::OkStatus();
+  };
+  core::UniqueFd uevents;
+  if (proc == nullptr) {
+    uevents.Reset(
+        socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_KOBJECT_UEVENT));
+    sockaddr_nl sa{};
+    sa.nl_family = AF_NETLINK;
+    sa.nl_groups = 1;  // the kernel's uevents
+    if (uevents && bind(uevents.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) == 0) {
+      KW_RETURN_IF_ERROR(add(uevents.get()));
+    } else {
+      uevents.Reset();  // the ticks' check alone
+    }
+  }
+  // Reads the pending uevents: CPUs that went offline are retired at once, in order; true when
+  // one came online.
+  auto read_uevents = [&]() {
+    bool came_online = false;
+    std::array<char, 8192> msg{};
+    ssize_t n = 0;
+    while ((n = recv(uevents.get(), msg.data(), msg.size() - 1, 0)) > 0) {
+      msg[static_cast<size_t>(n)] = '\0';
+      absl::string_view head(msg.data());  // "ACTION@DEVPATH", then KEY=VALUE strings
+      int cpu = -1;
+      if (absl::ConsumePrefix(&head, "offline@/devices/system/cpu/cpu") &&
+          absl::SimpleAtoi(head, &cpu)) {
+        retire_cpu(cpu);
+      } else if (absl::StartsWith(head, "online@/devices/system/cpu/cpu")) {
+        came_online = true;
+      }
+    }
+    return came_online;
+  };
   std::array<epoll_event, 64> evs{};
   while (stop_reason.empty()) {
     const int n = epoll_wait(epfd.get(), evs.data(), static_cast<int>(evs.size()), 1000);
@@ -476,12 +818,23 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
                 absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo)));
           }
         }
+      } else if (uevents && evs[static_cast<size_t>(i)].data.fd == uevents.get()) {
+        if (read_uevents()) {
+          KW_RETURN_IF_ERROR(sync_cpus());
+        }
       } else if (evs[static_cast<size_t>(i)].data.fd == tick.get()) {
         uint64_t ticks = 0;
         (void)(read(tick.get(), &ticks, sizeof(ticks)) > 0);
       }
     }
     drain();
+    KW_RETURN_IF_ERROR(sync_cpus());
+    if (writer != nullptr && record_error.ok()) {
+      record_error = writer->Flush();
+      if (!record_error.ok() && stop_reason.empty()) {
+        stop_reason = absl::StrCat("recording failed: ", record_error.message());
+      }
+    }
     if (absl::Status st = poll_target(); !st.ok()) {
       if (!absl::IsCancelled(st)) {
         return st;
@@ -497,6 +850,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   drain();
   uint64_t lost = 0;
   for (KernelWatch& w : watches) {
+    lost += w.closed_lost;
     for (auto& bp : w.bps) {
       (void)bp->Disable();
       lost += bp->ring() != nullptr ? bp->ring()->lost() : 0;
@@ -515,12 +869,14 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   }
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
-    uint64_t counted = 0;
+    uint64_t counted = w.closed_count;
     for (const auto& bp : w.bps) {
       auto c = bp->Count();
       counted += c.ok() ? *c : 0;
     }
-    const std::string cpus_text = absl::StrJoin(w.cpus, ",");
+    std::vector<int> sorted_cpus = w.cpus;  // CPUs that came online later are at the end
+    std::sort(sorted_cpus.begin(), sorted_cpus.end());
+    const std::string cpus_text = absl::StrJoin(sorted_cpus, ",");
     const std::string kind_name(drmgr::DrKindName(kind));
     const std::string scope = proc == nullptr
                                   ? absl::StrCat("kernel, CPUs ", cpus_text)
@@ -529,12 +885,13 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       std::printf(
           "%s{\"id\":%zu,\"expr\":%s,\"addr\":\"0x%llx\",\"len\":%u,\"kind\":\"%s\","
           "\"type\":%s,\"source\":%s,\"slide\":%lld,\"cpus\":[%s],\"events\":%llu,"
-          "\"kernel_count\":%llu}",
+          "\"kernel_count\":%llu,\"sites\":%s,\"repeated_ip_events\":%llu}",
           i == 0 ? "" : ",", i, JsonString(w.display).c_str(),
           static_cast<unsigned long long>(w.addr), w.len, kind_name.c_str(),
           JsonString(w.type_name).c_str(), JsonString(w.source).c_str(),
           static_cast<long long>(w.slide), cpus_text.c_str(),
-          static_cast<unsigned long long>(w.events), static_cast<unsigned long long>(counted));
+          static_cast<unsigned long long>(w.events), static_cast<unsigned long long>(counted),
+          SitesJson(w.sites, symbols).c_str(), static_cast<unsigned long long>(w.sites.repeated));
     } else {
       std::printf(
           "watch #%zu %s: %u byte%s at 0x%llx%s%s, %s, %s: %llu event%s "
@@ -545,6 +902,21 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
           static_cast<unsigned long long>(w.events), w.events == 1 ? "" : "s",
           static_cast<unsigned long long>(counted));
     }
+  }
+  if (!opts.json) {
+    for (size_t i = 0; i < watches.size(); ++i) {
+      std::printf("%s", SitesText(watches[i], i, symbols).c_str());
+    }
+  }
+  bool repeated = false;
+  for (size_t i = 0; i < watches.size(); ++i) {
+    if (watches[i].sites.repeated > 0) {
+      std::fprintf(stderr, "%s", RepeatedIpNote(watches[i], i, symbols).c_str());
+      repeated = true;
+    }
+  }
+  if (repeated) {
+    std::fprintf(stderr, "%s", kRepeatedIpExplanation);
   }
   if (opts.json) {
     std::printf("]}\n");
@@ -562,6 +934,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
     }
   }
   watches.clear();  // closes every event before the target is let go
+  std::optional<int> exit_status;
   if (proc != nullptr) {
     if (proc->alive()) {
       if (proc->launched() && opts.kill_on_exit) {
@@ -572,10 +945,14 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       }
     }
     if (proc->launched() && proc->exit_info().has_value()) {
-      return proc->exit_info()->ShellStatus();
+      exit_status = proc->exit_info()->ShellStatus();
     }
   }
-  return 0;
+  if (writer != nullptr &&
+      !FinishKernelRecording(*writer, record_error, stop_reason, lost, exit_status)) {
+    return 1;  // -o was not honoured (docs/recording.md)
+  }
+  return exit_status.value_or(0);
 }
 
 absl::StatusOr<int> RunKernelWatch(const Options& opts) {
@@ -630,18 +1007,31 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
       KW_ASSIGN_OR_RETURN(auto bp, watch::PerfBreakpoint::Open(req));
       w.bps.push_back(std::move(bp));
       w.cpus.push_back(cpu);
+      w.cpu_request = req;
     }
     watches.push_back(std::move(w));
   }
 
   KernelLinesNote(opts, *symbols);
+  // Signals go to the loop's signalfd: block them before the recording's checkpoint thread
+  // starts, so that it inherits the mask (else a Ctrl-C there would kill kwatch).
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    sigaddset(&mask, sig);
+  }
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
+  std::unique_ptr<core::TraceWriter> writer;
+  if (!opts.output.empty()) {
+    KW_ASSIGN_OR_RETURN(writer, CreateKernelRecording(opts, 0, watches));
+  }
   return RunBreakpointLoop(
       opts, watches, *symbols, kind,
       absl::StrFormat("armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf "
                       "breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", cpus.size(),
                       StackNote(opts)),
-      nullptr);
+      nullptr, writer.get());
 }
 
 // --kernel-accesses: user addresses of a process watched for the accesses the kernel makes
@@ -740,6 +1130,14 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
     return fail(st);
   }
   KernelLinesNote(opts, *ksyms);
+  std::unique_ptr<core::TraceWriter> writer;
+  if (!opts.output.empty()) {
+    auto w = CreateKernelRecording(opts, proc->pid(), watches);
+    if (!w.ok()) {
+      return fail(w.status());
+    }
+    writer = *std::move(w);
+  }
   const std::string prog = proc->argv().empty() ? "?" : proc->argv()[0];
   auto code = RunBreakpointLoop(
       opts, watches, *ksyms, kind,
@@ -747,7 +1145,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
                       "(exclude_user), perf breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
                       StackNote(opts)),
-      proc.get(), syms->get());
+      proc.get(), writer.get(), syms->get());
   if (!code.ok()) {
     return fail(code.status());
   }
@@ -761,6 +1159,11 @@ const char kKernelIfRefusal[] =
     "perf breakpoint streams that read no memory at the access; leave --if out and filter "
     "the --json events (tid, cpu, comm, site)";
 
+const char kKernelRecordingRefusal[] =
+    "-o records kernel --write watches only: a read-write breakpoint does not say whether the "
+    "kernel read or wrote, kwatch does not read kernel code to decode the access, and a "
+    "recording stores each event as a read or a write; record with --write, or watch --rw live";
+
 int KernelMain(const Options& opts) {
   if (opts.read) {
     std::fprintf(stderr,
@@ -769,12 +1172,14 @@ int KernelMain(const Options& opts) {
                  "code; use --rw\n");
     return 2;
   }
-  if (!opts.output.empty() || opts.backend == "page") {
-    std::fprintf(stderr, "kwatch: error: %s\n",
-                 !opts.output.empty()
-                     ? "recording kernel watches (-o) is not supported yet"
-                     : "kernel watches use hardware breakpoints only (--backend page protects "
-                       "a process's pages)");
+  if (!opts.output.empty() && (opts.rw || opts.exec)) {
+    std::fprintf(stderr, "kwatch: error: %s\n", kKernelRecordingRefusal);
+    return 2;
+  }
+  if (opts.backend == "page") {
+    std::fprintf(stderr,
+                 "kwatch: error: kernel watches use hardware breakpoints only (--backend page "
+                 "protects a process's pages)\n");
     return 2;
   }
   if (opts.stop || opts.backend == "stop") {
@@ -814,6 +1219,10 @@ int KernelMain(const Options& opts) {
 int KernelAccessesMain(const Options& opts) {
   if (!opts.condition.empty()) {
     std::fprintf(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
+    return 2;
+  }
+  if (!opts.output.empty() && (opts.rw || opts.exec)) {
+    std::fprintf(stderr, "kwatch: error: %s\n", kKernelRecordingRefusal);
     return 2;
   }
   auto code = RunKernelAccesses(opts);

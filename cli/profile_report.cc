@@ -419,8 +419,12 @@ void TextWatch(View& v, uint32_t obj, std::string& out) {
     trows.insert(trows.begin(), {"field", "reads", "writes"});
     any = true;
     const watch::ThreadInfo& ti = p.threads()[t];
-    absl::StrAppend(&out, "    tid ", ti.tid, " (pid ", ti.pid, ")\n",
-                    Table(trows, "lrr", "      "));
+    const auto names = v.Options().task_names.find(ti.tid);
+    absl::StrAppend(&out, "    tid ", ti.tid, " (pid ", ti.pid,
+                    names == v.Options().task_names.end()
+                        ? std::string()
+                        : absl::StrCat(", ", absl::StrJoin(names->second, ", ")),
+                    ")\n", Table(trows, "lrr", "      "));
   }
   if (!any) {
     absl::StrAppend(&out, "    none\n");
@@ -677,11 +681,15 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
       }
       if (!tf.empty()) {
         const watch::ThreadInfo& ti = profile.threads()[t];
-        threads.push_back(Json{{"tid", ti.tid},
-                               {"pid", ti.pid},
-                               {"reads", total.reads},
-                               {"writes", total.writes},
-                               {"fields", std::move(tf)}});
+        Json th{{"tid", ti.tid},
+                {"pid", ti.pid},
+                {"reads", total.reads},
+                {"writes", total.writes},
+                {"fields", std::move(tf)}};
+        if (auto names = opts.task_names.find(ti.tid); names != opts.task_names.end()) {
+          th["comm"] = absl::StrJoin(names->second, ", ");
+        }
+        threads.push_back(std::move(th));
       }
     }
     jw["threads"] = std::move(threads);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct ReportRenderOptions {
   bool log_scale = false;  // text: logarithmic heatmap scale (see HeatScale)
   int width = 100;         // text: terminal columns (the heatmap merges time columns to fit)
   size_t top_sites = 5;
+  // Command names of the recorded tasks by tid (kernel sessions record them; tid 0 has one
+  // per CPU, "swapper/N"): shown after each thread's tid, and as "comm" in JSON.
+  std::map<pid_t, std::vector<std::string>> task_names;
 };
 
 // Text: a header line; per watch its field table (field, offset, size, reads, writes,

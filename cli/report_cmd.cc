@@ -336,6 +336,9 @@ int ReportMain(const std::vector<std::string>& args) {
   ropts.log_scale = o.log_scale;
   ropts.width = TerminalWidth(stdout);
   ropts.color = o.color == "always" || (o.color == "auto" && isatty(STDOUT_FILENO) != 0);
+  for (const core::TaskRecord& t : r.tasks()) {
+    ropts.task_names[t.tid].push_back(t.comm);
+  }
   if (!r.complete()) {
     std::fprintf(stderr,
                  "kwatch: note: %s was cut short (kwatch stopped before finishing it); the "

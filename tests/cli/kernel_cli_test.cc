@@ -1,17 +1,22 @@
 // End-to-end tests of kernel watches: `kwatch --write &jiffies` and friends, run through the
 // real binary against this machine's kernel. Kernel symbol files are fixtures made here from
 // /proc/kallsyms; this machine's kernel lacks CONFIG_KALLSYMS_ALL (DESIGN.md).
+#include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,9 +24,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -372,52 +380,566 @@ TEST_F(KernelCli, FixtureVmlinuxGivesAddressesAndDwarfTypes) {
                                          vmlinux2, vmlinux2)));
 }
 
-// --kernel-accesses: a program read()s 8 bytes from a pipe into an aligned buffer 20 times
-// while kwatch watches the buffer for the kernel's writes only (exclude_user).
+// The copy-to-user paths a read(2) into user memory takes: the function that holds the
+// copying instruction (`rep movsb` inlined into _copy_to_iter/_copy_to_user on CPUs with
+// FSRM, else rep_movs_alternative or copy_user_generic's helpers).
+const char kCopyToUserSite[] =
+    "(_copy_to_iter|_copy_to_user|copy_to_user[a-z_]*|copy_page_to_iter[a-z_]*|"
+    "rep_movs_alternative|copy_user_[a-z_]+|__copy_user[a-z_]*)\\+0x[0-9a-f]+";
+
+// A program that read()s 8 bytes from a pipe into `buf`, then 8 into `mark`, N times (writing
+// both itself too, which must not count), and writes "PID BYTES" to the file argv[2].
+std::string PiperSource() {
+  return "#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n"
+         "_Alignas(64) char buf[64];\n"
+         "_Alignas(64) char mark[64];\n"
+         "int main(int argc, char** argv) {\n"
+         "  int n = atoi(argv[1]), fds[2];\n"
+         "  if (pipe(fds) != 0) return 1;\n"
+         "  long total = 0;\n"
+         "  for (int i = 0; i < n; ++i) {\n"
+         "    if (write(fds[1], \"12345678\", 8) != 8) return 2;\n"
+         "    buf[0] = 0;\n"  // a user write: excluded
+         "    total += read(fds[0], buf, 8);\n"
+         "    if (write(fds[1], \"abcdefgh\", 8) != 8) return 2;\n"
+         "    mark[0] = 0;\n"
+         "    total += read(fds[0], mark, 8);\n"
+         "  }\n"
+         "  FILE* f = fopen(argv[2], \"w\");\n"
+         "  if (f == NULL) return 3;\n"
+         "  fprintf(f, \"%d %ld\\n\", getpid(), total);\n"
+         "  return fclose(f) == 0 ? 0 : 4;\n}\n";
+}
+
+// --kernel-accesses: the program above reads 20 times into each buffer while kwatch watches
+// both for the kernel's writes only (exclude_user). Each read is one copy-to-user of 8 bytes;
+// the copying instruction may trap once (a `mov` of 8 bytes) or once per byte (`rep movsb`
+// traps after every iteration: CPUs with FSRM/ERMS). Whatever the CPU does, it does the same
+// for every read: the events of the two buffers alternate in runs of the same length k.
 TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
-  const std::string src = Write("piper.c",
-                                "#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n"
-                                "_Alignas(64) char buf[64];\n"
-                                "int main(int argc, char** argv) {\n"
-                                "  int n = atoi(argv[1]), fds[2];\n"
-                                "  if (pipe(fds) != 0) return 1;\n"
-                                "  long total = 0;\n"
-                                "  for (int i = 0; i < n; ++i) {\n"
-                                "    if (write(fds[1], \"12345678\", 8) != 8) return 2;\n"
-                                "    buf[0] = 0;\n"  // a user write: excluded
-                                "    total += read(fds[0], buf, 8);\n"
-                                "  }\n"
-                                "  printf(\"read %ld bytes in %d reads\\n\", total, n);\n"
-                                "  return 0;\n}\n");
+  const std::string src = Write("piper.c", PiperSource());
   const std::string prog = (dir_ / "piper").string();
   auto cc = kwatch::testing::Run({"/usr/bin/gcc", "-g", "-O1", "-o", prog, src});
   ASSERT_TRUE(cc.ok() && cc->exit_code == 0) << (cc.ok() ? cc->err : cc.status().ToString());
-  const RunResult r =
-      RunKwatch({"--kernel-accesses", "--write", "buf", "--len", "8", "--", prog, "20"});
+  const std::string truth = (dir_ / "truth").string();
+  constexpr int kReads = 20;
+  const RunResult r = RunKwatch({"--kernel-accesses", "--write", "buf", "mark", "--len", "8",
+                                 "--json", "--", prog, std::to_string(kReads), truth});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.err, ::testing::MatchesRegex(
-                         "kwatch: armed 1 watch on pid [0-9]+ \\(.*piper\\) for the kernel's "
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "^kwatch: armed 2 watches on pid [0-9]+ \\(.*piper\\) for the kernel's "
                          "accesses only \\(exclude_user\\), perf breakpoint stream mode\n"));
-  EXPECT_THAT(r.out, HasSubstr("read 160 bytes in 20 reads\n"));
-  EXPECT_THAT(r.out, HasSubstr("kwatch: "));
-  EXPECT_THAT(r.out, HasSubstr("; target exited\n"));
-  // What follows needs delivered debug traps (never on this project's VMs).
+  int pid = 0;
+  long bytes = 0;
+  ASSERT_EQ(std::sscanf(ReadFile(truth).c_str(), "%d %ld", &pid, &bytes), 2);
+  EXPECT_EQ(bytes, 2 * 8 * kReads);
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.summary["stop_reason"], "target exited");
+  ASSERT_EQ(run.summary["watches"].size(), 2U);
+  // What follows needs delivered debug traps (never on this project's earlier VMs).
   KW_REQUIRE_DEBUG_TRAPS();
-  EXPECT_THAT(r.out, HasSubstr("kwatch: 20 events, 0 lost; target exited\n"));
-  EXPECT_THAT(r.out, HasSubstr(": 20 events (the kernel counted 20)\n"));
-  // Each event names the kernel function that wrote the buffer (a copy-to-user path), not
-  // a raw address: every event line's last column is function+offset.
-  size_t events = 0;
-  std::istringstream in(r.out);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.find(" w   buf ") != std::string::npos) {
-      ++events;
-      EXPECT_EQ(line.find(" 0xffff"), std::string::npos) << line;
-      EXPECT_NE(line.find('+'), std::string::npos) << line;
+  EXPECT_EQ(run.summary["lost"], 0);
+  EXPECT_EQ(run.summary["events"].get<size_t>(), run.events.size());
+  std::vector<json> evs = run.events;
+  std::stable_sort(evs.begin(), evs.end(), [](const json& a, const json& b) {
+    return a["time"].get<double>() < b["time"].get<double>();
+  });
+  // Every event: the target's only thread, a kernel write, in a copy-to-user path.
+  for (const json& e : evs) {
+    EXPECT_EQ(e["tid"], pid) << e.dump();
+    EXPECT_EQ(e["comm"], "piper") << e.dump();
+    EXPECT_EQ(e["kind"], "w") << e.dump();
+    EXPECT_THAT(e["site"].get<std::string>(), ::testing::MatchesRegex(kCopyToUserSite)) << e.dump();
+  }
+  // Runs of one buffer's events alternate buf, mark, buf, ... one run per read, all of one
+  // length k.
+  std::vector<std::vector<json>> runs;
+  for (const json& e : evs) {
+    if (runs.empty() || runs.back().front()["field"] != e["field"]) {
+      runs.emplace_back();
+    }
+    runs.back().push_back(e);
+  }
+  ASSERT_EQ(runs.size(), 2U * kReads);
+  const size_t k = runs.front().size();
+  EXPECT_TRUE(k == 1 || k == 8) << "events per 8-byte read: " << k;
+  std::map<std::string, size_t> per_watch;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].front()["field"], i % 2 == 0 ? "buf" : "mark") << "run " << i;
+    EXPECT_EQ(runs[i].size(), k) << "run " << i << " of " << runs[i].front()["field"];
+    per_watch[runs[i].front()["field"]] += runs[i].size();
+    if (k == 8 && runs[i].size() == 8) {
+      // rep movsb: seven traps on the instruction itself, the last just after it.
+      const uint64_t rep = std::stoull(runs[i][0]["ip"].get<std::string>(), nullptr, 16);
+      for (size_t j = 1; j < 7; ++j) {
+        EXPECT_EQ(runs[i][j]["ip"], runs[i][0]["ip"]) << "run " << i << " event " << j;
+      }
+      const uint64_t after = std::stoull(runs[i][7]["ip"].get<std::string>(), nullptr, 16);
+      EXPECT_GT(after, rep);
+      EXPECT_LE(after - rep, 15U) << "an x86 instruction is at most 15 bytes";
     }
   }
-  EXPECT_EQ(events, 20U);
+  // The summary: events = the kernel's count = kReads * k per watch, and the sites add up.
+  for (const json& w : run.summary["watches"]) {
+    const std::string field = w["expr"];
+    EXPECT_EQ(w["events"].get<size_t>(), kReads * k) << field;
+    EXPECT_EQ(w["kernel_count"].get<size_t>(), kReads * k) << field;
+    EXPECT_EQ(per_watch[field], kReads * k) << field;
+    size_t sum = 0;
+    for (const json& site : w["sites"]) {
+      sum += site["events"].get<size_t>();
+      EXPECT_THAT(site["site"].get<std::string>(), ::testing::MatchesRegex(kCopyToUserSite));
+      EXPECT_EQ(site["tasks"], json::array({pid}));
+    }
+    EXPECT_EQ(sum, kReads * k) << field;
+    // Events at the IP of the same task's previous event on its CPU.
+    std::map<std::pair<int, int>, std::string> last;
+    size_t repeated = 0;
+    for (const json& e : evs) {
+      if (e["field"] != field) {
+        continue;
+      }
+      const std::pair<int, int> key{e["cpu"].get<int>(), e["tid"].get<int>()};
+      auto it = last.find(key);
+      repeated += (it != last.end() && it->second == e["ip"]) ? 1 : 0;
+      last[key] = e["ip"];
+    }
+    EXPECT_EQ(w["repeated_ip_events"].get<size_t>(), repeated) << field;
+  }
+
+  // The text summary shows the same sites, most events first, and explains repeated IPs.
+  const RunResult text = RunKwatch({"--kernel-accesses", "--write", "buf", "--len", "8", "-q", "--",
+                                    prog, std::to_string(kReads), truth});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out,
+              HasSubstr(absl::StrFormat("kwatch: %d events, 0 lost; target exited\n", kReads * k)));
+  EXPECT_THAT(text.out, HasSubstr(absl::StrFormat(": %d events (the kernel counted %d)\n",
+                                                  kReads * k, kReads * k)));
+  const size_t table = text.out.find(
+      "kernel sites of watch #1 buf (the IP the CPU reported: after the access):\n"
+      "    EVENTS  TASKS  CPUS      SITE\n");
+  ASSERT_NE(table, std::string::npos) << text.out;
+  std::istringstream in(text.out.substr(table));
+  std::string line;
+  std::getline(in, line);
+  std::getline(in, line);
+  size_t sum = 0;
+  while (std::getline(in, line)) {
+    size_t n = 0;
+    size_t tasks = 0;
+    char cpus[64] = {};
+    char site[256] = {};
+    ASSERT_EQ(std::sscanf(line.c_str(), "%zu %zu %63s %255s", &n, &tasks, cpus, site), 4) << line;
+    EXPECT_EQ(tasks, 1U) << line;
+    EXPECT_THAT(site, ::testing::MatchesRegex(kCopyToUserSite)) << line;
+    sum += n;
+  }
+  EXPECT_EQ(sum, kReads * k);
+  EXPECT_THAT(text.err,
+              HasSubstr("kwatch: note: a rep string instruction traps after each iteration"));
+}
+
+// A program that finds the top of its own kernel stack (the kernel stack pointer of a
+// context-switch sample, PERF_SAMPLE_REGS_INTR, rounded up to THREAD_SIZE = argv[3]: x86-64
+// kernel stacks are THREAD_SIZE-aligned), writes "PID TOP" to argv[1], waits for SIGUSR1,
+// makes argv[2] getppid() system calls, then waits for SIGUSR2 and exits.
+std::string KstackSource() {
+  return R"(#define _GNU_SOURCE
+#include <asm/perf_regs.h>
+#include <linux/perf_event.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char** argv) {
+  const uint64_t thread_size = strtoull(argv[3], NULL, 0);
+  struct perf_event_attr a;
+  memset(&a, 0, sizeof a);
+  a.type = PERF_TYPE_SOFTWARE;
+  a.size = sizeof a;
+  a.config = PERF_COUNT_SW_CONTEXT_SWITCHES;
+  a.sample_period = 1;
+  a.sample_type = PERF_SAMPLE_REGS_INTR;
+  a.sample_regs_intr = 1ULL << PERF_REG_X86_SP;
+  a.exclude_user = 1;
+  int fd = syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+  if (fd < 0) return 10;
+  long page = sysconf(_SC_PAGESIZE);
+  char* ring = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (ring == MAP_FAILED) return 11;
+  struct timespec ts = {0, 1000000};
+  nanosleep(&ts, NULL);
+  struct perf_event_mmap_page* meta = (struct perf_event_mmap_page*)ring;
+  if (meta->data_head == 0) return 12;
+  __sync_synchronize();
+  const char* rec = ring + meta->data_offset;
+  struct perf_event_header h;
+  uint64_t abi = 0, sp = 0;
+  memcpy(&h, rec, sizeof h);
+  memcpy(&abi, rec + 8, 8);
+  memcpy(&sp, rec + 16, 8);
+  if (h.type != PERF_RECORD_SAMPLE || abi == 0) return 13;
+  close(fd);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGUSR2);
+  sigprocmask(SIG_BLOCK, &set, NULL);
+  FILE* f = fopen(argv[1], "w");
+  fprintf(f, "%d 0x%llx\n", getpid(), (unsigned long long)((sp | (thread_size - 1)) + 1));
+  fclose(f);
+  int sig = 0;
+  sigwait(&set, &sig);
+  long n = atol(argv[2]);
+  for (long i = 0; i < n; ++i) syscall(SYS_getppid);
+  sigwait(&set, &sig);
+  return 0;
+}
+)";
+}
+
+// THREAD_SIZE of this kernel: 16 KiB on x86-64, 32 KiB with KASAN.
+uint64_t KernelThreadSize() {
+  auto cfg =
+      kwatch::testing::Run({"/bin/sh", "-c", "zcat /proc/config.gz | grep -c '^CONFIG_KASAN=y'"});
+  return cfg.ok() && cfg->out == "1\n" ? 0x8000 : 0x4000;
+}
+
+// The system call a task is in (/proc/PID/syscall's first word: the number, "running" or -1)
+// and how often it has blocked (voluntary context switches).
+std::string SyscallOf(int pid) {
+  return ReadFile(absl::StrCat("/proc/", pid, "/syscall"));
+}
+long VoluntarySwitches(int pid) {
+  const std::string status = ReadFile(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find("voluntary_ctxt_switches:");
+  return at == std::string::npos ? -1 : std::atol(status.c_str() + at + 24);
+}
+
+// A kernel address that kernel code writes, named by a fixture System.map: the orig_ax word of
+// a task's pt_regs at the top of its kernel stack, which entry_SYSCALL_64 pushes on every
+// system call the task makes (and sync_regs copies on interrupts and exceptions from user
+// mode). The task is the program above; while it lives nobody else uses its stack.
+class KernelStackWord : public KernelCli {
+ protected:
+  void SetUp() override {
+    KernelCli::SetUp();
+    const std::string src = Write("kstack.c", KstackSource());
+    prog_ = (dir_ / "kstack").string();
+    auto cc = kwatch::testing::Run({"/usr/bin/gcc", "-O1", "-o", prog_, src});
+    ASSERT_TRUE(cc.ok() && cc->exit_code == 0) << (cc.ok() ? cc->err : cc.status().ToString());
+    const std::string where = (dir_ / "kstack.txt").string();
+    auto t = kwatch::testing::Spawned::Start(
+        {prog_, where, std::to_string(kSyscalls), absl::StrFormat("0x%x", KernelThreadSize())});
+    ASSERT_TRUE(t.ok()) << t.status();
+    target_ = *std::move(t);
+    for (int i = 0; i < 200 && ReadFile(where).find('\n') == std::string::npos; ++i) {
+      usleep(10000);
+    }
+    unsigned long long top = 0;
+    ASSERT_EQ(std::sscanf(ReadFile(where).c_str(), "%d %llx", &pid_, &top), 2)
+        << "kstack could not learn its kernel stack: " << target_->err();
+    // struct pt_regs (168 bytes, no FRED padding here) ends at the top: orig_ax is its 16th word.
+    word_ = top - 168 + 15 * 8;
+    map_ = Write("System.map",
+                 FixtureMap(raw_) + absl::StrFormat("%016x D kw_orig_ax\n", word_ - kFixtureSlide));
+  }
+
+  // Runs kwatch on kw_orig_ax with `args`; once armed (and `after_armed` returned) lets the
+  // target make its system calls,
+  // waits until it blocks in its second sigwait (kSyscalls + 1 entries made), gives kwatch
+  // 300 ms to drain, interrupts it, and ends the target.
+  RunResult WatchWhileTargetCalls(
+      const std::vector<std::string>& args,
+      const std::function<void(kwatch::testing::Spawned&)>& after_armed = {}) {
+    std::vector<std::string> argv = {KwatchPath(), "--write", "kw_orig_ax", "--system-map", map_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto k = kwatch::testing::Spawned::Start(argv);
+    EXPECT_TRUE(k.ok()) << k.status();
+    if (!k.ok()) {
+      return {};
+    }
+    EXPECT_TRUE((*k)->WaitForStderr("kwatch: armed ").ok()) << (*k)->err();
+    if (after_armed) {
+      after_armed(**k);
+    }
+    const long blocked = VoluntarySwitches(pid_);
+    kill(pid_, SIGUSR1);
+    // Blocked again, in rt_sigtimedwait (128), after the getppid calls.
+    for (int i = 0; i < 500; ++i) {
+      if (VoluntarySwitches(pid_) > blocked && absl::StartsWith(SyscallOf(pid_), "128 ")) {
+        break;
+      }
+      usleep(10000);
+    }
+    usleep(300000);
+    kill((*k)->pid(), SIGINT);
+    auto r = (*k)->Finish();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : RunResult{};
+  }
+
+  void TearDown() override {
+    if (target_ != nullptr) {
+      kill(target_->pid(), SIGUSR2);
+      (void)target_->Finish();
+    }
+    KernelCli::TearDown();
+  }
+
+  static constexpr int kSyscalls = 1000;
+  std::string prog_;
+  std::unique_ptr<kwatch::testing::Spawned> target_;
+  int pid_ = 0;
+  uint64_t word_ = 0;
+  std::string map_;
+};
+
+TEST_F(KernelStackWord, EverySystemCallOfTheTaskIsSeen) {
+  const std::string cpus = OnlineCpuList();
+  const RunResult r = WatchWhileTargetCalls({"--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(absl::StrFormat(
+                         "kwatch: kw_orig_ax: 8 bytes at 0x%x, from System.map %s (KASLR slide "
+                         "+0x1e00000)\nkwatch: armed 1 kernel watch on %d CPUs",
+                         word_, map_, CountOf(cpus))));
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.summary["stop_reason"], "interrupted by INT");
+  KW_REQUIRE_DEBUG_TRAPS();
+  ASSERT_EQ(run.summary["watches"].size(), 1U);
+  const json& w = run.summary["watches"][0];
+  EXPECT_EQ(run.summary["lost"], 0);
+  EXPECT_EQ(w["events"].get<size_t>(), run.events.size());
+  EXPECT_EQ(w["kernel_count"].get<size_t>(), run.events.size());
+  // Only the target uses its stack while it lives: every event is its own, at a named kernel
+  // function, on an online CPU.
+  std::map<std::string, size_t> per_site;
+  for (const json& e : run.events) {
+    EXPECT_EQ(e["tid"], pid_) << e.dump();
+    EXPECT_EQ(e["comm"], "kstack") << e.dump();
+    EXPECT_EQ(e["addr"], absl::StrFormat("0x%x", word_)) << e.dump();
+    EXPECT_THAT(e["site"].get<std::string>(),
+                ::testing::MatchesRegex("[A-Za-z_][A-Za-z0-9_.]*\\+0x[0-9a-f]+"))
+        << e.dump();
+    EXPECT_THAT(absl::StrSplit(cpus, ','),
+                ::testing::Contains(std::to_string(e["cpu"].get<int>())));
+    ++per_site[e["site"].get<std::string>()];
+  }
+  // The system call entry pushes orig_ax once per call: getppid kSyscalls times, then the
+  // second rt_sigtimedwait. Interrupts and faults from user mode add events at other sites.
+  ASSERT_FALSE(w["sites"].empty());
+  const json& top = w["sites"][0];
+  EXPECT_THAT(top["site"].get<std::string>(), StartsWith("entry_SYSCALL_64"));
+  EXPECT_EQ(top["events"], kSyscalls + 1);
+  EXPECT_EQ(per_site[top["site"].get<std::string>()], kSyscalls + 1U);
+  EXPECT_EQ(top["tasks"], json::array({pid_}));
+}
+
+// Writes `value` to a sysfs file; false (with the errno text in `why`) on failure.
+bool WriteSys(const std::string& path, const std::string& value, std::string* why) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    *why =
+        absl::StrCat("open(", path, "): ", std::strerror(errno));  // NOLINT(concurrency-mt-unsafe)
+    return false;
+  }
+  const bool ok = std::fputs(value.c_str(), f) >= 0;
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    *why = absl::StrCat("write(", path, ", ", value,
+                        "): ", std::strerror(errno));  // NOLINT(concurrency-mt-unsafe)
+  }
+  return ok && closed;
+}
+
+// CPU hotplug: CPU 1 is offline when kwatch arms (one breakpoint, on CPU 0), comes online
+// mid-session, kwatch arms it there and says so, and the target's system calls, made on CPU 1
+// only, are all seen there. CPU 1 is put back online on every path. Runs alone (RUN_SERIAL in
+// tests/cli/serial_tests.cmake): it takes a CPU away from everything else for a moment.
+TEST_F(KernelStackWord, CpuComingOnlineMidSessionIsWatched) {
+  const std::string cpu1 = "/sys/devices/system/cpu/cpu1/online";
+  KW_REQUIRE_FEATURE(access(cpu1.c_str(), W_OK) == 0,
+                     "CPU 1 cannot be taken offline here (no writable " + cpu1 + ")");
+  std::string why;
+  absl::Cleanup restore = [&cpu1] {
+    std::string err;
+    for (int i = 0; i < 50 && !WriteSys(cpu1, "1", &err); ++i) {
+      usleep(100000);
+    }
+  };
+  ASSERT_TRUE(WriteSys(cpu1, "0", &why)) << why;
+  ASSERT_EQ(OnlineCpuList(), "0");
+  const RunResult r = WatchWhileTargetCalls({"--json"}, [&](kwatch::testing::Spawned& k) {
+    EXPECT_THAT(k.err(), HasSubstr("kwatch: armed 1 kernel watch on 1 CPUs"));
+    std::string err;
+    ASSERT_TRUE(WriteSys(cpu1, "1", &err)) << err;
+    EXPECT_TRUE(k.WaitForStderr("kwatch: CPU 1 came online during the session: armed 1 kernel "
+                                "watch there (accesses on it before this line were not seen)\n")
+                    .ok())
+        << k.err();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(1, &set);
+    ASSERT_EQ(sched_setaffinity(pid_, sizeof(set), &set), 0);
+  });
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("was not watched")));
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.summary["watches"].size(), 1U);
+  const json& w = run.summary["watches"][0];
+  EXPECT_EQ(w["cpus"], json::array({0, 1}));
+  KW_REQUIRE_DEBUG_TRAPS();
+  EXPECT_EQ(w["events"], w["kernel_count"]);
+  ASSERT_FALSE(w["sites"].empty());
+  const json& top = w["sites"][0];
+  EXPECT_THAT(top["site"].get<std::string>(), StartsWith("entry_SYSCALL_64"));
+  EXPECT_EQ(top["events"], kSyscalls + 1);
+  EXPECT_EQ(top["cpus"], json::array({1}));
+}
+
+// CPU hotplug the other way: CPU 1 is online at arming, goes offline and comes straight back
+// (two writes, no pause: kwatch hears both from the kernel's uevents). The kernel drops the
+// old CPU-bound breakpoint (it would count nothing); kwatch closes it, opens a new one, and
+// the target's system calls on CPU 1 are all seen. RUN_SERIAL, CPU 1 restored on every path.
+TEST_F(KernelStackWord, CpuGoingOfflineAndBackIsArmedAgain) {
+  const std::string cpu1 = "/sys/devices/system/cpu/cpu1/online";
+  KW_REQUIRE_FEATURE(access(cpu1.c_str(), W_OK) == 0,
+                     "CPU 1 cannot be taken offline here (no writable " + cpu1 + ")");
+  absl::Cleanup restore = [&cpu1] {
+    std::string err;
+    for (int i = 0; i < 50 && !WriteSys(cpu1, "1", &err); ++i) {
+      usleep(100000);
+    }
+  };
+  const RunResult r = WatchWhileTargetCalls({"--json"}, [&](kwatch::testing::Spawned& k) {
+    EXPECT_THAT(k.err(), HasSubstr("kwatch: armed 1 kernel watch on 2 CPUs"));
+    std::string err;
+    ASSERT_TRUE(WriteSys(cpu1, "0", &err)) << err;
+    ASSERT_TRUE(WriteSys(cpu1, "1", &err)) << err;
+    EXPECT_TRUE(k.WaitForStderr("kwatch: CPU 1 came online during the session: armed 1 kernel "
+                                "watch there (accesses on it before this line were not seen)\n")
+                    .ok())
+        << k.err();
+    EXPECT_THAT(k.err(), HasSubstr("kwatch: CPU 1 went offline: its breakpoints are closed (the "
+                                   "kernel drops CPU-bound events of an offline CPU); it is "
+                                   "armed again if it comes back\n"));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(1, &set);
+    ASSERT_EQ(sched_setaffinity(pid_, sizeof(set), &set), 0);
+  });
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.summary["watches"].size(), 1U);
+  const json& w = run.summary["watches"][0];
+  EXPECT_EQ(w["cpus"], json::array({0, 1}));
+  KW_REQUIRE_DEBUG_TRAPS();
+  EXPECT_EQ(w["events"], w["kernel_count"]);
+  ASSERT_FALSE(w["sites"].empty());
+  const json& top = w["sites"][0];
+  EXPECT_THAT(top["site"].get<std::string>(), StartsWith("entry_SYSCALL_64"));
+  EXPECT_EQ(top["events"], kSyscalls + 1);
+  EXPECT_EQ(top["cpus"], json::array({1}));
+}
+
+// -o: the same session recorded, and `kwatch report` reads back exactly what kwatch counted,
+// with the task's name and the kernel sites.
+TEST_F(KernelStackWord, RecordingAndReport) {
+  const std::string file = (dir_ / "kstack.kwdb").string();
+  const RunResult r = WatchWhileTargetCalls({"-q", "--json", "-o", file});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  const size_t events = run.summary["events"].get<size_t>();
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrFormat("kwatch: recorded %d events to %s (kwatch report %s)\n",
+                                        events, file, file)));
+  const RunResult rep = RunKwatch({"report", file, "--format", "json"});
+  ASSERT_EQ(rep.exit_code, 0) << rep.err;
+  const json j = json::parse(rep.out);
+  EXPECT_EQ(j["session"]["mode"], "kernel");
+  EXPECT_EQ(j["session"]["pid"], 0);
+  EXPECT_EQ(j["session"]["events"].get<size_t>(), events);
+  EXPECT_EQ(j["session"]["exit_reason"], "interrupted by INT");
+  ASSERT_EQ(j["watches"].size(), 1U);
+  const json& w = j["watches"][0];
+  EXPECT_EQ(w["expr"], "kw_orig_ax");
+  EXPECT_EQ(w["address"], absl::StrFormat("0x%x", word_));
+  EXPECT_EQ(w["writes"].get<size_t>(), events);
+  EXPECT_EQ(w["reads"], 0);
+  KW_REQUIRE_DEBUG_TRAPS();
+  ASSERT_EQ(w["threads"].size(), 1U);
+  EXPECT_EQ(w["threads"][0]["tid"], pid_);
+  EXPECT_EQ(w["threads"][0]["comm"], "kstack");
+  EXPECT_EQ(w["threads"][0]["writes"].get<size_t>(), events);
+  ASSERT_FALSE(w["top_sites"].empty());
+  EXPECT_THAT(w["top_sites"][0]["function"].get<std::string>(), StartsWith("entry_SYSCALL_64"));
+  EXPECT_EQ(w["top_sites"][0]["count"], kSyscalls + 1);
+  // The text report names the task and the site.
+  const RunResult text = RunKwatch({"report", file});
+  EXPECT_THAT(text.out, HasSubstr(absl::StrFormat("    tid %d (pid %d, kstack)\n", pid_, pid_)));
+  EXPECT_THAT(text.out,
+              ::testing::ContainsRegex(absl::StrFormat(
+                  " %d  entry_SYSCALL_64[a-z_]*\\+0x[0-9a-f]+: kw_orig_ax\n", kSyscalls + 1)));
+}
+
+// -o with --kernel-accesses: the read buffer's events, recorded and reported.
+TEST_F(KernelCli, KernelAccessesRecordingAndReport) {
+  const std::string src = Write("piper.c", PiperSource());
+  const std::string prog = (dir_ / "piper").string();
+  auto cc = kwatch::testing::Run({"/usr/bin/gcc", "-g", "-O1", "-o", prog, src});
+  ASSERT_TRUE(cc.ok() && cc->exit_code == 0) << (cc.ok() ? cc->err : cc.status().ToString());
+  const std::string truth = (dir_ / "truth").string();
+  const std::string file = (dir_ / "piper.kwdb").string();
+  const RunResult r = RunKwatch({"--kernel-accesses", "--write", "buf", "mark", "--len", "8",
+                                 "--json", "-q", "-o", file, "--", prog, "20", truth});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  int pid = 0;
+  long bytes = 0;
+  ASSERT_EQ(std::sscanf(ReadFile(truth).c_str(), "%d %ld", &pid, &bytes), 2);
+  const JsonRun run = ParseJsonLines(r.out);
+  const RunResult rep = RunKwatch({"report", file, "--format", "json"});
+  ASSERT_EQ(rep.exit_code, 0) << rep.err;
+  const json j = json::parse(rep.out);
+  EXPECT_EQ(j["session"]["mode"], "kernel-accesses");
+  EXPECT_EQ(j["session"]["pid"], pid);
+  EXPECT_EQ(j["session"]["exit_status"], 0);
+  EXPECT_EQ(j["session"]["events"], run.summary["events"]);
+  ASSERT_EQ(j["watches"].size(), 2U);
+  KW_REQUIRE_DEBUG_TRAPS();
+  for (size_t i = 0; i < 2; ++i) {
+    const json& w = j["watches"][i];
+    const json& live = run.summary["watches"][i];
+    EXPECT_EQ(w["expr"], live["expr"]);
+    EXPECT_EQ(w["writes"], live["events"]);
+    EXPECT_EQ(w["writes"], live["kernel_count"]);
+    ASSERT_EQ(w["threads"].size(), 1U);
+    EXPECT_EQ(w["threads"][0]["tid"], pid);
+    EXPECT_EQ(w["threads"][0]["comm"], "piper");
+    size_t sum = 0;
+    for (const json& s : w["top_sites"]) {
+      EXPECT_THAT(
+          absl::StrFormat("%s+0x%x", s["function"].get<std::string>(), s["offset"].get<uint64_t>()),
+          ::testing::MatchesRegex(kCopyToUserSite));
+      sum += s["count"].get<size_t>();
+    }
+    EXPECT_EQ(sum, w["writes"].get<size_t>());
+  }
+}
+
+TEST_F(KernelCli, RecordingAReadWriteKernelWatchIsRefused) {
+  const RunResult r = RunKwatch({"--rw", "&jiffies", "-o", (dir_ / "x.kwdb").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "kwatch: error: -o records kernel --write watches only: a read-write breakpoint does "
+            "not say whether the kernel read or wrote, kwatch does not read kernel code to "
+            "decode the access, and a recording stores each event as a read or a write; record "
+            "with --write, or watch --rw live\n");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "x.kwdb"));
 }
 
 TEST_F(KernelCli, MismatchedSystemMapIsRefusedWithEvidence) {
