@@ -13,83 +13,6 @@ namespace {
 
 constexpr ZydisMachineMode kMode = ZYDIS_MACHINE_MODE_LONG_64;
 
-using RegField = unsigned long long user_regs_struct::*;  // NOLINT(google-runtime-int)
-
-// Where a general-purpose register operand lives in user_regs_struct.
-struct GprSlot {
-  RegField field = nullptr;
-  uint32_t bits = 0;   // 8, 16, 32 or 64
-  uint32_t shift = 0;  // 8 for AH, BH, CH and DH, else 0
-};
-
-std::optional<RegField> FieldOf(ZydisRegister reg64) {
-  switch (reg64) {
-    case ZYDIS_REGISTER_RAX:
-      return &user_regs_struct::rax;
-    case ZYDIS_REGISTER_RBX:
-      return &user_regs_struct::rbx;
-    case ZYDIS_REGISTER_RCX:
-      return &user_regs_struct::rcx;
-    case ZYDIS_REGISTER_RDX:
-      return &user_regs_struct::rdx;
-    case ZYDIS_REGISTER_RSI:
-      return &user_regs_struct::rsi;
-    case ZYDIS_REGISTER_RDI:
-      return &user_regs_struct::rdi;
-    case ZYDIS_REGISTER_RBP:
-      return &user_regs_struct::rbp;
-    case ZYDIS_REGISTER_RSP:
-      return &user_regs_struct::rsp;
-    case ZYDIS_REGISTER_R8:
-      return &user_regs_struct::r8;
-    case ZYDIS_REGISTER_R9:
-      return &user_regs_struct::r9;
-    case ZYDIS_REGISTER_R10:
-      return &user_regs_struct::r10;
-    case ZYDIS_REGISTER_R11:
-      return &user_regs_struct::r11;
-    case ZYDIS_REGISTER_R12:
-      return &user_regs_struct::r12;
-    case ZYDIS_REGISTER_R13:
-      return &user_regs_struct::r13;
-    case ZYDIS_REGISTER_R14:
-      return &user_regs_struct::r14;
-    case ZYDIS_REGISTER_R15:
-      return &user_regs_struct::r15;
-    default:
-      return std::nullopt;
-  }
-}
-
-// The slot of a general-purpose register; nullopt for any other register (segment, control,
-// rip, vector...).
-std::optional<GprSlot> ResolveGpr(ZydisRegister reg) {
-  uint32_t bits = 0;
-  switch (ZydisRegisterGetClass(reg)) {
-    case ZYDIS_REGCLASS_GPR8:
-      bits = 8;
-      break;
-    case ZYDIS_REGCLASS_GPR16:
-      bits = 16;
-      break;
-    case ZYDIS_REGCLASS_GPR32:
-      bits = 32;
-      break;
-    case ZYDIS_REGCLASS_GPR64:
-      bits = 64;
-      break;
-    default:
-      return std::nullopt;
-  }
-  const std::optional<RegField> field = FieldOf(ZydisRegisterGetLargestEnclosing(kMode, reg));
-  if (!field.has_value()) {
-    return std::nullopt;
-  }
-  const bool high_byte = reg == ZYDIS_REGISTER_AH || reg == ZYDIS_REGISTER_BH ||
-                         reg == ZYDIS_REGISTER_CH || reg == ZYDIS_REGISTER_DH;
-  return GprSlot{*field, bits, high_byte ? 8U : 0U};
-}
-
 uint64_t LowBits(uint64_t v, uint32_t bits) {
   return bits >= 64 ? v : v & ((uint64_t{1} << bits) - 1);
 }
@@ -100,10 +23,6 @@ uint64_t SignExtend(uint64_t v, uint32_t bits) {
   }
   const uint64_t sign = uint64_t{1} << (bits - 1);
   return (LowBits(v, bits) ^ sign) - sign;
-}
-
-uint64_t ReadGpr(const user_regs_struct& regs, const GprSlot& slot) {
-  return LowBits(regs.*slot.field >> slot.shift, slot.bits);
 }
 
 // x86-64 register write rules: a 32-bit write zero-extends, 8/16-bit writes keep the rest.
