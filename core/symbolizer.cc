@@ -85,6 +85,8 @@ AccessSite Decode(const Symbols& symbols, RemoteAddr start, RemoteAddr trap_ip) 
     // This instruction ends at trap_ip: the one that accessed the data.
     site.ip = start + offset;
     site.exact = true;
+    std::copy_n(code.begin() + static_cast<ptrdiff_t>(offset),
+                std::min<size_t>(insn.length, site.code.size()), site.code.begin());
     for (uint8_t i = 0; i < insn.operand_count; ++i) {
       const ZydisDecodedOperand& op = operands[i];
       if (op.type != ZYDIS_OPERAND_TYPE_MEMORY ||

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -28,6 +29,9 @@ struct AccessSite {
   bool reads = false;       // the instruction reads memory it touches
   bool writes = false;      // the instruction writes memory it touches
   std::string disassembly;  // AT&T text of the instruction, e.g. "addq $0x1, 0x2f0e(%rip)"
+  // When exact: the instruction's bytes (trap_ip - ip of them), read from the ELF file, so
+  // that they are known after the process has gone.
+  std::array<uint8_t, 15> code{};
 };
 
 // Address → location, with a cache so that millions of events cost one lookup per distinct
