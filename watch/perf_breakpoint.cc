@@ -147,6 +147,12 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
     attr.sample_type |= PERF_SAMPLE_CALLCHAIN;
     attr.sample_max_stack = req.callchain_frames;
   }
+  if (req.sample_regs_user != 0) {
+    attr.sample_type |= PERF_SAMPLE_REGS_USER;
+    attr.sample_regs_user = req.sample_regs_user;
+  }
+  const PerfSampleFormat format{.callchain = req.callchain_frames > 0,
+                                .regs_user = req.sample_regs_user};
   // Inheritance follows new tasks of a watched task; a CPU-wide event has none.
   attr.inherit = (req.inherit && req.tid != -1) ? 1 : 0;
   attr.exclude_kernel = req.exclude_kernel ? 1 : 0;
@@ -173,7 +179,7 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
   for (const int cpu : cpus) {
     KW_ASSIGN_OR_RETURN(core::UniqueFd fd, OpenOne(attr, req, cpu, per_cpu));
     if (req.ring_pages > 0) {
-      KW_ASSIGN_OR_RETURN(PerfRing mapped, PerfRing::Map(fd.get(), req.ring_pages));
+      KW_ASSIGN_OR_RETURN(PerfRing mapped, PerfRing::Map(fd.get(), req.ring_pages, format));
       if (ring.has_value()) {
         ring->Join(std::move(mapped));
       } else {

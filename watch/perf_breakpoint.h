@@ -30,6 +30,10 @@ struct BreakpointRequest {
   // Samples also carry the callchain (PERF_SAMPLE_CALLCHAIN), at most this many frames
   // (0: none). Drain them with PerfRing::DrainRecords and ParseCallchainSample.
   uint16_t callchain_frames = 0;
+  // Samples also carry the user registers of this sample_regs_user mask as the access left
+  // them (PERF_SAMPLE_REGS_USER; PerfUserRegsMaskGeneral(), watch/perf_util.h), in
+  // PerfSample::user_regs (0: none). About 144 bytes more per sample.
+  uint64_t sample_regs_user = 0;
 };
 
 // One perf_event_open(PERF_TYPE_BREAKPOINT) event with sample_period = 1 and samples of

@@ -4,7 +4,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <array>
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 
@@ -58,10 +59,40 @@ PerfSample LoadSample(const uint8_t* rec) {
 constexpr size_t kLostCountOff = 16;
 constexpr size_t kLostRecordSize = 24;
 
-// Largest prefix of a record that Drain parses; wrapped records are copied up to this size.
-constexpr size_t kMaxParsed = kPerfSampleRecordSize;
+// The parts of a sample after the fixed fields, as `format` says: { u64 nr; u64 ips[nr]; }
+// for the callchain, then { u64 abi; u64 regs[weight(mask)]; } for the user registers. A
+// malformed tail leaves the registers empty.
+void LoadSampleTail(const uint8_t* rec, size_t size, const PerfSampleFormat& format,
+                    PerfSample& s) {
+  size_t off = kPerfSampleRecordSize;
+  if (format.callchain) {
+    if (size < off + 8) {
+      return;
+    }
+    const uint64_t nr = Load<uint64_t>(rec + off);
+    if (nr > (size - off - 8) / 8) {
+      return;
+    }
+    off += 8 + 8 * nr;
+  }
+  if (format.regs_user != 0) {
+    if (size < off + 8) {
+      return;
+    }
+    const uint64_t abi = Load<uint64_t>(rec + off);
+    off += 8;
+    const size_t n = 8 * static_cast<size_t>(std::popcount(format.regs_user));
+    if (abi != PERF_SAMPLE_REGS_ABI_NONE && size - off >= n) {
+      s.user_regs = std::span<const uint8_t>(rec + off, n);
+    }
+  }
+}
 
 }  // namespace
+
+size_t PerfSampleRecordSize(uint64_t regs_mask) {
+  return kPerfSampleRecordSize + 8 + 8 * static_cast<size_t>(std::popcount(regs_mask));
+}
 
 bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
                           PerfCallchain& chain) {
@@ -94,7 +125,7 @@ bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
   return true;
 }
 
-absl::StatusOr<PerfRing> PerfRing::Map(int fd, size_t data_pages) {
+absl::StatusOr<PerfRing> PerfRing::Map(int fd, size_t data_pages, PerfSampleFormat format) {
   if (!IsPowerOfTwo(data_pages)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "perf ring: %d data pages is not a power of two (the kernel requires 2^n)", data_pages));
@@ -108,14 +139,15 @@ absl::StatusOr<PerfRing> PerfRing::Map(int fd, size_t data_pages) {
     return core::SyscallError(err, "mmap(perf ring)");
   }
   return PerfRing(core::UniqueMmap(addr, size), static_cast<uint8_t*>(addr), page_size,
-                  data_pages * page_size);
+                  data_pages * page_size, format);
 }
 
-PerfRing PerfRing::OverMemory(void* base, size_t page_size, size_t data_size) {
+PerfRing PerfRing::OverMemory(void* base, size_t page_size, size_t data_size,
+                              PerfSampleFormat format) {
   KW_CHECK(base != nullptr);
   KW_CHECK(page_size >= sizeof(perf_event_mmap_page));
   KW_CHECK(IsPowerOfTwo(data_size));
-  return {core::UniqueMmap(), static_cast<uint8_t*>(base), page_size, data_size};
+  return {core::UniqueMmap(), static_cast<uint8_t*>(base), page_size, data_size, format};
 }
 
 void PerfRing::Join(PerfRing other) {
@@ -165,7 +197,8 @@ size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) 
   const uint64_t mask = size - 1;
   size_t samples = 0;
   uint64_t lost = 0;
-  alignas(8) std::array<uint8_t, kMaxParsed> scratch{};
+  // Bytes of a sample Drain parses: the fixed fields, or the whole record with a tail.
+  const bool with_tail = format_.callchain || format_.regs_user != 0;
 
   while (head - tail >= sizeof(perf_event_header)) {
     const uint64_t off = tail & mask;
@@ -183,19 +216,24 @@ size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) 
     const bool parsed = hdr.type == PERF_RECORD_SAMPLE || hdr.type == PERF_RECORD_LOST;
     if (parsed && off + hdr.size > size) {
       // Wraps around the end: reassemble the part we parse.
-      const size_t want = hdr.size < kMaxParsed ? hdr.size : kMaxParsed;
+      const size_t want = with_tail ? hdr.size : std::min<size_t>(hdr.size, kPerfSampleRecordSize);
       const auto first = static_cast<size_t>(size - off);
+      wrap_scratch_.resize(std::max(wrap_scratch_.size(), want));
       if (first >= want) {
-        std::memcpy(scratch.data(), rec, want);
+        std::memcpy(wrap_scratch_.data(), rec, want);
       } else {
-        std::memcpy(scratch.data(), rec, first);
-        std::memcpy(scratch.data() + first, data, want - first);
+        std::memcpy(wrap_scratch_.data(), rec, first);
+        std::memcpy(wrap_scratch_.data() + first, data, want - first);
       }
-      rec = scratch.data();
+      rec = wrap_scratch_.data();
     }
     if (hdr.type == PERF_RECORD_SAMPLE) {
       if (hdr.size >= kPerfSampleRecordSize) {
-        on_sample(LoadSample(rec));
+        PerfSample s = LoadSample(rec);
+        if (with_tail) {
+          LoadSampleTail(rec, hdr.size, format_, s);
+        }
+        on_sample(s);
         ++samples;
       }
     } else if (hdr.type == PERF_RECORD_LOST) {

@@ -21,10 +21,25 @@ struct PerfSample {
   uint64_t time = 0;
   uint64_t addr = 0;
   uint32_t cpu = 0;
+  // PERF_SAMPLE_REGS_USER, for a ring whose format samples them: the registers of the mask,
+  // u64 each in ascending perf_regs bit order (LoadPerfUserRegs, watch/perf_util.h). Empty
+  // when the ring samples none, the record is malformed, or the kernel had no user registers
+  // for it (abi NONE). Points into the ring or a scratch copy: valid during the callback.
+  std::span<const uint8_t> user_regs;
 };
 
 // Size in bytes of one such PERF_RECORD_SAMPLE, header included (8-byte aligned).
 inline constexpr size_t kPerfSampleRecordSize = 48;
+
+// What the samples of a ring carry after the fields above (perf_event_attr.sample_type).
+struct PerfSampleFormat {
+  bool callchain = false;  // PERF_SAMPLE_CALLCHAIN (skipped by Drain)
+  uint64_t regs_user = 0;  // PERF_SAMPLE_REGS_USER with this sample_regs_user mask (0: none)
+};
+
+// Size in bytes of a sample record with user registers of `regs_mask` (abi word included) and
+// no callchain: 48 + 8 + 8 per register.
+size_t PerfSampleRecordSize(uint64_t regs_mask);
 
 // The frames of a sample's callchain (PERF_SAMPLE_CALLCHAIN), innermost first, split by the
 // context markers the kernel puts in the chain (PERF_CONTEXT_KERNEL, PERF_CONTEXT_USER).
@@ -46,12 +61,14 @@ bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
 // thread-safe.
 class PerfRing {
  public:
-  // Maps the ring of `fd` with `data_pages` data pages (a power of two).
-  static absl::StatusOr<PerfRing> Map(int fd, size_t data_pages);
+  // Maps the ring of `fd` with `data_pages` data pages (a power of two), whose samples have
+  // `format`.
+  static absl::StatusOr<PerfRing> Map(int fd, size_t data_pages, PerfSampleFormat format = {});
 
   // Over memory the caller owns (tests, benchmarks): `base` points at a metadata page
   // followed by `data_size` bytes of data (power of two). The caller keeps it alive.
-  static PerfRing OverMemory(void* base, size_t page_size, size_t data_size);
+  static PerfRing OverMemory(void* base, size_t page_size, size_t data_size,
+                             PerfSampleFormat format = {});
 
   PerfRing(PerfRing&&) noexcept = default;
   PerfRing& operator=(PerfRing&&) noexcept = default;
@@ -84,15 +101,21 @@ class PerfRing {
   size_t PendingOne() const;
   size_t DrainRecordsOne(absl::FunctionRef<void(std::span<const uint8_t>)> on_record);
 
-  PerfRing(core::UniqueMmap map, uint8_t* base, size_t page_size, size_t data_size)
-      : map_(std::move(map)), base_(base), page_size_(page_size), data_size_(data_size) {}
+  PerfRing(core::UniqueMmap map, uint8_t* base, size_t page_size, size_t data_size,
+           PerfSampleFormat format)
+      : map_(std::move(map)),
+        base_(base),
+        page_size_(page_size),
+        data_size_(data_size),
+        format_(format) {}
 
   core::UniqueMmap map_;  // empty for OverMemory
   uint8_t* base_ = nullptr;
   size_t page_size_ = 0;
   size_t data_size_ = 0;
+  PerfSampleFormat format_;
   uint64_t lost_ = 0;
-  std::vector<uint8_t> wrap_scratch_;  // DrainRecords: a record that wraps, reassembled
+  std::vector<uint8_t> wrap_scratch_;  // a record that wraps, reassembled
   std::vector<PerfRing> joined_;       // other CPUs of the same event; usually empty
 };
 

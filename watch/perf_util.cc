@@ -1,9 +1,12 @@
 #include "watch/perf_util.h"
 
+#include <asm/perf_regs.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
+#include <bit>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -13,6 +16,61 @@
 #include "core/unique_fd.h"
 
 namespace kwatch::watch {
+
+namespace {
+
+// Where each sampled register lands in user_regs_struct, in perf_regs bit order.
+struct RegSlot {
+  int bit;
+  unsigned long long user_regs_struct::*field;  // NOLINT(google-runtime-int)
+};
+constexpr RegSlot kRegSlots[] = {
+    {PERF_REG_X86_AX, &user_regs_struct::rax},  {PERF_REG_X86_BX, &user_regs_struct::rbx},
+    {PERF_REG_X86_CX, &user_regs_struct::rcx},  {PERF_REG_X86_DX, &user_regs_struct::rdx},
+    {PERF_REG_X86_SI, &user_regs_struct::rsi},  {PERF_REG_X86_DI, &user_regs_struct::rdi},
+    {PERF_REG_X86_BP, &user_regs_struct::rbp},  {PERF_REG_X86_SP, &user_regs_struct::rsp},
+    {PERF_REG_X86_IP, &user_regs_struct::rip},  {PERF_REG_X86_FLAGS, &user_regs_struct::eflags},
+    {PERF_REG_X86_CS, &user_regs_struct::cs},   {PERF_REG_X86_SS, &user_regs_struct::ss},
+    {PERF_REG_X86_R8, &user_regs_struct::r8},   {PERF_REG_X86_R9, &user_regs_struct::r9},
+    {PERF_REG_X86_R10, &user_regs_struct::r10}, {PERF_REG_X86_R11, &user_regs_struct::r11},
+    {PERF_REG_X86_R12, &user_regs_struct::r12}, {PERF_REG_X86_R13, &user_regs_struct::r13},
+    {PERF_REG_X86_R14, &user_regs_struct::r14}, {PERF_REG_X86_R15, &user_regs_struct::r15},
+};
+
+constexpr uint64_t Bit(int b) {
+  return uint64_t{1} << b;
+}
+
+}  // namespace
+
+uint64_t PerfUserRegsMaskAll() {
+  uint64_t mask = 0;
+  for (const RegSlot& slot : kRegSlots) {
+    mask |= Bit(slot.bit);
+  }
+  return mask;
+}
+
+uint64_t PerfUserRegsMaskGeneral() {
+  return PerfUserRegsMaskAll() &
+         ~(Bit(PERF_REG_X86_FLAGS) | Bit(PERF_REG_X86_CS) | Bit(PERF_REG_X86_SS));
+}
+
+bool LoadPerfUserRegs(std::span<const uint8_t> raw, uint64_t mask, user_regs_struct& regs) {
+  if (raw.size() < 8 * static_cast<size_t>(std::popcount(mask))) {
+    return false;
+  }
+  const uint8_t* p = raw.data();
+  for (const RegSlot& slot : kRegSlots) {  // ascending bit order, as the kernel writes them
+    if ((mask & Bit(slot.bit)) != 0) {
+      uint64_t v = 0;
+      std::memcpy(&v, p, sizeof(v));
+      regs.*slot.field = v;
+      p += 8;
+    }
+  }
+  return true;
+}
 
 std::string ReadSmallFile(const char* path) {
   core::UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));

@@ -1,11 +1,11 @@
 #include "watch/uprobe_event.h"
 
-#include <asm/perf_regs.h>
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -33,24 +33,6 @@ T Load(const uint8_t* p) {
   return v;
 }
 
-// Where each sampled register lands in user_regs_struct, in perf_regs bit order.
-struct RegSlot {
-  int bit;
-  unsigned long long user_regs_struct::*field;
-};
-constexpr RegSlot kRegSlots[] = {
-    {PERF_REG_X86_AX, &user_regs_struct::rax},  {PERF_REG_X86_BX, &user_regs_struct::rbx},
-    {PERF_REG_X86_CX, &user_regs_struct::rcx},  {PERF_REG_X86_DX, &user_regs_struct::rdx},
-    {PERF_REG_X86_SI, &user_regs_struct::rsi},  {PERF_REG_X86_DI, &user_regs_struct::rdi},
-    {PERF_REG_X86_BP, &user_regs_struct::rbp},  {PERF_REG_X86_SP, &user_regs_struct::rsp},
-    {PERF_REG_X86_IP, &user_regs_struct::rip},  {PERF_REG_X86_FLAGS, &user_regs_struct::eflags},
-    {PERF_REG_X86_CS, &user_regs_struct::cs},   {PERF_REG_X86_SS, &user_regs_struct::ss},
-    {PERF_REG_X86_R8, &user_regs_struct::r8},   {PERF_REG_X86_R9, &user_regs_struct::r9},
-    {PERF_REG_X86_R10, &user_regs_struct::r10}, {PERF_REG_X86_R11, &user_regs_struct::r11},
-    {PERF_REG_X86_R12, &user_regs_struct::r12}, {PERF_REG_X86_R13, &user_regs_struct::r13},
-    {PERF_REG_X86_R14, &user_regs_struct::r14}, {PERF_REG_X86_R15, &user_regs_struct::r15},
-};
-
 absl::StatusOr<uint32_t> ReadPmuNumber(const std::string& path, absl::string_view prefix) {
   const std::string text = ReadSmallFile(path.c_str());
   absl::string_view v = text;
@@ -67,11 +49,7 @@ absl::StatusOr<uint32_t> ReadPmuNumber(const std::string& path, absl::string_vie
 }  // namespace
 
 uint64_t UprobeSampleRegsMask() {
-  uint64_t mask = 0;
-  for (const RegSlot& slot : kRegSlots) {
-    mask |= uint64_t{1} << slot.bit;
-  }
-  return mask;
+  return PerfUserRegsMaskAll();
 }
 
 absl::StatusOr<UprobePmu> FindUprobePmu() {
@@ -109,13 +87,12 @@ bool ParseUprobeSample(std::span<const uint8_t> record, uint32_t stack_bytes, Up
   p += 8;
   hit.regs = user_regs_struct{};
   if (abi != PERF_SAMPLE_REGS_ABI_NONE) {
-    if (!need(8 * std::size(kRegSlots))) {
+    const uint64_t mask = UprobeSampleRegsMask();
+    if (!LoadPerfUserRegs(std::span<const uint8_t>(p, static_cast<size_t>(end - p)), mask,
+                          hit.regs)) {
       return false;
     }
-    for (const RegSlot& slot : kRegSlots) {  // ascending bit order, as the kernel writes them
-      hit.regs.*slot.field = Load<uint64_t>(p);
-      p += 8;
-    }
+    p += 8 * static_cast<size_t>(std::popcount(mask));
   }
   hit.stack = {};
   if (stack_bytes > 0) {

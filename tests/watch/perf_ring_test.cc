@@ -16,6 +16,7 @@
 
 #include "core/unique_fd.h"
 #include "tests/test_util.h"
+#include "watch/perf_util.h"
 
 namespace kwatch::watch {
 namespace {
@@ -32,7 +33,9 @@ class FakeRing {
     meta()->data_tail = start;
   }
 
-  PerfRing Ring() { return PerfRing::OverMemory(mem_.data(), kPage, data_size_); }
+  PerfRing Ring(PerfSampleFormat format = {}) {
+    return PerfRing::OverMemory(mem_.data(), kPage, data_size_, format);
+  }
   perf_event_mmap_page* meta() { return reinterpret_cast<perf_event_mmap_page*>(mem_.data()); }
 
   // Appends one record (header + payload, payload padded to 8 bytes) without publishing.
@@ -60,6 +63,34 @@ class FakeRing {
     std::memcpy(&p[16], &s.time, 8);
     std::memcpy(&p[24], &s.addr, 8);
     std::memcpy(&p[32], &s.cpu, 4);
+    Put(PERF_RECORD_SAMPLE, p);
+  }
+
+  // A sample followed by an optional callchain and a REGS_USER block of `abi` and `regs`.
+  void PutSampleWithTail(const PerfSample& s, const std::vector<uint64_t>* chain, uint64_t abi,
+                         const std::vector<uint64_t>& regs) {
+    std::vector<uint8_t> p(kPerfSampleRecordSize - sizeof(perf_event_header), 0);
+    std::memcpy(&p[0], &s.ip, 8);
+    std::memcpy(&p[8], &s.pid, 4);
+    std::memcpy(&p[12], &s.tid, 4);
+    std::memcpy(&p[16], &s.time, 8);
+    std::memcpy(&p[24], &s.addr, 8);
+    std::memcpy(&p[32], &s.cpu, 4);
+    auto put64 = [&p](uint64_t v) {
+      const size_t at = p.size();
+      p.resize(at + 8);
+      std::memcpy(&p[at], &v, 8);
+    };
+    if (chain != nullptr) {
+      put64(chain->size());
+      for (uint64_t ip : *chain) {
+        put64(ip);
+      }
+    }
+    put64(abi);
+    for (uint64_t r : regs) {
+      put64(r);
+    }
     Put(PERF_RECORD_SAMPLE, p);
   }
 
@@ -234,6 +265,87 @@ TEST(PerfRing, LongerSampleRecordsParseTheirPrefix) {
   ASSERT_EQ(got.size(), 2u);
   ExpectSame(got[0], s);
   ExpectSame(got[1], MakeSample(6));
+}
+
+// The general registers in perf_regs order (AX BX CX DX SI DI BP SP IP R8..R15), distinct.
+std::vector<uint64_t> GeneralRegs(uint64_t seed) {
+  std::vector<uint64_t> v;
+  for (uint64_t i = 0; i < 17; ++i) {
+    v.push_back(seed * 0x100 + i);
+  }
+  return v;
+}
+
+TEST(PerfRing, SamplesCarryTheirUserRegistersAlsoWhenWrapping) {
+  const uint64_t mask = PerfUserRegsMaskGeneral();
+  const size_t record = PerfSampleRecordSize(mask);
+  EXPECT_EQ(record, 48u + 8 + 17 * 8);
+  // Every 8-byte split of a register sample across the end of the buffer.
+  for (uint64_t back = 0; back <= record; back += 8) {
+    SCOPED_TRACE(back);
+    const uint64_t start = 3 * kPage - back;
+    FakeRing fake(kPage, start);
+    fake.PutSampleWithTail(MakeSample(1), nullptr, PERF_SAMPLE_REGS_ABI_64, GeneralRegs(1));
+    fake.PutSampleWithTail(MakeSample(2), nullptr, PERF_SAMPLE_REGS_ABI_64, GeneralRegs(2));
+    fake.Publish();
+    PerfRing ring = fake.Ring({.regs_user = mask});
+    std::vector<user_regs_struct> regs;
+    std::vector<PerfSample> got;
+    ring.Drain([&](const PerfSample& s) {
+      got.push_back(s);
+      user_regs_struct r{};
+      EXPECT_TRUE(LoadPerfUserRegs(s.user_regs, mask, r));
+      regs.push_back(r);
+    });
+    ASSERT_EQ(got.size(), 2u);
+    for (uint64_t i = 0; i < 2; ++i) {
+      ExpectSame(got[i], MakeSample(i + 1));
+      EXPECT_EQ(got[i].user_regs.size(), 17u * 8);
+      const uint64_t b = (i + 1) * 0x100;
+      EXPECT_EQ(regs[i].rax, b + 0);
+      EXPECT_EQ(regs[i].rbx, b + 1);
+      EXPECT_EQ(regs[i].rcx, b + 2);
+      EXPECT_EQ(regs[i].rdx, b + 3);
+      EXPECT_EQ(regs[i].rsi, b + 4);
+      EXPECT_EQ(regs[i].rdi, b + 5);
+      EXPECT_EQ(regs[i].rbp, b + 6);
+      EXPECT_EQ(regs[i].rsp, b + 7);
+      EXPECT_EQ(regs[i].rip, b + 8);
+      EXPECT_EQ(regs[i].r8, b + 9);
+      EXPECT_EQ(regs[i].r15, b + 16);
+      EXPECT_EQ(regs[i].eflags, 0u);  // not in the mask
+    }
+    EXPECT_EQ(fake.tail(), start + 2 * record);
+  }
+}
+
+TEST(PerfRing, RegistersAfterACallchainAndMissingOrShortRegisters) {
+  const uint64_t mask = PerfUserRegsMaskGeneral();
+  FakeRing fake(kPage);
+  const std::vector<uint64_t> chain = {PERF_CONTEXT_USER, 0x401234, 0x401300};
+  fake.PutSampleWithTail(MakeSample(1), &chain, PERF_SAMPLE_REGS_ABI_64, GeneralRegs(1));
+  // abi NONE: the kernel had no user registers; the block is just the abi word.
+  fake.PutSampleWithTail(MakeSample(2), &chain, PERF_SAMPLE_REGS_ABI_NONE, {});
+  // A record shorter than its mask says: the sample without registers.
+  fake.PutSampleWithTail(MakeSample(3), &chain, PERF_SAMPLE_REGS_ABI_64, {1, 2, 3});
+  fake.Publish();
+  PerfRing ring = fake.Ring({.callchain = true, .regs_user = mask});
+  std::vector<PerfSample> got;
+  std::vector<uint64_t> rip;
+  ring.Drain([&](const PerfSample& s) {
+    got.push_back(s);
+    user_regs_struct r{};
+    rip.push_back(LoadPerfUserRegs(s.user_regs, mask, r) ? r.rip : 0);
+  });
+  ASSERT_EQ(got.size(), 3u);
+  ExpectSame(got[0], MakeSample(1));
+  EXPECT_EQ(got[0].user_regs.size(), 17u * 8);
+  EXPECT_EQ(rip[0], 0x108u);
+  ExpectSame(got[1], MakeSample(2));
+  EXPECT_TRUE(got[1].user_regs.empty());
+  ExpectSame(got[2], MakeSample(3));
+  EXPECT_TRUE(got[2].user_regs.empty());
+  EXPECT_EQ(rip[2], 0u);
 }
 
 TEST(PerfRing, LeavesARecordThatIsNotCompletelyPublished) {
