@@ -5,11 +5,12 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "drmgr/allocator_types.h"
+#include "watch/perf_access.h"
 #include "watch/perf_breakpoint.h"
+#include "watch/perf_util.h"
 #include "watch/session.h"
 #include "watch/slot_backend.h"
 
@@ -21,7 +22,8 @@ namespace kwatch::watch {
 // chunk overlaps (a split watch gets the hits of each of its chunks; a shared chunk feeds
 // several watches; a write-only holder of a read-write slot drops reads). The accessing
 // instruction and the access kind of read-write slots come from decoding the code before
-// the trap address.
+// the trap address; data samples carry the user registers after the access, from which the
+// exact bytes and, for plain movs, the exact value of the access follow (TrapDecoder).
 //
 // The kernel reserves a breakpoint's slot when the event is opened, enabled or not: a slot
 // that leaves (multiplex rotation, preemption) is closed, after its ring is drained.
@@ -32,7 +34,7 @@ class PerfBackend : public SlotBackend {
       : SlotBackend(std::move(owners)),
         proc_(proc),
         watches_(watches),
-        symbolizer_(symbolizer),
+        decoder_(symbolizer, PerfUserRegsMaskGeneral()),
         opts_(opts) {}
   ~PerfBackend() override { Disarm(); }
 
@@ -48,6 +50,8 @@ class PerfBackend : public SlotBackend {
 
   // Slots armed now.
   size_t armed_slots() const { return slots_.size(); }
+  // How data samples resolved so far (trap addresses decoded, exact addresses and values).
+  const TrapDecodeStats& decode_stats() const { return decoder_.stats(); }
 
  private:
   struct Slot {
@@ -57,14 +61,6 @@ class PerfBackend : public SlotBackend {
     std::vector<std::unique_ptr<PerfBreakpoint>> bps;  // one per thread armed
   };
   using SlotKey = std::pair<drmgr::Scope, int>;
-  // The memory operand of the instruction before a trap address, when its address does not
-  // depend on registers (a sample has none): RIP-relative and absolute operands.
-  struct Operand {
-    bool known = false;
-    uint64_t addr = 0;
-    uint32_t size = 0;
-  };
-  const Operand& OperandAt(core::RemoteAddr trap_ip, const core::AccessSite& site);
 
   // Opens the slot's events on every traced thread of the process (scope process) or the one
   // thread (scope thread); all or nothing.
@@ -76,11 +72,10 @@ class PerfBackend : public SlotBackend {
 
   core::Process& proc_;
   const std::vector<Watch>& watches_;
-  core::Symbolizer& symbolizer_;
+  TrapDecoder decoder_;
   SessionOptions opts_;
   std::map<SlotKey, Slot> slots_;
-  absl::flat_hash_map<uint64_t, Operand> operands_;  // by trap address
-  std::vector<core::AccessEvent> pending_;           // drained from slots that closed
+  std::vector<core::AccessEvent> pending_;  // drained from slots that closed
   uint64_t lost_closed_ = 0;
   uint64_t unrelated_ = 0;
 };

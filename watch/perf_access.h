@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/access_regs.h"
+#include "core/remote_addr.h"
+#include "core/symbolizer.h"
+#include "watch/perf_ring.h"
+
+namespace kwatch::watch {
+
+// What a data-breakpoint sample says about its access.
+struct SampledAccess {
+  core::RemoteAddr ip;    // the accessing instruction (the trap address when not found)
+  bool exact_ip = false;  // the instruction ending at the trap address was found
+  bool writes = false;    // it writes memory (how read-write slots tell writes from reads)
+  // Exact address, size and value of the access, as far as the instruction and the sampled
+  // registers tell (core/access_regs.h).
+  core::RegisterAccess access;
+};
+
+// How samples resolved, for people and benchmarks.
+struct TrapDecodeStats {
+  uint64_t samples = 0;          // Resolve calls
+  uint64_t decodes = 0;          // ... that decoded a new trap address (cache misses)
+  uint64_t exact_addresses = 0;  // ... with the access's address known
+  uint64_t exact_values = 0;     // ... with its value known
+};
+
+// Resolves data-breakpoint samples (the CPU reports the instruction *after* the access): finds
+// the accessing instruction through the symbolizer (code read from the ELF files, so it works
+// after the target exited), plans once per trap address how its address and value follow
+// from the registers after it, and evaluates that plan with each sample's user registers.
+// Holds a reference to `symbolizer`, which must outlive it. Not thread-safe.
+class TrapDecoder {
+ public:
+  // `regs_mask`: the sample_regs_user mask of the samples' user registers (0: none).
+  TrapDecoder(core::Symbolizer& symbolizer, uint64_t regs_mask)
+      : symbolizer_(symbolizer), regs_mask_(regs_mask) {}
+
+  SampledAccess Resolve(const PerfSample& sample);
+
+  const TrapDecodeStats& stats() const { return stats_; }
+
+ private:
+  struct Entry {
+    core::RemoteAddr ip;
+    bool exact_ip = false;
+    bool writes = false;
+    bool needs_regs = false;  // the plan reads registers
+    core::AccessPlan plan;
+  };
+  const Entry& EntryFor(core::RemoteAddr trap_ip);
+
+  core::Symbolizer& symbolizer_;
+  uint64_t regs_mask_;
+  absl::flat_hash_map<uint64_t, Entry> cache_;  // by trap address
+  TrapDecodeStats stats_;
+};
+
+}  // namespace kwatch::watch
