@@ -138,8 +138,10 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
   }
   const bool exact = session.backend() == watch::BackendKind::kPage ||
                      session.backend() == watch::BackendKind::kStop;
+  // Perf stream mode: values from the registers at the access, or (marked ~) read at drain
+  // time when the instruction does not tell them (read-modify-write, xchg, SIMD...).
   absl::FPrintF(out_, "%-14s %-7s %-3s %-24s %-24s %s\n", "TIME(s)", "TID", "ACC", "FIELD",
-                exact ? "OLD -> NEW" : "VALUE(at drain)", "SITE");
+                exact ? "OLD -> NEW" : "VALUE (~ = at drain)", "SITE");
 }
 
 void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
@@ -178,7 +180,7 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
   }
   std::string value = "?";
   if (ev.value.has_value()) {
-    value = absl::StrCat(ValueOf(*ev.value, vlen));
+    value = absl::StrCat(ev.value_exact ? "" : "~", ValueOf(*ev.value, vlen));
   }
   if (ev.old_value.has_value()) {
     value = absl::StrCat(ValueOf(*ev.old_value, vlen), " -> ", value);
