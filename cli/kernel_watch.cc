@@ -34,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "cli/kernel_slots.h"
 #include "cli/output.h"
 #include "cli/report_cmd.h"
 #include "cli/slot_registry.h"
@@ -117,17 +118,12 @@ struct KernelWatch {
   std::string type_name;  // "" when no source gives a type
   std::string source;     // where the symbol's address came from
   int64_t slide = 0;
-  std::vector<std::unique_ptr<watch::PerfBreakpoint>> bps;  // one per CPU
-  std::vector<int> cpus;
+  std::vector<int> cpus;  // kernel watches: the CPUs it holds registers on
   uint64_t events = 0;
   SiteTally sites;  // the delivered events by kernel site
-  // Kernel watches: what each CPU's breakpoint is opened with (cpu set per CPU), for CPUs that
-  // come online during the session.
-  std::optional<watch::BreakpointRequest> cpu_request;
-  // What the breakpoints of CPUs that went offline had counted and lost before they were
-  // closed (the kernel drops CPU-bound events when their CPU goes offline).
+  // What the breakpoints of CPUs that went offline had counted before they were closed (the
+  // kernel drops CPU-bound events when their CPU goes offline).
   uint64_t closed_count = 0;
-  uint64_t closed_lost = 0;
 };
 
 // ", callchains of up to N frames (--stack)" for the armed line of a kernel session, or "".
@@ -523,6 +519,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
                                       core::kernel::KernelSymbolResolver& symbols,
                                       drmgr::DrKind kind, const std::string& armed,
                                       core::Process* proc, core::TraceWriter* writer,
+                                      std::vector<KernelBreakpoint>& armed_bps, KernelSlots* slots,
                                       const core::Symbols* user_syms = nullptr) {
   sigset_t mask;
   sigemptyset(&mask);
@@ -553,13 +550,27 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   };
   KW_RETURN_IF_ERROR(add(sigfd.get()));
   KW_RETURN_IF_ERROR(add(tick.get()));
-  for (const KernelWatch& w : watches) {
-    for (const auto& bp : w.bps) {
-      for (const int fd : bp->fds()) {
-        KW_RETURN_IF_ERROR(add(fd));
-      }
+  for (const KernelBreakpoint& k : armed_bps) {
+    for (const int fd : k.bp->fds()) {
+      KW_RETURN_IF_ERROR(add(fd));
     }
   }
+  // kwatch slots shows kernel sessions' registers per CPU (cli/slot_registry.h).
+  auto publish = [&]() {
+    if (slots == nullptr) {
+      return;
+    }
+    if (absl::Status st = PublishSlots(0, slots->Snapshot(), opts.command_line); !st.ok()) {
+      std::fprintf(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
+                   std::string(st.message()).c_str());
+    }
+  };
+  publish();
+  absl::Cleanup unpublish = [slots] {
+    if (slots != nullptr) {
+      UnpublishSlots();
+    }
+  };
   std::fprintf(stderr, "kwatch: %s\n", armed.c_str());
   std::fflush(stderr);
   // The target's end (or exec) while kwatch handles its stops.
@@ -597,22 +608,28 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   }
   auto drain = [&]() {
     std::vector<KernelEvent> evs;
-    for (size_t i = 0; i < watches.size(); ++i) {
-      for (auto& bp : watches[i].bps) {
-        if (bp->ring() == nullptr) {
-          continue;
-        }
-        if (opts.stack) {
-          bp->ring()->DrainRecords([&](std::span<const uint8_t> record) {
-            KernelEvent ev;
-            ev.watch = i;
-            if (watch::ParseCallchainSample(record, ev.s, ev.chain)) {
-              evs.push_back(std::move(ev));
+    for (KernelBreakpoint& k : armed_bps) {
+      watch::PerfRing* ring = k.bp->ring();
+      if (ring == nullptr) {
+        continue;
+      }
+      // A slot drmgr shares between watches of equal ranges gives each of them the event.
+      if (opts.stack) {
+        ring->DrainRecords([&](std::span<const uint8_t> record) {
+          KernelEvent ev;
+          if (watch::ParseCallchainSample(record, ev.s, ev.chain)) {
+            for (const size_t i : k.watches) {
+              ev.watch = i;
+              evs.push_back(ev);
             }
-          });
-        } else {
-          bp->ring()->Drain([&](const watch::PerfSample& s) { evs.push_back({s, i, {}}); });
-        }
+          }
+        });
+      } else {
+        ring->Drain([&](const watch::PerfSample& s) {
+          for (const size_t i : k.watches) {
+            evs.push_back({s, i, {}});
+          }
+        });
       }
     }
     std::sort(evs.begin(), evs.end(),
@@ -686,41 +703,42 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   // is said once and left.
   std::set<int> refused_cpus;
   std::map<int, int> cpu_tries;
+  uint64_t closed_lost = 0;  // events the rings of closed breakpoints had lost
   auto retire_cpu = [&](int cpu) {
-    drain();  // what its rings hold
-    bool closed = false;
-    for (KernelWatch& w : watches) {
-      for (size_t j = 0; j < w.cpus.size() && j < w.bps.size(); ++j) {
-        if (w.cpus[j] != cpu) {
-          continue;
-        }
-        auto c = w.bps[j]->Count();
-        w.closed_count += c.ok() ? *c : 0;
-        w.closed_lost += w.bps[j]->ring() != nullptr ? w.bps[j]->ring()->lost() : 0;
-        w.bps.erase(w.bps.begin() + static_cast<std::ptrdiff_t>(j));  // closing leaves epoll
-        w.cpus.erase(w.cpus.begin() + static_cast<std::ptrdiff_t>(j));
-        closed = true;
-        break;
-      }
+    if (slots == nullptr) {
+      return;
     }
-    if (closed) {
+    drain();  // what its rings hold
+    std::vector<KernelBreakpoint> gone = slots->ReleaseCpu(cpu);
+    for (KernelBreakpoint& k : gone) {
+      auto c = k.bp->Count();
+      for (const size_t i : k.watches) {
+        watches[i].closed_count += c.ok() ? *c : 0;
+      }
+      closed_lost += k.bp->ring() != nullptr ? k.bp->ring()->lost() : 0;
+    }
+    for (KernelWatch& w : watches) {
+      w.cpus.erase(std::remove(w.cpus.begin(), w.cpus.end(), cpu), w.cpus.end());
+    }
+    if (!gone.empty()) {  // closing them leaves epoll
       std::fprintf(stderr,
                    "kwatch: CPU %d went offline: its breakpoints are closed (the kernel drops "
                    "CPU-bound events of an offline CPU); it is armed again if it comes back\n",
                    cpu);
       std::fflush(stderr);
+      publish();
     }
   };
   auto sync_cpus = [&]() -> absl::Status {
-    if (proc != nullptr || watches.empty()) {
+    if (slots == nullptr || watches.empty()) {
       return absl::OkStatus();
     }
     const std::vector<int> online = watch::OnlineCpus();
-    std::set<int> armed;
+    std::set<int> held;
     for (const KernelWatch& w : watches) {
-      armed.insert(w.cpus.begin(), w.cpus.end());
+      held.insert(w.cpus.begin(), w.cpus.end());
     }
-    for (const int cpu : armed) {
+    for (const int cpu : held) {
       if (std::find(online.begin(), online.end(), cpu) == online.end()) {
         retire_cpu(cpu);
       }
@@ -730,34 +748,38 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
         continue;
       }
       size_t armed_here = 0;
+      const size_t before = armed_bps.size();
       for (size_t i = 0; i < watches.size(); ++i) {
         KernelWatch& w = watches[i];
-        if (!w.cpu_request.has_value() ||
-            std::find(w.cpus.begin(), w.cpus.end(), cpu) != w.cpus.end()) {
+        if (std::find(w.cpus.begin(), w.cpus.end(), cpu) != w.cpus.end()) {
           continue;
         }
-        watch::BreakpointRequest req = *w.cpu_request;
-        req.cpu = cpu;
-        auto bp = watch::PerfBreakpoint::Open(req);
-        if (!bp.ok()) {
+        if (absl::Status st = slots->Request(i, w.addr, w.len, cpu); !st.ok()) {
           // The CPU may be listed before perf has brought its context up: try again at the
-          // next ticks, for about a second.
-          if (++cpu_tries[cpu] < 20) {
-            continue;
+          // next ticks, for about a second. (drmgr refusals do not change by waiting.)
+          (void)slots->ReleaseCpu(cpu);
+          for (KernelWatch& v : watches) {
+            v.cpus.erase(std::remove(v.cpus.begin(), v.cpus.end(), cpu), v.cpus.end());
+          }
+          if (++cpu_tries[cpu] < 20 && !absl::IsResourceExhausted(st)) {
+            armed_here = 0;
+            break;
           }
           std::fprintf(stderr,
-                       "kwatch: warning: CPU %d came online during the session, but watch #%zu "
-                       "%s could not be armed there: %s\n",
-                       cpu, i + 1, w.display.c_str(), std::string(bp.status().message()).c_str());
+                       "kwatch: warning: CPU %d came online during the session, but the kernel "
+                       "watches could not be armed there: %s\n",
+                       cpu, std::string(st.message()).c_str());
           refused_cpus.insert(cpu);
-          continue;
+          armed_here = 0;
+          break;
         }
-        for (const int fd : (*bp)->fds()) {
-          KW_RETURN_IF_ERROR(add(fd));
-        }
-        w.bps.push_back(*std::move(bp));
         w.cpus.push_back(cpu);
         ++armed_here;
+      }
+      for (size_t j = before; j < armed_bps.size(); ++j) {
+        for (const int fd : armed_bps[j].bp->fds()) {
+          KW_RETURN_IF_ERROR(add(fd));
+        }
       }
       if (armed_here > 0) {
         cpu_tries.erase(cpu);
@@ -766,6 +788,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
                      "there (accesses on it before this line were not seen)\n",
                      cpu, armed_here, armed_here == 1 ? "" : "es");
         std::fflush(stderr);
+        publish();
       }
     }
     return absl::OkStatus();
@@ -848,13 +871,10 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
     }
   }
   drain();
-  uint64_t lost = 0;
-  for (KernelWatch& w : watches) {
-    lost += w.closed_lost;
-    for (auto& bp : w.bps) {
-      (void)bp->Disable();
-      lost += bp->ring() != nullptr ? bp->ring()->lost() : 0;
-    }
+  uint64_t lost = closed_lost;
+  for (KernelBreakpoint& k : armed_bps) {
+    (void)k.bp->Disable();
+    lost += k.bp->ring() != nullptr ? k.bp->ring()->lost() : 0;
   }
   if (opts.json) {
     std::printf(
@@ -870,9 +890,11 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
     uint64_t counted = w.closed_count;
-    for (const auto& bp : w.bps) {
-      auto c = bp->Count();
-      counted += c.ok() ? *c : 0;
+    for (const KernelBreakpoint& k : armed_bps) {
+      if (std::find(k.watches.begin(), k.watches.end(), i) != k.watches.end()) {
+        auto c = k.bp->Count();
+        counted += c.ok() ? *c : 0;
+      }
     }
     std::vector<int> sorted_cpus = w.cpus;  // CPUs that came online later are at the end
     std::sort(sorted_cpus.begin(), sorted_cpus.end());
@@ -933,7 +955,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       }
     }
   }
-  watches.clear();  // closes every event before the target is let go
+  armed_bps.clear();  // closes every event before the target is let go
   std::optional<int> exit_status;
   if (proc != nullptr) {
     if (proc->alive()) {
@@ -993,23 +1015,28 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
                                                    : static_cast<uint64_t>(w.slide))
                            .c_str()
                      : "");
-    for (const int cpu : cpus) {
-      watch::BreakpointRequest req;
-      req.addr = core::RemoteAddr{w.addr};
-      req.len = w.len;
-      req.kind = kind;
-      req.tid = -1;
-      req.cpu = cpu;
-      req.inherit = false;
-      req.exclude_kernel = false;
-      req.exclude_user = false;
-      req.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
-      KW_ASSIGN_OR_RETURN(auto bp, watch::PerfBreakpoint::Open(req));
-      w.bps.push_back(std::move(bp));
-      w.cpus.push_back(cpu);
-      w.cpu_request = req;
-    }
     watches.push_back(std::move(w));
+  }
+  // drmgr decides who holds which register of each CPU; its slots are opened as CPU-wide
+  // breakpoints (cli/kernel_slots.h).
+  watch::BreakpointRequest opened;
+  opened.kind = kind;
+  opened.tid = -1;
+  opened.inherit = false;
+  opened.exclude_kernel = false;
+  opened.exclude_user = false;
+  opened.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
+  std::vector<std::string> labels;
+  for (const KernelWatch& w : watches) {
+    labels.push_back(w.display);
+  }
+  KernelSlots slots(opened, std::move(labels));
+  for (size_t i = 0; i < watches.size(); ++i) {
+    KernelWatch& w = watches[i];
+    for (const int cpu : cpus) {
+      KW_RETURN_IF_ERROR(slots.Request(i, w.addr, w.len, cpu));
+      w.cpus.push_back(cpu);
+    }
   }
 
   KernelLinesNote(opts, *symbols);
@@ -1031,7 +1058,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
                       "breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", cpus.size(),
                       StackNote(opts)),
-      nullptr, writer.get());
+      nullptr, writer.get(), slots.armed(), &slots);
 }
 
 // --kernel-accesses: user addresses of a process watched for the accesses the kernel makes
@@ -1107,7 +1134,9 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   if (absl::Status st = proc->StopAll(); !st.ok()) {
     return fail(st);
   }
-  for (KernelWatch& w : watches) {
+  std::vector<KernelBreakpoint> armed;  // per thread, each for one watch
+  for (size_t i = 0; i < watches.size(); ++i) {
+    const KernelWatch& w = watches[i];
     for (const pid_t tid : proc->TracedThreads()) {
       watch::BreakpointRequest req;
       req.addr = core::RemoteAddr{w.addr};
@@ -1123,7 +1152,10 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
         return fail(absl::Status(
             bp.status().code(), absl::StrCat("arming '", w.display, "': ", bp.status().message())));
       }
-      w.bps.push_back(*std::move(bp));
+      KernelBreakpoint k;
+      k.bp = *std::move(bp);
+      k.watches = {i};
+      armed.push_back(std::move(k));
     }
   }
   if (absl::Status st = proc->ResumeAll(); !st.ok()) {
@@ -1145,7 +1177,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
                       "(exclude_user), perf breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
                       StackNote(opts)),
-      proc.get(), writer.get(), syms->get());
+      proc.get(), writer.get(), armed, nullptr, syms->get());
   if (!code.ok()) {
     return fail(code.status());
   }

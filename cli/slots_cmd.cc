@@ -446,6 +446,100 @@ json ProcessJson(const ProcessTable& p) {
               {"not_in_hardware", waiting}};
 }
 
+// A kernel session's registers on one CPU, as its allocator knows them (registers held by
+// other tools are learned when the kernel refuses one: ENOSPC).
+struct CpuTable {
+  int cpu = 0;
+  int kwatch = 0;
+  int external = 0;
+  int free = 0;
+  std::vector<SlotRow> rows;  // DR0-DR3
+};
+
+std::vector<CpuTable> KernelTables(const PublishedSlots& s) {
+  std::vector<CpuTable> out;
+  for (const drmgr::ScopeView& sv : s.snapshot.scopes) {
+    if (sv.scope.kind != drmgr::Scope::Kind::kCpu) {
+      continue;
+    }
+    CpuTable t;
+    t.cpu = sv.scope.cpu;
+    t.external = sv.external;
+    t.free = sv.free;
+    for (int i = 0; i < drmgr::kNumDebugRegisters; ++i) {
+      const drmgr::SlotView& v = sv.slots[static_cast<size_t>(i)];
+      SlotRow row;
+      row.dr = i;
+      row.state = v.state;
+      if (!v.holders.empty()) {
+        ++t.kwatch;
+        row.kwatch_pid = s.kwatch_pid;
+        row.requests = v.holders;
+        for (const drmgr::RequestId id : v.holders) {
+          row.labels.push_back(Label(s.snapshot, id));
+        }
+        row.chunk = v.chunk;
+        row.kind = v.kind;
+      }
+      t.rows.push_back(std::move(row));
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void PrintKernelText(const PublishedSlots& s) {
+  std::printf("kernel session kwatch %d: %s (published %s)\n", s.kwatch_pid, s.command_line.c_str(),
+              Ago(s.updated_ns).c_str());
+  for (const CpuTable& t : KernelTables(s)) {
+    std::printf("CPU %d: %d kwatch, %d held outside kwatch, %d free\n", t.cpu, t.kwatch, t.external,
+                t.free);
+    size_t w_holder = 6;
+    size_t w_range = 5;
+    for (const SlotRow& r : t.rows) {
+      w_holder = std::max(w_holder, HolderText(r).size());
+      w_range = std::max(w_range, r.requests.empty() ? 1 : RangeText(r.chunk).size());
+    }
+    std::printf("  %-4s  %-*s  %-*s  %-5s  %s\n", "SLOT", static_cast<int>(w_holder), "HOLDER",
+                static_cast<int>(w_range), "RANGE", "KIND", "STATE");
+    for (const SlotRow& r : t.rows) {
+      const bool mine = !r.requests.empty();
+      std::printf("  %-4s  %-*s  %-*s  %-5s  %s\n", absl::StrCat("DR", r.dr).c_str(),
+                  static_cast<int>(w_holder), HolderText(r).c_str(), static_cast<int>(w_range),
+                  mine ? RangeText(r.chunk).c_str() : "-",
+                  mine ? Own(KindShort(r.kind)).c_str() : "-", StateText(r).c_str());
+    }
+  }
+}
+
+json KernelJson(const PublishedSlots& s) {
+  json cpus = json::array();
+  for (const CpuTable& t : KernelTables(s)) {
+    json rows = json::array();
+    for (const SlotRow& r : t.rows) {
+      json row = {
+          {"slot", r.dr}, {"state", Own(drmgr::SlotStateName(r.state))}, {"text", StateText(r)}};
+      if (!r.requests.empty()) {
+        row["holder"] = HolderText(r);
+        row["labels"] = r.labels;
+        row["addr"] = absl::StrFormat("0x%x", r.chunk.addr.value);
+        row["len"] = r.chunk.len;
+        row["kind"] = Own(KindShort(r.kind));
+      }
+      rows.push_back(std::move(row));
+    }
+    cpus.push_back(json{{"cpu", t.cpu},
+                        {"kwatch", t.kwatch},
+                        {"external", t.external},
+                        {"free", t.free},
+                        {"slots", rows}});
+  }
+  return json{{"kwatch_pid", s.kwatch_pid},
+              {"command_line", s.command_line},
+              {"updated_ns", s.updated_ns},
+              {"cpus", cpus}};
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kwatch: error: %s\n", Own(s.message()).c_str());
   return 1;
@@ -484,9 +578,12 @@ int SlotsMain(const std::vector<std::string>& args) {
     return Fail(published.status());
   }
   std::map<pid_t, std::vector<PublishedSlots>> by_target;
+  std::vector<PublishedSlots> kernel;  // kernel sessions (target 0): CPU-wide registers
   for (PublishedSlots& s : *published) {
     if (s.target > 0) {
       by_target[s.target].push_back(std::move(s));
+    } else if (pid == 0) {
+      kernel.push_back(std::move(s));
     }
   }
   std::vector<ProcessTable> tables;
@@ -518,14 +615,21 @@ int SlotsMain(const std::vector<std::string>& args) {
     for (const ProcessTable& t : tables) {
       processes.push_back(ProcessJson(t));
     }
-    const json out = {{"registry", SlotRegistryDir()}, {"processes", processes}, {"notes", notes}};
+    json kernel_sessions = json::array();
+    for (const PublishedSlots& s : kernel) {
+      kernel_sessions.push_back(KernelJson(s));
+    }
+    const json out = {{"registry", SlotRegistryDir()},
+                      {"processes", processes},
+                      {"kernel_sessions", kernel_sessions},
+                      {"notes", notes}};
     std::printf("%s\n", out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
   for (const std::string& n : notes) {
     std::fprintf(stderr, "kwatch: note: %s\n", n.c_str());
   }
-  if (tables.empty()) {
+  if (tables.empty() && kernel.empty()) {
     std::printf(
         "no running kwatch session watches a process (sessions publish their slots in %s)\n",
         SlotRegistryDir().c_str());
@@ -536,6 +640,12 @@ int SlotsMain(const std::vector<std::string>& args) {
       std::printf("\n");
     }
     PrintText(tables[i]);
+  }
+  for (size_t i = 0; i < kernel.size(); ++i) {
+    if (i > 0 || !tables.empty()) {
+      std::printf("\n");
+    }
+    PrintKernelText(kernel[i]);
   }
   return 0;
 }

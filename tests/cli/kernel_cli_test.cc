@@ -1,9 +1,12 @@
 // End-to-end tests of kernel watches: `kwatch --write &jiffies` and friends, run through the
 // real binary against this machine's kernel. Kernel symbol files are fixtures made here from
 // /proc/kallsyms; this machine's kernel lacks CONFIG_KALLSYMS_ALL (DESIGN.md).
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -30,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/unique_fd.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -150,15 +154,36 @@ class KernelCli : public ::testing::Test {
                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
     raw_ = RawKallsyms();
+    // Kernel sessions publish their registers for `kwatch slots`: in a private run directory.
+    std::string run = absl::StrCat(::testing::TempDir(), "/kwatch-kernel-run-XXXXXX");
+    ASSERT_NE(::mkdtemp(run.data()), nullptr);
+    run_dir_ = run;
+    ::setenv("KWATCH_RUN_DIR", run_dir_.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    ::unsetenv("KWATCH_RUN_DIR");  // NOLINT(concurrency-mt-unsafe): one thread
+    std::filesystem::remove_all(run_dir_);
+    std::filesystem::remove_all(dir_);
+  }
   std::string Write(const std::string& name, const std::string& text) {
     const std::string p = (dir_ / name).string();
     std::ofstream(p) << text;
     return p;
   }
 
+  // A fixture System.map that also names `n` words kw_0, kw_1, ... at the start of the
+  // kernel's .data (init_stack's lowest words: written at boot, never after).
+  std::string WordsMap(int n) {
+    std::string map = FixtureMap(raw_);
+    for (int i = 0; i < n; ++i) {
+      absl::StrAppendFormat(&map, "%016x D kw_%d\n", WordAddr(i) - kFixtureSlide, i);
+    }
+    return Write("words.map", map);
+  }
+  uint64_t WordAddr(int i) const { return FixtureDataAddr(raw_) + 8 * static_cast<uint64_t>(i); }
+
   std::filesystem::path dir_;
+  std::string run_dir_;
   std::vector<RawSym> raw_;
 };
 
@@ -940,6 +965,141 @@ TEST_F(KernelCli, RecordingAReadWriteKernelWatchIsRefused) {
             "decode the access, and a recording stores each event as a read or a write; record "
             "with --write, or watch --rw live\n");
   EXPECT_FALSE(std::filesystem::exists(dir_ / "x.kwdb"));
+}
+
+// The drmgr refusal of a kernel watch that gets no register on some CPU, as kwatch prints it,
+// for the first refused watch `k` (1-based) on `cpu` with `external` registers held by other
+// tools there: the watches before it hold the rest.
+std::string NoRegisterError(int k, int cpu, int external, uint64_t addr) {
+  std::vector<std::string> parts;
+  if (k > 1) {
+    std::vector<std::string> held;
+    for (int i = 1; i < k; ++i) {
+      held.push_back(absl::StrFormat("watch #%d kw_%d", i, i - 1));
+    }
+    parts.push_back(absl::StrCat("held by ", absl::StrJoin(held, ", ")));
+  }
+  if (external > 0) {
+    parts.push_back(absl::StrCat(external, " held outside kwatch"));
+  }
+  return absl::StrFormat(
+      "kwatch: error: watch #%d kw_%d on CPU %d: no debug register free: 8 bytes at 0x%x need "
+      "1 slot, 0 free: no aligned cover fits (CPU %d: %s); kernel watches take one debug "
+      "register per CPU each (4 per CPU at most, fewer when other tools hold some) and have no "
+      "fallback: watch fewer objects at once\n",
+      k, k - 1, cpu, addr, cpu, absl::StrJoin(parts, "; "));
+}
+
+// Parses "watch #K kw_.. on CPU C: ..." and "; E held outside kwatch" from kwatch's error.
+struct Refusal {
+  int k = 0;
+  int cpu = -1;
+  int external = 0;
+};
+Refusal ParseRefusal(const std::string& err) {
+  Refusal r;
+  const size_t at = err.find("kwatch: error: watch #");
+  if (at != std::string::npos) {
+    std::sscanf(err.c_str() + at, "kwatch: error: watch #%d kw_%*d on CPU %d", &r.k, &r.cpu);
+  }
+  const size_t ext = err.find(" held outside kwatch)");
+  if (ext != std::string::npos) {
+    const size_t begin = err.rfind(' ', ext - 1);
+    r.external = std::atoi(err.c_str() + begin + 1);
+  }
+  return r;
+}
+
+// Kernel watches ask drmgr for one register per CPU each: a fifth one (or fewer, when other
+// tools hold registers of a CPU) is refused before anything else is opened there, with
+// drmgr's decision in the watches' names. Other sessions on this machine may hold registers
+// (counted by the kernel on every CPU), so the test checks that the refused watch and the
+// registers held outside kwatch add up to four, and the exact text.
+TEST_F(KernelCli, FifthKernelWatchIsRefusedByDrmgr) {
+  const std::string map = WordsMap(5);
+  const RunResult r = RunKwatch({"--write", "kw_0", "kw_1", "kw_2", "kw_3", "kw_4", "--system-map",
+                                 map, "--duration", "0.2"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  const Refusal f = ParseRefusal(r.err);
+  ASSERT_GE(f.k, 1) << r.err;
+  EXPECT_EQ(f.k - 1 + f.external, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(NoRegisterError(f.k, f.cpu, f.external, WordAddr(f.k - 1))));
+}
+
+// Two registers of CPU 0 held by another tool (CPU-wide breakpoints, disabled, as perf would
+// hold them): kwatch learns them from the kernel's ENOSPC, and drmgr's refusal says so.
+TEST_F(KernelCli, RegistersHeldOutsideKwatchAreLearnedPerCpu) {
+  const std::string map = WordsMap(4);
+  std::vector<core::UniqueFd> held;
+  for (int i = 0; i < 2; ++i) {
+    perf_event_attr attr{};
+    attr.type = PERF_TYPE_BREAKPOINT;
+    attr.size = sizeof(attr);
+    attr.bp_type = HW_BREAKPOINT_W;
+    attr.bp_addr = FixtureDataAddr(raw_) + 0x100 + 8 * static_cast<uint64_t>(i);
+    attr.bp_len = HW_BREAKPOINT_LEN_8;
+    attr.sample_period = 1;
+    attr.disabled = 1;
+    held.emplace_back(
+        static_cast<int>(::syscall(SYS_perf_event_open, &attr, -1, 0, -1, PERF_FLAG_FD_CLOEXEC)));
+    ASSERT_TRUE(held.back().valid())
+        << "perf_event_open(CPU 0): " << std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
+  }
+  const RunResult r = RunKwatch(
+      {"--write", "kw_0", "kw_1", "kw_2", "kw_3", "--system-map", map, "--duration", "0.2"});
+  EXPECT_EQ(r.exit_code, 1);
+  const Refusal f = ParseRefusal(r.err);
+  ASSERT_GE(f.k, 1) << r.err;
+  EXPECT_EQ(f.k - 1 + f.external, 4) << r.err;
+  if (f.cpu == 0) {
+    EXPECT_GE(f.external, 2) << r.err;
+  }
+  EXPECT_THAT(r.err, HasSubstr(NoRegisterError(f.k, f.cpu, f.external, WordAddr(f.k - 1))));
+  // Without them, the same two first watches arm on every CPU.
+  held.clear();
+  const RunResult ok =
+      RunKwatch({"--write", "kw_0", "kw_1", "--system-map", map, "--duration", "0.2", "-q"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// `kwatch slots` lists a kernel session's registers per CPU, from drmgr's decision.
+TEST_F(KernelCli, SlotsShowsKernelWatchRegistersPerCpu) {
+  const std::string map = WordsMap(2);
+  auto k = kwatch::testing::Spawned::Start(
+      {KwatchPath(), "--write", "kw_0", "kw_1", "--system-map", map, "--duration", "30", "-q"});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("kwatch: armed 2 kernel watches").ok()) << (*k)->err();
+  const RunResult slots = RunKwatch({"slots", "--json"});
+  ASSERT_EQ(slots.exit_code, 0) << slots.err;
+  const json j = json::parse(slots.out);
+  ASSERT_EQ(j["kernel_sessions"].size(), 1U) << slots.out;
+  const json& session = j["kernel_sessions"][0];
+  EXPECT_EQ(session["kwatch_pid"], (*k)->pid());
+  std::vector<int> cpus;
+  for (const json& c : session["cpus"]) {
+    cpus.push_back(c["cpu"].get<int>());
+    EXPECT_EQ(c["kwatch"], 2) << c.dump();
+    EXPECT_EQ(c["free"].get<int>() + c["external"].get<int>(), 2) << c.dump();
+    ASSERT_EQ(c["slots"].size(), 4U);
+    for (int i = 0; i < 2; ++i) {
+      const json& row = c["slots"][static_cast<size_t>(i)];
+      EXPECT_EQ(row["slot"], i);
+      EXPECT_EQ(row["state"], "armed");
+      EXPECT_EQ(row["labels"], json::array({absl::StrCat("kw_", i)}));
+      EXPECT_EQ(row["addr"], absl::StrFormat("0x%x", WordAddr(i)));
+      EXPECT_EQ(row["len"], 8);
+      EXPECT_EQ(row["kind"], "write");
+    }
+  }
+  EXPECT_EQ(absl::StrJoin(cpus, ","), OnlineCpuList());
+  kill((*k)->pid(), SIGINT);
+  auto end = (*k)->Finish();
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->exit_code, 0) << end->err;
+  // The session's file is gone with it.
+  const RunResult after = RunKwatch({"slots", "--json"});
+  EXPECT_EQ(json::parse(after.out)["kernel_sessions"], json::array());
 }
 
 TEST_F(KernelCli, MismatchedSystemMapIsRefusedWithEvidence) {

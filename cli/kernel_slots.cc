@@ -1,0 +1,186 @@
+#include "cli/kernel_slots.h"
+
+#include <algorithm>
+#include <regex>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "drmgr/debug_regs.h"
+#include "drmgr/scope.h"
+
+namespace kwatch::cli {
+
+KernelSlots::KernelSlots(watch::BreakpointRequest opened, std::vector<std::string> labels)
+    : opened_(opened), labels_(std::move(labels)) {
+  client_ = alloc_.AddClient(drmgr::ClientKind::kWatchpoint, "kwatch");
+}
+
+std::string KernelSlots::PeopleReason(const std::string& reason) const {
+  // "request 3 (watchpoint 'kwatch', jiffies, priority 10)" and "requests 2, 3".
+  static const std::regex kOne(R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
+  static const std::regex kMany(R"(requests? ((\d+)(, \d+)*))");
+  const std::string out = std::regex_replace(reason, kOne, "request $1");
+  std::string result;
+  size_t last = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), kMany); it != std::sregex_iterator();
+       ++it) {
+    const std::smatch& m = *it;
+    result.append(out, last, static_cast<size_t>(m.position(0)) - last);
+    std::vector<std::string> names;
+    for (absl::string_view n : absl::StrSplit(m[1].str(), ", ")) {
+      uint64_t id = 0;
+      auto o = absl::SimpleAtoi(n, &id) ? owner_.find(drmgr::RequestId{id}) : owner_.end();
+      names.push_back(o == owner_.end()
+                          ? absl::StrCat("request ", n)
+                          : absl::StrCat("#", o->second.first + 1, " ", labels_[o->second.first]));
+    }
+    absl::StrAppend(&result, names.size() == 1 ? "watch " : "watches ", absl::StrJoin(names, ", "));
+    last = static_cast<size_t>(m.position(0) + m.length(0));
+  }
+  result.append(out, last, std::string::npos);
+  return result;
+}
+
+absl::Status KernelSlots::Apply(const drmgr::Changes& changes, int* refused_cpu) {
+  std::vector<size_t> opened_here;  // indices into armed_ of breakpoints this call opened
+  absl::Cleanup rollback = [&] {
+    std::sort(opened_here.rbegin(), opened_here.rend());
+    for (const size_t i : opened_here) {
+      armed_.erase(armed_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  };
+  auto find = [&](const drmgr::SlotChange& c) {
+    return std::find_if(armed_.begin(), armed_.end(), [&](const KernelBreakpoint& k) {
+      return k.cpu == c.scope.cpu && k.slot == c.slot;
+    });
+  };
+  auto holders = [&](const drmgr::SlotChange& c) {
+    std::vector<size_t> out;
+    for (const drmgr::SlotHolder& h : c.holders) {
+      auto o = owner_.find(h.id);
+      if (o != owner_.end() && std::find(out.begin(), out.end(), o->second.first) == out.end()) {
+        out.push_back(o->second.first);
+      }
+    }
+    return out;
+  };
+  for (const drmgr::SlotChange& c : changes.slots) {
+    switch (c.op) {
+      case drmgr::SlotChange::Op::kDisarm:
+        if (auto it = find(c); it != armed_.end()) {
+          armed_.erase(it);
+        }
+        break;
+      case drmgr::SlotChange::Op::kUpdateHolders:
+        if (auto it = find(c); it != armed_.end()) {
+          it->watches = holders(c);
+        }
+        break;
+      case drmgr::SlotChange::Op::kArm: {
+        watch::BreakpointRequest req = opened_;
+        req.addr = c.chunk.addr;
+        req.len = static_cast<uint32_t>(c.chunk.len);
+        req.kind = c.kind;
+        req.cpu = c.scope.cpu;
+        req.tid = -1;
+        absl::StatusOr<std::unique_ptr<watch::PerfBreakpoint>> bp =
+            watch::PerfBreakpoint::Open(req);
+        if (!bp.ok()) {
+          if (absl::IsResourceExhausted(bp.status())) {
+            *refused_cpu = c.scope.cpu;
+          }
+          return bp.status();
+        }
+        KernelBreakpoint k;
+        k.bp = *std::move(bp);
+        k.watches = holders(c);
+        k.cpu = c.scope.cpu;
+        k.slot = c.slot;
+        armed_.push_back(std::move(k));
+        opened_here.push_back(armed_.size() - 1);
+        break;
+      }
+    }
+  }
+  std::move(rollback).Cancel();
+  return absl::OkStatus();
+}
+
+absl::Status KernelSlots::Request(size_t w, uint64_t addr, uint64_t len, int cpu) {
+  drmgr::SlotRequest r;
+  r.addr = core::RemoteAddr{addr};
+  r.len = len;
+  r.kind = opened_.kind;
+  r.scope = drmgr::Scope::Cpu(cpu);
+  r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kWatchpoint);
+  r.policy = drmgr::ShortagePolicy::kFail;
+  r.label = labels_[w];
+  absl::StatusOr<drmgr::Grant> g = alloc_.Request(client_, r);
+  if (!g.ok()) {
+    return g.status();
+  }
+  owner_[g->id] = {w, cpu};
+  drmgr::Changes changes = std::move(g->changes);
+  for (int tries = 0;; ++tries) {
+    int refused = -1;
+    const absl::Status s = Apply(changes, &refused);
+    if (s.ok()) {
+      break;
+    }
+    if (refused < 0 || tries > drmgr::kNumDebugRegisters) {
+      return s;
+    }
+    // A register of that CPU is held outside kwatch (another tool's breakpoint).
+    absl::StatusOr<drmgr::Changes> next = alloc_.ReportNoSpace(drmgr::Scope::Cpu(refused));
+    if (!next.ok()) {
+      return s;
+    }
+    changes = *std::move(next);
+  }
+  absl::StatusOr<drmgr::RequestView> v = alloc_.Describe(g->id);
+  if (!v.ok()) {
+    return v.status();
+  }
+  if (v->state != drmgr::RequestState::kHardware) {
+    absl::string_view why = v->reason;
+    absl::ConsumePrefix(&why, "waiting for a slot: ");  // kFail: it does not wait
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "watch #%d %s on CPU %d: no debug register free: %s; kernel watches take one debug "
+        "register per CPU each (4 per CPU at most, fewer when other tools hold some) and have "
+        "no fallback: watch fewer objects at once",
+        w + 1, labels_[w], cpu, PeopleReason(std::string(why.data(), why.size()))));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<KernelBreakpoint> KernelSlots::ReleaseCpu(int cpu) {
+  std::vector<KernelBreakpoint> out;
+  for (auto it = armed_.begin(); it != armed_.end();) {
+    if (it->cpu == cpu) {
+      out.push_back(std::move(*it));
+      it = armed_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Who holds that CPU's registers when it comes back is learned again.
+  (void)alloc_.MarkExternallyHeld(drmgr::Scope::Cpu(cpu), 0);
+  for (auto it = owner_.begin(); it != owner_.end();) {
+    if (it->second.second == cpu) {
+      // Its slots are closed above; the changes only disarm them (kFail: nobody waits).
+      (void)alloc_.Release(it->first);
+      it = owner_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+}  // namespace kwatch::cli
