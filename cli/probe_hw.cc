@@ -1,6 +1,6 @@
 // `kwatch probe --hw`: probes as execute breakpoints in the debug registers (drmgr's slots,
-// written by the ptrace applier), on a launched or attached process. The code is never
-// patched: no INT3, no out-of-line copies, no guardian.
+// placed by the stop applier as perf events with sigtrap), on a launched or attached process.
+// The code is never patched: no INT3, no out-of-line copies, no guardian.
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/user.h>
@@ -291,7 +291,7 @@ uint64_t HwProbes::stray_traps() const {
 }
 
 bool HwProbes::Claims(pid_t /*tid*/, const siginfo_t& si) {
-  return armed_ && si.si_signo == SIGTRAP && si.si_code == TRAP_HWBKPT;
+  return armed_ && watch::StopBackend::IsOwnTrap(si);
 }
 
 absl::Status HwProbes::Handle(pid_t tid, const siginfo_t& si) {
@@ -312,7 +312,7 @@ absl::Status HwProbes::Deliver(pid_t tid) {
   events_.clear();
   backend_->Collect(events_);
   if (events_.empty()) {
-    return absl::OkStatus();  // DR6 named no probe's register (counted by the applier)
+    return absl::OkStatus();  // the trap named no probe's breakpoint (counted by the applier)
   }
   absl::StatusOr<user_regs_struct> regs = proc_.GetRegs(tid);
   if (absl::IsNotFound(regs.status())) {
@@ -630,7 +630,7 @@ absl::Status HwRunner::Loop() {
 
 absl::Status HwRunner::Release() {
   if (hw_ != nullptr && proc_->alive()) {
-    hw_->Disarm();  // DR7 and DR0-DR3 of every thread back to 0
+    hw_->Disarm();  // every thread's breakpoints closed
   }
   if (proc_->alive()) {
     if (proc_->launched() && opts_.kill_on_exit) {

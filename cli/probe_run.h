@@ -78,9 +78,10 @@ absl::Status CheckHwProbes(const std::vector<ProbeDef>& probes);
 
 // The probes of a --hw session in the debug registers of one traced process: one drmgr
 // execute request per probe (process scope, 1 byte; probes at one address share a register)
-// made real in DR0-DR3/DR7 of every thread, threads created later included, by the ptrace
-// applier (watch::StopBackend). The code is never written. At each SIGTRAP (TRAP_HWBKPT)
-// whose DR6 names a probe's register, `on_hit` runs while the thread is stopped at the probed
+// made real in the debug registers of every thread, threads created later included, by the
+// stop applier (watch::StopBackend: execute breakpoints as perf events with sigtrap, which
+// close with kwatch even when it is killed). The code is never written. At each SIGTRAP
+// (TRAP_PERF) of a probe's breakpoint, `on_hit` runs while the thread is stopped at the probed
 // instruction, before it runs; the thread then resumes with the RF flag the kernel set for an
 // execute breakpoint (arch/x86/kernel/hw_breakpoint.c), so the instruction runs once without
 // trapping again: registers are never written back.
@@ -108,9 +109,9 @@ class HwProbes : public core::SignalInterceptor {
   // the registers do not suffice, the kernel's ENOSPC (registers held by another tool)
   // included: the message says which probes got which register and which did not fit.
   absl::Status Arm();
-  // Clears the registers of every thread (the target keeps running). Safe to call twice.
+  // Removes the breakpoints from every thread (the target keeps running). Safe to call twice.
   void Disarm();
-  // After exec: the registers went with the old image; nothing is written.
+  // After exec: the breakpoints went with the old image (remove_on_exec); their events close.
   void Forget();
 
   // The debug register (0-3) probe `id` (ProbeDef::id) holds, -1 when none.
@@ -119,7 +120,9 @@ class HwProbes : public core::SignalInterceptor {
   int external_slots() const;
   // drmgr's decisions (for `kwatch slots`); nullptr before Arm.
   const drmgr::SlotAllocator* allocator() const { return alloc_.get(); }
-  // Traps whose DR6 named no probe's register (dropped).
+  // The applier (its breakpoints, for tests); nullptr before Arm.
+  const watch::StopBackend* backend() const { return backend_.get(); }
+  // Traps that named no probe's breakpoint, or stopped away from its address (dropped).
   uint64_t stray_traps() const;
 
   // ---- core::SignalInterceptor ----

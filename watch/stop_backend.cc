@@ -1,9 +1,6 @@
 #include "watch/stop_backend.h"
 
-#include <errno.h>
 #include <signal.h>
-#include <sys/ptrace.h>
-#include <sys/user.h>
 #include <time.h>
 
 #include <algorithm>
@@ -19,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
-#include "core/syscall_status.h"
+#include "core/trap_origin.h"
 #include "core/x86_access.h"
 #include "drmgr/dr7.h"
 
@@ -27,33 +24,9 @@ namespace kwatch::watch {
 
 namespace {
 
-constexpr int kDr6 = 6;
-constexpr int kDr7 = 7;
 // The largest holder range kept in a shadow copy (hardware covers at most 32 bytes a scope).
 constexpr uint64_t kMaxShadow = 4096;
-
-void* DrOffset(int n) {
-  return reinterpret_cast<void*>(offsetof(struct user, u_debugreg) + n * sizeof(long));
-}
-
-absl::Status PokeDr(pid_t tid, int n, uint64_t value) {
-  if (::ptrace(PTRACE_POKEUSER, tid, DrOffset(n), reinterpret_cast<void*>(value)) != 0) {
-    const int err = errno;
-    return core::SyscallError(
-        err, absl::StrFormat("ptrace(POKEUSER, DR%d=0x%x) of thread %d", n, value, tid));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<uint64_t> PeekDr(pid_t tid, int n) {
-  errno = 0;
-  const long v = ::ptrace(PTRACE_PEEKUSER, tid, DrOffset(n), nullptr);
-  const int err = errno;
-  if (err != 0) {
-    return core::SyscallError(err, absl::StrFormat("ptrace(PEEKUSER, DR%d) of thread %d", n, tid));
-  }
-  return static_cast<uint64_t>(v);
-}
+constexpr uint64_t kEflagsRf = uint64_t{1} << 16;
 
 // DR7 bits of physical slot `p`: its enables and its R/W and LEN fields.
 uint64_t SlotBits(int p) {
@@ -165,46 +138,34 @@ absl::StatusOr<StopBackend::ThreadState> StopBackend::Layout(pid_t tid,
 
 absl::Status StopBackend::WriteRegs(pid_t tid, const ThreadState& cur, const ThreadState& want,
                                     int* refused) {
-  // A register whose breakpoint changes is disabled first, with R/W and LEN zero (a 1-byte
-  // execute breakpoint, which the kernel accepts at any address), so that its new address is
-  // never checked against the old length; then the addresses; then DR7.
+  // The registers whose breakpoint changes are closed first, so that the thread never counts
+  // more of its four registers than `want` uses; then the new ones are opened.
   std::array<bool, drmgr::kNumDebugRegisters> changed{};
-  uint64_t mid = cur.regs.dr7;
   bool any = false;
   for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
     const bool on = Enabled(want.regs.dr7, p);
     changed[p] = (cur.regs.dr7 & SlotBits(p)) != (want.regs.dr7 & SlotBits(p)) ||
                  (on && cur.regs.addr[p] != want.regs.addr[p]);
-    if (changed[p]) {
-      mid &= ~SlotBits(p);
-      any = true;
-    }
+    any = any || changed[p];
   }
   if (!any) {
     return absl::OkStatus();
   }
-  if (mid != cur.regs.dr7) {
-    KW_RETURN_IF_ERROR(PokeDr(tid, kDr7, mid));
-  }
+  KW_ASSIGN_OR_RETURN(const drmgr::Dr7 dr7, drmgr::DecodeDr7(want.regs.dr7));
   for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
-    // (A register going free keeps its address, unless `want` is a rollback to an older one.)
-    if (changed[p] && cur.regs.addr[p] != want.regs.addr[p]) {
-      absl::Status s = PokeDr(tid, p, want.regs.addr[p]);
-      if (!s.ok()) {
-        *refused = p;
-        return s;
-      }
+    if (changed[p]) {
+      bps_.Clear(tid, p);
     }
   }
-  if (want.regs.dr7 != mid) {
-    absl::Status s = PokeDr(tid, kDr7, want.regs.dr7);
-    if (!s.ok()) {
-      for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
-        if (changed[p] && Enabled(want.regs.dr7, p)) {
-          *refused = p;
-          break;
-        }
-      }
+  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+    if (!changed[p] || !Enabled(want.regs.dr7, p)) {
+      continue;
+    }
+    const TrapSlot slot{core::RemoteAddr{want.regs.addr[p]},
+                        static_cast<uint32_t>(drmgr::DrLenBytes(dr7.slots[p].len)),
+                        dr7.slots[p].kind};
+    if (absl::Status s = bps_.Set(tid, p, slot); !s.ok()) {
+      *refused = p;
       return s;
     }
   }
@@ -298,16 +259,37 @@ absl::Status StopBackend::Apply(const drmgr::Changes& changes) {
     }
     return failed;
   }
-  threads_ = std::move(wrote);  // threads gone meanwhile are dropped
+  for (const auto& [tid, st] : threads_) {
+    if (wrote.count(tid) == 0) {
+      bps_.Drop(tid);  // gone meanwhile
+    }
+  }
+  threads_ = std::move(wrote);
   slots_ = std::move(next);
   SeedShadows(slots_);
   return absl::OkStatus();
 }
 
 absl::Status StopBackend::OnThreadStart(pid_t tid) {
-  threads_.erase(tid);  // a recycled tid: the kernel gives new threads no breakpoint
+  // A recycled tid: the kernel gives new threads no breakpoint.
+  threads_.erase(tid);
+  bps_.Drop(tid);
   if (!armed_ || slots_.empty()) {
     return absl::OkStatus();
+  }
+  // Each new thread's arrival closes the breakpoints of threads that exited since the last
+  // one (their events would keep a descriptor each): thread churn keeps the count bounded.
+  if (threads_.size() >= proc_.TracedThreads().size()) {
+    const std::vector<pid_t> traced = proc_.TracedThreads();
+    const std::set<pid_t> live(traced.begin(), traced.end());
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (live.count(it->first) == 0) {
+        bps_.Drop(it->first);
+        it = threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
   const ThreadState cur;
   KW_ASSIGN_OR_RETURN(ThreadState want, Layout(tid, slots_, cur));
@@ -317,8 +299,7 @@ absl::Status StopBackend::OnThreadStart(pid_t tid) {
     return absl::OkStatus();
   }
   if (!s.ok()) {
-    int ignored = -1;
-    (void)WriteRegs(tid, want, cur, &ignored);
+    bps_.Drop(tid);
     return absl::Status(s.code(), absl::StrCat("arming the debug registers of new thread ", tid,
                                                ": ", s.message()));
   }
@@ -330,29 +311,10 @@ void StopBackend::Disarm() {
   if (!armed_) {
     return;
   }
-  if (proc_.alive() && proc_.StopAll().ok()) {
-    for (const auto& [tid, st] : threads_) {
-      if (st.regs == ThreadDebugRegs{}) {
-        continue;
-      }
-      absl::Status s = PokeDr(tid, kDr7, 0);
-      for (int p = 0; s.ok() && p < drmgr::kNumDebugRegisters; ++p) {
-        if (st.regs.addr[p] != 0) {
-          s = PokeDr(tid, p, 0);
-        }
-      }
-      if (!s.ok() && !absl::IsNotFound(s)) {
-        std::fprintf(stderr, "kwatch: clearing debug registers of thread %d: %s\n", tid,
-                     std::string(s.message()).c_str());
-      }
-    }
-    if (absl::Status s = proc_.ResumeAll(); !s.ok()) {
-      std::fprintf(stderr, "kwatch: resuming pid %d: %s\n", proc_.pid(),
-                   std::string(s.message()).c_str());
-    }
-  }
+  // Closing the events removes the breakpoints at once, running or stopped threads alike.
+  bps_.DropAll();
   armed_ = false;
-  // Traps raised before the registers were cleared may still be queued: claimed and dropped.
+  // Traps raised before the breakpoints were closed may still be queued: claimed and dropped.
   draining_ = true;
   slots_.clear();
   threads_.clear();
@@ -360,7 +322,9 @@ void StopBackend::Disarm() {
 }
 
 void StopBackend::Forget() {
-  // exec flushed the ptrace breakpoints with the old image (flush_ptrace_hw_breakpoint).
+  // exec removed the breakpoints from the threads (remove_on_exec); their events still count
+  // against the thread's registers until closed.
+  bps_.DropAll();
   armed_ = false;
   draining_ = false;
   slots_.clear();
@@ -369,18 +333,8 @@ void StopBackend::Forget() {
   proc_.RemoveInterceptor(this);
 }
 
-absl::Status StopBackend::OnFork(core::Process& child) {
-  if (!armed_ && !draining_) {
-    return absl::OkStatus();
-  }
-  // Linux 6.1 copy_thread() drops the ptrace breakpoints but keeps the thread's ptrace_dr7 and
-  // virtual DR6 values, which a debugger of the child would read as armed slots.
-  for (int n : {kDr7, kDr6}) {
-    absl::Status s = PokeDr(child.pid(), n, 0);
-    if (!s.ok() && !absl::IsNotFound(s)) {
-      return s;
-    }
-  }
+absl::Status StopBackend::OnFork(core::Process& /*child*/) {
+  // The child carries no event of kwatch's (none is inherited) and no ptrace debug register.
   return absl::OkStatus();
 }
 
@@ -410,45 +364,40 @@ void StopBackend::RefreshShadow(drmgr::RequestId id) {
 }
 
 bool StopBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
-  return (armed_ || draining_) && si.si_signo == SIGTRAP && si.si_code == TRAP_HWBKPT;
+  return (armed_ || draining_) && IsOwnTrap(si);
 }
 
-absl::Status StopBackend::Handle(pid_t tid, const siginfo_t& /*si*/) {
-  return OnTrap(tid);
+absl::Status StopBackend::Handle(pid_t tid, const siginfo_t& si) {
+  return OnTrap(tid, si);
 }
 
-absl::StatusOr<bool> StopBackend::HandleInPlace(pid_t tid, const siginfo_t& /*si*/) {
-  KW_RETURN_IF_ERROR(OnTrap(tid));
+absl::StatusOr<bool> StopBackend::HandleInPlace(pid_t tid, const siginfo_t& si) {
+  KW_RETURN_IF_ERROR(OnTrap(tid, si));
   return true;
 }
 
-absl::Status StopBackend::OnTrap(pid_t tid) {
-  absl::StatusOr<uint64_t> raw = PeekDr(tid, kDr6);
-  if (absl::IsNotFound(raw.status())) {
-    return absl::OkStatus();  // the thread is gone
-  }
-  KW_RETURN_IF_ERROR(raw.status());
-  // The kernel accumulates B0-B3 in the virtual DR6 until someone clears it.
-  KW_RETURN_IF_ERROR(PokeDr(tid, kDr6, 0));
+absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
   auto th = threads_.find(tid);
   if (!armed_ || th == threads_.end()) {
     return absl::OkStatus();  // a late trap of a disarmed slot: dropped
   }
-  const drmgr::Dr6 dr6 = drmgr::DecodeDr6(*raw);
-  std::vector<const Armed*> fired;
-  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
-    if (dr6.hit[p] && th->second.phys[p].has_value()) {
-      auto it = slots_.find(*th->second.phys[p]);
-      if (it != slots_.end()) {
-        fired.push_back(&it->second);
-      }
-    }
+  // The register whose event sent the trap; a closed or replaced one names nothing.
+  const int named = bps_.Fired(tid, core::SiPerfData(si));
+  const Armed* first = nullptr;
+  if (named >= 0 && th->second.phys[named].has_value()) {
+    auto it = slots_.find(*th->second.phys[named]);
+    first = it != slots_.end() ? &it->second : nullptr;
   }
-  if (fired.empty()) {
+  if (first == nullptr) {
     ++stray_traps_;
     return absl::OkStatus();
   }
-  KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
+  absl::StatusOr<user_regs_struct> got = proc_.GetRegs(tid);
+  if (absl::IsNotFound(got.status())) {
+    return absl::OkStatus();  // the thread is gone
+  }
+  KW_RETURN_IF_ERROR(got.status());
+  const user_regs_struct& regs = *got;
   const core::RemoteAddr trap_ip{regs.rip};
   const core::AccessSite& site = symbolizer_.SiteForTrap(trap_ip);
   // The accessing instruction, decoded with the registers after it ran: exact for the
@@ -462,6 +411,35 @@ absl::Status StopBackend::OnTrap(pid_t tid) {
       if (auto d = core::DecodeAccess(bytes, site.ip.value, regs); d.ok()) {
         operands = d->memory;
       }
+    }
+  }
+  // One access sends one SIGTRAP, naming one of the registers it hit: the others are those
+  // whose bytes the decoded operands touched with the kind they watch, and an execute
+  // breakpoint at the stopped instruction when the kernel set RF for it.
+  std::vector<const Armed*> fired = {first};
+  for (int p = 0; p < drmgr::kNumDebugRegisters; ++p) {
+    if (p == named || !th->second.phys[p].has_value()) {
+      continue;
+    }
+    auto it = slots_.find(*th->second.phys[p]);
+    if (it == slots_.end()) {
+      continue;
+    }
+    const Armed& a = it->second;
+    bool hit = false;
+    if (a.kind == drmgr::DrKind::kExec) {
+      hit = first->kind != drmgr::DrKind::kExec && a.chunk.addr == trap_ip &&
+            (regs.eflags & kEflagsRf) != 0;
+    } else if (first->kind != drmgr::DrKind::kExec) {  // (its operands: another instruction's)
+      const uint64_t c_lo = a.chunk.addr.value;
+      const uint64_t c_hi = c_lo + a.chunk.len;
+      for (const core::MemoryOperand& m : operands) {
+        hit = hit || (m.addr < c_hi && m.addr + m.size > c_lo &&
+                      (m.write || a.kind == drmgr::DrKind::kReadWrite));
+      }
+    }
+    if (hit) {
+      fired.push_back(&a);
     }
   }
   struct HolderHit {
@@ -511,7 +489,7 @@ absl::Status StopBackend::OnTrap(pid_t tid) {
     const uint64_t w_hi = std::min(hh.chunk_hi, h_hi);
     const uint64_t a_lo = hh.exact ? std::max(hh.lo, h_lo) : w_lo;
     const uint64_t a_hi = hh.exact ? std::min(hh.hi, h_hi) : w_hi;
-    if (a_lo >= a_hi || (decoded && !hh.exact)) {
+    if (a_lo >= a_hi || (decoded && !hh.exact && hh.slot_kind != drmgr::DrKind::kExec)) {
       ++unrelated_;  // a wide cover: the access missed the watched bytes
       continue;
     }

@@ -17,31 +17,34 @@
 #include "drmgr/scope.h"
 #include "watch/session.h"
 #include "watch/slot_backend.h"
+#include "watch/trap_breakpoints.h"
 
 namespace kwatch::watch {
 
-// What one thread's debug registers hold: DR0-DR3 and DR7 as kwatch wrote them through
-// PTRACE_POKEUSER (a register never written reads 0).
+// What one thread's debug registers hold of kwatch's: DR0-DR3 and the DR7 encoding of the
+// breakpoints kwatch placed in them (perf events, see TrapBreakpoints; ptrace's view of the
+// registers shows none of them). A register never armed reads 0.
 struct ThreadDebugRegs {
   std::array<uint64_t, 4> addr{};
   uint64_t dr7 = 0;
   bool operator==(const ThreadDebugRegs&) const = default;
 };
 
-// The ptrace applier and stop mode (`kwatch --stop`): drmgr's slots of task scopes are written
-// into DR0-DR3 and DR7 of the target's threads with PTRACE_POKEUSER (a process scope in every
-// thread, threads created later included; a thread scope in its thread). Each access then
-// stops the thread with SIGTRAP (TRAP_HWBKPT): kwatch reads DR6 for the slots that fired,
-// decodes the accessing instruction, reads the value right there and takes the old value from
-// a shadow copy of the watched bytes (seeded when a slot is armed, updated at each event).
+// The stop applier and stop mode (`kwatch --stop`, `kwatch probe --hw`): drmgr's slots of task
+// scopes become breakpoints in the debug registers of the target's threads (a process scope in
+// every thread, threads created later included; a thread scope in its thread), each one a
+// perf event with sigtrap (TrapBreakpoints), so that none outlives kwatch, not even a SIGKILL
+// of kwatch. Each access then stops the thread with SIGTRAP (TRAP_PERF): the event's sig_data
+// names the register, kwatch decodes the accessing instruction (the other registers whose
+// bytes it touched fired too: one access sends one SIGTRAP), reads the value right there and
+// takes the old value from a shadow copy of the watched bytes (seeded when a slot is armed,
+// updated at each event).
 //
 // Slot indices of drmgr are per scope; a thread carrying slots of its process scope and of its
 // own scope gets them in distinct physical registers (process slot i prefers DRi).
 //
-// The kernel makes each ptrace debug register a perf event, counted against the thread's four
-// slots from the first write of DRn on, enabled or not, until the thread exits or execs
-// (Linux 6.1; PTRACE_DETACH keeps them too): a slot held by someone else makes the write fail
-// with ENOSPC, and a slot kwatch once wrote stays counted after Disarm.
+// The kernel counts each event against the thread's four registers while it is open: a slot
+// held by someone else makes Apply fail with ENOSPC; Disarm frees them.
 //
 // Owned by the session, used from the thread that owns `proc`; registers itself as the
 // Process's signal interceptor while armed. `watches` and `symbolizer` must outlive it.
@@ -58,34 +61,40 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   BackendKind kind() const override { return BackendKind::kStop; }
   // Becomes the Process's interceptor; writes nothing (Apply does).
   absl::Status Arm() override;
-  // Stops every thread, writes the registers the changes ask for in every thread concerned,
-  // resumes. All or nothing: on error every thread's registers are put back. InvalidArgument
+  // Stops every thread, places the breakpoints the changes ask for in every thread concerned,
+  // resumes. All or nothing: on error every thread's breakpoints are put back. InvalidArgument
   // for a CPU scope or another process's scope; ResourceExhausted (ENOSPC) with
   // refused_scope() set when the kernel counts a slot as held outside kwatch.
   absl::Status Apply(const drmgr::Changes& changes) override;
-  // Clears DR7 and DR0-DR3 of every thread (the kernel keeps the slots counted, see above).
+  // Closes every breakpoint (the threads need not stop); traps raised before are claimed and
+  // dropped.
   void Disarm() override;
   void Forget() override;
   void Collect(std::vector<core::AccessEvent>& out) override;
   uint64_t unrelated() const override { return unrelated_; }
 
   // ---- SignalInterceptor ----
-  // SIGTRAP with si_code TRAP_HWBKPT while armed.
+  // A trap of kwatch's breakpoints (IsOwnTrap) while armed, or late after Disarm.
   bool Claims(pid_t tid, const siginfo_t& si) override;
+  // SIGTRAP, TRAP_PERF, with the sig_data of a kwatch breakpoint.
+  static bool IsOwnTrap(const siginfo_t& si) { return IsTrapBreakpointSignal(si); }
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
-  // Always handled in place: only `tid`'s registers and the watched bytes are read.
+  // Always handled in place: only `tid`'s registers and memory are read.
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
-  // The kernel gives a fork child no ptrace breakpoint but copies the DR7 (and DR6) value
-  // ptrace shows: both are cleared in the child.
+  // Nothing to undo: a fork child inherits none of kwatch's breakpoints (no inherit), and
+  // kwatch writes no debug register through ptrace.
   absl::Status OnFork(core::Process& child) override;
-  // Writes the process scope's slots into the new thread.
+  // Places the process scope's slots in the new thread (and closes the breakpoints of
+  // threads that exited meanwhile).
   absl::Status OnThreadStart(pid_t tid) override;
 
-  // Registers kwatch wrote in thread `tid` (zero when none).
+  // Registers kwatch placed in thread `tid` (zero when none).
   ThreadDebugRegs RegistersOf(pid_t tid) const;
+  // The perf events behind them.
+  const TrapBreakpoints& breakpoints() const { return bps_; }
   // Reads removed from write-only holders of read-write slots.
   uint64_t reads_filtered() const { return reads_filtered_; }
-  // Traps whose DR6 named no slot kwatch armed.
+  // Traps of a breakpoint kwatch no longer had (closed or replaced before the trap was seen).
   uint64_t stray_traps() const { return stray_traps_; }
 
  private:
@@ -110,13 +119,12 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   // `cur`. ResourceExhausted (never expected: drmgr gives no thread more than 4 slots).
   absl::StatusOr<ThreadState> Layout(pid_t tid, const std::map<SlotKey, Armed>& slots,
                                      const ThreadState& cur) const;
-  // Writes `want` over `cur` in stopped thread `tid` (disable changed slots, addresses, DR7).
-  // On ENOSPC `*refused` is the physical register refused.
-  static absl::Status WriteRegs(pid_t tid, const ThreadState& cur, const ThreadState& want,
-                                int* refused);
+  // Makes the breakpoints of thread `tid` go from `cur` to `want` (the changed registers closed
+  // first, then opened). On ENOSPC `*refused` is the physical register refused.
+  absl::Status WriteRegs(pid_t tid, const ThreadState& cur, const ThreadState& want, int* refused);
   void SeedShadows(const std::map<SlotKey, Armed>& slots);
   void RefreshShadow(drmgr::RequestId id);
-  absl::Status OnTrap(pid_t tid);
+  absl::Status OnTrap(pid_t tid, const siginfo_t& si);
 
   core::Process& proc_;
   const std::vector<Watch>& watches_;
@@ -124,7 +132,8 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   bool armed_ = false;
   bool draining_ = false;           // disarmed: SIGTRAPs queued before are claimed and dropped
   std::map<SlotKey, Armed> slots_;  // applied
-  std::map<pid_t, ThreadState> threads_;  // threads with registers written
+  std::map<pid_t, ThreadState> threads_;  // threads with breakpoints placed
+  TrapBreakpoints bps_;                   // their perf events
   std::map<drmgr::RequestId, Shadow> shadows_;
   std::vector<core::AccessEvent> events_;
   uint64_t unrelated_ = 0;

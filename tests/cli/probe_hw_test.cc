@@ -1,12 +1,12 @@
 // `kwatch probe --hw`: probes as execute breakpoints in the debug registers, the code never
 // patched (cli/probe_hw.cc), on tests/targets/hw_probe_target.c.
 //
-// Hardware debug traps are not delivered on every machine (the project's VMs accept the
-// breakpoints and never trap): what kwatch places is checked everywhere (the code bytes of the
-// live target, the registers of every thread as the kernel counts them through `kwatch slots`,
-// the refusals), hit counts only where traps arrive (KW_REQUIRE_DEBUG_TRAPS, last in each
-// test). The hit path itself runs everywhere on traps the target forges, with the DR6 bit the
-// processor would set written by the test as the tracer (HwProbes in-process).
+// Hardware debug traps are not delivered on every machine (some VMs accept the breakpoints and
+// never trap): what kwatch places is checked everywhere (the code bytes of the live target, the
+// registers of every thread as the kernel counts them through `kwatch slots`, the refusals),
+// hit counts only where traps arrive (KW_REQUIRE_DEBUG_TRAPS, last in each test). The hit path
+// itself runs everywhere on traps the target forges (TRAP_PERF with the perf data of the
+// probe's breakpoint, which the test as the tracer reads from HwProbes in-process).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -41,9 +41,12 @@
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
+#include "core/trap_origin.h"
 #include "core/unique_fd.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
+#include "watch/stop_backend.h"
+#include "watch/trap_breakpoints.h"
 
 namespace kwatch::cli {
 namespace {
@@ -386,7 +389,16 @@ TEST_F(ProbeHwTest, RegistersHeldByAnotherToolAreLearnedAndTheRestRefused) {
           R"(` shows them\)\); placed: DR[0-3] #1 hw_tick, DR[0-3] #2 hw_done\. --hw needs )"))))
       << r.err;
   EXPECT_EQ(r.out, "");
-  // Nothing was left behind: every thread's DR0-DR3 and DR7 are 0, and the program goes on.
+  // Nothing was left behind: no register counted for kwatch (the main thread's two are the
+  // other tool's), every thread's DR0-DR3 and DR7 are 0, and the program goes on.
+  const json slots = SlotsOf(pid, 2);
+  ASSERT_EQ(slots["threads"].size(), 2u) << slots.dump();
+  for (const json& th : slots["threads"]) {
+    const bool main_thread = th["tid"] == pid;
+    EXPECT_EQ(th["kwatch"], 0) << th.dump();
+    EXPECT_EQ(th["external"], main_thread ? 2 : 0) << th.dump();
+    EXPECT_EQ(th["free"], main_thread ? 2 : 4) << th.dump();
+  }
   const auto regs = DebugRegisters(pid);
   EXPECT_EQ(regs.size(), 2u);
   for (const auto& [tid, v] : regs) {
@@ -416,7 +428,13 @@ TEST_F(ProbeHwTest, InterruptClearsEveryThreadsRegistersAndDetaches) {
   EXPECT_THAT(kr->err, HasSubstr(absl::StrCat("kwatch: debug registers cleared, detached; target ",
                                               pid, " keeps running")));
   EXPECT_THAT(kr->out, HasSubstr("hw backend (interrupted by INT)"));
-  // Every thread's DR0-DR3 and DR7 are 0 again.
+  // Every thread's registers are free again (the breakpoints closed with the session), and
+  // ptrace's DR0-DR3 and DR7 are 0.
+  const json slots = SlotsOf(pid, 0);
+  ASSERT_EQ(slots["threads"].size(), 3u) << slots.dump();
+  for (const json& th : slots["threads"]) {
+    EXPECT_EQ(th["free"], 4) << th.dump();
+  }
   const auto regs = DebugRegisters(pid);
   EXPECT_EQ(regs.size(), 3u);
   for (const auto& [tid, r] : regs) {
@@ -463,7 +481,7 @@ TEST_F(ProbeHwTest, ReturnProbesUprobeBackendForksAndMidInstructionAreRefused) {
   EXPECT_THAT(r.out, HasSubstr("the program's code is never modified"));
 }
 
-// ---- the hit path, in-process: the test is the tracer and writes the DR6 bit ----
+// ---- the hit path, in-process: the test is the tracer and names the forged trap's breakpoint ----
 
 // A launched hw_probe_target (forge or burst mode) with --hw probes from `specs`.
 class Forged {
@@ -538,19 +556,22 @@ class Forged {
       }
     }
   }
-  // The DR6 the processor would have set for debug register `dr` of the main thread.
-  void SetDr6(int dr) const {
-    ASSERT_TRUE(proc->StopAll().ok());
-    SetDr6Stopped(proc->pid(), dr);
-    ASSERT_TRUE(proc->ResumeAll().ok());
+  // The perf data of kwatch's breakpoint in debug register `dr` of the main thread.
+  uint64_t SigDataOf(int dr) const {
+    for (const watch::TrapBreakpoints::Event& e : hw->backend()->breakpoints().Events()) {
+      if (e.tid == proc->pid() && e.reg == dr) {
+        return e.sig_data;
+      }
+    }
+    ADD_FAILURE() << "no breakpoint in DR" << dr;
+    return 0;
   }
-  static void SetDr6Stopped(pid_t tid, int dr) {
-    ASSERT_EQ(
-        ::ptrace(PTRACE_POKEUSER, tid,
-                 reinterpret_cast<void*>(offsetof(struct user, u_debugreg) + 6 * sizeof(long)),
-                 reinterpret_cast<void*>(dr < 0 ? 0UL : (1UL << dr))),
-        0)
-        << std::strerror(errno);
+  // The forged traps carry `data` (g_sig_data in the target).
+  void SetSigData(uint64_t data) const {
+    ASSERT_TRUE(proc->WriteMemory(core::RemoteAddr{Address("g_sig_data")},
+                                  std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&data),
+                                                           sizeof(data)))
+                    .ok());
   }
   void RunToExit() const {
     while (proc->alive()) {
@@ -610,11 +631,14 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
   ASSERT_EQ(dr, 0);
   const uint64_t tick = f.Address("hw_tick");
   const uint64_t rec = f.Address("g_rec");
-  // Calls 0-2 trap with DR6 naming the probe's register; call 3 with an empty DR6 (a trap no
-  // probe explains: dropped, and not passed to the program either).
+  // Calls 0-2 trap with the data of the probe's breakpoint; call 3 with kwatch's data of a
+  // breakpoint it no longer has (a late trap no probe explains: dropped, and not passed to the
+  // program either).
+  const uint64_t data = f.SigDataOf(dr);
+  EXPECT_TRUE(core::IsKwatchSigData(data));
   for (uint64_t k = 1; k <= 4; ++k) {
     f.WaitMilestone();
-    f.SetDr6(k <= 3 ? dr : -1);
+    f.SetSigData(k <= 3 ? data : data ^ (uint64_t{1} << 12));
     f.Go(k);
   }
   f.WaitMilestone();
@@ -671,9 +695,9 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
   }
 }
 
-// Traps back to back: each one is one hit (the handler writes the next DR6 bit while the
-// thread is stopped), none reaches the program. Prints the cost per forged hit, next to the
-// same traps passed on to the program's own SIGTRAP handler by a tracer that claims nothing.
+// Traps back to back: each one is one hit, none reaches the program. Prints the cost per forged
+// hit, next to the same traps passed on to the program's own SIGTRAP handler by a tracer that
+// claims nothing.
 TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
   constexpr int kTraps = 2000;
   double hw_us = 0;
@@ -693,12 +717,11 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
       long v = -1;
       (void)absl::SimpleAtoi(hit.args[0].second, &v);
       is.push_back(v);
-      Forged::SetDr6Stopped(h.tid, dr);  // for the next forged trap
     });
     dr = f.hw->RegisterOf(1);
     ASSERT_GE(dr, 0);
     f.WaitMilestone();
-    f.SetDr6(dr);
+    f.SetSigData(f.SigDataOf(dr));
     const uint64_t t0 = NowNs();
     f.Go(1);
     f.WaitMilestone();
@@ -714,7 +737,7 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
     }
     std::printf(
         "[ cost ] forged hw probe hit, tracer and target round trip: %.2f us; in kwatch "
-        "after DR6 and registers were read (symbolize, evaluate): %.2f us\n",
+        "after the registers were read (symbolize, evaluate): %.2f us\n",
         hw_us, static_cast<double>(handler_ns) / 1e3 / kTraps);
   }
   {
@@ -734,8 +757,8 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
   }
 }
 
-// Arming cost: N probes (N = 1..4) on a one-thread process, through the ptrace
-// applier (stop the world, write DR0-DR3/DR7 in every thread, resume). Printed, and each
+// Arming cost: N probes (N = 1..4) on a one-thread process, through the stop applier (stop
+// the world, open one sigtrap breakpoint per probe in every thread, resume). Printed, and each
 // probe's register checked.
 TEST(ProbeHwForged, ArmingCostPerProbeCountIsPrinted) {
   const std::vector<std::string> all = {"hw_tick", "hw_done", "main", "kw_forge_call"};

@@ -15,12 +15,12 @@
 // Each mode prints "sum=S traps=K": S the sum of hw_tick's results (3i + 100 each), K the
 // SIGTRAPs the program itself received (0 when a tracer claimed every forged trap).
 //
-// The forged trap: hardware debug traps are not delivered on the project's machines, so the
-// program makes the stop an execute breakpoint on hw_tick makes. kw_forge_call(i, r, pid, tid)
-// sends itself SIGUSR2; the handler queues a SIGTRAP with si_code TRAP_HWBKPT (SIGTRAP is
-// blocked in the handler), then turns its return into a call of hw_tick(i, r): the return
-// address pushed, %rdi/%rsi set, %rip at hw_tick, and EFLAGS.RF set as the kernel sets it for
-// an execute breakpoint. The SIGTRAP is delivered when the handler returns, at hw_tick's first
+// The forged trap: the program makes the stop an execute breakpoint of kwatch's on hw_tick
+// makes, with the breakpoint data the tracer chose (g_sig_data). kw_forge_call(i, r, pid, tid)
+// sends itself SIGUSR2; the handler queues a SIGTRAP with si_code TRAP_PERF and g_sig_data as
+// its perf data (SIGTRAP is blocked in the handler), then turns its return into a call of
+// hw_tick(i, r): the return address pushed, %rdi/%rsi set, %rip at hw_tick, and EFLAGS.RF
+// set as the kernel sets it for an execute breakpoint. The SIGTRAP is delivered when the handler returns, at hw_tick's first
 // instruction with the registers of the call, before that instruction runs; RF keeps a real
 // execute breakpoint there from firing a second time.
 #define _GNU_SOURCE
@@ -44,6 +44,7 @@ struct hw_rec g_rec = {7, 100, "hw"};
 volatile uint64_t g_go;
 volatile long g_traps;
 volatile long g_sink;
+volatile uint64_t g_sig_data;  // the forged traps' perf data, written by the tracer
 static const char* g_gofile;
 static volatile int g_done_threads;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -95,8 +96,10 @@ static void on_usr2(int sig, siginfo_t* si, void* ucv) {
   siginfo_t t;
   memset(&t, 0, sizeof(t));
   t.si_signo = SIGTRAP;
-  t.si_code = 4;  // TRAP_HWBKPT
+  t.si_code = 6;  // TRAP_PERF
   t.si_addr = (void*)hw_tick;
+  const uint64_t data = g_sig_data;
+  memcpy((char*)&t + 24, &data, sizeof(data));  // si_perf_data (_sigfault._perf._data)
   syscall(SYS_rt_tgsigqueueinfo, getpid(), gettid(), SIGTRAP, &t);
   // call hw_tick(%r8, %r9), returning to the instruction after the syscall.
   g[REG_RSP] -= 8;

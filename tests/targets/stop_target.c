@@ -2,19 +2,22 @@
 //
 // usage: stop_target threads N M   N threads at start, M more once g_go >= 1, end at g_go >= 2
 //        stop_target forge V       at g_go >= 1: stores V into g_rec.a (one movq) and stops
-//                                  right after the store with a forged SIGTRAP (TRAP_HWBKPT)
+//                                  right after the store with a forged SIGTRAP (TRAP_PERF,
+//                                  perf data g_sig_data); prints "stored V traps=K", K the
+//                                  SIGTRAPs its own handler received
 //        stop_target fork          at g_go >= 1: forks a child that pauses; ends at g_go >= 2
 //        stop_target count N       at g_go >= 1: N stores into g_rec.a and N loads of it
 //
 // Between steps the target raises SIGUSR1 (a milestone the tracer sees as a signal, caught by
 // a handler that does nothing) and then waits for the tracer to raise g_go.
 //
-// The forged trap: hardware debug traps are not delivered on the project's machines, so the
-// target makes the stop a data breakpoint would make. kw_forge stores V, then sends itself
-// SIGUSR2 from the instruction right after the store; the handler queues a SIGTRAP with
-// si_code TRAP_HWBKPT (a process may send itself a kernel si_code) while SIGTRAP is blocked,
-// and returns to the instruction after the store: the SIGTRAP is delivered there, with the
-// registers of that instruction, exactly like a write breakpoint's trap.
+// The forged trap: the target makes the stop a data breakpoint of kwatch's makes, with the
+// breakpoint data the tracer chose (on every machine, traps delivered or not). kw_forge
+// stores V, then sends itself SIGUSR2 from the instruction right after the store; the handler
+// queues a SIGTRAP with si_code TRAP_PERF and the tracer's g_sig_data as perf data (a process
+// may send itself a kernel si_code) while SIGTRAP is blocked, and returns to the instruction
+// after the store: the SIGTRAP is delivered there, with the registers of that instruction,
+// exactly like the trap of a write breakpoint opened with perf_event_attr.sigtrap.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -39,6 +42,8 @@ volatile uint64_t g_go;
 volatile int g_stop;
 volatile int g_forged;
 volatile uint64_t g_sink;
+volatile uint64_t g_sig_data;  // the forged trap's perf data, written by the tracer
+volatile int g_traps;          // SIGTRAPs the program's own handler received
 
 // kw_forge(value, pid, tid): movq value -> g_rec.a; then, once, tgkill(pid, tid, SIGUSR2).
 extern void kw_forge(uint64_t value, long pid, long tid);
@@ -64,6 +69,11 @@ __asm__(
 
 static void on_usr1(int sig) { (void)sig; }
 
+static void on_trap(int sig) {
+  (void)sig;
+  g_traps = g_traps + 1;
+}
+
 static void on_usr2(int sig, siginfo_t* si, void* ucv) {
   (void)sig;
   (void)si;
@@ -71,8 +81,10 @@ static void on_usr2(int sig, siginfo_t* si, void* ucv) {
   siginfo_t t;
   memset(&t, 0, sizeof(t));
   t.si_signo = SIGTRAP;
-  t.si_code = 4;  // TRAP_HWBKPT
+  t.si_code = 6;  // TRAP_PERF
   t.si_addr = &g_rec.a;
+  const uint64_t data = g_sig_data;
+  memcpy((char*)&t + 24, &data, sizeof(data));  // si_perf_data (_sigfault._perf._data)
   // SIGTRAP is blocked in this handler (sa_mask): it waits until the handler returns.
   syscall(SYS_rt_tgsigqueueinfo, getpid(), gettid(), SIGTRAP, &t);
   g_forged = 1;
@@ -135,10 +147,11 @@ int main(int argc, char** argv) {
   }
   if (strcmp(argv[1], "forge") == 0 && argc == 3) {
     const uint64_t v = strtoull(argv[2], NULL, 0);
+    signal(SIGTRAP, on_trap);
     milestone();
     wait_go(1);
     kw_forge(v, getpid(), gettid());
-    printf("stored 0x%llx\n", (unsigned long long)g_rec.a);
+    printf("stored 0x%llx traps=%d\n", (unsigned long long)g_rec.a, g_traps);
     fflush(stdout);
     return 0;
   }

@@ -1,8 +1,13 @@
 #include "watch/stop_backend.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,11 +27,13 @@
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
+#include "core/trap_origin.h"
 #include "core/unique_fd.h"
 #include "drmgr/dr7.h"
 #include "drmgr/slot_allocator.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
+#include "watch/trap_breakpoints.h"
 
 namespace kwatch::watch {
 namespace {
@@ -44,6 +51,7 @@ uint64_t PeekDr(pid_t tid, int n) {
   return static_cast<uint64_t>(v);
 }
 
+// DR0-DR3 and DR7 as ptrace shows them: kwatch writes none of them.
 ThreadDebugRegs Peek(pid_t tid) {
   ThreadDebugRegs r;
   for (int p = 0; p < 4; ++p) {
@@ -51,6 +59,41 @@ ThreadDebugRegs Peek(pid_t tid) {
   }
   r.dr7 = PeekDr(tid, 7);
   return r;
+}
+
+// Free debug registers of thread `tid` as the kernel counts them (as `kwatch slots` does):
+// disabled breakpoints on `addr` opened until ENOSPC, then closed.
+int FreeRegisters(pid_t tid, uint64_t addr) {
+  std::vector<core::UniqueFd> held;
+  for (int i = 0; i <= 4; ++i) {
+    perf_event_attr attr{};
+    attr.type = PERF_TYPE_BREAKPOINT;
+    attr.size = sizeof(attr);
+    attr.bp_type = HW_BREAKPOINT_W;
+    attr.bp_addr = addr;
+    attr.bp_len = HW_BREAKPOINT_LEN_8;
+    attr.exclude_kernel = 1;
+    attr.disabled = 1;
+    const int fd =
+        static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC));
+    if (fd < 0) {
+      EXPECT_EQ(errno, ENOSPC) << "perf_event_open on " << tid << ": " << std::strerror(errno);
+      break;
+    }
+    held.emplace_back(fd);
+  }
+  return static_cast<int>(held.size());
+}
+
+// FreeRegisters, asked again while it is below `want`: a kernel watch of a test running in
+// parallel takes a register of every thread for a moment.
+int FreeRegistersSettled(pid_t tid, uint64_t addr, int want) {
+  int free = FreeRegisters(tid, addr);
+  for (int attempt = 0; attempt < 50 && free < want; ++attempt) {
+    ::usleep(100 * 1000);
+    free = FreeRegisters(tid, addr);
+  }
+  return free;
 }
 
 // (address, kind, length) of every enabled slot, whatever register holds it.
@@ -69,6 +112,37 @@ SlotSet Enabled(const ThreadDebugRegs& r) {
     }
   }
   return out;
+}
+
+// The perf events of the backend's breakpoints in thread `tid` as (address, kind, length),
+// each checked: an open close-on-exec descriptor, kwatch's sig_data naming the register the
+// backend's model puts the slot in.
+SlotSet EventsOf(const StopBackend& backend, pid_t tid) {
+  SlotSet out;
+  const ThreadDebugRegs model = backend.RegistersOf(tid);
+  for (const TrapBreakpoints::Event& e : backend.breakpoints().Events()) {
+    if (e.tid != tid) {
+      continue;
+    }
+    EXPECT_EQ(::fcntl(e.fd, F_GETFD), FD_CLOEXEC) << "thread " << tid << " DR" << e.reg;
+    EXPECT_TRUE(core::IsKwatchSigData(e.sig_data));
+    EXPECT_EQ(TrapSigDataRegister(e.sig_data), e.reg);
+    EXPECT_EQ(model.addr[e.reg], e.slot.addr.value) << "thread " << tid << " DR" << e.reg;
+    EXPECT_NE(model.dr7 & (uint64_t{3} << (2 * e.reg)), 0u) << "thread " << tid << " DR" << e.reg;
+    out.emplace(e.slot.addr.value, static_cast<int>(e.slot.kind), e.slot.len);
+  }
+  return out;
+}
+
+// The breakpoint in register `reg` of thread `tid`.
+TrapBreakpoints::Event EventAt(const StopBackend& backend, pid_t tid, int reg) {
+  for (const TrapBreakpoints::Event& e : backend.breakpoints().Events()) {
+    if (e.tid == tid && e.reg == reg) {
+      return e;
+    }
+  }
+  ADD_FAILURE() << "no breakpoint in DR" << reg << " of thread " << tid;
+  return {};
 }
 
 // A launched stop_target, its symbols and the drmgr allocator of the test.
@@ -150,11 +224,27 @@ class Target {
                                                            sizeof(step)))
                     .ok());
   }
-  void RunToExit() {
+  void Set(const std::string& sym, uint64_t value) {
+    const uint64_t addr = Resolve(sym).addr.value;
+    ASSERT_TRUE(proc->WriteMemory(core::RemoteAddr{addr},
+                                  std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&value),
+                                                           sizeof(value)))
+                    .ok());
+  }
+  // Runs to the end; returns the SIGTRAPs passed on to the program.
+  int RunToExit() {
+    int traps = 0;
     while (proc->alive()) {
       auto ev = proc->Poll(true);
-      ASSERT_TRUE(ev.ok()) << ev.status();
+      EXPECT_TRUE(ev.ok()) << ev.status();
+      if (!ev.ok()) {
+        break;
+      }
+      for (const core::ProcessEvent& e : *ev) {
+        traps += e.kind == core::ProcessEvent::Kind::kSignal && e.signal == SIGTRAP ? 1 : 0;
+      }
     }
+    return traps;
   }
 
   std::unique_ptr<core::Process> proc;
@@ -226,14 +316,21 @@ TEST(StopBackend, WritesDrmgrSlotsIntoEveryThreadOldAndNew) {
     ASSERT_TRUE(t.proc->StopAll().ok());
     const std::vector<pid_t> tids = t.proc->TracedThreads();
     EXPECT_EQ(tids.size(), want_threads);
+    const uint64_t any = t.Resolve("g_go").addr.value;
     for (pid_t tid : tids) {
-      const ThreadDebugRegs regs = Peek(tid);
-      EXPECT_EQ(regs, backend.RegistersOf(tid)) << "thread " << tid;
+      const ThreadDebugRegs regs = backend.RegistersOf(tid);
       const SlotSet want = Expected(t.alloc, pid, tid);
       EXPECT_EQ(Enabled(regs), want) << "thread " << tid;
+      EXPECT_EQ(EventsOf(backend, tid), want) << "thread " << tid;
       EXPECT_EQ(want.size(), tid == pid ? 4u : 3u);
       ExpectProcessSlotsInPlace(t.alloc, pid, regs, tid);
+      // The kernel counts them against the thread's four registers; ptrace shows none.
+      EXPECT_EQ(FreeRegistersSettled(tid, any, 4 - static_cast<int>(want.size())),
+                4 - static_cast<int>(want.size()))
+          << "thread " << tid;
+      EXPECT_EQ(Peek(tid), ThreadDebugRegs{}) << "thread " << tid;
     }
+    EXPECT_EQ(backend.breakpoints().open_events(), 3 * tids.size() + 1);
     ASSERT_TRUE(t.proc->ResumeAll().ok());
   };
   check_all(4);
@@ -241,13 +338,13 @@ TEST(StopBackend, WritesDrmgrSlotsIntoEveryThreadOldAndNew) {
   t.WaitMilestone();  // 2 more threads, created after arming
   check_all(6);
 
+  // Disarm closes every event: each thread has its four registers free again.
   backend.Disarm();
-  ASSERT_TRUE(t.proc->StopAll().ok());
+  EXPECT_EQ(backend.breakpoints().open_events(), 0u);
   for (pid_t tid : t.proc->TracedThreads()) {
-    const ThreadDebugRegs regs = Peek(tid);
-    EXPECT_EQ(regs, ThreadDebugRegs{}) << "thread " << tid;
+    EXPECT_EQ(backend.RegistersOf(tid), ThreadDebugRegs{}) << "thread " << tid;
+    EXPECT_EQ(FreeRegistersSettled(tid, t.Resolve("g_go").addr.value, 4), 4) << "thread " << tid;
   }
-  ASSERT_TRUE(t.proc->ResumeAll().ok());
   t.Go(2);
   t.RunToExit();
   EXPECT_EQ(t.proc->exit_info()->code, 0);
@@ -274,25 +371,28 @@ TEST(StopBackend, SlotHeldOutsideKwatchIsRefusedAllOrNothing) {
   ASSERT_TRUE(backend.Apply(g1.changes).ok());
   ASSERT_TRUE(backend.Apply(g2.changes).ok());  // 2 + 2 = 4 slots in `busy`
 
-  ASSERT_TRUE(t.proc->StopAll().ok());
   std::map<pid_t, ThreadDebugRegs> before;
+  std::map<pid_t, SlotSet> events;
   for (pid_t tid : t.proc->TracedThreads()) {
-    before[tid] = Peek(tid);
+    before[tid] = backend.RegistersOf(tid);
+    events[tid] = EventsOf(backend, tid);
     EXPECT_EQ(Enabled(before[tid]).size(), 2u);
+    EXPECT_EQ(events[tid], Enabled(before[tid]));
+    EXPECT_EQ(FreeRegistersSettled(tid, go, tid == busy ? 0 : 2), tid == busy ? 0 : 2)
+        << "thread " << tid;
   }
-  ASSERT_TRUE(t.proc->ResumeAll().ok());
 
   const absl::Status s = backend.Apply(g3.changes);  // a fifth slot in `busy`
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   ASSERT_TRUE(backend.refused_scope().has_value());
   EXPECT_EQ(*backend.refused_scope(), proc_scope);
 
-  ASSERT_TRUE(t.proc->StopAll().ok());
   for (pid_t tid : t.proc->TracedThreads()) {
-    EXPECT_EQ(Peek(tid), before[tid]) << "thread " << tid << " (busy " << busy << ")";
+    EXPECT_EQ(EventsOf(backend, tid), events[tid]) << "thread " << tid << " (busy " << busy << ")";
     EXPECT_EQ(backend.RegistersOf(tid), before[tid]) << "thread " << tid;
+    EXPECT_EQ(FreeRegistersSettled(tid, go, tid == busy ? 0 : 2), tid == busy ? 0 : 2)
+        << "thread " << tid;
   }
-  ASSERT_TRUE(t.proc->ResumeAll().ok());
   t.Go(2);
   t.RunToExit();
   EXPECT_EQ(t.proc->exit_info()->code, 0);
@@ -309,17 +409,20 @@ int RegisterOf(const StopBackend& backend, pid_t tid, core::RemoteAddr addr) {
   return -1;
 }
 
-// Clears DR7 of `tid` behind the backend's back: the registers stay as the backend wrote them
-// (addresses, its own model), but the processor no longer traps, so that on a machine that
-// delivers debug traps only the forged trap arrives.
-void QuietHardware(pid_t tid) {
-  ASSERT_EQ(::ptrace(PTRACE_POKEUSER, tid, DrOffset(7), nullptr), 0) << std::strerror(errno);
+// Disables every breakpoint event behind the backend's back (PERF_EVENT_IOC_DISABLE: the test
+// is the tracer and holds the descriptors): they stay open, counted and known to the backend,
+// but the processor no longer traps, so that on a machine that delivers debug traps only the
+// forged trap arrives.
+void QuietHardware(const StopBackend& backend) {
+  for (const TrapBreakpoints::Event& e : backend.breakpoints().Events()) {
+    ASSERT_EQ(::ioctl(e.fd, PERF_EVENT_IOC_DISABLE, 0), 0) << std::strerror(errno);
+  }
 }
 
 // The decision logic on a crafted trap, the same on every machine: the target forges the stop
-// a write breakpoint makes (SIGTRAP TRAP_HWBKPT right after its store, see
-// tests/targets/stop_target.c), with the registers quiet (QuietHardware), and the test sets
-// the DR6 bit the processor would have set, through the kernel's ptrace DR6.
+// a write breakpoint makes (SIGTRAP TRAP_PERF right after its store, see
+// tests/targets/stop_target.c) with the perf data of the breakpoint the test names, the
+// hardware quiet (QuietHardware).
 TEST(StopBackend, ForgedWriteTrapGivesExactOldAndNewValues) {
   Target t({"forge", "0x5a5a5a5a12345678"});
   ASSERT_TRUE(t.ok());
@@ -333,14 +436,10 @@ TEST(StopBackend, ForgedWriteTrapGivesExactOldAndNewValues) {
   const int reg = RegisterOf(backend, pid, a);
   ASSERT_GE(reg, 0);
 
-  ASSERT_TRUE(t.proc->StopAll().ok());
-  QuietHardware(pid);
-  ASSERT_EQ(::ptrace(PTRACE_POKEUSER, pid, DrOffset(6), reinterpret_cast<void*>(1UL << reg)), 0)
-      << std::strerror(errno);
-  ASSERT_TRUE(t.proc->ResumeAll().ok());
+  QuietHardware(backend);
+  t.Set("g_sig_data", EventAt(backend, pid, reg).sig_data);
   t.Go(1);
-  t.RunToExit();
-  // Unclaimed, the SIGTRAP would have killed it (no handler).
+  EXPECT_EQ(t.RunToExit(), 0);  // claimed: the program never sees it
   EXPECT_FALSE(t.proc->exit_info()->signaled) << t.proc->exit_info()->signal;
   EXPECT_EQ(t.proc->exit_info()->code, 0);
 
@@ -413,14 +512,13 @@ TEST(StopBackend, ForgedTrapReachesEveryHolderAndDropsUntouchedBytes) {
   ASSERT_GE(r0, 0);
   ASSERT_GE(r1, 0);
 
-  ASSERT_TRUE(t.proc->StopAll().ok());
-  QuietHardware(pid);
-  // Both registers "fired": the store touched slot 0 only, so g_rec.b's holder sees nothing.
-  const unsigned long dr6 = (1UL << r0) | (1UL << r1);
-  ASSERT_EQ(::ptrace(PTRACE_POKEUSER, pid, DrOffset(6), reinterpret_cast<void*>(dr6)), 0);
-  ASSERT_TRUE(t.proc->ResumeAll().ok());
+  QuietHardware(backend);
+  // The trap names slot 1 (one access sends one SIGTRAP, with one register's data), whose
+  // bytes the store missed: the decoded store gives the hit to slot 0 (read-write, touched),
+  // and g_rec.b's holder sees nothing.
+  t.Set("g_sig_data", EventAt(backend, pid, r1).sig_data);
   t.Go(1);
-  t.RunToExit();
+  EXPECT_EQ(t.RunToExit(), 0);
   EXPECT_EQ(t.proc->exit_info()->code, 0);
 
   std::vector<core::AccessEvent> events;
@@ -459,11 +557,47 @@ TEST(StopBackend, ForkedChildKeepsNoDebugRegisters) {
   ASSERT_EQ(::waitpid(child, &status, __WALL), child);
   const ThreadDebugRegs regs = Peek(child);
   EXPECT_EQ(regs, ThreadDebugRegs{});
-  EXPECT_EQ(PeekDr(child, 6), 0u);
+  // DR6 as in a thread that never trapped (its reserved bits read as ones, Linux 6.x).
+  EXPECT_EQ(PeekDr(child, 6), 0xFFFF0FF0u);
+  // No breakpoint event of the parent's came with the fork (none is inherited).
+  EXPECT_EQ(FreeRegistersSettled(child, t.Resolve("g_go").addr.value, 4), 4);
+  EXPECT_EQ(FreeRegistersSettled(pid, t.Resolve("g_go").addr.value, 3), 3);
   ASSERT_EQ(::ptrace(PTRACE_DETACH, child, nullptr, 0), 0);
   t.Go(2);
   t.RunToExit();
   EXPECT_EQ(t.proc->exit_info()->code, 0);
+}
+
+// A TRAP_PERF that is not kwatch's (the program's own perf event with sigtrap) reaches the
+// program unchanged; one with kwatch's magic but of no breakpoint kwatch holds (closed or
+// replaced before the trap was seen) is claimed and dropped as a stray trap.
+TEST(StopBackend, ForgedPerfTrapsOfOthersAreDeliveredAndStaleOnesDropped) {
+  for (const bool own : {false, true}) {
+    Target t({"forge", "0x42"});
+    ASSERT_TRUE(t.ok());
+    t.WaitMilestone();
+    const pid_t pid = t.proc->pid();
+    const drmgr::Grant g = t.AddWatch("g_rec.a", drmgr::DrKind::kWrite, drmgr::Scope::Process(pid));
+    StopBackend backend(*t.proc, t.watches, *t.symbolizer, t.owners);
+    ASSERT_TRUE(backend.Arm().ok());
+    ASSERT_TRUE(backend.Apply(g.changes).ok());
+    const int reg = RegisterOf(backend, pid, t.watches[0].target.addr);
+    ASSERT_GE(reg, 0);
+    QuietHardware(backend);
+    const uint64_t live = EventAt(backend, pid, reg).sig_data;
+    // Another serial in the same register: kwatch's, but no open breakpoint's.
+    const uint64_t data = own ? live ^ (uint64_t{1} << 10) : 0x1234;
+    ASSERT_NE(TrapSigDataRegister(data), own ? -1 : 0);
+    t.Set("g_sig_data", data);
+    t.Go(1);
+    EXPECT_EQ(t.RunToExit(), own ? 0 : 1) << (own ? "stale" : "the program's own");
+    EXPECT_FALSE(t.proc->exit_info()->signaled);
+    EXPECT_EQ(t.proc->exit_info()->code, 0);
+    std::vector<core::AccessEvent> events;
+    backend.Collect(events);
+    EXPECT_TRUE(events.empty());
+    EXPECT_EQ(backend.stray_traps(), own ? 1u : 0u);
+  }
 }
 
 // End to end where the hardware delivers debug traps: every store and load of g_rec.a.
@@ -499,6 +633,74 @@ TEST(StopBackend, CountsEveryAccessWhereTrapsAreDelivered) {
   }
   EXPECT_EQ(writes, kN);
   EXPECT_EQ(reads, kN);
+}
+
+// One access that hits two registers sends one SIGTRAP naming one of them: both watches get
+// the access (g_rec.a as two 4-byte read-write slots; each 8-byte store and load touches both).
+TEST(StopBackend, OneAccessHittingTwoRegistersCountsForBoth) {
+  constexpr uint64_t kN = 50;
+  Target t({"count", std::to_string(kN)});
+  ASSERT_TRUE(t.ok());
+  t.WaitMilestone();
+  const pid_t pid = t.proc->pid();
+  const core::ResolvedExpr a = t.Resolve("g_rec.a");
+  for (uint32_t half = 0; half < 2; ++half) {
+    Watch w;
+    w.id = half;
+    w.request.expr = "g_rec.a";
+    w.request.kind = drmgr::DrKind::kReadWrite;
+    w.target = a;
+    w.target.addr = a.addr + 4 * half;
+    w.target.length = 4;
+    t.watches.push_back(w);
+  }
+  const std::map<drmgr::RequestId, uint32_t> owners = {{drmgr::RequestId{20}, 0},
+                                                       {drmgr::RequestId{21}, 1}};
+  drmgr::Changes ch;
+  for (int half = 0; half < 2; ++half) {
+    drmgr::SlotChange c;
+    c.op = drmgr::SlotChange::Op::kArm;
+    c.scope = drmgr::Scope::Process(pid);
+    c.slot = half;
+    c.chunk = drmgr::Chunk{a.addr + 4 * half, 4};
+    c.kind = drmgr::DrKind::kReadWrite;
+    c.holders = {{drmgr::RequestId{static_cast<uint64_t>(20 + half)}, a.addr + 4 * half, 4,
+                  drmgr::DrKind::kReadWrite}};
+    ch.slots.push_back(c);
+  }
+  StopBackend backend(*t.proc, t.watches, *t.symbolizer, owners);
+  ASSERT_TRUE(backend.Arm().ok());
+  ASSERT_TRUE(backend.Apply(ch).ok());
+  EXPECT_EQ(EventsOf(backend, pid).size(), 2u);
+  KW_REQUIRE_DEBUG_TRAPS();
+  t.Go(1);
+  EXPECT_EQ(t.RunToExit(), 0);
+  EXPECT_EQ(t.proc->exit_info()->code, 0);
+  std::vector<core::AccessEvent> events;
+  backend.Collect(events);
+  std::array<uint64_t, 2> writes{};
+  std::array<uint64_t, 2> reads{};
+  for (const core::AccessEvent& ev : events) {
+    ASSERT_LT(ev.watch_id, 2u);
+    const bool low = ev.watch_id == 0;
+    EXPECT_EQ(ev.access_addr, a.addr + (low ? 0 : 4));
+    EXPECT_EQ(ev.access_size, 4u);
+    if (ev.kind == core::AccessKind::kWrite) {
+      ++writes[ev.watch_id];
+      if (low) {
+        EXPECT_EQ(ev.value, std::optional<uint64_t>(writes[0]));
+        EXPECT_EQ(ev.old_value,
+                  std::optional<uint64_t>(writes[0] == 1 ? 0x11111111 : writes[0] - 1));
+      } else {
+        EXPECT_EQ(ev.value, std::optional<uint64_t>(0));
+      }
+    } else {
+      ++reads[ev.watch_id];
+    }
+  }
+  EXPECT_EQ(writes, (std::array<uint64_t, 2>{kN, kN}));
+  EXPECT_EQ(reads, (std::array<uint64_t, 2>{kN, kN}));
+  EXPECT_EQ(backend.stray_traps(), 0u);
 }
 
 }  // namespace
