@@ -231,8 +231,10 @@ TEST_F(SlotsTest, NoSessionsWithoutPid) {
                                 dir_, ")\n"));
   const RunResult j = RunKwatch({"slots", "--json"});
   EXPECT_EQ(j.exit_code, 0) << j.err;
-  EXPECT_EQ(json::parse(j.out),
-            json({{"registry", dir_}, {"processes", json::array()}, {"notes", json::array()}}));
+  EXPECT_EQ(json::parse(j.out), json({{"registry", dir_},
+                                      {"processes", json::array()},
+                                      {"kernel_sessions", json::array()},
+                                      {"notes", json::array()}}));
 }
 
 // A real gdb attached in non-stop mode with two hardware watchpoints, the inferior running in
