@@ -1,0 +1,176 @@
+// Issue 9: kwatch never leaves a target broken, even when kwatch itself is killed. Stop mode
+// (`kwatch --stop`) and `kwatch probe --hw` arm hardware breakpoints in an attached target
+// that keeps hitting them (tests/targets/kill_target.c: a tight loop in two threads, or one
+// call every 50 ms); kwatch is SIGKILLed mid-session, and the target must run to its normal
+// end with its normal output and exit status. (Debug registers written with PTRACE_POKEUSER
+// stayed armed after the tracer died: the next hit killed the target with SIGTRAP.)
+//
+// One trap per thread may still reach the target: a hit whose ptrace stop kwatch had not yet
+// collected (waitpid) when it died. The kernel detaches such a thread with the stop's signal
+// still to deliver (ptrace_stop keeps exit_code until the tracer's wait clears it, Linux
+// 6.18); no breakpoint is involved any more. The tight loop, where some thread is almost
+// always stopped or about to be, catches SIGTRAP and counts what arrives: at most one per
+// thread (with the old registers: every call after kwatch's death). The slow loop sleeps
+// between calls and has no handler: it must simply run to its end.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "tests/test_util.h"
+#include "tests/watch/debug_traps.h"
+
+namespace kwatch {
+namespace {
+
+using ::kwatch::testing::KwatchPath;
+using ::kwatch::testing::Spawned;
+using ::kwatch::testing::TargetPath;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct Loop {
+  int threads = 1;
+  long calls = 0;            // per thread
+  long usec = 0;             // between calls
+  bool catch_traps = false;  // kill_target's `traps`: a SIGTRAP handler counts them
+};
+
+// kill_target's own output for `loop` (sum over i < n of 2i + 1 = n^2 per thread), without
+// the "traps=K" line.
+std::string NormalOutput(const Loop& loop) {
+  return absl::StrCat("ready\ndone calls=", loop.threads * loop.calls,
+                      " sum=", loop.threads * loop.calls * loop.calls, "\n");
+}
+
+// A private directory for kill_target's GOFILE.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = absl::StrCat(::testing::TempDir(), "/kwatch-killed-XXXXXX");
+    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string go() const { return path_ + "/go"; }
+
+ private:
+  std::string path_;
+};
+
+// Starts kill_target with `loop`, attaches `kwatch ARGS -p PID`, lets the target hit until
+// kwatch has printed `seen` (a hit or event of the loop), SIGKILLs kwatch, and checks that the
+// target ends as if nobody had watched it.
+void KillMidSession(const std::vector<std::string>& args, const Loop& loop,
+                    const std::string& seen) {
+  const TempDir dir;
+  std::vector<std::string> target = {TargetPath("kill_target"), absl::StrCat(loop.threads),
+                                     absl::StrCat(loop.calls), absl::StrCat(loop.usec), dir.go()};
+  if (loop.catch_traps) {
+    target.emplace_back("traps");
+  }
+  auto t = Spawned::Start(target);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->WaitForStdout("ready").ok());
+  std::vector<std::string> argv = {KwatchPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"-p", absl::StrCat((*t)->pid())});
+  auto k = Spawned::Start(argv);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  std::ofstream(dir.go()).put('1');
+  // Where traps are delivered, kwatch reports the loop's accesses: kill it in the middle.
+  const bool hitting = (*k)->WaitForStdout(seen, 20).ok();
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  auto kr = (*k)->Finish();
+  ASSERT_TRUE(kr.ok()) << kr.status();
+  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err;
+
+  auto tr = (*t)->Finish(120);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  EXPECT_EQ(tr->exit_code, 0) << "the target died after kwatch was killed (133: SIGTRAP)";
+  const std::string normal = NormalOutput(loop);
+  if (loop.catch_traps) {
+    ASSERT_TRUE(absl::StartsWith(tr->out, normal)) << tr->out;
+    int traps = -1;
+    absl::string_view rest = absl::string_view(tr->out).substr(normal.size());
+    ASSERT_TRUE(absl::ConsumePrefix(&rest, "traps=") && absl::ConsumeSuffix(&rest, "\n") &&
+                absl::SimpleAtoi(rest, &traps))
+        << tr->out;
+    EXPECT_LE(traps, loop.threads) << "breakpoints kept trapping after kwatch died";
+  } else {
+    EXPECT_EQ(tr->out, normal);
+  }
+  if (!hitting) {
+    KW_REQUIRE_DEBUG_TRAPS();  // skips where the machine never delivers debug traps
+    ADD_FAILURE() << "kwatch printed no `" << seen << "` before it was killed:\n"
+                  << (*k)->out() << (*k)->err();
+  }
+}
+
+// `kwatch probe --hw`: two threads calling kill_tick in a tight loop, kwatch killed after
+// the 2000th call of one of them was reported.
+TEST(ProbeHwKilled, TargetInATightLoopRunsToItsEndWhenKwatchIsKilled) {
+  KillMidSession({"probe", "--hw", "--json", "kill_tick i"}, {2, 2'000'000, 0, true},
+                 "\"args\":{\"i\":2000}");
+}
+
+// One call every 50 ms: the target is asleep when kwatch dies, and hits afterwards.
+TEST(ProbeHwKilled, TargetInASlowLoopRunsToItsEndWhenKwatchIsKilled) {
+  KillMidSession({"probe", "--hw", "--json", "kill_tick i"}, {1, 40, 50'000, false},
+                 "\"args\":{\"i\":3}");
+}
+
+TEST(StopBackendKilled, TargetInATightLoopRunsToItsEndWhenKwatchIsKilled) {
+  KillMidSession({"--stop", "--json", "--write", "g_val"}, {2, 2'000'000, 0, true},
+                 "\"value\":2000,");
+}
+
+TEST(StopBackendKilled, TargetInASlowLoopRunsToItsEndWhenKwatchIsKilled) {
+  KillMidSession({"--stop", "--json", "--write", "g_val"}, {1, 40, 50'000, false}, "\"value\":3,");
+}
+
+// The breakpoints are gone with kwatch: once it is killed, every register of the target's
+// thread is free again (the kernel's count, as `kwatch slots` takes it).
+TEST(StopBackendKilled, TheTargetsRegistersAreFreeOnceKwatchIsKilled) {
+  const TempDir dir;
+  auto t = Spawned::Start({TargetPath("kill_target"), "1", "10", "0", dir.go()});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->WaitForStdout("ready").ok());
+  const pid_t pid = (*t)->pid();
+  auto k = Spawned::Start({KwatchPath(), "--stop", "--write", "g_val", "-p", absl::StrCat(pid)});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  // Armed: the kernel counts kwatch's register in the target's thread.
+  auto slots = kwatch::testing::Run({KwatchPath(), "slots", "-p", absl::StrCat(pid)});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_THAT(slots->out, HasSubstr("1 kwatch, 0 held outside kwatch, 3 free")) << slots->out;
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  ASSERT_TRUE((*k)->Finish().ok());
+  slots = kwatch::testing::Run({KwatchPath(), "slots", "-p", absl::StrCat(pid)});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_THAT(slots->out, HasSubstr("0 kwatch, 0 held outside kwatch, 4 free")) << slots->out;
+  std::ofstream(dir.go()).put('1');
+  auto tr = (*t)->Finish(60);
+  ASSERT_TRUE(tr.ok());
+  EXPECT_EQ(tr->exit_code, 0);
+  EXPECT_EQ(tr->out, NormalOutput({1, 10, 0, false}));
+}
+
+}  // namespace
+}  // namespace kwatch
