@@ -1,9 +1,15 @@
-// Cost of making drmgr's decisions real in stop mode: StopBackend::Apply of one process-scope
-// slot on a target with N threads (stop every thread, PTRACE_POKEUSER of DRn and DR7 in each,
-// resume), alternately arming and disarming the slot. Measured on tests/targets/stop_target.
+// Costs of stop mode (watch/stop_backend.h), measured on tests/targets/stop_target:
+//  - BM_ApplyOnThreads: making drmgr's decisions real, StopBackend::Apply of one process-scope
+//    slot on a target with N threads (stop every thread, open or close one sigtrap breakpoint
+//    in each, resume), alternately arming and disarming the slot;
+//  - BM_HitCost: one access end to end where debug traps are delivered (the debug exception,
+//    the SIGTRAP stop, kwatch decoding the access and reading old and new values, the resume),
+//    over `count N` (N stores and N loads of g_rec.a under a read-write slot); skipped on
+//    machines that never deliver debug traps.
 //
 //   stop_backend_bench [--benchmark_filter=...]
 #include <signal.h>
+#include <time.h>
 
 #include <map>
 #include <memory>
@@ -105,6 +111,83 @@ void BM_ApplyOnThreads(benchmark::State& state) {
   backend.Disarm();
   (void)(*proc)->Kill();
 }
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void BM_HitCost(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  uint64_t hits = 0;
+  for (auto _ : state) {
+    auto proc = Process::Launch(
+        {std::string(KWATCH_TARGETS_DIR) + "/stop_target", "count", absl::StrCat(n)});
+    if (!proc.ok() || !(*proc)->RunToEntry().ok() || !(*proc)->ResumeAll().ok() ||
+        !WaitMilestone(**proc)) {
+      state.SkipWithError("cannot start stop_target");
+      return;
+    }
+    auto symbols = kwatch::core::Symbols::ForProcess((*proc)->pid());
+    if (!symbols.ok()) {
+      state.SkipWithError(std::string(symbols.status().message()).c_str());
+      return;
+    }
+    const auto read = [&](kwatch::core::RemoteAddr a, std::span<uint8_t> o) {
+      return (*proc)->ReadMemory(a, o);
+    };
+    auto target = (*symbols)->Resolve(*kwatch::core::ParseExpr("g_rec.a"), read);
+    auto go = (*symbols)->Resolve(*kwatch::core::ParseExpr("g_go"), read);
+    if (!target.ok() || !go.ok()) {
+      state.SkipWithError("cannot resolve g_rec.a and g_go");
+      return;
+    }
+    kwatch::core::Symbolizer symbolizer(**symbols);
+    std::vector<kwatch::watch::Watch> watches(1);
+    watches[0].target = *target;
+    kwatch::drmgr::SlotAllocator alloc;
+    const auto client = alloc.AddClient(kwatch::drmgr::ClientKind::kWatchpoint, "bench");
+    kwatch::drmgr::SlotRequest req;
+    req.addr = target->addr;
+    req.len = target->length;
+    req.kind = kwatch::drmgr::DrKind::kReadWrite;
+    req.scope = kwatch::drmgr::Scope::Process((*proc)->pid());
+    auto grant = alloc.Request(client, req);
+    kwatch::watch::StopBackend backend(**proc, watches, symbolizer, {{grant->id, 0}});
+    if (!backend.Arm().ok() || !backend.Apply(grant->changes).ok()) {
+      state.SkipWithError("cannot arm");
+      return;
+    }
+    const uint64_t one = 1;
+    if (!(*proc)
+             ->WriteMemory(go->addr, std::span<const uint8_t>(
+                                         reinterpret_cast<const uint8_t*>(&one), sizeof(one)))
+             .ok()) {
+      state.SkipWithError("cannot write g_go");
+      return;
+    }
+    const uint64_t t0 = NowNs();
+    while ((*proc)->alive()) {
+      if (!(*proc)->Poll(true).ok()) {
+        break;
+      }
+    }
+    state.SetIterationTime(static_cast<double>(NowNs() - t0) / 1e9);
+    std::vector<kwatch::core::AccessEvent> events;
+    backend.Collect(events);
+    if (events.size() != static_cast<size_t>(2 * n)) {
+      state.SkipWithError(absl::StrCat("counted ", events.size(), " of ", 2 * n,
+                                       " accesses: this machine does not deliver every debug trap")
+                              .c_str());
+      return;
+    }
+    hits += events.size();
+  }
+  state.counters["per_hit"] = benchmark::Counter(
+      static_cast<double>(hits), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_HitCost)->Arg(2000)->Unit(benchmark::kMillisecond)->UseManualTime();
+
 BENCHMARK(BM_ApplyOnThreads)
     ->Arg(1)
     ->Arg(4)
