@@ -27,6 +27,9 @@ absl::StatusOr<PerfBackend::Slot> PerfBackend::Open(const drmgr::SlotChange& cha
     req.kind = change.kind;
     req.tid = tid;
     req.inherit = change.scope.kind == drmgr::Scope::Kind::kProcess;
+    // New threads inherit the breakpoint, a forked child never does: it is not watched, or
+    // (-f) watched by a session of its own, armed before it runs.
+    req.inherit_thread = true;
     req.ring_pages = opts_.ring_pages;
     req.wakeup_events = opts_.wakeup_events;
     // Data accesses: the registers after the access give its exact bytes and value. A sample
@@ -174,7 +177,7 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
     }
     ring->Drain([&](const PerfSample& s) {
       if (static_cast<pid_t>(s.pid) != proc_.pid()) {
-        return;  // an inherited breakpoint in a forked child: forks are not followed
+        return;  // not this process's (inherit_thread: a forked child never inherits these)
       }
       core::AccessEvent ev;
       ev.time_ns = s.time;

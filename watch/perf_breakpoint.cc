@@ -155,6 +155,7 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
                                 .regs_user = req.sample_regs_user};
   // Inheritance follows new tasks of a watched task; a CPU-wide event has none.
   attr.inherit = (req.inherit && req.tid != -1) ? 1 : 0;
+  attr.inherit_thread = (attr.inherit != 0 && req.inherit_thread) ? 1 : 0;
   attr.exclude_kernel = req.exclude_kernel ? 1 : 0;
   attr.exclude_user = req.exclude_user ? 1 : 0;
   attr.exclude_hv = 1;

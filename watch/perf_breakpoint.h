@@ -22,7 +22,10 @@ struct BreakpointRequest {
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   pid_t tid = 0;  // thread to watch; -1 with cpu >= 0 for CPU-wide
   int cpu = -1;
-  bool inherit = true;         // also threads/children created later
+  bool inherit = true;  // also threads/children created later
+  // With inherit: threads of the process only (CLONE_THREAD), never a forked child (Linux
+  // 5.13 inherit_thread), so that a fork child carries no breakpoint of the watcher's.
+  bool inherit_thread = false;
   bool exclude_kernel = true;  // user accesses only
   bool exclude_user = false;   // kernel accesses only (kernel watches)
   size_t ring_pages = 64;      // data pages, power of two; 0 = counting only
