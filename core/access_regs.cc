@@ -43,21 +43,21 @@ void PlanAddress(const ZydisDecodedInstruction& insn, const ZydisDecodedOperand*
     return;  // the segment base is not among the registers a sample carries
   }
   plan.addr32 = insn.address_width == 32;
-  const int64_t disp = op.mem.disp.has_displacement ? op.mem.disp.value : 0;
+  const int64_t disp = op.mem.disp.has_displacement != 0 ? op.mem.disp.value : 0;
   const ZydisRegister base = op.mem.base;
   const ZydisRegister index = op.mem.index;
   if (base == ZYDIS_REGISTER_RIP || base == ZYDIS_REGISTER_EIP) {
     if (index != ZYDIS_REGISTER_NONE) {
       return;
     }
-    uint64_t a = ip + insn.length + static_cast<uint64_t>(disp);
-    plan.fixed_addr = plan.addr32 ? (a & 0xffffffffu) : a;
+    const uint64_t a = ip + insn.length + static_cast<uint64_t>(disp);
+    plan.fixed_addr = plan.addr32 ? (a & 0xffffffffU) : a;
     plan.address = AccessPlan::Address::kFixed;
     return;
   }
   if (base == ZYDIS_REGISTER_NONE && index == ZYDIS_REGISTER_NONE) {
     const auto a = static_cast<uint64_t>(disp);
-    plan.fixed_addr = plan.addr32 ? (a & 0xffffffffu) : a;
+    plan.fixed_addr = plan.addr32 ? (a & 0xffffffffU) : a;
     plan.address = AccessPlan::Address::kFixed;
     return;
   }
@@ -174,14 +174,14 @@ RegisterAccess EvaluateAccess(const AccessPlan& plan, const user_regs_struct* af
       if (after == nullptr) {
         return r;
       }
-      uint64_t a = static_cast<uint64_t>(plan.disp);
+      auto a = static_cast<uint64_t>(plan.disp);
       if (plan.base.field != nullptr) {
         a += (*after).*plan.base.field;
       }
       if (plan.index.field != nullptr) {
         a += (*after).*plan.index.field * plan.scale;
       }
-      r.addr = plan.addr32 ? (a & 0xffffffffu) : a;
+      r.addr = plan.addr32 ? (a & 0xffffffffU) : a;
       break;
     }
   }

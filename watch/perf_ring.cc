@@ -69,7 +69,7 @@ void LoadSampleTail(const uint8_t* rec, size_t size, const PerfSampleFormat& for
     if (size < off + 8) {
       return;
     }
-    const uint64_t nr = Load<uint64_t>(rec + off);
+    const auto nr = Load<uint64_t>(rec + off);
     if (nr > (size - off - 8) / 8) {
       return;
     }
@@ -79,7 +79,7 @@ void LoadSampleTail(const uint8_t* rec, size_t size, const PerfSampleFormat& for
     if (size < off + 8) {
       return;
     }
-    const uint64_t abi = Load<uint64_t>(rec + off);
+    const auto abi = Load<uint64_t>(rec + off);
     off += 8;
     const size_t n = 8 * static_cast<size_t>(std::popcount(format.regs_user));
     if (abi != PERF_SAMPLE_REGS_ABI_NONE && size - off >= n) {

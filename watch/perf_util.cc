@@ -24,7 +24,7 @@ struct RegSlot {
   int bit;
   unsigned long long user_regs_struct::*field;  // NOLINT(google-runtime-int)
 };
-constexpr RegSlot kRegSlots[] = {
+constexpr std::array<RegSlot, 20> kRegSlots = {{
     {PERF_REG_X86_AX, &user_regs_struct::rax},  {PERF_REG_X86_BX, &user_regs_struct::rbx},
     {PERF_REG_X86_CX, &user_regs_struct::rcx},  {PERF_REG_X86_DX, &user_regs_struct::rdx},
     {PERF_REG_X86_SI, &user_regs_struct::rsi},  {PERF_REG_X86_DI, &user_regs_struct::rdi},
@@ -35,7 +35,7 @@ constexpr RegSlot kRegSlots[] = {
     {PERF_REG_X86_R10, &user_regs_struct::r10}, {PERF_REG_X86_R11, &user_regs_struct::r11},
     {PERF_REG_X86_R12, &user_regs_struct::r12}, {PERF_REG_X86_R13, &user_regs_struct::r13},
     {PERF_REG_X86_R14, &user_regs_struct::r14}, {PERF_REG_X86_R15, &user_regs_struct::r15},
-};
+}};
 
 constexpr uint64_t Bit(int b) {
   return uint64_t{1} << b;
