@@ -567,6 +567,12 @@ TEST(ProbeCmd, GuardianRestoresTheCodeWhenKwatchIsKilled) {
                                   std::to_string(target))
                   .ok())
       << (*k)->err();
+  // The guardian wakes when kwatch's files close, which the kernel does before kwatch's
+  // exit hands its children (the target) to this subreaper: wait until kwatch is a zombie
+  // (not reaped: Finish does that) before waiting for the target.
+  siginfo_t kwatch_exit{};
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>((*k)->pid()), &kwatch_exit, WEXITED | WNOWAIT), 0);
+  EXPECT_EQ(kwatch_exit.si_code, CLD_KILLED);
   std::ofstream(go).put('1');
   // Phase 2 runs the unpatched code: 200 calls in all, sum 200^2, exit 0.
   int status = 0;
