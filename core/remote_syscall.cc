@@ -66,16 +66,31 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
   regs.r9 = a[5];
   KW_RETURN_IF_ERROR(SetRegs(tid, regs));
   const int pending = std::exchange(it->second.pending_signal, 0);
-  KW_ASSIGN_OR_RETURN(const int stop, SingleStep(tid));
-  if (stop == 0) {
+  const auto ended = [this] {
     return absl::AbortedError(
         absl::StrCat("process ", pid_, " ended during a system call kwatch ran in it"));
+  };
+  KW_ASSIGN_OR_RETURN(int stop, SingleStep(tid));
+  if (stop == 0) {
+    return ended();
+  }
+  KW_ASSIGN_OR_RETURN(user_regs_struct after, GetRegs(tid));
+  if (after.rip == at) {
+    // Nothing ran: the thread was stopped inside a system call of its own at a ptrace event
+    // (the exec event: execve has not returned yet), and the step only ended that call,
+    // writing its return value over rax (the single-step report at syscall exit, seen on
+    // Linux 6.18). Run the injected call now.
+    KW_RETURN_IF_ERROR(SetRegs(tid, regs));
+    KW_ASSIGN_OR_RETURN(stop, SingleStep(tid));
+    if (stop == 0) {
+      return ended();
+    }
+    KW_ASSIGN_OR_RETURN(after, GetRegs(tid));
   }
   // The target's earlier signal first; one that arrived during the step otherwise.
   if (pending != 0) {
     threads_[tid].pending_signal = pending;
   }
-  KW_ASSIGN_OR_RETURN(const user_regs_struct after, GetRegs(tid));
   KW_RETURN_IF_ERROR(restore());
   return static_cast<int64_t>(after.rax);
 }

@@ -8,7 +8,7 @@
 //   probe_engine rawfork [--out FILE]     a fork through raw_fork (the syscall at
 //                                         raw_fork_syscall); the child exits 0
 //   probe_engine exec N M [--out FILE]    work() N times, then execs itself as "after-exec M"
-//   probe_engine after-exec M [--out F]   work() M times
+//   probe_engine after-exec M [--out F]   work() and deref() M times
 //   probe_engine fault [--out FILE]       deref(NULL) with a SIGSEGV handler, deref(&x) twice
 //   probe_engine spin [--out FILE]        a thread waits inside blocker(); main calls work()
 //                                         until SIGUSR1; then blocker returns 42
@@ -400,8 +400,9 @@ int main(int argc, char** argv) {
   }
   if (strcmp(mode, "after-exec") == 0 && argc > 2) {
     long sum = 0;
+    const int zero = 0;
     for (long i = 0; i < atol(argv[2]); i++) {
-      sum += work(i);
+      sum += work(i) + deref(&zero);  // deref: a load, run out of line when probed
     }
     printf("after exec sum %ld\n", sum);
     return 0;
