@@ -69,6 +69,7 @@ class PtraceRunner {
   // image loaded at `bias`; adds the ids to the engine's sets.
   absl::Status RegisterAll(core::Int3Engine& engine, uint64_t bias);
   // -f: after `proc` exec'd, probes its new image again if the probed file is mapped in it.
+  // `proc` is stopped at its exec event and held stopped by the caller (StopWorld).
   void Rearm(core::Process& proc, core::Int3Engine& engine);
   // What the loop does every round: flush, check the stop conditions. Also run from the hit
   // handler every 50 ms: while the target hits probes back to back, Process::Poll keeps
@@ -259,9 +260,23 @@ absl::Status PtraceRunner::RegisterAll(core::Int3Engine& engine, uint64_t bias) 
 }
 
 void PtraceRunner::Rearm(core::Process& proc, core::Int3Engine& engine) {
-  absl::StatusOr<std::vector<core::MapEntry>> maps = proc.Maps();
-  absl::StatusOr<uint64_t> bias =
-      maps.ok() ? set_.target->LoadBias(*maps) : absl::StatusOr<uint64_t>(maps.status());
+  const auto bias_in_image = [this, &proc]() -> absl::StatusOr<uint64_t> {
+    KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
+    return set_.target->LoadBias(maps);
+  };
+  absl::StatusOr<uint64_t> bias = bias_in_image();
+  std::string when;
+  if (!bias.ok() && proc.alive()) {
+    // At the exec stop only the program and ld.so are mapped: a library given with -x is
+    // mapped by ld.so before the program's entry point, where the new image is held as at
+    // launch (its own code has not run yet).
+    if (absl::Status s = proc.RunToEntry(); s.ok()) {
+      bias = bias_in_image();
+      when = " at its entry point";
+    } else {
+      bias = absl::Status(s.code(), absl::StrCat(bias.status().message(), "; ", s.message()));
+    }
+  }
   std::string what;
   if (!bias.ok()) {
     what = absl::StrFormat("not re-armed: %s is not mapped in the new image (%s)", set_.path,
@@ -275,8 +290,8 @@ void PtraceRunner::Rearm(core::Process& proc, core::Int3Engine& engine) {
       }
       (void)engine.ResumeWorld();
     }
-    what = s.ok() ? absl::StrFormat("%d probe%s re-armed in the new image (-f)", set_.probes.size(),
-                                    set_.probes.size() == 1 ? "" : "s")
+    what = s.ok() ? absl::StrFormat("%d probe%s re-armed in the new image%s (-f)",
+                                    set_.probes.size(), set_.probes.size() == 1 ? "" : "s", when)
                   : absl::StrCat("not re-armed: ", s.message());
   }
   notes_.push_back(absl::StrFormat("%s %d called exec: the probes of the old image ended there; %s",
@@ -412,8 +427,13 @@ absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& e
       case core::ProcessEvent::Kind::kExec:
         engine.OnExec();
         if (group_ != nullptr && stop_reason_.empty()) {
+          // The new image stays stopped at its exec event until its probes are in, and is
+          // resumed once: resuming it a second time could take it out of the stop at its
+          // first hit (the SIGTRAP would be lost and the thread go on inside the INT3'd
+          // instruction).
+          KW_RETURN_IF_ERROR(engine.StopWorld());
           Rearm(proc, engine);
-          KW_RETURN_IF_ERROR(proc.Resume(e.tid));
+          KW_RETURN_IF_ERROR(engine.ResumeWorld());
           break;
         }
         notes_.push_back(

@@ -161,16 +161,71 @@ TEST(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
   }
 }
 
+// The values of `arg` in the hits of `event`, in order.
+std::vector<long> ArgsOf(const Hits& h, const std::string& event, const std::string& arg) {
+  std::vector<long> out;
+  for (const json& j : h.all) {
+    if (j["event"] == event) {
+      out.push_back(j["args"][arg].get<long>());
+    }
+  }
+  return out;
+}
+
 TEST(FollowForks, ExecReArmsTheProbesInTheNewImage) {
   // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
   const RunResult r =
-      KwatchProbe({"--json", "-f", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+      KwatchProbe({"--json", "-f", "work i", "--", TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Hits h = ParseHits(r.out);
   EXPECT_EQ(h.all.size(), 8u) << r.out;
+  // The new image's first call is a hit too: the probes are in before it runs any code.
+  EXPECT_THAT(ArgsOf(h, "work", "i"), ::testing::ElementsAre(0, 1, 2, 3, 4, 0, 1, 2)) << r.out;
   EXPECT_EQ(h.summary["probes"][0]["hits"], 8);
-  EXPECT_THAT(h.summary["notes"].dump(), HasSubstr("1 probe re-armed in the new image"));
+  EXPECT_THAT(h.summary["notes"].dump(), HasSubstr("1 probe re-armed in the new image (-f)"));
   EXPECT_THAT(r.out, HasSubstr("before exec sum 35"));
+  EXPECT_THAT(r.out, HasSubstr("after exec sum 12"));
+}
+
+TEST(FollowForks, ExecReArmsAProbeWhoseInstructionRunsOutOfLine) {
+  // deref's first instruction is a load, run from an out-of-line copy: kwatch maps the new
+  // image's area with a system call run in the target at its exec stop. Only the new image
+  // calls deref (3 times).
+  const RunResult r = KwatchProbe(
+      {"--json", "-f", "deref", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Hits h = ParseHits(r.out);
+  EXPECT_EQ(h.summary["probes"][0]["hits"], 3) << r.out;
+  EXPECT_EQ(h.summary["probes"][1]["hits"], 8) << r.out;
+  EXPECT_THAT(h.summary["notes"].dump(), HasSubstr("2 probes re-armed in the new image (-f)"));
+  EXPECT_THAT(r.out, HasSubstr("after exec sum 12"));
+}
+
+// The C library this test runs with (the targets use the same one).
+std::string LibcPath() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash != std::string::npos && line.find("/libc.so.6", slash) != std::string::npos) {
+      return line.substr(slash);
+    }
+  }
+  return "";
+}
+
+TEST(FollowForks, ExecReArmsALibraryProbeAtTheNewImagesEntryPoint) {
+  // At the exec stop only the program and ld.so are mapped; libc is probed once ld.so mapped
+  // it. strtol: atol twice before the exec, then 4 loop tests (i < atol(argv[2])) after it.
+  const std::string libc = LibcPath();
+  ASSERT_FALSE(libc.empty());
+  const RunResult r = KwatchProbe(
+      {"--json", "-f", "-x", libc, "strtol", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Hits h = ParseHits(r.out);
+  EXPECT_EQ(h.summary["probes"][0]["hits"], 6) << r.out;
+  EXPECT_THAT(h.summary["notes"].dump(),
+              HasSubstr("1 probe re-armed in the new image at its entry point (-f)"));
   EXPECT_THAT(r.out, HasSubstr("after exec sum 12"));
 }
 
