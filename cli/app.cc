@@ -36,6 +36,7 @@
 #include "cli/watch_options.h"
 #include "core/expr.h"
 #include "core/process.h"
+#include "core/process_group.h"
 #include "core/status_macros.h"
 #include "core/store/trace_writer.h"
 #include "core/symbols.h"
@@ -95,23 +96,37 @@ void Error(const absl::Status& s) {
   std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
 }
 
-// The event loop: drains rings, follows the target, stops on count, duration or a signal.
+// The event loop: drains rings, follows the target (and with -f the children it forks), stops
+// on count, duration or a signal.
 class Runner {
  public:
-  Runner(const Options& opts, core::Process& proc, watch::WatchSession& session, int sigfd,
-         core::TraceWriter* writer, std::vector<watch::Condition> conditions)
-      : opts_(opts),
-        proc_(proc),
-        session_(session),
-        sigfd_(sigfd),
-        writer_(writer),
-        conditions_(std::move(conditions)),
-        summary_(session.watches()),
-        printer_(stdout, opts.json, 0) {}
+  Runner(const Options& opts, std::unique_ptr<core::ProcessGroup> group,
+         std::unique_ptr<core::Process> proc, std::unique_ptr<watch::WatchSession> session,
+         const watch::SessionOptions& session_opts, int sigfd, core::TraceWriter* writer,
+         std::vector<watch::Condition> conditions);
 
   absl::StatusOr<int> Run();
+  // After Run() failed: every watch removed, followed children detached, the target killed if
+  // it was launched (it may never have run its own code), else detached.
+  void Abandon();
 
  private:
+  // A process of the session: the target, or (-f) a followed child.
+  struct Tracee {
+    std::unique_ptr<core::Process> proc;
+    // Its watches now; nullptr when they ended (exec without -f, or not re-armed).
+    std::unique_ptr<watch::WatchSession> session;
+    // Sessions of images it exec'd from (kept for their counts and, the target's first, for
+    // the summary).
+    std::vector<std::unique_ptr<watch::WatchSession>> ended;
+    pid_t parent = 0;  // 0: the target
+    uint64_t events = 0;
+    std::vector<uint64_t> per_watch;
+    // Per watch, after an exec re-arm: the first image's address minus this image's (the
+    // summary counts fields against the first image's layout). Empty: no difference.
+    std::vector<uint64_t> rebase;
+  };
+
   absl::Status AddFd(int fd) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -122,25 +137,59 @@ class Runner {
     }
     return absl::OkStatus();
   }
+  absl::Status AddFds(const watch::WatchSession& session) {
+    for (int fd : session.Fds()) {
+      KW_RETURN_IF_ERROR(AddFd(fd));
+    }
+    return absl::OkStatus();
+  }
+  Tracee& target() { return *tracees_.front(); }
+  // The session the summary describes: the target's first (its watches, placements, names).
+  watch::WatchSession& first() {
+    return target().ended.empty() ? *target().session : *target().ended.front();
+  }
   void DrainAll();
+  void DrainTracee(Tracee& t);
   // Appends `ev` (and its site, once) to the recording; a failure stops the session.
-  void Record(const core::AccessEvent& ev);
+  void Record(watch::WatchSession& session, const core::AccessEvent& ev);
   void FlushRecording();
+  // Polls the target and every followed child, and handles what happened to each.
   absl::Status HandleChild();
+  absl::Status HandleEvents(Tracee& t, const std::vector<core::ProcessEvent>& events);
+  // -f: takes followed child `pid` (forked by thread `tid` of `parent`), arms its session and
+  // resumes it.
+  absl::Status AdoptChild(Tracee& parent, pid_t pid);
+  // -f: `t` called exec (stopped at its exec event): its watches are armed again by
+  // expression in the new image when they resolve to the same types; says what happened.
+  void Rearm(Tracee& t);
+  bool AnyChildAlive() const;
+  std::string Who(const Tracee& t) const {
+    return t.parent == 0 ? absl::StrCat("target ", t.proc->pid())
+                         : absl::StrCat("followed child ", t.proc->pid());
+  }
+  void Note(std::string note) {
+    std::fprintf(stderr, "kwatch: %s\n", note.c_str());
+    notes_.push_back(std::move(note));
+  }
   void Stop(std::string reason) {
     if (!stopped_) {
       stopped_ = true;
       stop_reason_ = std::move(reason);
     }
   }
+  // Removes the watches from every process, then lets each go: killed (--kill-on-exit on a
+  // launched target) or detached.
+  absl::Status Release(RunInfo& info);
 
   const Options& opts_;
-  core::Process& proc_;
-  watch::WatchSession& session_;
+  std::unique_ptr<core::ProcessGroup> group_;     // -f; outlives every process below
+  std::vector<std::unique_ptr<Tracee>> tracees_;  // the target first, then children by fork
+  watch::SessionOptions session_opts_;
   int sigfd_;
   core::TraceWriter* writer_;                 // -o, or nullptr
   std::vector<watch::Condition> conditions_;  // --if, one per watch (by id), or none
   absl::Status record_error_;
+  std::vector<watch::Watch> watches_;  // the target's first image's: what the summary counts
   watch::Summary summary_;
   std::optional<watch::StorageProfile> profile_;  // from the start of Run()
   EventPrinter printer_;
@@ -148,14 +197,45 @@ class Runner {
   bool stopped_ = false;
   std::string stop_reason_;
   uint64_t delivered_ = 0;
-  bool exec_seen_ = false;
+  bool exec_seen_ = false;  // the target's watches ended at an exec (not re-armed)
+  std::vector<std::string> notes_;
 };
 
+Runner::Runner(const Options& opts, std::unique_ptr<core::ProcessGroup> group,
+               std::unique_ptr<core::Process> proc, std::unique_ptr<watch::WatchSession> session,
+               const watch::SessionOptions& session_opts, int sigfd, core::TraceWriter* writer,
+               std::vector<watch::Condition> conditions)
+    : opts_(opts),
+      group_(std::move(group)),
+      session_opts_(session_opts),
+      sigfd_(sigfd),
+      writer_(writer),
+      conditions_(std::move(conditions)),
+      watches_(session->watches()),
+      summary_(watches_),
+      printer_(stdout, opts.json, 0) {
+  auto t = std::make_unique<Tracee>();
+  t->proc = std::move(proc);
+  t->session = std::move(session);
+  t->per_watch.assign(watches_.size(), 0);
+  tracees_.push_back(std::move(t));
+}
+
 void Runner::DrainAll() {
-  if (stopped_ && opts_.count > 0 && delivered_ >= opts_.count) {
+  for (size_t i = 0; i < tracees_.size(); ++i) {
+    DrainTracee(*tracees_[i]);
+  }
+  if (opts_.count > 0 && delivered_ >= opts_.count) {
+    Stop(absl::StrCat("--count ", opts_.count, " reached"));
+  }
+}
+
+void Runner::DrainTracee(Tracee& t) {
+  if (t.session == nullptr || (stopped_ && opts_.count > 0 && delivered_ >= opts_.count)) {
     return;
   }
-  session_.Drain([&](const core::AccessEvent& ev) {
+  watch::WatchSession& session = *t.session;
+  session.Drain([&](const core::AccessEvent& ev) {
     if (opts_.count > 0 && delivered_ >= opts_.count) {
       return;
     }
@@ -163,25 +243,32 @@ void Runner::DrainAll() {
       return;
     }
     ++delivered_;
-    summary_.Add(ev);
-    profile_->Add(ev);
-    Record(ev);
+    ++t.events;
+    ++t.per_watch[ev.watch_id];
+    core::AccessEvent rebased;
+    const core::AccessEvent* counted = &ev;
+    if (!t.rebase.empty()) {
+      rebased = ev;
+      rebased.addr.value += t.rebase[ev.watch_id];
+      rebased.access_addr.value += t.rebase[ev.watch_id];
+      counted = &rebased;
+    }
+    summary_.Add(*counted);
+    profile_->Add(*counted);
+    Record(session, ev);
     if (!opts_.quiet) {
-      printer_.Print(session_, summary_, ev);
+      printer_.Print(session, summary_, ev, counted);
     }
   });
-  if (opts_.count > 0 && delivered_ >= opts_.count) {
-    Stop(absl::StrCat("--count ", opts_.count, " reached"));
-  }
 }
 
-void Runner::Record(const core::AccessEvent& ev) {
+void Runner::Record(watch::WatchSession& session, const core::AccessEvent& ev) {
   if (writer_ == nullptr || !record_error_.ok()) {
     return;
   }
   absl::Status s;
   if (!writer_->HasSite(ev.ip)) {
-    s = writer_->AddSite(watch::SiteRecordFor(session_.symbolizer(), ev.ip));
+    s = writer_->AddSite(watch::SiteRecordFor(session.symbolizer(), ev.ip));
   }
   if (s.ok()) {
     s = writer_->Append(ev);
@@ -202,34 +289,246 @@ void Runner::FlushRecording() {
   }
 }
 
+bool Runner::AnyChildAlive() const {
+  for (size_t i = 1; i < tracees_.size(); ++i) {
+    if (tracees_[i]->proc->alive()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 absl::Status Runner::HandleChild() {
-  KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_.Poll());
-  for (const auto& e : events) {
+  // Children adopted meanwhile are polled in the same round (the vector may grow).
+  for (size_t i = 0; i < tracees_.size(); ++i) {
+    Tracee& t = *tracees_[i];
+    if (!t.proc->alive()) {
+      continue;
+    }
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, t.proc->Poll());
+    KW_RETURN_IF_ERROR(HandleEvents(t, events));
+  }
+  const core::Process& main = *target().proc;
+  if (!main.alive() && !AnyChildAlive()) {
+    std::string reason =
+        main.exit_info()->signaled
+            ? absl::StrCat("target killed by ", sigabbrev_np(main.exit_info()->signal))
+            : "target exited";
+    if (tracees_.size() > 1) {
+      absl::StrAppend(&reason, "; its followed children ended");
+    }
+    Stop(std::move(reason));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runner::HandleEvents(Tracee& t, const std::vector<core::ProcessEvent>& events) {
+  core::Process& proc = *t.proc;
+  for (const core::ProcessEvent& e : events) {
     switch (e.kind) {
       case core::ProcessEvent::Kind::kExited:
-        Stop(proc_.exit_info()->signaled
-                 ? absl::StrCat("target killed by ", sigabbrev_np(proc_.exit_info()->signal))
-                 : "target exited");
+        if (t.parent != 0) {
+          DrainTracee(t);  // what its rings still hold
+          std::fprintf(
+              stderr, "kwatch: followed child %d %s %d\n", proc.pid(),
+              proc.exit_info()->signaled ? "killed by signal" : "exited with status",
+              proc.exit_info()->signaled ? proc.exit_info()->signal : proc.exit_info()->code);
+        }
         break;
       case core::ProcessEvent::Kind::kExec:
         DrainAll();
-        session_.Forget();
-        exec_seen_ = true;
-        std::fprintf(stderr,
-                     "kwatch: target %d called exec; the watches of the old image have ended "
-                     "(their addresses mean nothing in the new one)\n",
-                     proc_.pid());
-        KW_RETURN_IF_ERROR(proc_.Resume(e.tid));
+        if (t.session != nullptr) {
+          t.session->Forget();
+          t.ended.push_back(std::move(t.session));
+        }
+        if (group_ != nullptr && !stopped_) {
+          Rearm(t);
+          KW_RETURN_IF_ERROR(proc.ResumeAll());
+          break;
+        }
+        if (t.parent == 0) {
+          exec_seen_ = true;
+          std::fprintf(stderr,
+                       "kwatch: target %d called exec; the watches of the old image have ended "
+                       "(their addresses mean nothing in the new one; -f re-arms them)\n",
+                       proc.pid());
+        } else {
+          Note(absl::StrCat(Who(t), " called exec: its watches ended there"));
+        }
+        KW_RETURN_IF_ERROR(proc.Resume(e.tid));
+        break;
+      case core::ProcessEvent::Kind::kForked:
+        if (e.child != 0) {
+          KW_RETURN_IF_ERROR(AdoptChild(t, e.child));
+        }
         break;
       case core::ProcessEvent::Kind::kGroupStop:
-        std::fprintf(stderr, "kwatch: target %d stopped by %s (job control); still watching\n",
-                     proc_.pid(), sigabbrev_np(e.signal));
+        std::fprintf(stderr, "kwatch: %s stopped by %s (job control); still watching\n",
+                     Who(t).c_str(), sigabbrev_np(e.signal));
         break;
       default:
         break;
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Runner::AdoptChild(Tracee& parent, pid_t pid) {
+  const uint64_t t0 = MonotonicNs();
+  std::unique_ptr<core::Process> child = group_->TakeChild(pid);
+  if (child == nullptr) {
+    return absl::OkStatus();
+  }
+  watch::WatchSession* from = parent.session.get();
+  if (from == nullptr || stopped_) {
+    // Nothing of kwatch's is in it (cleaned at its fork): it goes unwatched, detached.
+    Note(absl::StrCat("child ", pid, " of ", parent.proc->pid(), " not followed: ",
+                      stopped_ ? "kwatch was stopping" : "its parent's watches had ended"));
+    return child->Detach();
+  }
+  auto session = watch::WatchSession::ForFork(*from, *child);
+  if (!session.ok()) {
+    (void)child->Detach();
+    return session.status();
+  }
+  if (absl::Status s = (*session)->Arm(); !s.ok()) {
+    (void)child->Detach();
+    return absl::Status(
+        s.code(), absl::StrCat("arming the watches in followed child ", pid, ": ", s.message()));
+  }
+  auto t = std::make_unique<Tracee>();
+  t->parent = parent.proc->pid();
+  t->proc = std::move(child);
+  t->session = *std::move(session);
+  t->per_watch.assign(watches_.size(), 0);
+  t->rebase = parent.rebase;  // the same image as its parent
+  KW_RETURN_IF_ERROR(AddFds(*t->session));
+  if (!opts_.quiet) {
+    std::fprintf(stderr, "kwatch: following child %d of %d (watches armed in %.0f us)\n", pid,
+                 t->parent, static_cast<double>(MonotonicNs() - t0) / 1e3);
+  }
+  tracees_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+void Runner::Rearm(Tracee& t) {
+  const std::string who = Who(t);
+  std::string what;
+  // Up to the new program's entry point: its shared libraries are mapped then.
+  absl::Status s = t.proc->RunToEntry();
+  std::unique_ptr<watch::WatchSession> session;
+  std::vector<uint64_t> rebase(watches_.size(), 0);
+  bool moved = false;
+  if (s.ok()) {
+    std::vector<watch::WatchRequest> requests;
+    for (const watch::Watch& w : watches_) {
+      requests.push_back(w.request);
+    }
+    auto created = watch::WatchSession::Create(*t.proc, std::move(requests), session_opts_);
+    s = created.status();
+    if (s.ok()) {
+      session = *std::move(created);
+    }
+  }
+  for (size_t i = 0; s.ok() && i < watches_.size(); ++i) {
+    const core::ResolvedExpr& was = watches_[i].target;
+    const core::ResolvedExpr& now = session->watches()[i].target;
+    if (now.type_name != was.type_name || now.length != was.length) {
+      s = absl::FailedPreconditionError(absl::StrFormat(
+          "'%s' is %s (%d bytes) in the new image, %s (%d bytes) in the first: one summary "
+          "cannot count both layouts",
+          watches_[i].request.expr, now.type_name, now.length, was.type_name, was.length));
+    }
+    rebase[i] = was.addr.value - now.addr.value;
+    moved = moved || rebase[i] != 0;
+  }
+  if (s.ok() && moved && writer_ != nullptr) {
+    s = absl::FailedPreconditionError(
+        "the watched variables moved (the new image is loaded elsewhere) and the recording "
+        "(-o) holds one address per watch");
+  }
+  if (s.ok()) {
+    s = session->Arm();
+  }
+  if (s.ok()) {
+    s = AddFds(*session);
+  }
+  if (s.ok()) {
+    std::vector<std::string> where;
+    for (const watch::Watch& w : session->watches()) {
+      where.push_back(absl::StrFormat("%s at 0x%x", w.target.display, w.target.addr.value));
+    }
+    what =
+        absl::StrCat(session->watches().size() == 1 ? "its watch was" : "its watches were",
+                     " re-armed in the new image by expression (-f): ", absl::StrJoin(where, ", "));
+    t.session = std::move(session);
+    t.rebase = moved ? std::move(rebase) : std::vector<uint64_t>();
+  } else {
+    what = absl::StrCat("not re-armed: ", s.message());
+    t.rebase.clear();
+  }
+  Note(absl::StrCat(who, " called exec: the watches of the old image ended there; ", what));
+}
+
+absl::Status Runner::Release(RunInfo& info) {
+  if (group_ != nullptr) {
+    // Forks from now on are cleaned and let go; children already announced are let go too.
+    group_->set_follow_forks(false);
+    (void)HandleChild();
+    DrainAll();
+  }
+  for (auto& t : tracees_) {
+    if (t->session != nullptr) {
+      t->session->Disarm();
+    }
+  }
+  const bool kill = target().proc->launched() && opts_.kill_on_exit;
+  size_t detached = 0;
+  for (size_t i = 1; i < tracees_.size(); ++i) {
+    core::Process& p = *tracees_[i]->proc;
+    if (!p.alive()) {
+      continue;
+    }
+    if (kill) {
+      KW_RETURN_IF_ERROR(p.Kill());
+    } else {
+      KW_RETURN_IF_ERROR(p.Detach());
+      ++detached;
+    }
+  }
+  if (detached > 0) {
+    std::fprintf(stderr,
+                 "kwatch: watches removed from %zu followed child%s, detached; %s running\n",
+                 detached, detached == 1 ? "" : "ren", detached == 1 ? "it keeps" : "they keep");
+  }
+  core::Process& main = *target().proc;
+  if (main.alive()) {
+    if (kill) {
+      KW_RETURN_IF_ERROR(main.Kill());
+      info.stop_reason += "; target killed (--kill-on-exit)";
+    } else {
+      KW_RETURN_IF_ERROR(main.Detach());
+      std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", main.pid());
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Runner::Abandon() {
+  for (size_t i = tracees_.size(); i-- > 0;) {
+    Tracee& t = *tracees_[i];
+    t.session.reset();  // disarms
+    t.ended.clear();
+    if (!t.proc->alive()) {
+      continue;
+    }
+    // A launched target that may never have run its own code is not left behind.
+    if (i == 0 && t.proc->launched()) {
+      (void)t.proc->Kill();
+    } else {
+      (void)t.proc->Detach();
+    }
+  }
 }
 
 absl::StatusOr<int> Runner::Run() {
@@ -239,14 +538,14 @@ absl::StatusOr<int> Runner::Run() {
     return core::SyscallError(err, "epoll_create1");
   }
   KW_RETURN_IF_ERROR(AddFd(sigfd_));
-  for (int fd : session_.Fds()) {
-    KW_RETURN_IF_ERROR(AddFd(fd));
-  }
+  watch::WatchSession& session = *target().session;
+  core::Process& proc = *target().proc;
+  KW_RETURN_IF_ERROR(AddFds(session));
   // A periodic tick drains samples below the wakeup threshold; a deadline for --duration.
   core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   itimerspec its{};
   // Multiplexed watches rotate through the debug registers at each tick.
-  const long tick_ns = session_.multiplexing()
+  const long tick_ns = session.multiplexing()
                            ? std::min<long>(50'000'000, opts_.mux_interval_ms * 1'000'000L)
                            : 50'000'000;
   its.it_interval.tv_sec = tick_ns / 1'000'000'000;
@@ -258,9 +557,10 @@ absl::StatusOr<int> Runner::Run() {
   const uint64_t deadline_ns =
       opts_.duration > 0 ? start_ns + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   printer_ = EventPrinter(stdout, opts_.json, start_ns);
+  printer_.set_main_pid(proc.pid());
   {
     std::vector<watch::WatchedObject> objects;
-    for (const watch::Watch& w : session_.watches()) {
+    for (const watch::Watch& w : watches_) {
       objects.push_back(watch::ObjectForWatch(w));
     }
     watch::ProfileOptions popts;
@@ -268,38 +568,39 @@ absl::StatusOr<int> Runner::Run() {
     profile_.emplace(std::move(objects), popts);
   }
   if (!opts_.quiet) {
-    printer_.PrintHeader(session_);
+    printer_.PrintHeader(session);
   }
 
-  std::string prog = proc_.argv().empty() ? "?" : proc_.argv()[0];
-  if (!session_.backend_note().empty()) {
-    std::fprintf(stderr, "kwatch: %s\n", session_.backend_note().c_str());
+  std::string prog = proc.argv().empty() ? "?" : proc.argv()[0];
+  if (!session.backend_note().empty()) {
+    std::fprintf(stderr, "kwatch: %s\n", session.backend_note().c_str());
   }
   size_t paged = 0;
-  for (const watch::Watch& w : session_.watches()) {
-    paged += session_.placement(w.id).backend == watch::BackendKind::kPage ? 1 : 0;
+  for (const watch::Watch& w : session.watches()) {
+    paged += session.placement(w.id).backend == watch::BackendKind::kPage ? 1 : 0;
   }
-  std::string mode = session_.backend() == watch::BackendKind::kPage ? "page-protection mode"
-                     : session_.backend() == watch::BackendKind::kStop
+  std::string mode = session.backend() == watch::BackendKind::kPage ? "page-protection mode"
+                     : session.backend() == watch::BackendKind::kStop
                          ? "stop mode (ptrace debug registers)"
                          : "perf breakpoint stream mode";
-  if (session_.backend() != watch::BackendKind::kPage && paged > 0) {
+  if (session.backend() != watch::BackendKind::kPage && paged > 0) {
     absl::StrAppend(&mode, " (", paged, " with page protection)");
   }
-  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s\n", session_.watches().size(),
-               session_.watches().size() == 1 ? "" : "es", proc_.pid(), prog.c_str(), mode.c_str());
-  if (session_.allocator() != nullptr) {
+  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s%s\n", session.watches().size(),
+               session.watches().size() == 1 ? "" : "es", proc.pid(), prog.c_str(), mode.c_str(),
+               group_ != nullptr ? ", following forks (-f)" : "");
+  if (session.allocator() != nullptr) {
     // drmgr's decisions, one line per watch: split, shared, multiplexed, sent to pages.
-    for (const watch::Watch& w : session_.watches()) {
+    for (const watch::Watch& w : session.watches()) {
       std::fprintf(stderr, "kwatch:   watch #%u %s: %s\n", w.id + 1, w.target.display.c_str(),
-                   session_.placement(w.id).detail.c_str());
+                   session.placement(w.id).detail.c_str());
     }
-    if (const int ext = session_.external_slots(); ext > 0) {
+    if (const int ext = session.external_slots(); ext > 0) {
       std::fprintf(stderr,
                    "kwatch: %d debug register%s of pid %d %s held outside kwatch (a debugger's "
                    "hardware watchpoints, or another tool); kwatch uses the rest "
                    "(`kwatch slots -p %d` shows them)\n",
-                   ext, ext == 1 ? "" : "s", proc_.pid(), ext == 1 ? "is" : "are", proc_.pid());
+                   ext, ext == 1 ? "" : "s", proc.pid(), ext == 1 ? "is" : "are", proc.pid());
     }
   }
   std::fflush(stderr);
@@ -307,16 +608,16 @@ absl::StatusOr<int> Runner::Run() {
   // drmgr's decisions, for `kwatch slots` (refreshed as multiplexing rotates them).
   uint64_t published_ns = 0;
   auto publish = [&](bool force) {
-    if (session_.allocator() == nullptr) {
+    watch::WatchSession* now = target().session.get();
+    if (now == nullptr || now->allocator() == nullptr) {
       return;
     }
-    const uint64_t now = MonotonicNs();
-    if (!force && now - published_ns < 200'000'000) {
+    const uint64_t t = MonotonicNs();
+    if (!force && t - published_ns < 200'000'000) {
       return;
     }
-    published_ns = now;
-    if (absl::Status s =
-            PublishSlots(proc_.pid(), session_.allocator()->Snapshot(), opts_.command_line);
+    published_ns = t;
+    if (absl::Status s = PublishSlots(proc.pid(), now->allocator()->Snapshot(), opts_.command_line);
         !s.ok() && force) {
       std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
                    std::string(s.message()).c_str());
@@ -350,12 +651,14 @@ absl::StatusOr<int> Runner::Run() {
         uint64_t ticks = 0;
         (void)!read(tick.get(), &ticks, sizeof(ticks));
         drain = true;
-        if (session_.multiplexing()) {
-          KW_ASSIGN_OR_RETURN(const bool rotated, session_.Tick(absl::Now()));
+        for (size_t k = 0; k < tracees_.size(); ++k) {
+          watch::WatchSession* s = tracees_[k]->session.get();
+          if (s == nullptr || !s->multiplexing() || !tracees_[k]->proc->alive()) {
+            continue;
+          }
+          KW_ASSIGN_OR_RETURN(const bool rotated, s->Tick(absl::Now()));
           if (rotated) {
-            for (int fd : session_.Fds()) {
-              KW_RETURN_IF_ERROR(AddFd(fd));
-            }
+            KW_RETURN_IF_ERROR(AddFds(*s));
             publish(false);
           }
         }
@@ -370,17 +673,26 @@ absl::StatusOr<int> Runner::Run() {
     if (deadline_ns != 0 && MonotonicNs() >= deadline_ns) {
       Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
     }
-    if (proc_.alive()) {
-      // SIGCHLD may have been merged with another: poll the target every round.
-      KW_RETURN_IF_ERROR(HandleChild());
-    }
+    // SIGCHLD may have been merged with another: poll the processes every round.
+    KW_RETURN_IF_ERROR(HandleChild());
   }
   DrainAll();
   RunInfo info;
-  info.lost = session_.lost();
-  info.filtered = session_.filtered();
-  info.unrelated = session_.unrelated();
-  info.spurious_traps = proc_.spurious_traps();
+  for (const auto& t : tracees_) {
+    for (const watch::WatchSession* s : {t->session.get()}) {
+      if (s != nullptr) {
+        info.lost += s->lost();
+        info.filtered += s->filtered();
+        info.unrelated += s->unrelated();
+      }
+    }
+    for (const auto& s : t->ended) {
+      info.lost += s->lost();
+      info.filtered += s->filtered();
+      info.unrelated += s->unrelated();
+    }
+    info.spurious_traps += t->proc->spurious_traps();
+  }
   if (!conditions_.empty()) {
     info.condition = opts_.condition;
     for (const watch::Condition& c : conditions_) {
@@ -390,23 +702,32 @@ absl::StatusOr<int> Runner::Run() {
           c.stats().missing_new + c.stats().missing_old + c.stats().division_by_zero;
     }
   }
-  info.pid = proc_.pid();
+  info.pid = proc.pid();
   info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
-  session_.Disarm();
   info.stop_reason = stop_reason_;
+  KW_RETURN_IF_ERROR(Release(info));
   if (exec_seen_) {
     info.stop_reason += "; the watches ended when the target called exec";
   }
-  if (proc_.alive()) {
-    if (proc_.launched() && opts_.kill_on_exit) {
-      KW_RETURN_IF_ERROR(proc_.Kill());
-      info.stop_reason += "; target killed (--kill-on-exit)";
-    } else {
-      KW_RETURN_IF_ERROR(proc_.Detach());
-      std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", proc_.pid());
+  if (proc.forks() > 0) {
+    notes_.push_back(absl::StrFormat(
+        "the target forked %d child%s: not followed (-f follows them), each let go with none of "
+        "kwatch's watches",
+        proc.forks(), proc.forks() == 1 ? "" : "ren"));
+  }
+  if (group_ != nullptr) {
+    for (const auto& t : tracees_) {
+      RunInfo::Process p;
+      p.pid = t->proc->pid();
+      p.parent = t->parent;
+      p.events = t->events;
+      p.per_watch = t->per_watch;
+      p.exit = t->proc->exit_info();
+      info.processes.push_back(std::move(p));
     }
   }
-  info.exit = proc_.exit_info();
+  info.notes = notes_;
+  info.exit = proc.exit_info();
   bool recording_failed = false;
   if (writer_ != nullptr && record_error_.ok()) {
     core::SessionEnd end;
@@ -439,12 +760,12 @@ absl::StatusOr<int> Runner::Run() {
     }
   }
   std::fflush(stdout);
-  PrintSummary(stdout, opts_.json, session_, summary_, *profile_, info);
+  PrintSummary(stdout, opts_.json, first(), summary_, *profile_, info);
   std::fflush(stdout);
   if (recording_failed) {
     return 1;  // -o was not honoured (docs/recording.md)
   }
-  if (proc_.launched() && info.exit.has_value()) {
+  if (proc.launched() && info.exit.has_value()) {
     return info.exit->ShellStatus();
   }
   return 0;
@@ -464,6 +785,11 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     return core::SyscallError(err, "signalfd");
   }
 
+  // -f: the target and the children it forks share one tracer (core/process_group.h).
+  std::unique_ptr<core::ProcessGroup> group;
+  if (opts.follow_forks) {
+    group = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
+  }
   std::unique_ptr<core::Process> proc;
   if (opts.pid.has_value()) {
     KW_ASSIGN_OR_RETURN(proc, core::Process::Attach(*opts.pid));
@@ -476,6 +802,9 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
       (void)proc->Kill();
       return s;
     }
+  }
+  if (group != nullptr) {
+    group->Add(*proc);
   }
 
   std::vector<watch::WatchRequest> requests;
@@ -567,10 +896,12 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
       conditions.push_back(*std::move(c));
     }
   }
-  Runner runner(opts, *proc, **session, sigfd.get(), writer.get(), std::move(conditions));
+  Runner runner(opts, std::move(group), std::move(proc), *std::move(session), so, sigfd.get(),
+                writer.get(), std::move(conditions));
   auto code = runner.Run();
   if (!code.ok()) {
-    return fail(code.status());
+    runner.Abandon();
+    return code.status();
   }
   return code;
 }
@@ -675,6 +1006,12 @@ int Main(int argc, char** argv) {
   app.add_option("--type", opts.kernel_type,
                  "Kernel watches: the C type of the watched symbol (e.g. 'struct task_struct'), "
                  "for member expressions; the layout comes from the kernel's BTF");
+  app.add_flag("-f,--follow-forks", opts.follow_forks,
+               "Watch the children the target forks too, and theirs, as strace -f: each is armed "
+               "before it runs, its accesses carry its pid (text PID/TID, JSON pid) and the "
+               "summary counts every process; after an exec the watches are armed again by "
+               "expression in the new image. Without -f a child runs with none of kwatch's "
+               "watches");
   app.add_flag(
       "--kill-on-exit", opts.kill_on_exit,
       "Kill a launched target when kwatch stops before it ends (default: leave it running)");
@@ -723,6 +1060,25 @@ int Main(int argc, char** argv) {
     // The command shares kwatch's stdout: write whole lines, so that its output never lands
     // inside one of kwatch's lines.
     std::setvbuf(stdout, nullptr, _IOLBF, 1 << 16);
+  }
+  if (opts.follow_forks) {
+    const char* why = nullptr;
+    if (!opts.pid.has_value() && opts.command.empty()) {
+      why = "kernel watches have no process to follow";
+    } else if (opts.kernel_accesses) {
+      why =
+          "--kernel-accesses watches one process's memory from the kernel side; its forks "
+          "are not followed yet";
+    } else if (opts.overcommit == "multiplex") {
+      why =
+          "with --overcommit=multiplex each process would rotate its own registers, and the "
+          "summary's coverage and scaled estimates describe one process: use "
+          "--overcommit=pages (exact) with -f";
+    }
+    if (why != nullptr) {
+      std::fprintf(stderr, "kwatch: error: -f/--follow-forks: %s\n", why);
+      return 2;
+    }
   }
   if (!opts.pid.has_value() && opts.command.empty()) {
     if (opts.kernel_accesses) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "cli/profile_report.h"
 #include "core/symbolizer.h"
@@ -145,12 +146,12 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
 }
 
 void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
-                         const core::AccessEvent& ev) {
+                         const core::AccessEvent& ev, const core::AccessEvent* as_counted) {
   // Before `loc`: looking frames up may grow the symbolizer's cache, which `loc` points into.
   const std::string stack_json = json_ ? StackJson(session, ev) : std::string();
   const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
-  const std::string field = summary.FieldLabel(ev);
+  const std::string field = summary.FieldLabel(as_counted != nullptr ? *as_counted : ev);
   const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
   const double t = static_cast<double>(ev.time_ns - std::min(ev.time_ns, start_ns_)) / 1e9;
   if (json_) {
@@ -185,8 +186,11 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
   if (ev.old_value.has_value()) {
     value = absl::StrCat(ValueOf(*ev.old_value, vlen), " -> ", value);
   }
-  absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %-24s %s\n", t, ev.tid,
-                core::AccessKindLetter(ev.kind), field, value, SiteText(loc, ev.ip));
+  const std::string who = main_pid_ != 0 && ev.pid != main_pid_
+                              ? absl::StrCat(ev.pid, "/", ev.tid)  // a followed child (-f)
+                              : absl::StrCat(ev.tid);
+  absl::FPrintF(out_, "%-14.9f %-7s %-3s %-24s %-24s %s\n", t, who, core::AccessKindLetter(ev.kind),
+                field, value, SiteText(loc, ev.ip));
   if (const std::vector<core::RemoteAddr>* frames = session.stack(ev.stack_id)) {
     for (size_t i = 0; i < frames->size(); ++i) {
       const core::RemoteAddr at = i == 0 ? ev.ip : FrameLookup(*frames, i);
@@ -284,6 +288,28 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
       s += ",\"kernel\":";
       s += watch::KernelAccessJson(*k);
     }
+    if (!info.processes.empty()) {
+      s += ",\"processes\":[";
+      for (size_t i = 0; i < info.processes.size(); ++i) {
+        const RunInfo::Process& p = info.processes[i];
+        absl::StrAppendFormat(&s, "%s{\"pid\":%d,\"parent\":%d,\"events\":%d,\"watches\":[%s]",
+                              i == 0 ? "" : ",", p.pid, p.parent, p.events,
+                              absl::StrJoin(p.per_watch, ","));
+        if (p.exit.has_value()) {
+          absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
+                                p.exit->signaled ? -1 : p.exit->code, p.exit->signal);
+        }
+        s += "}";
+      }
+      s += "]";
+    }
+    if (!info.notes.empty()) {
+      s += ",\"notes\":[";
+      for (size_t i = 0; i < info.notes.size(); ++i) {
+        absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(info.notes[i]));
+      }
+      s += "]";
+    }
     s += ",\"profile\":";
     s += RenderJson(profile, namer, ropts).dump();
     s += "}\n";
@@ -338,6 +364,22 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
     }
     absl::FPrintF(out, "kernel: %d system-call stops (page mode stops at every system call)\n",
                   k->syscall_stops);
+  }
+  if (!info.processes.empty()) {
+    absl::FPrintF(out, "\nprocesses (-f: followed forks; events counted per process):\n");
+    for (const RunInfo::Process& p : info.processes) {
+      std::string end = "still running, detached";
+      if (p.exit.has_value()) {
+        end = p.exit->signaled ? absl::StrCat("killed by ", sigabbrev_np(p.exit->signal))
+                               : absl::StrCat("exited with status ", p.exit->code);
+      }
+      absl::FPrintF(out, "  pid %-8d %-22s %10d events  (%s)  %s\n", p.pid,
+                    p.parent == 0 ? "target" : absl::StrCat("child of ", p.parent), p.events,
+                    absl::StrJoin(p.per_watch, " + "), end);
+    }
+  }
+  for (const std::string& note : info.notes) {
+    absl::FPrintF(out, "note: %s\n", note);
   }
   if (info.exit.has_value()) {
     if (info.exit->signaled) {

@@ -31,6 +31,16 @@ struct RunInfo {
   double seconds = 0;
   std::optional<core::ExitInfo> exit;
   pid_t pid = 0;
+  // -f/--follow-forks: every process watched, the target first, with its own counts.
+  struct Process {
+    pid_t pid = 0;
+    pid_t parent = 0;                 // 0 for the target
+    uint64_t events = 0;              // events delivered from this process
+    std::vector<uint64_t> per_watch;  // ... by watch id
+    std::optional<core::ExitInfo> exit;
+  };
+  std::vector<Process> processes;  // empty without -f
+  std::vector<std::string> notes;  // forks, execs and re-arms, for people
 };
 
 // Prints live events, one line each (text or JSON lines). Not thread-safe.
@@ -40,12 +50,19 @@ class EventPrinter {
       : out_(out), json_(json), start_ns_(start_ns) {}
 
   void PrintHeader(const watch::WatchSession& session);
-  void Print(watch::WatchSession& session, watch::Summary& summary, const core::AccessEvent& ev);
+  // `session` is the one of the process that made the access; `as_counted` is the event as
+  // `summary` counts it (its addresses rebased to the first image's after an exec re-arm),
+  // for the field name; nullptr: `ev` itself.
+  void Print(watch::WatchSession& session, watch::Summary& summary, const core::AccessEvent& ev,
+             const core::AccessEvent* as_counted = nullptr);
+  // Events of other processes (followed children) show PID/TID in text.
+  void set_main_pid(pid_t pid) { main_pid_ = pid; }
 
  private:
   FILE* out_;
   bool json_;
   uint64_t start_ns_;
+  pid_t main_pid_ = 0;
 };
 
 // The end-of-session summary. Text: the counts line, each watch's kind and backend, then the

@@ -27,6 +27,7 @@ struct WatchOptions {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
+  bool follow_forks = false;          // -f: watch the children the target forks too (as strace -f)
   std::string user;                   // -u: run the command as this user
   std::optional<core::RunAs> run_as;  // resolved from `user`
   std::string backend = "auto";

@@ -132,6 +132,20 @@ absl::Status PageBackend::OnFork(core::Process& child) {
   return absl::OkStatus();
 }
 
+void PageBackend::OnFollowedFork(core::Process& child, pid_t /*parent_tid*/) {
+  fork_cleanup_[child.pid()] = OnFork(child);
+}
+
+absl::Status PageBackend::TakeForkCleanup(pid_t pid) {
+  auto it = fork_cleanup_.find(pid);
+  if (it == fork_cleanup_.end()) {
+    return absl::OkStatus();
+  }
+  absl::Status s = std::move(it->second);
+  fork_cleanup_.erase(it);
+  return s;
+}
+
 absl::Status PageBackend::Arm() {
   if (armed_) {
     return absl::OkStatus();

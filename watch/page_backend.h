@@ -63,6 +63,12 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
   // A forked child inherits the protected pages: give it back their original protections.
   absl::Status OnFork(core::Process& child) override;
+  // -f: the same cleanup for a followed child, done at its fork event (the pages and scratch
+  // mappings it inherited are exactly the parent's then); its session arms it afresh. The
+  // outcome waits in TakeForkCleanup.
+  void OnFollowedFork(core::Process& child, pid_t parent_tid) override;
+  // The outcome of cleaning followed child `pid` at its fork, once (OK when nothing was done).
+  absl::Status TakeForkCleanup(pid_t pid);
   absl::Status OnSyscallStop(pid_t tid, const core::SyscallStop& stop, bool world_stopped) override;
 
   // What the kernel did with the protected pages inside system calls.
@@ -173,6 +179,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   std::vector<uint64_t> close_pending_;  // pages to protect again at the next syscall stop
   bool disarming_ = false;               // calls in flight are settled; new ones are left alone
   KernelAccessStats kstats_;
+  std::map<pid_t, absl::Status> fork_cleanup_;  // followed children cleaned at their fork
   uint64_t unrelated_ = 0;
   uint64_t emulated_ = 0;
   uint64_t stepped_ = 0;

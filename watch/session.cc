@@ -39,11 +39,12 @@ absl::string_view BackendName(BackendKind kind) {
   return "?";
 }
 
-WatchSession::WatchSession(core::Process& proc, std::unique_ptr<core::Symbols> symbols,
-                           std::vector<Watch> watches)
+WatchSession::WatchSession(core::Process& proc, std::shared_ptr<core::Symbols> symbols,
+                           std::shared_ptr<core::Symbolizer> symbolizer, std::vector<Watch> watches)
     : proc_(proc),
       symbols_(std::move(symbols)),
-      symbolizer_(std::make_unique<core::Symbolizer>(*symbols_)),
+      symbolizer_(symbolizer != nullptr ? std::move(symbolizer)
+                                        : std::make_shared<core::Symbolizer>(*symbols_)),
       watches_(std::move(watches)) {}
 
 WatchSession::~WatchSession() {
@@ -203,11 +204,28 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       }
     }
   }
-  auto session =
-      std::unique_ptr<WatchSession>(new WatchSession(proc, std::move(symbols), std::move(watches)));
+  auto session = std::unique_ptr<WatchSession>(new WatchSession(
+      proc, std::shared_ptr<core::Symbols>(std::move(symbols)), nullptr, std::move(watches)));
   session->backend_note_ = std::move(note);
   session->opts_ = opts;
   session->kind_ = kind;
+  return session;
+}
+
+absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::ForFork(WatchSession& parent,
+                                                                    core::Process& child) {
+  // What the fork copied of kwatch's changes was undone at the fork event (OnFollowedFork):
+  // protected pages. Perf and stop mode's breakpoints are never inherited across fork.
+  if (parent.page_backend_ != nullptr) {
+    if (absl::Status s = parent.page_backend_->TakeForkCleanup(child.pid()); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cleaning up what forked child ", child.pid(), " inherited: ", s.message()));
+    }
+  }
+  auto session = std::unique_ptr<WatchSession>(
+      new WatchSession(child, parent.symbols_, parent.symbolizer_, parent.watches_));
+  session->opts_ = parent.opts_;
+  session->kind_ = parent.kind_;
   return session;
 }
 
@@ -260,6 +278,7 @@ absl::Status WatchSession::ApplyChanges(drmgr::Changes changes) {
 
 absl::Status WatchSession::Arm() {
   page_watches_.clear();
+  page_backend_ = nullptr;
   if (opts_.stack_frames > 0 && unwinder_ == nullptr) {
     KW_ASSIGN_OR_RETURN(
         unwinder_,
@@ -336,6 +355,7 @@ absl::Status WatchSession::Arm() {
     if (!page_watches_.empty()) {
       auto page = std::make_unique<PageBackend>(proc_, page_watches_);
       page->SetRegisterWatches(&register_watches_);
+      page_backend_ = page.get();
       page_ = std::move(page);
       if (unwinder_ != nullptr) {
         page_->SetStackHook(hook);
@@ -345,7 +365,9 @@ absl::Status WatchSession::Arm() {
     std::move(undo).Cancel();
   } else {
     page_watches_ = watches_;
-    page_ = std::make_unique<PageBackend>(proc_, page_watches_);
+    auto page = std::make_unique<PageBackend>(proc_, page_watches_);
+    page_backend_ = page.get();
+    page_ = std::move(page);
     if (unwinder_ != nullptr) {
       page_->SetStackHook(hook);
     }

@@ -23,6 +23,8 @@
 
 namespace kwatch::watch {
 
+class PageBackend;
+
 // What the user asked to watch.
 struct WatchRequest {
   std::string expr;  // as typed: "g_stats.hits", "&jiffies", "0x601040:4"
@@ -82,6 +84,15 @@ class WatchSession {
   static absl::StatusOr<std::unique_ptr<WatchSession>> Create(core::Process& proc,
                                                               std::vector<WatchRequest> requests,
                                                               const SessionOptions& opts = {});
+  // -f/--follow-forks: the session of `child`, a process `parent`'s target forked and kwatch
+  // follows (stopped, one thread, not resumed yet): the same resolved watches (the child's
+  // memory is a copy of the parent's), the same backend and options, the parent's symbols
+  // shared. The child was cleaned up at its fork event (no protected page of the parent's is
+  // left in it; breakpoints are never inherited): FailedPrecondition names what could not be
+  // undone. Nothing is armed yet: Arm() it before the child runs, and the child's accesses
+  // are exact from its first instruction.
+  static absl::StatusOr<std::unique_ptr<WatchSession>> ForFork(WatchSession& parent,
+                                                               core::Process& child);
   ~WatchSession();
 
   // Installs the watches (all or nothing).
@@ -129,12 +140,14 @@ class WatchSession {
   const std::string& backend_note() const { return backend_note_; }
 
   const std::vector<Watch>& watches() const { return watches_; }
+  const SessionOptions& options() const { return opts_; }
+  core::Process& process() const { return proc_; }
   core::Symbolizer& symbolizer() { return *symbolizer_; }
   const core::Symbols& symbols() const { return *symbols_; }
 
  private:
-  WatchSession(core::Process& proc, std::unique_ptr<core::Symbols> symbols,
-               std::vector<Watch> watches);
+  WatchSession(core::Process& proc, std::shared_ptr<core::Symbols> symbols,
+               std::shared_ptr<core::Symbolizer> symbolizer, std::vector<Watch> watches);
 
   // drmgr's reason with its request numbers replaced by the watches users know.
   std::string PeopleReason(const std::string& reason) const;
@@ -142,8 +155,9 @@ class WatchSession {
   absl::Status ApplyChanges(drmgr::Changes changes);
 
   core::Process& proc_;
-  std::unique_ptr<core::Symbols> symbols_;
-  std::unique_ptr<core::Symbolizer> symbolizer_;
+  // Shared with the sessions of followed fork children (same image, same addresses).
+  std::shared_ptr<core::Symbols> symbols_;
+  std::shared_ptr<core::Symbolizer> symbolizer_;
   std::vector<Watch> watches_;
   SessionOptions opts_;
   BackendKind kind_ = BackendKind::kPage;  // the hardware kind, or kPage for pages only
@@ -156,6 +170,7 @@ class WatchSession {
   // emulates an instruction (the registers never see it).
   std::vector<Watch> register_watches_;
   std::unique_ptr<WatchBackend> page_;
+  PageBackend* page_backend_ = nullptr;  // page_, typed (fork cleanup)
   bool multiplexing_ = false;
   // --stack: distinct backtraces, by id - 1 (deduplicated: memory grows with distinct stacks).
   uint32_t CaptureStack(pid_t tid);
