@@ -23,13 +23,14 @@ KernelSlots::KernelSlots(watch::BreakpointRequest opened, std::vector<std::strin
 
 std::string KernelSlots::PeopleReason(const std::string& reason) const {
   // "request 3 (watchpoint 'kwatch', jiffies, priority 10)" and "requests 2, 3".
-  static const std::regex kOne(R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
-  static const std::regex kMany(R"(requests? ((\d+)(, \d+)*))");
-  const std::string out = std::regex_replace(reason, kOne, "request $1");
+  static const std::regex one_request(
+      R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
+  static const std::regex many_requests(R"(requests? ((\d+)(, \d+)*))");
+  const std::string out = std::regex_replace(reason, one_request, "request $1");
   std::string result;
   size_t last = 0;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), kMany); it != std::sregex_iterator();
-       ++it) {
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), many_requests);
+       it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
     result.append(out, last, static_cast<size_t>(m.position(0)) - last);
     std::vector<std::string> names;
@@ -43,7 +44,7 @@ std::string KernelSlots::PeopleReason(const std::string& reason) const {
     absl::StrAppend(&result, names.size() == 1 ? "watch " : "watches ", absl::StrJoin(names, ", "));
     last = static_cast<size_t>(m.position(0) + m.length(0));
   }
-  result.append(out, last, std::string::npos);
+  result += out.substr(last);
   return result;
 }
 
@@ -129,7 +130,7 @@ absl::Status KernelSlots::Request(size_t w, uint64_t addr, uint64_t len, int cpu
   drmgr::Changes changes = std::move(g->changes);
   for (int tries = 0;; ++tries) {
     int refused = -1;
-    const absl::Status s = Apply(changes, &refused);
+    absl::Status s = Apply(changes, &refused);
     if (s.ok()) {
       break;
     }
@@ -149,7 +150,11 @@ absl::Status KernelSlots::Request(size_t w, uint64_t addr, uint64_t len, int cpu
   }
   if (v->state != drmgr::RequestState::kHardware) {
     absl::string_view why = v->reason;
-    absl::ConsumePrefix(&why, "waiting for a slot: ");  // kFail: it does not wait
+    // kFail: refused at once ("no free slot: ..."), or when a decision changed ("waiting for a
+    // slot: ...", it does not wait): the rest says why.
+    if (!absl::ConsumePrefix(&why, "no free slot: ")) {
+      absl::ConsumePrefix(&why, "waiting for a slot: ");
+    }
     return absl::ResourceExhaustedError(absl::StrFormat(
         "watch #%d %s on CPU %d: no debug register free: %s; kernel watches take one debug "
         "register per CPU each (4 per CPU at most, fewer when other tools hold some) and have "

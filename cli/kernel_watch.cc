@@ -1,19 +1,19 @@
 #include "cli/kernel_watch.h"
 
 #include <linux/netlink.h>
-#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstddef>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <optional>
@@ -70,7 +70,7 @@ uint64_t MonotonicNs() {
 }
 
 void Error(const absl::Status& s) {
-  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+  absl::FPrintF(stderr, "kwatch: error: %s\n", s.message());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ void KernelLinesNote(const Options& opts, core::kernel::KernelSymbolResolver& sy
   if (st.ok()) {
     std::fprintf(stderr, "kwatch: kernel source lines from %s\n", symbols.lines_file().c_str());
   } else if (!opts.vmlinux.empty() || opts.stack) {
-    std::fprintf(stderr, "kwatch: note: %s\n", std::string(st.message()).c_str());
+    absl::FPrintF(stderr, "kwatch: note: %s\n", st.message());
   }
 }
 
@@ -384,9 +384,9 @@ std::string SitesJson(const SiteTally& t, core::kernel::KernelSymbolResolver& sy
   std::vector<std::string> items;
   for (const auto& [ip, st] : SitesByEvents(t)) {
     items.push_back(
-        absl::StrFormat("{\"ip\":\"0x%x\",\"site\":%s,\"events\":%d,\"tasks\":[%s],\"cpus\":[%s]}",
-                        ip, JsonString(symbols.Describe(ip)), st->events,
-                        absl::StrJoin(st->tids, ","), absl::StrJoin(st->cpus, ",")));
+        absl::StrFormat(R"({"ip":"0x%x","site":%s,"events":%d,"tasks":[%s],"cpus":[%s]})", ip,
+                        JsonString(symbols.Describe(ip)), st->events, absl::StrJoin(st->tids, ","),
+                        absl::StrJoin(st->cpus, ",")));
   }
   return absl::StrCat("[", absl::StrJoin(items, ","), "]");
 }
@@ -403,7 +403,7 @@ std::string RepeatedIpNote(const KernelWatch& w, size_t i,
 }
 
 // What repeated IPs mean, printed once after the notes above.
-constexpr char kRepeatedIpExplanation[] =
+constexpr absl::string_view kRepeatedIpExplanation =
     "kwatch: note: a rep string instruction traps after each iteration that touches the "
     "watched bytes, reporting the instruction itself while iterations remain and the next one "
     "after the last: a `rep movsb` that copies N watched bytes (copy_to_user on CPUs with "
@@ -561,8 +561,8 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       return;
     }
     if (absl::Status st = PublishSlots(0, slots->Snapshot(), opts.command_line); !st.ok()) {
-      std::fprintf(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
-                   std::string(st.message()).c_str());
+      absl::FPrintF(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
+                    st.message());
     }
   };
   publish();
@@ -768,7 +768,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
           std::fprintf(stderr,
                        "kwatch: warning: CPU %d came online during the session, but the kernel "
                        "watches could not be armed there: %s\n",
-                       cpu, std::string(st.message()).c_str());
+                       cpu, absl::StrCat(st.message()).c_str());
           refused_cpus.insert(cpu);
           armed_here = 0;
           break;
@@ -938,7 +938,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
     }
   }
   if (repeated) {
-    std::fprintf(stderr, "%s", kRepeatedIpExplanation);
+    absl::FPrintF(stderr, "%s", kRepeatedIpExplanation);
   }
   if (opts.json) {
     std::printf("]}\n");
@@ -1027,6 +1027,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
   opened.exclude_user = false;
   opened.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
   std::vector<std::string> labels;
+  labels.reserve(watches.size());
   for (const KernelWatch& w : watches) {
     labels.push_back(w.display);
   }
@@ -1186,12 +1187,13 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
 
 }  // namespace
 
-const char kKernelIfRefusal[] =
+// Why --if is refused for kernel watches and --kernel-accesses.
+constexpr absl::string_view kKernelIfRefusal =
     "--if needs the values of each access, and kernel watches (and --kernel-accesses) are "
     "perf breakpoint streams that read no memory at the access; leave --if out and filter "
     "the --json events (tid, cpu, comm, site)";
 
-const char kKernelRecordingRefusal[] =
+constexpr absl::string_view kKernelRecordingRefusal =
     "-o records kernel --write watches only: a read-write breakpoint does not say whether the "
     "kernel read or wrote, kwatch does not read kernel code to decode the access, and a "
     "recording stores each event as a read or a write; record with --write, or watch --rw live";
@@ -1205,7 +1207,7 @@ int KernelMain(const Options& opts) {
     return 2;
   }
   if (!opts.output.empty() && (opts.rw || opts.exec)) {
-    std::fprintf(stderr, "kwatch: error: %s\n", kKernelRecordingRefusal);
+    absl::FPrintF(stderr, "kwatch: error: %s\n", kKernelRecordingRefusal);
     return 2;
   }
   if (opts.backend == "page") {
@@ -1221,7 +1223,7 @@ int KernelMain(const Options& opts) {
     return 2;
   }
   if (!opts.condition.empty()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
+    absl::FPrintF(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
     return 2;
   }
   if (opts.overcommit == "pages" || opts.overcommit == "multiplex") {
@@ -1250,11 +1252,11 @@ int KernelMain(const Options& opts) {
 
 int KernelAccessesMain(const Options& opts) {
   if (!opts.condition.empty()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
+    absl::FPrintF(stderr, "kwatch: error: %s\n", kKernelIfRefusal);
     return 2;
   }
   if (!opts.output.empty() && (opts.rw || opts.exec)) {
-    std::fprintf(stderr, "kwatch: error: %s\n", kKernelRecordingRefusal);
+    absl::FPrintF(stderr, "kwatch: error: %s\n", kKernelRecordingRefusal);
     return 2;
   }
   auto code = RunKernelAccesses(opts);

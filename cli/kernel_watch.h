@@ -4,9 +4,6 @@
 
 namespace kwatch::cli {
 
-// Why --if is refused for kernel watches and --kernel-accesses.
-extern const char kKernelIfRefusal[];
-
 // `kwatch EXPR...` with no -p and no command: kernel variables, one breakpoint per CPU.
 // Returns kwatch's exit status: 2 when the expression resolves nowhere and nothing more was
 // given (a missing target or symbol file), 1 for other errors.
