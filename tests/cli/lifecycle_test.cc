@@ -508,6 +508,45 @@ TEST_P(ForkLifecycle, FollowedExecIsReArmedByExpression) {
   EXPECT_EQ(o.summary["events"], total);
 }
 
+// -f on an attached process (-p): the children it forks after kwatch attached are followed
+// (field_writer --fork: the child writes g_stats.hits 100 times, then 2 threads 50 each).
+TEST_P(ForkLifecycle, AnAttachedTargetsChildrenAreFollowed) {
+  const std::string backend = GetParam();
+  const std::string truth = TruthFile("attach_fork_" + backend);
+  auto target = kwatch::testing::Spawned::Start(
+      {TargetPath("field_writer"), "2", "50", "--wait", "--fork", "--truth", truth});
+  ASSERT_TRUE(target.ok()) << target.status();
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "-f", "--backend", backend,
+                                            "--write", "g_stats.hits", "-p",
+                                            std::to_string((*target)->pid())});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  auto tr = (*target)->Finish();
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  EXPECT_EQ(tr->exit_code, 0) << tr->err;  // 42 if the child had not exited 0
+  const Output o = Split(r->out);
+  ASSERT_FALSE(o.summary.is_null()) << r->err;
+  EXPECT_EQ(o.summary["stop_reason"], "target exited; its followed children ended");
+  ASSERT_EQ(o.summary["processes"].size(), 2u) << o.summary.dump();
+  EXPECT_EQ(o.summary["processes"][0]["pid"], (*target)->pid());
+  EXPECT_EQ(o.summary["processes"][1]["parent"], (*target)->pid());
+  EXPECT_EQ(o.summary["processes"][1]["exit_code"], 0);
+  if (backend != "page") {
+    KW_REQUIRE_DEBUG_TRAPS();
+  }
+  EXPECT_EQ(o.summary["processes"][0]["events"], 100);  // 2 threads x 50
+  EXPECT_EQ(o.summary["processes"][1]["events"], 100);  // the child
+  const auto by_pid = EventsByPid(o);
+  EXPECT_EQ(by_pid.at((*target)->pid()), 100);
+  EXPECT_EQ(by_pid.at(o.summary["processes"][1]["pid"].get<int>()), 100);
+  EXPECT_EQ(o.summary["events"], 200);
+}
+
 // Ctrl-C while followed children wait: every child gets its memory and registers back and is
 // detached; once let go they finish their work normally (a protected page left behind would
 // kill them with SIGSEGV).
