@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -408,9 +409,10 @@ TEST_F(KernelCli, FixtureVmlinuxGivesAddressesAndDwarfTypes) {
 // The copy-to-user paths a read(2) into user memory takes: the function that holds the
 // copying instruction (`rep movsb` inlined into _copy_to_iter/_copy_to_user on CPUs with
 // FSRM, else rep_movs_alternative or copy_user_generic's helpers).
-const char kCopyToUserSite[] =
-    "(_copy_to_iter|_copy_to_user|copy_to_user[a-z_]*|copy_page_to_iter[a-z_]*|"
-    "rep_movs_alternative|copy_user_[a-z_]+|__copy_user[a-z_]*)\\+0x[0-9a-f]+";
+std::string CopyToUserSite() {
+  return "(_copy_to_iter|_copy_to_user|copy_to_user[a-z_]*|copy_page_to_iter[a-z_]*|"
+         "rep_movs_alternative|copy_user_[a-z_]+|__copy_user[a-z_]*)\\+0x[0-9a-f]+";
+}
 
 // A program that read()s 8 bytes from a pipe into `buf`, then 8 into `mark`, N times (writing
 // both itself too, which must not count), and writes "PID BYTES" to the file argv[2].
@@ -474,7 +476,8 @@ TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
     EXPECT_EQ(e["tid"], pid) << e.dump();
     EXPECT_EQ(e["comm"], "piper") << e.dump();
     EXPECT_EQ(e["kind"], "w") << e.dump();
-    EXPECT_THAT(e["site"].get<std::string>(), ::testing::MatchesRegex(kCopyToUserSite)) << e.dump();
+    EXPECT_THAT(e["site"].get<std::string>(), ::testing::MatchesRegex(CopyToUserSite()))
+        << e.dump();
   }
   // Runs of one buffer's events alternate buf, mark, buf, ... one run per read, all of one
   // length k.
@@ -513,7 +516,7 @@ TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
     size_t sum = 0;
     for (const json& site : w["sites"]) {
       sum += site["events"].get<size_t>();
-      EXPECT_THAT(site["site"].get<std::string>(), ::testing::MatchesRegex(kCopyToUserSite));
+      EXPECT_THAT(site["site"].get<std::string>(), ::testing::MatchesRegex(CopyToUserSite()));
       EXPECT_EQ(site["tasks"], json::array({pid}));
     }
     EXPECT_EQ(sum, kReads * k) << field;
@@ -552,11 +555,13 @@ TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
   while (std::getline(in, line)) {
     size_t n = 0;
     size_t tasks = 0;
-    char cpus[64] = {};
-    char site[256] = {};
-    ASSERT_EQ(std::sscanf(line.c_str(), "%zu %zu %63s %255s", &n, &tasks, cpus, site), 4) << line;
+    std::array<char, 64> cpus{};
+    std::array<char, 256> site{};
+    ASSERT_EQ(std::sscanf(line.c_str(), "%zu %zu %63s %255s", &n, &tasks, cpus.data(), site.data()),
+              4)
+        << line;
     EXPECT_EQ(tasks, 1U) << line;
-    EXPECT_THAT(site, ::testing::MatchesRegex(kCopyToUserSite)) << line;
+    EXPECT_THAT(std::string(site.data()), ::testing::MatchesRegex(CopyToUserSite())) << line;
     sum += n;
   }
   EXPECT_EQ(sum, kReads * k);
@@ -663,14 +668,16 @@ class KernelStackWord : public KernelCli {
         {prog_, where, std::to_string(kSyscalls), absl::StrFormat("0x%x", KernelThreadSize())});
     ASSERT_TRUE(t.ok()) << t.status();
     target_ = *std::move(t);
-    for (int i = 0; i < 200 && ReadFile(where).find('\n') == std::string::npos; ++i) {
+    for (int i = 0; i < 200 && !absl::StrContains(ReadFile(where), '\n'); ++i) {
       usleep(10000);
     }
     unsigned long long top = 0;
     ASSERT_EQ(std::sscanf(ReadFile(where).c_str(), "%d %llx", &pid_, &top), 2)
         << "kstack could not learn its kernel stack: " << target_->err();
     // struct pt_regs (168 bytes, no FRED padding here) ends at the top: orig_ax is its 16th word.
-    word_ = top - 168 + 15 * 8;
+    constexpr uint64_t kPtRegsBytes = 168;
+    constexpr uint64_t kOrigAxOffset = uint64_t{15} * 8;
+    word_ = top - kPtRegsBytes + kOrigAxOffset;
     map_ = Write("System.map",
                  FixtureMap(raw_) + absl::StrFormat("%016x D kw_orig_ax\n", word_ - kFixtureSlide));
   }
@@ -949,7 +956,7 @@ TEST_F(KernelCli, KernelAccessesRecordingAndReport) {
     for (const json& s : w["top_sites"]) {
       EXPECT_THAT(
           absl::StrFormat("%s+0x%x", s["function"].get<std::string>(), s["offset"].get<uint64_t>()),
-          ::testing::MatchesRegex(kCopyToUserSite));
+          ::testing::MatchesRegex(CopyToUserSite()));
       sum += s["count"].get<size_t>();
     }
     EXPECT_EQ(sum, w["writes"].get<size_t>());
