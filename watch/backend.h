@@ -20,7 +20,7 @@ enum class BackendKind : uint8_t {
   kAuto,  // hardware breakpoints if this machine delivers their traps, else pages
   kPerf,  // perf_event_open hardware breakpoints, sampled into ring buffers (stream mode)
   kPage,  // page protection: mprotect + fault + single-step under ptrace, exact values
-  kStop,  // ptrace stop mode: DR0-DR3/DR7 through PTRACE_POKEUSER, a stop per access, exact
+  kStop,  // stop mode: breakpoints as perf events with sigtrap, a ptrace stop per access, exact
 };
 
 absl::string_view BackendName(BackendKind kind);

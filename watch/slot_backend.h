@@ -12,8 +12,8 @@
 namespace kwatch::watch {
 
 // A backend that makes drmgr's slot decisions real in the debug registers of one process:
-// the perf applier (PERF_TYPE_BREAKPOINT events, stream mode) and the ptrace applier (DR0-DR3
-// and DR7 of every thread through PTRACE_POKEUSER, stop mode). The session owns the
+// the perf applier (PERF_TYPE_BREAKPOINT events, stream mode) and the stop applier (one perf
+// breakpoint with sigtrap per thread and register, stop mode). The session owns the
 // drmgr::SlotAllocator, asks it for one request per watch, and hands each change list here.
 //
 // Lifecycle: Arm() prepares (nothing is in the registers yet), then Apply() with the
