@@ -547,6 +547,25 @@ TEST_P(ForkLifecycle, AnAttachedTargetsChildrenAreFollowed) {
   EXPECT_EQ(o.summary["events"], 200);
 }
 
+// What -f cannot make exact is refused before anything runs, with the reason.
+TEST(Lifecycle, FollowForksRefusesWhatItCannotMakeExact) {
+  auto mux =
+      kwatch::testing::Run({KwatchPath(), "-f", "--overcommit=multiplex", "--write", "g_counter",
+                            "--", TargetPath("fork_watch"), "1", ForkTruthFile("refused")});
+  ASSERT_TRUE(mux.ok()) << mux.status();
+  EXPECT_EQ(mux->exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(mux->err,
+                                "kwatch: error: -f/--follow-forks: with --overcommit=multiplex "
+                                "each process would rotate its own registers"))
+      << mux->err;
+  auto kernel = kwatch::testing::Run({KwatchPath(), "-f", "--write", "&jiffies"});
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ(kernel->exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(
+      kernel->err, "kwatch: error: -f/--follow-forks: kernel watches have no process to follow"))
+      << kernel->err;
+}
+
 // Ctrl-C while followed children wait: every child gets its memory and registers back and is
 // detached; once let go they finish their work normally (a protected page left behind would
 // kill them with SIGSEGV).
