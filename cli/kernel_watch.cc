@@ -290,7 +290,9 @@ absl::StatusOr<KernelWatch> ResolveKernelExpr(const std::string& text, const Opt
 class CommCache {
  public:
   const std::string& Get(pid_t tid, uint32_t cpu) {
-    auto it = names_.find(tid);
+    // tid 0 is each CPU's own idle task: one name per CPU.
+    const int64_t key = tid == 0 ? -1 - static_cast<int64_t>(cpu) : tid;
+    auto it = names_.find(key);
     if (it != names_.end()) {
       return it->second;
     }
@@ -301,11 +303,11 @@ class CommCache {
       auto comm = core::kernel::ReadWholeFile(absl::StrCat("/proc/", tid, "/comm"));
       name = comm.ok() ? std::string(absl::StripAsciiWhitespace(*comm)) : "?";
     }
-    return names_.emplace(tid, std::move(name)).first->second;
+    return names_.emplace(key, std::move(name)).first->second;
   }
 
  private:
-  std::map<pid_t, std::string> names_;
+  std::map<int64_t, std::string> names_;  // by tid; idle tasks by -1 - cpu
 };
 
 struct KernelEvent {
