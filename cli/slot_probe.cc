@@ -63,9 +63,7 @@ absl::StatusOr<int> CountFreeSlots(pid_t tid) {
       case ENODEV:
       case ENOENT:
       case EOPNOTSUPP:
-        return core::SyscallError(
-            err, call,
-            "this kernel has no hardware breakpoint support (CONFIG_HAVE_HW_BREAKPOINT)");
+        return core::SyscallError(err, call, watch::NoBreakpointSupportAdvice());
       default:
         return core::SyscallError(err, call);
     }

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -162,7 +163,11 @@ absl::StatusOr<RunResult> Spawned::Finish(int timeout_s) {
   return result_;
 }
 
-core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr) {
+namespace {
+
+// A disabled, not inherited 8-byte write breakpoint on `addr` in thread `tid`, user space
+// only; invalid (errno set) when the kernel refuses.
+core::UniqueFd OpenDisabledBreakpoint(pid_t tid, uint64_t addr) {
   perf_event_attr attr{};
   attr.type = PERF_TYPE_BREAKPOINT;
   attr.size = sizeof(attr);
@@ -173,8 +178,27 @@ core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr) {
   attr.exclude_kernel = 1;
   attr.exclude_hv = 1;
   attr.disabled = 1;
-  core::UniqueFd fd(
+  return core::UniqueFd(
       static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
+}
+
+}  // namespace
+
+int FreeDebugRegisters(pid_t tid, uint64_t addr) {
+  std::vector<core::UniqueFd> held;
+  for (int i = 0; i <= 4; ++i) {
+    core::UniqueFd fd = OpenDisabledBreakpoint(tid, addr);
+    if (!fd.valid()) {
+      EXPECT_EQ(errno, ENOSPC) << "perf_event_open on " << tid << ": " << std::strerror(errno);
+      break;
+    }
+    held.push_back(std::move(fd));
+  }
+  return static_cast<int>(held.size());
+}
+
+core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr) {
+  core::UniqueFd fd = OpenDisabledBreakpoint(tid, addr);
   EXPECT_TRUE(fd.valid()) << "perf_event_open(breakpoint) on tid " << tid << ": "
                           << std::strerror(errno);
   return fd;

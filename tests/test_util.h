@@ -82,6 +82,11 @@ bool AllowSkip();
 // refuses; the descriptor is then invalid.
 core::UniqueFd HoldBreakpointSlot(pid_t tid, uint64_t addr);
 
+// Free debug registers of thread `tid` as the kernel counts them (as `kwatch slots` does):
+// disabled breakpoints on `addr` opened until ENOSPC, then closed. Adds a test failure when
+// the kernel refuses with anything but ENOSPC.
+int FreeDebugRegisters(pid_t tid, uint64_t addr);
+
 }  // namespace kwatch::testing
 
 // Fails (or skips, only when KWATCH_ALLOW_SKIP=1) with `why` when `cond` is false.

@@ -32,18 +32,6 @@ namespace {
 // Lowest address of the x86-64 kernel half (canonical upper half).
 constexpr uint64_t kKernelHalf = 0xffff800000000000ULL;
 
-uint32_t BpType(drmgr::DrKind kind) {
-  switch (kind) {
-    case drmgr::DrKind::kExec:
-      return HW_BREAKPOINT_X;
-    case drmgr::DrKind::kWrite:
-      return HW_BREAKPOINT_W;
-    case drmgr::DrKind::kReadWrite:
-      return HW_BREAKPOINT_RW;
-  }
-  return HW_BREAKPOINT_EMPTY;
-}
-
 std::string WhoText(const BreakpointRequest& req) {
   if (req.tid == -1) {
     return absl::StrCat("cpu ", req.cpu);
@@ -108,8 +96,7 @@ absl::StatusOr<core::UniqueFd> OpenOne(const perf_event_attr& attr, const Breakp
     case ENODEV:
     case ENOENT:
     case EOPNOTSUPP:
-      return core::SyscallError(
-          err, call, "this kernel has no hardware breakpoint support (CONFIG_HAVE_HW_BREAKPOINT)");
+      return core::SyscallError(err, call, NoBreakpointSupportAdvice());
     default:
       return core::SyscallError(err, call);
   }
@@ -136,7 +123,7 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
   perf_event_attr attr{};
   attr.type = PERF_TYPE_BREAKPOINT;
   attr.size = sizeof(attr);
-  attr.bp_type = BpType(req.kind);
+  attr.bp_type = PerfBpType(req.kind);
   attr.bp_addr = req.addr.value;
   // x86 execute breakpoints must say sizeof(long) (arch/x86/kernel/hw_breakpoint.c).
   attr.bp_len = exec ? sizeof(long) : req.len;

@@ -2,6 +2,7 @@
 
 #include <asm/perf_regs.h>
 #include <fcntl.h>
+#include <linux/hw_breakpoint.h>
 #include <unistd.h>
 
 #include <array>
@@ -16,6 +17,22 @@
 #include "core/unique_fd.h"
 
 namespace kwatch::watch {
+
+uint32_t PerfBpType(drmgr::DrKind kind) {
+  switch (kind) {
+    case drmgr::DrKind::kExec:
+      return HW_BREAKPOINT_X;
+    case drmgr::DrKind::kWrite:
+      return HW_BREAKPOINT_W;
+    case drmgr::DrKind::kReadWrite:
+      return HW_BREAKPOINT_RW;
+  }
+  return HW_BREAKPOINT_EMPTY;
+}
+
+std::string NoBreakpointSupportAdvice() {
+  return "this kernel has no hardware breakpoint support (CONFIG_HAVE_HW_BREAKPOINT)";
+}
 
 namespace {
 

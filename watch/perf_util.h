@@ -7,7 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "drmgr/debug_regs.h"
+
 namespace kwatch::watch {
+
+// perf_event_attr.bp_type (HW_BREAKPOINT_X, _W, _RW) of a debug-register kind.
+uint32_t PerfBpType(drmgr::DrKind kind);
+
+// Advice for ENODEV/ENOENT/EOPNOTSUPP from perf_event_open of a breakpoint.
+std::string NoBreakpointSupportAdvice();
 
 // The first KiB of a small /proc or /sys file, without surrounding whitespace; empty when
 // it cannot be read.

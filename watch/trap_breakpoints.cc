@@ -25,18 +25,6 @@ namespace {
 constexpr uint32_t kSerialBits = 30;
 constexpr uint32_t kSerialMask = (uint32_t{1} << kSerialBits) - 1;
 
-uint32_t BpType(drmgr::DrKind kind) {
-  switch (kind) {
-    case drmgr::DrKind::kExec:
-      return HW_BREAKPOINT_X;
-    case drmgr::DrKind::kWrite:
-      return HW_BREAKPOINT_W;
-    case drmgr::DrKind::kReadWrite:
-      return HW_BREAKPOINT_RW;
-  }
-  return HW_BREAKPOINT_EMPTY;
-}
-
 std::string KernelRelease() {
   utsname u{};
   return ::uname(&u) == 0 ? std::string(u.release) : std::string("?");
@@ -62,7 +50,7 @@ absl::StatusOr<core::UniqueFd> OpenTrap(pid_t tid, int reg, const TrapSlot& slot
   perf_event_attr attr{};
   attr.type = PERF_TYPE_BREAKPOINT;
   attr.size = sizeof(attr);
-  attr.bp_type = BpType(slot.kind);
+  attr.bp_type = PerfBpType(slot.kind);
   attr.bp_addr = slot.addr.value;
   // x86 execute breakpoints must say sizeof(long) (arch/x86/kernel/hw_breakpoint.c).
   attr.bp_len = exec ? sizeof(long) : slot.len;
@@ -110,9 +98,7 @@ absl::StatusOr<core::UniqueFd> OpenTrap(pid_t tid, int reg, const TrapSlot& slot
       case ENODEV:
       case ENOENT:
       case EOPNOTSUPP:
-        return core::SyscallError(
-            err, call,
-            "this kernel has no hardware breakpoint support (CONFIG_HAVE_HW_BREAKPOINT)");
+        return core::SyscallError(err, call, NoBreakpointSupportAdvice());
       default:
         return core::SyscallError(err, call);
     }

@@ -9,53 +9,12 @@ namespace kwatch::core {
 
 namespace {
 
-using RegField = unsigned long long user_regs_struct::*;  // NOLINT(google-runtime-int)
-
 constexpr uint64_t kCf = 1ULL << 0;
 constexpr uint64_t kPf = 1ULL << 2;
 constexpr uint64_t kAf = 1ULL << 4;
 constexpr uint64_t kZf = 1ULL << 6;
 constexpr uint64_t kSf = 1ULL << 7;
 constexpr uint64_t kOf = 1ULL << 11;
-
-std::optional<RegField> FieldOf(ZydisRegister reg) {
-  switch (ZydisRegisterGetLargestEnclosing(ZYDIS_MACHINE_MODE_LONG_64, reg)) {
-    case ZYDIS_REGISTER_RAX:
-      return &user_regs_struct::rax;
-    case ZYDIS_REGISTER_RBX:
-      return &user_regs_struct::rbx;
-    case ZYDIS_REGISTER_RCX:
-      return &user_regs_struct::rcx;
-    case ZYDIS_REGISTER_RDX:
-      return &user_regs_struct::rdx;
-    case ZYDIS_REGISTER_RSI:
-      return &user_regs_struct::rsi;
-    case ZYDIS_REGISTER_RDI:
-      return &user_regs_struct::rdi;
-    case ZYDIS_REGISTER_RBP:
-      return &user_regs_struct::rbp;
-    case ZYDIS_REGISTER_RSP:
-      return &user_regs_struct::rsp;
-    case ZYDIS_REGISTER_R8:
-      return &user_regs_struct::r8;
-    case ZYDIS_REGISTER_R9:
-      return &user_regs_struct::r9;
-    case ZYDIS_REGISTER_R10:
-      return &user_regs_struct::r10;
-    case ZYDIS_REGISTER_R11:
-      return &user_regs_struct::r11;
-    case ZYDIS_REGISTER_R12:
-      return &user_regs_struct::r12;
-    case ZYDIS_REGISTER_R13:
-      return &user_regs_struct::r13;
-    case ZYDIS_REGISTER_R14:
-      return &user_regs_struct::r14;
-    case ZYDIS_REGISTER_R15:
-      return &user_regs_struct::r15;
-    default:
-      return std::nullopt;
-  }
-}
 
 uint32_t WidthOf(ZydisRegister reg) {
   return ZydisRegisterGetWidth(ZYDIS_MACHINE_MODE_LONG_64, reg);
@@ -67,20 +26,20 @@ uint64_t Mask(uint32_t bits) {
 
 // A 32- or 64-bit GPR (classification guarantees it for the kinds that use this).
 absl::StatusOr<uint64_t> ReadReg(const user_regs_struct& regs, ZydisRegister reg) {
-  const std::optional<RegField> f = FieldOf(reg);
-  if (!f.has_value()) {
+  const std::optional<GprSlot> slot = ResolveGpr(reg);
+  if (!slot.has_value()) {
     return absl::InternalError("not a general-purpose register");
   }
-  return regs.*(*f) & Mask(WidthOf(reg));
+  return ReadGpr(regs, *slot);
 }
 
 // x86-64 rules: a 32-bit destination zero-extends into the 64-bit register.
 absl::Status WriteReg(user_regs_struct& regs, ZydisRegister reg, uint64_t value) {
-  const std::optional<RegField> f = FieldOf(reg);
-  if (!f.has_value()) {
-    return absl::InternalError("not a general-purpose register");
+  const std::optional<GprSlot> slot = ResolveGpr(reg);
+  if (!slot.has_value() || slot->shift != 0) {
+    return absl::InternalError("not a 32- or 64-bit general-purpose register");
   }
-  regs.*(*f) = value & Mask(WidthOf(reg));
+  regs.*slot->field = value & Mask(slot->bits);
   return absl::OkStatus();
 }
 

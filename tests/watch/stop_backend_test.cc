@@ -61,37 +61,13 @@ ThreadDebugRegs Peek(pid_t tid) {
   return r;
 }
 
-// Free debug registers of thread `tid` as the kernel counts them (as `kwatch slots` does):
-// disabled breakpoints on `addr` opened until ENOSPC, then closed.
-int FreeRegisters(pid_t tid, uint64_t addr) {
-  std::vector<core::UniqueFd> held;
-  for (int i = 0; i <= 4; ++i) {
-    perf_event_attr attr{};
-    attr.type = PERF_TYPE_BREAKPOINT;
-    attr.size = sizeof(attr);
-    attr.bp_type = HW_BREAKPOINT_W;
-    attr.bp_addr = addr;
-    attr.bp_len = HW_BREAKPOINT_LEN_8;
-    attr.exclude_kernel = 1;
-    attr.disabled = 1;
-    const int fd =
-        static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC));
-    if (fd < 0) {
-      EXPECT_EQ(errno, ENOSPC) << "perf_event_open on " << tid << ": " << std::strerror(errno);
-      break;
-    }
-    held.emplace_back(fd);
-  }
-  return static_cast<int>(held.size());
-}
-
-// FreeRegisters, asked again while it is below `want`: a kernel watch of a test running in
+// FreeDebugRegisters, asked again while it is below `want`: a kernel watch of a test running in
 // parallel takes a register of every thread for a moment.
 int FreeRegistersSettled(pid_t tid, uint64_t addr, int want) {
-  int free = FreeRegisters(tid, addr);
+  int free = ::kwatch::testing::FreeDebugRegisters(tid, addr);
   for (int attempt = 0; attempt < 50 && free < want; ++attempt) {
     ::usleep(100 * 1000);
-    free = FreeRegisters(tid, addr);
+    free = ::kwatch::testing::FreeDebugRegisters(tid, addr);
   }
   return free;
 }

@@ -39,29 +39,6 @@ TEST(TrapBreakpoints, SigDataNamesTheRegisterUnderKwatchsMagic) {
   EXPECT_FALSE(IsTrapBreakpointSignal(si));
 }
 
-// Free debug registers of thread `tid` as the kernel counts them: disabled breakpoints opened
-// until ENOSPC, then closed.
-int FreeRegisters(pid_t tid, uint64_t addr) {
-  std::vector<core::UniqueFd> held;
-  for (int i = 0; i <= 4; ++i) {
-    perf_event_attr attr{};
-    attr.type = PERF_TYPE_BREAKPOINT;
-    attr.size = sizeof(attr);
-    attr.bp_type = HW_BREAKPOINT_W;
-    attr.bp_addr = addr;
-    attr.bp_len = HW_BREAKPOINT_LEN_8;
-    attr.exclude_kernel = 1;
-    attr.disabled = 1;
-    const int fd =
-        static_cast<int>(::syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC));
-    if (fd < 0) {
-      break;
-    }
-    held.emplace_back(fd);
-  }
-  return static_cast<int>(held.size());
-}
-
 volatile uint64_t g_watched;
 volatile uint64_t g_other;
 siginfo_t g_seen;
@@ -80,7 +57,8 @@ TEST(TrapBreakpoints, EachRegisterIsAnEventTheKernelCountsAndThatStopsTheThread)
   const auto addr = core::RemoteAddr{reinterpret_cast<uint64_t>(&g_watched)};
   // A kernel watch of a test running in parallel takes a register of every thread for a
   // moment: start with all four free.
-  for (int attempt = 0; attempt < 50 && FreeRegisters(tid, addr.value) < 4; ++attempt) {
+  for (int attempt = 0; attempt < 50 && ::kwatch::testing::FreeDebugRegisters(tid, addr.value) < 4;
+       ++attempt) {
     ::usleep(100 * 1000);
   }
   core::UniqueFd held = kwatch::testing::HoldBreakpointSlot(tid, addr.value);
