@@ -790,19 +790,11 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   if (opts.follow_forks) {
     group = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
   }
-  std::unique_ptr<core::Process> proc;
-  if (opts.pid.has_value()) {
-    KW_ASSIGN_OR_RETURN(proc, core::Process::Attach(*opts.pid));
-  } else {
-    core::LaunchOptions lo;
-    lo.kill_on_exit = opts.kill_on_exit;
-    lo.run_as = opts.run_as;
-    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts.command, lo));
-    if (absl::Status s = proc->RunToEntry(); !s.ok()) {
-      (void)proc->Kill();
-      return s;
-    }
-  }
+  core::LaunchOptions lo;
+  lo.kill_on_exit = opts.kill_on_exit;
+  lo.run_as = opts.run_as;
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc,
+                      core::Process::Start(opts.pid, opts.command, lo));
   if (group != nullptr) {
     group->Add(*proc);
   }

@@ -1080,19 +1080,11 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
     sigaddset(&mask, sig);
   }
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  std::unique_ptr<core::Process> proc;
-  if (opts.pid.has_value()) {
-    KW_ASSIGN_OR_RETURN(proc, core::Process::Attach(*opts.pid));
-  } else {
-    core::LaunchOptions lo;
-    lo.kill_on_exit = opts.kill_on_exit;
-    lo.run_as = opts.run_as;
-    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts.command, lo));
-    if (absl::Status st = proc->RunToEntry(); !st.ok()) {
-      (void)proc->Kill();
-      return st;
-    }
-  }
+  core::LaunchOptions lo;
+  lo.kill_on_exit = opts.kill_on_exit;
+  lo.run_as = opts.run_as;
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc,
+                      core::Process::Start(opts.pid, opts.command, lo));
   auto fail = [&](absl::Status st) -> absl::Status {
     if (proc->launched()) {
       (void)proc->Kill();

@@ -458,15 +458,10 @@ void HwRunner::OnHit(const HwProbes::Hit& h) {
 }
 
 absl::Status HwRunner::Start() {
-  if (opts_.pid.has_value()) {
-    KW_ASSIGN_OR_RETURN(proc_, core::Process::Attach(*opts_.pid));
-  } else {
-    core::LaunchOptions lo;
-    lo.run_as = opts_.user;
-    lo.kill_on_exit = opts_.kill_on_exit;
-    KW_ASSIGN_OR_RETURN(proc_, core::Process::Launch(opts_.command, lo));
-    KW_RETURN_IF_ERROR(proc_->RunToEntry());
-  }
+  core::LaunchOptions lo;
+  lo.run_as = opts_.user;
+  lo.kill_on_exit = opts_.kill_on_exit;
+  KW_ASSIGN_OR_RETURN(proc_, core::Process::Start(opts_.pid, opts_.command, lo));
   KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_->Maps());
   absl::StatusOr<uint64_t> bias = set_.target->LoadBias(maps);
   if (!bias.ok()) {

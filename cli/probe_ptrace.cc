@@ -198,15 +198,10 @@ void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uin
 }
 
 absl::Status PtraceRunner::Start() {
-  if (opts_.pid.has_value()) {
-    KW_ASSIGN_OR_RETURN(proc_, core::Process::Attach(*opts_.pid));
-  } else {
-    core::LaunchOptions lo;
-    lo.run_as = opts_.user;
-    lo.kill_on_exit = opts_.kill_on_exit;
-    KW_ASSIGN_OR_RETURN(proc_, core::Process::Launch(opts_.command, lo));
-    KW_RETURN_IF_ERROR(proc_->RunToEntry());
-  }
+  core::LaunchOptions lo;
+  lo.run_as = opts_.user;
+  lo.kill_on_exit = opts_.kill_on_exit;
+  KW_ASSIGN_OR_RETURN(proc_, core::Process::Start(opts_.pid, opts_.command, lo));
   if (opts_.follow_forks) {
     group_ = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
     group_->Add(*proc_);

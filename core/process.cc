@@ -307,6 +307,20 @@ absl::Status Process::SeizeThread(pid_t tid) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(std::optional<pid_t> pid,
+                                                        const std::vector<std::string>& argv,
+                                                        const LaunchOptions& opts) {
+  if (pid.has_value()) {
+    return Attach(*pid);
+  }
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<Process> proc, Launch(argv, opts));
+  if (absl::Status s = proc->RunToEntry(); !s.ok()) {
+    (void)proc->Kill();
+    return s;
+  }
+  return proc;
+}
+
 absl::StatusOr<std::unique_ptr<Process>> Process::Attach(pid_t pid) {
   if (pid <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("invalid pid ", pid));

@@ -130,6 +130,12 @@ class Process {
   // tracer such as gdb or strace already attached: names it from /proc/PID/status).
   static absl::StatusOr<std::unique_ptr<Process>> Attach(pid_t pid);
 
+  // The target of a session: Attach(*pid) when a pid is given, else Launch(argv, opts) and
+  // RunToEntry() (a launched target that fails to reach its entry point is killed).
+  static absl::StatusOr<std::unique_ptr<Process>> Start(std::optional<pid_t> pid,
+                                                        const std::vector<std::string>& argv,
+                                                        const LaunchOptions& opts);
+
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
