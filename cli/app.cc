@@ -992,6 +992,10 @@ int Main(int argc, char** argv) {
   app.add_option("--vmlinux", opts.vmlinux,
                  "Kernel watches: the running kernel's vmlinux (with its symbol table); with "
                  "DWARF, kernel code is shown with file:line");
+  app.add_option("--kcore", opts.kcore,
+                 "Kernel watches: read each event's value at drain time from this ELF core "
+                 "file (kernel addresses in PT_LOAD segments) instead of /proc/kcore")
+      ->default_str("/proc/kcore");
   app.add_flag("--kernel-accesses", opts.kernel_accesses,
                "Watch a process's memory for the accesses the kernel makes on its behalf "
                "(e.g. the buffer read(2) fills), with the kernel function that made each");
@@ -1088,10 +1092,11 @@ int Main(int argc, char** argv) {
     }
     return KernelAccessesMain(opts);
   }
-  if (!opts.system_map.empty() || !opts.vmlinux.empty() || !opts.kernel_type.empty()) {
+  if (!opts.system_map.empty() || !opts.vmlinux.empty() || !opts.kernel_type.empty() ||
+      !opts.kcore.empty()) {
     std::fprintf(stderr,
-                 "kwatch: error: --system-map, --vmlinux and --type are for kernel watches "
-                 "(no -p and no command)\n");
+                 "kwatch: error: --system-map, --vmlinux, --type and --kcore are for kernel "
+                 "watches (no -p and no command)\n");
     return 2;
   }
   if (opts.read) {

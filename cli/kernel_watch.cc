@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -41,6 +42,7 @@
 #include "core/expr.h"
 #include "core/kernel/btf_types.h"
 #include "core/kernel/kallsyms.h"
+#include "core/kernel/kernel_memory.h"
 #include "core/kernel/kernel_symbols.h"
 #include "core/process.h"
 #include "core/status_macros.h"
@@ -75,6 +77,9 @@ void Error(const absl::Status& s) {
 
 // ---------------------------------------------------------------------------------------------
 // Kernel watches: no -p and no command. One CPU-wide breakpoint per online CPU (pid -1).
+
+// Where kernel watches read kernel memory for their values (CONFIG_PROC_KCORE).
+constexpr absl::string_view kProcKcore = "/proc/kcore";
 
 // What one kernel site (trap IP) did to one watch: the per-site summary.
 struct SiteStat {
@@ -310,6 +315,51 @@ class CommCache {
   std::map<int64_t, std::string> names_;  // by tid; idle tasks by -1 - cpu
 };
 
+// The values of kernel watches read at drain time from kernel memory (/proc/kcore, or --kcore
+// FILE): each watch's bytes once per drained batch (several events of a batch show the same
+// value), shown marked as such (~V, "value_at":"drain"). A watch whose read fails shows no
+// value; the first failure of each watch is said once.
+class DrainValues {
+ public:
+  DrainValues(std::unique_ptr<core::kernel::KernelMemory> memory, size_t watches)
+      : memory_(std::move(memory)), values_(watches), failed_(watches, false) {}
+
+  bool Enabled() const { return memory_ != nullptr; }
+
+  // Forgets the values of the previous batch.
+  void NewBatch() { std::fill(values_.begin(), values_.end(), std::nullopt); }
+
+  // Watch `i`'s value in this batch (read at its first event), nullopt when it cannot be read.
+  std::optional<uint64_t> Get(size_t i, const KernelWatch& w) {
+    if (memory_ == nullptr) {
+      return std::nullopt;
+    }
+    if (!values_[i].has_value()) {
+      std::array<uint8_t, 8> buf{};
+      const absl::Status st =
+          memory_->Read(w.addr, std::span<uint8_t>(buf).first(std::min<size_t>(w.len, 8)));
+      if (st.ok()) {
+        uint64_t v = 0;
+        std::memcpy(&v, buf.data(), buf.size());  // x86-64: little-endian
+        values_[i] = v;
+      } else {
+        values_[i] = std::optional<uint64_t>();
+        if (!failed_[i]) {
+          failed_[i] = true;
+          absl::FPrintF(stderr, "kwatch: note: watch #%d %s shows no value: %s\n", i + 1, w.display,
+                        st.message());
+        }
+      }
+    }
+    return *values_[i];
+  }
+
+ private:
+  std::unique_ptr<core::kernel::KernelMemory> memory_;
+  std::vector<std::optional<std::optional<uint64_t>>> values_;  // per watch, this batch
+  std::vector<bool> failed_;                                    // per watch: said once
+};
+
 struct KernelEvent {
   watch::PerfSample s;
   size_t watch = 0;
@@ -416,10 +466,12 @@ constexpr absl::string_view kRepeatedIpExplanation =
 // Appends one kernel event to the recording, with its site (symbolized once: function,
 // offset and file:line as the live output names them) and its task's name (once per tid and
 // name). A kernel event's ip is the trap IP: x86 reports data breakpoints after the access,
-// and kwatch does not read kernel code to find the instruction before it.
+// and kwatch does not read kernel code to find the instruction before it. `value` is the
+// watch's value at drain time, when kernel memory could be read.
 absl::Status RecordKernelEvent(core::TraceWriter& writer,
                                core::kernel::KernelSymbolResolver& symbols, CommCache& comms,
-                               const KernelWatch& w, const KernelEvent& ev) {
+                               const KernelWatch& w, const KernelEvent& ev,
+                               std::optional<uint64_t> value) {
   const core::RemoteAddr ip{ev.s.ip};
   if (!writer.HasSite(ip)) {
     const core::kernel::KernelSymbolResolver::CodeSite site = symbols.Locate(ev.s.ip);
@@ -447,6 +499,8 @@ absl::Status RecordKernelEvent(core::TraceWriter& writer,
   e.access_addr = core::RemoteAddr{w.addr};
   e.access_size = 0;                  // the watched range is all a breakpoint tells
   e.kind = core::AccessKind::kWrite;  // -o takes --write kernel watches only
+  e.value = value;                    // read at drain time (DrainValues), or none
+  e.value_exact = false;
   return writer.Append(e);
 }
 
@@ -513,15 +567,59 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateKernelRecording(
   return writer;
 }
 
+// Kernel memory for the values of kernel watches at drain time: --kcore FILE (an error when
+// it cannot be read), else /proc/kcore; when /proc/kcore cannot be opened, says once why events
+// show no value. Each watch is read once here, so that one its file does not map is said before
+// any event. Nothing is opened with -q and no -o (no event is shown or recorded).
+absl::StatusOr<std::unique_ptr<DrainValues>> OpenDrainValues(
+    const Options& opts, const std::vector<KernelWatch>& watches) {
+  if (opts.quiet && opts.output.empty()) {
+    return std::make_unique<DrainValues>(nullptr, watches.size());
+  }
+  const std::string path = opts.kcore.empty() ? std::string{kProcKcore} : opts.kcore;
+  absl::StatusOr<std::unique_ptr<core::kernel::KernelMemory>> memory =
+      core::kernel::KernelMemory::Open(path);
+  if (!memory.ok()) {
+    if (!opts.kcore.empty()) {
+      return absl::Status(memory.status().code(),
+                          absl::StrCat("--kcore ", path, ": ", memory.status().message()));
+    }
+    std::string why(memory.status().message());
+    if (absl::IsNotFound(memory.status())) {
+      why =
+          "this kernel has no /proc/kcore (built without CONFIG_PROC_KCORE), and kwatch reads "
+          "kernel memory only there";
+    } else if (absl::IsPermissionDenied(memory.status())) {
+      absl::StrAppend(&why,
+                      ": reading kernel memory needs CAP_SYS_RAWIO (root), and a kernel in "
+                      "lockdown mode (Secure Boot) refuses it to everyone");
+    }
+    absl::FPrintF(stderr, "kwatch: note: kernel events show no value: %s\n", why);
+    return std::make_unique<DrainValues>(nullptr, watches.size());
+  }
+  absl::FPrintF(stderr,
+                "kwatch: values from %s, read when kwatch drains the events (~V), not at the "
+                "access\n",
+                path);
+  auto values = std::make_unique<DrainValues>(*std::move(memory), watches.size());
+  for (size_t i = 0; i < watches.size(); ++i) {
+    (void)values->Get(i, watches[i]);
+  }
+  values->NewBatch();
+  return values;
+}
+
 // The event loop of breakpoints whose samples carry kernel IPs (kernel watches, and
 // --kernel-accesses of a process, `proc`): drains the rings, prints each event with its CPU,
-// task and kernel function+offset, stops on --count, --duration, a signal or the target's
-// end, then prints the summary. Returns the exit status.
+// task and kernel function+offset (and the watch's value at drain time when `values` reads
+// kernel memory), stops on --count, --duration, a signal or the target's end, then prints the
+// summary. Returns the exit status.
 absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWatch>& watches,
                                       core::kernel::KernelSymbolResolver& symbols,
                                       drmgr::DrKind kind, const std::string& armed,
                                       core::Process* proc, core::TraceWriter* writer,
                                       std::vector<KernelBreakpoint>& armed_bps, KernelSlots* slots,
+                                      DrainValues* values,
                                       const core::Symbols* user_syms = nullptr) {
   sigset_t mask;
   sigemptyset(&mask);
@@ -604,11 +702,20 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   uint64_t delivered = 0;
   std::string stop_reason;
   absl::Status record_error;  // -o: the first failure, which ends the session
+  const bool show_values = values != nullptr && values->Enabled();
   if (!opts.quiet && !opts.json) {
-    std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %s\n", "TIME(s)", "CPU", "TID", "COMM", "ACC",
-                "WATCH", "IP (after the access)");
+    if (show_values) {
+      std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %-22s %s\n", "TIME(s)", "CPU", "TID", "COMM",
+                  "ACC", "WATCH", "VALUE (~ = at drain)", "IP (after the access)");
+    } else {
+      std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %s\n", "TIME(s)", "CPU", "TID", "COMM", "ACC",
+                  "WATCH", "IP (after the access)");
+    }
   }
   auto drain = [&]() {
+    if (show_values) {
+      values->NewBatch();
+    }
     std::vector<KernelEvent> evs;
     for (KernelBreakpoint& k : armed_bps) {
       watch::PerfRing* ring = k.bp->ring();
@@ -644,8 +751,10 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       KernelWatch& w = watches[ev.watch];
       ++w.events;
       w.sites.Add(ev.s);
+      const std::optional<uint64_t> value =
+          show_values ? values->Get(ev.watch, w) : std::optional<uint64_t>();
       if (writer != nullptr && record_error.ok()) {
-        record_error = RecordKernelEvent(*writer, symbols, comms, w, ev);
+        record_error = RecordKernelEvent(*writer, symbols, comms, w, ev, value);
         if (!record_error.ok() && stop_reason.empty()) {
           stop_reason = absl::StrCat("recording failed: ", record_error.message());
         }
@@ -665,9 +774,13 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       if (opts.json) {
         std::printf(
             "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
-            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"ip\":\"0x%llx\",\"site\":%s%s}\n",
+            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"value\":%s,\"ip\":\"0x%llx\","
+            "\"site\":%s%s}\n",
             t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), acc, ev.watch,
             JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr),
+            value.has_value()
+                ? absl::StrCat(ValueOf(*value, w.len), R"(,"value_at":"drain")").c_str()
+                : "null",
             static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str(),
             frames.empty() ? ""
                            : absl::StrCat(",\"stack\":[",
@@ -683,8 +796,15 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
                                           "]")
                                  .c_str());
       } else {
-        std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid, comm.c_str(),
-                    acc, w.display.c_str(), ip.c_str());
+        if (show_values) {
+          const std::string v =
+              value.has_value() ? absl::StrCat("~", ValueOf(*value, w.len)) : std::string("?");
+          std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %-22s %s\n", t, ev.s.cpu, ev.s.tid,
+                      comm.c_str(), acc, w.display.c_str(), v.c_str(), ip.c_str());
+        } else {
+          std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid,
+                      comm.c_str(), acc, w.display.c_str(), ip.c_str());
+        }
         for (size_t f = 0; f < frames.size(); ++f) {
           std::printf("    #%-2zu %s%s\n", f, frames[f].user ? "[user] " : "",
                       frames[f].site.c_str());
@@ -1042,6 +1162,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
     }
   }
 
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<DrainValues> values, OpenDrainValues(opts, watches));
   KernelLinesNote(opts, *symbols);
   // Signals go to the loop's signalfd: block them before the recording's checkpoint thread
   // starts, so that it inherits the mask (else a Ctrl-C there would kill kwatch).
@@ -1061,7 +1182,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
                       "breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", cpus.size(),
                       StackNote(opts)),
-      nullptr, writer.get(), slots.armed(), &slots);
+      nullptr, writer.get(), slots.armed(), &slots, values.get());
 }
 
 // --kernel-accesses: user addresses of a process watched for the accesses the kernel makes
@@ -1172,7 +1293,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
                       "(exclude_user), perf breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
                       StackNote(opts)),
-      proc.get(), writer.get(), armed, nullptr, syms->get());
+      proc.get(), writer.get(), armed, nullptr, nullptr, syms->get());
   if (!code.ok()) {
     return fail(code.status());
   }

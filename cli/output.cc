@@ -27,15 +27,6 @@ std::string Hex(uint64_t v) {
   return absl::StrFormat("0x%x", v);
 }
 
-// Sign-extends the low `len` bytes for display of a field's value.
-int64_t ValueOf(uint64_t raw, uint32_t len) {
-  if (len >= 8) {
-    return static_cast<int64_t>(raw);
-  }
-  const int shift = static_cast<int>(64 - 8 * len);
-  return static_cast<int64_t>(raw << shift) >> shift;
-}
-
 std::string SiteText(const core::CodeLocation& loc, core::RemoteAddr ip) {
   if (loc.function.empty()) {
     return Hex(ip.value);
@@ -63,6 +54,14 @@ std::vector<std::pair<K, watch::KindCounts>> Ranked(
 constexpr size_t kTopSites = 10;
 
 }  // namespace
+
+int64_t ValueOf(uint64_t raw, uint32_t len) {
+  if (len >= 8) {
+    return static_cast<int64_t>(raw);
+  }
+  const int shift = static_cast<int>(64 - 8 * len);
+  return static_cast<int64_t>(raw << shift) >> shift;
+}
 
 std::string JsonString(absl::string_view s) {
   std::string out = "\"";

@@ -17,6 +17,9 @@ namespace kwatch::cli {
 // JSON string literal for `s` (quotes included).
 std::string JsonString(absl::string_view s);
 
+// A watched value as kwatch prints it: the low `len` bytes of `raw`, sign-extended.
+int64_t ValueOf(uint64_t raw, uint32_t len);
+
 // What the session ended with, for the summary.
 struct RunInfo {
   std::string stop_reason;  // "target exited", "count reached", "interrupted", ...

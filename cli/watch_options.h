@@ -43,6 +43,7 @@ struct WatchOptions {
   std::string system_map;        // --system-map
   std::string vmlinux;           // --vmlinux
   std::string kernel_type;       // --type: the C type of the watched kernel symbol
+  std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
   bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
 };
 

@@ -2,7 +2,7 @@
 # Runs kwatch's libFuzzer targets (fuzz/). Usage: fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
 #   BUILD_DIR  a build configured with -DKWATCH_FUZZ=ON (cmake --preset fuzz: build/fuzz)
 #   SECONDS    fuzzing time per target
-#   TARGET     expr probe_spec args_json trace_reader trace_sql elf kallsyms btf condition
+#   TARGET     expr probe_spec args_json trace_reader trace_sql elf kallsyms btf condition kcore
 #              (default: all)
 # Each target first replays fuzz/regressions/TARGET/ and fuzz/known/TARGET/ (inputs that once
 # crashed), then fuzzes from the committed seeds fuzz/corpus/TARGET/ plus a working corpus kept
@@ -20,7 +20,7 @@ seconds=$2
 shift 2
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(expr probe_spec args_json trace_reader trace_sql elf kallsyms btf condition)
+  targets=(expr probe_spec args_json trace_reader trace_sql elf kallsyms btf condition kcore)
 fi
 
 # Largest input per target: the seeds' size plus room to grow (ELF and SQLite seeds are
@@ -29,7 +29,7 @@ max_len() {
   case $1 in
     elf) echo 32768 ;;
     trace_reader) echo 16384 ;;
-    btf | kallsyms) echo 8192 ;;
+    btf | kallsyms | kcore) echo 8192 ;;
     *) echo 4096 ;;
   esac
 }

@@ -34,8 +34,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/store/trace_reader.h"
 #include "core/unique_fd.h"
 #include "tests/cli/cli_test_util.h"
+#include "tests/core/kernel_core_file.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
 
@@ -143,6 +145,12 @@ std::string OnlineCpuList() {
   return absl::StrJoin(cpus, ",");
 }
 
+// What a kernel session that shows events says on this machine, whose kernel is built without
+// CONFIG_PROC_KCORE.
+constexpr char kNoKcoreNote[] =
+    "kwatch: note: kernel events show no value: this kernel has no /proc/kcore (built without "
+    "CONFIG_PROC_KCORE), and kwatch reads kernel memory only there\n";
+
 size_t CountOf(const std::string& list) {
   return std::count(list.begin(), list.end(), ',') + 1;
 }
@@ -168,7 +176,7 @@ class KernelCli : public ::testing::Test {
   }
   std::string Write(const std::string& name, const std::string& text) {
     const std::string p = (dir_ / name).string();
-    std::ofstream(p) << text;
+    std::ofstream(p, std::ios::binary) << text;
     return p;
   }
 
@@ -242,9 +250,10 @@ TEST_F(KernelCli, FixtureSystemMapResolvesAndArms) {
                 "the kernel's BTF describes only per-CPU variables): watching 8 bytes; give "
                 "--len N or --type TYPE\n"
                 "kwatch: jiffies: 8 bytes at 0x%x, from System.map %s (KASLR slide +0x1e00000)\n"
+                "%s"
                 "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
                 "breakpoint stream mode\n",
-                addr, map, CountOf(cpus)));
+                addr, map, kNoKcoreNote, CountOf(cpus)));
   EXPECT_EQ(r.out, absl::StrFormat(
                        "TIME(s)        CPU  TID     COMM             ACC WATCH                   "
                        " IP (after the access)\n"
@@ -252,6 +261,66 @@ TEST_F(KernelCli, FixtureSystemMapResolvesAndArms) {
                        "watch #1 jiffies: 8 bytes at 0x%x, write, kernel, CPUs %s: 0 events "
                        "(the kernel counted 0)\n",
                        addr, cpus));
+}
+
+// --kcore: a kernel core file that does not map the watched address. The watch is read once
+// at arming and says so; the events of such a watch show `?` (the VALUE column is there since
+// the file opened).
+TEST_F(KernelCli, KcoreThatDoesNotMapTheWatchSaysSo) {
+  const std::string map = Write("System.map", FixtureMap(raw_));
+  const uint64_t addr = FixtureDataAddr(raw_);
+  const uint64_t text = AddrOf(raw_, "_text");
+  const std::string kcore = Write(
+      "kcore", kwatch::testing::KernelCoreImage({{text, kwatch::testing::PatternBytes(4096, 1)}}));
+  const std::string cpus = OnlineCpuList();
+  const RunResult r = RunKwatch(
+      {"--write", "&jiffies", "--system-map", map, "--kcore", kcore, "--duration", "0.2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err,
+            absl::StrFormat(
+                "kwatch: note: no type for 'jiffies' (System.map and kallsyms carry none, and "
+                "the kernel's BTF describes only per-CPU variables): watching 8 bytes; give "
+                "--len N or --type TYPE\n"
+                "kwatch: jiffies: 8 bytes at 0x%x, from System.map %s (KASLR slide +0x1e00000)\n"
+                "kwatch: values from %s, read when kwatch drains the events (~V), not at the "
+                "access\n"
+                "kwatch: note: watch #1 jiffies shows no value: %s maps no kernel address 0x%x "
+                "(in none of its 1 PT_LOAD segments)\n"
+                "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
+                "breakpoint stream mode\n",
+                addr, map, kcore, kcore, addr, CountOf(cpus)));
+  EXPECT_EQ(r.out, absl::StrFormat(
+                       "TIME(s)        CPU  TID     COMM             ACC WATCH                   "
+                       " VALUE (~ = at drain)   IP (after the access)\n"
+                       "kwatch: 0 events, 0 lost; --duration 0.2s elapsed\n"
+                       "watch #1 jiffies: 8 bytes at 0x%x, write, kernel, CPUs %s: 0 events "
+                       "(the kernel counted 0)\n",
+                       addr, cpus));
+}
+
+// --kcore names a file to read: one that is not a kernel core file stops kwatch (exit 1) with
+// the reader's error; --kcore is for kernel watches only.
+TEST_F(KernelCli, KcoreThatIsNoCoreFileIsAnError) {
+  const std::string map = Write("System.map", FixtureMap(raw_));
+  const std::string garbage = Write("garbage", std::string(4096, 'x'));
+  const RunResult r = RunKwatch({"--write", "&jiffies", "--len", "8", "--system-map", map,
+                                 "--kcore", garbage, "--duration", "0.2"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, ::testing::EndsWith(absl::StrFormat(
+                         "kwatch: error: --kcore %s: %s: not an ELF file\n", garbage, garbage)));
+  const std::string missing = (dir_ / "none").string();
+  const RunResult gone = RunKwatch({"--write", "&jiffies", "--len", "8", "--system-map", map,
+                                    "--kcore", missing, "--duration", "0.2"});
+  EXPECT_EQ(gone.exit_code, 1);
+  EXPECT_THAT(gone.err, ::testing::EndsWith(absl::StrFormat(
+                            "kwatch: error: --kcore %s: open(%s): No such file or directory\n",
+                            missing, missing)));
+  const RunResult proc = RunKwatch({"--write", "g", "--kcore", garbage, "--", "/bin/true"});
+  EXPECT_EQ(proc.exit_code, 2);
+  EXPECT_EQ(proc.err,
+            "kwatch: error: --system-map, --vmlinux, --type and --kcore are for kernel watches "
+            "(no -p and no command)\n");
 }
 
 TEST_F(KernelCli, MemberExpressionWithBtfType) {
@@ -368,10 +437,11 @@ TEST_F(KernelCli, FixtureVmlinuxGivesAddressesAndDwarfTypes) {
   EXPECT_EQ(r.err, absl::StrFormat(
                        "kwatch: init_task.prio: 4 bytes at 0x%x, int, from vmlinux %s (KASLR "
                        "slide +0x1e00000)\n"
+                       "%s"
                        "kwatch: kernel source lines from %s\n"
                        "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
                        "breakpoint stream mode\n",
-                       prio, vmlinux, vmlinux, CountOf(cpus)));
+                       prio, vmlinux, kNoKcoreNote, vmlinux, CountOf(cpus)));
   EXPECT_THAT(r.out, HasSubstr(absl::StrFormat(
                          "watch #1 init_task.prio: 4 bytes at 0x%x, int, write, kernel, CPUs %s: "
                          "0 events (the kernel counted 0)\n",
@@ -738,8 +808,13 @@ TEST_F(KernelStackWord, EverySystemCallOfTheTaskIsSeen) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr(absl::StrFormat(
                          "kwatch: kw_orig_ax: 8 bytes at 0x%x, from System.map %s (KASLR slide "
-                         "+0x1e00000)\nkwatch: armed 1 kernel watch on %d CPUs",
-                         word_, map_, CountOf(cpus))));
+                         "+0x1e00000)\n%skwatch: armed 1 kernel watch on %d CPUs",
+                         word_, map_, kNoKcoreNote, CountOf(cpus))));
+  // No kernel memory here: the events carry no value.
+  for (const json& e : ParseJsonLines(r.out).events) {
+    EXPECT_EQ(e["value"], nullptr) << e.dump();
+    EXPECT_FALSE(e.contains("value_at")) << e.dump();
+  }
   const JsonRun run = ParseJsonLines(r.out);
   EXPECT_EQ(run.summary["stop_reason"], "interrupted by INT");
   KW_REQUIRE_DEBUG_TRAPS();
@@ -758,8 +833,8 @@ TEST_F(KernelStackWord, EverySystemCallOfTheTaskIsSeen) {
     EXPECT_THAT(e["site"].get<std::string>(),
                 ::testing::MatchesRegex("[A-Za-z_][A-Za-z0-9_.]*\\+0x[0-9a-f]+"))
         << e.dump();
-    EXPECT_THAT(absl::StrSplit(cpus, ','),
-                ::testing::Contains(std::to_string(e["cpu"].get<int>())));
+    const std::vector<std::string> online = absl::StrSplit(cpus, ',');
+    EXPECT_THAT(online, ::testing::Contains(std::to_string(e["cpu"].get<int>())));
     ++per_site[e["site"].get<std::string>()];
   }
   // The system call entry pushes orig_ax once per call: getppid kSyscalls times, then the
@@ -770,6 +845,73 @@ TEST_F(KernelStackWord, EverySystemCallOfTheTaskIsSeen) {
   EXPECT_EQ(top["events"], kSyscalls + 1);
   EXPECT_EQ(per_site[top["site"].get<std::string>()], kSyscalls + 1U);
   EXPECT_EQ(top["tasks"], json::array({pid_}));
+}
+
+// Values at drain time from a kernel core file (--kcore; /proc/kcore has the same format): a
+// fixture that maps the page of the watched word with known bytes, the word holding kValue.
+// Every event of the live watch shows exactly the fixture's value, marked as read at drain,
+// and the recording stores it.
+TEST_F(KernelStackWord, ValuesAtDrainComeFromTheKcoreFile) {
+  constexpr uint64_t kValue = 0xfedcba9876543210;
+  const uint64_t page = word_ & ~uint64_t{0xfff};
+  std::vector<uint8_t> bytes = kwatch::testing::PatternBytes(0x1000, 9);
+  std::memcpy(bytes.data() + (word_ - page), &kValue, sizeof(kValue));
+  const std::string kcore = Write("kcore", kwatch::testing::KernelCoreImage({{page, bytes}}));
+  const std::string file = (dir_ / "values.kwdb").string();
+  const RunResult r = WatchWhileTargetCalls({"--json", "--kcore", kcore, "-o", file});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(absl::StrFormat(
+                         "kwatch: values from %s, read when kwatch drains the events (~V), not at "
+                         "the access\nkwatch: armed 1 kernel watch on ",
+                         kcore)));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("shows no value")));
+  const JsonRun run = ParseJsonLines(r.out);
+  KW_REQUIRE_DEBUG_TRAPS();
+  ASSERT_GE(run.events.size(), kSyscalls + 1U);
+  for (const json& e : run.events) {
+    EXPECT_EQ(e["value"], static_cast<int64_t>(kValue)) << e.dump();
+    EXPECT_EQ(e["value_at"], "drain") << e.dump();
+  }
+  auto reader = core::TraceReader::Open(file);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  size_t recorded = 0;
+  ASSERT_TRUE((*reader)
+                  ->ForEachEvent({},
+                                 [&](const core::AccessEvent& e) {
+                                   ++recorded;
+                                   EXPECT_EQ(e.value, kValue);
+                                   EXPECT_FALSE(e.value_exact);
+                                   return true;
+                                 })
+                  .ok());
+  EXPECT_EQ(recorded, run.events.size());
+}
+
+// The same in text: a VALUE column, each event's value `~V` (signed, as kwatch prints values).
+TEST_F(KernelStackWord, ValuesAtDrainInText) {
+  constexpr uint64_t kValue = 0x0000000012345678;
+  const uint64_t page = word_ & ~uint64_t{0xfff};
+  std::vector<uint8_t> bytes = kwatch::testing::PatternBytes(0x1000, 9);
+  std::memcpy(bytes.data() + (word_ - page), &kValue, sizeof(kValue));
+  const std::string kcore = Write("kcore", kwatch::testing::KernelCoreImage({{page, bytes}}));
+  const RunResult r = WatchWhileTargetCalls({"--kcore", kcore});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n');
+  ASSERT_GE(lines.size(), 2U);
+  EXPECT_EQ(lines[0],
+            "TIME(s)        CPU  TID     COMM             ACC WATCH                    VALUE (~ "
+            "= at drain)   IP (after the access)");
+  KW_REQUIRE_DEBUG_TRAPS();
+  size_t events = 0;
+  for (size_t i = 1; i < lines.size() && !absl::StartsWith(lines[i], "kwatch: "); ++i) {
+    // TIME CPU TID COMM ACC WATCH VALUE SITE
+    EXPECT_THAT(lines[i], ::testing::MatchesRegex(absl::StrFormat(
+                              "[0-9.]+ +[0-9]+ +%d +kstack +w +kw_orig_ax +~305419896 +[A-Za-z_]"
+                              "[A-Za-z0-9_.]*\\+0x[0-9a-f]+",
+                              pid_)));
+    ++events;
+  }
+  EXPECT_GE(events, kSyscalls + 1U);
 }
 
 // Writes `value` to a sysfs file; false (with the errno text in `why`) on failure.
