@@ -21,6 +21,12 @@ KernelSlots::KernelSlots(watch::BreakpointRequest opened, std::vector<std::strin
   client_ = alloc_.AddClient(drmgr::ClientKind::kWatchpoint, "kwatch");
 }
 
+KernelSlots::KernelSlots(watch::BreakpointRequest opened, std::vector<std::string> labels,
+                         pid_t pid, std::function<std::vector<pid_t>()> threads)
+    : opened_(opened), labels_(std::move(labels)), pid_(pid), threads_(std::move(threads)) {
+  client_ = alloc_.AddClient(drmgr::ClientKind::kWatchpoint, "kwatch");
+}
+
 std::string KernelSlots::PeopleReason(const std::string& reason) const {
   // "request 3 (watchpoint 'kwatch', jiffies, priority 10)" and "requests 2, 3".
   static const std::regex one_request(
@@ -48,7 +54,8 @@ std::string KernelSlots::PeopleReason(const std::string& reason) const {
   return result;
 }
 
-absl::Status KernelSlots::Apply(const drmgr::Changes& changes, int* refused_cpu) {
+absl::Status KernelSlots::Apply(const drmgr::Changes& changes,
+                                std::optional<drmgr::Scope>* refused) {
   std::vector<size_t> opened_here;  // indices into armed_ of breakpoints this call opened
   absl::Cleanup rollback = [&] {
     std::sort(opened_here.rbegin(), opened_here.rend());
@@ -56,10 +63,11 @@ absl::Status KernelSlots::Apply(const drmgr::Changes& changes, int* refused_cpu)
       armed_.erase(armed_.begin() + static_cast<std::ptrdiff_t>(i));
     }
   };
-  auto find = [&](const drmgr::SlotChange& c) {
-    return std::find_if(armed_.begin(), armed_.end(), [&](const KernelBreakpoint& k) {
-      return k.cpu == c.scope.cpu && k.slot == c.slot;
-    });
+  // The breakpoints of a slot: one on its CPU, or one per thread of the process.
+  const auto of_slot = [](const drmgr::SlotChange& c) {
+    const int cpu = c.scope.kind == drmgr::Scope::Kind::kCpu ? c.scope.cpu : -1;
+    return
+        [cpu, slot = c.slot](const KernelBreakpoint& k) { return k.cpu == cpu && k.slot == slot; };
   };
   auto holders = [&](const drmgr::SlotChange& c) {
     std::vector<size_t> out;
@@ -73,38 +81,46 @@ absl::Status KernelSlots::Apply(const drmgr::Changes& changes, int* refused_cpu)
   };
   for (const drmgr::SlotChange& c : changes.slots) {
     switch (c.op) {
-      case drmgr::SlotChange::Op::kDisarm:
-        if (auto it = find(c); it != armed_.end()) {
-          armed_.erase(it);
-        }
+      case drmgr::SlotChange::Op::kDisarm: {
+        // Indices recorded in opened_here stay valid: a change list disarms before it arms.
+        const auto gone = std::remove_if(armed_.begin(), armed_.end(), of_slot(c));
+        armed_.erase(gone, armed_.end());
         break;
+      }
       case drmgr::SlotChange::Op::kUpdateHolders:
-        if (auto it = find(c); it != armed_.end()) {
-          it->watches = holders(c);
+        for (KernelBreakpoint& k : armed_) {
+          if (of_slot(c)(k)) {
+            k.watches = holders(c);
+          }
         }
         break;
       case drmgr::SlotChange::Op::kArm: {
-        watch::BreakpointRequest req = opened_;
-        req.addr = c.chunk.addr;
-        req.len = static_cast<uint32_t>(c.chunk.len);
-        req.kind = c.kind;
-        req.cpu = c.scope.cpu;
-        req.tid = -1;
-        absl::StatusOr<std::unique_ptr<watch::PerfBreakpoint>> bp =
-            watch::PerfBreakpoint::Open(req);
-        if (!bp.ok()) {
-          if (absl::IsResourceExhausted(bp.status())) {
-            *refused_cpu = c.scope.cpu;
+        const bool per_cpu = c.scope.kind == drmgr::Scope::Kind::kCpu;
+        const std::vector<pid_t> tids = per_cpu ? std::vector<pid_t>{-1} : threads_();
+        for (const pid_t tid : tids) {
+          watch::BreakpointRequest req = opened_;
+          req.addr = c.chunk.addr;
+          req.len = static_cast<uint32_t>(c.chunk.len);
+          req.kind = c.kind;
+          req.cpu = per_cpu ? c.scope.cpu : -1;
+          req.tid = tid;
+          absl::StatusOr<std::unique_ptr<watch::PerfBreakpoint>> bp =
+              watch::PerfBreakpoint::Open(req);
+          if (!bp.ok()) {
+            if (absl::IsResourceExhausted(bp.status())) {
+              *refused = c.scope;
+            }
+            return bp.status();
           }
-          return bp.status();
+          KernelBreakpoint k;
+          k.bp = *std::move(bp);
+          k.watches = holders(c);
+          k.cpu = req.cpu;
+          k.slot = c.slot;
+          k.tid = per_cpu ? 0 : tid;
+          armed_.push_back(std::move(k));
+          opened_here.push_back(armed_.size() - 1);
         }
-        KernelBreakpoint k;
-        k.bp = *std::move(bp);
-        k.watches = holders(c);
-        k.cpu = c.scope.cpu;
-        k.slot = c.slot;
-        armed_.push_back(std::move(k));
-        opened_here.push_back(armed_.size() - 1);
         break;
       }
     }
@@ -114,11 +130,21 @@ absl::Status KernelSlots::Apply(const drmgr::Changes& changes, int* refused_cpu)
 }
 
 absl::Status KernelSlots::Request(size_t w, uint64_t addr, uint64_t len, int cpu) {
+  return RequestIn(w, addr, len, drmgr::Scope::Cpu(cpu));
+}
+
+absl::Status KernelSlots::RequestForProcess(size_t w, uint64_t addr, uint64_t len) {
+  return RequestIn(w, addr, len, drmgr::Scope::Process(pid_));
+}
+
+absl::Status KernelSlots::RequestIn(size_t w, uint64_t addr, uint64_t len,
+                                    const drmgr::Scope& scope) {
+  const int cpu = scope.kind == drmgr::Scope::Kind::kCpu ? scope.cpu : -1;
   drmgr::SlotRequest r;
   r.addr = core::RemoteAddr{addr};
   r.len = len;
   r.kind = opened_.kind;
-  r.scope = drmgr::Scope::Cpu(cpu);
+  r.scope = scope;
   r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kWatchpoint);
   r.policy = drmgr::ShortagePolicy::kFail;
   r.label = labels_[w];
@@ -129,16 +155,16 @@ absl::Status KernelSlots::Request(size_t w, uint64_t addr, uint64_t len, int cpu
   owner_[g->id] = {w, cpu};
   drmgr::Changes changes = std::move(g->changes);
   for (int tries = 0;; ++tries) {
-    int refused = -1;
+    std::optional<drmgr::Scope> refused;
     absl::Status s = Apply(changes, &refused);
     if (s.ok()) {
       break;
     }
-    if (refused < 0 || tries > drmgr::kNumDebugRegisters) {
+    if (!refused.has_value() || tries > drmgr::kNumDebugRegisters) {
       return s;
     }
-    // A register of that CPU is held outside kwatch (another tool's breakpoint).
-    absl::StatusOr<drmgr::Changes> next = alloc_.ReportNoSpace(drmgr::Scope::Cpu(refused));
+    // A register of that CPU or thread is held outside kwatch (another tool's breakpoint).
+    absl::StatusOr<drmgr::Changes> next = alloc_.ReportNoSpace(*refused);
     if (!next.ok()) {
       return s;
     }
@@ -155,11 +181,20 @@ absl::Status KernelSlots::Request(size_t w, uint64_t addr, uint64_t len, int cpu
     if (!absl::ConsumePrefix(&why, "no free slot: ")) {
       absl::ConsumePrefix(&why, "waiting for a slot: ");
     }
+    const std::string reason = PeopleReason(std::string(why.data(), why.size()));
+    if (cpu < 0) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "watch #%d %s: no debug register free: %s; --kernel-accesses takes one debug "
+          "register of every thread of the process per watch (4 at most, fewer when other "
+          "tools hold some) and has no fallback (page protection cannot see the kernel's "
+          "accesses): watch fewer objects at once",
+          w + 1, labels_[w], reason));
+    }
     return absl::ResourceExhaustedError(absl::StrFormat(
         "watch #%d %s on CPU %d: no debug register free: %s; kernel watches take one debug "
         "register per CPU each (4 per CPU at most, fewer when other tools hold some) and have "
         "no fallback: watch fewer objects at once",
-        w + 1, labels_[w], cpu, PeopleReason(std::string(why.data(), why.size()))));
+        w + 1, labels_[w], cpu, reason));
   }
   return absl::OkStatus();
 }

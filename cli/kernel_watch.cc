@@ -655,12 +655,15 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
       KW_RETURN_IF_ERROR(add(fd));
     }
   }
-  // kwatch slots shows kernel sessions' registers per CPU (cli/slot_registry.h).
+  // kwatch slots shows kernel sessions' registers per CPU, and --kernel-accesses registers with
+  // the process's (cli/slot_registry.h).
   auto publish = [&]() {
     if (slots == nullptr) {
       return;
     }
-    if (absl::Status st = PublishSlots(0, slots->Snapshot(), opts.command_line); !st.ok()) {
+    if (absl::Status st =
+            PublishSlots(proc != nullptr ? proc->pid() : 0, slots->Snapshot(), opts.command_line);
+        !st.ok()) {
       absl::FPrintF(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
                     st.message());
     }
@@ -827,7 +830,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   std::map<int, int> cpu_tries;
   uint64_t closed_lost = 0;  // events the rings of closed breakpoints had lost
   auto retire_cpu = [&](int cpu) {
-    if (slots == nullptr) {
+    if (slots == nullptr || proc != nullptr) {
       return;
     }
     drain();  // what its rings hold
@@ -852,7 +855,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
     }
   };
   auto sync_cpus = [&]() -> absl::Status {
-    if (slots == nullptr || watches.empty()) {
+    if (slots == nullptr || proc != nullptr || watches.empty()) {  // CPU scopes only
       return absl::OkStatus();
     }
     const std::vector<int> online = watch::OnlineCpus();
@@ -1250,28 +1253,25 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   if (absl::Status st = proc->StopAll(); !st.ok()) {
     return fail(st);
   }
-  std::vector<KernelBreakpoint> armed;  // per thread, each for one watch
+  // drmgr decides which registers of the process's threads the watches hold (process scope,
+  // as process sessions ask it); each slot is opened on every thread, inherited by new ones.
+  watch::BreakpointRequest opened;
+  opened.kind = kind;
+  opened.inherit = true;
+  opened.exclude_kernel = false;
+  opened.exclude_user = true;
+  opened.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
+  std::vector<std::string> labels;
+  labels.reserve(watches.size());
+  for (const KernelWatch& w : watches) {
+    labels.push_back(w.display);
+  }
+  KernelSlots slots(opened, std::move(labels), proc->pid(),
+                    [&proc] { return proc->TracedThreads(); });
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
-    for (const pid_t tid : proc->TracedThreads()) {
-      watch::BreakpointRequest req;
-      req.addr = core::RemoteAddr{w.addr};
-      req.len = w.len;
-      req.kind = kind;
-      req.tid = tid;
-      req.inherit = true;
-      req.exclude_kernel = false;
-      req.exclude_user = true;
-      req.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
-      auto bp = watch::PerfBreakpoint::Open(req);
-      if (!bp.ok()) {
-        return fail(absl::Status(
-            bp.status().code(), absl::StrCat("arming '", w.display, "': ", bp.status().message())));
-      }
-      KernelBreakpoint k;
-      k.bp = *std::move(bp);
-      k.watches = {i};
-      armed.push_back(std::move(k));
+    if (absl::Status st = slots.RequestForProcess(i, w.addr, w.len); !st.ok()) {
+      return fail(st);
     }
   }
   if (absl::Status st = proc->ResumeAll(); !st.ok()) {
@@ -1293,7 +1293,7 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
                       "(exclude_user), perf breakpoint stream mode%s",
                       watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
                       StackNote(opts)),
-      proc.get(), writer.get(), armed, nullptr, nullptr, syms->get());
+      proc.get(), writer.get(), slots.armed(), &slots, nullptr, syms->get());
   if (!code.ok()) {
     return fail(code.status());
   }

@@ -1277,6 +1277,233 @@ TEST_F(KernelCli, SlotsShowsKernelWatchRegistersPerCpu) {
   EXPECT_EQ(json::parse(after.out)["kernel_sessions"], json::array());
 }
 
+// --kernel-accesses asks drmgr too (process scope, as process sessions do): a program with five
+// words w0..w4, which it leaves alone; with argument "wait" it blocks until SIGTERM.
+std::string WordsProgram() {
+  return R"(#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+long w0, w1, w2, w3, w4;
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "wait") == 0) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    int sig = 0;
+    sigwait(&set, &sig);
+  }
+  return (int)(w0 + w1 + w2 + w3 + w4);
+}
+)";
+}
+
+// The drmgr refusal of a --kernel-accesses watch, as kwatch prints it, for the first refused
+// watch `k` (1-based) of process `pid` with `external` registers of its threads held by other
+// tools: the watches before it hold the rest.
+std::string NoThreadRegisterError(int k, int pid, int external, uint64_t addr) {
+  std::vector<std::string> parts;
+  if (k > 1) {
+    std::vector<std::string> held;
+    for (int i = 1; i < k; ++i) {
+      held.push_back(absl::StrFormat("watch #%d w%d", i, i - 1));
+    }
+    parts.push_back(absl::StrCat("held by ", absl::StrJoin(held, ", ")));
+  }
+  if (external > 0) {
+    parts.push_back(absl::StrCat(external, " held outside kwatch"));
+  }
+  return absl::StrFormat(
+      "kwatch: error: watch #%d w%d: no debug register free: 8 bytes at 0x%x need 1 slot, 0 "
+      "free: no aligned cover fits (process %d (all threads): %s); --kernel-accesses takes one "
+      "debug register of every thread of the process per watch (4 at most, fewer when other "
+      "tools hold some) and has no fallback (page protection cannot see the kernel's "
+      "accesses): watch fewer objects at once\n",
+      k, k - 1, addr, pid, absl::StrJoin(parts, "; "));
+}
+
+// Parses "watch #K wN: ..." and "; E held outside kwatch" from kwatch's error.
+Refusal ParseThreadRefusal(const std::string& err) {
+  Refusal r;
+  const size_t at = err.find("kwatch: error: watch #");
+  if (at != std::string::npos) {
+    std::sscanf(err.c_str() + at, "kwatch: error: watch #%d", &r.k);
+  }
+  const size_t ext = err.find(" held outside kwatch)");
+  if (ext != std::string::npos) {
+    const size_t begin = err.rfind(' ', ext - 1);
+    r.external = std::atoi(err.c_str() + begin + 1);
+  }
+  return r;
+}
+
+// The address of a global of a non-PIE program, read with nm (binutils), independently of
+// kwatch.
+uint64_t NmAddr(const std::string& prog, const std::string& name) {
+  auto nm = kwatch::testing::Run({"/usr/bin/nm", prog});
+  if (!nm.ok()) {
+    return 0;
+  }
+  std::istringstream in(nm->out);
+  std::string line;
+  while (std::getline(in, line)) {
+    char sym[256] = {};
+    char type = 0;
+    unsigned long long a = 0;
+    if (std::sscanf(line.c_str(), "%llx %c %255s", &a, &type, sym) == 3 && sym == name) {
+      return a;
+    }
+  }
+  return 0;
+}
+
+// Builds WordsProgram into `dir`, not PIE: the words' addresses are the file's (NmAddr), known
+// before the program runs. "" (with the compiler's complaint in `why`) on failure.
+std::string BuildWordsProgram(const std::filesystem::path& dir, std::string* why) {
+  const std::string src = (dir / "words.c").string();
+  std::ofstream(src) << WordsProgram();
+  const std::string prog = (dir / "words").string();
+  auto cc = kwatch::testing::Run({"/usr/bin/gcc", "-g", "-O1", "-no-pie", "-o", prog, src});
+  if (!cc.ok() || cc->exit_code != 0) {
+    *why = cc.ok() ? cc->err : cc.status().ToString();
+    return "";
+  }
+  return prog;
+}
+
+// Five --kernel-accesses watches of one process: drmgr gives four registers of its threads
+// and refuses the fifth with its reason, in the watches' names (as for kernel watches).
+TEST_F(KernelCli, KernelAccessesFifthWatchIsRefusedByDrmgr) {
+  std::string why;
+  const std::string prog = BuildWordsProgram(dir_, &why);
+  ASSERT_NE(prog, "") << why;
+  const auto Word = [&prog](int i) { return NmAddr(prog, absl::StrCat("w", i)); };
+  const RunResult r =
+      RunKwatch({"--kernel-accesses", "--write", "w0", "w1", "w2", "w3", "w4", "--", prog});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  const Refusal f = ParseThreadRefusal(r.err);
+  ASSERT_GE(f.k, 1) << r.err;
+  // Other sessions' CPU-wide breakpoints count against every thread: those are held outside.
+  EXPECT_EQ(f.k - 1 + f.external, 4) << r.err;
+  const size_t pid_at = r.err.find("(process ");
+  ASSERT_NE(pid_at, std::string::npos) << r.err;
+  const int pid = std::atoi(r.err.c_str() + pid_at + 9);
+  EXPECT_EQ(r.err, NoThreadRegisterError(f.k, pid, f.external, Word(f.k - 1)));
+}
+
+// Two registers of the process's thread held by another tool (per-thread breakpoints,
+// disabled, as a debugger would hold them): kwatch learns them from the kernel's ENOSPC, and
+// drmgr's refusal says so.
+TEST_F(KernelCli, KernelAccessesRegistersHeldOutsideKwatchAreLearned) {
+  std::string why;
+  const std::string prog = BuildWordsProgram(dir_, &why);
+  ASSERT_NE(prog, "") << why;
+  const auto Word = [&prog](int i) { return NmAddr(prog, absl::StrCat("w", i)); };
+  auto t = kwatch::testing::Spawned::Start({prog, "wait"});
+  ASSERT_TRUE(t.ok()) << t.status();
+  const pid_t pid = (*t)->pid();
+  absl::Cleanup end = [pid, &t] {
+    kill(pid, SIGTERM);
+    (void)(*t)->Finish();
+  };
+  std::vector<core::UniqueFd> held;
+  for (int i = 0; i < 2; ++i) {
+    perf_event_attr attr{};
+    attr.type = PERF_TYPE_BREAKPOINT;
+    attr.size = sizeof(attr);
+    attr.bp_type = HW_BREAKPOINT_W;
+    attr.bp_addr = Word(0) + 0x100 + 8 * static_cast<uint64_t>(i);
+    attr.bp_len = HW_BREAKPOINT_LEN_8;
+    attr.sample_period = 1;
+    attr.disabled = 1;
+    held.emplace_back(
+        static_cast<int>(::syscall(SYS_perf_event_open, &attr, pid, -1, -1, PERF_FLAG_FD_CLOEXEC)));
+    ASSERT_TRUE(held.back().valid())
+        << "perf_event_open(pid " << pid
+        << "): " << std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
+  }
+  const std::string p = std::to_string(pid);
+  const RunResult r =
+      RunKwatch({"--kernel-accesses", "--write", "w0", "w1", "w2", "w3", "-p", p, "-q"});
+  EXPECT_EQ(r.exit_code, 1);
+  const Refusal f = ParseThreadRefusal(r.err);
+  ASSERT_GE(f.k, 1) << r.err;
+  EXPECT_GE(f.external, 2) << r.err;
+  EXPECT_EQ(f.k - 1 + f.external, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(NoThreadRegisterError(f.k, pid, f.external, Word(f.k - 1))));
+  // Without them, the same two first watches arm (once other sessions on the machine leave
+  // two registers free: RunWhenRegistersFree).
+  held.clear();
+  const RunResult ok = RunWhenRegistersFree(
+      {"--kernel-accesses", "--write", "w0", "w1", "-p", p, "-q", "--duration", "0.2"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// `kwatch slots -p PID` shows the registers a --kernel-accesses session holds in the
+// process's threads, from drmgr's decision, and drops them when the session ends.
+TEST_F(KernelCli, KernelAccessesSlotsShowsTheProcessRegisters) {
+  std::string why;
+  const std::string prog = BuildWordsProgram(dir_, &why);
+  ASSERT_NE(prog, "") << why;
+  const auto Word = [&prog](int i) { return NmAddr(prog, absl::StrCat("w", i)); };
+  absl::StatusOr<std::unique_ptr<kwatch::testing::Spawned>> k;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    k = kwatch::testing::Spawned::Start({KwatchPath(), "--kernel-accesses", "--write", "w0", "w1",
+                                         "-q", "--kill-on-exit", "--", prog, "wait"});
+    ASSERT_TRUE(k.ok()) << k.status();
+    if ((*k)->WaitForStderr("kwatch: armed 2 watches on pid ").ok() ||
+        !absl::StrContains((*k)->err(), "held outside kwatch")) {
+      break;
+    }
+    sleep(1);
+  }
+  ASSERT_TRUE(absl::StrContains((*k)->err(), "kwatch: armed 2 watches on pid ")) << (*k)->err();
+  int pid = 0;
+  ASSERT_EQ(std::sscanf((*k)->err().c_str() + (*k)->err().find("on pid "), "on pid %d", &pid), 1);
+  const RunResult slots = RunKwatch({"slots", "-p", std::to_string(pid), "--json"});
+  ASSERT_EQ(slots.exit_code, 0) << slots.err;
+  const json j = json::parse(slots.out);
+  ASSERT_EQ(j["processes"].size(), 1U) << slots.out;
+  const json& proc = j["processes"][0];
+  EXPECT_EQ(proc["pid"], pid);
+  ASSERT_EQ(proc["sessions"].size(), 1U) << slots.out;
+  EXPECT_EQ(proc["sessions"][0]["kwatch_pid"], (*k)->pid());
+  ASSERT_EQ(proc["threads"].size(), 1U) << slots.out;
+  const json& thread = proc["threads"][0];
+  EXPECT_EQ(thread["tid"], pid);
+  EXPECT_EQ(thread["kwatch"], 2);
+  EXPECT_EQ(thread["free"].get<int>() + thread["external"].get<int>(), 2) << thread.dump();
+  ASSERT_EQ(thread["slots"].size(), 4U);
+  for (int i = 0; i < 2; ++i) {
+    const json& row = thread["slots"][static_cast<size_t>(i)];
+    EXPECT_EQ(row["slot"], i);
+    EXPECT_EQ(row["state"], "armed");
+    EXPECT_EQ(row["labels"], json::array({absl::StrCat("w", i)}));
+    EXPECT_EQ(row["addr"], absl::StrFormat("0x%x", Word(i)));
+    EXPECT_EQ(row["len"], 8);
+    EXPECT_EQ(row["kind"], "write");
+    EXPECT_EQ(row["kwatch_pid"], (*k)->pid());
+  }
+  // The text table names each holder with its session.
+  const RunResult text = RunKwatch({"slots", "-p", std::to_string(pid)});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out,
+              HasSubstr(absl::StrFormat("  DR0   w0 (kwatch %d)  8 bytes at 0x%x  write  armed\n"
+                                        "  DR1   w1 (kwatch %d)  8 bytes at 0x%x  write  armed\n",
+                                        (*k)->pid(), Word(0), (*k)->pid(), Word(1))))
+      << text.out;
+  // The target ends (SIGTERM ends its sigwait: exit status 0), and the session with it.
+  kill(pid, SIGTERM);
+  auto end = (*k)->Finish();
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->exit_code, 0) << end->err;
+  EXPECT_THAT(end->out, HasSubstr("kwatch: 0 events, 0 lost; target exited\n"));
+  // The session's file is gone with it.
+  const RunResult after = RunKwatch({"slots", "--json"});
+  EXPECT_EQ(json::parse(after.out)["processes"], json::array()) << after.out;
+}
+
 TEST_F(KernelCli, MismatchedSystemMapIsRefusedWithEvidence) {
   const std::string map = Write("System.map", FixtureMap(raw_, /*skew=*/0x1000));
   const RunResult r = RunKwatch({"--write", "&jiffies", "--system-map", map});
