@@ -15,6 +15,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/access_regs.h"
 #include "core/status_macros.h"
 #include "core/trap_origin.h"
 #include "core/x86_access.h"
@@ -330,6 +331,7 @@ void StopBackend::Forget() {
   slots_.clear();
   threads_.clear();
   shadows_.clear();
+  plans_.clear();  // the new image has other code at these addresses
   proc_.RemoveInterceptor(this);
 }
 
@@ -404,12 +406,23 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
   // usual stores and loads; an instruction that changes its own base register (push, pop,
   // movs) may miss its operand, and the access then counts as the whole fired chunk.
   std::vector<core::MemoryOperand> operands;
+  // A plain mov's value comes from the registers: the bytes it stored or loaded, even when
+  // another thread writes the same bytes before kwatch could read them.
+  std::optional<core::RegisterAccess> from_regs;
   if (site.exact && site.ip < trap_ip && trap_ip - site.ip <= 15) {
-    std::array<uint8_t, 15> code{};
-    const std::span<uint8_t> bytes(code.data(), trap_ip - site.ip);
-    if (proc_.ReadMemory(site.ip, bytes).ok()) {
-      if (auto d = core::DecodeAccess(bytes, site.ip.value, regs); d.ok()) {
-        operands = d->memory;
+    const std::span<const uint8_t> bytes(site.code.data(), trap_ip - site.ip);
+    if (auto d = core::DecodeAccess(bytes, site.ip.value, regs); d.ok()) {
+      operands = d->memory;
+    }
+    auto plan = plans_.find(site.ip.value);
+    if (plan == plans_.end()) {
+      absl::StatusOr<core::AccessPlan> p = core::PlanAccess(bytes, site.ip.value);
+      plan = plans_.emplace(site.ip.value, p.ok() ? std::optional(*p) : std::nullopt).first;
+    }
+    if (plan->second.has_value()) {
+      const core::RegisterAccess ra = core::EvaluateAccess(*plan->second, &regs);
+      if (ra.addr_known && ra.value_known) {
+        from_regs = ra;
       }
     }
   }
@@ -477,6 +490,13 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
       std::any_of(hits.begin(), hits.end(), [](const auto& kv) { return kv.second.exact; });
   const uint64_t now = MonotonicNs();
   uint32_t stack = 0;  // taken at the first event of this trap
+  struct KnownValue {
+    drmgr::RequestId id;
+    uint64_t addr;
+    uint32_t size;
+    uint64_t value;
+  };
+  std::vector<KnownValue> known;  // values taken from the registers
   for (auto& [id, hh] : hits) {
     const std::optional<uint32_t> owner = OwnerOf(id);
     if (!owner.has_value()) {
@@ -535,7 +555,12 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
     ev.access_size = hh.exact ? static_cast<uint32_t>(a_hi - a_lo) : 0;
     ev.kind = kind;
     if (kind != core::AccessKind::kExec) {
-      if (read.ok()) {
+      if (from_regs.has_value() && a_lo >= from_regs->addr &&
+          a_lo + size <= from_regs->addr + from_regs->size) {
+        const uint64_t v = from_regs->value >> (8 * (a_lo - from_regs->addr));
+        ev.value = size >= 8 ? v : v & ((uint64_t{1} << (8 * size)) - 1);
+        known.push_back({id, a_lo, size, *ev.value});
+      } else if (read.ok()) {
         ev.value = LittleEndian(std::span<const uint8_t>(now_bytes.data(), size));
       }
       ev.old_value = old_value;
@@ -545,6 +570,16 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
   }
   for (const auto& [id, hh] : hits) {
     RefreshShadow(id);
+  }
+  // The shadows hold what this access left, not what another thread wrote since.
+  for (const KnownValue& k : known) {
+    auto sh = shadows_.find(k.id);
+    if (sh != shadows_.end() && k.addr >= sh->second.addr &&
+        k.addr + k.size <= sh->second.addr + sh->second.bytes.size()) {
+      for (uint32_t i = 0; i < k.size; ++i) {
+        sh->second.bytes[k.addr - sh->second.addr + i] = static_cast<uint8_t>(k.value >> (8 * i));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -9,8 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/access_regs.h"
 #include "core/process.h"
 #include "core/symbolizer.h"
 #include "drmgr/allocator_types.h"
@@ -135,6 +137,9 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   std::map<pid_t, ThreadState> threads_;  // threads with breakpoints placed
   TrapBreakpoints bps_;                   // their perf events
   std::map<drmgr::RequestId, Shadow> shadows_;
+  // How each accessing instruction's value is recovered from the registers (nullopt: it does
+  // not decode), by instruction address.
+  absl::flat_hash_map<uint64_t, std::optional<core::AccessPlan>> plans_;
   std::vector<core::AccessEvent> events_;
   uint64_t unrelated_ = 0;
   uint64_t reads_filtered_ = 0;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <tuple>
@@ -16,6 +17,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -216,3 +218,47 @@ TEST(PerfValues, RecordingAndReportShowTheLastValuesWritten) {
 }
 
 }  // namespace
+
+// Two threads store i = 0..N-1 into the same word as fast as they can (kill_target's tight
+// loop). The value each event reports is the one its own store wrote, from the registers at
+// the trap: never the other thread's, which may already be in memory when kwatch looks. In
+// perf stream mode and in stop mode, every thread's values are exactly 0, 1, ..., N-1.
+TEST(PerfValues, RacingWritersEachSeeTheirOwnValues) {
+  constexpr long kCalls = 3000;
+  const std::string go = TempFile("racing-go");
+  { std::ofstream(go).put('1'); }
+  for (const char* mode : {"perf", "stop"}) {
+    SCOPED_TRACE(mode);
+    const RunResult r = RunKwatch({"--backend", mode, "--json", "--write", "g_val", "--",
+                                   TargetPath("kill_target"), "2", absl::StrCat(kCalls), "0", go});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("done calls=", 2 * kCalls)));
+    std::string json_lines;  // kwatch's lines, without the target's own ("ready", "done ...")
+    for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+      if (absl::StartsWith(line, "{")) {
+        absl::StrAppend(&json_lines, line, "\n");
+      }
+    }
+    const JsonRun run = ParseJsonLines(json_lines);
+    KW_REQUIRE_DEBUG_TRAPS();
+    EXPECT_EQ(run.summary["lost"], 0);
+    std::map<int, std::vector<long>> per_tid;
+    std::vector<json> events = run.events;
+    std::stable_sort(events.begin(), events.end(), [](const json& a, const json& b) {
+      return a["time_ns"].get<uint64_t>() < b["time_ns"].get<uint64_t>();
+    });
+    for (const json& e : events) {
+      ASSERT_EQ(e["value_at"], "access") << e.dump();
+      per_tid[e["tid"].get<int>()].push_back(e["value"].get<long>());
+    }
+    ASSERT_EQ(per_tid.size(), 2u);
+    std::vector<long> want(kCalls);
+    for (long i = 0; i < kCalls; ++i) {
+      want[i] = i;
+    }
+    for (const auto& [tid, values] : per_tid) {
+      EXPECT_EQ(values, want) << "thread " << tid;
+    }
+  }
+  std::filesystem::remove(go);
+}
