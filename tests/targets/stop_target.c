@@ -88,7 +88,10 @@ static void on_usr2(int sig, siginfo_t* si, void* ucv) {
   // SIGTRAP is blocked in this handler (sa_mask): it waits until the handler returns.
   syscall(SYS_rt_tgsigqueueinfo, getpid(), gettid(), SIGTRAP, &t);
   g_forged = 1;
+  // The registers a real trap would show, right after the store: %rdi still holds the value
+  // (kwatch takes a plain mov's value from them).
   uc->uc_mcontext.gregs[REG_RIP] = (greg_t)KW_AFTER_STORE;
+  uc->uc_mcontext.gregs[REG_RDI] = (greg_t)g_rec.a;
 }
 
 static void milestone(void) { raise(SIGUSR1); }
