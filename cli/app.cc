@@ -630,6 +630,7 @@ absl::StatusOr<int> Runner::Run() {
   KW_RETURN_IF_ERROR(HandleChild());
   epoll_event evs[64];
   while (!stopped_) {
+    std::fflush(stdout);  // live lines before waiting, also into a pipe (| grep, | tee)
     const int n = epoll_wait(epfd_.get(), evs, 64, 1000);
     if (n < 0 && errno != EINTR) {
       const int err = errno;

@@ -100,6 +100,7 @@ absl::Status ProbeLoop::Add(int fd) {
 absl::StatusOr<ProbeLoop::Ready> ProbeLoop::Wait(int timeout_ms) {
   Ready r;
   std::array<epoll_event, 64> evs{};
+  std::fflush(stdout);  // live lines before waiting, also into a pipe (| grep, | tee)
   const int n = epoll_wait(epfd_.get(), evs.data(), static_cast<int>(evs.size()), timeout_ms);
   if (n < 0) {
     const int err = errno;

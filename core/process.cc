@@ -780,6 +780,7 @@ absl::Status Process::StopThreads(bool user_code_only) {
     }
   }
   std::vector<ProcessEvent>& events = pending_events_;
+  int idle_polls = 0;
   for (;;) {
     bool all_stopped = true;
     for (auto& [tid, thread] : threads_) {
@@ -796,13 +797,70 @@ absl::Status Process::StopThreads(bool user_code_only) {
       break;
     }
     int status = 0;
-    KW_ASSIGN_OR_RETURN(const pid_t tid, NextStatus(status, /*nohang=*/false));
+    KW_ASSIGN_OR_RETURN(const pid_t tid, NextStatus(status, /*nohang=*/true));
+    if (tid == 0) {
+      // Nothing to wait for yet. A wait status can be lost to this process when another
+      // tracee of the same tracer collected it first (a group member's waitpid(-1) that saw a
+      // thread's exit before its clone event made it ours): every so often, ask the kernel
+      // what became of the threads still awaited, instead of waiting forever.
+      if (++idle_polls % 20 == 0) {
+        RecoverMissedStops(must_stop);
+      }
+      ::usleep(500);
+      continue;
+    }
+    idle_polls = 0;
     if (!Adopt(tid, status)) {
       continue;
     }
     KW_RETURN_IF_ERROR(HandleStatus(tid, status, events));
   }
   return absl::OkStatus();
+}
+
+void Process::RecoverMissedStops(const std::function<bool(const Thread&)>& awaited) {
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    const pid_t tid = it->first;
+    Thread& thread = it->second;
+    if (!awaited(thread)) {
+      ++it;
+      continue;
+    }
+    // A status that arrived since the last poll is handled the normal way.
+    int status = 0;
+    if (::waitpid(tid, &status, __WALL | WNOHANG) == tid) {
+      stashed_.emplace_back(tid, status);
+      ++it;
+      continue;
+    }
+    // /proc/PID/task/TID/stat: "TID (comm) STATE ..."; the comm may hold spaces and parens.
+    const absl::StatusOr<std::string> stat =
+        ReadSmallFile(absl::StrCat("/proc/", pid_, "/task/", tid, "/stat"));
+    const size_t close = stat.ok() ? stat->rfind(')') : std::string::npos;
+    if (close == std::string::npos || close + 2 >= stat->size()) {
+      threads_.erase(it++);  // gone: its exit was reaped by another tracee's wait
+      continue;
+    }
+    const char state = (*stat)[close + 2];
+    if (state == 't' || state == 'T') {
+      // Stopped, its wait status collected elsewhere. A signal-delivery stop keeps its signal
+      // for the next resume; an event or interrupt stop has none to deliver.
+      thread.state = ThreadState::kStopped;
+      thread.interrupt_pending = false;
+      siginfo_t si{};
+      if (::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0 && si.si_signo != 0) {
+        const bool event_stop = si.si_signo == SIGTRAP && (si.si_code & 0xff) == SIGTRAP;
+        const bool own_trap =
+            si.si_signo == SIGTRAP && si.si_code == kTrapPerf && IsKwatchSigData(SiPerfData(si));
+        if (!event_stop && !own_trap && !IsStopSignal(si.si_signo)) {
+          thread.pending_signal = si.si_signo;
+        }
+      }
+    } else {
+      thread.interrupt_pending = false;  // ask again: the interrupt may have been absorbed
+    }
+    ++it;
+  }
 }
 
 absl::Status Process::ReleaseHold() {

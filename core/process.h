@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -275,6 +276,10 @@ class Process {
   absl::Status HandleStatus(pid_t tid, int status, std::vector<ProcessEvent>& events);
   absl::Status Cont(pid_t tid, int sig);
   absl::Status StopThreads(bool user_code_only);
+  // For StopThreads: the threads `awaited` that the kernel says are gone are forgotten, those
+  // it shows stopped are marked stopped (a signal-delivery stop keeps its signal), the rest
+  // are interrupted again.
+  void RecoverMissedStops(const std::function<bool(const Thread&)>& awaited);
   // A syscall stop of `tid` (SIGTRAP|0x80): to the interceptor now, or later.
   absl::Status HandleSyscallStop(pid_t tid);
   absl::StatusOr<SyscallStop> ReadSyscallStop(pid_t tid) const;

@@ -99,7 +99,7 @@ void KillMidSession(const std::vector<std::string>& args, const Loop& loop,
   ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
   auto kr = (*k)->Finish();
   ASSERT_TRUE(kr.ok()) << kr.status();
-  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err;
+  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err << "\nstdout:\n" << kr->out;
 
   auto tr = (*t)->Finish(120);
   ASSERT_TRUE(tr.ok()) << tr.status();
