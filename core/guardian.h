@@ -17,13 +17,16 @@
 namespace kwatch::core {
 
 // One change kwatch made to a target's memory: an INT3 over an instruction, a return address
-// replaced by a trampoline. Lives in memory shared with the guardian process.
+// replaced by a trampoline (bytes), or pages protected by page mode (protection). Lives in
+// memory shared with the guardian process.
 struct PatchEntry {
-  std::atomic<uint32_t> state;  // kFree or kActive; published last (release)
-  uint32_t len;                 // 1..16
-  uint64_t addr;
+  std::atomic<uint32_t> state;  // free, or which change it journals; published last (release)
+  uint32_t len;                 // bytes: 1..16
+  uint64_t addr;                // bytes: where; protection: the first page
   uint8_t original[16];
   uint8_t patched[16];
+  uint64_t span;  // protection: bytes from addr, whole pages
+  int32_t prot;   // protection: the PROT_* bits to put back
 };
 
 // A guardian process that puts back every byte kwatch patched in a target if kwatch dies
@@ -36,6 +39,13 @@ struct PatchEntry {
 // kwatch's tracees, so the bytes are normally back before any thread runs untraced. A thread
 // that had already trapped into kwatch at the instant kwatch was killed still receives its
 // SIGTRAP when the kernel detaches it; nothing outside the tracer can cancel that signal.
+//
+// Page protections (page mode) can only be changed from inside the target: the guardian
+// waits for the kernel to detach kwatch's tracees, seizes one thread, runs mprotect in it for
+// each journaled range and detaches. A thread that touches a protected page in between (from
+// kwatch's death to the mprotect, about a millisecond) still faults and dies of SIGSEGV; one
+// that faulted in the seized thread after the seize is saved (its SIGSEGV is dropped and the
+// access runs again on the restored page).
 //
 // The guardian runs in its own process group and ignores SIGINT/SIGTERM/SIGHUP (a Ctrl-C
 // reaches kwatch, which cleans up and dismisses it). One target per guardian; not
@@ -53,6 +63,9 @@ class Guardian {
   // length, at most 16 bytes). Call before writing. ResourceExhausted when the journal is full.
   absl::StatusOr<Handle> Record(RemoteAddr addr, std::span<const uint8_t> original,
                                 std::span<const uint8_t> patched);
+  // Journals that the pages [page, page+span) are about to lose their protections
+  // `original_prot` (PROT_* bits). Call before the mprotect. ResourceExhausted when full.
+  absl::StatusOr<Handle> RecordProtection(RemoteAddr page, uint64_t span, int original_prot);
   // The patch was undone by kwatch (or the memory is gone).
   void Forget(Handle h);
   // Every patch is gone (the target exec'd or exited).
@@ -66,6 +79,7 @@ class Guardian {
 
  private:
   Guardian() = default;
+  absl::StatusOr<Handle> Take();
 
   pid_t pid_ = -1;
   pid_t target_ = -1;
@@ -79,5 +93,18 @@ class Guardian {
 // The guardian's restore (exposed for tests): for each active entry whose memory in `target`
 // still holds the patched bytes, writes the original bytes back. Returns entries restored.
 size_t RestorePatches(pid_t target, std::span<PatchEntry> entries);
+
+// The guardian's restore of page protections (exposed for tests): waits up to `wait_ms` for
+// `target` to have no tracer, seizes one of its threads, runs mprotect in it for each active
+// protection entry, and detaches (a SIGSEGV that thread took on a journaled range is dropped,
+// any other signal it stopped with is delivered). Returns the ranges restored; with fewer
+// than journaled, `error` names the call that failed and its errno text. Only
+// async-signal-safe calls (the guardian runs it in a fork of kwatch).
+struct ProtectionRestore {
+  size_t journaled = 0;
+  size_t restored = 0;
+  char error[160] = {};
+};
+ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries, int wait_ms);
 
 }  // namespace kwatch::core

@@ -176,6 +176,11 @@ absl::Status PageBackend::Arm() {
       page.armed = reads_count.count(p) != 0 ? PROT_NONE : (page.original & ~PROT_WRITE);
     }
   }
+  if (guardian_ == nullptr) {
+    // Journal room for these pages and those of an exec's re-arm.
+    KW_ASSIGN_OR_RETURN(
+        guardian_, core::Guardian::Start(proc_.pid(), std::max<size_t>(256, 2 * pages.size())));
+  }
   KW_RETURN_IF_ERROR(proc_.StopAll());
   absl::Cleanup resume = [this] { (void)proc_.ResumeAll(); };
   const pid_t tid = proc_.AnyStoppedThread();
@@ -184,11 +189,14 @@ absl::Status PageBackend::Arm() {
   }
   std::vector<uint64_t> done;
   for (const auto& [addr, page] : pages) {
-    absl::Status s = Protect(tid, addr, page.armed);
+    absl::StatusOr<core::Guardian::Handle> journaled =
+        guardian_->RecordProtection(core::RemoteAddr{addr}, kPageSize, page.original);
+    absl::Status s = journaled.ok() ? Protect(tid, addr, page.armed) : journaled.status();
     if (!s.ok()) {
       for (uint64_t d : done) {  // all or nothing
         (void)Protect(tid, d, pages[d].original);
       }
+      guardian_->ForgetAll();
       return s;
     }
     done.push_back(addr);
@@ -232,6 +240,11 @@ void PageBackend::Disarm() {
     for (auto& [addr, page] : pages_) {
       page.holds = 0;
     }
+    if (guardian_ != nullptr) {
+      guardian_->ForgetAll();
+      (void)guardian_->Dismiss();
+      guardian_.reset();
+    }
     close_pending_.clear();
     armed_ = false;
     draining_ = true;
@@ -245,6 +258,9 @@ void PageBackend::Disarm() {
 
 void PageBackend::Forget() {
   // The pages belonged to the old image: nothing to restore, and no fault of theirs can come.
+  if (guardian_ != nullptr) {
+    guardian_->ForgetAll();
+  }
   armed_ = false;
   draining_ = false;
   pages_.clear();

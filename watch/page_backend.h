@@ -3,10 +3,12 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "core/guardian.h"
 #include "core/process.h"
 #include "core/x86_access.h"
 #include "watch/backend.h"
@@ -159,6 +161,8 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   void UnmapScratch(core::Process& proc, pid_t tid);
 
   core::Process& proc_;
+  // Restores the protections of pages_ if kwatch dies without doing it (core/guardian.h).
+  std::unique_ptr<core::Guardian> guardian_;
   const std::vector<Watch>& watches_;
   const std::vector<Watch>* register_watches_ = nullptr;
   std::map<uint64_t, Page> pages_;

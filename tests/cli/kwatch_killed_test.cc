@@ -76,8 +76,8 @@ class TempDir {
 // Starts kill_target with `loop`, attaches `kwatch ARGS -p PID`, lets the target hit until
 // kwatch has printed `seen` (a hit or event of the loop), SIGKILLs kwatch, and checks that the
 // target ends as if nobody had watched it.
-void KillMidSession(const std::vector<std::string>& args, const Loop& loop,
-                    const std::string& seen) {
+void KillMidSession(const std::vector<std::string>& args, const Loop& loop, const std::string& seen,
+                    std::string* kwatch_err = nullptr, pid_t* target_pid = nullptr) {
   const TempDir dir;
   std::vector<std::string> target = {TargetPath("kill_target"), absl::StrCat(loop.threads),
                                      absl::StrCat(loop.calls), absl::StrCat(loop.usec), dir.go()};
@@ -99,6 +99,12 @@ void KillMidSession(const std::vector<std::string>& args, const Loop& loop,
   ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
   auto kr = (*k)->Finish();
   ASSERT_TRUE(kr.ok()) << kr.status();
+  if (kwatch_err != nullptr) {
+    *kwatch_err = kr->err;
+  }
+  if (target_pid != nullptr) {
+    *target_pid = (*t)->pid();
+  }
   EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err << "\nstdout:\n" << kr->out;
 
   auto tr = (*t)->Finish(120);
@@ -146,6 +152,22 @@ TEST(StopBackendKilled, TargetInATightLoopRunsToItsEndWhenKwatchIsKilled) {
 
 TEST(StopBackendKilled, TargetInASlowLoopRunsToItsEndWhenKwatchIsKilled) {
   KillMidSession({"--stop", "--json", "--write", "g_val"}, {1, 10, 300'000, false}, "\"value\":3,");
+}
+
+// Page mode: the protected page would crash the target at its next write. kwatch's guardian
+// (core/guardian.h) waits for the kernel to detach the target and runs mprotect in it with
+// the page's original protections, and says so; the target, asleep at that moment, runs on.
+// (A thread faulting on the page in the moment kwatch takes to die still receives its
+// SIGSEGV: a tight loop over the page dies, see README.)
+TEST(PageBackendKilled, TargetInASlowLoopRunsToItsEndWhenKwatchIsKilled) {
+  std::string err;
+  pid_t pid = 0;
+  KillMidSession({"--backend=page", "--json", "--write", "g_val"}, {1, 10, 300'000, false},
+                 "\"value\":3,", &err, &pid);
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("\nkwatch-guard: kwatch ended without cleaning up; "
+                                          "restored the protections of 1 page range in pid ",
+                                          pid, "\n")))
+      << err;
 }
 
 // The breakpoints are gone with kwatch: once it is killed, every register of the target's

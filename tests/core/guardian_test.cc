@@ -1,12 +1,17 @@
 #include "core/guardian.h"
 
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -155,6 +160,134 @@ TEST(Guardian, JournalFullIsAnError) {
   EXPECT_EQ((*g)->active(), 1u);
   EXPECT_TRUE((*g)->Record(RemoteAddr{0x3000}, a, b).ok());
   (void)f.proc->Kill();
+}
+
+// A forked child with one page it made read-only itself (as page mode leaves a write watch's
+// page): it reports the page's address, waits for a byte on `go` (a blocking read, which the
+// restore interrupts and which must resume), writes the page and exits 0, or dies of SIGSEGV
+// if the page is still read-only.
+struct ReadOnlyChild {
+  pid_t pid = -1;
+  uint64_t page = 0;
+  int go = -1;
+  ReadOnlyChild() = default;
+  ReadOnlyChild(ReadOnlyChild&& o) noexcept
+      : pid(std::exchange(o.pid, -1)), page(o.page), go(std::exchange(o.go, -1)) {}
+  ReadOnlyChild& operator=(ReadOnlyChild&&) = delete;
+  ~ReadOnlyChild() {  // a test that failed early leaves no child behind
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+ReadOnlyChild StartReadOnlyChild() {
+  int up[2];
+  int down[2];
+  EXPECT_EQ(pipe(up), 0);
+  EXPECT_EQ(pipe(down), 0);
+  ReadOnlyChild c;
+  c.pid = fork();
+  if (c.pid == 0) {
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect(p, 4096, PROT_READ) != 0) {
+      _exit(2);
+    }
+    const auto addr = reinterpret_cast<uint64_t>(p);
+    (void)!write(up[1], &addr, sizeof(addr));
+    char b = 0;
+    while (read(down[0], &b, 1) < 0) {
+    }
+    static_cast<volatile uint8_t*>(p)[0] = 0x77;
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  EXPECT_EQ(read(up[0], &c.page, sizeof(c.page)), static_cast<ssize_t>(sizeof(c.page)));
+  close(up[0]);
+  c.go = down[1];
+  return c;
+}
+
+// The permissions column of the child's mapping at `page` ("rw-p"), empty when unmapped.
+std::string PermsAt(pid_t pid, uint64_t page) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uint64_t lo = 0;
+    uint64_t hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && page >= lo && page < hi) {
+      return perms;
+    }
+  }
+  return "";
+}
+
+// Lets the child write its page; its exit status.
+int Finish(ReadOnlyChild& c) {
+  (void)!write(c.go, "g", 1);
+  close(c.go);
+  int status = 0;
+  EXPECT_EQ(waitpid(c.pid, &status, 0), c.pid);
+  c.pid = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(GuardianProtections, RestoredInsideTheProcessWhichRunsOn) {
+  ReadOnlyChild c = StartReadOnlyChild();
+  ASSERT_GT(c.pid, 0);
+  ASSERT_EQ(PermsAt(c.pid, c.page), "r--p");
+  std::array<PatchEntry, 3> entries{};
+  entries[0].state.store(2);  // protection: the page goes back to read-write
+  entries[0].addr = c.page;
+  entries[0].span = 4096;
+  entries[0].prot = PROT_READ | PROT_WRITE;
+  entries[1].state.store(1);  // bytes: not a protection, left to RestorePatches
+  entries[1].len = 1;
+  entries[1].addr = c.page;
+  entries[2].addr = c.page;  // free: ignored
+  entries[2].span = 4096;
+  entries[2].prot = PROT_NONE;
+  const ProtectionRestore r = RestoreProtections(c.pid, entries, 1000);
+  EXPECT_EQ(r.journaled, 1u);
+  EXPECT_EQ(r.restored, 1u);
+  EXPECT_STREQ(r.error, "");
+  EXPECT_EQ(PermsAt(c.pid, c.page), "rw-p");
+  EXPECT_EQ(Finish(c), 0);  // its read resumed, and the write went through
+}
+
+TEST(GuardianProtections, ATracedProcessIsWaitedForThenTheCallIsNamed) {
+  ReadOnlyChild c = StartReadOnlyChild();
+  ASSERT_GT(c.pid, 0);
+  // kwatch still holding the target: the guardian waits, then gives up naming the call.
+  ASSERT_EQ(ptrace(PTRACE_SEIZE, c.pid, nullptr, nullptr), 0);
+  std::array<PatchEntry, 1> entries{};
+  entries[0].state.store(2);
+  entries[0].addr = c.page;
+  entries[0].span = 4096;
+  entries[0].prot = PROT_READ | PROT_WRITE;
+  ProtectionRestore r = RestoreProtections(c.pid, entries, 20);
+  EXPECT_EQ(r.journaled, 1u);
+  EXPECT_EQ(r.restored, 0u);
+  EXPECT_STREQ(r.error, "ptrace(PTRACE_SEIZE): Operation not permitted");
+  EXPECT_EQ(PermsAt(c.pid, c.page), "r--p");
+  // Once the tracer lets go, the same journal restores the page.
+  ASSERT_EQ(ptrace(PTRACE_INTERRUPT, c.pid, nullptr, nullptr), 0);
+  ASSERT_EQ(waitpid(c.pid, nullptr, __WALL), c.pid);
+  ASSERT_EQ(ptrace(PTRACE_DETACH, c.pid, nullptr, nullptr), 0);
+  r = RestoreProtections(c.pid, entries, 1000);
+  EXPECT_EQ(r.restored, 1u);
+  EXPECT_EQ(PermsAt(c.pid, c.page), "rw-p");
+  EXPECT_EQ(Finish(c), 0);
+}
+
+TEST(GuardianProtections, WithoutTheRestoreTheChildDies) {
+  // The fixture itself: a page left read-only kills the child at its write.
+  ReadOnlyChild c = StartReadOnlyChild();
+  ASSERT_GT(c.pid, 0);
+  EXPECT_EQ(Finish(c), 128 + SIGSEGV);
 }
 
 }  // namespace
