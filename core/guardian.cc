@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/maps.h"
 #include "core/status_macros.h"
 #include "core/syscall_status.h"
 
@@ -98,29 +99,6 @@ void SleepUs(long us) {
   }
 }
 
-// The state letter of /proc/PID/task/TID/stat ('R', 'S', 't', 'Z'...), 0 when it is gone.
-char TaskState(pid_t pid, pid_t tid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return 0;
-  }
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) {
-    return 0;
-  }
-  // "TID (comm) STATE ...": the comm may hold spaces and parentheses.
-  for (ssize_t i = n - 1; i > 0; --i) {
-    if (buf[i] == ')' && i + 2 < n) {
-      return buf[i + 2];
-    }
-  }
-  return 0;
-}
-
 bool Alive(char state) {
   return state != 0 && state != 'Z' && state != 'X';
 }
@@ -128,7 +106,7 @@ bool Alive(char state) {
 // A thread of `pid` that can still run code: the main thread, else the first live one in
 // /proc/PID/task (the main thread may have ended with pthread_exit). 0 when none.
 pid_t LiveThread(pid_t pid) {
-  if (Alive(TaskState(pid, pid))) {
+  if (Alive(TaskStateLetter(pid, pid))) {
     return pid;
   }
   char path[64];
@@ -148,7 +126,7 @@ pid_t LiveThread(pid_t pid) {
       for (const char* c = d->d_name; *c >= '0' && *c <= '9'; ++c) {
         tid = tid * 10 + (*c - '0');
       }
-      if (tid > 0 && Alive(TaskState(pid, tid))) {
+      if (tid > 0 && Alive(TaskStateLetter(pid, tid))) {
         found = tid;
       }
     }

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -116,6 +118,28 @@ std::optional<MapEntry> FindMapping(const std::vector<MapEntry>& maps, RemoteAdd
     }
   }
   return std::nullopt;
+}
+
+char TaskStateLetter(pid_t pid, pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return 0;
+  }
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) {
+    return 0;
+  }
+  buf[n] = '\0';
+  // "TID (comm) S ...": the command may hold spaces and parentheses; the last ')' ends it.
+  const char* close_paren = std::strrchr(buf, ')');
+  if (close_paren == nullptr || close_paren[1] != ' ') {
+    return 0;
+  }
+  return close_paren[2];
 }
 
 }  // namespace kwatch::core

@@ -42,4 +42,8 @@ std::optional<MapEntry> FindMapping(const std::vector<MapEntry>& maps, RemoteAdd
 // Reads a whole (small) file such as /proc/PID/maps. Errors name the call and path.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
 
+// The state letter of a thread in /proc/PID/task/TID/stat ('R', 'S', 'D', 't', 'Z'...), or 0
+// when the thread is gone. Async-signal-safe (the guardian calls it in a fork of kwatch).
+char TaskStateLetter(pid_t pid, pid_t tid);
+
 }  // namespace kwatch::core

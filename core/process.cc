@@ -833,15 +833,11 @@ void Process::RecoverMissedStops(const std::function<bool(const Thread&)>& await
       ++it;
       continue;
     }
-    // /proc/PID/task/TID/stat: "TID (comm) STATE ..."; the comm may hold spaces and parens.
-    const absl::StatusOr<std::string> stat =
-        ReadSmallFile(absl::StrCat("/proc/", pid_, "/task/", tid, "/stat"));
-    const size_t close = stat.ok() ? stat->rfind(')') : std::string::npos;
-    if (close == std::string::npos || close + 2 >= stat->size()) {
+    const char state = TaskStateLetter(pid_, tid);
+    if (state == 0) {
       threads_.erase(it++);  // gone: its exit was reaped by another tracee's wait
       continue;
     }
-    const char state = (*stat)[close + 2];
     if (state == 't' || state == 'T') {
       // Stopped, its wait status collected elsewhere. A signal-delivery stop keeps its signal
       // for the next resume; an event or interrupt stop has none to deliver.

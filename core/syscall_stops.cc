@@ -32,28 +32,6 @@ bool IsStopSignal(int sig) {
   return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
 }
 
-// The state letter of a thread in /proc/PID/task/TID/stat ('R', 'S', 'D', 't'...), or 0.
-char RunState(pid_t pid, pid_t tid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/task/", tid, "/stat");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return 0;
-  }
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) {
-    return 0;
-  }
-  buf[n] = '\0';
-  // "TID (comm) S ...": the command may hold spaces and parentheses; the last ')' ends it.
-  const char* close_paren = std::strrchr(buf, ')');
-  if (close_paren == nullptr || close_paren[1] != ' ') {
-    return 0;
-  }
-  return close_paren[2];
-}
-
 // Which kind of syscall stop `tid` is at: PTRACE_SYSCALL_INFO_ENTRY / _EXIT, or 0.
 int SyscallStopKind(pid_t tid) {
   __ptrace_syscall_info info{};
@@ -361,7 +339,7 @@ absl::StatusOr<SyscallOutcome> Process::FinishSyscall(pid_t tid, absl::Duration 
     }
     // Still in the kernel: sleeping there means the call blocks.
     if (spins > 0) {
-      const char state = RunState(pid_, tid);
+      const char state = TaskStateLetter(pid_, tid);
       if (state == 'S' || state == 'D' || state == 'I') {
         out.kind = SyscallOutcome::Kind::kBlocked;
         return out;
