@@ -654,11 +654,23 @@ bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
   if (e.si_code != TRAP_BRKPT) {
     return !DeliverTrap(ClassifySigtrap(e));
   }
+  // How this host reports an icebp decides which byte is the evidence (checked once, in a
+  // child, the first time a breakpoint trap needs it; trap hosts are assumed if it fails).
+  const absl::StatusOr<IcebpKind> host = HostIcebpKind();
+  const IcebpKind icebp = host.ok() ? *host : IcebpKind::kTrap;
   user_regs_struct regs{};
   if (::ptrace(PTRACE_GETREGS, tid, nullptr, &regs) == 0 && regs.rip > 0) {
-    uint8_t byte = 0;
-    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(&byte, 1)).ok()) {
-      e.byte_before_ip = byte;
+    uint8_t bytes[2] = {0, 0};
+    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(bytes, 2)).ok()) {
+      e.byte_before_ip = bytes[0];
+      e.byte_at_ip = bytes[1];
+    } else {
+      uint8_t byte = 0;
+      if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(&byte, 1)).ok()) {
+        e.byte_before_ip = byte;
+      } else if (ReadMemory(RemoteAddr{regs.rip}, std::span<uint8_t>(&byte, 1)).ok()) {
+        e.byte_at_ip = byte;
+      }
     }
   }
   errno = 0;
@@ -668,7 +680,7 @@ bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
   if (errno == 0) {
     e.dr6 = static_cast<uint64_t>(dr6);
   }
-  const TrapOrigin origin = ClassifySigtrap(e);
+  const TrapOrigin origin = ClassifySigtrap(e, icebp);
   if (Debug()) {
     std::fprintf(stderr, "kwatch-debug: tid %d SIGTRAP code %d: %s\n", tid, si.si_code,
                  std::string(TrapOriginName(origin)).c_str());

@@ -6,6 +6,11 @@
 // with si_code TRAP_BRKPT, exactly as for an `icebp` (int1) instruction the program executed,
 // and a target without a SIGTRAP handler dies of it. The two differ only in the byte before
 // the interrupted instruction pointer: 0xF1 for icebp.
+//
+// Hosts differ in how they report an icebp (HostIcebpKind): on most, the trap comes after
+// the instruction (the 0xF1 byte is just before the instruction pointer); some hypervisors
+// report it as a fault, with the instruction pointer on the icebp itself, so that returning
+// from a handler runs it again; some drop it. The evidence is read the host's way.
 #ifndef KWATCH_CORE_TRAP_ORIGIN_H_
 #define KWATCH_CORE_TRAP_ORIGIN_H_
 
@@ -15,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace kwatch::core {
@@ -36,6 +42,8 @@ struct TrapEvidence {
   int si_code = 0;
   // The byte just before the thread's instruction pointer, when readable.
   std::optional<uint8_t> byte_before_ip;
+  // The byte at the thread's instruction pointer, when readable (read on fault hosts only).
+  std::optional<uint8_t> byte_at_ip;
   // The thread's DR6 as ptrace shows it (the kernel's virtual DR6).
   uint64_t dr6 = 0;
   // TRAP_PERF: the event's perf_event_attr.sig_data (SiPerfData).
@@ -59,7 +67,25 @@ inline constexpr bool IsKwatchSigData(uint64_t data) {
   return (data >> 32) == (kKwatchSigDataMagic >> 32);
 }
 
-TrapOrigin ClassifySigtrap(const TrapEvidence& e);
+// How this host reports an icebp (int1, 0xF1) the program executes.
+enum class IcebpKind {
+  kTrap,     // SIGTRAP TRAP_BRKPT with the instruction pointer after the icebp (bare metal)
+  kFault,    // SIGTRAP TRAP_BRKPT with the instruction pointer on the icebp (some hypervisors)
+  kDropped,  // no signal at all: the hypervisor swallows the debug exception
+};
+
+absl::string_view IcebpKindName(IcebpKind k);
+
+// Finds out, once per process (cached, thread-safe), how this host reports an icebp: a forked
+// child executes one under a SIGTRAP handler that steps over it, with a 2 s time limit. The
+// child is waited for by pid, so callers must not be racing a waitpid(-1) in another thread.
+// An error (fork failed, the child died) names what went wrong; callers then assume kTrap.
+absl::StatusOr<IcebpKind> HostIcebpKind();
+
+// Classifies with the icebp evidence read as `icebp` says: the byte before the instruction
+// pointer on trap hosts, the byte at it on fault hosts; on hosts that drop icebp, a
+// TRAP_BRKPT without cause bits is never an icebp.
+TrapOrigin ClassifySigtrap(const TrapEvidence& e, IcebpKind icebp = IcebpKind::kTrap);
 
 // Whether a trap of this origin is the target's own business (delivered unchanged). A late
 // trap of kwatch's own breakpoint (raised before kwatch closed it, arriving after the

@@ -10,7 +10,8 @@ namespace kwatch::core {
 namespace {
 
 TrapOrigin Classify(int code, std::optional<uint8_t> before = std::nullopt, uint64_t dr6 = 0) {
-  return ClassifySigtrap({.si_code = code, .byte_before_ip = before, .dr6 = dr6});
+  return ClassifySigtrap(
+      {.si_code = code, .byte_before_ip = before, .byte_at_ip = std::nullopt, .dr6 = dr6});
 }
 
 TEST(TrapOrigin, SignalsSentByProcessesAreDelivered) {
@@ -48,6 +49,31 @@ TEST(TrapOrigin, ADebugExceptionWithNoCauseIsSpurious) {
   EXPECT_EQ(Classify(TRAP_BRKPT, std::nullopt, 0), TrapOrigin::kSpurious);  // unreadable code
   EXPECT_FALSE(DeliverTrap(TrapOrigin::kSpurious));
   EXPECT_EQ(TrapOriginName(TrapOrigin::kSpurious), "spurious debug exception");
+}
+
+// Where the host reports icebp as a fault the 0xF1 byte is at the instruction pointer; the
+// byte before it then proves nothing (an instruction may end in 0xF1: mov %esi,-0xf(%rcx)).
+TEST(TrapOrigin, OnFaultHostsTheIcebpIsTheByteAtTheInstructionPointer) {
+  TrapEvidence e{.si_code = TRAP_BRKPT, .byte_before_ip = 0x89, .byte_at_ip = 0xF1, .dr6 = 0};
+  EXPECT_EQ(ClassifySigtrap(e, IcebpKind::kFault), TrapOrigin::kIcebp);
+  EXPECT_EQ(ClassifySigtrap(e, IcebpKind::kTrap), TrapOrigin::kSpurious);
+  e = {.si_code = TRAP_BRKPT, .byte_before_ip = 0xF1, .byte_at_ip = 0x90, .dr6 = 0};
+  EXPECT_EQ(ClassifySigtrap(e, IcebpKind::kFault), TrapOrigin::kSpurious);
+  EXPECT_EQ(ClassifySigtrap(e, IcebpKind::kTrap), TrapOrigin::kIcebp);
+  // Where the host drops icebp, no breakpoint trap without cause bits is one.
+  EXPECT_EQ(ClassifySigtrap(e, IcebpKind::kDropped), TrapOrigin::kSpurious);
+  e.dr6 = 0x1;
+  EXPECT_EQ(ClassifySigtrap(e, IcebpKind::kFault), TrapOrigin::kHardwareBreakpoint);
+}
+
+// The check this host answers (whichever it is) is stable and named.
+TEST(TrapOrigin, TheHostsIcebpKindIsFoundAndCached) {
+  const absl::StatusOr<IcebpKind> first = HostIcebpKind();
+  ASSERT_TRUE(first.ok()) << first.status();
+  const absl::StatusOr<IcebpKind> second = HostIcebpKind();
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*first, *second);
+  EXPECT_FALSE(IcebpKindName(*first).empty());
 }
 
 // kwatch's own breakpoints (perf events with sigtrap, watch/trap_breakpoints.h) carry its magic
