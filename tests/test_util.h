@@ -27,7 +27,7 @@ struct RunResult {
 
 // Runs argv to completion (no shell), capturing stdout and stderr. Fails the test's
 // expectations only through the returned status: spawn failures become errors.
-absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, int timeout_s = 120);
+absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, int timeout_s = 60);
 
 // A child process whose stdout and stderr are read while it runs (for attach tests and
 // signals sent mid-session). Killed (SIGKILL) and reaped on destruction if still running.
@@ -43,7 +43,7 @@ class Spawned {
   absl::Status WaitForStdout(const std::string& needle, int timeout_s = 30);
   absl::Status WaitForStderr(const std::string& needle, int timeout_s = 30);
   // Reads everything until the process closes its output, then reaps it.
-  absl::StatusOr<RunResult> Finish(int timeout_s = 120);
+  absl::StatusOr<RunResult> Finish(int timeout_s = 60);
   const std::string& out() const { return result_.out; }
   const std::string& err() const { return result_.err; }
 

@@ -107,7 +107,7 @@ void KillMidSession(const std::vector<std::string>& args, const Loop& loop, cons
   }
   EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err << "\nstdout:\n" << kr->out;
 
-  auto tr = (*t)->Finish(120);
+  auto tr = (*t)->Finish(60);
   ASSERT_TRUE(tr.ok()) << tr.status();
   EXPECT_EQ(tr->exit_code, 0) << "the target died after kwatch was killed (133: SIGTRAP)";
   const std::string normal = NormalOutput(loop);

@@ -159,7 +159,7 @@ TEST(RecordingFull, RemovedOutputDirectoryIsReportedAsLost) {
   ASSERT_TRUE((*kw)->WaitForStderr("armed 1 watch on pid").ok()) << (*kw)->err();
   ::usleep(300'000);
   std::filesystem::remove_all(dir);
-  auto run = (*kw)->Finish(300);
+  auto run = (*kw)->Finish(60);
   ASSERT_TRUE(run.ok()) << run.status();
   const std::string all = run->out + run->err;
   EXPECT_TRUE(absl::StrContains(all, path + ": the recording's file was removed while recording"))
