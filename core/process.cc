@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstddef>
 #include <cstdio>
@@ -660,8 +661,8 @@ bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
   const IcebpKind icebp = host.ok() ? *host : IcebpKind::kTrap;
   user_regs_struct regs{};
   if (::ptrace(PTRACE_GETREGS, tid, nullptr, &regs) == 0 && regs.rip > 0) {
-    uint8_t bytes[2] = {0, 0};
-    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(bytes, 2)).ok()) {
+    std::array<uint8_t, 2> bytes{};
+    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(bytes)).ok()) {
       e.byte_before_ip = bytes[0];
       e.byte_at_ip = bytes[1];
     } else {

@@ -1,12 +1,13 @@
 #include "core/trap_origin.h"
 
-#include <signal.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <mutex>
 
@@ -29,7 +30,8 @@ volatile sig_atomic_t g_icebp_seen = 0;
 void OnProbeTrap(int /*sig*/, siginfo_t* /*si*/, void* uc) {
   auto* ctx = static_cast<ucontext_t*>(uc);
   greg_t& rip = ctx->uc_mcontext.gregs[REG_RIP];
-  const auto* ip = reinterpret_cast<const uint8_t*>(rip);
+  // The child's own code, at the interrupted instruction pointer.
+  const auto* ip = reinterpret_cast<const uint8_t*>(rip);  // NOLINT(performance-no-int-to-ptr)
   if (*ip == kIcebpOpcode) {
     g_icebp_seen = 'F';
     ++rip;
@@ -44,13 +46,15 @@ void OnProbeTrap(int /*sig*/, siginfo_t* /*si*/, void* uc) {
 [[noreturn]] void IcebpProbeChild(int out_fd) {
   sigset_t none;
   sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr);
   struct sigaction sa {};
   sa.sa_sigaction = OnProbeTrap;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTRAP, &sa, nullptr);
-  signal(SIGALRM, SIG_DFL);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGALRM, &dfl, nullptr);
   alarm(2);  // a host that loops on the icebp in some other way must not hang the caller
   __asm__ volatile(".byte 0xf1" ::: "memory");
   const char seen = g_icebp_seen == 0 ? 'D' : static_cast<char>(g_icebp_seen);
@@ -59,8 +63,8 @@ void OnProbeTrap(int /*sig*/, siginfo_t* /*si*/, void* uc) {
 }
 
 absl::StatusOr<IcebpKind> ProbeIcebpKind() {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
+  std::array<int, 2> fds{};
+  if (pipe2(fds.data(), O_CLOEXEC) != 0) {
     const int err = errno;
     return absl::ErrnoToStatus(err, "pipe2 (icebp host check)");
   }
@@ -86,11 +90,11 @@ absl::StatusOr<IcebpKind> ProbeIcebpKind() {
     waited = waitpid(pid, &status, 0);
   } while (waited < 0 && errno == EINTR);
   if (n != 1) {
-    return absl::InternalError(absl::StrCat(
-        "icebp host check: the child ended without an answer (",
-        WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
-                            : absl::StrCat("exit status ", WEXITSTATUS(status)),
-        ")"));
+    return absl::InternalError(
+        absl::StrCat("icebp host check: the child ended without an answer (",
+                     WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
+                                         : absl::StrCat("exit status ", WEXITSTATUS(status)),
+                     ")"));
   }
   switch (seen) {
     case 'T':

@@ -5,8 +5,8 @@
 // expectations follow what this host does, found at run time, and say it in the output.
 #include <signal.h>
 
-#include <nlohmann/json.hpp>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -99,8 +99,8 @@ TEST(Sigtrap, AnUnhandledIcebpEndsTheTargetAsWithoutKwatch) {
       {KwatchPath(), "-q", "--write", "g_counter", "--", TargetPath("sigtraps"), "--bare-icebp"});
   EXPECT_EQ(watched.exit_code, dropped ? 0 : 128 + SIGTRAP) << watched.err;
   EXPECT_THAT(watched.out, HasSubstr("kwatch summary: 1 events"));
-  const RunResult probed =
-      RunOrFail({KwatchPath(), "probe", "-q", "tick i", "--", TargetPath("sigtraps"), "--bare-icebp"});
+  const RunResult probed = RunOrFail(
+      {KwatchPath(), "probe", "-q", "tick i", "--", TargetPath("sigtraps"), "--bare-icebp"});
   EXPECT_EQ(probed.exit_code, dropped ? 0 : 128 + SIGTRAP) << probed.err;
 }
 
@@ -133,9 +133,8 @@ TEST(Sigtrap, WatchedTargetSurvivesTrapsNothingExplains) {
 }
 
 TEST(Sigtrap, ProbedTargetGetsEveryLegitimateTrapAndSurvivesForgedOnes) {
-  const RunResult r =
-      RunOrFail({KwatchPath(), "probe", "--json", "-q", "tick i", "--", TargetPath("sigtraps"),
-                 "5", "--forge", "2"});
+  const RunResult r = RunOrFail({KwatchPath(), "probe", "--json", "-q", "tick i", "--",
+                                 TargetPath("sigtraps"), "5", "--forge", "2"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const Output o = Split(r.out);
   EXPECT_EQ(o.target_lines,
