@@ -37,8 +37,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/probe/int3_engine.h"
-#include "core/process.h"
-#include "core/symbols.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbols.h"
 
 namespace kwatch::core {
 namespace {

@@ -10,7 +10,7 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/process.h"
+#include "core/ptrace/process.h"
 #include "watch/page_backend.h"
 #include "watch/session.h"
 

@@ -35,9 +35,10 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "core/access_regs.h"
-#include "core/symbolizer.h"
-#include "core/symbols.h"
+#include "core/base/clock.h"
+#include "core/x86/access_regs.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
 #include "watch/hw_probe.h"
 #include "watch/perf_access.h"
 #include "watch/perf_breakpoint.h"
@@ -55,12 +56,6 @@ __attribute__((noinline)) void StoreThrough(volatile uint64_t* p, uint64_t v) {
 
 __attribute__((noinline)) void StoreGlobal(uint64_t v) {
   g_target = v;
-}
-
-uint64_t MonotonicNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 // This process's symbols and the trap addresses of the two stores above (the address right
@@ -259,7 +254,7 @@ void BM_StreamWriteRegs(benchmark::State& state) {
     wrong += (a.access.value_known && a.access.value == expect++) ? 0 : 1;
   };
   int until_drain = 256;
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   for (auto _ : state) {
     StoreThrough(&g_target, i++);
     if (--until_drain == 0) {
@@ -268,7 +263,7 @@ void BM_StreamWriteRegs(benchmark::State& state) {
     }
   }
   ring->Drain(sink);
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
   state.counters["ns_per_hit"] =
       static_cast<double>(t1 - t0) / static_cast<double>(std::max<int64_t>(state.iterations(), 1));
   state.counters["samples"] = static_cast<double>(decoder.stats().samples);

@@ -19,10 +19,10 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/expr.h"
-#include "core/process.h"
-#include "core/symbolizer.h"
-#include "core/symbols.h"
+#include "core/symbols/expr.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
 #include "drmgr/slot_allocator.h"
 #include "watch/stop_backend.h"
 

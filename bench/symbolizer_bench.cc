@@ -17,8 +17,8 @@
 
 #include <benchmark/benchmark.h>
 
-#include "core/symbolizer.h"
-#include "core/symbols.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
 
 namespace kwatch::core {
 namespace {

@@ -15,10 +15,10 @@
 
 #include <benchmark/benchmark.h>
 
-#include "core/process.h"
-#include "core/symbolizer.h"
-#include "core/symbols.h"
-#include "core/unwind.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
+#include "core/symbols/unwind.h"
 
 namespace kwatch::core {
 namespace {

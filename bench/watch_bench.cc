@@ -31,8 +31,9 @@
 
 #include <benchmark/benchmark.h>
 
-#include "core/unique_fd.h"
-#include "core/unique_mmap.h"
+#include "core/base/clock.h"
+#include "core/base/unique_fd.h"
+#include "core/base/unique_mmap.h"
 #include "watch/hw_probe.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_ring.h"
@@ -44,12 +45,6 @@ alignas(64) volatile uint64_t g_target = 0;
 
 constexpr int kDrainEvery = 256;
 constexpr size_t kRingPages = 64;
-
-uint64_t MonotonicNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 void ReportWrites(benchmark::State& state, uint64_t elapsed_ns, uint64_t hits, uint64_t lost) {
   const auto iterations = static_cast<uint64_t>(state.iterations());
@@ -135,11 +130,11 @@ size_t RawDrain(const RawRing& r, uint64_t* addr_sum, uint64_t* lost) {
 
 void BM_UnwatchedWrite(benchmark::State& state) {
   uint64_t i = 0;
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   for (auto _ : state) {
     g_target = i++;
   }
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
   ReportWrites(state, t1 - t0, static_cast<uint64_t>(state.iterations()), 0);
 }
 BENCHMARK(BM_UnwatchedWrite);
@@ -154,11 +149,11 @@ void BM_RawPerfCountingWrite(benchmark::State& state) {
     return;
   }
   uint64_t i = 0;
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   for (auto _ : state) {
     g_target = i++;
   }
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
   uint64_t count = 0;
   if (::read(fd.get(), &count, sizeof(count)) != static_cast<ssize_t>(sizeof(count))) {
     state.SkipWithError("read(perf count) failed");
@@ -192,7 +187,7 @@ void BM_RawPerfRingWrite(benchmark::State& state) {
   uint64_t hits = 0;
   uint64_t i = 0;
   int until_drain = kDrainEvery;
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   for (auto _ : state) {
     g_target = i++;
     if (--until_drain == 0) {
@@ -201,7 +196,7 @@ void BM_RawPerfRingWrite(benchmark::State& state) {
     }
   }
   hits += RawDrain(ring, &addr_sum, &lost);
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
   benchmark::DoNotOptimize(addr_sum);
   ReportWrites(state, t1 - t0, hits, lost);
 }
@@ -229,7 +224,7 @@ void BM_KwatchStreamWrite(benchmark::State& state) {
   uint64_t i = 0;
   int until_drain = kDrainEvery;
   const auto sink = [&addr_sum](const PerfSample& s) { addr_sum += s.addr; };
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   for (auto _ : state) {
     g_target = i++;
     if (--until_drain == 0) {
@@ -238,7 +233,7 @@ void BM_KwatchStreamWrite(benchmark::State& state) {
     }
   }
   hits += ring->Drain(sink);
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
   benchmark::DoNotOptimize(addr_sum);
   ReportWrites(state, t1 - t0, hits, ring->lost());
 }

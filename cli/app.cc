@@ -34,14 +34,15 @@
 #include "cli/report_cmd.h"
 #include "cli/slot_registry.h"
 #include "cli/watch_options.h"
-#include "core/expr.h"
-#include "core/process.h"
-#include "core/process_group.h"
-#include "core/status_macros.h"
+#include "core/base/clock.h"
+#include "core/symbols/expr.h"
+#include "core/ptrace/process.h"
+#include "core/ptrace/process_group.h"
+#include "core/base/status_macros.h"
 #include "core/store/trace_writer.h"
-#include "core/symbols.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/symbols/symbols.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/debug_regs.h"
 #include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
@@ -60,12 +61,6 @@ namespace kwatch::cli {
 namespace {
 
 using Options = WatchOptions;
-
-uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 // argv as a user would retype it in a shell (arguments with spaces or quotes quoted).
 std::string CommandLine(int argc, char** argv) {
@@ -374,7 +369,7 @@ absl::Status Runner::HandleEvents(Tracee& t, const std::vector<core::ProcessEven
 }
 
 absl::Status Runner::AdoptChild(Tracee& parent, pid_t pid) {
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   std::unique_ptr<core::Process> child = group_->TakeChild(pid);
   if (child == nullptr) {
     return absl::OkStatus();
@@ -405,7 +400,7 @@ absl::Status Runner::AdoptChild(Tracee& parent, pid_t pid) {
   KW_RETURN_IF_ERROR(AddFds(*t->session));
   if (!opts_.quiet) {
     std::fprintf(stderr, "kwatch: following child %d of %d (watches armed in %.0f us)\n", pid,
-                 t->parent, static_cast<double>(MonotonicNs() - t0) / 1e3);
+                 t->parent, static_cast<double>(core::MonotonicNs() - t0) / 1e3);
   }
   tracees_.push_back(std::move(t));
   return absl::OkStatus();
@@ -553,7 +548,7 @@ absl::StatusOr<int> Runner::Run() {
   its.it_value = its.it_interval;
   timerfd_settime(tick.get(), 0, &its, nullptr);
   KW_RETURN_IF_ERROR(AddFd(tick.get()));
-  const uint64_t start_ns = MonotonicNs();
+  const uint64_t start_ns = core::MonotonicNs();
   const uint64_t deadline_ns =
       opts_.duration > 0 ? start_ns + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   printer_ = EventPrinter(stdout, opts_.json, start_ns);
@@ -612,7 +607,7 @@ absl::StatusOr<int> Runner::Run() {
     if (now == nullptr || now->allocator() == nullptr) {
       return;
     }
-    const uint64_t t = MonotonicNs();
+    const uint64_t t = core::MonotonicNs();
     if (!force && t - published_ns < 200'000'000) {
       return;
     }
@@ -671,7 +666,7 @@ absl::StatusOr<int> Runner::Run() {
       DrainAll();
       FlushRecording();
     }
-    if (deadline_ns != 0 && MonotonicNs() >= deadline_ns) {
+    if (deadline_ns != 0 && core::MonotonicNs() >= deadline_ns) {
       Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
     }
     // SIGCHLD may have been merged with another: poll the processes every round.
@@ -704,7 +699,7 @@ absl::StatusOr<int> Runner::Run() {
     }
   }
   info.pid = proc.pid();
-  info.seconds = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
+  info.seconds = static_cast<double>(core::MonotonicNs() - start_ns) / 1e9;
   info.stop_reason = stop_reason_;
   KW_RETURN_IF_ERROR(Release(info));
   if (exec_seen_) {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "cli/profile_report.h"
-#include "core/symbolizer.h"
+#include "core/symbols/symbolizer.h"
 
 namespace kwatch::cli {
 

@@ -7,7 +7,7 @@
 
 #include "absl/strings/string_view.h"
 #include "core/event.h"
-#include "core/process.h"
+#include "core/ptrace/process.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"

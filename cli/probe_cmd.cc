@@ -20,9 +20,9 @@
 #include "cli/probe_set.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 
 #ifndef KWATCH_VERSION
 #define KWATCH_VERSION "dev"

@@ -16,8 +16,8 @@
 #include "absl/status/status.h"
 #include "cli/probe_set.h"
 #include "core/event.h"
-#include "core/process.h"
-#include "core/remote_addr.h"
+#include "core/ptrace/process.h"
+#include "core/base/remote_addr.h"
 #include "core/store/args_json.h"
 #include "core/store/trace_writer.h"
 

@@ -12,9 +12,9 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/store/trace_records.h"
-#include "core/syscall_status.h"
+#include "core/base/syscall_status.h"
 
 #ifndef KWATCH_VERSION
 #define KWATCH_VERSION "dev"

@@ -19,10 +19,10 @@
 #include "absl/status/statusor.h"
 #include "cli/probe_output.h"
 #include "cli/probe_set.h"
-#include "core/process.h"
+#include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
-#include "core/symbolizer.h"
-#include "core/unique_fd.h"
+#include "core/symbols/symbolizer.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/allocator_types.h"
 
 namespace kwatch::drmgr {

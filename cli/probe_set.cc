@@ -15,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/probe/probe_spec.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace kwatch::cli {
 

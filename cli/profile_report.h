@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "watch/profile/storage_profile.h"
 
 namespace kwatch::cli {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/debug_regs.h"
 #include "watch/perf_util.h"
 

@@ -27,9 +27,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::cli {
 

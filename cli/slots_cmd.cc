@@ -29,9 +29,9 @@
 #include "absl/time/time.h"
 #include "cli/slot_probe.h"
 #include "cli/slot_registry.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/allocator_types.h"
 
 namespace kwatch::cli {

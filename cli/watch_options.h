@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/process.h"
+#include "core/ptrace/process.h"
 
 namespace kwatch::cli {
 

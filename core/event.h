@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "absl/strings/string_view.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::core {
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "drmgr/debug_regs.h"
 #include "drmgr/range_cover.h"
 #include "drmgr/scope.h"

@@ -4,7 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::drmgr {
 

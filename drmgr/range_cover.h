@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::drmgr {
 

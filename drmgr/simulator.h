@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "core/event.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "drmgr/allocator_types.h"
 #include "drmgr/scope.h"
 

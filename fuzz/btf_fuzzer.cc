@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/expr.h"
+#include "core/symbols/expr.h"
 #include "core/kernel/btf_types.h"
 #include "fuzz/fuzz_util.h"
 

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/expr.h"
+#include "core/symbols/expr.h"
 #include "core/probe/fetch.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
-#include "core/symbols.h"
+#include "core/symbols/symbols.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

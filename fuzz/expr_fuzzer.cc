@@ -11,9 +11,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "core/expr.h"
-#include "core/remote_addr.h"
-#include "core/symbols.h"
+#include "core/symbols/expr.h"
+#include "core/base/remote_addr.h"
+#include "core/symbols/symbols.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/store/trace_reader.h"
 
 namespace kwatch::gui {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Rejects includes that point the wrong way (STYLE.md: drmgr -> core, watch -> drmgr, core;
-# cli, gui -> everything above; nothing depends on cli/ or gui/; Qt only in gui/).
+# cli, gui -> everything above; nothing depends on cli/ or gui/; Qt only in gui/), and the
+# edges between core's subfolders (core/CMakeLists.txt: base <- ptrace, x86 <- symbols <- probe,
+# store, kernel; core/event.h is shared by all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -19,6 +21,20 @@ check core 'drmgr|watch|cli|gui|bench|tests'
 check drmgr 'watch|cli|gui|bench|tests'
 check watch 'cli|gui|bench|tests'
 check cli 'gui|bench|tests'
+check gui 'cli|bench|tests'
+check core/base 'core/(ptrace|x86|symbols|probe|store|kernel)'
+check core/ptrace 'core/(x86|symbols|probe|store|kernel)'
+check core/x86 'core/(ptrace|symbols|probe|store|kernel)'
+check core/symbols 'core/(ptrace|probe|store|kernel)'
+check core/probe 'core/(store|kernel)'
+check core/store 'core/(ptrace|x86|probe|kernel)'
+check core/kernel 'core/(ptrace|x86|probe|store)'
+stray=$(find core -maxdepth 1 -name '*.cc' -o -maxdepth 1 -name '*.h' ! -name event.h)
+if [ -n "$stray" ]; then
+  echo "layering: core/ files belong in a subfolder (only core/event.h is shared):"
+  echo "$stray"
+  fail=1
+fi
 qt=$(grep -rnE '#include <Q' core drmgr watch cli bench --include='*.h' --include='*.cc' 2>/dev/null || true)
 if [ -n "$qt" ]; then
   echo "layering: Qt appears only in gui/:"

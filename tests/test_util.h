@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/unique_fd.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::testing {
 

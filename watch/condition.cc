@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace kwatch::watch {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "drmgr/debug_regs.h"
 #include "watch/perf_breakpoint.h"
 

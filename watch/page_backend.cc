@@ -16,10 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
-#include "core/x86_access.h"
-#include "core/x86_emulate.h"
+#include "core/base/clock.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/x86/x86_access.h"
+#include "core/x86/x86_emulate.h"
 
 namespace kwatch::watch {
 
@@ -88,12 +89,6 @@ absl::Status CopyRemote(const core::Process& proc, uint64_t from, uint64_t to, u
 
 uint64_t PageOf(uint64_t addr) {
   return addr & ~(kPageSize - 1);
-}
-
-uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 std::string ProtText(int prot) {
@@ -357,7 +352,7 @@ void PageBackend::Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits) 
     ++unrelated_;
     return;
   }
-  const uint64_t now = MonotonicNs();
+  const uint64_t now = core::MonotonicNs();
   const uint32_t stack = CaptureStack(tid);
   for (const Hit& h : hits) {
     const Watch& w = WatchById(h.watch_id);
@@ -651,7 +646,7 @@ void PageBackend::SnapshotBefore(Call& c) {
 
 void PageBackend::RecordKernel(pid_t tid, const Call& c, int64_t ret) {
   KernelAccessStats::Syscall& cs = CallStats(c.nr);
-  const uint64_t now = MonotonicNs();
+  const uint64_t now = core::MonotonicNs();
   for (const KernelRange& r : TouchedRanges(c.nr, c.model, ret)) {
     for (const Watch& w : watches_) {
       const uint64_t a = w.target.addr.value;
@@ -761,7 +756,7 @@ absl::Status PageBackend::OnEntry(pid_t tid, const core::SyscallStop& st, bool w
     // thread does next, starts afresh).
     Call old = std::move(it->second);
     calls_.erase(it);
-    AddUnprotected(old, MonotonicNs());
+    AddUnprotected(old, core::MonotonicNs());
     KW_RETURN_IF_ERROR(ReleasePages(tid, old));
   }
   if (!armed_ || disarming_) {
@@ -799,7 +794,7 @@ absl::Status PageBackend::OnEntry(pid_t tid, const core::SyscallStop& st, bool w
     // clone, exec, exit: never run alone; the page stays open until the call returns.
     KW_RETURN_IF_ERROR(OpenPages(tid, call, blocked));
     if (proc_.TracedThreads().size() > 1) {
-      call.open_since_ns = MonotonicNs();
+      call.open_since_ns = core::MonotonicNs();
     }
     return absl::OkStatus();
   }
@@ -833,7 +828,7 @@ absl::Status PageBackend::RunOpen(pid_t tid, Call& c, bool world_stopped) {
         return ReleasePages(other != tid ? other : 0, c);
       }
       if (proc_.TracedThreads().size() > 1) {
-        c.open_since_ns = MonotonicNs();  // others run while the page is open
+        c.open_since_ns = core::MonotonicNs();  // others run while the page is open
       }
       return absl::OkStatus();
     }
@@ -857,7 +852,7 @@ absl::Status PageBackend::RunAgainAfterEfault(pid_t tid, Call& c, bool world_sto
     // The pages are (being) restored: the call only has to run again.
     Call done = std::move(c);
     calls_.erase(tid);
-    AddUnprotected(done, MonotonicNs());
+    AddUnprotected(done, core::MonotonicNs());
     (void)ReleasePages(tid, done);
     return proc_.RestartSyscall(tid);
   }
@@ -934,7 +929,7 @@ absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::SyscallStop& 
     }
     c.restarting = true;
     if (!c.held.empty() && c.open_since_ns == 0 && proc_.TracedThreads().size() > 1) {
-      c.open_since_ns = MonotonicNs();
+      c.open_since_ns = core::MonotonicNs();
     }
     return absl::OkStatus();
   }
@@ -943,7 +938,7 @@ absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::SyscallStop& 
     s = FinishBounce(tid, c, ret, /*copy_out=*/true);
   }
   RecordKernel(tid, c, ret);
-  AddUnprotected(c, MonotonicNs());
+  AddUnprotected(c, core::MonotonicNs());
   Call done = std::move(c);
   calls_.erase(tid);
   const absl::Status r = ReleasePages(tid, done);

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "core/guardian.h"
-#include "core/process.h"
-#include "core/x86_access.h"
+#include "core/ptrace/guardian.h"
+#include "core/ptrace/process.h"
+#include "core/x86/x86_access.h"
 #include "watch/backend.h"
 #include "watch/page_syscalls.h"
 #include "watch/session.h"

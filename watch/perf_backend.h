@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/process.h"
-#include "core/symbolizer.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
 #include "drmgr/allocator_types.h"
 #include "watch/perf_access.h"
 #include "watch/perf_breakpoint.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/remote_addr.h"
-#include "core/unique_fd.h"
+#include "core/base/remote_addr.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/debug_regs.h"
 #include "watch/perf_ring.h"
 

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 
 namespace kwatch::watch {
 

@@ -8,7 +8,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "core/unique_mmap.h"
+#include "core/base/unique_mmap.h"
 
 namespace kwatch::watch {
 

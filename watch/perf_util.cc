@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "core/unique_fd.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::watch {
 

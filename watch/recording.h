@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
-#include "core/symbolizer.h"
+#include "core/symbols/symbolizer.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 

@@ -15,10 +15,11 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/access_regs.h"
-#include "core/status_macros.h"
-#include "core/trap_origin.h"
-#include "core/x86_access.h"
+#include "core/base/clock.h"
+#include "core/x86/access_regs.h"
+#include "core/base/status_macros.h"
+#include "core/ptrace/trap_origin.h"
+#include "core/x86/x86_access.h"
 #include "drmgr/dr7.h"
 
 namespace kwatch::watch {
@@ -36,12 +37,6 @@ uint64_t SlotBits(int p) {
 
 bool Enabled(uint64_t dr7, int p) {
   return (dr7 & (uint64_t{3} << (2 * p))) != 0;
-}
-
-uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 uint64_t LittleEndian(std::span<const uint8_t> bytes) {
@@ -488,7 +483,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
   // the instruction is unknown and each holder gets its fired bytes.
   const bool decoded =
       std::any_of(hits.begin(), hits.end(), [](const auto& kv) { return kv.second.exact; });
-  const uint64_t now = MonotonicNs();
+  const uint64_t now = core::MonotonicNs();
   uint32_t stack = 0;  // taken at the first event of this trap
   struct KnownValue {
     drmgr::RequestId id;

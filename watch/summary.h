@@ -10,7 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "core/event.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "watch/session.h"
 
 namespace kwatch::watch {

@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
-#include "core/trap_origin.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/ptrace/trap_origin.h"
 #include "watch/perf_util.h"
 
 namespace kwatch::watch {

@@ -10,8 +10,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "core/remote_addr.h"
-#include "core/unique_fd.h"
+#include "core/base/remote_addr.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/debug_regs.h"
 
 namespace kwatch::watch {

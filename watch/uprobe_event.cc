@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 #include "watch/perf_util.h"
 
 namespace kwatch::watch {

@@ -12,8 +12,8 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "core/remote_addr.h"
-#include "core/unique_fd.h"
+#include "core/base/remote_addr.h"
+#include "core/base/unique_fd.h"
 #include "watch/perf_ring.h"
 
 namespace kwatch::watch {

@@ -8,8 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/expr.h"
-#include "core/type_layout.h"
+#include "core/symbols/expr.h"
+#include "core/symbols/type_layout.h"
 
 struct btf;  // libbpf
 

@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::core::kernel {
 

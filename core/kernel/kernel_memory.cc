@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/syscall_status.h"
+#include "core/base/syscall_status.h"
 
 namespace kwatch::core::kernel {
 

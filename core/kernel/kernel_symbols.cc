@@ -21,9 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::core::kernel {
 

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/kernel/kallsyms.h"
-#include "core/symbols.h"
+#include "core/symbols/symbols.h"
 
 namespace kwatch::core::kernel {
 

@@ -21,8 +21,8 @@
 #include "core/probe/dwarf_location.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
-#include "core/remote_addr.h"
-#include "core/symbols.h"
+#include "core/base/remote_addr.h"
+#include "core/symbols/symbols.h"
 
 namespace kwatch::core {
 

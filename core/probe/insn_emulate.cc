@@ -3,7 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_format.h"
-#include "core/zydis_context.h"
+#include "core/x86/zydis_context.h"
 
 namespace kwatch::core {
 

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "core/probe/insn_fixup.h"
-#include "core/x86_emulate.h"
+#include "core/x86/x86_emulate.h"
 
 namespace kwatch::core {
 

@@ -1,4 +1,5 @@
 #include "core/probe/insn_fixup.h"
+#include "core/x86/format.h"
 
 #include <algorithm>
 #include <cstring>
@@ -18,17 +19,6 @@ std::string HexBytes(std::span<const uint8_t> code) {
   });
 }
 
-std::string FormatAtt(const ZydisDecodedInstruction& insn, const ZydisDecodedOperand* ops,
-                      uint64_t addr) {
-  ZydisFormatter fmt;
-  char buf[96] = {};
-  if (!ZYAN_SUCCESS(ZydisFormatterInit(&fmt, ZYDIS_FORMATTER_STYLE_ATT)) ||
-      !ZYAN_SUCCESS(ZydisFormatterFormatInstruction(&fmt, &insn, ops, insn.operand_count_visible,
-                                                    buf, sizeof(buf), addr, nullptr))) {
-    return "?";
-  }
-  return buf;
-}
 
 bool IsGpr3264(ZydisRegister reg) {
   const ZydisRegisterClass c = ZydisRegisterGetClass(reg);

@@ -12,20 +12,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/clock.h"
 #include "core/probe/insn_emulate.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace kwatch::core {
 
 namespace {
 
 constexpr uint8_t kInt3 = 0xcc;
-
-uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 bool IsFaultSignal(int sig) {
   return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;

@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::core {
 

@@ -10,7 +10,7 @@
 
 #include "core/probe/insn_fixup.h"
 #include "core/probe/int3_probe.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::core::int3_internal {
 

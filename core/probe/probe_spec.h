@@ -37,7 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/expr.h"
+#include "core/symbols/expr.h"
 
 namespace kwatch::core {
 

@@ -31,9 +31,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "core/dwarf_types.h"
-#include "core/status_macros.h"
-#include "core/symbol_match.h"
+#include "core/symbols/dwarf_types.h"
+#include "core/base/status_macros.h"
+#include "core/symbols/symbol_match.h"
+#include "core/x86/format.h"
 
 namespace kwatch::core {
 namespace {
@@ -63,34 +64,6 @@ std::string QuoteList(const std::vector<std::string>& names) {
   });
 }
 
-// AT&T text as core/symbolizer.cc prints it: lowercase hex, no padding.
-std::string FormatAtt(const ZydisDecodedInstruction& insn, const ZydisDecodedOperand* operands,
-                      uint64_t ip) {
-  ZydisFormatter formatter;
-  if (!ZYAN_SUCCESS(ZydisFormatterInit(&formatter, ZYDIS_FORMATTER_STYLE_ATT))) {
-    return "";
-  }
-  constexpr std::array<std::pair<ZydisFormatterProperty, ZyanUPointer>, 6> kProperties = {{
-      {ZYDIS_FORMATTER_PROP_HEX_UPPERCASE, ZYAN_FALSE},
-      {ZYDIS_FORMATTER_PROP_FORCE_RELATIVE_RIPREL, ZYAN_TRUE},
-      {ZYDIS_FORMATTER_PROP_ADDR_PADDING_ABSOLUTE, ZYDIS_PADDING_DISABLED},
-      {ZYDIS_FORMATTER_PROP_ADDR_PADDING_RELATIVE, ZYDIS_PADDING_DISABLED},
-      {ZYDIS_FORMATTER_PROP_DISP_PADDING, ZYDIS_PADDING_DISABLED},
-      {ZYDIS_FORMATTER_PROP_IMM_PADDING, ZYDIS_PADDING_DISABLED},
-  }};
-  for (const auto& [property, value] : kProperties) {
-    if (!ZYAN_SUCCESS(ZydisFormatterSetProperty(&formatter, property, value))) {
-      return "";
-    }
-  }
-  std::array<char, 256> text{};
-  if (!ZYAN_SUCCESS(ZydisFormatterFormatInstruction(&formatter, &insn, operands,
-                                                    insn.operand_count_visible, text.data(),
-                                                    text.size(), ip, nullptr))) {
-    return "";
-  }
-  return text.data();
-}
 
 struct Segment {
   uint64_t vaddr = 0;

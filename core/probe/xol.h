@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/maps.h"
-#include "core/remote_addr.h"
+#include "core/ptrace/maps.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::core {
 

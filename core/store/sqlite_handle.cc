@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
-#include "core/syscall_status.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 
 namespace kwatch::core {
 

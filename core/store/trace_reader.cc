@@ -16,10 +16,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/store/args_json.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::core {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/event.h"
-#include "core/remote_addr.h"
-#include "core/type_layout.h"
+#include "core/base/remote_addr.h"
+#include "core/symbols/type_layout.h"
 
 // Plain records of a kwatch recording (`run.kwdb`), as TraceWriter stores them and
 // TraceReader returns them. The SQLite schema they map to is documented in docs/recording.md.

@@ -12,11 +12,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/store/args_json.h"
 #include "core/store/wal_checkpointer.h"
-#include "core/syscall_status.h"
-#include "core/unique_fd.h"
+#include "core/base/syscall_status.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::core {
 namespace {

@@ -13,10 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/event.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
-#include "core/unique_fd.h"
+#include "core/base/unique_fd.h"
 
 namespace kwatch::core {
 

@@ -35,7 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/store/trace_reader.h"
-#include "core/unique_fd.h"
+#include "core/base/unique_fd.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/core/kernel_core_file.h"
 #include "tests/test_util.h"

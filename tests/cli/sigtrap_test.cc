@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "core/trap_origin.h"
+#include "core/ptrace/trap_origin.h"
 #include "tests/test_util.h"
 
 namespace kwatch {

@@ -24,7 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cli/slot_registry.h"
-#include "core/unique_fd.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/slot_allocator.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"

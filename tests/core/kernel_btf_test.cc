@@ -8,7 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/expr.h"
+#include "core/symbols/expr.h"
 #include "core/kernel/btf_types.h"
 
 namespace kwatch::core::kernel {

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/status/status.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "drmgr/debug_regs.h"
 #include "tests/test_util.h"
 #include "watch/perf_breakpoint.h"

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/maps.h"
+#include "core/ptrace/maps.h"
 #include "tests/test_util.h"
 #include "watch/session.h"
 

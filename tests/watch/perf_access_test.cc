@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/symbolizer.h"
-#include "core/symbols.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
 #include "watch/perf_breakpoint.h"

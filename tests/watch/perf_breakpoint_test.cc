@@ -1,3 +1,4 @@
+#include "core/base/clock.h"
 #include "watch/perf_breakpoint.h"
 
 #include <unistd.h>
@@ -64,12 +65,6 @@ uint32_t Tid() {
   return static_cast<uint32_t>(::gettid());
 }
 
-uint64_t MonotonicNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 // About one hit in millions arrives as a spurious #DB that the kernel turns into a SIGTRAP;
 // absorb it instead of dying (see DESIGN.md).
 void OnSigtrap(int /*sig*/) {}
@@ -116,9 +111,9 @@ TEST_F(PerfBreakpointTest, CountsEveryWriteOfThisThreadExactly) {
   EXPECT_EQ((*bp)->ring()->Pending(), 0u);
   KW_REQUIRE_DEBUG_TRAPS();
 
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   WriteTarget(&g_write_target, kWrites);
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
 
   const std::vector<PerfSample> samples = DrainAll(**bp);
   ASSERT_EQ(samples.size(), static_cast<size_t>(kWrites));

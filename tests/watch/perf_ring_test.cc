@@ -1,3 +1,4 @@
+#include "core/base/clock.h"
 #include "watch/perf_ring.h"
 
 #include <linux/perf_event.h>
@@ -14,7 +15,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/unique_fd.h"
+#include "core/base/unique_fd.h"
 #include "tests/test_util.h"
 #include "watch/perf_util.h"
 
@@ -454,12 +455,6 @@ class FreshPages {
   uint8_t* base_ = nullptr;
 };
 
-uint64_t MonotonicNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 TEST(PerfRing, DrainsARealKernelRingThatWrapsManyTimes) {
   constexpr size_t kBatches = 20;
   constexpr size_t kPerBatch = 50;  // 2400 bytes of samples per batch, one 4 KiB data page
@@ -472,14 +467,14 @@ TEST(PerfRing, DrainsARealKernelRingThatWrapsManyTimes) {
   absl::StatusOr<PerfRing> ring = PerfRing::Map(fd.get(), 1);
   ASSERT_TRUE(ring.ok()) << ring.status();
 
-  const uint64_t t0 = MonotonicNs();
+  const uint64_t t0 = core::MonotonicNs();
   for (size_t b = 0; b < kBatches; ++b) {
     for (size_t i = 0; i < kPerBatch; ++i) {
       pages.Touch(b * kPerBatch + i);
     }
     ring->Drain([&](const PerfSample& s) { got.push_back(s); });
   }
-  const uint64_t t1 = MonotonicNs();
+  const uint64_t t1 = core::MonotonicNs();
   EXPECT_EQ(ring->lost(), 0u);
 
   size_t next = 0;

@@ -23,12 +23,12 @@
 
 #include <gtest/gtest.h>
 
-#include "core/expr.h"
-#include "core/process.h"
-#include "core/symbolizer.h"
-#include "core/symbols.h"
-#include "core/trap_origin.h"
-#include "core/unique_fd.h"
+#include "core/symbols/expr.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
+#include "core/ptrace/trap_origin.h"
+#include "core/base/unique_fd.h"
 #include "drmgr/dr7.h"
 #include "drmgr/slot_allocator.h"
 #include "tests/test_util.h"

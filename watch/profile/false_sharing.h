@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 #include "watch/profile/site_table.h"
 
 namespace kwatch::watch {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/remote_addr.h"
-#include "core/type_layout.h"
+#include "core/base/remote_addr.h"
+#include "core/symbols/type_layout.h"
 #include "watch/profile/site_table.h"
 
 namespace kwatch::watch {

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::watch {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "watch/session.h"
 
 namespace kwatch::watch {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/event.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::watch {
 

@@ -19,8 +19,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/expr.h"
-#include "core/symbols.h"
+#include "core/symbols/expr.h"
+#include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
 namespace kwatch::core {

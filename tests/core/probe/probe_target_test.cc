@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/symbols.h"
+#include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
 namespace kwatch::core {

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "core/syscall_status.h"
+#include "core/base/syscall_status.h"
 
 namespace kwatch::testing {
 

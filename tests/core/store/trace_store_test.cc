@@ -23,7 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "core/event.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"

@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "core/event.h"
-#include "core/remote_addr.h"
+#include "core/base/remote_addr.h"
 
 namespace kwatch::watch::testing {
 

@@ -1,0 +1,445 @@
+#include "core/ptrace/guardian.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/ptrace/maps.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+
+namespace kwatch::core {
+
+namespace {
+
+constexpr uint32_t kFree = 0;
+constexpr uint32_t kActive = 1;      // bytes
+constexpr uint32_t kProtection = 2;  // page protections
+constexpr char kDismiss = 'D';
+
+ProtectionRestore RestoreProtectionsOrSayWhy(pid_t target, std::span<PatchEntry> entries,
+                                             int wait_ms);
+
+// The guardian process: waits for kwatch to dismiss it or to die. Only async-signal-safe
+// calls after fork (kwatch may have threads), and nothing from kwatch's state but the
+// journal, the pipe and stderr.
+[[noreturn]] void GuardianMain(int read_fd, pid_t target, std::span<PatchEntry> entries) {
+  ::setpgid(0, 0);
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
+  ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_NAME, "kwatch-guard", 0, 0, 0);
+  // Keep only the pipe and stderr: kwatch's perf events, signalfd and target fds must not
+  // stay alive through the guardian.
+  if (read_fd != 3) {
+    ::dup2(read_fd, 3);
+  }
+  ::syscall(SYS_close_range, 4U, ~0U, 0U);
+  ::close(0);
+  ::close(1);
+  char c = 0;
+  ssize_t n = 0;
+  do {
+    n = ::read(3, &c, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n == 1 && c == kDismiss) {
+    ::_exit(0);
+  }
+  const size_t restored = RestorePatches(target, entries);
+  if (restored > 0) {
+    char msg[160];
+    const int len = std::snprintf(msg, sizeof(msg),
+                                  "kwatch-guard: kwatch ended without cleaning up; restored %zu "
+                                  "patched location%s in pid %d\n",
+                                  restored, restored == 1 ? "" : "s", target);
+    if (len > 0) {
+      (void)!::write(2, msg, static_cast<size_t>(len));
+    }
+  }
+  const ProtectionRestore prot = RestoreProtectionsOrSayWhy(target, entries, /*wait_ms=*/10'000);
+  if (prot.journaled > 0) {
+    char msg[400];
+    const int len =
+        prot.restored == prot.journaled
+            ? std::snprintf(msg, sizeof(msg),
+                            "kwatch-guard: kwatch ended without cleaning up; restored the "
+                            "protections of %zu page range%s in pid %d\n",
+                            prot.restored, prot.restored == 1 ? "" : "s", target)
+            : std::snprintf(msg, sizeof(msg),
+                            "kwatch-guard: kwatch ended without cleaning up; restored the "
+                            "protections of %zu of %zu page ranges in pid %d: %s\n",
+                            prot.restored, prot.journaled, target, prot.error);
+    if (len > 0) {
+      (void)!::write(2, msg, std::min(static_cast<size_t>(len), sizeof(msg) - 1));
+    }
+  }
+  ::_exit(0);
+}
+
+void SleepUs(long us) {
+  timespec ts{0, us * 1000};
+  while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+bool Alive(char state) {
+  return state != 0 && state != 'Z' && state != 'X';
+}
+
+// A thread of `pid` that can still run code: the main thread, else the first live one in
+// /proc/PID/task (the main thread may have ended with pthread_exit). 0 when none.
+pid_t LiveThread(pid_t pid) {
+  if (Alive(TaskStateLetter(pid, pid))) {
+    return pid;
+  }
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/task", pid);
+  const int fd = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return 0;
+  }
+  pid_t found = 0;
+  alignas(8) char buf[4096];
+  long n = 0;
+  while (found == 0 && (n = ::syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0) {
+    for (long off = 0; off < n && found == 0;) {
+      const auto* d = reinterpret_cast<const struct dirent64*>(buf + off);
+      off += d->d_reclen;
+      pid_t tid = 0;
+      for (const char* c = d->d_name; *c >= '0' && *c <= '9'; ++c) {
+        tid = tid * 10 + (*c - '0');
+      }
+      if (tid > 0 && Alive(TaskStateLetter(pid, tid))) {
+        found = tid;
+      }
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
+// waitpid for `tid`, retried on EINTR. False when it failed or the thread is gone.
+bool WaitStop(pid_t tid, int& status) {
+  pid_t r = 0;
+  do {
+    r = ::waitpid(tid, &status, __WALL);
+  } while (r < 0 && errno == EINTR);
+  return r == tid && WIFSTOPPED(status);
+}
+
+void SetError(ProtectionRestore& out, const char* call, int err) {
+  std::snprintf(out.error, sizeof(out.error), "%s: %s", call, std::strerror(err));
+}
+
+// Whether a fault at `addr` lies in a journaled range.
+bool InJournaledRange(std::span<PatchEntry> entries, uint64_t addr) {
+  for (const PatchEntry& e : entries) {
+    if (e.state.load(std::memory_order_acquire) == kProtection && addr >= e.addr &&
+        addr - e.addr < e.span) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Runs mprotect for every protection entry in the stopped thread `tid` (a `syscall`
+// instruction patched over the code at its rip, single-stepped, everything put back). The
+// signal to deliver when detaching is kept in `deliver`.
+void MprotectIn(pid_t tid, std::span<PatchEntry> entries, int& deliver, ProtectionRestore& out) {
+  user_regs_struct saved{};
+  if (::ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0) {
+    SetError(out, "ptrace(PTRACE_GETREGS)", errno);
+    return;
+  }
+  const uint64_t at = saved.rip;
+  errno = 0;
+  const long word = ::ptrace(PTRACE_PEEKTEXT, tid, at, nullptr);
+  if (errno != 0) {
+    SetError(out, "ptrace(PTRACE_PEEKTEXT)", errno);
+    return;
+  }
+  if (::ptrace(PTRACE_POKETEXT, tid, at, (word & ~0xffffL) | 0x050f) != 0) {
+    SetError(out, "ptrace(PTRACE_POKETEXT)", errno);
+    return;
+  }
+  for (PatchEntry& e : entries) {
+    if (e.state.load(std::memory_order_acquire) != kProtection) {
+      continue;
+    }
+    user_regs_struct regs = saved;
+    regs.rax = SYS_mprotect;
+    regs.orig_rax = static_cast<uint64_t>(-1);  // no restart logic for the injected call
+    regs.rdi = e.addr;
+    regs.rsi = e.span;
+    regs.rdx = static_cast<uint64_t>(e.prot);
+    regs.rip = at;
+    bool ran = false;
+    // A signal that arrives first stops the step before the instruction: keep it, step again.
+    for (int attempt = 0; attempt < 8 && !ran; ++attempt) {
+      if (::ptrace(PTRACE_SETREGS, tid, nullptr, &regs) != 0 ||
+          ::ptrace(PTRACE_SINGLESTEP, tid, nullptr, nullptr) != 0) {
+        SetError(out, "ptrace(PTRACE_SINGLESTEP)", errno);
+        return;
+      }
+      int status = 0;
+      if (!WaitStop(tid, status)) {
+        std::snprintf(out.error, sizeof(out.error), "thread %d ended during mprotect", tid);
+        return;
+      }
+      user_regs_struct after{};
+      if (::ptrace(PTRACE_GETREGS, tid, nullptr, &after) != 0) {
+        SetError(out, "ptrace(PTRACE_GETREGS)", errno);
+        return;
+      }
+      const int sig = WSTOPSIG(status);
+      if (after.rip == at + 2) {
+        ran = true;
+        if (static_cast<int64_t>(after.rax) == 0) {
+          ++out.restored;
+        } else {
+          std::snprintf(out.error, sizeof(out.error), "mprotect(0x%llx, %llu bytes): %s",
+                        static_cast<unsigned long long>(e.addr),
+                        static_cast<unsigned long long>(e.span),
+                        std::strerror(static_cast<int>(-static_cast<int64_t>(after.rax))));
+        }
+      }
+      if (sig != SIGTRAP && deliver == 0) {
+        deliver = sig;
+      }
+    }
+  }
+  (void)::ptrace(PTRACE_POKETEXT, tid, at, word);
+  (void)::ptrace(PTRACE_SETREGS, tid, nullptr, &saved);
+}
+
+}  // namespace
+
+size_t RestorePatches(pid_t target, std::span<PatchEntry> entries) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/mem", target);
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return 0;
+  }
+  size_t restored = 0;
+  // Newest first: a location patched twice is unwound in reverse order.
+  for (size_t i = entries.size(); i-- > 0;) {
+    PatchEntry& e = entries[i];
+    if (e.state.load(std::memory_order_acquire) != kActive || e.len == 0 || e.len > 16) {
+      continue;
+    }
+    uint8_t now[16];
+    const auto off = static_cast<off_t>(e.addr);
+    if (::pread(fd, now, e.len, off) != static_cast<ssize_t>(e.len) ||
+        std::memcmp(now, e.patched, e.len) != 0) {
+      continue;  // unmapped, or no longer holds kwatch's bytes
+    }
+    if (::pwrite(fd, e.original, e.len, off) == static_cast<ssize_t>(e.len)) {
+      ++restored;
+    }
+  }
+  ::close(fd);
+  return restored;
+}
+
+ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries, int wait_ms) {
+  ProtectionRestore out;
+  for (const PatchEntry& e : entries) {
+    out.journaled += e.state.load(std::memory_order_acquire) == kProtection ? 1 : 0;
+  }
+  if (out.journaled == 0) {
+    return out;
+  }
+  // kwatch's tracees are detached a moment after its files close: seize once the kernel
+  // lets go (EPERM until then).
+  pid_t tid = 0;
+  for (int waited_us = 0;; waited_us += 50) {
+    tid = LiveThread(target);
+    if (tid == 0) {
+      std::snprintf(out.error, sizeof(out.error), "the process has no live thread left");
+      return out;
+    }
+    if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) == 0) {
+      break;
+    }
+    const int err = errno;
+    if ((err != EPERM && err != ESRCH) || waited_us >= wait_ms * 1000) {
+      SetError(out, "ptrace(PTRACE_SEIZE)", err);
+      return out;
+    }
+    SleepUs(50);
+  }
+  int status = 0;
+  if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0 || !WaitStop(tid, status)) {
+    SetError(out, "ptrace(PTRACE_INTERRUPT)", errno);
+    (void)::ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+    return out;
+  }
+  // An interrupt stop, or the delivery stop of a signal that came first (delivered on detach,
+  // unless it is a fault on a page that is about to be restored: the access then runs again).
+  int deliver = 0;
+  const int sig = WSTOPSIG(status);
+  if ((status >> 16) == 0 && sig != SIGTRAP) {
+    siginfo_t si{};
+    const bool journaled_fault = sig == SIGSEGV &&
+                                 ::ptrace(PTRACE_GETSIGINFO, tid, nullptr, &si) == 0 &&
+                                 si.si_code == SEGV_ACCERR &&
+                                 InJournaledRange(entries, reinterpret_cast<uint64_t>(si.si_addr));
+    deliver = journaled_fault ? 0 : sig;
+  }
+  MprotectIn(tid, entries, deliver, out);
+  (void)::ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<long>(deliver)));
+  return out;
+}
+
+namespace {
+
+ProtectionRestore RestoreProtectionsOrSayWhy(pid_t target, std::span<PatchEntry> entries,
+                                             int wait_ms) {
+  ProtectionRestore out = RestoreProtections(target, entries, wait_ms);
+  if (out.restored < out.journaled && LiveThread(target) == 0) {
+    // Whatever failed, the reason is that the process is gone (likely a thread that touched a
+    // protected page in the moment between kwatch's death and the restore).
+    std::snprintf(out.error, sizeof(out.error),
+                  "the process ended first (a SIGSEGV on a protected page in the moment "
+                  "between kwatch's death and the restore?)");
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Guardian>> Guardian::Start(pid_t target, size_t capacity) {
+  KW_CHECK(capacity > 0);
+  auto g = std::unique_ptr<Guardian>(new Guardian());
+  g->target_ = target;
+  const size_t bytes = capacity * sizeof(PatchEntry);
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    const int err = errno;
+    return SyscallError(err, "mmap(guardian journal)");
+  }
+  g->journal_ = UniqueMmap(mem, bytes);
+  g->entries_ = std::span<PatchEntry>(static_cast<PatchEntry*>(mem), capacity);  // zeroed: kFree
+  g->free_.reserve(capacity);
+  for (size_t i = capacity; i-- > 0;) {
+    g->free_.push_back(static_cast<Handle>(i));
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    const int err = errno;
+    return SyscallError(err, "pipe2(guardian)");
+  }
+  UniqueFd read_end(fds[0]);
+  g->pipe_.Reset(fds[1]);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    return SyscallError(err, "fork(guardian)");
+  }
+  if (pid == 0) {
+    ::close(fds[1]);
+    GuardianMain(read_end.get(), target, g->entries_);
+  }
+  g->pid_ = pid;
+  return g;
+}
+
+Guardian::~Guardian() {
+  (void)Dismiss();
+}
+
+absl::StatusOr<Guardian::Handle> Guardian::Record(RemoteAddr addr,
+                                                  std::span<const uint8_t> original,
+                                                  std::span<const uint8_t> patched) {
+  KW_CHECK(original.size() == patched.size() && !original.empty() && original.size() <= 16);
+  KW_ASSIGN_OR_RETURN(const Handle h, Take());
+  PatchEntry& e = entries_[h];
+  e.len = static_cast<uint32_t>(original.size());
+  e.addr = addr.value;
+  std::memcpy(e.original, original.data(), original.size());
+  std::memcpy(e.patched, patched.data(), patched.size());
+  e.state.store(kActive, std::memory_order_release);
+  return h;
+}
+
+absl::StatusOr<Guardian::Handle> Guardian::RecordProtection(RemoteAddr page, uint64_t span,
+                                                            int original_prot) {
+  KW_CHECK(span > 0);
+  KW_ASSIGN_OR_RETURN(const Handle h, Take());
+  PatchEntry& e = entries_[h];
+  e.len = 0;
+  e.addr = page.value;
+  e.span = span;
+  e.prot = original_prot;
+  e.state.store(kProtection, std::memory_order_release);
+  return h;
+}
+
+absl::StatusOr<Guardian::Handle> Guardian::Take() {
+  if (free_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the guardian's journal is full (%d patched locations); kwatch cannot promise to "
+        "restore more",
+        entries_.size()));
+  }
+  const Handle h = free_.back();
+  free_.pop_back();
+  ++active_;
+  return h;
+}
+
+void Guardian::Forget(Handle h) {
+  KW_CHECK(h < entries_.size());
+  PatchEntry& e = entries_[h];
+  if (e.state.load(std::memory_order_relaxed) != kFree) {
+    e.state.store(kFree, std::memory_order_release);
+    free_.push_back(h);
+    --active_;
+  }
+}
+
+void Guardian::ForgetAll() {
+  for (Handle h = 0; h < entries_.size(); ++h) {
+    Forget(h);
+  }
+}
+
+absl::Status Guardian::Dismiss() {
+  if (pid_ <= 0) {
+    return absl::OkStatus();
+  }
+  const char c = kDismiss;
+  (void)!::write(pipe_.get(), &c, 1);
+  pipe_.Reset();
+  int status = 0;
+  pid_t r = 0;
+  do {
+    r = ::waitpid(pid_, &status, 0);
+  } while (r < 0 && errno == EINTR);
+  pid_ = -1;
+  if (r < 0 && errno != ECHILD) {  // ECHILD: already reaped by a wait for any child
+    const int err = errno;
+    return SyscallError(err, "waitpid(guardian)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kwatch::core

@@ -1,0 +1,1052 @@
+#include "core/symbols/symbols.h"
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/symbols/dwarf_types.h"
+#include "core/base/status_macros.h"
+#include "core/symbols/symbol_match.h"
+
+namespace kwatch::core {
+namespace {
+
+absl::Status DwflError(absl::string_view call) {
+  return absl::InternalError(absl::StrCat(call, ": ", dwfl_errmsg(-1)));
+}
+
+std::string Basename(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+std::string ModuleName(Dwfl_Module* mod) {
+  const char* name =
+      dwfl_module_info(mod, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+  return name == nullptr ? "?" : name;
+}
+
+uint64_t ModuleStart(Dwfl_Module* mod) {
+  Dwarf_Addr start = 0;
+  dwfl_module_info(mod, nullptr, &start, nullptr, nullptr, nullptr, nullptr, nullptr);
+  return start;
+}
+
+// An executable (as opposed to a shared library): ET_EXEC, or PIE with an interpreter.
+bool LooksLikeExecutable(Dwfl_Module* mod) {
+  GElf_Addr bias = 0;
+  Elf* elf = dwfl_module_getelf(mod, &bias);
+  if (elf == nullptr) {
+    return false;
+  }
+  GElf_Ehdr ehdr;
+  if (gelf_getehdr(elf, &ehdr) == nullptr) {
+    return false;
+  }
+  if (ehdr.e_type == ET_EXEC) {
+    return true;
+  }
+  size_t phnum = 0;
+  if (ehdr.e_type != ET_DYN || elf_getphdrnum(elf, &phnum) != 0) {
+    return false;
+  }
+  for (size_t i = 0; i < phnum; ++i) {
+    GElf_Phdr phdr;
+    if (gelf_getphdr(elf, static_cast<int>(i), &phdr) != nullptr && phdr.p_type == PT_INTERP) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int CollectModule(Dwfl_Module* mod, void** /*userdata*/, const char* /*name*/, Dwarf_Addr /*start*/,
+                  void* arg) {
+  static_cast<std::vector<Dwfl_Module*>*>(arg)->push_back(mod);
+  return DWARF_CB_OK;
+}
+
+bool HasFlag(Dwarf_Die die, unsigned int attr_name) {
+  Dwarf_Attribute attr;
+  bool flag = false;
+  return dwarf_attr_integrate(&die, attr_name, &attr) != nullptr &&
+         dwarf_formflag(&attr, &flag) == 0 && flag;
+}
+
+// Where a point of the resolution stands: an address and (when known) its type.
+struct Cursor {
+  uint64_t addr = 0;
+  bool has_type = false;
+  TypeRef type;
+  uint64_t bit_unit = 0;  // bitfields only: bytes of the storage unit
+  uint32_t bit_offset = 0;
+  uint32_t bit_size = 0;
+  std::string display;
+};
+
+absl::Status NoType(const Cursor& cur) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "'", cur.display,
+      "' has no DWARF type information (was the program built with -g?): members, "
+      "indexes and '*' need one. Watch the whole symbol, or give an address as 0xADDR:LEN"));
+}
+
+absl::StatusOr<uint64_t> ReadPointer(const MemoryReader& read, const Cursor& cur) {
+  if (!read) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "following the pointer '", cur.display, "' needs the target's memory, and none is given"));
+  }
+  const uint64_t size = std::min<uint64_t>(TypeSize(cur.type).value_or(8), 8);
+  std::array<uint8_t, 8> buf{};
+  const absl::Status s = read(RemoteAddr{cur.addr}, std::span<uint8_t>(buf.data(), size));
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("reading the pointer '%s' at 0x%x: %s",
+                                                  cur.display, cur.addr, s.message()));
+  }
+  uint64_t value = 0;
+  std::memcpy(&value, buf.data(), sizeof(value));  // x86-64: little-endian
+  return value;
+}
+
+absl::Status NullPointer(const Cursor& cur) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("'", cur.display, "' is NULL: there is nothing to watch behind it yet"));
+}
+
+// Symbols through one Dwfl (a process's modules, or one file). Owns the Dwfl; the name
+// index (DWARF variables, ELF data and function symbols of every module) is built on first
+// use, or at creation for processes. Not thread-safe (the lazy index and libdw caches).
+class DwflSymbols final : public Symbols {
+ public:
+  DwflSymbols(DwflPtr dwfl, std::string exe_path)
+      : dwfl_(std::move(dwfl)), exe_path_(std::move(exe_path)) {}
+
+  // Opens every module's ELF and DWARF and builds the name index (idempotent).
+  void EnsureIndex() const;
+
+  absl::StatusOr<ResolvedExpr> Resolve(const Expr& expr, const MemoryReader& read) const override;
+  std::optional<FunctionSymbol> FunctionAt(RemoteAddr addr) const override;
+  std::optional<SourceLine> LineAt(RemoteAddr addr) const override;
+  absl::Status ReadCode(RemoteAddr addr, std::span<uint8_t> out) const override;
+  std::optional<FunctionSymbol> FindFunction(std::string_view name) const override;
+  absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file,
+                                                          int line) const override;
+
+ private:
+  // How a data symbol was found; lower ranks win when several modules or CUs define a name.
+  enum Rank : uint8_t {
+    kDwarfExtern = 0,
+    kDwarfStatic = 1,  // file-level static, or "func::var" for a function-static
+    kElfGlobal = 2,
+    kElfLocal = 3,
+    kDwarfFunctionStatic = 4,  // a function-static under its plain name
+  };
+  struct Candidate {
+    Dwfl_Module* mod = nullptr;
+    size_t module_index = 0;
+    uint64_t addr = 0;  // absolute (bias applied); the TLS offset for TLS symbols
+    uint64_t size = 0;  // ELF st_size (0 when unknown or from DWARF)
+    bool has_type = false;
+    TypeRef type;
+    bool tls = false;
+    Rank rank = kDwarfExtern;
+  };
+
+  void IndexElf(Dwfl_Module* mod, size_t index) const;
+  void IndexDwarf(Dwfl_Module* mod, size_t index) const;
+  // State of one module's DWARF walk.
+  struct DwarfWalk {
+    Dwfl_Module* mod = nullptr;
+    size_t index = 0;
+    Dwarf_Addr bias = 0;
+    // Full names of declarations (namespace members, static data members) by DIE offset,
+    // for the definitions that point at them with DW_AT_specification.
+    absl::flat_hash_map<Dwarf_Off, std::string> qualified;
+    std::vector<std::pair<Dwarf_Die, std::string>> pending;  // (definition, function)
+  };
+  void IndexScope(DwarfWalk* walk, Dwarf_Die scope, const std::string& prefix,
+                  const std::string& function) const;
+  void IndexTypeScope(DwarfWalk* walk, Dwarf_Die type, const std::string& prefix) const;
+  // `name` is the full name (or, inside `function`, the variable's own name).
+  void IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::string& name,
+                     const std::string& function) const;
+  absl::StatusOr<Cursor> Base(const std::string& name, uint64_t* elf_size,
+                              std::string* module) const;
+  static absl::Status Step(const ExprStep& step, const MemoryReader& read, Cursor* cur);
+  static absl::Status MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur);
+  std::string ModuleList() const;
+
+  DwflPtr dwfl_;
+  std::string exe_path_;  // "" when unknown
+
+  mutable bool indexed_ = false;
+  mutable std::vector<Dwfl_Module*> modules_;  // the executable first, then by address
+  mutable Dwfl_Module* exe_ = nullptr;
+  mutable absl::flat_hash_map<std::string, std::vector<Candidate>> data_;
+  mutable absl::flat_hash_map<std::string, Dwarf_Die> declarations_;  // typed, no location
+  mutable absl::flat_hash_map<std::string, FunctionSymbol> functions_;
+  mutable absl::flat_hash_set<std::string> dwarf_functions_;
+  // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module), built on the first
+  // LineAt in that CU: one walk of the CU instead of a dwarf_getscopes walk per address.
+  struct InlineRange {
+    Dwarf_Addr lo = 0;  // CU-relative (bias removed)
+    Dwarf_Addr hi = 0;
+    int depth = 0;
+    std::string name;
+  };
+  mutable absl::flat_hash_map<std::pair<Dwfl_Module*, Dwarf_Off>, std::vector<InlineRange>>
+      inline_ranges_;
+  const std::vector<InlineRange>& InlineRangesOf(Dwfl_Module* mod, Dwarf_Die* cudie) const;
+};
+
+void DwflSymbols::EnsureIndex() const {
+  if (indexed_) {
+    return;
+  }
+  indexed_ = true;
+  dwfl_getmodules(dwfl_.get(), CollectModule, &modules_, 0);
+  for (Dwfl_Module* mod : modules_) {
+    if (!exe_path_.empty() && ModuleName(mod) == exe_path_) {
+      exe_ = mod;
+    }
+  }
+  std::sort(modules_.begin(), modules_.end(),
+            [](Dwfl_Module* a, Dwfl_Module* b) { return ModuleStart(a) < ModuleStart(b); });
+  if (exe_ == nullptr) {
+    for (Dwfl_Module* mod : modules_) {
+      if (LooksLikeExecutable(mod)) {
+        exe_ = mod;
+        break;
+      }
+    }
+  }
+  if (exe_ != nullptr) {
+    std::stable_partition(modules_.begin(), modules_.end(),
+                          [this](Dwfl_Module* m) { return m == exe_; });
+  }
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    IndexElf(modules_[i], i);
+    IndexDwarf(modules_[i], i);
+  }
+}
+
+void DwflSymbols::IndexElf(Dwfl_Module* mod, size_t index) const {
+  const int count = dwfl_module_getsymtab(mod);
+  for (int i = 1; i < count; ++i) {
+    GElf_Sym sym;
+    GElf_Addr addr = 0;
+    GElf_Word shndx = 0;
+    const char* raw = dwfl_module_getsym_info(mod, i, &sym, &addr, &shndx, nullptr, nullptr);
+    if (raw == nullptr || *raw == '\0' || shndx == SHN_UNDEF) {
+      continue;
+    }
+    std::string name(raw);
+    if (const size_t at = name.find('@'); at != std::string::npos) {
+      name.resize(at);  // "stdout@GLIBC_2.2.5" (copy relocations)
+    }
+    const int type = GELF_ST_TYPE(sym.st_info);
+    const bool global = GELF_ST_BIND(sym.st_info) != STB_LOCAL;
+    if (type == STT_FUNC || type == STT_GNU_IFUNC) {
+      FunctionSymbol f;
+      f.name = name;
+      f.start = RemoteAddr{addr};
+      f.size = sym.st_size;
+      f.module = ModuleName(mod);
+      functions_.try_emplace(name, std::move(f));
+      continue;
+    }
+    if (type != STT_OBJECT && type != STT_COMMON && type != STT_TLS) {
+      continue;
+    }
+    Candidate c;
+    c.mod = mod;
+    c.module_index = index;
+    c.addr = addr;
+    c.size = sym.st_size;
+    c.tls = type == STT_TLS;
+    c.rank = global ? kElfGlobal : kElfLocal;
+    data_[name].push_back(c);
+  }
+}
+
+void DwflSymbols::IndexDwarf(Dwfl_Module* mod, size_t index) const {
+  DwarfWalk walk;
+  walk.mod = mod;
+  walk.index = index;
+  Dwarf_Die* cu = nullptr;
+  while ((cu = dwfl_module_nextcu(mod, cu, &walk.bias)) != nullptr) {
+    IndexScope(&walk, *cu, "", "");
+  }
+  // Definitions outside their namespace or class (C++) take the declaration's full name.
+  for (auto& [die, function] : walk.pending) {
+    std::string name;
+    Dwarf_Attribute attr;
+    Dwarf_Die decl;
+    if (dwarf_attr(&die, DW_AT_specification, &attr) != nullptr &&
+        dwarf_formref_die(&attr, &decl) != nullptr) {
+      if (const auto it = walk.qualified.find(dwarf_dieoffset(&decl));
+          it != walk.qualified.end() && function.empty()) {
+        name = it->second;
+      }
+    }
+    if (name.empty()) {
+      name = DieName(die);
+    }
+    if (!name.empty()) {
+      IndexVariable(&walk, die, name, function);
+    }
+  }
+}
+
+void DwflSymbols::IndexScope(DwarfWalk* walk, Dwarf_Die scope, const std::string& prefix,
+                             const std::string& function) const {
+  Dwarf_Die child;
+  if (dwarf_child(&scope, &child) != 0) {
+    return;
+  }
+  do {
+    switch (dwarf_tag(&child)) {
+      case DW_TAG_variable: {
+        if (dwarf_hasattr(&child, DW_AT_specification) != 0) {
+          walk->pending.emplace_back(child, function);
+          break;
+        }
+        const std::string name = DieName(child);
+        if (name.empty()) {
+          break;
+        }
+        if (HasFlag(child, DW_AT_declaration)) {
+          if (function.empty()) {
+            walk->qualified.try_emplace(dwarf_dieoffset(&child), prefix + name);
+            if (const std::optional<Dwarf_Die> type = TypeOf(child); type.has_value()) {
+              declarations_.try_emplace(prefix + name, *type);  // `extern`: a type source
+            }
+          }
+          break;
+        }
+        IndexVariable(walk, child, function.empty() ? prefix + name : name, function);
+        break;
+      }
+      case DW_TAG_namespace: {
+        const std::string name = DieName(child);
+        IndexScope(walk, child, name.empty() ? prefix : prefix + name + "::", function);
+        break;
+      }
+      case DW_TAG_structure_type:
+      case DW_TAG_class_type:
+      case DW_TAG_union_type: {
+        const std::string name = DieName(child);
+        if (!name.empty() && function.empty()) {
+          IndexTypeScope(walk, child, prefix + name + "::");
+        }
+        break;
+      }
+      case DW_TAG_subprogram: {
+        const std::string name = DieName(child);
+        if (!name.empty() && function.empty()) {
+          dwarf_functions_.insert(prefix + name);
+        }
+        if (dwarf_haschildren(&child) != 0 && !name.empty()) {
+          IndexScope(walk, child, prefix, function.empty() ? prefix + name : function);
+        }
+        break;
+      }
+      case DW_TAG_lexical_block:
+        if (!function.empty()) {
+          IndexScope(walk, child, prefix, function);
+        }
+        break;
+      default:
+        break;
+    }
+  } while (dwarf_siblingof(&child, &child) == 0);
+}
+
+void DwflSymbols::IndexTypeScope(DwarfWalk* walk, Dwarf_Die type, const std::string& prefix) const {
+  Dwarf_Die child;
+  if (dwarf_child(&type, &child) != 0) {
+    return;
+  }
+  do {
+    const int tag = dwarf_tag(&child);
+    const std::string name = DieName(child);
+    if (name.empty()) {
+      continue;
+    }
+    if ((tag == DW_TAG_variable || tag == DW_TAG_member) &&
+        (HasFlag(child, DW_AT_declaration) || HasFlag(child, DW_AT_external))) {
+      walk->qualified.try_emplace(dwarf_dieoffset(&child), prefix + name);  // static member
+    } else if (tag == DW_TAG_structure_type || tag == DW_TAG_class_type ||
+               tag == DW_TAG_union_type) {
+      IndexTypeScope(walk, child, prefix + name + "::");
+    }
+  } while (dwarf_siblingof(&child, &child) == 0);
+}
+
+void DwflSymbols::IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::string& name,
+                                const std::string& function) const {
+  Dwarf_Attribute loc;
+  if (dwarf_attr(&var, DW_AT_location, &loc) == nullptr) {
+    return;  // optimized out, or a local variable without a location
+  }
+  Dwarf_Op* ops = nullptr;
+  size_t nops = 0;
+  if (dwarf_getlocation(&loc, &ops, &nops) != 0 || nops == 0) {
+    return;  // a location list: not a static-storage variable
+  }
+  Candidate c;
+  c.mod = walk->mod;
+  c.module_index = walk->index;
+  const bool tls_op = nops >= 2 && (ops[nops - 1].atom == DW_OP_form_tls_address ||
+                                    ops[nops - 1].atom == DW_OP_GNU_push_tls_address);
+  if (ops[0].atom == DW_OP_addr && nops == 1) {
+    c.addr = ops[0].number + walk->bias;
+  } else if ((ops[0].atom == DW_OP_addrx || ops[0].atom == DW_OP_GNU_addr_index) && nops == 1) {
+    Dwarf_Attribute addr_attr;
+    Dwarf_Addr value = 0;
+    if (dwarf_getlocation_attr(&loc, &ops[0], &addr_attr) != 0 ||
+        dwarf_formaddr(&addr_attr, &value) != 0) {
+      return;
+    }
+    c.addr = value + walk->bias;
+  } else if (tls_op && nops == 2) {
+    c.tls = true;
+    c.addr = ops[0].number;
+  } else {
+    return;  // a register, frame or computed location: not a static variable
+  }
+  if (const std::optional<Dwarf_Die> type = TypeOf(var); type.has_value()) {
+    c.has_type = true;
+    c.type = TypeRef{*type, 0};
+  }
+  if (!function.empty()) {
+    c.rank = kDwarfStatic;
+    data_[function + "::" + name].push_back(c);
+    c.rank = kDwarfFunctionStatic;
+    data_[name].push_back(c);
+    return;
+  }
+  c.rank = HasFlag(var, DW_AT_external) ? kDwarfExtern : kDwarfStatic;
+  data_[name].push_back(c);
+}
+
+std::string DwflSymbols::ModuleList() const {
+  std::vector<std::string> names;
+  for (Dwfl_Module* mod : modules_) {
+    if (names.size() == 4) {
+      names.push_back(absl::StrCat("and ", modules_.size() - 4, " more"));
+      break;
+    }
+    names.push_back(Basename(ModuleName(mod)));
+  }
+  return names.empty() ? "no modules" : absl::StrJoin(names, ", ");
+}
+
+absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_size,
+                                         std::string* module) const {
+  auto it = data_.find(name);
+  if (it == data_.end()) {
+    // C++: `g_counter` for `net::stats::g_counter` when only one name ends that way.
+    const std::string tail = absl::StrCat("::", name);
+    std::vector<std::string> qualified;
+    for (const auto& [n, cands] : data_) {
+      if (absl::EndsWith(n, tail)) {
+        qualified.push_back(n);
+      }
+    }
+    std::sort(qualified.begin(), qualified.end());
+    if (qualified.size() == 1) {
+      it = data_.find(qualified[0]);
+    } else if (qualified.size() > 1) {
+      if (qualified.size() > 5) {
+        qualified.resize(5);
+        qualified.emplace_back("...");
+      }
+      return absl::NotFoundError(absl::StrCat("'", name, "' is ambiguous: it could be ",
+                                              absl::StrJoin(qualified, ", "),
+                                              "; give the full name"));
+    }
+  }
+  if (it == data_.end() || it->second.empty()) {
+    if (functions_.contains(name) || dwarf_functions_.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", name,
+                       "' is a function, not data: use `kwatch probe` for code, or watch a "
+                       "variable"));
+    }
+    std::vector<std::string> names;
+    names.reserve(data_.size());
+    for (const auto& [n, cands] : data_) {
+      names.push_back(n);
+      if (const size_t colons = n.rfind("::"); colons != std::string::npos) {
+        names.push_back(n.substr(colons + 2));  // resolves through the unique-suffix rule
+      }
+    }
+    const std::vector<std::string> near = NearMatches(name, names, 3);
+    std::string msg = absl::StrCat("no variable '", name, "' in ", ModuleList());
+    if (!near.empty()) {
+      absl::StrAppend(&msg, "; did you mean ",
+                      absl::StrJoin(near, " or ",
+                                    [](std::string* out, const std::string& s) {
+                                      absl::StrAppend(out, "'", s, "'");
+                                    }),
+                      "?");
+    }
+    return absl::NotFoundError(msg);
+  }
+  const std::vector<Candidate>& cands = it->second;
+  const Candidate* chosen = nullptr;
+  // The executable's global definition wins (copy relocations, interposition), as for
+  // the dynamic linker.
+  for (const Candidate& c : cands) {
+    if (c.mod == exe_ && c.rank == kElfGlobal && !c.tls) {
+      chosen = &c;
+      break;
+    }
+  }
+  if (chosen == nullptr) {
+    for (const Candidate& c : cands) {
+      if (chosen == nullptr || std::tie(c.tls, c.rank, c.module_index) <
+                                   std::tie(chosen->tls, chosen->rank, chosen->module_index)) {
+        chosen = &c;
+      }
+    }
+  }
+  if (chosen->tls) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name,
+        "' is thread-local (each thread has its own copy): kwatch cannot watch thread-local "
+        "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
+  }
+  Cursor cur;
+  cur.addr = chosen->addr;
+  cur.display = name;
+  cur.has_type = chosen->has_type;
+  cur.type = chosen->type;
+  if (!cur.has_type) {
+    for (const Candidate& c : cands) {
+      if (c.has_type && c.mod == chosen->mod && c.addr == chosen->addr) {
+        cur.has_type = true;
+        cur.type = c.type;
+        break;
+      }
+    }
+  }
+  if (!cur.has_type) {
+    if (const auto d = declarations_.find(it->first); d != declarations_.end()) {
+      cur.has_type = true;
+      cur.type = TypeRef{d->second, 0};
+    }
+  }
+  if (!cur.has_type && chosen->rank == kElfGlobal) {
+    for (const Candidate& c : cands) {
+      if (c.has_type && c.rank == kDwarfExtern) {
+        cur.has_type = true;
+        cur.type = c.type;
+        break;
+      }
+    }
+  }
+  *elf_size = chosen->size;
+  *module = ModuleName(chosen->mod);
+  return cur;
+}
+
+// For '->' and '*': follows the pointer `cur` holds (read from the target), or takes the
+// first element of an array (a->m is a[0].m). `s` is cur's type without typedefs and
+// qualifiers. `void_pointer` and `not_pointer` end the messages for those two mistakes.
+namespace {
+
+absl::Status Dereference(const MemoryReader& read, const TypeRef& s, absl::string_view void_pointer,
+                         absl::string_view not_pointer, Cursor* cur) {
+  Dwarf_Die die = s.die;
+  const int tag = dwarf_tag(&die);
+  if (tag == DW_TAG_pointer_type) {
+    const std::optional<Dwarf_Die> pointee = TypeOf(die);
+    if (!pointee.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", cur->display, "' is a void pointer: ", void_pointer));
+    }
+    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
+    if (ptr == 0) {
+      return NullPointer(*cur);
+    }
+    cur->addr = ptr;
+    cur->type = TypeRef{*pointee, 0};
+    return absl::OkStatus();
+  }
+  if (tag == DW_TAG_array_type) {
+    const std::optional<TypeRef> elem = ArrayElement(s);
+    if (!elem.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is an array of void"));
+    }
+    cur->type = *elem;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", TypeName(cur->type),
+                                                 ", not a pointer: ", not_pointer));
+}
+
+}  // namespace
+
+absl::Status DwflSymbols::MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
+  const bool arrow = step.kind == ExprStep::Kind::kArrow;
+  TypeRef s = StripType(cur->type);
+  int tag = dwarf_tag(&s.die);
+  const std::string shown_type = TypeName(cur->type);
+  if (arrow) {
+    KW_RETURN_IF_ERROR(Dereference(read, s, "'->' needs a pointer to a struct or union",
+                                   absl::StrCat("use '", cur->display, ".", step.member, "'"),
+                                   cur));
+    s = StripType(cur->type);
+    tag = dwarf_tag(&s.die);
+  } else if (tag == DW_TAG_pointer_type) {
+    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is a pointer (",
+                                                   shown_type, "): use '", cur->display, "->",
+                                                   step.member, "'"));
+  }
+  const std::string container = TypeName(cur->type);
+  if (tag != DW_TAG_structure_type && tag != DW_TAG_union_type && tag != DW_TAG_class_type) {
+    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", container,
+                                                   ", not a struct or union: it has no member '",
+                                                   step.member, "'"));
+  }
+  const std::optional<MemberInfo> m = FindMember(s.die, step.member);
+  if (!m.has_value()) {
+    const std::vector<std::string> names = MemberNames(s.die);
+    std::string msg = absl::StrCat(container, " has no member '", step.member, "'");
+    if (names.empty()) {
+      absl::StrAppend(&msg, " (its definition is not in the debug info, or it has no members)");
+      return absl::InvalidArgumentError(msg);
+    }
+    const std::vector<std::string> near = NearMatches(step.member, names, 3);
+    if (!near.empty()) {
+      absl::StrAppend(&msg, "; did you mean '", near[0], "'?");
+    }
+    absl::StrAppend(&msg, " Members: ", absl::StrJoin(names, ", "));
+    return absl::InvalidArgumentError(msg);
+  }
+  if (!m->has_type) {
+    return absl::FailedPreconditionError(absl::StrCat("member '", step.member, "' of ", container,
+                                                      " has no type in the debug info"));
+  }
+  cur->addr += m->offset;
+  cur->type = m->type;
+  cur->bit_size = m->bit_size;
+  cur->bit_offset = m->bit_offset;
+  cur->bit_unit = m->size;
+  absl::StrAppend(&cur->display, arrow ? "->" : ".", step.member);
+  return absl::OkStatus();
+}
+
+absl::Status DwflSymbols::Step(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
+  if (!cur->has_type) {
+    return NoType(*cur);
+  }
+  if (cur->bit_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", cur->display, "' is a bitfield: it has no members, elements or target"));
+  }
+  if (step.kind == ExprStep::Kind::kMember || step.kind == ExprStep::Kind::kArrow) {
+    return MemberStep(step, read, cur);
+  }
+  const TypeRef s = StripType(cur->type);
+  Dwarf_Die die = s.die;
+  const int tag = dwarf_tag(&die);
+  const std::string shown_type = TypeName(cur->type);
+  if (step.kind == ExprStep::Kind::kDeref) {
+    KW_RETURN_IF_ERROR(
+        Dereference(read, s, "'*' needs a typed pointer", "it cannot take '*'", cur));
+    cur->display = absl::StrCat("*", cur->display);
+    return absl::OkStatus();
+  }
+  // kIndex
+  if (step.index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("index ", step.index, " of '", cur->display,
+                                                   "' is negative: indexes start at 0"));
+  }
+  const auto index = static_cast<uint64_t>(step.index);
+  if (tag == DW_TAG_array_type) {
+    const auto dims = ArrayDims(die);
+    if (static_cast<size_t>(s.skip_dims) < dims.size() && dims[s.skip_dims].has_value() &&
+        index >= *dims[s.skip_dims]) {
+      const uint64_t n = *dims[s.skip_dims];
+      if (n == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("index ", index, " is out of bounds for '",
+                                                       cur->display, "' (", shown_type,
+                                                       "): it has no elements"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("index ", index, " is out of bounds for '",
+                                                     cur->display, "' (", shown_type,
+                                                     "): valid indexes are 0 to ", n - 1));
+    }
+    const std::optional<TypeRef> elem = ArrayElement(s);
+    const std::optional<uint64_t> esize =
+        elem.has_value() ? TypeSize(*elem) : std::optional<uint64_t>();
+    if (!esize.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("the elements of '", cur->display, "' (",
+                                                        shown_type, ") have no known size"));
+    }
+    cur->addr += index * *esize;
+    cur->type = *elem;
+  } else if (tag == DW_TAG_pointer_type) {
+    const std::optional<Dwarf_Die> pointee = TypeOf(die);
+    const std::optional<uint64_t> esize =
+        pointee.has_value() ? TypeSize(TypeRef{*pointee, 0}) : std::optional<uint64_t>();
+    if (!esize.has_value() || *esize == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
+                                                     ": cannot index a pointer to a type "
+                                                     "without a size"));
+    }
+    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
+    if (ptr == 0) {
+      return NullPointer(*cur);
+    }
+    cur->addr = ptr + index * *esize;
+    cur->type = TypeRef{*pointee, 0};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
+                                                   ", not an array or a pointer: it takes no "
+                                                   "[index]"));
+  }
+  absl::StrAppend(&cur->display, "[", index, "]");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
+                                                  const MemoryReader& read) const {
+  ResolvedExpr out;
+  if (expr.address.has_value()) {
+    if (!expr.steps.empty()) {
+      return absl::InvalidArgumentError(
+          "an absolute address takes no members or indexes: write 0xADDR or 0xADDR:LEN");
+    }
+    out.display = absl::StrFormat("0x%x", *expr.address);
+    out.addr = RemoteAddr{*expr.address};
+    out.length = expr.length.value_or(8);
+    return out;
+  }
+  if (expr.base.empty()) {
+    return absl::InvalidArgumentError("empty expression: give a variable name or 0xADDR");
+  }
+  EnsureIndex();
+  uint64_t elf_size = 0;
+  KW_ASSIGN_OR_RETURN(Cursor cur, Base(expr.base, &elf_size, &out.module));
+  for (const ExprStep& step : expr.steps) {
+    KW_RETURN_IF_ERROR(Step(step, read, &cur));
+  }
+  out.display = cur.display;
+  out.addr = RemoteAddr{cur.addr};
+  if (!cur.has_type) {
+    if (elf_size == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", cur.display,
+          "' has no DWARF type and its ELF symbol has no size: give the length (--len), or "
+          "build the program with -g"));
+    }
+    out.length = elf_size;
+    return out;
+  }
+  out.type_name = TypeName(cur.type);
+  if (cur.bit_size != 0) {
+    out.length = cur.bit_unit;
+    TypeLayout layout;
+    layout.type_name = out.type_name;
+    layout.size = cur.bit_unit;
+    FieldLayout f;
+    f.type_name = out.type_name;
+    f.size = cur.bit_unit;
+    f.bit_offset = cur.bit_offset;
+    f.bit_size = cur.bit_size;
+    layout.fields.push_back(std::move(f));
+    out.layout = std::move(layout);
+    return out;
+  }
+  const std::optional<uint64_t> size = TypeSize(cur.type);
+  if (!size.has_value() || *size == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the size of '", cur.display, "' (", out.type_name,
+        ") is unknown (an incomplete type or a flexible array): give the length (--len)"));
+  }
+  out.length = *size;
+  out.layout = FlattenLayout(cur.type);
+  return out;
+}
+
+std::optional<FunctionSymbol> DwflSymbols::FunctionAt(RemoteAddr addr) const {
+  Dwfl_Module* mod = dwfl_addrmodule(dwfl_.get(), addr.value);
+  if (mod == nullptr) {
+    return std::nullopt;
+  }
+  GElf_Off offset = 0;
+  GElf_Sym sym;
+  const char* name =
+      dwfl_module_addrinfo(mod, addr.value, &offset, &sym, nullptr, nullptr, nullptr);
+  if (name == nullptr) {
+    return std::nullopt;
+  }
+  const int type = GELF_ST_TYPE(sym.st_info);
+  if (type != STT_FUNC && type != STT_GNU_IFUNC) {
+    return std::nullopt;
+  }
+  if (sym.st_size != 0 && offset >= sym.st_size) {
+    return std::nullopt;
+  }
+  FunctionSymbol f;
+  f.name = name;
+  f.start = RemoteAddr{addr.value - offset};
+  f.size = sym.st_size;
+  f.module = ModuleName(mod);
+  return f;
+}
+
+std::optional<SourceLine> DwflSymbols::LineAt(RemoteAddr addr) const {
+  Dwfl_Module* mod = dwfl_addrmodule(dwfl_.get(), addr.value);
+  if (mod == nullptr) {
+    return std::nullopt;
+  }
+  Dwfl_Line* line = dwfl_module_getsrc(mod, addr.value);
+  if (line == nullptr) {
+    return std::nullopt;
+  }
+  int lineno = 0;
+  const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
+  if (file == nullptr) {
+    return std::nullopt;
+  }
+  SourceLine out;
+  out.file = file;
+  out.line = lineno;
+  Dwarf_Addr bias = 0;
+  Dwarf_Die* cudie = dwfl_module_addrdie(mod, addr.value, &bias);
+  if (cudie != nullptr) {
+    // The innermost inlined subroutine containing the address.
+    const Dwarf_Addr rel = addr.value - bias;
+    int best = -1;
+    for (const InlineRange& r : InlineRangesOf(mod, cudie)) {
+      if (rel >= r.lo && rel < r.hi && r.depth > best) {
+        best = r.depth;
+        out.inlined_function = r.name;
+      }
+    }
+  }
+  return out;
+}
+
+const std::vector<DwflSymbols::InlineRange>& DwflSymbols::InlineRangesOf(Dwfl_Module* mod,
+                                                                         Dwarf_Die* cudie) const {
+  const auto key = std::make_pair(mod, dwarf_dieoffset(cudie));
+  auto it = inline_ranges_.find(key);
+  if (it != inline_ranges_.end()) {
+    return it->second;
+  }
+  std::vector<InlineRange>& out = inline_ranges_[key];
+  // Depth-first over the CU's DIEs, keeping the nesting depth of inlined subroutines.
+  std::function<void(Dwarf_Die*, int)> walk = [&](Dwarf_Die* parent, int depth) {
+    Dwarf_Die child;
+    if (dwarf_child(parent, &child) != 0) {
+      return;
+    }
+    do {
+      const int tag = dwarf_tag(&child);
+      int next_depth = depth;
+      if (tag == DW_TAG_inlined_subroutine) {
+        const std::string name = DieName(child);
+        Dwarf_Addr base = 0;
+        Dwarf_Addr lo = 0;
+        Dwarf_Addr hi = 0;
+        ptrdiff_t off = 0;
+        while ((off = dwarf_ranges(&child, off, &base, &lo, &hi)) > 0) {
+          out.push_back(InlineRange{lo, hi, depth + 1, name});
+        }
+        next_depth = depth + 1;
+      }
+      if (tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine ||
+          tag == DW_TAG_lexical_block || tag == DW_TAG_namespace || tag == DW_TAG_class_type ||
+          tag == DW_TAG_structure_type) {
+        walk(&child, next_depth);
+      }
+    } while (dwarf_siblingof(&child, &child) == 0);
+  };
+  walk(cudie, 0);
+  return out;
+}
+
+absl::Status DwflSymbols::ReadCode(RemoteAddr addr, std::span<uint8_t> out) const {
+  size_t done = 0;
+  while (done < out.size()) {
+    const uint64_t at = addr.value + done;
+    Dwfl_Module* mod = dwfl_addrmodule(dwfl_.get(), at);
+    if (mod == nullptr) {
+      return absl::NotFoundError(absl::StrFormat("no module of the target maps 0x%x", at));
+    }
+    GElf_Addr bias = 0;
+    Elf* elf = dwfl_module_getelf(mod, &bias);
+    if (elf == nullptr) {
+      return DwflError(absl::StrCat("dwfl_module_getelf(", ModuleName(mod), ")"));
+    }
+    const uint64_t file_addr = at - bias;
+    Elf_Scn* scn = nullptr;
+    bool found = false;
+    while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+      GElf_Shdr shdr;
+      if (gelf_getshdr(scn, &shdr) == nullptr || (shdr.sh_flags & SHF_ALLOC) == 0 ||
+          shdr.sh_type == SHT_NOBITS || file_addr < shdr.sh_addr ||
+          file_addr - shdr.sh_addr >= shdr.sh_size) {
+        continue;
+      }
+      Elf_Data* data = elf_getdata(scn, nullptr);
+      const uint64_t in_scn = file_addr - shdr.sh_addr;
+      if (data == nullptr || data->d_buf == nullptr || in_scn >= data->d_size) {
+        return absl::InternalError(absl::StrFormat("elf_getdata(%s, 0x%x): %s", ModuleName(mod),
+                                                   shdr.sh_addr, elf_errmsg(-1)));
+      }
+      const size_t n = std::min<uint64_t>(out.size() - done, data->d_size - in_scn);
+      std::memcpy(out.data() + done, static_cast<const uint8_t*>(data->d_buf) + in_scn, n);
+      done += n;
+      found = true;
+      break;
+    }
+    if (!found) {
+      return absl::NotFoundError(absl::StrFormat("0x%x is not in a section with contents of %s", at,
+                                                 Basename(ModuleName(mod))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<FunctionSymbol> DwflSymbols::FindFunction(std::string_view name) const {
+  EnsureIndex();
+  const auto it = functions_.find(std::string(name));
+  if (it == functions_.end()) {
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string_view file,
+                                                                     int line) const {
+  EnsureIndex();
+  const std::string fname(file);
+  std::vector<RemoteAddr> out;
+  for (Dwfl_Module* mod : modules_) {
+    Dwfl_Line** lines = nullptr;
+    size_t n = 0;
+    if (dwfl_module_getsrc_file(mod, fname.c_str(), line, 0, &lines, &n) != 0) {
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      Dwarf_Addr a = 0;
+      int found_line = 0;
+      if (dwfl_lineinfo(lines[i], &a, &found_line, nullptr, nullptr, nullptr) != nullptr &&
+          found_line == line) {
+        out.push_back(RemoteAddr{a});
+      }
+    }
+    free(lines);  // NOLINT(cppcoreguidelines-no-malloc): allocated by libdwfl
+  }
+  if (out.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no code for ", fname, ":", line, " in ", ModuleList()));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Callbacks must outlive every Dwfl that uses them.
+char* g_debuginfo_path = nullptr;
+
+const Dwfl_Callbacks kProcCallbacks = {
+    .find_elf = dwfl_linux_proc_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = nullptr,
+    .debuginfo_path = &g_debuginfo_path,
+};
+
+const Dwfl_Callbacks kFileCallbacks = {
+    .find_elf = dwfl_build_id_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = dwfl_offline_section_address,
+    .debuginfo_path = &g_debuginfo_path,
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
+  DwflPtr dwfl(dwfl_begin(&kProcCallbacks));
+  if (dwfl == nullptr) {
+    return DwflError("dwfl_begin");
+  }
+  dwfl_report_begin(dwfl.get());
+  const int r = dwfl_linux_proc_report(dwfl.get(), pid);
+  if (r > 0) {
+    return absl::ErrnoToStatus(
+        r, absl::StrCat("dwfl_linux_proc_report(", pid, "): reading /proc/", pid, "/maps"));
+  }
+  if (r < 0) {
+    return DwflError(absl::StrCat("dwfl_linux_proc_report(", pid, ")"));
+  }
+  if (dwfl_report_end(dwfl.get(), nullptr, nullptr) != 0) {
+    return DwflError("dwfl_report_end");
+  }
+  std::string exe;
+  std::array<char, PATH_MAX> buf{};
+  const std::string link = absl::StrCat("/proc/", pid, "/exe");
+  const ssize_t n = readlink(link.c_str(), buf.data(), buf.size() - 1);
+  if (n > 0) {
+    exe.assign(buf.data(), static_cast<size_t>(n));
+  }
+  auto symbols = std::make_unique<DwflSymbols>(std::move(dwfl), std::move(exe));
+  // Open every file and index now, while /proc/PID still exists (the vdso is read from the
+  // process), so that the symbols stay usable after the process exits.
+  symbols->EnsureIndex();
+  return std::unique_ptr<Symbols>(std::move(symbols));
+}
+
+absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::ErrnoToStatus(err, absl::StrCat("open(", path, ")"));
+  }
+  DwflPtr dwfl(dwfl_begin(&kFileCallbacks));
+  if (dwfl == nullptr) {
+    close(fd);
+    return DwflError("dwfl_begin");
+  }
+  dwfl_report_begin(dwfl.get());
+  // Base 0 without p_vaddr: a PIE keeps its link-time addresses (bias 0). On success the
+  // fd belongs to libdwfl.
+  if (dwfl_report_elf(dwfl.get(), path.c_str(), path.c_str(), fd, 0, false) == nullptr) {
+    absl::Status s = DwflError(absl::StrCat("dwfl_report_elf(", path, ")"));
+    close(fd);
+    return s;
+  }
+  if (dwfl_report_end(dwfl.get(), nullptr, nullptr) != 0) {
+    return DwflError("dwfl_report_end");
+  }
+  return std::unique_ptr<Symbols>(std::make_unique<DwflSymbols>(std::move(dwfl), path));
+}
+
+}  // namespace kwatch::core

@@ -1,0 +1,98 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/symbols/expr.h"
+#include "core/base/remote_addr.h"
+#include "core/symbols/type_layout.h"
+
+namespace kwatch::core {
+
+// Reads `out.size()` bytes of the target at `addr` (used to follow pointers for `->`).
+using MemoryReader = std::function<absl::Status(RemoteAddr addr, std::span<uint8_t> out)>;
+
+// A watch expression resolved against a target's symbols.
+struct ResolvedExpr {
+  std::string display;               // normalised name, e.g. "g_stats.hits", "cache->lines[3]"
+  RemoteAddr addr;                   // absolute run-time address in the target
+  uint64_t length = 0;               // bytes
+  std::string type_name;             // C spelling of the type ("" for raw addresses)
+  std::optional<TypeLayout> layout;  // fields of the object (for scalars: one field, path "")
+  std::string module;                // file the symbol came from ("" for raw addresses)
+};
+
+// A function symbol containing an address.
+struct FunctionSymbol {
+  std::string name;
+  RemoteAddr start;
+  uint64_t size = 0;
+  std::string module;
+};
+
+// Source position of an address (from the DWARF line table).
+struct SourceLine {
+  std::string file;  // as recorded by the compiler (absolute when the CU dir is known)
+  int line = 0;
+  std::string inlined_function;  // innermost inlined function containing the address, if any
+};
+
+// Symbols and types of one target process (ELF symtabs + DWARF of the executable and its
+// loaded shared libraries), through libdw's dwfl. Owns the Dwfl; stays valid after the
+// process exits (the files stay open). Not thread-safe.
+class Symbols {
+ public:
+  // Reports the modules mapped in `pid` now (dwfl_linux_proc_report). Call again after
+  // the loader has mapped libraries to see them.
+  static absl::StatusOr<std::unique_ptr<Symbols>> ForProcess(pid_t pid);
+  // An ELF file, not running, loaded at its link-time addresses (for tests and offline use).
+  static absl::StatusOr<std::unique_ptr<Symbols>> ForFile(const std::string& path);
+
+  virtual ~Symbols() = default;
+
+  // Resolves a parsed expression. Errors (each with advice):
+  //  NotFound: unknown symbol, with up to 3 near matches ("did you mean 'g_stats'?");
+  //  InvalidArgument: a function given where data is expected, unknown member (listing the
+  //   members), index out of bounds, '->' on a non-pointer, '.' on a pointer;
+  //  FailedPrecondition: no DWARF type for the symbol (length from the ELF symbol is used
+  //   when it has one; this error only when it has none and the expression needs a type).
+  virtual absl::StatusOr<ResolvedExpr> Resolve(const Expr& expr,
+                                               const MemoryReader& read) const = 0;
+
+  // The function symbol containing `addr`, if any.
+  virtual std::optional<FunctionSymbol> FunctionAt(RemoteAddr addr) const = 0;
+
+  // The source line of `addr`, if the module has a line table.
+  virtual std::optional<SourceLine> LineAt(RemoteAddr addr) const = 0;
+
+  // Bytes of the loaded image at [addr, addr+out.size()) read from the module's ELF file
+  // (not from the process), so code can be decoded after the process has gone.
+  virtual absl::Status ReadCode(RemoteAddr addr, std::span<uint8_t> out) const = 0;
+
+  // The function symbol called `name` (ELF symbol tables; the executable first), if any.
+  virtual std::optional<FunctionSymbol> FindFunction(std::string_view name) const {
+    (void)name;
+    return std::nullopt;
+  }
+
+  // Absolute addresses of the line-table rows for `file`:`line` (`file` may be a basename
+  // or a path suffix such as "src/server.c"). NotFound when no module has such a line.
+  virtual absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file,
+                                                                  int line) const {
+    (void)file;
+    (void)line;
+    return absl::UnimplementedError("line lookup is not available for this target");
+  }
+};
+
+}  // namespace kwatch::core
