@@ -1,30 +1,21 @@
 #include "cli/kernel_watch.h"
 
-#include <linux/netlink.h>
-#include <sys/epoll.h>
-#include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <csignal>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -39,19 +30,20 @@
 #include "cli/output.h"
 #include "cli/report_cmd.h"
 #include "cli/slot_registry.h"
-#include "core/symbols/expr.h"
+#include "core/base/status_macros.h"
 #include "core/kernel/btf_types.h"
 #include "core/kernel/kallsyms.h"
 #include "core/kernel/kernel_memory.h"
 #include "core/kernel/kernel_symbols.h"
 #include "core/ptrace/process.h"
-#include "core/base/status_macros.h"
 #include "core/store/trace_writer.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/symbols.h"
-#include "core/base/syscall_status.h"
-#include "core/base/unique_fd.h"
 #include "drmgr/debug_regs.h"
 #include "watch/condition.h"
+#include "watch/kernel/drain_values.h"
+#include "watch/kernel/kernel_event.h"
+#include "watch/kernel/kernel_session.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
 #include "watch/profile/storage_profile.h"
@@ -65,11 +57,15 @@ namespace {
 
 using Options = WatchOptions;
 
-uint64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
+using watch::kernel::DrainValues;
+using watch::kernel::KernelEvent;
+using watch::kernel::KernelEventSink;
+using watch::kernel::KernelNote;
+using watch::kernel::KernelSummary;
+using watch::kernel::KernelWatch;
+using watch::kernel::KernelWatchSession;
+using watch::kernel::SitesByEvents;
+using watch::kernel::SiteTally;
 
 void Error(const absl::Status& s) {
   absl::FPrintF(stderr, "kwatch: error: %s\n", s.message());
@@ -81,55 +77,11 @@ void Error(const absl::Status& s) {
 // Where kernel watches read kernel memory for their values (CONFIG_PROC_KCORE).
 constexpr absl::string_view kProcKcore = "/proc/kcore";
 
-// What one kernel site (trap IP) did to one watch: the per-site summary.
-struct SiteStat {
-  uint64_t events = 0;
-  std::set<uint32_t> tids;
-  std::set<uint32_t> cpus;
-};
-
-// The events of one watch by trap IP, and how many repeated the IP of the previous event of
-// the same task on the same CPU (the signature of a rep string instruction trapping per
-// iteration).
-struct SiteTally {
-  std::map<uint64_t, SiteStat> by_ip;
-  std::map<std::pair<uint32_t, uint32_t>, uint64_t> last_ip;  // (cpu, tid) -> ip
-  uint64_t repeated = 0;
-  uint64_t first_repeated_ip = 0;
-
-  void Add(const watch::PerfSample& s) {
-    SiteStat& st = by_ip[s.ip];
-    ++st.events;
-    st.tids.insert(s.tid);
-    st.cpus.insert(s.cpu);
-    auto [it, fresh] = last_ip.try_emplace({s.cpu, s.tid}, s.ip);
-    if (!fresh) {
-      if (it->second == s.ip) {
-        if (repeated++ == 0) {
-          first_repeated_ip = s.ip;
-        }
-      }
-      it->second = s.ip;
-    }
-  }
-};
-
-// One watched kernel object.
-struct KernelWatch {
-  std::string expr;     // as typed
-  std::string display;  // "jiffies", "init_task.prio"
-  uint64_t addr = 0;    // run-time address
-  uint32_t len = 8;
-  std::string type_name;  // "" when no source gives a type
-  std::string source;     // where the symbol's address came from
-  int64_t slide = 0;
-  std::vector<int> cpus;  // kernel watches: the CPUs it holds registers on
-  uint64_t events = 0;
-  SiteTally sites;  // the delivered events by kernel site
-  // What the breakpoints of CPUs that went offline had counted before they were closed (the
-  // kernel drops CPU-bound events when their CPU goes offline).
-  uint64_t closed_count = 0;
-};
+// The note that watch `i`'s value cannot be read (said once per watch).
+std::string ValueUnreadableText(size_t i, const KernelWatch& w, const absl::Status& why) {
+  return absl::StrFormat("kwatch: note: watch #%d %s shows no value: %s\n", i + 1, w.display,
+                         why.message());
+}
 
 // ", callchains of up to N frames (--stack)" for the armed line of a kernel session, or "".
 std::string StackNote(const Options& opts) {
@@ -314,58 +266,6 @@ class CommCache {
  private:
   std::map<int64_t, std::string> names_;  // by tid; idle tasks by -1 - cpu
 };
-
-// The values of kernel watches read at drain time from kernel memory (/proc/kcore, or --kcore
-// FILE): each watch's bytes once per drained batch (several events of a batch show the same
-// value), shown marked as such (~V, "value_at":"drain"). A watch whose read fails shows no
-// value; the first failure of each watch is said once.
-class DrainValues {
- public:
-  DrainValues(std::unique_ptr<core::kernel::KernelMemory> memory, size_t watches)
-      : memory_(std::move(memory)), values_(watches), failed_(watches, false) {}
-
-  bool Enabled() const { return memory_ != nullptr; }
-
-  // Forgets the values of the previous batch.
-  void NewBatch() { std::fill(values_.begin(), values_.end(), std::nullopt); }
-
-  // Watch `i`'s value in this batch (read at its first event), nullopt when it cannot be read.
-  std::optional<uint64_t> Get(size_t i, const KernelWatch& w) {
-    if (memory_ == nullptr) {
-      return std::nullopt;
-    }
-    if (!values_[i].has_value()) {
-      std::array<uint8_t, 8> buf{};
-      const absl::Status st =
-          memory_->Read(w.addr, std::span<uint8_t>(buf).first(std::min<size_t>(w.len, 8)));
-      if (st.ok()) {
-        uint64_t v = 0;
-        std::memcpy(&v, buf.data(), buf.size());  // x86-64: little-endian
-        values_[i] = v;
-      } else {
-        values_[i] = std::optional<uint64_t>();
-        if (!failed_[i]) {
-          failed_[i] = true;
-          absl::FPrintF(stderr, "kwatch: note: watch #%d %s shows no value: %s\n", i + 1, w.display,
-                        st.message());
-        }
-      }
-    }
-    return *values_[i];
-  }
-
- private:
-  std::unique_ptr<core::kernel::KernelMemory> memory_;
-  std::vector<std::optional<std::optional<uint64_t>>> values_;  // per watch, this batch
-  std::vector<bool> failed_;                                    // per watch: said once
-};
-
-struct KernelEvent {
-  watch::PerfSample s;
-  size_t watch = 0;
-  watch::PerfCallchain chain;  // --stack
-};
-
 // The frames of a kernel event's callchain: kernel frames by Describe (func+off, file:line
 // with a vmlinux), then the user frames of the task (by the process's symbols for
 // --kernel-accesses; addresses for kernel-wide watches, whose tasks are anyone's).
@@ -397,18 +297,6 @@ std::vector<KernelFrame> KernelFrames(core::kernel::KernelSymbolResolver& symbol
     }
     out.push_back({ip, true, std::move(site)});
   }
-  return out;
-}
-
-// The sites of a watch, most events first (then by address).
-std::vector<std::pair<uint64_t, const SiteStat*>> SitesByEvents(const SiteTally& t) {
-  std::vector<std::pair<uint64_t, const SiteStat*>> out;
-  for (const auto& [ip, st] : t.by_ip) {
-    out.emplace_back(ip, &st);
-  }
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.second->events > b.second->events;
-  });
   return out;
 }
 
@@ -470,8 +358,7 @@ constexpr absl::string_view kRepeatedIpExplanation =
 // watch's value at drain time, when kernel memory could be read.
 absl::Status RecordKernelEvent(core::TraceWriter& writer,
                                core::kernel::KernelSymbolResolver& symbols, CommCache& comms,
-                               const KernelWatch& w, const KernelEvent& ev,
-                               std::optional<uint64_t> value) {
+                               const KernelWatch& w, const KernelEvent& ev) {
   const core::RemoteAddr ip{ev.s.ip};
   if (!writer.HasSite(ip)) {
     const core::kernel::KernelSymbolResolver::CodeSite site = symbols.Locate(ev.s.ip);
@@ -499,7 +386,7 @@ absl::Status RecordKernelEvent(core::TraceWriter& writer,
   e.access_addr = core::RemoteAddr{w.addr};
   e.access_size = 0;                  // the watched range is all a breakpoint tells
   e.kind = core::AccessKind::kWrite;  // -o takes --write kernel watches only
-  e.value = value;                    // read at drain time (DrainValues), or none
+  e.value = ev.value;                 // read at drain time (DrainValues), or none
   e.value_exact = false;
   return writer.Append(e);
 }
@@ -603,111 +490,181 @@ absl::StatusOr<std::unique_ptr<DrainValues>> OpenDrainValues(
                 path);
   auto values = std::make_unique<DrainValues>(*std::move(memory), watches.size());
   for (size_t i = 0; i < watches.size(); ++i) {
-    (void)values->Get(i, watches[i]);
+    if (const absl::Status st = values->Get(i, watches[i]).first_failure; !st.ok()) {
+      std::fputs(ValueUnreadableText(i, watches[i], st).c_str(), stderr);
+    }
   }
   values->NewBatch();
   return values;
 }
 
-// The event loop of breakpoints whose samples carry kernel IPs (kernel watches, and
-// --kernel-accesses of a process, `proc`): drains the rings, prints each event with its CPU,
-// task and kernel function+offset (and the watch's value at drain time when `values` reads
-// kernel memory), stops on --count, --duration, a signal or the target's end, then prints the
-// summary. Returns the exit status.
-absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWatch>& watches,
-                                      core::kernel::KernelSymbolResolver& symbols,
-                                      drmgr::DrKind kind, const std::string& armed,
-                                      core::Process* proc, core::TraceWriter* writer,
-                                      std::vector<KernelBreakpoint>& armed_bps, KernelSlots* slots,
-                                      DrainValues* values,
-                                      const core::Symbols* user_syms = nullptr) {
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
-    sigaddset(&mask, sig);
-  }
-  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-  core::UniqueFd epfd(epoll_create1(EPOLL_CLOEXEC));
-  core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!sigfd || !epfd || !tick) {
-    const int err = errno;
-    return core::SyscallError(err, "signalfd/epoll_create1/timerfd_create");
-  }
-  itimerspec its{};
-  its.it_interval.tv_nsec = 50'000'000;
-  its.it_value.tv_nsec = 50'000'000;
-  timerfd_settime(tick.get(), 0, &its, nullptr);
-  auto add = [&](int fd) -> absl::Status {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (epoll_ctl(epfd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      const int err = errno;
-      return core::SyscallError(err, "epoll_ctl(ADD)");
-    }
-    return absl::OkStatus();
-  };
-  KW_RETURN_IF_ERROR(add(sigfd.get()));
-  KW_RETURN_IF_ERROR(add(tick.get()));
-  for (const KernelBreakpoint& k : armed_bps) {
-    for (const int fd : k.bp->fds()) {
-      KW_RETURN_IF_ERROR(add(fd));
+// The debug registers of a kernel session as drmgr hands them out (KernelSlots), published
+// for `kwatch slots` (kernel sessions' registers per CPU, --kernel-accesses registers with the
+// process's: cli/slot_registry.h) whenever they change.
+class SlotRegisters final : public watch::kernel::KernelRegisters {
+ public:
+  SlotRegisters(std::unique_ptr<KernelSlots> slots, pid_t target, std::string command_line)
+      : slots_(std::move(slots)), target_(target), command_line_(std::move(command_line)) {}
+  SlotRegisters(const SlotRegisters&) = delete;
+  SlotRegisters& operator=(const SlotRegisters&) = delete;
+  ~SlotRegisters() override {
+    if (published_) {
+      UnpublishSlots();
     }
   }
-  // kwatch slots shows kernel sessions' registers per CPU, and --kernel-accesses registers with
-  // the process's (cli/slot_registry.h).
-  auto publish = [&]() {
-    if (slots == nullptr) {
-      return;
+
+  std::vector<watch::kernel::ArmedBreakpoint> Armed() override {
+    std::vector<watch::kernel::ArmedBreakpoint> out;
+    out.reserve(slots_->armed().size());
+    for (const KernelBreakpoint& k : slots_->armed()) {
+      out.push_back({k.bp.get(), k.watches});
     }
-    if (absl::Status st =
-            PublishSlots(proc != nullptr ? proc->pid() : 0, slots->Snapshot(), opts.command_line);
-        !st.ok()) {
+    return out;
+  }
+
+  absl::Status Request(size_t w, uint64_t addr, uint64_t len, int cpu) override {
+    return slots_->Request(w, addr, len, cpu);
+  }
+
+  std::vector<watch::kernel::ClosedBreakpoint> ReleaseCpu(int cpu) override {
+    std::vector<watch::kernel::ClosedBreakpoint> out;
+    for (KernelBreakpoint& k : slots_->ReleaseCpu(cpu)) {
+      auto c = k.bp->Count();
+      out.push_back({c.ok() ? *c : 0, k.bp->ring() != nullptr ? k.bp->ring()->lost() : 0,
+                     std::move(k.watches)});
+    }
+    return out;
+  }
+
+  void CloseAll() override { slots_->armed().clear(); }
+
+  void Changed() override {
+    published_ = true;
+    if (absl::Status st = PublishSlots(target_, slots_->Snapshot(), command_line_); !st.ok()) {
       absl::FPrintF(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
                     st.message());
     }
-  };
-  publish();
-  absl::Cleanup unpublish = [slots] {
-    if (slots != nullptr) {
-      UnpublishSlots();
-    }
-  };
-  std::fprintf(stderr, "kwatch: %s\n", armed.c_str());
-  std::fflush(stderr);
-  // The target's end (or exec) while kwatch handles its stops.
-  auto poll_target = [&]() -> absl::Status {
-    if (proc == nullptr || !proc->alive()) {
-      return absl::OkStatus();
-    }
-    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> pevs, proc->Poll());
-    for (const auto& e : pevs) {
-      if (e.kind == core::ProcessEvent::Kind::kExited) {
-        return absl::CancelledError(
-            proc->exit_info()->signaled
-                ? absl::StrCat("target killed by ", sigabbrev_np(proc->exit_info()->signal))
-                : std::string("target exited"));
-      }
-      if (e.kind == core::ProcessEvent::Kind::kExec) {
-        KW_RETURN_IF_ERROR(proc->Resume(e.tid));
-        return absl::CancelledError(
-            "target called exec (the watched addresses mean nothing in the new image)");
-      }
-    }
-    return absl::OkStatus();
-  };
+  }
 
-  const uint64_t start_ns = MonotonicNs();
-  const uint64_t deadline_ns =
-      opts.duration > 0 ? start_ns + static_cast<uint64_t>(opts.duration * 1e9) : 0;
-  CommCache comms;
-  uint64_t delivered = 0;
-  std::string stop_reason;
-  absl::Status record_error;  // -o: the first failure, which ends the session
-  const bool show_values = values != nullptr && values->Enabled();
-  if (!opts.quiet && !opts.json) {
-    if (show_values) {
+ private:
+  std::unique_ptr<KernelSlots> slots_;
+  pid_t target_;  // --kernel-accesses: the process; 0 for kernel watches
+  std::string command_line_;
+  bool published_ = false;
+};
+
+// The live output of a kernel session: events and the summary on stdout (text, or JSON lines
+// with --json), notes on stderr in both forms. Start once the session is created.
+class KernelPrinter : public KernelEventSink {
+ public:
+  KernelPrinter(const Options& opts, drmgr::DrKind kind, pid_t target,
+                core::kernel::KernelSymbolResolver& symbols, CommCache& comms,
+                const core::Symbols* user_syms)
+      : opts_(opts),
+        kind_(kind),
+        target_(target),
+        symbols_(symbols),
+        comms_(comms),
+        user_syms_(user_syms) {}
+
+  // The session's clock and watches; the column header.
+  virtual void Start(const KernelWatchSession& session) {
+    session_ = &session;
+    show_values_ = session.values_shown();
+  }
+
+  void OnDrained() override { std::fflush(stdout); }
+
+  void OnNote(const KernelNote& note) override {
+    switch (note.kind) {
+      case KernelNote::Kind::kValueUnreadable:
+        std::fputs(
+            ValueUnreadableText(note.watch, session_->watches()[note.watch], note.why).c_str(),
+            stderr);
+        break;
+      case KernelNote::Kind::kCpuOffline:
+        std::fprintf(stderr,
+                     "kwatch: CPU %d went offline: its breakpoints are closed (the kernel drops "
+                     "CPU-bound events of an offline CPU); it is armed again if it comes back\n",
+                     note.cpu);
+        std::fflush(stderr);
+        break;
+      case KernelNote::Kind::kCpuArmed:
+        std::fprintf(stderr,
+                     "kwatch: CPU %d came online during the session: armed %zu kernel watch%s "
+                     "there (accesses on it before this line were not seen)\n",
+                     note.cpu, note.count, note.count == 1 ? "" : "es");
+        std::fflush(stderr);
+        break;
+      case KernelNote::Kind::kCpuRefused:
+        std::fprintf(stderr,
+                     "kwatch: warning: CPU %d came online during the session, but the kernel "
+                     "watches could not be armed there: %s\n",
+                     note.cpu, absl::StrCat(note.why.message()).c_str());
+        break;
+      case KernelNote::Kind::kCpuUnwatched:
+        std::fprintf(stderr,
+                     "kwatch: note: CPU %d came online during the session and was not watched\n",
+                     note.cpu);
+        break;
+      case KernelNote::Kind::kDetached:
+        std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", note.pid);
+        break;
+    }
+  }
+
+ protected:
+  // Seconds from the session's start to an event's time.
+  double Seconds(uint64_t time_ns) const {
+    const uint64_t start = session_->start_ns();
+    return time_ns >= start ? static_cast<double>(time_ns - start) / 1e9 : 0.0;
+  }
+  const char* Access() const {
+    return kind_ == drmgr::DrKind::kExec ? "x" : kind_ == drmgr::DrKind::kWrite ? "w" : "rw";
+  }
+  std::vector<KernelFrame> Frames(const KernelEvent& ev) const {
+    return opts_.stack ? KernelFrames(symbols_, user_syms_, ev.chain) : std::vector<KernelFrame>{};
+  }
+  // The CPUs a watch holds registers on, in order: "0,1,3".
+  static std::string CpusText(const KernelWatch& w) {
+    std::vector<int> sorted_cpus = w.cpus;  // CPUs that came online later are at the end
+    std::sort(sorted_cpus.begin(), sorted_cpus.end());
+    return absl::StrJoin(sorted_cpus, ",");
+  }
+  // The notes on repeated IPs (stderr), after the summary's watches.
+  void RepeatedIpNotes(std::span<const KernelWatch> watches) const {
+    bool repeated = false;
+    for (size_t i = 0; i < watches.size(); ++i) {
+      if (watches[i].sites.repeated > 0) {
+        std::fprintf(stderr, "%s", RepeatedIpNote(watches[i], i, symbols_).c_str());
+        repeated = true;
+      }
+    }
+    if (repeated) {
+      absl::FPrintF(stderr, "%s", kRepeatedIpExplanation);
+    }
+  }
+
+  const Options& opts_;
+  drmgr::DrKind kind_;
+  pid_t target_;  // --kernel-accesses: the process; 0 for kernel watches
+  core::kernel::KernelSymbolResolver& symbols_;
+  CommCache& comms_;
+  const core::Symbols* user_syms_;
+  const KernelWatchSession* session_ = nullptr;
+  bool show_values_ = false;
+};
+
+class KernelTextPrinter final : public KernelPrinter {
+ public:
+  using KernelPrinter::KernelPrinter;
+
+  void Start(const KernelWatchSession& session) override {
+    KernelPrinter::Start(session);
+    if (opts_.quiet) {
+      return;
+    }
+    if (show_values_) {
       std::printf("%-14s %-4s %-7s %-16s %-3s %-24s %-22s %s\n", "TIME(s)", "CPU", "TID", "COMM",
                   "ACC", "WATCH", "VALUE (~ = at drain)", "IP (after the access)");
     } else {
@@ -715,331 +672,39 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
                   "WATCH", "IP (after the access)");
     }
   }
-  auto drain = [&]() {
-    if (show_values) {
-      values->NewBatch();
-    }
-    std::vector<KernelEvent> evs;
-    for (KernelBreakpoint& k : armed_bps) {
-      watch::PerfRing* ring = k.bp->ring();
-      if (ring == nullptr) {
-        continue;
-      }
-      // A slot drmgr shares between watches of equal ranges gives each of them the event.
-      if (opts.stack) {
-        ring->DrainRecords([&](std::span<const uint8_t> record) {
-          KernelEvent ev;
-          if (watch::ParseCallchainSample(record, ev.s, ev.chain)) {
-            for (const size_t i : k.watches) {
-              ev.watch = i;
-              evs.push_back(ev);
-            }
-          }
-        });
-      } else {
-        ring->Drain([&](const watch::PerfSample& s) {
-          for (const size_t i : k.watches) {
-            evs.push_back({s, i, {}});
-          }
-        });
-      }
-    }
-    std::sort(evs.begin(), evs.end(),
-              [](const KernelEvent& a, const KernelEvent& b) { return a.s.time < b.s.time; });
-    for (const KernelEvent& ev : evs) {
-      if (opts.count > 0 && delivered >= opts.count) {
-        break;
-      }
-      ++delivered;
-      KernelWatch& w = watches[ev.watch];
-      ++w.events;
-      w.sites.Add(ev.s);
-      const std::optional<uint64_t> value =
-          show_values ? values->Get(ev.watch, w) : std::optional<uint64_t>();
-      if (writer != nullptr && record_error.ok()) {
-        record_error = RecordKernelEvent(*writer, symbols, comms, w, ev, value);
-        if (!record_error.ok() && stop_reason.empty()) {
-          stop_reason = absl::StrCat("recording failed: ", record_error.message());
-        }
-      }
-      if (opts.quiet) {
-        continue;
-      }
-      const std::string ip = symbols.Describe(ev.s.ip);
-      const std::vector<KernelFrame> frames =
-          opts.stack ? KernelFrames(symbols, user_syms, ev.chain) : std::vector<KernelFrame>{};
-      const double t =
-          ev.s.time >= start_ns ? static_cast<double>(ev.s.time - start_ns) / 1e9 : 0.0;
-      const std::string& comm = comms.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
-      const char* acc = kind == drmgr::DrKind::kExec    ? "x"
-                        : kind == drmgr::DrKind::kWrite ? "w"
-                                                        : "rw";
-      if (opts.json) {
-        std::printf(
-            "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
-            "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"value\":%s,\"ip\":\"0x%llx\","
-            "\"site\":%s%s}\n",
-            t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), acc, ev.watch,
-            JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr),
-            value.has_value()
-                ? absl::StrCat(ValueOf(*value, w.len), R"(,"value_at":"drain")").c_str()
-                : "null",
-            static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str(),
-            frames.empty() ? ""
-                           : absl::StrCat(",\"stack\":[",
-                                          absl::StrJoin(frames, ",",
-                                                        [](std::string* o, const KernelFrame& f) {
-                                                          absl::StrAppendFormat(
-                                                              o,
-                                                              "{\"ip\":\"0x%x\",\"space\":"
-                                                              "\"%s\",\"site\":%s}",
-                                                              f.ip, f.user ? "user" : "kernel",
-                                                              JsonString(f.site));
-                                                        }),
-                                          "]")
-                                 .c_str());
-      } else {
-        if (show_values) {
-          const std::string v =
-              value.has_value() ? absl::StrCat("~", ValueOf(*value, w.len)) : std::string("?");
-          std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %-22s %s\n", t, ev.s.cpu, ev.s.tid,
-                      comm.c_str(), acc, w.display.c_str(), v.c_str(), ip.c_str());
-        } else {
-          std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid,
-                      comm.c_str(), acc, w.display.c_str(), ip.c_str());
-        }
-        for (size_t f = 0; f < frames.size(); ++f) {
-          std::printf("    #%-2zu %s%s\n", f, frames[f].user ? "[user] " : "",
-                      frames[f].site.c_str());
-        }
-      }
-    }
-    std::fflush(stdout);
-    if (opts.count > 0 && delivered >= opts.count && stop_reason.empty()) {
-      stop_reason = absl::StrCat("--count ", opts.count, " reached");
-    }
-  };
-  // CPU hotplug. The kernel drops a CPU-bound event when its CPU goes offline (it counts
-  // nothing after the CPU comes back; seen on 6.18), so a kernel watch closes the breakpoints of
-  // a CPU that goes offline and opens new ones when a CPU comes online. It hears of both from
-  // the kernel's uevents (NETLINK_KOBJECT_UEVENT: "offline@/devices/system/cpu/cpu1", in
-  // order, so a quick offline-online is seen too) and checks /sys/devices/system/cpu/online at
-  // every tick for hotplug that sends none. A CPU that cannot be armed within about a second
-  // is said once and left.
-  std::set<int> refused_cpus;
-  std::map<int, int> cpu_tries;
-  uint64_t closed_lost = 0;  // events the rings of closed breakpoints had lost
-  auto retire_cpu = [&](int cpu) {
-    if (slots == nullptr || proc != nullptr) {
-      return;
-    }
-    drain();  // what its rings hold
-    std::vector<KernelBreakpoint> gone = slots->ReleaseCpu(cpu);
-    for (KernelBreakpoint& k : gone) {
-      auto c = k.bp->Count();
-      for (const size_t i : k.watches) {
-        watches[i].closed_count += c.ok() ? *c : 0;
-      }
-      closed_lost += k.bp->ring() != nullptr ? k.bp->ring()->lost() : 0;
-    }
-    for (KernelWatch& w : watches) {
-      w.cpus.erase(std::remove(w.cpus.begin(), w.cpus.end(), cpu), w.cpus.end());
-    }
-    if (!gone.empty()) {  // closing them leaves epoll
-      std::fprintf(stderr,
-                   "kwatch: CPU %d went offline: its breakpoints are closed (the kernel drops "
-                   "CPU-bound events of an offline CPU); it is armed again if it comes back\n",
-                   cpu);
-      std::fflush(stderr);
-      publish();
-    }
-  };
-  auto sync_cpus = [&]() -> absl::Status {
-    if (slots == nullptr || proc != nullptr || watches.empty()) {  // CPU scopes only
+
+  absl::Status OnEvent(const KernelEvent& ev, const KernelWatch& w) override {
+    if (opts_.quiet) {
       return absl::OkStatus();
     }
-    const std::vector<int> online = watch::OnlineCpus();
-    std::set<int> held;
-    for (const KernelWatch& w : watches) {
-      held.insert(w.cpus.begin(), w.cpus.end());
+    const std::string ip = symbols_.Describe(ev.s.ip);
+    const std::vector<KernelFrame> frames = Frames(ev);
+    const double t = Seconds(ev.s.time);
+    const std::string& comm = comms_.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
+    if (show_values_) {
+      const std::string v =
+          ev.value.has_value() ? absl::StrCat("~", ValueOf(*ev.value, w.len)) : std::string("?");
+      std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %-22s %s\n", t, ev.s.cpu, ev.s.tid,
+                  comm.c_str(), Access(), w.display.c_str(), v.c_str(), ip.c_str());
+    } else {
+      std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %s\n", t, ev.s.cpu, ev.s.tid, comm.c_str(),
+                  Access(), w.display.c_str(), ip.c_str());
     }
-    for (const int cpu : held) {
-      if (std::find(online.begin(), online.end(), cpu) == online.end()) {
-        retire_cpu(cpu);
-      }
-    }
-    for (const int cpu : online) {
-      if (refused_cpus.contains(cpu)) {
-        continue;
-      }
-      size_t armed_here = 0;
-      const size_t before = armed_bps.size();
-      for (size_t i = 0; i < watches.size(); ++i) {
-        KernelWatch& w = watches[i];
-        if (std::find(w.cpus.begin(), w.cpus.end(), cpu) != w.cpus.end()) {
-          continue;
-        }
-        if (absl::Status st = slots->Request(i, w.addr, w.len, cpu); !st.ok()) {
-          // The CPU may be listed before perf has brought its context up: try again at the
-          // next ticks, for about a second. (drmgr refusals do not change by waiting.)
-          (void)slots->ReleaseCpu(cpu);
-          for (KernelWatch& v : watches) {
-            v.cpus.erase(std::remove(v.cpus.begin(), v.cpus.end(), cpu), v.cpus.end());
-          }
-          if (++cpu_tries[cpu] < 20 && !absl::IsResourceExhausted(st)) {
-            armed_here = 0;
-            break;
-          }
-          std::fprintf(stderr,
-                       "kwatch: warning: CPU %d came online during the session, but the kernel "
-                       "watches could not be armed there: %s\n",
-                       cpu, absl::StrCat(st.message()).c_str());
-          refused_cpus.insert(cpu);
-          armed_here = 0;
-          break;
-        }
-        w.cpus.push_back(cpu);
-        ++armed_here;
-      }
-      for (size_t j = before; j < armed_bps.size(); ++j) {
-        for (const int fd : armed_bps[j].bp->fds()) {
-          KW_RETURN_IF_ERROR(add(fd));
-        }
-      }
-      if (armed_here > 0) {
-        cpu_tries.erase(cpu);
-        std::fprintf(stderr,
-                     "kwatch: CPU %d came online during the session: armed %zu kernel watch%s "
-                     "there (accesses on it before this line were not seen)\n",
-                     cpu, armed_here, armed_here == 1 ? "" : "es");
-        std::fflush(stderr);
-        publish();
-      }
+    for (size_t f = 0; f < frames.size(); ++f) {
+      std::printf("    #%-2zu %s%s\n", f, frames[f].user ? "[user] " : "", frames[f].site.c_str());
     }
     return absl::OkStatus();
-  };
-  core::UniqueFd uevents;
-  if (proc == nullptr) {
-    uevents.Reset(
-        socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_KOBJECT_UEVENT));
-    sockaddr_nl sa{};
-    sa.nl_family = AF_NETLINK;
-    sa.nl_groups = 1;  // the kernel's uevents
-    if (uevents && bind(uevents.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) == 0) {
-      KW_RETURN_IF_ERROR(add(uevents.get()));
-    } else {
-      uevents.Reset();  // the ticks' check alone
-    }
   }
-  // Reads the pending uevents: CPUs that went offline are retired at once, in order; true when
-  // one came online.
-  auto read_uevents = [&]() {
-    bool came_online = false;
-    std::array<char, 8192> msg{};
-    ssize_t n = 0;
-    while ((n = recv(uevents.get(), msg.data(), msg.size() - 1, 0)) > 0) {
-      msg[static_cast<size_t>(n)] = '\0';
-      absl::string_view head(msg.data());  // "ACTION@DEVPATH", then KEY=VALUE strings
-      int cpu = -1;
-      if (absl::ConsumePrefix(&head, "offline@/devices/system/cpu/cpu") &&
-          absl::SimpleAtoi(head, &cpu)) {
-        retire_cpu(cpu);
-      } else if (absl::StartsWith(head, "online@/devices/system/cpu/cpu")) {
-        came_online = true;
-      }
-    }
-    return came_online;
-  };
-  std::array<epoll_event, 64> evs{};
-  while (stop_reason.empty()) {
-    const int n = epoll_wait(epfd.get(), evs.data(), static_cast<int>(evs.size()), 1000);
-    if (n < 0 && errno != EINTR) {
-      const int err = errno;
-      return core::SyscallError(err, "epoll_wait");
-    }
-    for (int i = 0; i < n; ++i) {
-      if (evs[static_cast<size_t>(i)].data.fd == sigfd.get()) {
-        signalfd_siginfo si{};
-        while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
-          if (si.ssi_signo != SIGCHLD) {
-            stop_reason =
-                absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo)));
-          }
-        }
-      } else if (uevents && evs[static_cast<size_t>(i)].data.fd == uevents.get()) {
-        if (read_uevents()) {
-          KW_RETURN_IF_ERROR(sync_cpus());
-        }
-      } else if (evs[static_cast<size_t>(i)].data.fd == tick.get()) {
-        uint64_t ticks = 0;
-        (void)(read(tick.get(), &ticks, sizeof(ticks)) > 0);
-      }
-    }
-    drain();
-    KW_RETURN_IF_ERROR(sync_cpus());
-    if (writer != nullptr && record_error.ok()) {
-      record_error = writer->Flush();
-      if (!record_error.ok() && stop_reason.empty()) {
-        stop_reason = absl::StrCat("recording failed: ", record_error.message());
-      }
-    }
-    if (absl::Status st = poll_target(); !st.ok()) {
-      if (!absl::IsCancelled(st)) {
-        return st;
-      }
-      if (stop_reason.empty()) {
-        stop_reason.assign(st.message().data(), st.message().size());
-      }
-    }
-    if (deadline_ns != 0 && MonotonicNs() >= deadline_ns && stop_reason.empty()) {
-      stop_reason = absl::StrFormat("--duration %gs elapsed", opts.duration);
-    }
-  }
-  drain();
-  uint64_t lost = closed_lost;
-  for (KernelBreakpoint& k : armed_bps) {
-    (void)k.bp->Disable();
-    lost += k.bp->ring() != nullptr ? k.bp->ring()->lost() : 0;
-  }
-  if (opts.json) {
-    std::printf(
-        "{\"type\":\"summary\",\"events\":%llu,\"lost\":%llu,\"stop_reason\":%s,"
-        "\"watches\":[",
-        static_cast<unsigned long long>(delivered), static_cast<unsigned long long>(lost),
-        JsonString(stop_reason).c_str());
-  } else {
-    std::printf("kwatch: %llu event%s, %llu lost; %s\n", static_cast<unsigned long long>(delivered),
-                delivered == 1 ? "" : "s", static_cast<unsigned long long>(lost),
-                stop_reason.c_str());
-  }
-  for (size_t i = 0; i < watches.size(); ++i) {
-    const KernelWatch& w = watches[i];
-    uint64_t counted = w.closed_count;
-    for (const KernelBreakpoint& k : armed_bps) {
-      if (std::find(k.watches.begin(), k.watches.end(), i) != k.watches.end()) {
-        auto c = k.bp->Count();
-        counted += c.ok() ? *c : 0;
-      }
-    }
-    std::vector<int> sorted_cpus = w.cpus;  // CPUs that came online later are at the end
-    std::sort(sorted_cpus.begin(), sorted_cpus.end());
-    const std::string cpus_text = absl::StrJoin(sorted_cpus, ",");
-    const std::string kind_name(drmgr::DrKindName(kind));
-    const std::string scope = proc == nullptr
-                                  ? absl::StrCat("kernel, CPUs ", cpus_text)
-                                  : absl::StrCat("kernel accesses for pid ", proc->pid());
-    if (opts.json) {
-      std::printf(
-          "%s{\"id\":%zu,\"expr\":%s,\"addr\":\"0x%llx\",\"len\":%u,\"kind\":\"%s\","
-          "\"type\":%s,\"source\":%s,\"slide\":%lld,\"cpus\":[%s],\"events\":%llu,"
-          "\"kernel_count\":%llu,\"sites\":%s,\"repeated_ip_events\":%llu}",
-          i == 0 ? "" : ",", i, JsonString(w.display).c_str(),
-          static_cast<unsigned long long>(w.addr), w.len, kind_name.c_str(),
-          JsonString(w.type_name).c_str(), JsonString(w.source).c_str(),
-          static_cast<long long>(w.slide), cpus_text.c_str(),
-          static_cast<unsigned long long>(w.events), static_cast<unsigned long long>(counted),
-          SitesJson(w.sites, symbols).c_str(), static_cast<unsigned long long>(w.sites.repeated));
-    } else {
+
+  void OnSummary(const KernelSummary& summary, std::span<const KernelWatch> watches) override {
+    std::printf("kwatch: %llu event%s, %llu lost; %s\n",
+                static_cast<unsigned long long>(summary.events), summary.events == 1 ? "" : "s",
+                static_cast<unsigned long long>(summary.lost), summary.stop_reason.c_str());
+    const std::string kind_name(drmgr::DrKindName(kind_));
+    for (size_t i = 0; i < watches.size(); ++i) {
+      const KernelWatch& w = watches[i];
+      const std::string scope = target_ == 0 ? absl::StrCat("kernel, CPUs ", CpusText(w))
+                                             : absl::StrCat("kernel accesses for pid ", target_);
       std::printf(
           "watch #%zu %s: %u byte%s at 0x%llx%s%s, %s, %s: %llu event%s "
           "(the kernel counted %llu)\n",
@@ -1047,59 +712,188 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
           static_cast<unsigned long long>(w.addr), w.type_name.empty() ? "" : ", ",
           w.type_name.c_str(), kind_name.c_str(), scope.c_str(),
           static_cast<unsigned long long>(w.events), w.events == 1 ? "" : "s",
-          static_cast<unsigned long long>(counted));
+          static_cast<unsigned long long>(summary.counted[i]));
     }
-  }
-  if (!opts.json) {
     for (size_t i = 0; i < watches.size(); ++i) {
-      std::printf("%s", SitesText(watches[i], i, symbols).c_str());
+      std::printf("%s", SitesText(watches[i], i, symbols_).c_str());
     }
+    RepeatedIpNotes(watches);
+    std::fflush(stdout);
   }
-  bool repeated = false;
-  for (size_t i = 0; i < watches.size(); ++i) {
-    if (watches[i].sites.repeated > 0) {
-      std::fprintf(stderr, "%s", RepeatedIpNote(watches[i], i, symbols).c_str());
-      repeated = true;
+};
+
+class KernelJsonPrinter final : public KernelPrinter {
+ public:
+  using KernelPrinter::KernelPrinter;
+
+  absl::Status OnEvent(const KernelEvent& ev, const KernelWatch& w) override {
+    if (opts_.quiet) {
+      return absl::OkStatus();
     }
+    const std::string ip = symbols_.Describe(ev.s.ip);
+    const std::vector<KernelFrame> frames = Frames(ev);
+    const double t = Seconds(ev.s.time);
+    const std::string& comm = comms_.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
+    const std::string value =
+        ev.value.has_value() ? absl::StrCat(ValueOf(*ev.value, w.len), R"(,"value_at":"drain")")
+                             : "null";
+    const std::string stack =
+        frames.empty()
+            ? ""
+            : absl::StrCat(",\"stack\":[",
+                           absl::StrJoin(frames, ",",
+                                         [](std::string* o, const KernelFrame& f) {
+                                           absl::StrAppendFormat(
+                                               o, "{\"ip\":\"0x%x\",\"space\":\"%s\",\"site\":%s}",
+                                               f.ip, f.user ? "user" : "kernel",
+                                               JsonString(f.site));
+                                         }),
+                           "]");
+    std::printf(
+        "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
+        "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"value\":%s,\"ip\":\"0x%llx\","
+        "\"site\":%s%s}\n",
+        t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), Access(), ev.watch,
+        JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr), value.c_str(),
+        static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str(), stack.c_str());
+    return absl::OkStatus();
   }
-  if (repeated) {
-    absl::FPrintF(stderr, "%s", kRepeatedIpExplanation);
-  }
-  if (opts.json) {
+
+  void OnSummary(const KernelSummary& summary, std::span<const KernelWatch> watches) override {
+    std::printf(
+        "{\"type\":\"summary\",\"events\":%llu,\"lost\":%llu,\"stop_reason\":%s,"
+        "\"watches\":[",
+        static_cast<unsigned long long>(summary.events),
+        static_cast<unsigned long long>(summary.lost), JsonString(summary.stop_reason).c_str());
+    const std::string kind_name(drmgr::DrKindName(kind_));
+    for (size_t i = 0; i < watches.size(); ++i) {
+      const KernelWatch& w = watches[i];
+      std::printf(
+          "%s{\"id\":%zu,\"expr\":%s,\"addr\":\"0x%llx\",\"len\":%u,\"kind\":\"%s\","
+          "\"type\":%s,\"source\":%s,\"slide\":%lld,\"cpus\":[%s],\"events\":%llu,"
+          "\"kernel_count\":%llu,\"sites\":%s,\"repeated_ip_events\":%llu}",
+          i == 0 ? "" : ",", i, JsonString(w.display).c_str(),
+          static_cast<unsigned long long>(w.addr), w.len, kind_name.c_str(),
+          JsonString(w.type_name).c_str(), JsonString(w.source).c_str(),
+          static_cast<long long>(w.slide), CpusText(w).c_str(),
+          static_cast<unsigned long long>(w.events),
+          static_cast<unsigned long long>(summary.counted[i]), SitesJson(w.sites, symbols_).c_str(),
+          static_cast<unsigned long long>(w.sites.repeated));
+    }
+    RepeatedIpNotes(watches);
     std::printf("]}\n");
+    std::fflush(stdout);
   }
-  std::fflush(stdout);
-  // CPU hotplug: a CPU that came online after arming had no breakpoint.
-  if (proc == nullptr && !watches.empty()) {
-    const std::vector<int>& cpus = watches.front().cpus;
-    for (const int cpu : watch::OnlineCpus()) {
-      if (std::find(cpus.begin(), cpus.end(), cpu) == cpus.end()) {
-        std::fprintf(stderr,
-                     "kwatch: note: CPU %d came online during the session and was not watched\n",
-                     cpu);
+};
+
+// -o: records each event (with its site and task) before the printer shows it, and flushes the
+// recording after each step. The first failure ends the session ("recording failed: ...") and
+// stops the recording; the printer still gets every event.
+class RecordingSink final : public KernelEventSink {
+ public:
+  RecordingSink(core::TraceWriter& writer, core::kernel::KernelSymbolResolver& symbols,
+                CommCache& comms, KernelEventSink& next)
+      : writer_(writer), symbols_(symbols), comms_(comms), next_(next) {}
+
+  // The first failure of the recording, OK when none.
+  const absl::Status& error() const { return error_; }
+
+  absl::Status OnEvent(const KernelEvent& ev, const KernelWatch& w) override {
+    absl::Status out;
+    if (error_.ok()) {
+      error_ = RecordKernelEvent(writer_, symbols_, comms_, w, ev);
+      out = Failed();
+    }
+    (void)next_.OnEvent(ev, w);
+    return out;
+  }
+  void OnDrained() override { next_.OnDrained(); }
+  absl::Status OnStepEnd() override {
+    if (error_.ok()) {
+      error_ = writer_.Flush();
+      if (absl::Status st = Failed(); !st.ok()) {
+        return st;
       }
     }
+    return next_.OnStepEnd();
   }
-  armed_bps.clear();  // closes every event before the target is let go
-  std::optional<int> exit_status;
-  if (proc != nullptr) {
-    if (proc->alive()) {
-      if (proc->launched() && opts.kill_on_exit) {
-        KW_RETURN_IF_ERROR(proc->Kill());
-      } else {
-        KW_RETURN_IF_ERROR(proc->Detach());
-        std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", proc->pid());
-      }
-    }
-    if (proc->launched() && proc->exit_info().has_value()) {
-      exit_status = proc->exit_info()->ShellStatus();
+  void OnNote(const KernelNote& note) override { next_.OnNote(note); }
+  void OnSummary(const KernelSummary& summary, std::span<const KernelWatch> watches) override {
+    next_.OnSummary(summary, watches);
+  }
+
+ private:
+  absl::Status Failed() const {
+    return error_.ok()
+               ? absl::OkStatus()
+               : absl::Status(error_.code(), absl::StrCat("recording failed: ", error_.message()));
+  }
+
+  core::TraceWriter& writer_;
+  core::kernel::KernelSymbolResolver& symbols_;
+  CommCache& comms_;
+  KernelEventSink& next_;
+  absl::Status error_;  // the first failure
+};
+
+// What a kernel session runs on, set up by RunKernelWatch or RunKernelAccesses.
+struct KernelRun {
+  std::vector<KernelWatch> watches;
+  drmgr::DrKind kind = drmgr::DrKind::kWrite;
+  std::string armed;  // the "armed ..." line
+  std::unique_ptr<KernelSlots> slots;
+  std::unique_ptr<DrainValues> values;       // kernel memory for values at drain time, or null
+  core::Process* proc = nullptr;             // --kernel-accesses: the process
+  const core::Symbols* user_syms = nullptr;  // ... and its symbols
+  core::TraceWriter* writer = nullptr;       // -o
+};
+
+// Runs a kernel session (kernel watches, or --kernel-accesses of `run.proc`) to its end:
+// prints each event with its CPU, task and kernel function+offset, then the summary. Returns
+// kwatch's exit status.
+absl::StatusOr<int> RunKernelSession(const Options& opts, KernelRun run,
+                                     core::kernel::KernelSymbolResolver& symbols) {
+  const pid_t pid = run.proc != nullptr ? run.proc->pid() : 0;
+  CommCache comms;
+  std::unique_ptr<KernelPrinter> printer;
+  if (opts.json) {
+    printer =
+        std::make_unique<KernelJsonPrinter>(opts, run.kind, pid, symbols, comms, run.user_syms);
+  } else {
+    printer =
+        std::make_unique<KernelTextPrinter>(opts, run.kind, pid, symbols, comms, run.user_syms);
+  }
+  std::optional<RecordingSink> recorder;
+  if (run.writer != nullptr) {
+    recorder.emplace(*run.writer, symbols, comms, *printer);
+  }
+  KernelEventSink& sink = recorder.has_value() ? static_cast<KernelEventSink&>(*recorder)
+                                               : static_cast<KernelEventSink&>(*printer);
+  watch::kernel::KernelSessionOptions so;
+  so.count = opts.count;
+  so.duration = opts.duration;
+  so.callchains = opts.stack;
+  so.kill_on_exit = opts.kill_on_exit;
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<KernelWatchSession> session,
+                      KernelWatchSession::Create(so, std::move(run.watches),
+                                                 std::make_unique<SlotRegisters>(
+                                                     std::move(run.slots), pid, opts.command_line),
+                                                 std::move(run.values), run.proc, sink));
+  std::fprintf(stderr, "kwatch: %s\n", run.armed.c_str());
+  std::fflush(stderr);
+  printer->Start(*session);
+  while (true) {
+    KW_ASSIGN_OR_RETURN(const bool more, session->Step());
+    if (!more) {
+      break;
     }
   }
-  if (writer != nullptr &&
-      !FinishKernelRecording(*writer, record_error, stop_reason, lost, exit_status)) {
+  KW_ASSIGN_OR_RETURN(const watch::kernel::KernelSessionEnd end, session->Finish());
+  if (run.writer != nullptr && !FinishKernelRecording(*run.writer, recorder->error(),
+                                                      end.stop_reason, end.lost, end.exit_status)) {
     return 1;  // -o was not honoured (docs/recording.md)
   }
-  return exit_status.value_or(0);
+  return end.exit_status.value_or(0);
 }
 
 absl::StatusOr<int> RunKernelWatch(const Options& opts) {
@@ -1156,11 +950,11 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
   for (const KernelWatch& w : watches) {
     labels.push_back(w.display);
   }
-  KernelSlots slots(opened, std::move(labels));
+  auto slots = std::make_unique<KernelSlots>(opened, std::move(labels));
   for (size_t i = 0; i < watches.size(); ++i) {
     KernelWatch& w = watches[i];
     for (const int cpu : cpus) {
-      KW_RETURN_IF_ERROR(slots.Request(i, w.addr, w.len, cpu));
+      KW_RETURN_IF_ERROR(slots->Request(i, w.addr, w.len, cpu));
       w.cpus.push_back(cpu);
     }
   }
@@ -1179,13 +973,17 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
   if (!opts.output.empty()) {
     KW_ASSIGN_OR_RETURN(writer, CreateKernelRecording(opts, 0, watches));
   }
-  return RunBreakpointLoop(
-      opts, watches, *symbols, kind,
-      absl::StrFormat("armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf "
-                      "breakpoint stream mode%s",
-                      watches.size(), watches.size() == 1 ? "" : "es", cpus.size(),
-                      StackNote(opts)),
-      nullptr, writer.get(), slots.armed(), &slots, values.get());
+  KernelRun run;
+  run.kind = kind;
+  run.armed = absl::StrFormat(
+      "armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf breakpoint stream "
+      "mode%s",
+      watches.size(), watches.size() == 1 ? "" : "es", cpus.size(), StackNote(opts));
+  run.watches = std::move(watches);
+  run.slots = std::move(slots);
+  run.values = std::move(values);
+  run.writer = writer.get();
+  return RunKernelSession(opts, std::move(run), *symbols);
 }
 
 // --kernel-accesses: user addresses of a process watched for the accesses the kernel makes
@@ -1266,11 +1064,11 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   for (const KernelWatch& w : watches) {
     labels.push_back(w.display);
   }
-  KernelSlots slots(opened, std::move(labels), proc->pid(),
-                    [&proc] { return proc->TracedThreads(); });
+  auto slots = std::make_unique<KernelSlots>(opened, std::move(labels), proc->pid(),
+                                             [&proc] { return proc->TracedThreads(); });
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
-    if (absl::Status st = slots.RequestForProcess(i, w.addr, w.len); !st.ok()) {
+    if (absl::Status st = slots->RequestForProcess(i, w.addr, w.len); !st.ok()) {
       return fail(st);
     }
   }
@@ -1287,13 +1085,18 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
     writer = *std::move(w);
   }
   const std::string prog = proc->argv().empty() ? "?" : proc->argv()[0];
-  auto code = RunBreakpointLoop(
-      opts, watches, *ksyms, kind,
-      absl::StrFormat("armed %d watch%s on pid %d (%s) for the kernel's accesses only "
-                      "(exclude_user), perf breakpoint stream mode%s",
-                      watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog,
-                      StackNote(opts)),
-      proc.get(), writer.get(), slots.armed(), &slots, nullptr, syms->get());
+  KernelRun run;
+  run.kind = kind;
+  run.armed = absl::StrFormat(
+      "armed %d watch%s on pid %d (%s) for the kernel's accesses only (exclude_user), perf "
+      "breakpoint stream mode%s",
+      watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog, StackNote(opts));
+  run.watches = std::move(watches);
+  run.slots = std::move(slots);
+  run.proc = proc.get();
+  run.user_syms = syms->get();
+  run.writer = writer.get();
+  auto code = RunKernelSession(opts, std::move(run), *ksyms);
   if (!code.ok()) {
     return fail(code.status());
   }
