@@ -3,9 +3,9 @@
 #include <sys/ioctl.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -15,12 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "watch/profile/duration.h"
 
 namespace kwatch::cli {
 namespace {
 
 using Json = nlohmann::json;
 using watch::FieldInfo;
+using watch::FormatDuration;
 using watch::RwCounts;
 using watch::SiteCount;
 using watch::StorageProfile;
@@ -280,9 +282,12 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
     }
     return s;
   };
-  absl::StrAppend(&out, "  heatmap: ", v.ThreadFilter() ? "selected threads' " : "",
-                  "reads+writes per field, one column = ", FormatDuration(group * bins.width_ns()),
-                  group > 1 ? absl::StrCat(" (", group, " buckets of ", FormatDuration(bins.width_ns()), ")") : "", "\n");
+  absl::StrAppend(
+      &out, "  heatmap: ", v.ThreadFilter() ? "selected threads' " : "",
+      "reads+writes per field, one column = ", FormatDuration(group * bins.width_ns()),
+      group > 1 ? absl::StrCat(" (", group, " buckets of ", FormatDuration(bins.width_ns()), ")")
+                : "",
+      "\n");
   for (size_t i = 0; i < fields.size(); ++i) {
     std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i]].path, label), "  |");
     for (const uint64_t c : cells[i]) {
@@ -324,7 +329,8 @@ constexpr size_t kLastValues = 5;
 
 void TextLastValues(View& v, const std::vector<uint32_t>& fields, std::string& out) {
   const StorageProfile& p = v.Profile();
-  std::vector<std::vector<std::string>> rows = {{"field", "last values written (newest last)", "last written by"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"field", "last values written (newest last)", "last written by"}};
   for (const uint32_t f : fields) {
     std::vector<watch::ValueSample> samples = p.FieldValues(f);
     std::erase_if(samples, [](const watch::ValueSample& s) {
@@ -540,28 +546,6 @@ int TerminalWidth(FILE* out) {
     }
   }
   return 100;
-}
-
-std::string FormatDuration(uint64_t ns) {
-  struct Unit {
-    uint64_t ns;
-    const char* name;
-  };
-  static constexpr std::array<Unit, 3> kUnits = {
-      {{1'000'000'000, "s"}, {1'000'000, "ms"}, {1'000, "us"}}};
-  for (const Unit& u : kUnits) {
-    if (ns >= u.ns) {
-      std::string s = absl::StrFormat("%.3f", static_cast<double>(ns) / static_cast<double>(u.ns));
-      while (s.back() == '0') {
-        s.pop_back();
-      }
-      if (s.back() == '.') {
-        s.pop_back();
-      }
-      return absl::StrCat(s, " ", u.name);
-    }
-  }
-  return absl::StrCat(ns, " ns");
 }
 
 std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,

@@ -92,8 +92,4 @@ struct HeatScale {
 HeatScale MakeHeatScale(uint64_t max, int levels, bool log);
 int HeatLevel(const HeatScale& scale, uint64_t count);
 
-// "0 ns", "900 ns", "1.5 ms", "240 ms", "2.25 s": the largest unit (ns, us, ms, s) not
-// exceeding the value, at most 3 decimals, trailing zeros dropped.
-std::string FormatDuration(uint64_t ns);
-
 }  // namespace kwatch::cli

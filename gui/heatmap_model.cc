@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "gui/field_tree_model.h"
+#include "watch/profile/duration.h"
 #include "watch/profile/false_sharing.h"
 
 namespace kwatch::gui {
@@ -211,8 +212,8 @@ QVariant HeatmapModel::data(const QModelIndex& index, int role) const {
                  "reads %8   writes %9")
           .arg(QString::fromStdString(f.path), QString::fromStdString(f.type_name),
                FieldOffsetText(f), FieldSizeText(f),
-               QString::fromStdString(FormatDuration(ColumnStartNs(col))),
-               QString::fromStdString(FormatDuration(ColumnStartNs(col + 1))), who)
+               QString::fromStdString(watch::FormatDuration(ColumnStartNs(col))),
+               QString::fromStdString(watch::FormatDuration(ColumnStartNs(col + 1))), who)
           .arg(Reads(row, col))
           .arg(Writes(row, col));
     }
@@ -242,7 +243,7 @@ QVariant HeatmapModel::headerData(int section, Qt::Orientation orientation, int 
   }
   switch (role) {
     case Qt::DisplayRole:
-      return QString::fromStdString(FormatDuration(ColumnStartNs(section)));
+      return QString::fromStdString(watch::FormatDuration(ColumnStartNs(section)));
     case kColumnStartNsRole:
       return QVariant::fromValue<quint64>(ColumnStartNs(section));
     default:

@@ -13,6 +13,8 @@
 #include <QToolTip>
 #include <QWheelEvent>
 
+#include "watch/profile/duration.h"
+
 namespace kwatch::gui {
 
 namespace {
@@ -259,7 +261,7 @@ void HeatmapWidget::paintEvent(QPaintEvent* /*event*/) {
   QString what =
       QStringLiteral("%1 per %2, %3, %4   ·   %5, shaded by cache line")
           .arg(ModeText(model_->mode()),
-               QString::fromStdString(FormatDuration(model_->bucket_ns())),
+               QString::fromStdString(watch::FormatDuration(model_->bucket_ns())),
                model_->scale() == Scale::kLog ? tr("log scale") : tr("linear scale"),
                model_->thread().has_value() ? tr("thread %1").arg(*model_->thread())
                                             : tr("all threads"))
@@ -444,7 +446,7 @@ void HeatmapWidget::PaintAxis(QPainter& p, const Geometry& g) const {
   for (uint64_t t = first_tick; t <= t1; t += step) {
     const int x = g.plot.left() + static_cast<int>(std::lround((t - t0) / ns_per_px));
     p.drawLine(x, g.axis.top(), x, g.axis.top() + 4);
-    const QString label = QString::fromStdString(FormatDuration(t));
+    const QString label = QString::fromStdString(watch::FormatDuration(t));
     const int w = fm.horizontalAdvance(label);
     p.drawText(QRect(x - w / 2 - 2, g.axis.top() + 5, w + 4, fm.height()), Qt::AlignCenter, label);
   }

@@ -90,14 +90,7 @@ watch::StorageProfile Shared() {
   return p;
 }
 
-TEST(ProfileReport, FormatDuration) {
-  EXPECT_EQ(FormatDuration(0), "0 ns");
-  EXPECT_EQ(FormatDuration(900), "900 ns");
-  EXPECT_EQ(FormatDuration(1'500'000), "1.5 ms");
-  EXPECT_EQ(FormatDuration(240 * kMs), "240 ms");
-  EXPECT_EQ(FormatDuration(2'250'000'000), "2.25 s");
-  EXPECT_EQ(FormatDuration(1'234'567), "1.235 ms");
-}
+// FormatDuration is watch/profile's: tests/watch/profile/duration_test.cc.
 
 TEST(ProfileReport, HeatScales) {
   const HeatScale lin = MakeHeatScale(16, 4, false);
