@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "watch/profile/duration.h"
+#include "watch/profile/heat_scale.h"
 
 namespace kwatch::cli {
 namespace {
@@ -267,7 +268,8 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
     cells.push_back(std::move(row));
   }
   const int levels = o.color ? 6 : 4;
-  const HeatScale scale = MakeHeatScale(max, levels, o.log_scale);
+  const watch::HeatLevels scale = watch::MakeHeatLevels(
+      max, levels, o.log_scale ? watch::HeatScale::kLog : watch::HeatScale::kLinear);
   auto cell = [&](int level, size_t n) {
     if (level == 0) {
       return std::string(n, ' ');
@@ -291,7 +293,7 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
   for (size_t i = 0; i < fields.size(); ++i) {
     std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i]].path, label), "  |");
     for (const uint64_t c : cells[i]) {
-      line += cell(HeatLevel(scale, c), 1);
+      line += cell(watch::HeatLevel(scale, c), 1);
     }
     absl::StrAppend(&out, line, "|\n");
   }
@@ -504,35 +506,6 @@ std::string CsvCell(const std::string& s) {
 }
 
 }  // namespace
-
-HeatScale MakeHeatScale(uint64_t max, int levels, bool log) {
-  HeatScale s;
-  const auto n = static_cast<uint64_t>(std::max(levels, 1));
-  for (uint64_t l = 1; l <= n; ++l) {
-    uint64_t u = max;
-    if (l < n && log) {
-      const double x =
-          std::pow(static_cast<double>(max), static_cast<double>(l) / static_cast<double>(n));
-      u = std::min(max, static_cast<uint64_t>(std::floor(x + 1e-9)));
-    } else if (l < n) {
-      u = max / n * l + max % n * l / n;  // floor(max * l / n) without overflow
-    }
-    s.upper.push_back(u);
-  }
-  return s;
-}
-
-int HeatLevel(const HeatScale& scale, uint64_t count) {
-  if (count == 0) {
-    return 0;
-  }
-  for (size_t l = 0; l < scale.upper.size(); ++l) {
-    if (count <= scale.upper[l]) {
-      return static_cast<int>(l) + 1;
-    }
-  }
-  return static_cast<int>(scale.upper.size());
-}
 
 int TerminalWidth(FILE* out) {
   winsize ws{};

@@ -39,7 +39,7 @@ struct ReportRenderOptions {
   // text says so). False-sharing findings are shown when one of these threads took part.
   std::vector<pid_t> threads;
   bool color = false;      // text: 256-colour heatmap cells instead of shading blocks
-  bool log_scale = false;  // text: logarithmic heatmap scale (see HeatScale)
+  bool log_scale = false;  // text: logarithmic heatmap scale (watch/profile/heat_scale.h)
   int width = 100;         // text: terminal columns (the heatmap merges time columns to fit)
   size_t top_sites = 5;
   // Command names of the recorded tasks by tid (kernel sessions record them; tid 0 has one
@@ -80,16 +80,5 @@ std::string RenderCsv(const watch::StorageProfile& profile, const SiteNamer& nam
 // Columns of the terminal `out` writes to: its window size when it is one, else $COLUMNS,
 // else 100. Reports fit their heatmaps to it.
 int TerminalWidth(FILE* out);
-
-// The heatmap's count scale: `levels` ranges of counts up to `max`, the darkest ending at max.
-// upper[k] is the largest count drawn at level k+1 (count 0 is level 0, blank; a level whose
-// upper bound does not exceed the previous one is unused): linear, upper[k] =
-// floor(max*(k+1)/levels) (max 16, 4 levels: 1-4, 5-8, 9-12, 13-16); logarithmic, upper[k] =
-// floor(max^((k+1)/levels)) (max 16: 1-2, 3-4, 5-8, 9-16).
-struct HeatScale {
-  std::vector<uint64_t> upper;
-};
-HeatScale MakeHeatScale(uint64_t max, int levels, bool log);
-int HeatLevel(const HeatScale& scale, uint64_t count);
 
 }  // namespace kwatch::cli

@@ -139,11 +139,7 @@ void HeatmapModel::RebuildCells() {
 }
 
 QColor HeatmapModel::CellColor(int row, int column) const {
-  const uint64_t c = Count(row, column);
-  if (c == 0 || max_ == 0) {
-    return EmptyHeatColor();
-  }
-  return HeatColor(static_cast<double>(c) / static_cast<double>(max_), scale_);
+  return HeatColor(Count(row, column), max_, scale_);
 }
 
 int HeatmapModel::RowOf(uint32_t field) const {

@@ -465,11 +465,11 @@ void HeatmapWidget::PaintLegend(QPainter& p, const Geometry& g) const {
   const uint64_t max = model_->max_count();
   const Scale scale = model_->scale();
   // The bar spans the colours in use: from a count of 1 (bottom) to the maximum (top).
-  const double p_min = max > 0 ? ScalePosition(1.0 / static_cast<double>(max), scale) : 0.0;
+  const double p_min = watch::HeatPosition(1, max, scale);
   const auto pos_at = [&](double k) { return p_min + (1.0 - p_min) * k; };
   for (int y = 0; y < bar.height(); ++y) {
     const double pos = pos_at(1.0 - static_cast<double>(y) / (bar.height() - 1));
-    p.setPen(HeatColor(std::max(ScaleFraction(pos, scale), 1e-12), scale));
+    p.setPen(HeatRampColor(pos));
     p.drawLine(bar.left(), bar.top() + y, bar.right(), bar.top() + y);
   }
   p.setPen(QColor(120, 120, 120));
@@ -481,9 +481,7 @@ void HeatmapWidget::PaintLegend(QPainter& p, const Geometry& g) const {
   uint64_t prev = 0;
   for (int k = 0; k <= 4 && max > 0; ++k) {
     const double pos = pos_at(k / 4.0);
-    const uint64_t v = k == 0 ? 1
-                              : static_cast<uint64_t>(std::llround(ScaleFraction(pos, scale) *
-                                                                   static_cast<double>(max)));
+    const uint64_t v = k == 0 ? 1 : watch::HeatCountAt(pos, max, scale);
     if (v <= prev) {
       continue;
     }
