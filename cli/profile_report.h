@@ -27,7 +27,8 @@ struct SiteName {
 // function shows bare addresses.
 using SiteNamer = std::function<SiteName(core::RemoteAddr ip)>;
 
-// How to render a profile (which events went into it is the caller's choice).
+// How to render a profile (which events went into it is the caller's choice). The rows come
+// from watch::BuildReportRows (watch/profile/report_rows.h); this file only formats them.
 struct ReportRenderOptions {
   // Fields shown: those whose path contains `field_filter` ("" = all) and, when `path_prefix`
   // is set, whose path is it or continues it with a member or element ("g.lines" keeps

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "gui/field_tree_model.h"
 #include "watch/profile/duration.h"
 #include "watch/profile/false_sharing.h"
+#include "watch/profile/report_rows.h"
 
 namespace kwatch::gui {
 
@@ -97,26 +99,17 @@ void HeatmapModel::RebuildCells() {
   if (p == nullptr || n == 0) {
     return;
   }
-  uint32_t thread = watch::StorageProfile::kNone;
-  if (tid_.has_value()) {
-    thread = p->ThreadIndex(*tid_);
-    if (thread == watch::StorageProfile::kNone) {
-      return;  // the thread touched nothing in this recording
-    }
-  }
+  // The report model's per-field heat, for one thread or all (a thread that touched nothing in
+  // this recording selects nothing: all zeros).
+  const watch::ThreadSelection threads(
+      *p, tid_.has_value() ? std::vector<pid_t>{*tid_} : std::vector<pid_t>{});
   for (size_t row = 0; row < fields_.size(); ++row) {
     const uint32_t f = fields_[row];
     const size_t base = row * static_cast<size_t>(columns_);
     const auto copy = [&](bool writes, std::vector<uint64_t>& out) {
-      if (thread == watch::StorageProfile::kNone) {
-        const absl::Span<const uint64_t> bins = p->FieldBins(f, writes);
-        std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
-                    out.begin() + static_cast<ptrdiff_t>(base));
-      } else {
-        const std::vector<uint64_t> bins = p->ThreadFieldBins(thread, f, writes);
-        std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
-                    out.begin() + static_cast<ptrdiff_t>(base));
-      }
+      const std::vector<uint64_t> bins = threads.FieldHeat(f, writes);
+      std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
+                  out.begin() + static_cast<ptrdiff_t>(base));
     };
     copy(false, reads_);
     copy(true, writes_);
