@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "watch/profile/heat_scale.h"
 
 namespace kwatch::cli {
 
@@ -49,26 +50,11 @@ void Text(cairo_t* cr, double x, double y, const std::string& s, double size, bo
   cairo_show_text(cr, s.c_str());
 }
 
-std::string Seconds(uint64_t ns) { return absl::StrFormat("%.3gs", static_cast<double>(ns) / 1e9); }
+std::string Seconds(uint64_t ns) {
+  return absl::StrFormat("%.3gs", static_cast<double>(ns) / 1e9);
+}
 
 }  // namespace
-
-uint32_t HeatRamp(double t) {
-  t = std::clamp(t, 0.0, 1.0);
-  // Stops of the ramp: dark blue, purple, red, orange, pale yellow.
-  static constexpr uint32_t kStops[] = {0x1b1f5c, 0x6a1b8a, 0xc8283c, 0xf28b1e, 0xfff3a6};
-  constexpr int kN = static_cast<int>(std::size(kStops)) - 1;
-  const double pos = t * kN;
-  const int i = std::min(static_cast<int>(pos), kN - 1);
-  const double f = pos - i;
-  uint32_t out = 0;
-  for (int shift = 16; shift >= 0; shift -= 8) {
-    const double a = (kStops[i] >> shift) & 0xff;
-    const double b = (kStops[i + 1] >> shift) & 0xff;
-    out |= static_cast<uint32_t>(std::lround(a + (b - a) * f)) << shift;
-  }
-  return out;
-}
 
 absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std::string& subtitle,
                              bool log_scale, const std::string& path) {
@@ -80,8 +66,8 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
     for (uint64_t c : p.counts) {
       max_count = std::max(max_count, c);
     }
-    height += kTitleHeight + kRowHeight * static_cast<double>(p.rows.size()) + kAxisHeight +
-              kPanelGap;
+    height +=
+        kTitleHeight + kRowHeight * static_cast<double>(p.rows.size()) + kAxisHeight + kPanelGap;
   }
   const double cell_w = std::clamp(kMaxPlotWidth / static_cast<double>(max_cols), 2.0, 24.0);
   const double plot_w = cell_w * static_cast<double>(max_cols);
@@ -95,13 +81,7 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
   SetRgb(cr, 0xffffff);
   cairo_paint(cr);
 
-  auto scale = [&](uint64_t n) {
-    if (max_count == 0 || n == 0) {
-      return 0.0;
-    }
-    return log_scale ? std::log1p(static_cast<double>(n)) / std::log1p(static_cast<double>(max_count))
-                     : static_cast<double>(n) / static_cast<double>(max_count);
-  };
+  const watch::HeatScale scale = log_scale ? watch::HeatScale::kLog : watch::HeatScale::kLinear;
 
   double y = kMargin;
   SetRgb(cr, 0x202020);
@@ -128,7 +108,7 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
       Text(cr, x0 - 8, ry + 12, label, 11, false, /*right=*/true);
       for (size_t c = 0; c < p.columns; ++c) {
         const uint64_t n = p.counts[r * p.columns + c];
-        SetRgb(cr, n == 0 ? 0xf2f2f2 : HeatRamp(0.08 + 0.92 * scale(n)));
+        SetRgb(cr, watch::HeatRgb(n, max_count, scale));
         cairo_rectangle(cr, x0 + cell_w * static_cast<double>(c), ry, cell_w, kRowHeight - 1);
         cairo_fill(cr);
       }
@@ -152,18 +132,19 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
       cairo_move_to(cr, fx, y + 1);
       cairo_line_to(cr, fx, y + 6);
       cairo_stroke(cr);
-      const uint64_t ns = p.start_ns + static_cast<uint64_t>(static_cast<double>(p.columns) *
-                                                             static_cast<double>(p.bucket_ns) *
-                                                             t / 4.0);
+      const uint64_t ns =
+          p.start_ns + static_cast<uint64_t>(static_cast<double>(p.columns) *
+                                             static_cast<double>(p.bucket_ns) * t / 4.0);
       Text(cr, fx - 12, y + 18, Seconds(ns), 10);
     }
     Text(cr, kMargin, y + 18, absl::StrCat("bucket ", Seconds(p.bucket_ns)), 10);
     y += kAxisHeight + kPanelGap;
   }
-  // Legend.
+  // Legend: the ramp from a count of 1 (left) to the maximum (right).
   const double lw = std::min(plot_w, 300.0);
+  const double p_min = watch::HeatPosition(1, max_count, scale);
   for (int i = 0; i < 100; ++i) {
-    SetRgb(cr, HeatRamp(0.08 + 0.92 * i / 99.0));
+    SetRgb(cr, watch::HeatRampRgb(p_min + (1.0 - p_min) * i / 99.0));
     cairo_rectangle(cr, x0 + lw * i / 100.0, y, lw / 100.0 + 0.5, 12);
     cairo_fill(cr);
   }
@@ -172,7 +153,7 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
        false, true);
   Text(cr, x0, y + 26, "1", 10);
   Text(cr, x0 + lw, y + 26, absl::StrCat(max_count), 10, false, true);
-  SetRgb(cr, 0xf2f2f2);
+  SetRgb(cr, watch::kEmptyHeatRgb);
   cairo_rectangle(cr, x0 + lw + 20, y, 12, 12);
   cairo_fill(cr);
   SetRgb(cr, 0x303030);

@@ -19,13 +19,11 @@ struct HeatmapPanel {
   std::vector<uint64_t> counts;  // rows.size() * columns, row-major
 };
 
-// Colour of a normalised intensity t in [0, 1] on kwatch's heat ramp (dark blue through
-// red to pale yellow), as 0xRRGGBB; 0 is the background of an empty cell.
-uint32_t HeatRamp(double t);
-
 // Writes the panels, one under the other, with field labels, a time axis in seconds, cache
-// line separators and a legend, as a PNG (cairo, no display needed). `log_scale` maps counts
-// through log(1+n). Errors name the path.
+// line separators and a legend, as a PNG (cairo, no display needed). Cells are coloured by
+// kwatch's one heat scale (watch/profile/heat_scale.h: watch::HeatRgb of the cell's count, the
+// largest count of all panels, and linear or, with `log_scale`, log), as kwatch-gui colours
+// them. Errors name the path.
 absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std::string& subtitle,
                              bool log_scale, const std::string& path);
 

@@ -3,9 +3,9 @@
 #include <sys/ioctl.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -15,12 +15,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "watch/profile/duration.h"
+#include "watch/profile/heat_scale.h"
+#include "watch/profile/report_rows.h"
 
 namespace kwatch::cli {
 namespace {
 
 using Json = nlohmann::json;
 using watch::FieldInfo;
+using watch::FormatDuration;
 using watch::RwCounts;
 using watch::SiteCount;
 using watch::StorageProfile;
@@ -50,97 +54,23 @@ size_t Columns(const std::string& s) {
   return n;
 }
 
-// What the options select from the profile, with the counts they imply.
+// The report rows of a profile under the options, and the names of its sites (each site
+// named once per rendering).
 class View {
  public:
   View(const StorageProfile& p, const SiteNamer& namer, const ReportRenderOptions& o)
-      : p_(p), namer_(namer), o_(o), thread_on_(p.threads().size(), o.threads.empty()) {
-    for (const pid_t tid : o.threads) {
-      const uint32_t t = p.ThreadIndex(tid);
-      if (t != StorageProfile::kNone) {
-        thread_on_[t] = true;
-      }
-    }
-  }
+      : p_(p),
+        namer_(namer),
+        o_(o),
+        rows_(watch::BuildReportRows(p, watch::ReportSelection{.field_filter = o.field_filter,
+                                                               .path_prefix = o.path_prefix,
+                                                               .threads = o.threads,
+                                                               .top_sites = o.top_sites})) {}
 
   const StorageProfile& Profile() const { return p_; }
   const ReportRenderOptions& Options() const { return o_; }
+  const watch::ReportRows& Rows() const { return rows_; }
   bool ThreadFilter() const { return !o_.threads.empty(); }
-  bool ThreadShown(uint32_t t) const { return thread_on_[t]; }
-
-  bool FieldShown(uint32_t f) const {
-    const std::string& path = p_.fields()[f].path;
-    if (!o_.field_filter.empty() && !absl::StrContains(path, o_.field_filter)) {
-      return false;
-    }
-    if (!o_.path_prefix.empty()) {
-      if (!absl::StartsWith(path, o_.path_prefix)) {
-        return false;
-      }
-      const size_t n = o_.path_prefix.size();
-      if (path.size() > n && path[n] != '.' && path[n] != '[' && path.compare(n, 2, "->") != 0) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  std::vector<uint32_t> Fields(uint32_t obj) const {
-    std::vector<uint32_t> out;
-    const auto [begin, end] = p_.FieldRange(obj);
-    for (uint32_t f = begin; f < end; ++f) {
-      if (FieldShown(f)) {
-        out.push_back(f);
-      }
-    }
-    return out;
-  }
-
-  RwCounts Counts(uint32_t f) const {
-    if (!ThreadFilter()) {
-      return p_.field_counts(f);
-    }
-    RwCounts c;
-    for (uint32_t t = 0; t < thread_on_.size(); ++t) {
-      if (thread_on_[t]) {
-        c += p_.ThreadFieldCounts(t, f);
-      }
-    }
-    return c;
-  }
-
-  uint32_t Threads(uint32_t f) const {
-    uint32_t n = 0;
-    for (uint32_t t = 0; t < thread_on_.size(); ++t) {
-      n += thread_on_[t] && p_.ThreadFieldCounts(t, f).total() > 0 ? 1 : 0;
-    }
-    return n;
-  }
-
-  // Per time column: reads, writes or both.
-  std::vector<uint64_t> Heat(uint32_t f, bool reads, bool writes) const {
-    std::vector<uint64_t> out(p_.bins().columns(), 0);
-    auto add = [&out](const auto& row) {
-      for (size_t c = 0; c < out.size(); ++c) {
-        out[c] += row[c];
-      }
-    };
-    for (const bool w : {false, true}) {
-      if ((w && !writes) || (!w && !reads)) {
-        continue;
-      }
-      if (!ThreadFilter()) {
-        add(p_.FieldBins(f, w));
-        continue;
-      }
-      for (uint32_t t = 0; t < thread_on_.size(); ++t) {
-        if (thread_on_[t]) {
-          add(p_.ThreadFieldBins(t, f, w));
-        }
-      }
-    }
-    return out;
-  }
 
   const SiteName& Locate(core::RemoteAddr ip) {
     auto it = names_.find(ip);
@@ -170,24 +100,11 @@ class View {
                 {"reads", s.counts.reads}, {"writes", s.counts.writes}};
   }
 
-  // Findings involving a shown thread.
-  std::vector<watch::FalseSharingFinding> FalseSharing() const {
-    std::vector<watch::FalseSharingFinding> out;
-    for (auto& f : p_.FalseSharing(o_.top_sites)) {
-      const bool shown = std::any_of(f.threads.begin(), f.threads.end(),
-                                     [&](const auto& tw) { return thread_on_[tw.thread]; });
-      if (shown) {
-        out.push_back(std::move(f));
-      }
-    }
-    return out;
-  }
-
  private:
   const StorageProfile& p_;
   const SiteNamer& namer_;
   const ReportRenderOptions& o_;
-  std::vector<bool> thread_on_;
+  watch::ReportRows rows_;
   absl::flat_hash_map<core::RemoteAddr, SiteName> names_;
 };
 
@@ -197,12 +114,11 @@ std::string OffsetText(const FieldInfo& f) {
 std::string SizeText(const FieldInfo& f) {
   return f.bit_size > 0 ? absl::StrCat(f.bit_size, "b") : absl::StrCat(f.size);
 }
-std::string TopSiteText(View& v, uint32_t f) {
-  const std::vector<SiteCount> sites = v.Profile().FieldSites(f);
-  if (!sites.empty()) {
-    return v.Name(sites[0].ip);
+std::string TopSiteText(View& v, const watch::FieldRow& r) {
+  if (!r.sites.empty()) {
+    return v.Name(r.sites[0].ip);
   }
-  return v.Profile().FieldOtherSites(f).total() > 0 ? "(other)" : "-";
+  return r.other_sites.total() > 0 ? "(other)" : "-";
 }
 
 // Rows as aligned columns two spaces apart: align[c] is 'l' (left) or 'r' (right); the last
@@ -235,7 +151,7 @@ std::string Table(const std::vector<std::vector<std::string>>& rows, const std::
   return out;
 }
 
-void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out) {
+void TextHeatmap(View& v, const std::vector<watch::FieldRow>& fields, std::string& out) {
   const StorageProfile& p = v.Profile();
   const watch::TimeBins& bins = p.bins();
   const ReportRenderOptions& o = v.Options();
@@ -244,8 +160,8 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
     return;
   }
   size_t label = 0;
-  for (const uint32_t f : fields) {
-    label = std::max(label, Columns(p.fields()[f].path));
+  for (const watch::FieldRow& f : fields) {
+    label = std::max(label, Columns(p.fields()[f.field].path));
   }
   const size_t prefix = 2 + label + 2;
   const size_t avail = std::max<size_t>(10, static_cast<size_t>(std::max(o.width, 0)) > prefix + 1
@@ -255,17 +171,17 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
   const size_t ncols = (bins.columns() + group - 1) / group;
   std::vector<std::vector<uint64_t>> cells;
   uint64_t max = 0;
-  for (const uint32_t f : fields) {
-    const std::vector<uint64_t> heat = v.Heat(f, true, true);
+  for (const watch::FieldRow& f : fields) {
     std::vector<uint64_t> row(ncols, 0);
-    for (size_t c = 0; c < heat.size(); ++c) {
-      row[c / group] += heat[c];
+    for (size_t c = 0; c < f.reads.size(); ++c) {
+      row[c / group] += f.reads[c] + f.writes[c];
     }
     max = std::max(max, *std::max_element(row.begin(), row.end()));
     cells.push_back(std::move(row));
   }
   const int levels = o.color ? 6 : 4;
-  const HeatScale scale = MakeHeatScale(max, levels, o.log_scale);
+  const watch::HeatLevels scale = watch::MakeHeatLevels(
+      max, levels, o.log_scale ? watch::HeatScale::kLog : watch::HeatScale::kLinear);
   auto cell = [&](int level, size_t n) {
     if (level == 0) {
       return std::string(n, ' ');
@@ -280,13 +196,16 @@ void TextHeatmap(View& v, const std::vector<uint32_t>& fields, std::string& out)
     }
     return s;
   };
-  absl::StrAppend(&out, "  heatmap: ", v.ThreadFilter() ? "selected threads' " : "",
-                  "reads+writes per field, one column = ", FormatDuration(group * bins.width_ns()),
-                  group > 1 ? absl::StrCat(" (", group, " buckets of ", FormatDuration(bins.width_ns()), ")") : "", "\n");
+  absl::StrAppend(
+      &out, "  heatmap: ", v.ThreadFilter() ? "selected threads' " : "",
+      "reads+writes per field, one column = ", FormatDuration(group * bins.width_ns()),
+      group > 1 ? absl::StrCat(" (", group, " buckets of ", FormatDuration(bins.width_ns()), ")")
+                : "",
+      "\n");
   for (size_t i = 0; i < fields.size(); ++i) {
-    std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i]].path, label), "  |");
+    std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i].field].path, label), "  |");
     for (const uint64_t c : cells[i]) {
-      line += cell(HeatLevel(scale, c), 1);
+      line += cell(watch::HeatLevel(scale, c), 1);
     }
     absl::StrAppend(&out, line, "|\n");
   }
@@ -322,10 +241,12 @@ std::string ValueText(const watch::ValueSample& s) {
 
 constexpr size_t kLastValues = 5;
 
-void TextLastValues(View& v, const std::vector<uint32_t>& fields, std::string& out) {
+void TextLastValues(View& v, const std::vector<watch::FieldRow>& fields, std::string& out) {
   const StorageProfile& p = v.Profile();
-  std::vector<std::vector<std::string>> rows = {{"field", "last values written (newest last)", "last written by"}};
-  for (const uint32_t f : fields) {
+  std::vector<std::vector<std::string>> rows = {
+      {"field", "last values written (newest last)", "last written by"}};
+  for (const watch::FieldRow& row : fields) {
+    const uint32_t f = row.field;
     std::vector<watch::ValueSample> samples = p.FieldValues(f);
     std::erase_if(samples, [](const watch::ValueSample& s) {
       return s.kind != core::AccessKind::kWrite || !s.exact;
@@ -347,10 +268,11 @@ void TextLastValues(View& v, const std::vector<uint32_t>& fields, std::string& o
   }
 }
 
-void TextWatch(View& v, uint32_t obj, std::string& out) {
+void TextWatch(View& v, const watch::WatchRows& w, std::string& out) {
   const StorageProfile& p = v.Profile();
+  const uint32_t obj = w.object;
   const watch::WatchedObject& o = p.objects()[obj];
-  const std::vector<uint32_t> fields = v.Fields(obj);
+  const std::vector<watch::FieldRow>& fields = w.fields;
   const bool filtered = !v.Options().field_filter.empty() || !v.Options().path_prefix.empty();
   if (fields.empty() && filtered) {
     return;
@@ -369,56 +291,42 @@ void TextWatch(View& v, uint32_t obj, std::string& out) {
   absl::StrAppend(&out, "\n");
   std::vector<std::vector<std::string>> rows = {
       {"field", "offset", "size", "reads", "writes", "threads", "top site"}};
-  for (const uint32_t f : fields) {
-    const FieldInfo& fi = p.fields()[f];
-    const RwCounts c = v.Counts(f);
-    rows.push_back({fi.path, OffsetText(fi), SizeText(fi), absl::StrCat(c.reads),
-                    absl::StrCat(c.writes), absl::StrCat(v.Threads(f)), TopSiteText(v, f)});
+  for (const watch::FieldRow& f : fields) {
+    const FieldInfo& fi = p.fields()[f.field];
+    rows.push_back({fi.path, OffsetText(fi), SizeText(fi), absl::StrCat(f.counts.reads),
+                    absl::StrCat(f.counts.writes), absl::StrCat(f.threads), TopSiteText(v, f)});
   }
   absl::StrAppend(&out, Table(rows, "lrrrrrl", "  "));
   TextHeatmap(v, fields, out);
 
-  // Top sites of the watch, with the shown fields each touched.
-  absl::flat_hash_map<core::RemoteAddr, std::vector<std::string>> site_fields;
-  for (const uint32_t f : fields) {
-    for (const SiteCount& s : p.FieldSites(f)) {
-      site_fields[s.ip].push_back(p.fields()[f].path);
-    }
-  }
-  std::vector<SiteCount> sites;
-  for (const SiteCount& s : p.ObjectSites(obj)) {
-    if (site_fields.contains(s.ip) && sites.size() < v.Options().top_sites) {
-      sites.push_back(s);
-    }
-  }
+  // Top sites of the watch that touched a shown field, with the shown fields each touched.
   absl::StrAppend(&out, "  top sites", v.ThreadFilter() ? " (all threads)" : "", ":\n");
   rows = {{"reads", "writes", "site"}};
-  for (const SiteCount& s : sites) {
-    rows.push_back({absl::StrCat(s.counts.reads), absl::StrCat(s.counts.writes),
-                    absl::StrCat(v.Name(s.ip), ": ", absl::StrJoin(site_fields[s.ip], ", "))});
+  size_t sites = 0;
+  for (const watch::SiteRow& s : w.sites) {
+    if (s.fields.empty() || sites >= v.Options().top_sites) {
+      continue;
+    }
+    ++sites;
+    std::vector<std::string> paths;
+    for (const uint32_t f : s.fields) {
+      paths.push_back(p.fields()[f].path);
+    }
+    rows.push_back({absl::StrCat(s.site.counts.reads), absl::StrCat(s.site.counts.writes),
+                    absl::StrCat(v.Name(s.site.ip), ": ", absl::StrJoin(paths, ", "))});
   }
-  absl::StrAppend(&out, sites.empty() ? "    none\n" : Table(rows, "rrl", "    "));
+  absl::StrAppend(&out, sites == 0 ? "    none\n" : Table(rows, "rrl", "    "));
   TextLastValues(v, fields, out);
 
   absl::StrAppend(&out, "  threads:\n");
   bool any = false;
-  for (uint32_t t = 0; t < p.threads().size(); ++t) {
-    if (!v.ThreadShown(t)) {
-      continue;
+  for (const watch::ThreadRow& t : w.threads) {
+    std::vector<std::vector<std::string>> trows = {{"field", "reads", "writes"}};
+    for (const auto& [f, c] : t.fields) {
+      trows.push_back({p.fields()[f].path, absl::StrCat(c.reads), absl::StrCat(c.writes)});
     }
-    std::vector<std::vector<std::string>> trows;
-    for (const uint32_t f : fields) {
-      const RwCounts& c = p.ThreadFieldCounts(t, f);
-      if (c.total() > 0) {
-        trows.push_back({p.fields()[f].path, absl::StrCat(c.reads), absl::StrCat(c.writes)});
-      }
-    }
-    if (trows.empty()) {
-      continue;
-    }
-    trows.insert(trows.begin(), {"field", "reads", "writes"});
     any = true;
-    const watch::ThreadInfo& ti = p.threads()[t];
+    const watch::ThreadInfo& ti = p.threads()[t.thread];
     const auto names = v.Options().task_names.find(ti.tid);
     absl::StrAppend(&out, "    tid ", ti.tid, " (pid ", ti.pid,
                     names == v.Options().task_names.end()
@@ -433,7 +341,7 @@ void TextWatch(View& v, uint32_t obj, std::string& out) {
 
 void TextFalseSharing(View& v, std::string& out) {
   const StorageProfile& p = v.Profile();
-  const std::vector<watch::FalseSharingFinding> found = v.FalseSharing();
+  const std::vector<watch::FalseSharingFinding>& found = v.Rows().false_sharing;
   absl::StrAppend(&out,
                   "\nfalse sharing (threads writing disjoint bytes of one 64-byte line within ",
                   FormatDuration(p.options().false_sharing_window_ns), "):\n");
@@ -499,35 +407,6 @@ std::string CsvCell(const std::string& s) {
 
 }  // namespace
 
-HeatScale MakeHeatScale(uint64_t max, int levels, bool log) {
-  HeatScale s;
-  const auto n = static_cast<uint64_t>(std::max(levels, 1));
-  for (uint64_t l = 1; l <= n; ++l) {
-    uint64_t u = max;
-    if (l < n && log) {
-      const double x =
-          std::pow(static_cast<double>(max), static_cast<double>(l) / static_cast<double>(n));
-      u = std::min(max, static_cast<uint64_t>(std::floor(x + 1e-9)));
-    } else if (l < n) {
-      u = max / n * l + max % n * l / n;  // floor(max * l / n) without overflow
-    }
-    s.upper.push_back(u);
-  }
-  return s;
-}
-
-int HeatLevel(const HeatScale& scale, uint64_t count) {
-  if (count == 0) {
-    return 0;
-  }
-  for (size_t l = 0; l < scale.upper.size(); ++l) {
-    if (count <= scale.upper[l]) {
-      return static_cast<int>(l) + 1;
-    }
-  }
-  return static_cast<int>(scale.upper.size());
-}
-
 int TerminalWidth(FILE* out) {
   winsize ws{};
   if (ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) {
@@ -540,28 +419,6 @@ int TerminalWidth(FILE* out) {
     }
   }
   return 100;
-}
-
-std::string FormatDuration(uint64_t ns) {
-  struct Unit {
-    uint64_t ns;
-    const char* name;
-  };
-  static constexpr std::array<Unit, 3> kUnits = {
-      {{1'000'000'000, "s"}, {1'000'000, "ms"}, {1'000, "us"}}};
-  for (const Unit& u : kUnits) {
-    if (ns >= u.ns) {
-      std::string s = absl::StrFormat("%.3f", static_cast<double>(ns) / static_cast<double>(u.ns));
-      while (s.back() == '0') {
-        s.pop_back();
-      }
-      if (s.back() == '.') {
-        s.pop_back();
-      }
-      return absl::StrCat(s, " ", u.name);
-    }
-  }
-  return absl::StrCat(ns, " ns");
 }
 
 std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
@@ -578,8 +435,8 @@ std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
                     FormatDuration(profile.last_ns() - profile.options().start_ns),
                     " after the start\n");
   }
-  for (uint32_t obj = 0; obj < profile.objects().size(); ++obj) {
-    TextWatch(v, obj, out);
+  for (const watch::WatchRows& w : v.Rows().watches) {
+    TextWatch(v, w, out);
   }
   TextFalseSharing(v, out);
   return out;
@@ -618,10 +475,10 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
             {"ignored_events", profile.ignored_events()},
             {"duration_ns", profile.last_ns() > start ? profile.last_ns() - start : 0}};
   Json watches = Json::array();
-  for (uint32_t obj = 0; obj < profile.objects().size(); ++obj) {
+  for (const watch::WatchRows& w : v.Rows().watches) {
+    const uint32_t obj = w.object;
     const watch::WatchedObject& o = profile.objects()[obj];
     const watch::ObjectStats& st = profile.object_stats(obj);
-    const std::vector<uint32_t> fields = v.Fields(obj);
     Json jw{{"id", o.id},
             {"expr", o.expr},
             {"address", Hex(o.addr.value)},
@@ -632,16 +489,17 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
             {"unattributed", st.unattributed}};
     Json jfields = Json::array();
     Json rows = Json::array();
-    for (const uint32_t f : fields) {
+    for (const watch::FieldRow& r : w.fields) {
+      const uint32_t f = r.field;
       const FieldInfo& fi = profile.fields()[f];
-      const RwCounts c = v.Counts(f);
+      const RwCounts& c = r.counts;
       Json sites = Json::array();
-      for (const SiteCount& s : profile.FieldSites(f)) {
+      for (const SiteCount& s : r.sites) {
         if (sites.size() < opts.top_sites) {
           sites.push_back(v.SiteJson(s));
         }
       }
-      const RwCounts& other = profile.FieldOtherSites(f);
+      const RwCounts& other = r.other_sites;
       jfields.push_back(Json{{"path", fi.path},
                              {"type", fi.type_name},
                              {"offset", fi.offset},
@@ -650,13 +508,11 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
                              {"bit_size", fi.bit_size},
                              {"reads", c.reads},
                              {"writes", c.writes},
-                             {"threads", v.Threads(f)},
+                             {"threads", r.threads},
                              {"top_sites", std::move(sites)},
                              {"other_sites", {{"reads", other.reads}, {"writes", other.writes}}},
                              {"last_values", LastValuesJson(profile, f, v.Options().top_sites)}});
-      rows.push_back(Json{{"path", fi.path},
-                          {"reads", v.Heat(f, true, false)},
-                          {"writes", v.Heat(f, false, true)}});
+      rows.push_back(Json{{"path", fi.path}, {"reads", r.reads}, {"writes", r.writes}});
     }
     jw["fields"] = std::move(jfields);
     const watch::TimeBins& bins = profile.bins();
@@ -665,38 +521,28 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
                          {"columns", bins.columns()},
                          {"rows", std::move(rows)}};
     Json threads = Json::array();
-    for (uint32_t t = 0; t < profile.threads().size(); ++t) {
-      if (!v.ThreadShown(t)) {
-        continue;
-      }
-      RwCounts total;
+    for (const watch::ThreadRow& t : w.threads) {
       Json tf = Json::array();
-      for (const uint32_t f : fields) {
-        const RwCounts& c = profile.ThreadFieldCounts(t, f);
-        if (c.total() > 0) {
-          total += c;
-          tf.push_back(
-              Json{{"path", profile.fields()[f].path}, {"reads", c.reads}, {"writes", c.writes}});
-        }
+      for (const auto& [f, c] : t.fields) {
+        tf.push_back(
+            Json{{"path", profile.fields()[f].path}, {"reads", c.reads}, {"writes", c.writes}});
       }
-      if (!tf.empty()) {
-        const watch::ThreadInfo& ti = profile.threads()[t];
-        Json th{{"tid", ti.tid},
-                {"pid", ti.pid},
-                {"reads", total.reads},
-                {"writes", total.writes},
-                {"fields", std::move(tf)}};
-        if (auto names = opts.task_names.find(ti.tid); names != opts.task_names.end()) {
-          th["comm"] = absl::StrJoin(names->second, ", ");
-        }
-        threads.push_back(std::move(th));
+      const watch::ThreadInfo& ti = profile.threads()[t.thread];
+      Json th{{"tid", ti.tid},
+              {"pid", ti.pid},
+              {"reads", t.total.reads},
+              {"writes", t.total.writes},
+              {"fields", std::move(tf)}};
+      if (auto names = opts.task_names.find(ti.tid); names != opts.task_names.end()) {
+        th["comm"] = absl::StrJoin(names->second, ", ");
       }
+      threads.push_back(std::move(th));
     }
     jw["threads"] = std::move(threads);
     Json top = Json::array();
-    for (const SiteCount& s : profile.ObjectSites(obj)) {
+    for (const watch::SiteRow& s : w.sites) {
       if (top.size() < opts.top_sites) {
-        top.push_back(v.SiteJson(s));
+        top.push_back(v.SiteJson(s.site));
       }
     }
     jw["top_sites"] = std::move(top);
@@ -704,7 +550,7 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
   }
   root["watches"] = std::move(watches);
   Json fs = Json::array();
-  for (const auto& f : v.FalseSharing()) {
+  for (const auto& f : v.Rows().false_sharing) {
     Json jf{{"line", Hex(f.addr.value)},
             {"false_transfers", f.false_transfers},
             {"true_transfers", f.true_transfers},
@@ -750,18 +596,18 @@ std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
                       const ReportRenderOptions& opts) {
   View v(profile, namer, opts);
   std::string out = "watch,field,offset,size,reads,writes,threads,top_site\n";
-  for (uint32_t obj = 0; obj < profile.objects().size(); ++obj) {
-    for (const uint32_t f : v.Fields(obj)) {
-      const FieldInfo& fi = profile.fields()[f];
-      const RwCounts c = v.Counts(f);
-      const std::vector<std::string> cells = {profile.objects()[obj].expr,
+  for (const watch::WatchRows& w : v.Rows().watches) {
+    for (const watch::FieldRow& r : w.fields) {
+      const FieldInfo& fi = profile.fields()[r.field];
+      const RwCounts& c = r.counts;
+      const std::vector<std::string> cells = {profile.objects()[w.object].expr,
                                               fi.path,
                                               OffsetText(fi),
                                               SizeText(fi),
                                               absl::StrCat(c.reads),
                                               absl::StrCat(c.writes),
-                                              absl::StrCat(v.Threads(f)),
-                                              TopSiteText(v, f)};
+                                              absl::StrCat(r.threads),
+                                              TopSiteText(v, r)};
       std::vector<std::string> quoted;
       quoted.reserve(cells.size());
       for (const std::string& s : cells) {

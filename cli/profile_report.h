@@ -27,7 +27,8 @@ struct SiteName {
 // function shows bare addresses.
 using SiteNamer = std::function<SiteName(core::RemoteAddr ip)>;
 
-// How to render a profile (which events went into it is the caller's choice).
+// How to render a profile (which events went into it is the caller's choice). The rows come
+// from watch::BuildReportRows (watch/profile/report_rows.h); this file only formats them.
 struct ReportRenderOptions {
   // Fields shown: those whose path contains `field_filter` ("" = all) and, when `path_prefix`
   // is set, whose path is it or continues it with a member or element ("g.lines" keeps
@@ -39,7 +40,7 @@ struct ReportRenderOptions {
   // text says so). False-sharing findings are shown when one of these threads took part.
   std::vector<pid_t> threads;
   bool color = false;      // text: 256-colour heatmap cells instead of shading blocks
-  bool log_scale = false;  // text: logarithmic heatmap scale (see HeatScale)
+  bool log_scale = false;  // text: logarithmic heatmap scale (watch/profile/heat_scale.h)
   int width = 100;         // text: terminal columns (the heatmap merges time columns to fit)
   size_t top_sites = 5;
   // Command names of the recorded tasks by tid (kernel sessions record them; tid 0 has one
@@ -80,20 +81,5 @@ std::string RenderCsv(const watch::StorageProfile& profile, const SiteNamer& nam
 // Columns of the terminal `out` writes to: its window size when it is one, else $COLUMNS,
 // else 100. Reports fit their heatmaps to it.
 int TerminalWidth(FILE* out);
-
-// The heatmap's count scale: `levels` ranges of counts up to `max`, the darkest ending at max.
-// upper[k] is the largest count drawn at level k+1 (count 0 is level 0, blank; a level whose
-// upper bound does not exceed the previous one is unused): linear, upper[k] =
-// floor(max*(k+1)/levels) (max 16, 4 levels: 1-4, 5-8, 9-12, 13-16); logarithmic, upper[k] =
-// floor(max^((k+1)/levels)) (max 16: 1-2, 3-4, 5-8, 9-16).
-struct HeatScale {
-  std::vector<uint64_t> upper;
-};
-HeatScale MakeHeatScale(uint64_t max, int levels, bool log);
-int HeatLevel(const HeatScale& scale, uint64_t count);
-
-// "0 ns", "900 ns", "1.5 ms", "240 ms", "2.25 s": the largest unit (ns, us, ms, s) not
-// exceeding the value, at most 3 decimals, trailing zeros dropped.
-std::string FormatDuration(uint64_t ns);
 
 }  // namespace kwatch::cli

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "gui/field_tree_model.h"
+#include "watch/profile/duration.h"
 
 namespace kwatch::gui {
 
@@ -84,16 +85,17 @@ QString CacheLineModel::Evidence(const Row& r) const {
   }
   const watch::FalseSharingFinding& f = *r.finding;
   const uint64_t start = snap_->session.start_mono_ns;
-  QString text =
-      QStringLiteral(
-          "FALSE SHARING on line 0x%1: %2 writes by one thread followed by "
-          "a write to other bytes by another (%3 to the same bytes), from "
-          "%4 to %5 after start.\n")
-          .arg(f.addr.value, 0, 16)
-          .arg(f.false_transfers)
-          .arg(f.true_transfers)
-          .arg(QString::fromStdString(FormatDuration(f.first_ns > start ? f.first_ns - start : 0)),
-               QString::fromStdString(FormatDuration(f.last_ns > start ? f.last_ns - start : 0)));
+  QString text = QStringLiteral(
+                     "FALSE SHARING on line 0x%1: %2 writes by one thread followed by "
+                     "a write to other bytes by another (%3 to the same bytes), from "
+                     "%4 to %5 after start.\n")
+                     .arg(f.addr.value, 0, 16)
+                     .arg(f.false_transfers)
+                     .arg(f.true_transfers)
+                     .arg(QString::fromStdString(
+                              watch::FormatDuration(f.first_ns > start ? f.first_ns - start : 0)),
+                          QString::fromStdString(
+                              watch::FormatDuration(f.last_ns > start ? f.last_ns - start : 0)));
   for (const watch::FalseSharingFinding::ThreadWrites& t : f.threads) {
     QStringList fields;
     for (const auto& [field, n] : t.fields) {

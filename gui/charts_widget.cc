@@ -10,6 +10,8 @@
 #include <QStackedBarSeries>
 #include <QValueAxis>
 
+#include "watch/profile/duration.h"
+
 namespace kwatch::gui {
 
 namespace {
@@ -125,7 +127,7 @@ void ChartsWidget::RebuildTimeline() {
   x->applyNiceNumbers();
   chart->addAxis(x, Qt::AlignBottom);
   QValueAxis* y = CountAxis(
-      max, tr("per %1").arg(QString::fromStdString(FormatDuration(timeline_->bucket_ns()))));
+      max, tr("per %1").arg(QString::fromStdString(watch::FormatDuration(timeline_->bucket_ns()))));
   chart->addAxis(y, Qt::AlignLeft);
   for (QLineSeries* s : {reads, writes}) {
     s->attachAxis(x);

@@ -4,27 +4,27 @@
 
 #include <QColor>
 
+#include "watch/profile/heat_scale.h"
+
 namespace kwatch::gui {
 
-// How counts map to colours: linearly, or logarithmically over kLogRange (so that counts down
-// to 1/kLogRange of the maximum stay visible).
-enum class Scale : uint8_t { kLinear = 0, kLog = 1 };
+// How counts map to colours: linearly, or logarithmically from 1 to the maximum. kwatch's one
+// heat scale (watch/profile/heat_scale.h), shared with `kwatch report` (PNG and text levels).
+using Scale = watch::HeatScale;
 
-inline constexpr double kLogRange = 1024.0;
+// Thin QColor wrappers over the pure functions of watch/profile/heat_scale.h, so a count has
+// the same colour here as in kwatch's PNG heatmap.
 
-// Position on the colour ramp, in [0, 1], of a count that is the fraction `t` of the maximum
-// (t in [0, 1]; values outside are clamped). Linear: t. Log: log(1 + t) / log(R) with R =
-// kLogRange. Monotonic; 0 maps to 0 and 1 to 1.
-double ScalePosition(double t, Scale s);
-// The inverse of ScalePosition: the fraction of the maximum drawn at ramp position `p`.
-double ScaleFraction(double p, Scale s);
+// The colour of a cell with `count` accesses in a view whose largest count is `max`: count 0
+// (or max 0) is the empty colour; any other count is on the pale-yellow to orange to red to
+// dark-purple ramp at watch::HeatPosition(count, max, s), so the smallest non-zero count stays
+// distinguishable from none and the maximum is the darkest colour.
+QColor HeatColor(uint64_t count, uint64_t max, Scale s);
 
-// The colour of a cell whose count is the fraction `t` of the maximum: exactly 0 is the empty
-// colour (light grey); any t > 0 is on a pale-yellow to orange to red to dark-purple ramp at
-// ScalePosition(t, s), so the smallest non-zero count stays distinguishable from none.
-QColor HeatColor(double t, Scale s);
+// The ramp's colour at `position` in [0, 1] (clamped; for legends): watch::HeatRampRgb.
+QColor HeatRampColor(double position);
 
-// The colour of empty cells.
+// The colour of empty cells (watch::kEmptyHeatRgb).
 QColor EmptyHeatColor();
 
 }  // namespace kwatch::gui

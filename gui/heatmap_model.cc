@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "gui/field_tree_model.h"
+#include "watch/profile/duration.h"
 #include "watch/profile/false_sharing.h"
+#include "watch/profile/report_rows.h"
 
 namespace kwatch::gui {
 
@@ -96,26 +99,17 @@ void HeatmapModel::RebuildCells() {
   if (p == nullptr || n == 0) {
     return;
   }
-  uint32_t thread = watch::StorageProfile::kNone;
-  if (tid_.has_value()) {
-    thread = p->ThreadIndex(*tid_);
-    if (thread == watch::StorageProfile::kNone) {
-      return;  // the thread touched nothing in this recording
-    }
-  }
+  // The report model's per-field heat, for one thread or all (a thread that touched nothing in
+  // this recording selects nothing: all zeros).
+  const watch::ThreadSelection threads(
+      *p, tid_.has_value() ? std::vector<pid_t>{*tid_} : std::vector<pid_t>{});
   for (size_t row = 0; row < fields_.size(); ++row) {
     const uint32_t f = fields_[row];
     const size_t base = row * static_cast<size_t>(columns_);
     const auto copy = [&](bool writes, std::vector<uint64_t>& out) {
-      if (thread == watch::StorageProfile::kNone) {
-        const absl::Span<const uint64_t> bins = p->FieldBins(f, writes);
-        std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
-                    out.begin() + static_cast<ptrdiff_t>(base));
-      } else {
-        const std::vector<uint64_t> bins = p->ThreadFieldBins(thread, f, writes);
-        std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
-                    out.begin() + static_cast<ptrdiff_t>(base));
-      }
+      const std::vector<uint64_t> bins = threads.FieldHeat(f, writes);
+      std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
+                  out.begin() + static_cast<ptrdiff_t>(base));
     };
     copy(false, reads_);
     copy(true, writes_);
@@ -138,11 +132,7 @@ void HeatmapModel::RebuildCells() {
 }
 
 QColor HeatmapModel::CellColor(int row, int column) const {
-  const uint64_t c = Count(row, column);
-  if (c == 0 || max_ == 0) {
-    return EmptyHeatColor();
-  }
-  return HeatColor(static_cast<double>(c) / static_cast<double>(max_), scale_);
+  return HeatColor(Count(row, column), max_, scale_);
 }
 
 int HeatmapModel::RowOf(uint32_t field) const {
@@ -211,8 +201,8 @@ QVariant HeatmapModel::data(const QModelIndex& index, int role) const {
                  "reads %8   writes %9")
           .arg(QString::fromStdString(f.path), QString::fromStdString(f.type_name),
                FieldOffsetText(f), FieldSizeText(f),
-               QString::fromStdString(FormatDuration(ColumnStartNs(col))),
-               QString::fromStdString(FormatDuration(ColumnStartNs(col + 1))), who)
+               QString::fromStdString(watch::FormatDuration(ColumnStartNs(col))),
+               QString::fromStdString(watch::FormatDuration(ColumnStartNs(col + 1))), who)
           .arg(Reads(row, col))
           .arg(Writes(row, col));
     }
@@ -242,7 +232,7 @@ QVariant HeatmapModel::headerData(int section, Qt::Orientation orientation, int 
   }
   switch (role) {
     case Qt::DisplayRole:
-      return QString::fromStdString(FormatDuration(ColumnStartNs(section)));
+      return QString::fromStdString(watch::FormatDuration(ColumnStartNs(section)));
     case kColumnStartNsRole:
       return QVariant::fromValue<quint64>(ColumnStartNs(section));
     default:

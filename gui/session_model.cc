@@ -7,6 +7,8 @@
 #include <QEventLoop>
 #include <QFileInfo>
 
+#include "watch/profile/duration.h"
+
 namespace kwatch::gui {
 
 SessionModel::SessionModel(QObject* parent) : QObject(parent) {
@@ -267,7 +269,7 @@ QString SessionModel::Summary() const {
       .arg(QFileInfo(path_).fileName())
       .arg(p.events())
       .arg(p.threads().size())
-      .arg(QString::fromStdString(FormatDuration(main_->SpanNs())),
+      .arg(QString::fromStdString(watch::FormatDuration(main_->SpanNs())),
            QString::fromStdString(main_->session.backend), state)
       .arg(main_->load_seconds, 0, 'f', 2);
 }

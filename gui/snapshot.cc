@@ -169,26 +169,4 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   return snap;
 }
 
-std::string FormatDuration(uint64_t ns) {
-  struct Unit {
-    uint64_t scale;
-    const char* name;
-  };
-  static constexpr Unit kUnits[] = {{1'000'000'000, "s"}, {1'000'000, "ms"}, {1'000, "us"}};
-  for (const Unit& u : kUnits) {
-    if (ns >= u.scale) {
-      std::string s =
-          absl::StrFormat("%.3f", static_cast<double>(ns) / static_cast<double>(u.scale));
-      while (s.back() == '0') {
-        s.pop_back();
-      }
-      if (s.back() == '.') {
-        s.pop_back();
-      }
-      return s + " " + u.name;
-    }
-  }
-  return absl::StrFormat("%d ns", ns);
-}
-
 }  // namespace kwatch::gui

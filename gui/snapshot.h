@@ -71,7 +71,4 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req);
 // unreadable, larger than 8 MiB, or shorter than `line`.
 std::optional<SourceSnippet> ReadSourceSnippet(const std::string& file, int line, int context);
 
-// "0 ns", "900 ns", "1.5 ms", "2.25 s" (as `kwatch report`).
-std::string FormatDuration(uint64_t ns);
-
 }  // namespace kwatch::gui

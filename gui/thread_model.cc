@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "watch/profile/duration.h"
+
 namespace kwatch::gui {
 
 ThreadModel::ThreadModel(QObject* parent) : QAbstractTableModel(parent) {}
@@ -78,9 +80,9 @@ QVariant ThreadModel::data(const QModelIndex& index, int role) const {
     case kTotal:
       return QVariant::fromValue<quint64>(r.counts.total());
     case kFirst:
-      return QString::fromStdString(FormatDuration(r.first_ns));
+      return QString::fromStdString(watch::FormatDuration(r.first_ns));
     case kLast:
-      return QString::fromStdString(FormatDuration(r.last_ns));
+      return QString::fromStdString(watch::FormatDuration(r.last_ns));
     default:
       return {};
   }

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "watch/profile/heat_scale.h"
+
 namespace kwatch::cli {
 namespace {
 
@@ -19,14 +21,6 @@ uint32_t PixelAt(cairo_surface_t* s, int x, int y) {
   return px & 0xffffff;
 }
 
-TEST(HeatRamp, EndsAndMonotoneRed) {
-  EXPECT_EQ(HeatRamp(0.0), 0x1b1f5cu);
-  EXPECT_EQ(HeatRamp(1.0), 0xfff3a6u);
-  EXPECT_EQ(HeatRamp(-3.0), HeatRamp(0.0));
-  EXPECT_EQ(HeatRamp(7.0), HeatRamp(1.0));
-  EXPECT_EQ(HeatRamp(0.5), 0xc8283cu);  // the middle stop exactly
-}
-
 TEST(HeatmapPng, CellsCarryTheirCounts) {
   HeatmapPanel p;
   p.title = "g_stats";
@@ -35,7 +29,7 @@ TEST(HeatmapPng, CellsCarryTheirCounts) {
   p.bucket_ns = 1000000;
   p.columns = 4;
   p.counts = {0, 5, 10, 0,  //
-              1, 0, 0, 10};
+              1, 0, 0,  10};
   const std::string path = ::testing::TempDir() + "/heatmap_test.png";
   ASSERT_TRUE(WriteHeatmapPng({p}, "test", /*log_scale=*/false, path).ok());
   cairo_surface_t* s = cairo_image_surface_create_from_png(path.c_str());
@@ -46,10 +40,15 @@ TEST(HeatmapPng, CellsCarryTheirCounts) {
   // Cells are 24 px wide (4 columns) and 16 px high.
   const int x0 = 16 + 230;
   const int y0 = 16 + 26 + 26;
-  EXPECT_EQ(PixelAt(s, x0 + 2 * 24 + 5, y0 + 5), HeatRamp(1.0));         // hits, bucket 2: max
-  EXPECT_EQ(PixelAt(s, x0 + 0 * 24 + 5, y0 + 5), 0xf2f2f2u);             // empty cell
-  EXPECT_EQ(PixelAt(s, x0 + 1 * 24 + 5, y0 + 5), HeatRamp(0.08 + 0.46));  // 5 of 10
-  EXPECT_EQ(PixelAt(s, x0 + 3 * 24 + 5, y0 + 16 + 5), HeatRamp(1.0));    // misses, bucket 3
+  // Colours are kwatch's one heat scale (watch/profile/heat_scale.h), as in kwatch-gui.
+  using watch::HeatRgb;
+  using watch::HeatScale;
+  EXPECT_EQ(PixelAt(s, x0 + 2 * 24 + 5, y0 + 5), HeatRgb(10, 10, HeatScale::kLinear));  // max
+  EXPECT_EQ(PixelAt(s, x0 + 2 * 24 + 5, y0 + 5), 0x54004au);  // the ramp's darkest colour
+  EXPECT_EQ(PixelAt(s, x0 + 0 * 24 + 5, y0 + 5), watch::kEmptyHeatRgb);                // empty
+  EXPECT_EQ(PixelAt(s, x0 + 1 * 24 + 5, y0 + 5), HeatRgb(5, 10, HeatScale::kLinear));  // 5 of 10
+  EXPECT_EQ(PixelAt(s, x0 + 0 * 24 + 5, y0 + 16 + 5), HeatRgb(1, 10, HeatScale::kLinear));
+  EXPECT_EQ(PixelAt(s, x0 + 3 * 24 + 5, y0 + 16 + 5), HeatRgb(10, 10, HeatScale::kLinear));
   cairo_surface_destroy(s);
   unlink(path.c_str());
 }

@@ -90,34 +90,8 @@ watch::StorageProfile Shared() {
   return p;
 }
 
-TEST(ProfileReport, FormatDuration) {
-  EXPECT_EQ(FormatDuration(0), "0 ns");
-  EXPECT_EQ(FormatDuration(900), "900 ns");
-  EXPECT_EQ(FormatDuration(1'500'000), "1.5 ms");
-  EXPECT_EQ(FormatDuration(240 * kMs), "240 ms");
-  EXPECT_EQ(FormatDuration(2'250'000'000), "2.25 s");
-  EXPECT_EQ(FormatDuration(1'234'567), "1.235 ms");
-}
-
-TEST(ProfileReport, HeatScales) {
-  const HeatScale lin = MakeHeatScale(16, 4, false);
-  EXPECT_EQ(lin.upper, (std::vector<uint64_t>{4, 8, 12, 16}));
-  EXPECT_EQ(HeatLevel(lin, 0), 0);
-  EXPECT_EQ(HeatLevel(lin, 1), 1);
-  EXPECT_EQ(HeatLevel(lin, 5), 2);
-  EXPECT_EQ(HeatLevel(lin, 16), 4);
-  const HeatScale log = MakeHeatScale(16, 4, true);
-  EXPECT_EQ(log.upper, (std::vector<uint64_t>{2, 4, 8, 16}));
-  EXPECT_EQ(HeatLevel(log, 3), 2);
-  EXPECT_EQ(HeatLevel(log, 9), 4);
-  // Small maxima: the maximum is always the darkest level.
-  EXPECT_EQ(MakeHeatScale(3, 4, false).upper, (std::vector<uint64_t>{0, 1, 2, 3}));
-  EXPECT_EQ(MakeHeatScale(3, 4, true).upper, (std::vector<uint64_t>{1, 1, 2, 3}));
-  EXPECT_EQ(MakeHeatScale(1, 4, false).upper, (std::vector<uint64_t>{0, 0, 0, 1}));
-  EXPECT_EQ(HeatLevel(MakeHeatScale(1, 4, false), 1), 4);
-  EXPECT_EQ(MakeHeatScale(1000000, 4, true).upper,
-            (std::vector<uint64_t>{31, 1000, 31622, 1000000}));
-}
+// FormatDuration and the heat levels are watch/profile's: tests/watch/profile/duration_test.cc
+// and heat_scale_test.cc.
 
 TEST(ProfileReport, TextFieldTableHeatmapSitesThreads) {
   const watch::StorageProfile p = Small();

@@ -345,7 +345,7 @@ TEST_F(MainWindowTest, Screenshots) {
   EXPECT_EQ(image.size(), QSize(1600, 1000));
   // The heatmap's hottest cell is drawn in the ramp's darkest colour somewhere.
   bool hot = false;
-  const QRgb darkest = gui::HeatColor(1.0, gui::Scale::kLinear).rgb();
+  const QRgb darkest = gui::HeatRampColor(1.0).rgb();
   for (int y = 0; y < image.height() && !hot; ++y) {
     for (int x = 0; x < image.width() && !hot; ++x) {
       hot = image.pixel(x, y) == darkest;

@@ -202,7 +202,9 @@ TEST_F(ModelsTest, HeatmapRowsAreFieldsInLayoutOrderAndCellsSumToTheCounts) {
     if (model.Count(0, c) == max) {
       EXPECT_DOUBLE_EQ(model.index(0, c).data(HeatmapModel::kFractionRole).toDouble(), 1.0);
       EXPECT_EQ(model.index(0, c).data(Qt::BackgroundRole).value<QColor>(),
-                gui::HeatColor(1.0, gui::Scale::kLinear));
+                gui::HeatColor(max, max, gui::Scale::kLinear));
+      EXPECT_EQ(model.index(0, c).data(Qt::BackgroundRole).value<QColor>(),
+                gui::HeatRampColor(1.0));
     }
   }
 }
@@ -252,27 +254,27 @@ TEST(HeatColor, IsAMonotonicRampWithADistinctEmptyColour) {
   using gui::HeatColor;
   using gui::Scale;
   for (Scale s : {Scale::kLinear, Scale::kLog}) {
-    EXPECT_EQ(HeatColor(0.0, s), gui::EmptyHeatColor());
-    EXPECT_NE(HeatColor(1e-9, s), gui::EmptyHeatColor());
-    EXPECT_DOUBLE_EQ(gui::ScalePosition(0.0, s), 0.0);
-    EXPECT_DOUBLE_EQ(gui::ScalePosition(1.0, s), 1.0);
+    EXPECT_EQ(HeatColor(0, 100, s), gui::EmptyHeatColor());
+    EXPECT_EQ(HeatColor(5, 0, s), gui::EmptyHeatColor());
+    EXPECT_NE(HeatColor(1, 1'000'000'000, s), gui::EmptyHeatColor());
     // Darker with more accesses.
     double prev = 2.0;
-    for (int i = 1; i <= 100; ++i) {
-      const double l = HeatColor(i / 100.0, s).lightnessF();
-      EXPECT_LE(l, prev + 1e-9) << i;
+    for (uint64_t c = 1; c <= 100; ++c) {
+      const double l = HeatColor(c, 100, s).lightnessF();
+      EXPECT_LE(l, prev + 1e-9) << c;
       prev = l;
-    }
-    for (double p : {0.0, 0.1, 0.5, 0.9, 1.0}) {
-      EXPECT_NEAR(gui::ScalePosition(gui::ScaleFraction(p, s), s), p, 1e-12);
+      // A thin wrapper: the same colour as kwatch report's PNG.
+      EXPECT_EQ(HeatColor(c, 100, s).rgb() & 0xffffffu, watch::HeatRgb(c, 100, s)) << c;
     }
   }
-  EXPECT_DOUBLE_EQ(gui::ScalePosition(0.25, Scale::kLinear), 0.25);
-  // Log: 1/1023 of the maximum sits a tenth of the way up (log(1 + 1) / log 1024).
-  EXPECT_NEAR(gui::ScalePosition(1.0 / 1023, Scale::kLog), 0.1, 1e-12);
-  EXPECT_GT(gui::ScalePosition(0.01, Scale::kLog), 0.3);
-  EXPECT_EQ(HeatColor(1.0, Scale::kLinear), QColor(84, 0, 74));
-  EXPECT_EQ(HeatColor(2.0, Scale::kLinear), QColor(84, 0, 74));  // clamped
+  EXPECT_EQ(gui::EmptyHeatColor(), QColor(236, 236, 236));
+  EXPECT_EQ(HeatColor(100, 100, Scale::kLinear), QColor(84, 0, 74));
+  EXPECT_EQ(HeatColor(200, 100, Scale::kLinear), QColor(84, 0, 74));  // clamped
+  EXPECT_EQ(gui::HeatRampColor(1.0), QColor(84, 0, 74));
+  EXPECT_EQ(gui::HeatRampColor(0.0), QColor(255, 240, 168));
+  // Log: 10 of 100 sits half way up the ramp (log 10 / log 100), linear a tenth of the way.
+  EXPECT_EQ(HeatColor(10, 100, Scale::kLog), gui::HeatRampColor(0.5));
+  EXPECT_EQ(HeatColor(10, 100, Scale::kLinear), gui::HeatRampColor(0.1));
 }
 
 TEST_F(ModelsTest, TimelineSumsTheSelectedFieldsOverTheSelectedColumns) {
