@@ -29,6 +29,7 @@
 #include "core/status_macros.h"
 #include "core/symbolizer.h"
 #include "core/symbols.h"
+#include "drmgr/applier.h"
 #include "drmgr/slot_allocator.h"
 #include "watch/session.h"
 #include "watch/stop_backend.h"
@@ -188,22 +189,6 @@ HwProbes::~HwProbes() {
   proc_.RemoveInterceptor(this);
 }
 
-absl::Status HwProbes::ApplyChanges(drmgr::Changes changes) {
-  for (int tries = 0;; ++tries) {
-    absl::Status s = backend_->Apply(changes);
-    if (s.ok() || !absl::IsResourceExhausted(s) || !backend_->refused_scope().has_value() ||
-        tries > drmgr::kNumDebugRegisters) {
-      return s;
-    }
-    // ENOSPC: the kernel counts a register kwatch does not hold (a debugger, another tool).
-    absl::StatusOr<drmgr::Changes> next = alloc_->ReportNoSpace(*backend_->refused_scope());
-    if (!next.ok()) {
-      return s;
-    }
-    changes = *std::move(next);
-  }
-}
-
 absl::Status HwProbes::Arm() {
   KW_RETURN_IF_ERROR(CheckHwProbes(probes_));
   alloc_ = std::make_unique<drmgr::SlotAllocator>();
@@ -229,7 +214,7 @@ absl::Status HwProbes::Arm() {
     KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_->Request(client, RequestFor(p, bias_, proc_.pid())));
     backend_->AddOwner(g.id, static_cast<uint32_t>(i));
     request_of_[i] = g.id;
-    if (absl::Status s = ApplyChanges(std::move(g.changes)); !s.ok()) {
+    if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *backend_, std::move(g.changes)); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("arming probe ", ProbeName(p), " (", p.Location(),
                                                  "): ", s.message()));
     }
