@@ -38,7 +38,6 @@
 #include "cli/kernel_slots.h"
 #include "cli/output.h"
 #include "cli/report_cmd.h"
-#include "cli/slot_registry.h"
 #include "core/expr.h"
 #include "core/kernel/btf_types.h"
 #include "core/kernel/kallsyms.h"
@@ -51,6 +50,7 @@
 #include "core/syscall_status.h"
 #include "core/unique_fd.h"
 #include "drmgr/debug_regs.h"
+#include "drmgr/slot_registry.h"
 #include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
@@ -656,13 +656,13 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
     }
   }
   // kwatch slots shows kernel sessions' registers per CPU, and --kernel-accesses registers with
-  // the process's (cli/slot_registry.h).
+  // the process's (drmgr/slot_registry.h).
   auto publish = [&]() {
     if (slots == nullptr) {
       return;
     }
-    if (absl::Status st =
-            PublishSlots(proc != nullptr ? proc->pid() : 0, slots->Snapshot(), opts.command_line);
+    if (absl::Status st = drmgr::PublishSlots(proc != nullptr ? proc->pid() : 0, slots->Snapshot(),
+                                              opts.command_line);
         !st.ok()) {
       absl::FPrintF(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
                     st.message());
@@ -671,7 +671,7 @@ absl::StatusOr<int> RunBreakpointLoop(const Options& opts, std::vector<KernelWat
   publish();
   absl::Cleanup unpublish = [slots] {
     if (slots != nullptr) {
-      UnpublishSlots();
+      drmgr::UnpublishSlots();
     }
   };
   std::fprintf(stderr, "kwatch: %s\n", armed.c_str());

@@ -22,7 +22,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/probe_run.h"
-#include "cli/slot_registry.h"
 #include "core/maps.h"
 #include "core/probe/fetch.h"
 #include "core/process.h"
@@ -31,6 +30,7 @@
 #include "core/symbols.h"
 #include "drmgr/applier.h"
 #include "drmgr/slot_allocator.h"
+#include "drmgr/slot_registry.h"
 #include "watch/session.h"
 #include "watch/stop_backend.h"
 
@@ -511,7 +511,8 @@ void HwRunner::Publish() {
   if (hw_ == nullptr || hw_->allocator() == nullptr) {
     return;
   }
-  if (absl::Status s = PublishSlots(proc_->pid(), hw_->allocator()->Snapshot(), opts_.command_line);
+  if (absl::Status s =
+          drmgr::PublishSlots(proc_->pid(), hw_->allocator()->Snapshot(), opts_.command_line);
       !s.ok()) {
     std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
                  std::string(s.message()).c_str());
@@ -672,7 +673,7 @@ absl::StatusOr<int> HwRunner::Run() {
   }
   absl::Cleanup unpublish = [this] {
     if (published_) {
-      UnpublishSlots();
+      drmgr::UnpublishSlots();
     }
   };
   if (!s.ok()) {
