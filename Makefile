@@ -7,7 +7,7 @@ BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build demo test test-asan bench lint format clean fuzz
+.PHONY: all deps configure build demo test test-asan bench lint format format-check shellcheck clean fuzz
 
 all: build
 
@@ -43,8 +43,19 @@ fuzz: deps
 lint: configure
 	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(core|drmgr|watch|cli|gui)/' 
 
+SOURCES = $(shell find core drmgr watch cli gui tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
+SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh) .ci/run
+
 format:
-	@find core drmgr watch cli gui tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
+	@clang-format -i $(SOURCES)
+
+# Every C++ file as .clang-format says (STYLE 6); fails listing the files that are not.
+format-check: deps
+	@bad=0; for f in $(SOURCES); do clang-format --dry-run --Werror "$$f" >/dev/null 2>&1 || { echo "format-check: $$f (make format)"; bad=1; }; done; \
+	  [ $$bad -eq 0 ] && echo "format-check: $(words $(SOURCES)) files ok"
+
+shellcheck: deps
+	@shellcheck $(SCRIPTS) && echo "shellcheck: $(words $(SCRIPTS)) scripts ok"
 
 clean:
 	@rm -rf build

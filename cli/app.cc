@@ -32,7 +32,6 @@
 #include "cli/kernel_watch.h"
 #include "cli/output.h"
 #include "cli/report_cmd.h"
-#include "cli/slot_registry.h"
 #include "cli/watch_options.h"
 #include "core/base/clock.h"
 #include "core/symbols/expr.h"
@@ -44,6 +43,7 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "drmgr/debug_regs.h"
+#include "drmgr/slot_registry.h"
 #include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
@@ -612,13 +612,14 @@ absl::StatusOr<int> Runner::Run() {
       return;
     }
     published_ns = t;
-    if (absl::Status s = PublishSlots(proc.pid(), now->allocator()->Snapshot(), opts_.command_line);
+    if (absl::Status s =
+            drmgr::PublishSlots(proc.pid(), now->allocator()->Snapshot(), opts_.command_line);
         !s.ok() && force) {
       std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
                    std::string(s.message()).c_str());
     }
   };
-  absl::Cleanup unpublish = [] { UnpublishSlots(); };
+  absl::Cleanup unpublish = [] { drmgr::UnpublishSlots(); };
   publish(true);
 
   // The target may already have ended (or exec'd) while arming.

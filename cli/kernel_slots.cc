@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "drmgr/debug_regs.h"
+#include "core/base/status_macros.h"
 #include "drmgr/scope.h"
 
 namespace kwatch::cli {
@@ -153,23 +153,9 @@ absl::Status KernelSlots::RequestIn(size_t w, uint64_t addr, uint64_t len,
     return g.status();
   }
   owner_[g->id] = {w, cpu};
-  drmgr::Changes changes = std::move(g->changes);
-  for (int tries = 0;; ++tries) {
-    std::optional<drmgr::Scope> refused;
-    absl::Status s = Apply(changes, &refused);
-    if (s.ok()) {
-      break;
-    }
-    if (!refused.has_value() || tries > drmgr::kNumDebugRegisters) {
-      return s;
-    }
-    // A register of that CPU or thread is held outside kwatch (another tool's breakpoint).
-    absl::StatusOr<drmgr::Changes> next = alloc_.ReportNoSpace(*refused);
-    if (!next.ok()) {
-      return s;
-    }
-    changes = *std::move(next);
-  }
+  // A register of that CPU or thread may be held outside kwatch (another tool's breakpoint).
+  Writer writer(*this);
+  KW_RETURN_IF_ERROR(drmgr::ApplyWithRetry(alloc_, writer, std::move(g->changes)));
   absl::StatusOr<drmgr::RequestView> v = alloc_.Describe(g->id);
   if (!v.ok()) {
     return v.status();

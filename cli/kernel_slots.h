@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "drmgr/allocator_types.h"
+#include "drmgr/applier.h"
 #include "drmgr/scope.h"
 #include "drmgr/slot_allocator.h"
 #include "watch/perf_breakpoint.h"
@@ -37,8 +38,8 @@ struct KernelBreakpoint {
 //  - --kernel-accesses of a process: one request per watch in the process's scope, each
 //    decision applied as one inherited breakpoint per thread (exclude_user).
 // When the kernel refuses a register (ENOSPC: held by another tool on that CPU or thread), the
-// breakpoints opened for that change list are closed, drmgr is told (ReportNoSpace) and
-// decides again. drmgr's reasons name requests; the errors here name watches ("watch #2
+// breakpoints opened for that change list are closed, drmgr is told (drmgr::ApplyWithRetry)
+// and decides again. drmgr's reasons name requests; the errors here name watches ("watch #2
 // jiffies").
 //
 // Owns the allocator and the breakpoints. Not thread-safe: the session's thread calls it.
@@ -78,6 +79,24 @@ class KernelSlots {
   // Makes `changes` real: all or nothing for the arms (a refused one closes those opened
   // here). ResourceExhausted from the kernel sets `refused`, the scope it refused.
   absl::Status Apply(const drmgr::Changes& changes, std::optional<drmgr::Scope>* refused);
+
+  // The drmgr::Applier of these breakpoints, for drmgr::ApplyWithRetry: Apply above, with the
+  // scope the kernel refused kept for refused_scope(). Lives for one RequestIn call. As before,
+  // all or nothing for the arms only: a refused list's disarms stay done (a closed breakpoint
+  // is not reopened).
+  class Writer final : public drmgr::Applier {
+   public:
+    explicit Writer(KernelSlots& slots) : slots_(slots) {}
+    absl::Status Apply(const drmgr::Changes& changes) override {
+      refused_.reset();
+      return slots_.Apply(changes, &refused_);
+    }
+    std::optional<drmgr::Scope> refused_scope() const override { return refused_; }
+
+   private:
+    KernelSlots& slots_;
+    std::optional<drmgr::Scope> refused_;
+  };
 
   watch::BreakpointRequest opened_;
   std::vector<std::string> labels_;

@@ -29,7 +29,6 @@
 #include "cli/kernel_slots.h"
 #include "cli/output.h"
 #include "cli/report_cmd.h"
-#include "cli/slot_registry.h"
 #include "core/base/status_macros.h"
 #include "core/kernel/btf_types.h"
 #include "core/kernel/kallsyms.h"
@@ -40,6 +39,7 @@
 #include "core/symbols/expr.h"
 #include "core/symbols/symbols.h"
 #include "drmgr/debug_regs.h"
+#include "drmgr/slot_registry.h"
 #include "watch/condition.h"
 #include "watch/kernel/drain_values.h"
 #include "watch/kernel/kernel_event.h"
@@ -500,7 +500,7 @@ absl::StatusOr<std::unique_ptr<DrainValues>> OpenDrainValues(
 
 // The debug registers of a kernel session as drmgr hands them out (KernelSlots), published
 // for `kwatch slots` (kernel sessions' registers per CPU, --kernel-accesses registers with the
-// process's: cli/slot_registry.h) whenever they change.
+// process's: drmgr/slot_registry.h) whenever they change.
 class SlotRegisters final : public watch::kernel::KernelRegisters {
  public:
   SlotRegisters(std::unique_ptr<KernelSlots> slots, pid_t target, std::string command_line)
@@ -509,7 +509,7 @@ class SlotRegisters final : public watch::kernel::KernelRegisters {
   SlotRegisters& operator=(const SlotRegisters&) = delete;
   ~SlotRegisters() override {
     if (published_) {
-      UnpublishSlots();
+      drmgr::UnpublishSlots();
     }
   }
 
@@ -540,7 +540,8 @@ class SlotRegisters final : public watch::kernel::KernelRegisters {
 
   void Changed() override {
     published_ = true;
-    if (absl::Status st = PublishSlots(target_, slots_->Snapshot(), command_line_); !st.ok()) {
+    if (absl::Status st = drmgr::PublishSlots(target_, slots_->Snapshot(), command_line_);
+        !st.ok()) {
       absl::FPrintF(stderr, "kwatch: note: kwatch slots will not show this session: %s\n",
                     st.message());
     }

@@ -22,14 +22,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/probe_run.h"
-#include "cli/slot_registry.h"
-#include "core/ptrace/maps.h"
-#include "core/probe/fetch.h"
-#include "core/ptrace/process.h"
 #include "core/base/status_macros.h"
+#include "core/probe/fetch.h"
+#include "core/ptrace/maps.h"
+#include "core/ptrace/process.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
+#include "drmgr/applier.h"
 #include "drmgr/slot_allocator.h"
+#include "drmgr/slot_registry.h"
 #include "watch/session.h"
 #include "watch/stop_backend.h"
 
@@ -188,22 +189,6 @@ HwProbes::~HwProbes() {
   proc_.RemoveInterceptor(this);
 }
 
-absl::Status HwProbes::ApplyChanges(drmgr::Changes changes) {
-  for (int tries = 0;; ++tries) {
-    absl::Status s = backend_->Apply(changes);
-    if (s.ok() || !absl::IsResourceExhausted(s) || !backend_->refused_scope().has_value() ||
-        tries > drmgr::kNumDebugRegisters) {
-      return s;
-    }
-    // ENOSPC: the kernel counts a register kwatch does not hold (a debugger, another tool).
-    absl::StatusOr<drmgr::Changes> next = alloc_->ReportNoSpace(*backend_->refused_scope());
-    if (!next.ok()) {
-      return s;
-    }
-    changes = *std::move(next);
-  }
-}
-
 absl::Status HwProbes::Arm() {
   KW_RETURN_IF_ERROR(CheckHwProbes(probes_));
   alloc_ = std::make_unique<drmgr::SlotAllocator>();
@@ -229,7 +214,7 @@ absl::Status HwProbes::Arm() {
     KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_->Request(client, RequestFor(p, bias_, proc_.pid())));
     backend_->AddOwner(g.id, static_cast<uint32_t>(i));
     request_of_[i] = g.id;
-    if (absl::Status s = ApplyChanges(std::move(g.changes)); !s.ok()) {
+    if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *backend_, std::move(g.changes)); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("arming probe ", ProbeName(p), " (", p.Location(),
                                                  "): ", s.message()));
     }
@@ -526,7 +511,8 @@ void HwRunner::Publish() {
   if (hw_ == nullptr || hw_->allocator() == nullptr) {
     return;
   }
-  if (absl::Status s = PublishSlots(proc_->pid(), hw_->allocator()->Snapshot(), opts_.command_line);
+  if (absl::Status s =
+          drmgr::PublishSlots(proc_->pid(), hw_->allocator()->Snapshot(), opts_.command_line);
       !s.ok()) {
     std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
                  std::string(s.message()).c_str());
@@ -687,7 +673,7 @@ absl::StatusOr<int> HwRunner::Run() {
   }
   absl::Cleanup unpublish = [this] {
     if (published_) {
-      UnpublishSlots();
+      drmgr::UnpublishSlots();
     }
   };
   if (!s.ok()) {

@@ -131,7 +131,6 @@ class HwProbes : public core::SignalInterceptor {
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
 
  private:
-  absl::Status ApplyChanges(drmgr::Changes changes);
   absl::Status Deliver(pid_t tid);
 
   core::Process& proc_;

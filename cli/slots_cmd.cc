@@ -28,11 +28,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/slot_probe.h"
-#include "cli/slot_registry.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "drmgr/allocator_types.h"
+#include "drmgr/slot_registry.h"
 
 namespace kwatch::cli {
 
@@ -69,7 +69,7 @@ struct WaitingRequest {
 struct ProcessTable {
   pid_t pid = 0;
   std::string comm;
-  std::vector<PublishedSlots> sessions;
+  std::vector<drmgr::PublishedSlots> sessions;
   std::vector<ThreadTable> threads;
   std::vector<WaitingRequest> not_in_hardware;
 };
@@ -172,7 +172,8 @@ bool OnThread(const drmgr::Scope& scope, pid_t pid, pid_t tid) {
 // Rows of thread `tid`: kwatch's slots at the index their allocator gave them when free on
 // this thread (process-wide slots first), then the slots held outside kwatch from DR3 down,
 // the rest free. `free` comes from the kernel.
-ThreadTable BuildThread(pid_t pid, pid_t tid, int free, const std::vector<PublishedSlots>& sessions,
+ThreadTable BuildThread(pid_t pid, pid_t tid, int free,
+                        const std::vector<drmgr::PublishedSlots>& sessions,
                         std::vector<std::string>& notes) {
   ThreadTable t;
   t.tid = tid;
@@ -180,7 +181,7 @@ ThreadTable BuildThread(pid_t pid, pid_t tid, int free, const std::vector<Publis
   t.free = free;
   std::vector<std::pair<int, SlotRow>> mine;  // preferred index, row
   for (const bool process_wide : {true, false}) {
-    for (const PublishedSlots& s : sessions) {
+    for (const drmgr::PublishedSlots& s : sessions) {
       for (const drmgr::ScopeView& sv : s.snapshot.scopes) {
         if (!OnThread(sv.scope, pid, tid) ||
             (sv.scope.kind == drmgr::Scope::Kind::kProcess) != process_wide) {
@@ -259,7 +260,7 @@ ThreadTable BuildThread(pid_t pid, pid_t tid, int free, const std::vector<Publis
   return t;
 }
 
-absl::StatusOr<ProcessTable> BuildProcess(pid_t pid, std::vector<PublishedSlots> sessions,
+absl::StatusOr<ProcessTable> BuildProcess(pid_t pid, std::vector<drmgr::PublishedSlots> sessions,
                                           std::vector<std::string>& notes) {
   ProcessTable p;
   p.pid = pid;
@@ -279,7 +280,7 @@ absl::StatusOr<ProcessTable> BuildProcess(pid_t pid, std::vector<PublishedSlots>
   if (p.threads.empty()) {
     return absl::NotFoundError(absl::StrCat("process ", pid, " has exited"));
   }
-  for (const PublishedSlots& s : p.sessions) {
+  for (const drmgr::PublishedSlots& s : p.sessions) {
     for (const drmgr::RequestView& r : s.snapshot.requests) {
       if (!r.armed && r.request.scope.is_task() && r.request.scope.pid == pid) {
         p.not_in_hardware.push_back(WaitingRequest{s.kwatch_pid, r});
@@ -348,7 +349,7 @@ void PrintText(const ProcessTable& p) {
   if (p.sessions.empty()) {
     std::printf("  no kwatch session watches it\n");
   }
-  for (const PublishedSlots& s : p.sessions) {
+  for (const drmgr::PublishedSlots& s : p.sessions) {
     std::printf("  kwatch %d: %s (published %s)\n", s.kwatch_pid, s.command_line.c_str(),
                 Ago(s.updated_ns).c_str());
   }
@@ -390,7 +391,7 @@ void PrintText(const ProcessTable& p) {
 
 json ProcessJson(const ProcessTable& p) {
   json sessions = json::array();
-  for (const PublishedSlots& s : p.sessions) {
+  for (const drmgr::PublishedSlots& s : p.sessions) {
     sessions.push_back(json{{"kwatch_pid", s.kwatch_pid},
                             {"command_line", s.command_line},
                             {"updated_ns", s.updated_ns}});
@@ -456,7 +457,7 @@ struct CpuTable {
   std::vector<SlotRow> rows;  // DR0-DR3
 };
 
-std::vector<CpuTable> KernelTables(const PublishedSlots& s) {
+std::vector<CpuTable> KernelTables(const drmgr::PublishedSlots& s) {
   std::vector<CpuTable> out;
   for (const drmgr::ScopeView& sv : s.snapshot.scopes) {
     if (sv.scope.kind != drmgr::Scope::Kind::kCpu) {
@@ -488,7 +489,7 @@ std::vector<CpuTable> KernelTables(const PublishedSlots& s) {
   return out;
 }
 
-void PrintKernelText(const PublishedSlots& s) {
+void PrintKernelText(const drmgr::PublishedSlots& s) {
   std::printf("kernel session kwatch %d: %s (published %s)\n", s.kwatch_pid, s.command_line.c_str(),
               Ago(s.updated_ns).c_str());
   for (const CpuTable& t : KernelTables(s)) {
@@ -512,7 +513,7 @@ void PrintKernelText(const PublishedSlots& s) {
   }
 }
 
-json KernelJson(const PublishedSlots& s) {
+json KernelJson(const drmgr::PublishedSlots& s) {
   json cpus = json::array();
   for (const CpuTable& t : KernelTables(s)) {
     json rows = json::array();
@@ -572,14 +573,14 @@ int SlotsMain(const std::vector<std::string>& args) {
   }
 
   std::vector<std::string> notes;
-  absl::StatusOr<std::vector<PublishedSlots>> published =
-      ReadPublishedSlots(static_cast<pid_t>(pid), &notes);
+  absl::StatusOr<std::vector<drmgr::PublishedSlots>> published =
+      drmgr::ReadPublishedSlots(static_cast<pid_t>(pid), &notes);
   if (!published.ok()) {
     return Fail(published.status());
   }
-  std::map<pid_t, std::vector<PublishedSlots>> by_target;
-  std::vector<PublishedSlots> kernel;  // kernel sessions (target 0): CPU-wide registers
-  for (PublishedSlots& s : *published) {
+  std::map<pid_t, std::vector<drmgr::PublishedSlots>> by_target;
+  std::vector<drmgr::PublishedSlots> kernel;  // kernel sessions (target 0): CPU-wide registers
+  for (drmgr::PublishedSlots& s : *published) {
     if (s.target > 0) {
       by_target[s.target].push_back(std::move(s));
     } else if (pid == 0) {
@@ -616,10 +617,10 @@ int SlotsMain(const std::vector<std::string>& args) {
       processes.push_back(ProcessJson(t));
     }
     json kernel_sessions = json::array();
-    for (const PublishedSlots& s : kernel) {
+    for (const drmgr::PublishedSlots& s : kernel) {
       kernel_sessions.push_back(KernelJson(s));
     }
-    const json out = {{"registry", SlotRegistryDir()},
+    const json out = {{"registry", drmgr::SlotRegistryDir()},
                       {"processes", processes},
                       {"kernel_sessions", kernel_sessions},
                       {"notes", notes}};
@@ -632,7 +633,7 @@ int SlotsMain(const std::vector<std::string>& args) {
   if (tables.empty() && kernel.empty()) {
     std::printf(
         "no running kwatch session watches a process (sessions publish their slots in %s)\n",
-        SlotRegistryDir().c_str());
+        drmgr::SlotRegistryDir().c_str());
     return 0;
   }
   for (size_t i = 0; i < tables.size(); ++i) {

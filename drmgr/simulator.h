@@ -7,9 +7,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "drmgr/allocator_types.h"
+#include "drmgr/applier.h"
 #include "drmgr/scope.h"
 
 namespace kwatch::drmgr {
@@ -18,8 +19,9 @@ namespace kwatch::drmgr {
 // (encoded with dr7.h), and the kernel's slot counting is enforced: a change list that would
 // give some thread on some CPU a fifth slot fails with ResourceExhausted, like
 // perf_event_open's ENOSPC. Accesses are matched against the decoded registers and then
-// filtered in software the way a backend filters them. Not thread-safe.
-class Simulator {
+// filtered in software the way a backend filters them. As an Applier it stands in for the
+// perf and ptrace appliers, so that ApplyWithRetry runs against it. Not thread-safe.
+class Simulator : public Applier {
  public:
   struct Registers {
     std::array<uint64_t, kNumDebugRegisters> dr{};
@@ -53,10 +55,10 @@ class Simulator {
   // not match the registers (arming a busy slot, disarming another chunk), InvalidArgument
   // for a chunk one debug register cannot hold, ResourceExhausted for a fifth slot on some
   // thread or CPU. On error no register changes.
-  absl::Status Apply(const Changes& changes);
+  absl::Status Apply(const Changes& changes) override;
   // After Apply failed with ResourceExhausted: the scope of the refused arm (an applier
   // reports it to SlotAllocator::ReportNoSpace).
-  const std::optional<Scope>& refused_scope() const { return refused_scope_; }
+  std::optional<Scope> refused_scope() const override { return refused_scope_; }
 
   Registers RegistersOf(const Scope& scope) const;
   // Holders of an enabled slot (empty when disabled).

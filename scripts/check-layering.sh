@@ -4,7 +4,7 @@
 # edges between core's subfolders (core/CMakeLists.txt: base <- ptrace, x86 <- symbols <- probe,
 # store, kernel; core/event.h is shared by all).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 fail=0
 check() {  # folder, forbidden include prefixes (regex)
   local dir=$1 pattern=$2

@@ -31,6 +31,7 @@ bold "\$ kwatch-gui --export-png $OUT/viewer.png $OUT/false_sharing.kwdb      # 
 "$BUILD/gui/kwatch-gui" --export-png "$OUT/viewer.png" "$OUT/false_sharing.kwdb"
 
 bold "\$ kwatch probe 'tick i r->len' 'tick%return \$retval' -o $OUT/probes.kwdb -- uprobe_loop 5      # INT3 probes with arguments"
+# shellcheck disable=SC2016  # $retval is kwatch's probe syntax, not the shell's
 "$KWATCH" probe 'tick i r->len' 'tick%return $retval' -o "$OUT/probes.kwdb" -- "$TARGETS/uprobe_loop" 5 \
   | tee "$OUT/probes.txt"
 

@@ -12,8 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "core/symbols/expr.h"
 #include "core/base/status_macros.h"
+#include "core/symbols/expr.h"
+#include "drmgr/applier.h"
 #include "watch/hw_probe.h"
 #include "watch/page_backend.h"
 #include "watch/perf_backend.h"
@@ -260,22 +261,6 @@ std::string WatchSession::PeopleReason(const std::string& reason) const {
   return result;
 }
 
-absl::Status WatchSession::ApplyChanges(drmgr::Changes changes) {
-  for (int tries = 0;; ++tries) {
-    absl::Status s = hw_->Apply(changes);
-    if (s.ok() || !absl::IsResourceExhausted(s) || !hw_->refused_scope().has_value() ||
-        tries > drmgr::kNumDebugRegisters) {
-      return s;
-    }
-    // The kernel counts a register kwatch does not know about (a debugger, another tool).
-    absl::StatusOr<drmgr::Changes> next = alloc_->ReportNoSpace(*hw_->refused_scope());
-    if (!next.ok()) {
-      return s;
-    }
-    changes = *std::move(next);
-  }
-}
-
 absl::Status WatchSession::Arm() {
   page_watches_.clear();
   page_backend_ = nullptr;
@@ -321,7 +306,7 @@ absl::Status WatchSession::Arm() {
           alloc_->Request(client_, SlotRequestFor(w, proc_.pid(), opts_.overcommit)));
       hw_->AddOwner(g.id, w.id);
       request_of_[w.id] = g.id;
-      if (absl::Status s = ApplyChanges(std::move(g.changes)); !s.ok()) {
+      if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(g.changes)); !s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat("arming '", w.target.display, "': ", s.message()));
       }
@@ -405,7 +390,7 @@ absl::StatusOr<bool> WatchSession::Tick(absl::Time now) {
   if (changes.slots.empty()) {
     return false;
   }
-  KW_RETURN_IF_ERROR(ApplyChanges(std::move(changes)));
+  KW_RETURN_IF_ERROR(drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(changes)));
   return true;
 }
 

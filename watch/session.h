@@ -151,8 +151,6 @@ class WatchSession {
 
   // drmgr's reason with its request numbers replaced by the watches users know.
   std::string PeopleReason(const std::string& reason) const;
-  // Applies one change list, learning from ENOSPC that slots are held outside kwatch.
-  absl::Status ApplyChanges(drmgr::Changes changes);
 
   core::Process& proc_;
   // Shared with the sessions of followed fork children (same image, same addresses).

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "drmgr/allocator_types.h"
+#include "drmgr/applier.h"
 #include "drmgr/scope.h"
 #include "watch/backend.h"
 
@@ -14,22 +15,21 @@ namespace kwatch::watch {
 // A backend that makes drmgr's slot decisions real in the debug registers of one process:
 // the perf applier (PERF_TYPE_BREAKPOINT events, stream mode) and the stop applier (one perf
 // breakpoint with sigtrap per thread and register, stop mode). The session owns the
-// drmgr::SlotAllocator, asks it for one request per watch, and hands each change list here.
+// drmgr::SlotAllocator, asks it for one request per watch, and hands each change list here
+// through drmgr::ApplyWithRetry (drmgr/applier.h holds the Apply contract).
 //
 // Lifecycle: Arm() prepares (nothing is in the registers yet), then Apply() with the
 // allocator's changes, as often as the decision changes (multiplex rotation, preemption);
 // Disarm() removes every slot.
-class SlotBackend : public WatchBackend {
+class SlotBackend : public WatchBackend, public drmgr::Applier {
  public:
   // `owners`: which watch (Watch::id) each allocator request belongs to. Holders of a slot
   // whose request is not in the map receive nothing.
   explicit SlotBackend(std::map<drmgr::RequestId, uint32_t> owners) : owners_(std::move(owners)) {}
 
-  // Applies the changes in order, all or nothing: on error the registers are as before.
-  // ResourceExhausted when the kernel refused a slot (ENOSPC: held outside kwatch, e.g. by a
-  // debugger); refused_scope() then names its scope, for SlotAllocator::ReportNoSpace.
-  virtual absl::Status Apply(const drmgr::Changes& changes) = 0;
-  const std::optional<drmgr::Scope>& refused_scope() const { return refused_scope_; }
+  // drmgr::Applier: Apply (all or nothing; ResourceExhausted on ENOSPC) stays with each
+  // backend; the refused scope is the one its last Apply recorded.
+  std::optional<drmgr::Scope> refused_scope() const override { return refused_scope_; }
 
   // Request `id` belongs to watch `watch_id` (before the changes that arm it are applied).
   void AddOwner(drmgr::RequestId id, uint32_t watch_id) { owners_[id] = watch_id; }

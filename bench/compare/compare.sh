@@ -96,7 +96,11 @@ count_writer_ok() { grep -q "\"hits_w\":$N," "$WORK/out" && echo "$N"; }
 count_gdb() { grep -oE 'already hit [0-9]+ time' "$WORK/out" | awk '{print $3}' | tail -n 1; }
 # gdb's `watch` reports a store only when it changes the value (every store still traps):
 # field_writer's first store writes 0 over 0, so its N stores show as N-1 hits.
-count_gdb_watch() { [ "$(count_gdb)" = $((N - 1)) ] && echo "$N" || count_gdb; }
+count_gdb_watch() {
+  local n
+  n=$(count_gdb)
+  if [ "$n" = $((N - 1)) ]; then echo "$N"; else echo "$n"; fi
+}
 count_dprintf() { grep -c '^tick ' "$WORK/out"; }
 count_perf_stat() { awk -F, '/probe_uprobe_loop:tick/ {print $1}' "$WORK/out" | head -n 1; }
 count_perf_stat_mem() { awk -F, '/mem:/ {print $1}' "$WORK/out" | head -n 1; }

@@ -1,6 +1,6 @@
 // End-to-end tests of `kwatch slots`: the real binary on tests/targets/slot_holder.c, whose
 // debug registers are taken by perf breakpoints the test opens, by a real gdb, or by a
-// session published through cli/slot_registry.h.
+// session published through drmgr/slot_registry.h.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -23,9 +23,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cli/slot_registry.h"
 #include "core/base/unique_fd.h"
 #include "drmgr/slot_allocator.h"
+#include "drmgr/slot_registry.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
 
@@ -93,7 +93,7 @@ class SlotsTest : public ::testing::Test {
     ::setenv("KWATCH_RUN_DIR", dir_.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): one thread
   }
   void TearDown() override {
-    UnpublishSlots();
+    drmgr::UnpublishSlots();
     ::unsetenv("KWATCH_RUN_DIR");  // NOLINT(concurrency-mt-unsafe): one thread
     std::error_code ec;
     fs::remove_all(dir_, ec);
@@ -397,7 +397,7 @@ TEST_F(SlotsTest, ShowsPublishedSessionRowByRow) {
   }
   const drmgr::AllocatorSnapshot snap = alloc.Snapshot();
   std::vector<core::UniqueFd> fds = ApplyInKernel(snap, h.tids);
-  ASSERT_TRUE(PublishSlots(h.pid, snap, "kwatch --test").ok());
+  ASSERT_TRUE(drmgr::PublishSlots(h.pid, snap, "kwatch --test").ok());
 
   std::map<pid_t, int> none = {};
   (void)SlotsJson(h.pid, none);  // wait for parallel tests' slots to go

@@ -1,6 +1,6 @@
-// cli/slot_registry.h: publishing allocator snapshots for `kwatch slots`, and reading the
+// drmgr/slot_registry.h: publishing allocator snapshots for `kwatch slots`, and reading the
 // files back as untrusted input.
-#include "cli/slot_registry.h"
+#include "drmgr/slot_registry.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "drmgr/slot_allocator.h"
 
-namespace kwatch::cli {
+namespace kwatch::drmgr {
 namespace {
 
 using ::testing::HasSubstr;
@@ -301,4 +301,4 @@ TEST_F(SlotRegistryTest, RunDirectoryComesFromTheEnvironmentFirst) {
 }
 
 }  // namespace
-}  // namespace kwatch::cli
+}  // namespace kwatch::drmgr

@@ -1,4 +1,4 @@
-#include "cli/slot_registry.h"
+#include "drmgr/slot_registry.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,7 +31,7 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 
-namespace kwatch::cli {
+namespace kwatch::drmgr {
 
 namespace {
 
@@ -130,53 +130,53 @@ absl::Status EnsureDir(const std::string& dir) {
 
 // ---- JSON ----
 
-std::string ScopeKindName(drmgr::Scope::Kind k) {
+std::string ScopeKindName(Scope::Kind k) {
   switch (k) {
-    case drmgr::Scope::Kind::kThread:
+    case Scope::Kind::kThread:
       return "thread";
-    case drmgr::Scope::Kind::kProcess:
+    case Scope::Kind::kProcess:
       return "process";
-    case drmgr::Scope::Kind::kCpu:
+    case Scope::Kind::kCpu:
       return "cpu";
-    case drmgr::Scope::Kind::kAllCpus:
+    case Scope::Kind::kAllCpus:
       return "all-cpus";
   }
   return "?";
 }
 
-json ScopeJson(const drmgr::Scope& s) {
+json ScopeJson(const Scope& s) {
   return json{{"kind", ScopeKindName(s.kind)}, {"pid", s.pid}, {"tid", s.tid}, {"cpu", s.cpu}};
 }
 
-json IdsJson(const std::vector<drmgr::RequestId>& ids) {
+json IdsJson(const std::vector<RequestId>& ids) {
   json a = json::array();
-  for (const drmgr::RequestId id : ids) {
+  for (const RequestId id : ids) {
     a.push_back(id.value);
   }
   return a;
 }
 
-json ChunkJson(const drmgr::Chunk& c) {
+json ChunkJson(const Chunk& c) {
   return json{{"addr", c.addr.value}, {"len", c.len}};
 }
 
-json RequestJson(const drmgr::RequestView& r) {
+json RequestJson(const RequestView& r) {
   json chunks = json::array();
-  for (const drmgr::Chunk& c : r.chunks) {
+  for (const Chunk& c : r.chunks) {
     chunks.push_back(ChunkJson(c));
   }
   return json{
       {"id", r.id.value},
       {"client", r.client.value},
-      {"client_kind", Own(drmgr::ClientKindName(r.client_kind))},
+      {"client_kind", Own(ClientKindName(r.client_kind))},
       {"addr", r.request.addr.value},
       {"len", r.request.len},
-      {"kind", Own(drmgr::DrKindName(r.request.kind))},
+      {"kind", Own(DrKindName(r.request.kind))},
       {"scope", ScopeJson(r.request.scope)},
       {"priority", r.request.priority},
-      {"policy", Own(drmgr::ShortagePolicyName(r.request.policy))},
+      {"policy", Own(ShortagePolicyName(r.request.policy))},
       {"label", r.request.label},
-      {"state", Own(drmgr::RequestStateName(r.state))},
+      {"state", Own(RequestStateName(r.state))},
       {"armed", r.armed},
       {"chunks", chunks},
       {"slots", r.slots},
@@ -190,15 +190,15 @@ json RequestJson(const drmgr::RequestView& r) {
   };
 }
 
-json SnapshotJson(const drmgr::AllocatorSnapshot& snap) {
+json SnapshotJson(const AllocatorSnapshot& snap) {
   json scopes = json::array();
-  for (const drmgr::ScopeView& s : snap.scopes) {
+  for (const ScopeView& s : snap.scopes) {
     json slots = json::array();
-    for (const drmgr::SlotView& v : s.slots) {
-      slots.push_back(json{{"state", Own(drmgr::SlotStateName(v.state))},
+    for (const SlotView& v : s.slots) {
+      slots.push_back(json{{"state", Own(SlotStateName(v.state))},
                            {"addr", v.chunk.addr.value},
                            {"len", v.chunk.len},
-                           {"kind", Own(drmgr::DrKindName(v.kind))},
+                           {"kind", Own(DrKindName(v.kind))},
                            {"holders", IdsJson(v.holders)},
                            {"displaced", IdsJson(v.displaced)},
                            {"coverage", v.coverage}});
@@ -209,7 +209,7 @@ json SnapshotJson(const drmgr::AllocatorSnapshot& snap) {
                           {"free", s.free}});
   }
   json requests = json::array();
-  for (const drmgr::RequestView& r : snap.requests) {
+  for (const RequestView& r : snap.requests) {
     requests.push_back(RequestJson(r));
   }
   return json{{"scopes", scopes}, {"requests", requests}};
@@ -316,19 +316,19 @@ auto Names(F name, std::array<Enum, N> values) {
 }
 
 const auto& KindNames() {
-  static const auto names = Names<drmgr::DrKind, 3>(
-      drmgr::DrKindName, {drmgr::DrKind::kExec, drmgr::DrKind::kWrite, drmgr::DrKind::kReadWrite});
+  static const auto names =
+      Names<DrKind, 3>(DrKindName, {DrKind::kExec, DrKind::kWrite, DrKind::kReadWrite});
   return names;
 }
 
-absl::StatusOr<drmgr::Scope> ScopeFrom(const Reader& r, const json& j) {
-  using K = drmgr::Scope::Kind;
+absl::StatusOr<Scope> ScopeFrom(const Reader& r, const json& j) {
+  using K = Scope::Kind;
   static const std::array<std::pair<K, absl::string_view>, 4> scope_names = {
       {{K::kThread, "thread"},
        {K::kProcess, "process"},
        {K::kCpu, "cpu"},
        {K::kAllCpus, "all-cpus"}}};
-  drmgr::Scope s;
+  Scope s;
   KW_ASSIGN_OR_RETURN(s.kind, r.Named(j, "kind", scope_names));
   KW_ASSIGN_OR_RETURN(const int64_t pid, r.I64(j, "pid", 0, INT32_MAX));
   KW_ASSIGN_OR_RETURN(const int64_t tid, r.I64(j, "tid", 0, INT32_MAX));
@@ -346,21 +346,20 @@ absl::StatusOr<drmgr::Scope> ScopeFrom(const Reader& r, const json& j) {
   return s;
 }
 
-absl::StatusOr<std::vector<drmgr::RequestId>> IdsFrom(const Reader& r, const json& j,
-                                                      const char* name) {
+absl::StatusOr<std::vector<RequestId>> IdsFrom(const Reader& r, const json& j, const char* name) {
   KW_ASSIGN_OR_RETURN(const json* a, r.Array(j, name, kMaxIds));
-  std::vector<drmgr::RequestId> ids;
+  std::vector<RequestId> ids;
   for (const json& v : *a) {
     if (!v.is_number_unsigned()) {
       return r.Bad(absl::StrCat("\"", name, "\" holds a non-id"));
     }
-    ids.push_back(drmgr::RequestId{v.get<uint64_t>()});
+    ids.push_back(RequestId{v.get<uint64_t>()});
   }
   return ids;
 }
 
-absl::StatusOr<drmgr::Chunk> ChunkFrom(const Reader& r, const json& j, bool may_be_empty) {
-  drmgr::Chunk c;
+absl::StatusOr<Chunk> ChunkFrom(const Reader& r, const json& j, bool may_be_empty) {
+  Chunk c;
   KW_ASSIGN_OR_RETURN(c.addr.value, r.U64(j, "addr"));
   KW_ASSIGN_OR_RETURN(c.len, r.U64(j, "len"));
   const bool empty = c.len == 0 && c.addr.value == 0;
@@ -372,11 +371,11 @@ absl::StatusOr<drmgr::Chunk> ChunkFrom(const Reader& r, const json& j, bool may_
   return c;
 }
 
-absl::StatusOr<drmgr::SlotView> SlotFrom(const Reader& r, const json& j) {
-  using S = drmgr::SlotState;
+absl::StatusOr<SlotView> SlotFrom(const Reader& r, const json& j) {
+  using S = SlotState;
   static const auto states = Names<S, 5>(
-      drmgr::SlotStateName, {S::kFree, S::kArmed, S::kMultiplexed, S::kPreempted, S::kExternal});
-  drmgr::SlotView v;
+      SlotStateName, {S::kFree, S::kArmed, S::kMultiplexed, S::kPreempted, S::kExternal});
+  SlotView v;
   KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", states));
   const bool held = v.state == S::kArmed || v.state == S::kMultiplexed || v.state == S::kPreempted;
   KW_ASSIGN_OR_RETURN(v.chunk, ChunkFrom(r, j, /*may_be_empty=*/!held));
@@ -395,24 +394,24 @@ absl::StatusOr<drmgr::SlotView> SlotFrom(const Reader& r, const json& j) {
   return v;
 }
 
-absl::StatusOr<drmgr::RequestView> RequestFrom(const Reader& r, const json& j) {
-  using C = drmgr::ClientKind;
-  using P = drmgr::ShortagePolicy;
-  using RS = drmgr::RequestState;
+absl::StatusOr<RequestView> RequestFrom(const Reader& r, const json& j) {
+  using C = ClientKind;
+  using P = ShortagePolicy;
+  using RS = RequestState;
   static const auto clients =
-      Names<C, 3>(drmgr::ClientKindName, {C::kDebugger, C::kExecProbe, C::kWatchpoint});
+      Names<C, 3>(ClientKindName, {C::kDebugger, C::kExecProbe, C::kWatchpoint});
   static const auto policies = Names<P, 4>(
-      drmgr::ShortagePolicyName, {P::kFail, P::kPreemptLower, P::kMultiplex, P::kFallbackPages});
+      ShortagePolicyName, {P::kFail, P::kPreemptLower, P::kMultiplex, P::kFallbackPages});
   static const auto states = Names<RS, 5>(
-      drmgr::RequestStateName,
+      RequestStateName,
       {RS::kHardware, RS::kMultiplexed, RS::kPreempted, RS::kFallbackPages, RS::kFailed});
-  drmgr::RequestView v;
+  RequestView v;
   KW_ASSIGN_OR_RETURN(v.id.value, r.U64(j, "id"));
   KW_ASSIGN_OR_RETURN(v.client.value, r.U64(j, "client"));
   KW_ASSIGN_OR_RETURN(v.client_kind, r.Named(j, "client_kind", clients));
   KW_ASSIGN_OR_RETURN(v.request.addr.value, r.U64(j, "addr"));
   KW_ASSIGN_OR_RETURN(v.request.len, r.U64(j, "len"));
-  if (v.request.len == 0 || v.request.len > drmgr::kMaxRequestLen) {
+  if (v.request.len == 0 || v.request.len > kMaxRequestLen) {
     return r.Bad("\"len\" is out of range");
   }
   KW_ASSIGN_OR_RETURN(v.request.kind, r.Named(j, "kind", KindNames()));
@@ -424,15 +423,14 @@ absl::StatusOr<drmgr::RequestView> RequestFrom(const Reader& r, const json& j) {
   KW_ASSIGN_OR_RETURN(v.request.label, r.Str(j, "label"));
   KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", states));
   KW_ASSIGN_OR_RETURN(v.armed, r.Bool(j, "armed"));
-  KW_ASSIGN_OR_RETURN(const json* chunks, r.Array(j, "chunks", drmgr::kNumDebugRegisters));
+  KW_ASSIGN_OR_RETURN(const json* chunks, r.Array(j, "chunks", kNumDebugRegisters));
   for (const json& c : *chunks) {
-    KW_ASSIGN_OR_RETURN(drmgr::Chunk chunk, ChunkFrom(r.In("chunks"), c, false));
+    KW_ASSIGN_OR_RETURN(Chunk chunk, ChunkFrom(r.In("chunks"), c, false));
     v.chunks.push_back(chunk);
   }
-  KW_ASSIGN_OR_RETURN(const json* slots, r.Array(j, "slots", drmgr::kNumDebugRegisters));
+  KW_ASSIGN_OR_RETURN(const json* slots, r.Array(j, "slots", kNumDebugRegisters));
   for (const json& s : *slots) {
-    if (!s.is_number_integer() || s.get<int64_t>() < 0 ||
-        s.get<int64_t>() >= drmgr::kNumDebugRegisters) {
+    if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() >= kNumDebugRegisters) {
       return r.Bad("\"slots\" holds a slot other than 0..3");
     }
     v.slots.push_back(s.get<int>());
@@ -455,20 +453,20 @@ absl::StatusOr<drmgr::RequestView> RequestFrom(const Reader& r, const json& j) {
   return v;
 }
 
-absl::StatusOr<drmgr::AllocatorSnapshot> SnapshotFrom(const Reader& r, const json& j) {
-  drmgr::AllocatorSnapshot snap;
+absl::StatusOr<AllocatorSnapshot> SnapshotFrom(const Reader& r, const json& j) {
+  AllocatorSnapshot snap;
   KW_ASSIGN_OR_RETURN(const json* scopes, r.Array(j, "scopes", kMaxScopes));
   for (size_t i = 0; i < scopes->size(); ++i) {
     const Reader rs = r.In(absl::StrCat("scopes[", i, "]"));
     const json& s = (*scopes)[i];
-    drmgr::ScopeView view;
+    ScopeView view;
     KW_ASSIGN_OR_RETURN(const json* scope, rs.Field(s, "scope"));
     KW_ASSIGN_OR_RETURN(view.scope, ScopeFrom(rs.In("scope"), *scope));
-    KW_ASSIGN_OR_RETURN(const json* slots, rs.Array(s, "slots", drmgr::kNumDebugRegisters));
-    if (slots->size() != drmgr::kNumDebugRegisters) {
+    KW_ASSIGN_OR_RETURN(const json* slots, rs.Array(s, "slots", kNumDebugRegisters));
+    if (slots->size() != kNumDebugRegisters) {
       return rs.Bad("does not have 4 slots");
     }
-    for (int k = 0; k < drmgr::kNumDebugRegisters; ++k) {
+    for (int k = 0; k < kNumDebugRegisters; ++k) {
       KW_ASSIGN_OR_RETURN(view.slots[k], SlotFrom(rs.In(absl::StrCat("slots[", k, "]")),
                                                   (*slots)[static_cast<size_t>(k)]));
     }
@@ -480,7 +478,7 @@ absl::StatusOr<drmgr::AllocatorSnapshot> SnapshotFrom(const Reader& r, const jso
   }
   KW_ASSIGN_OR_RETURN(const json* requests, r.Array(j, "requests", kMaxRequests));
   for (size_t i = 0; i < requests->size(); ++i) {
-    KW_ASSIGN_OR_RETURN(drmgr::RequestView v,
+    KW_ASSIGN_OR_RETURN(RequestView v,
                         RequestFrom(r.In(absl::StrCat("requests[", i, "]")), (*requests)[i]));
     snap.requests.push_back(std::move(v));
   }
@@ -605,7 +603,7 @@ absl::StatusOr<PublishedSlots> PublishedSlotsFromJson(absl::string_view text,
   }
 }
 
-absl::Status PublishSlots(pid_t target, const drmgr::AllocatorSnapshot& snapshot,
+absl::Status PublishSlots(pid_t target, const AllocatorSnapshot& snapshot,
                           absl::string_view command_line) {
   const std::string dir = SlotRegistryDir();
   KW_RETURN_IF_ERROR(EnsureDir(dir));
@@ -755,4 +753,4 @@ absl::StatusOr<std::vector<PublishedSlots>> ReadPublishedSlots(pid_t target) {
   return out;
 }
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::drmgr

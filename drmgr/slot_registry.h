@@ -23,14 +23,14 @@
 //
 // Readers treat files as untrusted: at most kMaxRegistryFileBytes, regular files owned by the
 // reader, schema-checked; anything else is skipped with a note.
-namespace kwatch::cli {
+namespace kwatch::drmgr {
 
 inline constexpr int64_t kMaxRegistryFileBytes = int64_t{4} << 20;
 
 // Publishes this kwatch process's slot decisions for `target` (atomically replaces the
 // previous file; the file names kwatch's pid, the target pid, the command line and time).
 // Errors are returned, never fatal for the session.
-absl::Status PublishSlots(pid_t target, const drmgr::AllocatorSnapshot& snapshot,
+absl::Status PublishSlots(pid_t target, const AllocatorSnapshot& snapshot,
                           absl::string_view command_line);
 
 // Removes this process's file (on session end). Safe to call when nothing was published.
@@ -41,7 +41,7 @@ struct PublishedSlots {
   pid_t target = 0;
   std::string command_line;
   uint64_t updated_ns = 0;  // CLOCK_REALTIME of the publication
-  drmgr::AllocatorSnapshot snapshot;
+  AllocatorSnapshot snapshot;
 };
 
 // Every published session watching `target` (or all when target == 0), by kwatch pid.
@@ -65,4 +65,4 @@ std::string PublishedSlotsToJson(const PublishedSlots& published, uint64_t kwatc
 absl::StatusOr<PublishedSlots> PublishedSlotsFromJson(absl::string_view text,
                                                       uint64_t* kwatch_start_ticks);
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::drmgr
