@@ -52,7 +52,7 @@ uint64_t HeatCountAt(double position, uint64_t max, HeatScale scale) {
     return 0;
   }
   position = std::clamp(position, 0.0, 1.0);
-  const double m = static_cast<double>(max);
+  const auto m = static_cast<double>(max);
   const double c = scale == HeatScale::kLinear ? position * m : std::pow(m, position);
   return std::clamp<uint64_t>(static_cast<uint64_t>(std::llround(c)), 1, max);
 }
