@@ -26,7 +26,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "cli/kernel_slots.h"
 #include "cli/output.h"
 #include "cli/report_cmd.h"
 #include "core/base/status_macros.h"
@@ -44,6 +43,7 @@
 #include "watch/kernel/drain_values.h"
 #include "watch/kernel/kernel_event.h"
 #include "watch/kernel/kernel_session.h"
+#include "watch/kernel/kernel_slots.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
 #include "watch/profile/storage_profile.h"
@@ -503,7 +503,8 @@ absl::StatusOr<std::unique_ptr<DrainValues>> OpenDrainValues(
 // process's: drmgr/slot_registry.h) whenever they change.
 class SlotRegisters final : public watch::kernel::KernelRegisters {
  public:
-  SlotRegisters(std::unique_ptr<KernelSlots> slots, pid_t target, std::string command_line)
+  SlotRegisters(std::unique_ptr<watch::kernel::KernelSlots> slots, pid_t target,
+                std::string command_line)
       : slots_(std::move(slots)), target_(target), command_line_(std::move(command_line)) {}
   SlotRegisters(const SlotRegisters&) = delete;
   SlotRegisters& operator=(const SlotRegisters&) = delete;
@@ -516,7 +517,7 @@ class SlotRegisters final : public watch::kernel::KernelRegisters {
   std::vector<watch::kernel::ArmedBreakpoint> Armed() override {
     std::vector<watch::kernel::ArmedBreakpoint> out;
     out.reserve(slots_->armed().size());
-    for (const KernelBreakpoint& k : slots_->armed()) {
+    for (const watch::kernel::KernelBreakpoint& k : slots_->armed()) {
       out.push_back({k.bp.get(), k.watches});
     }
     return out;
@@ -528,7 +529,7 @@ class SlotRegisters final : public watch::kernel::KernelRegisters {
 
   std::vector<watch::kernel::ClosedBreakpoint> ReleaseCpu(int cpu) override {
     std::vector<watch::kernel::ClosedBreakpoint> out;
-    for (KernelBreakpoint& k : slots_->ReleaseCpu(cpu)) {
+    for (watch::kernel::KernelBreakpoint& k : slots_->ReleaseCpu(cpu)) {
       auto c = k.bp->Count();
       out.push_back({c.ok() ? *c : 0, k.bp->ring() != nullptr ? k.bp->ring()->lost() : 0,
                      std::move(k.watches)});
@@ -548,7 +549,7 @@ class SlotRegisters final : public watch::kernel::KernelRegisters {
   }
 
  private:
-  std::unique_ptr<KernelSlots> slots_;
+  std::unique_ptr<watch::kernel::KernelSlots> slots_;
   pid_t target_;  // --kernel-accesses: the process; 0 for kernel watches
   std::string command_line_;
   bool published_ = false;
@@ -842,7 +843,7 @@ struct KernelRun {
   std::vector<KernelWatch> watches;
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   std::string armed;  // the "armed ..." line
-  std::unique_ptr<KernelSlots> slots;
+  std::unique_ptr<watch::kernel::KernelSlots> slots;
   std::unique_ptr<DrainValues> values;       // kernel memory for values at drain time, or null
   core::Process* proc = nullptr;             // --kernel-accesses: the process
   const core::Symbols* user_syms = nullptr;  // ... and its symbols
@@ -938,7 +939,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
     watches.push_back(std::move(w));
   }
   // drmgr decides who holds which register of each CPU; its slots are opened as CPU-wide
-  // breakpoints (cli/kernel_slots.h).
+  // breakpoints (watch/kernel/kernel_slots.h).
   watch::BreakpointRequest opened;
   opened.kind = kind;
   opened.tid = -1;
@@ -951,7 +952,7 @@ absl::StatusOr<int> RunKernelWatch(const Options& opts) {
   for (const KernelWatch& w : watches) {
     labels.push_back(w.display);
   }
-  auto slots = std::make_unique<KernelSlots>(opened, std::move(labels));
+  auto slots = std::make_unique<watch::kernel::KernelSlots>(opened, std::move(labels));
   for (size_t i = 0; i < watches.size(); ++i) {
     KernelWatch& w = watches[i];
     for (const int cpu : cpus) {
@@ -1065,8 +1066,8 @@ absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
   for (const KernelWatch& w : watches) {
     labels.push_back(w.display);
   }
-  auto slots = std::make_unique<KernelSlots>(opened, std::move(labels), proc->pid(),
-                                             [&proc] { return proc->TracedThreads(); });
+  auto slots = std::make_unique<watch::kernel::KernelSlots>(
+      opened, std::move(labels), proc->pid(), [&proc] { return proc->TracedThreads(); });
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
     if (absl::Status st = slots->RequestForProcess(i, w.addr, w.len); !st.ok()) {

@@ -1,4 +1,4 @@
-#include "cli/kernel_slots.h"
+#include "watch/kernel/kernel_slots.h"
 
 #include <algorithm>
 #include <regex>
@@ -14,7 +14,7 @@
 #include "core/base/status_macros.h"
 #include "drmgr/scope.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch::kernel {
 
 KernelSlots::KernelSlots(watch::BreakpointRequest opened, std::vector<std::string> labels)
     : opened_(opened), labels_(std::move(labels)) {
@@ -209,4 +209,4 @@ std::vector<KernelBreakpoint> KernelSlots::ReleaseCpu(int cpu) {
   return out;
 }
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch::kernel

@@ -19,7 +19,7 @@
 #include "drmgr/slot_allocator.h"
 #include "watch/perf_breakpoint.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch::kernel {
 
 // One debug register of a kernel session in use: the perf breakpoint that holds it and the
 // watches its events go to (several when drmgr shares one slot between equal ranges).
@@ -108,4 +108,4 @@ class KernelSlots {
   std::vector<KernelBreakpoint> armed_;
 };
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch::kernel
