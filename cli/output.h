@@ -61,7 +61,7 @@ class AccessTextPrinter final : public AccessPrinter {
 
   absl::Status OnEvent(watch::WatchSession& session, watch::Summary& summary,
                        const core::AccessEvent& ev, const core::AccessEvent& as_counted) override;
-  void OnSummary(const watch::AccessSummary& summary) override;
+  void OnSummary(const watch::AccessSummary& all) override;
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;
@@ -75,7 +75,7 @@ class AccessJsonPrinter final : public AccessPrinter {
 
   absl::Status OnEvent(watch::WatchSession& session, watch::Summary& summary,
                        const core::AccessEvent& ev, const core::AccessEvent& as_counted) override;
-  void OnSummary(const watch::AccessSummary& summary) override;
+  void OnSummary(const watch::AccessSummary& all) override;
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "watch/recording.h"
 
 #ifndef KWATCH_VERSION
@@ -19,7 +21,8 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateWatchRecording(
   rec.pid = pid;
   rec.kwatch_version = KWATCH_VERSION;
   rec.mode = "watch";
-  rec.backend = std::string(watch::BackendName(session.backend()));
+  const absl::string_view backend = watch::BackendName(session.backend());
+  rec.backend.assign(backend.data(), backend.size());
   auto w = core::TraceWriter::Create(opts.output, rec);
   if (!w.ok()) {
     return w.status();
@@ -81,7 +84,7 @@ void AccessRecordingSink::OnSummary(const watch::AccessSummary& summary) {
     end.exit_reason = info.stop_reason;
     end.lost_count = info.lost;
     if (absl::Status s = writer_.Finish(end); !s.ok()) {
-      std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+      absl::FPrintF(stderr, "kwatch: error: %s\n", s.message());
       failed_ = true;
     } else {
       if (!writer_.finish_warning().empty()) {
@@ -93,7 +96,7 @@ void AccessRecordingSink::OnSummary(const watch::AccessSummary& summary) {
     }
   } else {
     failed_ = true;
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(error_.message()).c_str());
+    absl::FPrintF(stderr, "kwatch: error: %s\n", error_.message());
     if (!writer_.location_lost()) {  // never claim a file that no longer exists
       const std::string& where = writer_.moved_to().empty() ? writer_.path() : writer_.moved_to();
       std::fprintf(stderr,

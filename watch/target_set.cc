@@ -1,14 +1,15 @@
 #include "watch/target_set.h"
 
-#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <csignal>
 #include <cstring>
+#include <ctime>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,10 +53,10 @@ absl::StatusOr<core::UniqueFd> BlockSessionSignals() {
   return sigfd;
 }
 
-TargetSet::TargetSet(const TargetSetOptions& opts, const SessionOptions& session_opts,
+TargetSet::TargetSet(TargetSetOptions opts, const SessionOptions& session_opts,
                      core::UniqueFd sigfd, std::unique_ptr<core::ProcessGroup> group,
                      std::vector<Condition> conditions, AccessSink& sink)
-    : opts_(opts),
+    : opts_(std::move(opts)),
       session_opts_(session_opts),
       sigfd_(std::move(sigfd)),
       group_(std::move(group)),
@@ -148,7 +149,7 @@ WatchSession& TargetSet::first_session() {
   return target().ended.empty() ? *target().session : *target().ended.front();
 }
 
-std::string TargetSet::Who(const Tracee& t) const {
+std::string TargetSet::Who(const Tracee& t) {
   return t.parent == 0 ? absl::StrCat("target ", t.proc->pid())
                        : absl::StrCat("followed child ", t.proc->pid());
 }
@@ -161,16 +162,16 @@ void TargetSet::Note(std::string text) {
   notes_.push_back(std::move(text));
 }
 
-void TargetSet::Stop(std::string reason) {
+void TargetSet::Stop(absl::string_view reason) {
   if (!stopped_) {
     stopped_ = true;
-    stop_reason_ = std::move(reason);
+    stop_reason_.assign(reason.data(), reason.size());
   }
 }
 
 void TargetSet::DrainAll() {
-  for (size_t i = 0; i < tracees_.size(); ++i) {
-    DrainTracee(*tracees_[i]);
+  for (const std::unique_ptr<Tracee>& t : tracees_) {
+    DrainTracee(*t);
   }
   if (opts_.count > 0 && delivered_ >= opts_.count) {
     Stop(absl::StrCat("--count ", opts_.count, " reached"));
@@ -203,7 +204,7 @@ void TargetSet::DrainTracee(Tracee& t) {
     summary_->Add(*counted);
     profile_->Add(*counted);
     if (absl::Status s = sink_.OnEvent(session, *summary_, ev, *counted); !s.ok()) {
-      Stop(std::string(s.message()));
+      Stop(s.message());
     }
   });
 }
@@ -219,7 +220,7 @@ bool TargetSet::AnyChildAlive() const {
 
 absl::Status TargetSet::PollAll() {
   // Children adopted meanwhile are polled in the same round (the vector may grow).
-  for (size_t i = 0; i < tracees_.size(); ++i) {
+  for (size_t i = 0; i < tracees_.size(); ++i) {  // NOLINT(modernize-loop-convert)
     Tracee& t = *tracees_[i];
     if (!t.proc->alive()) {
       continue;
@@ -236,7 +237,7 @@ absl::Status TargetSet::PollAll() {
     if (tracees_.size() > 1) {
       absl::StrAppend(&reason, "; its followed children ended");
     }
-    Stop(std::move(reason));
+    Stop(reason);
   }
   return absl::OkStatus();
 }
@@ -319,8 +320,8 @@ absl::Status TargetSet::AdoptChild(Tracee& parent, pid_t pid) {
   }
   if (absl::Status s = (*session)->Arm(); !s.ok()) {
     (void)child->Detach();
-    return absl::Status(
-        s.code(), absl::StrCat("arming the watches in followed child ", pid, ": ", s.message()));
+    return {s.code(),
+            absl::StrCat("arming the watches in followed child ", pid, ": ", s.message())};
   }
   auto t = std::make_unique<Tracee>();
   t->parent = parent.proc->pid();
@@ -408,17 +409,16 @@ absl::StatusOr<bool> TargetSet::Step(absl::Duration timeout) {
     return false;
   }
   sink_.BeforeWait();
-  epoll_event evs[64];
-  const int n =
-      epoll_wait(epfd_.get(), evs, 64,
-                 static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout))));
+  std::array<epoll_event, 64> evs{};
+  const int timeout_ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
+  const int n = epoll_wait(epfd_.get(), evs.data(), static_cast<int>(evs.size()), timeout_ms);
   if (n < 0 && errno != EINTR) {
     const int err = errno;
     return core::SyscallError(err, "epoll_wait");
   }
   bool drain = false;
   for (int i = 0; i < n; ++i) {
-    if (evs[i].data.fd == sigfd_.get()) {
+    if (evs[static_cast<size_t>(i)].data.fd == sigfd_.get()) {
       signalfd_siginfo si{};
       while (read(sigfd_.get(), &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) {
@@ -428,13 +428,14 @@ absl::StatusOr<bool> TargetSet::Step(absl::Duration timeout) {
           Stop(absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo))));
         }
       }
-    } else if (evs[i].data.fd == tick_.get()) {
+    } else if (evs[static_cast<size_t>(i)].data.fd == tick_.get()) {
       uint64_t ticks = 0;
-      (void)!read(tick_.get(), &ticks, sizeof(ticks));
+      const ssize_t got = read(tick_.get(), &ticks, sizeof(ticks));  // the count is not used
+      (void)got;
       drain = true;
-      for (size_t k = 0; k < tracees_.size(); ++k) {
-        WatchSession* s = tracees_[k]->session.get();
-        if (s == nullptr || !s->multiplexing() || !tracees_[k]->proc->alive()) {
+      for (const std::unique_ptr<Tracee>& t : tracees_) {
+        WatchSession* s = t->session.get();
+        if (s == nullptr || !s->multiplexing() || !t->proc->alive()) {
           continue;
         }
         KW_ASSIGN_OR_RETURN(const bool rotated, s->Tick(absl::Now()));
@@ -450,7 +451,7 @@ absl::StatusOr<bool> TargetSet::Step(absl::Duration timeout) {
   if (drain) {
     DrainAll();
     if (absl::Status s = sink_.OnDrained(); !s.ok()) {
-      Stop(std::string(s.message()));
+      Stop(s.message());
     }
   }
   if (deadline_ns_ != 0 && core::MonotonicNs() >= deadline_ns_) {

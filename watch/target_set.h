@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/base/unique_fd.h"
 #include "core/event.h"
@@ -96,7 +97,7 @@ class TargetSet {
  private:
   struct Tracee;
 
-  TargetSet(const TargetSetOptions& opts, const SessionOptions& session_opts, core::UniqueFd sigfd,
+  TargetSet(TargetSetOptions opts, const SessionOptions& session_opts, core::UniqueFd sigfd,
             std::unique_ptr<core::ProcessGroup> group, std::vector<Condition> conditions,
             AccessSink& sink);
 
@@ -116,9 +117,10 @@ class TargetSet {
   // in the new image when they resolve to the same types; says what happened.
   void Rearm(Tracee& t);
   bool AnyChildAlive() const;
-  std::string Who(const Tracee& t) const;
+  static std::string Who(const Tracee& t);
   void Note(std::string text);
-  void Stop(std::string reason);
+  // Ends the session with `reason` unless it already ends.
+  void Stop(absl::string_view reason);
   // Removes the watches from every process, then lets each go.
   absl::Status Release(RunInfo& info);
 

@@ -148,8 +148,7 @@ absl::StatusOr<TargetSetEnd> RunToEnd(TargetSet& set) {
 }
 
 std::string TruthFile(const std::string& name) {
-  const std::string p =
-      ::testing::TempDir() + "target_set_" + name + "_" + std::to_string(::getpid());
+  std::string p = ::testing::TempDir() + "target_set_" + name + "_" + std::to_string(::getpid());
   std::remove(p.c_str());
   return p;
 }
@@ -172,11 +171,11 @@ TEST(TargetSet, FollowsForksAndCountsEveryProcessExactly) {
   EXPECT_EQ(end->info.stop_reason, "target exited; its followed children ended");
 
   const std::map<pid_t, long> t = ReadTruth(truth);
-  ASSERT_EQ(t.size(), 5u);  // main, 3 children, the grandchild
-  ASSERT_EQ(t.count(main_pid), 1u);
+  ASSERT_EQ(t.size(), 5U);  // main, 3 children, the grandchild
+  ASSERT_EQ(t.count(main_pid), 1U);
   long total = 0;
   for (const auto& [pid, writes] : t) {
-    EXPECT_EQ(sink.events_by_pid.count(pid) ? sink.events_by_pid.at(pid) : 0u,
+    EXPECT_EQ(sink.events_by_pid.contains(pid) ? sink.events_by_pid.at(pid) : 0U,
               static_cast<uint64_t>(writes))
         << "pid " << pid;
     total += writes;
@@ -185,18 +184,18 @@ TEST(TargetSet, FollowsForksAndCountsEveryProcessExactly) {
   EXPECT_EQ(sink.events_by_pid.size(), t.size());
   EXPECT_EQ(sink.summary_events, static_cast<uint64_t>(total));
   ASSERT_TRUE(sink.info.has_value());
-  ASSERT_EQ(sink.info->processes.size(), 5u);
+  ASSERT_EQ(sink.info->processes.size(), 5U);
   EXPECT_EQ(sink.info->processes[0].pid, main_pid);
   EXPECT_EQ(sink.info->processes[0].parent, 0);
   for (const RunInfo::Process& p : sink.info->processes) {
-    ASSERT_EQ(t.count(p.pid), 1u) << p.pid;
+    ASSERT_EQ(t.count(p.pid), 1U) << p.pid;
     EXPECT_EQ(p.events, static_cast<uint64_t>(t.at(p.pid))) << p.pid;
     EXPECT_EQ(p.per_watch, std::vector<uint64_t>{p.events}) << p.pid;
     ASSERT_TRUE(p.exit.has_value()) << p.pid;
   }
   // Each child was announced when it was adopted, and its end when it ended.
-  EXPECT_EQ(sink.notes[AccessNote::Kind::kChildFollowed].size(), 4u);
-  EXPECT_EQ(sink.notes[AccessNote::Kind::kChildExited].size(), 4u);
+  EXPECT_EQ(sink.notes[AccessNote::Kind::kChildFollowed].size(), 4U);
+  EXPECT_EQ(sink.notes[AccessNote::Kind::kChildExited].size(), 4U);
   EXPECT_TRUE(sink.notes[AccessNote::Kind::kDetached].empty());
 }
 
@@ -217,7 +216,7 @@ TEST(TargetSet, WithoutFollowingCountsTheTargetOnly) {
   EXPECT_EQ(end->info.stop_reason, "target exited");
   EXPECT_EQ(sink.events_by_pid, (std::map<pid_t, uint64_t>{{main_pid, 5}}));
   EXPECT_TRUE(end->info.processes.empty());
-  ASSERT_EQ(end->info.notes.size(), 1u);
+  ASSERT_EQ(end->info.notes.size(), 1U);
   EXPECT_EQ(end->info.notes[0],
             "the target forked 3 children: not followed (-f follows them), each let go with none "
             "of kwatch's watches");
@@ -240,8 +239,8 @@ TEST(TargetSet, StopsAtTheCount) {
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_THAT(end->info.stop_reason, HasSubstr("--count 7 reached"));
   EXPECT_EQ(sink.events_by_pid, (std::map<pid_t, uint64_t>{{main_pid, 7}}));
-  EXPECT_EQ(sink.summary_events, 7u);
-  EXPECT_GE(sink.drains, 1u);
+  EXPECT_EQ(sink.summary_events, 7U);
+  EXPECT_GE(sink.drains, 1U);
 }
 
 }  // namespace
