@@ -1,20 +1,12 @@
 #include "cli/app.h"
 
 #include <signal.h>
-#include <sys/epoll.h>
-#include <sys/signalfd.h>
-#include <sys/timerfd.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -33,15 +25,16 @@
 #include "cli/output.h"
 #include "cli/report_cmd.h"
 #include "cli/watch_options.h"
+#include "cli/watch_recording.h"
 #include "core/base/clock.h"
-#include "core/symbols/expr.h"
-#include "core/ptrace/process.h"
-#include "core/ptrace/process_group.h"
 #include "core/base/status_macros.h"
-#include "core/store/trace_writer.h"
-#include "core/symbols/symbols.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/ptrace/process.h"
+#include "core/ptrace/process_group.h"
+#include "core/store/trace_writer.h"
+#include "core/symbols/expr.h"
+#include "core/symbols/symbols.h"
 #include "drmgr/debug_regs.h"
 #include "drmgr/slot_registry.h"
 #include "watch/condition.h"
@@ -51,6 +44,7 @@
 #include "watch/recording.h"
 #include "watch/session.h"
 #include "watch/summary.h"
+#include "watch/target_set.h"
 
 #ifndef KWATCH_VERSION
 #define KWATCH_VERSION "dev"
@@ -91,481 +85,9 @@ void Error(const absl::Status& s) {
   std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
 }
 
-// The event loop: drains rings, follows the target (and with -f the children it forks), stops
-// on count, duration or a signal.
-class Runner {
- public:
-  Runner(const Options& opts, std::unique_ptr<core::ProcessGroup> group,
-         std::unique_ptr<core::Process> proc, std::unique_ptr<watch::WatchSession> session,
-         const watch::SessionOptions& session_opts, int sigfd, core::TraceWriter* writer,
-         std::vector<watch::Condition> conditions);
-
-  absl::StatusOr<int> Run();
-  // After Run() failed: every watch removed, followed children detached, the target killed if
-  // it was launched (it may never have run its own code), else detached.
-  void Abandon();
-
- private:
-  // A process of the session: the target, or (-f) a followed child.
-  struct Tracee {
-    std::unique_ptr<core::Process> proc;
-    // Its watches now; nullptr when they ended (exec without -f, or not re-armed).
-    std::unique_ptr<watch::WatchSession> session;
-    // Sessions of images it exec'd from (kept for their counts and, the target's first, for
-    // the summary).
-    std::vector<std::unique_ptr<watch::WatchSession>> ended;
-    pid_t parent = 0;  // 0: the target
-    uint64_t events = 0;
-    std::vector<uint64_t> per_watch;
-    // Per watch, after an exec re-arm: the first image's address minus this image's (the
-    // summary counts fields against the first image's layout). Empty: no difference.
-    std::vector<uint64_t> rebase;
-  };
-
-  absl::Status AddFd(int fd) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) {
-      const int err = errno;
-      return core::SyscallError(err, "epoll_ctl(ADD)");
-    }
-    return absl::OkStatus();
-  }
-  absl::Status AddFds(const watch::WatchSession& session) {
-    for (int fd : session.Fds()) {
-      KW_RETURN_IF_ERROR(AddFd(fd));
-    }
-    return absl::OkStatus();
-  }
-  Tracee& target() { return *tracees_.front(); }
-  // The session the summary describes: the target's first (its watches, placements, names).
-  watch::WatchSession& first() {
-    return target().ended.empty() ? *target().session : *target().ended.front();
-  }
-  void DrainAll();
-  void DrainTracee(Tracee& t);
-  // Appends `ev` (and its site, once) to the recording; a failure stops the session.
-  void Record(watch::WatchSession& session, const core::AccessEvent& ev);
-  void FlushRecording();
-  // Polls the target and every followed child, and handles what happened to each.
-  absl::Status HandleChild();
-  absl::Status HandleEvents(Tracee& t, const std::vector<core::ProcessEvent>& events);
-  // -f: takes followed child `pid` (forked by thread `tid` of `parent`), arms its session and
-  // resumes it.
-  absl::Status AdoptChild(Tracee& parent, pid_t pid);
-  // -f: `t` called exec (stopped at its exec event): its watches are armed again by
-  // expression in the new image when they resolve to the same types; says what happened.
-  void Rearm(Tracee& t);
-  bool AnyChildAlive() const;
-  std::string Who(const Tracee& t) const {
-    return t.parent == 0 ? absl::StrCat("target ", t.proc->pid())
-                         : absl::StrCat("followed child ", t.proc->pid());
-  }
-  void Note(std::string note) {
-    std::fprintf(stderr, "kwatch: %s\n", note.c_str());
-    notes_.push_back(std::move(note));
-  }
-  void Stop(std::string reason) {
-    if (!stopped_) {
-      stopped_ = true;
-      stop_reason_ = std::move(reason);
-    }
-  }
-  // Removes the watches from every process, then lets each go: killed (--kill-on-exit on a
-  // launched target) or detached.
-  absl::Status Release(RunInfo& info);
-
-  const Options& opts_;
-  std::unique_ptr<core::ProcessGroup> group_;     // -f; outlives every process below
-  std::vector<std::unique_ptr<Tracee>> tracees_;  // the target first, then children by fork
-  watch::SessionOptions session_opts_;
-  int sigfd_;
-  core::TraceWriter* writer_;                 // -o, or nullptr
-  std::vector<watch::Condition> conditions_;  // --if, one per watch (by id), or none
-  absl::Status record_error_;
-  std::vector<watch::Watch> watches_;  // the target's first image's: what the summary counts
-  watch::Summary summary_;
-  std::optional<watch::StorageProfile> profile_;  // from the start of Run()
-  EventPrinter printer_;
-  core::UniqueFd epfd_;
-  bool stopped_ = false;
-  std::string stop_reason_;
-  uint64_t delivered_ = 0;
-  bool exec_seen_ = false;  // the target's watches ended at an exec (not re-armed)
-  std::vector<std::string> notes_;
-};
-
-Runner::Runner(const Options& opts, std::unique_ptr<core::ProcessGroup> group,
-               std::unique_ptr<core::Process> proc, std::unique_ptr<watch::WatchSession> session,
-               const watch::SessionOptions& session_opts, int sigfd, core::TraceWriter* writer,
-               std::vector<watch::Condition> conditions)
-    : opts_(opts),
-      group_(std::move(group)),
-      session_opts_(session_opts),
-      sigfd_(sigfd),
-      writer_(writer),
-      conditions_(std::move(conditions)),
-      watches_(session->watches()),
-      summary_(watches_),
-      printer_(stdout, opts.json, 0) {
-  auto t = std::make_unique<Tracee>();
-  t->proc = std::move(proc);
-  t->session = std::move(session);
-  t->per_watch.assign(watches_.size(), 0);
-  tracees_.push_back(std::move(t));
-}
-
-void Runner::DrainAll() {
-  for (size_t i = 0; i < tracees_.size(); ++i) {
-    DrainTracee(*tracees_[i]);
-  }
-  if (opts_.count > 0 && delivered_ >= opts_.count) {
-    Stop(absl::StrCat("--count ", opts_.count, " reached"));
-  }
-}
-
-void Runner::DrainTracee(Tracee& t) {
-  if (t.session == nullptr || (stopped_ && opts_.count > 0 && delivered_ >= opts_.count)) {
-    return;
-  }
-  watch::WatchSession& session = *t.session;
-  session.Drain([&](const core::AccessEvent& ev) {
-    if (opts_.count > 0 && delivered_ >= opts_.count) {
-      return;
-    }
-    if (!conditions_.empty() && !conditions_[ev.watch_id].Matches(ev)) {
-      return;
-    }
-    ++delivered_;
-    ++t.events;
-    ++t.per_watch[ev.watch_id];
-    core::AccessEvent rebased;
-    const core::AccessEvent* counted = &ev;
-    if (!t.rebase.empty()) {
-      rebased = ev;
-      rebased.addr.value += t.rebase[ev.watch_id];
-      rebased.access_addr.value += t.rebase[ev.watch_id];
-      counted = &rebased;
-    }
-    summary_.Add(*counted);
-    profile_->Add(*counted);
-    Record(session, ev);
-    if (!opts_.quiet) {
-      printer_.Print(session, summary_, ev, counted);
-    }
-  });
-}
-
-void Runner::Record(watch::WatchSession& session, const core::AccessEvent& ev) {
-  if (writer_ == nullptr || !record_error_.ok()) {
-    return;
-  }
-  absl::Status s;
-  if (!writer_->HasSite(ev.ip)) {
-    s = writer_->AddSite(watch::SiteRecordFor(session.symbolizer(), ev.ip));
-  }
-  if (s.ok()) {
-    s = writer_->Append(ev);
-  }
-  if (!s.ok()) {
-    record_error_ = s;
-    Stop(absl::StrCat("recording failed: ", s.message()));
-  }
-}
-
-void Runner::FlushRecording() {
-  if (writer_ == nullptr || !record_error_.ok()) {
-    return;
-  }
-  if (absl::Status s = writer_->Flush(); !s.ok()) {
-    record_error_ = s;
-    Stop(absl::StrCat("recording failed: ", s.message()));
-  }
-}
-
-bool Runner::AnyChildAlive() const {
-  for (size_t i = 1; i < tracees_.size(); ++i) {
-    if (tracees_[i]->proc->alive()) {
-      return true;
-    }
-  }
-  return false;
-}
-
-absl::Status Runner::HandleChild() {
-  // Children adopted meanwhile are polled in the same round (the vector may grow).
-  for (size_t i = 0; i < tracees_.size(); ++i) {
-    Tracee& t = *tracees_[i];
-    if (!t.proc->alive()) {
-      continue;
-    }
-    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, t.proc->Poll());
-    KW_RETURN_IF_ERROR(HandleEvents(t, events));
-  }
-  const core::Process& main = *target().proc;
-  if (!main.alive() && !AnyChildAlive()) {
-    std::string reason =
-        main.exit_info()->signaled
-            ? absl::StrCat("target killed by ", sigabbrev_np(main.exit_info()->signal))
-            : "target exited";
-    if (tracees_.size() > 1) {
-      absl::StrAppend(&reason, "; its followed children ended");
-    }
-    Stop(std::move(reason));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Runner::HandleEvents(Tracee& t, const std::vector<core::ProcessEvent>& events) {
-  core::Process& proc = *t.proc;
-  for (const core::ProcessEvent& e : events) {
-    switch (e.kind) {
-      case core::ProcessEvent::Kind::kExited:
-        if (t.parent != 0) {
-          DrainTracee(t);  // what its rings still hold
-          std::fprintf(
-              stderr, "kwatch: followed child %d %s %d\n", proc.pid(),
-              proc.exit_info()->signaled ? "killed by signal" : "exited with status",
-              proc.exit_info()->signaled ? proc.exit_info()->signal : proc.exit_info()->code);
-        }
-        break;
-      case core::ProcessEvent::Kind::kExec:
-        DrainAll();
-        if (t.session != nullptr) {
-          t.session->Forget();
-          t.ended.push_back(std::move(t.session));
-        }
-        if (group_ != nullptr && !stopped_) {
-          Rearm(t);
-          KW_RETURN_IF_ERROR(proc.ResumeAll());
-          break;
-        }
-        if (t.parent == 0) {
-          exec_seen_ = true;
-          std::fprintf(stderr,
-                       "kwatch: target %d called exec; the watches of the old image have ended "
-                       "(their addresses mean nothing in the new one; -f re-arms them)\n",
-                       proc.pid());
-        } else {
-          Note(absl::StrCat(Who(t), " called exec: its watches ended there"));
-        }
-        KW_RETURN_IF_ERROR(proc.Resume(e.tid));
-        break;
-      case core::ProcessEvent::Kind::kForked:
-        if (e.child != 0) {
-          KW_RETURN_IF_ERROR(AdoptChild(t, e.child));
-        }
-        break;
-      case core::ProcessEvent::Kind::kGroupStop:
-        std::fprintf(stderr, "kwatch: %s stopped by %s (job control); still watching\n",
-                     Who(t).c_str(), sigabbrev_np(e.signal));
-        break;
-      default:
-        break;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Runner::AdoptChild(Tracee& parent, pid_t pid) {
-  const uint64_t t0 = core::MonotonicNs();
-  std::unique_ptr<core::Process> child = group_->TakeChild(pid);
-  if (child == nullptr) {
-    return absl::OkStatus();
-  }
-  watch::WatchSession* from = parent.session.get();
-  if (from == nullptr || stopped_) {
-    // Nothing of kwatch's is in it (cleaned at its fork): it goes unwatched, detached.
-    Note(absl::StrCat("child ", pid, " of ", parent.proc->pid(), " not followed: ",
-                      stopped_ ? "kwatch was stopping" : "its parent's watches had ended"));
-    return child->Detach();
-  }
-  auto session = watch::WatchSession::ForFork(*from, *child);
-  if (!session.ok()) {
-    (void)child->Detach();
-    return session.status();
-  }
-  if (absl::Status s = (*session)->Arm(); !s.ok()) {
-    (void)child->Detach();
-    return absl::Status(
-        s.code(), absl::StrCat("arming the watches in followed child ", pid, ": ", s.message()));
-  }
-  auto t = std::make_unique<Tracee>();
-  t->parent = parent.proc->pid();
-  t->proc = std::move(child);
-  t->session = *std::move(session);
-  t->per_watch.assign(watches_.size(), 0);
-  t->rebase = parent.rebase;  // the same image as its parent
-  KW_RETURN_IF_ERROR(AddFds(*t->session));
-  if (!opts_.quiet) {
-    std::fprintf(stderr, "kwatch: following child %d of %d (watches armed in %.0f us)\n", pid,
-                 t->parent, static_cast<double>(core::MonotonicNs() - t0) / 1e3);
-  }
-  tracees_.push_back(std::move(t));
-  return absl::OkStatus();
-}
-
-void Runner::Rearm(Tracee& t) {
-  const std::string who = Who(t);
-  std::string what;
-  // Up to the new program's entry point: its shared libraries are mapped then.
-  absl::Status s = t.proc->RunToEntry();
-  std::unique_ptr<watch::WatchSession> session;
-  std::vector<uint64_t> rebase(watches_.size(), 0);
-  bool moved = false;
-  if (s.ok()) {
-    std::vector<watch::WatchRequest> requests;
-    for (const watch::Watch& w : watches_) {
-      requests.push_back(w.request);
-    }
-    auto created = watch::WatchSession::Create(*t.proc, std::move(requests), session_opts_);
-    s = created.status();
-    if (s.ok()) {
-      session = *std::move(created);
-    }
-  }
-  for (size_t i = 0; s.ok() && i < watches_.size(); ++i) {
-    const core::ResolvedExpr& was = watches_[i].target;
-    const core::ResolvedExpr& now = session->watches()[i].target;
-    if (now.type_name != was.type_name || now.length != was.length) {
-      s = absl::FailedPreconditionError(absl::StrFormat(
-          "'%s' is %s (%d bytes) in the new image, %s (%d bytes) in the first: one summary "
-          "cannot count both layouts",
-          watches_[i].request.expr, now.type_name, now.length, was.type_name, was.length));
-    }
-    rebase[i] = was.addr.value - now.addr.value;
-    moved = moved || rebase[i] != 0;
-  }
-  if (s.ok() && moved && writer_ != nullptr) {
-    s = absl::FailedPreconditionError(
-        "the watched variables moved (the new image is loaded elsewhere) and the recording "
-        "(-o) holds one address per watch");
-  }
-  if (s.ok()) {
-    s = session->Arm();
-  }
-  if (s.ok()) {
-    s = AddFds(*session);
-  }
-  if (s.ok()) {
-    std::vector<std::string> where;
-    for (const watch::Watch& w : session->watches()) {
-      where.push_back(absl::StrFormat("%s at 0x%x", w.target.display, w.target.addr.value));
-    }
-    what =
-        absl::StrCat(session->watches().size() == 1 ? "its watch was" : "its watches were",
-                     " re-armed in the new image by expression (-f): ", absl::StrJoin(where, ", "));
-    t.session = std::move(session);
-    t.rebase = moved ? std::move(rebase) : std::vector<uint64_t>();
-  } else {
-    what = absl::StrCat("not re-armed: ", s.message());
-    t.rebase.clear();
-  }
-  Note(absl::StrCat(who, " called exec: the watches of the old image ended there; ", what));
-}
-
-absl::Status Runner::Release(RunInfo& info) {
-  if (group_ != nullptr) {
-    // Forks from now on are cleaned and let go; children already announced are let go too.
-    group_->set_follow_forks(false);
-    (void)HandleChild();
-    DrainAll();
-  }
-  for (auto& t : tracees_) {
-    if (t->session != nullptr) {
-      t->session->Disarm();
-    }
-  }
-  const bool kill = target().proc->launched() && opts_.kill_on_exit;
-  size_t detached = 0;
-  for (size_t i = 1; i < tracees_.size(); ++i) {
-    core::Process& p = *tracees_[i]->proc;
-    if (!p.alive()) {
-      continue;
-    }
-    if (kill) {
-      KW_RETURN_IF_ERROR(p.Kill());
-    } else {
-      KW_RETURN_IF_ERROR(p.Detach());
-      ++detached;
-    }
-  }
-  if (detached > 0) {
-    std::fprintf(stderr,
-                 "kwatch: watches removed from %zu followed child%s, detached; %s running\n",
-                 detached, detached == 1 ? "" : "ren", detached == 1 ? "it keeps" : "they keep");
-  }
-  core::Process& main = *target().proc;
-  if (main.alive()) {
-    if (kill) {
-      KW_RETURN_IF_ERROR(main.Kill());
-      info.stop_reason += "; target killed (--kill-on-exit)";
-    } else {
-      KW_RETURN_IF_ERROR(main.Detach());
-      std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", main.pid());
-    }
-  }
-  return absl::OkStatus();
-}
-
-void Runner::Abandon() {
-  for (size_t i = tracees_.size(); i-- > 0;) {
-    Tracee& t = *tracees_[i];
-    t.session.reset();  // disarms
-    t.ended.clear();
-    if (!t.proc->alive()) {
-      continue;
-    }
-    // A launched target that may never have run its own code is not left behind.
-    if (i == 0 && t.proc->launched()) {
-      (void)t.proc->Kill();
-    } else {
-      (void)t.proc->Detach();
-    }
-  }
-}
-
-absl::StatusOr<int> Runner::Run() {
-  epfd_.Reset(epoll_create1(EPOLL_CLOEXEC));
-  if (!epfd_) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_create1");
-  }
-  KW_RETURN_IF_ERROR(AddFd(sigfd_));
-  watch::WatchSession& session = *target().session;
-  core::Process& proc = *target().proc;
-  KW_RETURN_IF_ERROR(AddFds(session));
-  // A periodic tick drains samples below the wakeup threshold; a deadline for --duration.
-  core::UniqueFd tick(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  itimerspec its{};
-  // Multiplexed watches rotate through the debug registers at each tick.
-  const long tick_ns = session.multiplexing()
-                           ? std::min<long>(50'000'000, opts_.mux_interval_ms * 1'000'000L)
-                           : 50'000'000;
-  its.it_interval.tv_sec = tick_ns / 1'000'000'000;
-  its.it_interval.tv_nsec = tick_ns % 1'000'000'000;
-  its.it_value = its.it_interval;
-  timerfd_settime(tick.get(), 0, &its, nullptr);
-  KW_RETURN_IF_ERROR(AddFd(tick.get()));
-  const uint64_t start_ns = core::MonotonicNs();
-  const uint64_t deadline_ns =
-      opts_.duration > 0 ? start_ns + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
-  printer_ = EventPrinter(stdout, opts_.json, start_ns);
-  printer_.set_main_pid(proc.pid());
-  {
-    std::vector<watch::WatchedObject> objects;
-    for (const watch::Watch& w : watches_) {
-      objects.push_back(watch::ObjectForWatch(w));
-    }
-    watch::ProfileOptions popts;
-    popts.start_ns = start_ns;
-    profile_.emplace(std::move(objects), popts);
-  }
-  if (!opts_.quiet) {
-    printer_.PrintHeader(session);
-  }
-
+// The lines that say what was armed and how (stderr).
+void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session) {
+  const core::Process& proc = set.target_process();
   std::string prog = proc.argv().empty() ? "?" : proc.argv()[0];
   if (!session.backend_note().empty()) {
     std::fprintf(stderr, "kwatch: %s\n", session.backend_note().c_str());
@@ -583,7 +105,7 @@ absl::StatusOr<int> Runner::Run() {
   }
   std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s%s\n", session.watches().size(),
                session.watches().size() == 1 ? "" : "es", proc.pid(), prog.c_str(), mode.c_str(),
-               group_ != nullptr ? ", following forks (-f)" : "");
+               set.follows_forks() ? ", following forks (-f)" : "");
   if (session.allocator() != nullptr) {
     // drmgr's decisions, one line per watch: split, shared, multiplexed, sent to pages.
     for (const watch::Watch& w : session.watches()) {
@@ -599,11 +121,21 @@ absl::StatusOr<int> Runner::Run() {
     }
   }
   std::fflush(stderr);
+}
 
-  // drmgr's decisions, for `kwatch slots` (refreshed as multiplexing rotates them).
+// Runs a process watch session to its end: the header and what was armed, then Step until the
+// session ends, publishing drmgr's decisions for `kwatch slots` (refreshed as multiplexing
+// rotates them), then Finish (the summary). Returns the launched target's exit status, or 0.
+absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
+                                 AccessPrinter& printer) {
+  watch::WatchSession& session = set.first_session();
+  const pid_t pid = set.target_process().pid();
+  printer.Start(session, set.start_ns(), pid);
+  PrintArmed(set, session);
+
   uint64_t published_ns = 0;
   auto publish = [&](bool force) {
-    watch::WatchSession* now = target().session.get();
+    const watch::WatchSession* now = set.target_session();
     if (now == nullptr || now->allocator() == nullptr) {
       return;
     }
@@ -612,8 +144,7 @@ absl::StatusOr<int> Runner::Run() {
       return;
     }
     published_ns = t;
-    if (absl::Status s =
-            drmgr::PublishSlots(proc.pid(), now->allocator()->Snapshot(), opts_.command_line);
+    if (absl::Status s = drmgr::PublishSlots(pid, now->allocator()->Snapshot(), opts.command_line);
         !s.ok() && force) {
       std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
                    std::string(s.message()).c_str());
@@ -622,165 +153,24 @@ absl::StatusOr<int> Runner::Run() {
   absl::Cleanup unpublish = [] { drmgr::UnpublishSlots(); };
   publish(true);
 
-  // The target may already have ended (or exec'd) while arming.
-  KW_RETURN_IF_ERROR(HandleChild());
-  epoll_event evs[64];
-  while (!stopped_) {
-    std::fflush(stdout);  // live lines before waiting, also into a pipe (| grep, | tee)
-    const int n = epoll_wait(epfd_.get(), evs, 64, 1000);
-    if (n < 0 && errno != EINTR) {
-      const int err = errno;
-      return core::SyscallError(err, "epoll_wait");
+  uint64_t rotations = set.rotations();
+  while (true) {
+    KW_ASSIGN_OR_RETURN(const bool more, set.Step());
+    if (set.rotations() != rotations) {
+      rotations = set.rotations();
+      publish(false);
     }
-    bool drain = false;
-    for (int i = 0; i < n; ++i) {
-      if (evs[i].data.fd == sigfd_) {
-        signalfd_siginfo si{};
-        while (read(sigfd_, &si, sizeof(si)) == sizeof(si)) {
-          if (si.ssi_signo == SIGCHLD) {
-            drain = true;
-            KW_RETURN_IF_ERROR(HandleChild());
-          } else {
-            Stop(absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo))));
-          }
-        }
-      } else if (evs[i].data.fd == tick.get()) {
-        uint64_t ticks = 0;
-        (void)!read(tick.get(), &ticks, sizeof(ticks));
-        drain = true;
-        for (size_t k = 0; k < tracees_.size(); ++k) {
-          watch::WatchSession* s = tracees_[k]->session.get();
-          if (s == nullptr || !s->multiplexing() || !tracees_[k]->proc->alive()) {
-            continue;
-          }
-          KW_ASSIGN_OR_RETURN(const bool rotated, s->Tick(absl::Now()));
-          if (rotated) {
-            KW_RETURN_IF_ERROR(AddFds(*s));
-            publish(false);
-          }
-        }
-      } else {
-        drain = true;
-      }
-    }
-    if (drain) {
-      DrainAll();
-      FlushRecording();
-    }
-    if (deadline_ns != 0 && core::MonotonicNs() >= deadline_ns) {
-      Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
-    }
-    // SIGCHLD may have been merged with another: poll the processes every round.
-    KW_RETURN_IF_ERROR(HandleChild());
-  }
-  DrainAll();
-  RunInfo info;
-  for (const auto& t : tracees_) {
-    for (const watch::WatchSession* s : {t->session.get()}) {
-      if (s != nullptr) {
-        info.lost += s->lost();
-        info.filtered += s->filtered();
-        info.unrelated += s->unrelated();
-      }
-    }
-    for (const auto& s : t->ended) {
-      info.lost += s->lost();
-      info.filtered += s->filtered();
-      info.unrelated += s->unrelated();
-    }
-    info.spurious_traps += t->proc->spurious_traps();
-  }
-  if (!conditions_.empty()) {
-    info.condition = opts_.condition;
-    for (const watch::Condition& c : conditions_) {
-      info.condition_evaluated += c.stats().evaluated;
-      info.condition_matched += c.stats().matched;
-      info.condition_undefined +=
-          c.stats().missing_new + c.stats().missing_old + c.stats().division_by_zero;
+    if (!more) {
+      break;
     }
   }
-  info.pid = proc.pid();
-  info.seconds = static_cast<double>(core::MonotonicNs() - start_ns) / 1e9;
-  info.stop_reason = stop_reason_;
-  KW_RETURN_IF_ERROR(Release(info));
-  if (exec_seen_) {
-    info.stop_reason += "; the watches ended when the target called exec";
-  }
-  if (proc.forks() > 0) {
-    notes_.push_back(absl::StrFormat(
-        "the target forked %d child%s: not followed (-f follows them), each let go with none of "
-        "kwatch's watches",
-        proc.forks(), proc.forks() == 1 ? "" : "ren"));
-  }
-  if (group_ != nullptr) {
-    for (const auto& t : tracees_) {
-      RunInfo::Process p;
-      p.pid = t->proc->pid();
-      p.parent = t->parent;
-      p.events = t->events;
-      p.per_watch = t->per_watch;
-      p.exit = t->proc->exit_info();
-      info.processes.push_back(std::move(p));
-    }
-  }
-  info.notes = notes_;
-  info.exit = proc.exit_info();
-  bool recording_failed = false;
-  if (writer_ != nullptr && record_error_.ok()) {
-    core::SessionEnd end;
-    if (info.exit.has_value()) {
-      end.exit_status = info.exit->ShellStatus();
-    }
-    end.exit_reason = info.stop_reason;
-    end.lost_count = info.lost;
-    if (absl::Status s = writer_->Finish(end); !s.ok()) {
-      Error(s);
-      recording_failed = true;
-    } else {
-      if (!writer_->finish_warning().empty()) {
-        std::fprintf(stderr, "kwatch: warning: %s\n", writer_->finish_warning().c_str());
-      }
-      std::fprintf(stderr, "kwatch: recorded %llu events to %s (kwatch report %s)\n",
-                   static_cast<unsigned long long>(writer_->events_committed()),
-                   writer_->path().c_str(), writer_->path().c_str());
-    }
-  } else if (!record_error_.ok()) {
-    recording_failed = true;
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(record_error_.message()).c_str());
-    if (!writer_->location_lost()) {  // never claim a file that no longer exists
-      const std::string& where =
-          writer_->moved_to().empty() ? writer_->path() : writer_->moved_to();
-      std::fprintf(stderr,
-                   "kwatch: the recording %s holds the events committed before the failure; "
-                   "`kwatch report %s` reads it\n",
-                   where.c_str(), where.c_str());
-    }
-  }
-  std::fflush(stdout);
-  PrintSummary(stdout, opts_.json, first(), summary_, *profile_, info);
-  std::fflush(stdout);
-  if (recording_failed) {
-    return 1;  // -o was not honoured (docs/recording.md)
-  }
-  if (proc.launched() && info.exit.has_value()) {
-    return info.exit->ShellStatus();
-  }
-  return 0;
+  KW_ASSIGN_OR_RETURN(const watch::TargetSetEnd end, set.Finish());
+  return end.exit_status.value_or(0);
 }
 
 absl::StatusOr<int> RunWatch(const Options& opts) {
-  // Signals arrive through a signalfd, so the loop sees them in order with everything else.
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
-    sigaddset(&mask, sig);
-  }
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
-  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-  if (!sigfd) {
-    const int err = errno;
-    return core::SyscallError(err, "signalfd");
-  }
+  // Signals are blocked before the launch, so that no SIGCHLD is lost.
+  KW_ASSIGN_OR_RETURN(core::UniqueFd sigfd, watch::BlockSessionSignals());
 
   // -f: the target and the children it forks share one tracer (core/process_group.h).
   std::unique_ptr<core::ProcessGroup> group;
@@ -850,28 +240,11 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   }
   std::unique_ptr<core::TraceWriter> writer;
   if (!opts.output.empty()) {
-    core::SessionRecord rec = core::SessionRecordForThisHost();
-    rec.command_line = opts.command_line;
-    rec.pid = proc->pid();
-    rec.kwatch_version = KWATCH_VERSION;
-    rec.mode = "watch";
-    rec.backend = std::string(watch::BackendName((*session)->backend()));
-    auto w = core::TraceWriter::Create(opts.output, rec);
+    auto w = CreateWatchRecording(opts, **session, proc->pid());
     if (!w.ok()) {
       return fail(w.status());
     }
-    for (const watch::Watch& wt : (*session)->watches()) {
-      const watch::WatchPlacement placed = (*session)->placement(wt.id);
-      core::WatchRecord watch_record = watch::WatchRecordFor(wt, placed.backend);
-      if ((*session)->allocator() != nullptr) {
-        // drmgr's decision: registers, split, page protection, multiplexed.
-        watch_record.coverage = placed.detail;
-      }
-      if (absl::Status s = (*w)->AddWatch(watch_record); !s.ok()) {
-        return fail(s);
-      }
-    }
-    writer = std::move(*w);
+    writer = *std::move(w);
   }
   std::vector<watch::Condition> conditions;
   if (!opts.condition.empty()) {
@@ -885,14 +258,37 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
       conditions.push_back(*std::move(c));
     }
   }
-  Runner runner(opts, std::move(group), std::move(proc), *std::move(session), so, sigfd.get(),
-                writer.get(), std::move(conditions));
-  auto code = runner.Run();
+  std::unique_ptr<AccessPrinter> printer;
+  if (opts.json) {
+    printer = std::make_unique<AccessJsonPrinter>(stdout, opts.quiet);
+  } else {
+    printer = std::make_unique<AccessTextPrinter>(stdout, opts.quiet);
+  }
+  std::optional<AccessRecordingSink> recorder;
+  if (writer != nullptr) {
+    recorder.emplace(*writer, *printer);
+  }
+  watch::AccessSink& sink = recorder.has_value() ? static_cast<watch::AccessSink&>(*recorder)
+                                                 : static_cast<watch::AccessSink&>(*printer);
+  watch::TargetSetOptions to;
+  to.count = opts.count;
+  to.duration = opts.duration;
+  to.kill_on_exit = opts.kill_on_exit;
+  to.recording = writer != nullptr;
+  to.condition = opts.condition;
+  KW_ASSIGN_OR_RETURN(
+      std::unique_ptr<watch::TargetSet> set,
+      watch::TargetSet::Create(to, so, std::move(sigfd), std::move(group), std::move(proc),
+                               *std::move(session), std::move(conditions), sink));
+  auto code = RunTargetSet(opts, *set, *printer);
   if (!code.ok()) {
-    runner.Abandon();
+    set->Abandon();
     return code.status();
   }
-  return code;
+  if (recorder.has_value() && recorder->failed()) {
+    return 1;  // -o was not honoured (docs/recording.md)
+  }
+  return *code;
 }
 
 }  // namespace

@@ -53,6 +53,14 @@ std::vector<std::pair<K, watch::KindCounts>> Ranked(
 
 constexpr size_t kTopSites = 10;
 
+// Names sites with the symbols of `session`'s process.
+SiteNamer SiteNamerFor(watch::WatchSession& session) {
+  return [&session](core::RemoteAddr ip) {
+    const core::CodeLocation& loc = session.symbolizer().Locate(ip);
+    return SiteName{loc.function, loc.offset, loc.file, loc.line};
+  };
+}
+
 }  // namespace
 
 int64_t ValueOf(uint64_t raw, uint32_t len) {
@@ -123,19 +131,68 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
 
 }  // namespace
 
-void EventPrinter::PrintHeader(const watch::WatchSession& session) {
-  if (json_) {
-    for (const auto& w : session.watches()) {
-      absl::FPrintF(
-          out_,
-          "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
-          "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"%s\"}\n",
-          w.id, JsonString(w.request.expr), JsonString(w.target.display), Hex(w.target.addr.value),
-          w.target.length, w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-          JsonString(w.target.type_name), watch::BackendName(session.placement(w.id).backend));
-    }
-    return;
+void AccessPrinter::Start(const watch::WatchSession& session, uint64_t start_ns, pid_t main_pid) {
+  start_ns_ = start_ns;
+  main_pid_ = main_pid;
+  if (!quiet_) {
+    PrintHeader(session);
   }
+}
+
+void AccessPrinter::OnNote(const watch::AccessNote& note) {
+  using Kind = watch::AccessNote::Kind;
+  switch (note.kind) {
+    case Kind::kText:
+      std::fprintf(stderr, "kwatch: %s\n", note.text.c_str());
+      break;
+    case Kind::kChildExited:
+      std::fprintf(stderr, "kwatch: followed child %d %s %d\n", note.pid,
+                   note.exit->signaled ? "killed by signal" : "exited with status",
+                   note.exit->signaled ? note.exit->signal : note.exit->code);
+      break;
+    case Kind::kTargetExec:
+      std::fprintf(stderr,
+                   "kwatch: target %d called exec; the watches of the old image have ended "
+                   "(their addresses mean nothing in the new one; -f re-arms them)\n",
+                   note.pid);
+      break;
+    case Kind::kGroupStop: {
+      const std::string who = note.parent == 0 ? absl::StrCat("target ", note.pid)
+                                               : absl::StrCat("followed child ", note.pid);
+      std::fprintf(stderr, "kwatch: %s stopped by %s (job control); still watching\n", who.c_str(),
+                   sigabbrev_np(note.signal));
+      break;
+    }
+    case Kind::kChildFollowed:
+      if (!quiet_) {
+        std::fprintf(stderr, "kwatch: following child %d of %d (watches armed in %.0f us)\n",
+                     note.pid, note.parent, note.arm_us);
+      }
+      break;
+    case Kind::kChildrenDetached:
+      std::fprintf(
+          stderr, "kwatch: watches removed from %zu followed child%s, detached; %s running\n",
+          note.count, note.count == 1 ? "" : "ren", note.count == 1 ? "it keeps" : "they keep");
+      break;
+    case Kind::kDetached:
+      std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", note.pid);
+      break;
+  }
+}
+
+void AccessJsonPrinter::PrintHeader(const watch::WatchSession& session) {
+  for (const auto& w : session.watches()) {
+    absl::FPrintF(
+        out_,
+        "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
+        "\"len\":%d,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"%s\"}\n",
+        w.id, JsonString(w.request.expr), JsonString(w.target.display), Hex(w.target.addr.value),
+        w.target.length, w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
+        JsonString(w.target.type_name), watch::BackendName(session.placement(w.id).backend));
+  }
+}
+
+void AccessTextPrinter::PrintHeader(const watch::WatchSession& session) {
   const bool exact = session.backend() == watch::BackendKind::kPage ||
                      session.backend() == watch::BackendKind::kStop;
   // Perf stream mode: values from the registers at the access, or (marked ~) read at drain
@@ -144,40 +201,53 @@ void EventPrinter::PrintHeader(const watch::WatchSession& session) {
                 exact ? "OLD -> NEW" : "VALUE (~ = at drain)", "SITE");
 }
 
-void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
-                         const core::AccessEvent& ev, const core::AccessEvent* as_counted) {
+absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Summary& summary,
+                                        const core::AccessEvent& ev,
+                                        const core::AccessEvent& as_counted) {
+  if (quiet_) {
+    return absl::OkStatus();
+  }
   // Before `loc`: looking frames up may grow the symbolizer's cache, which `loc` points into.
-  const std::string stack_json = json_ ? StackJson(session, ev) : std::string();
+  const std::string stack_json = StackJson(session, ev);
   const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
-  const std::string field = summary.FieldLabel(as_counted != nullptr ? *as_counted : ev);
+  const std::string field = summary.FieldLabel(as_counted);
   const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
-  const double t = static_cast<double>(ev.time_ns - std::min(ev.time_ns, start_ns_)) / 1e9;
-  if (json_) {
-    std::string value = "null";
-    if (ev.value.has_value()) {
-      value = absl::StrCat(ValueOf(*ev.value, vlen));
-    }
-    std::string old_value = "null";
-    if (ev.old_value.has_value()) {
-      old_value = absl::StrCat(ValueOf(*ev.old_value, vlen));
-    }
-    const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
-    absl::FPrintF(out_,
-                  "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
-                  "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
-                  "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
-                  "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-                  "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
-                  ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
-                  Hex(ev.addr.value), ev.len,
-                  Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
-                  ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
-                  JsonString(field), Hex(ev.ip.value), Hex(ev.trap_ip.value),
-                  JsonString(loc.function), loc.offset, JsonString(loc.file), loc.line, value,
-                  old_value, ev.value_exact ? "access" : "drain", stack_json);
-    return;
+  std::string value = "null";
+  if (ev.value.has_value()) {
+    value = absl::StrCat(ValueOf(*ev.value, vlen));
   }
+  std::string old_value = "null";
+  if (ev.old_value.has_value()) {
+    old_value = absl::StrCat(ValueOf(*ev.old_value, vlen));
+  }
+  const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
+  absl::FPrintF(out_,
+                "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+                "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
+                "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
+                "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
+                ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
+                Hex(ev.addr.value), ev.len,
+                Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
+                ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
+                JsonString(field), Hex(ev.ip.value), Hex(ev.trap_ip.value),
+                JsonString(loc.function), loc.offset, JsonString(loc.file), loc.line, value,
+                old_value, ev.value_exact ? "access" : "drain", stack_json);
+  return absl::OkStatus();
+}
+
+absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Summary& summary,
+                                        const core::AccessEvent& ev,
+                                        const core::AccessEvent& as_counted) {
+  if (quiet_) {
+    return absl::OkStatus();
+  }
+  const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
+  const std::string field = summary.FieldLabel(as_counted);
+  const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
+  const double t = Seconds(ev.time_ns);
   std::string value = "?";
   if (ev.value.has_value()) {
     value = absl::StrCat(ev.value_exact ? "" : "~", ValueOf(*ev.value, vlen));
@@ -197,124 +267,134 @@ void EventPrinter::Print(watch::WatchSession& session, watch::Summary& summary,
       absl::FPrintF(out_, "    #%-2d %s\n", i, SiteText(f, at));
     }
   }
+  return absl::OkStatus();
 }
 
-void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watch::Summary& summary,
-                  const watch::StorageProfile& profile, const RunInfo& info) {
-  const SiteNamer namer = [&](core::RemoteAddr ip) {
-    const core::CodeLocation& loc = session.symbolizer().Locate(ip);
-    return SiteName{loc.function, loc.offset, loc.file, loc.line};
-  };
+void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
+  watch::WatchSession& session = all.session;
+  const watch::Summary& summary = all.summary;
+  const RunInfo& info = all.info;
+  FILE* out = out_;
+  std::fflush(out);
+  const SiteNamer namer = SiteNamerFor(session);
   ReportRenderOptions ropts;
   ropts.width = TerminalWidth(out);
-  if (json) {
-    std::string s = absl::StrFormat(
-        "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
-        "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
-        summary.events(), info.lost, info.filtered, info.unrelated, info.spurious_traps,
-        info.seconds, watch::BackendName(session.backend()), JsonString(info.stop_reason),
-        info.pid);
-    if (info.exit.has_value()) {
-      absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
-                            info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
-    }
-    absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
-    if (!info.condition.empty()) {
+  std::string s = absl::StrFormat(
+      "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
+      "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
+      summary.events(), info.lost, info.filtered, info.unrelated, info.spurious_traps, info.seconds,
+      watch::BackendName(session.backend()), JsonString(info.stop_reason), info.pid);
+  if (info.exit.has_value()) {
+    absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
+                          info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
+  }
+  absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
+  if (!info.condition.empty()) {
+    absl::StrAppendFormat(&s,
+                          ",\"if\":{\"text\":%s,\"evaluated\":%d,\"matched\":%d,"
+                          "\"undefined\":%d}",
+                          JsonString(info.condition), info.condition_evaluated,
+                          info.condition_matched, info.condition_undefined);
+  }
+  s += ",\"watches\":[";
+  for (const auto& w : session.watches()) {
+    const watch::WatchCounts& c = summary.counts(w.id);
+    absl::StrAppendFormat(
+        &s,
+        "%s{\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\",\"len\":%d,\"kind\":\"%s\","
+        "\"backend\":\"%s\",\"events\":%d,\"reads\":%d,\"writes\":%d,",
+        w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
+        Hex(w.target.addr.value), w.target.length,
+        w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
+        watch::BackendName(session.placement(w.id).backend), c.total.total(), c.total.reads,
+        c.total.writes);
+    if (session.allocator() != nullptr) {
+      const watch::WatchPlacement p = session.placement(w.id);
+      s += "\"slots\":[";
+      for (size_t i = 0; i < std::min(p.slots.size(), p.chunks.size()); ++i) {
+        absl::StrAppendFormat(&s, "%s{\"dr\":%d,\"addr\":\"%s\",\"len\":%d}", i == 0 ? "" : ",",
+                              p.slots[i], Hex(p.chunks[i].addr.value), p.chunks[i].len);
+      }
       absl::StrAppendFormat(&s,
-                            ",\"if\":{\"text\":%s,\"evaluated\":%d,\"matched\":%d,"
-                            "\"undefined\":%d}",
-                            JsonString(info.condition), info.condition_evaluated,
-                            info.condition_matched, info.condition_undefined);
+                            "],\"multiplexed\":%s,\"coverage\":%.4f,\"exact_cover\":%s,"
+                            "\"placement\":%s,",
+                            p.multiplexed ? "true" : "false", p.coverage,
+                            p.exact ? "true" : "false", JsonString(p.detail));
     }
-    s += ",\"watches\":[";
-    for (const auto& w : session.watches()) {
-      const watch::WatchCounts& c = summary.counts(w.id);
-      absl::StrAppendFormat(
-          &s,
-          "%s{\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\",\"len\":%d,\"kind\":\"%s\","
-          "\"backend\":\"%s\",\"events\":%d,\"reads\":%d,\"writes\":%d,",
-          w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
-          Hex(w.target.addr.value), w.target.length,
-          w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
-          watch::BackendName(session.placement(w.id).backend), c.total.total(), c.total.reads,
-          c.total.writes);
-      if (session.allocator() != nullptr) {
-        const watch::WatchPlacement p = session.placement(w.id);
-        s += "\"slots\":[";
-        for (size_t i = 0; i < std::min(p.slots.size(), p.chunks.size()); ++i) {
-          absl::StrAppendFormat(&s, "%s{\"dr\":%d,\"addr\":\"%s\",\"len\":%d}", i == 0 ? "" : ",",
-                                p.slots[i], Hex(p.chunks[i].addr.value), p.chunks[i].len);
-        }
-        absl::StrAppendFormat(&s,
-                              "],\"multiplexed\":%s,\"coverage\":%.4f,\"exact_cover\":%s,"
-                              "\"placement\":%s,",
-                              p.multiplexed ? "true" : "false", p.coverage,
-                              p.exact ? "true" : "false", JsonString(p.detail));
+    s += "\"fields\":[";
+    bool first = true;
+    for (const auto& [name, k] : Ranked(c.fields)) {
+      absl::StrAppendFormat(&s, "%s{\"field\":%s,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
+                            JsonString(name), k.reads, k.writes);
+      first = false;
+    }
+    s += "],\"threads\":[";
+    first = true;
+    for (const auto& [tid, k] : Ranked(c.threads)) {
+      absl::StrAppendFormat(&s, "%s{\"tid\":%d,\"reads\":%d,\"writes\":%d}", first ? "" : ",", tid,
+                            k.reads, k.writes);
+      first = false;
+    }
+    s += "],\"sites\":[";
+    first = true;
+    size_t n = 0;
+    for (const auto& [ip, k] : Ranked(c.sites)) {
+      if (n++ == kTopSites) {
+        break;
       }
-      s += "\"fields\":[";
-      bool first = true;
-      for (const auto& [name, k] : Ranked(c.fields)) {
-        absl::StrAppendFormat(&s, "%s{\"field\":%s,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
-                              JsonString(name), k.reads, k.writes);
-        first = false;
+      const core::CodeLocation& loc = session.symbolizer().Locate(ip);
+      absl::StrAppendFormat(&s,
+                            "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                            "\"line\":%d,\"reads\":%d,\"writes\":%d}",
+                            first ? "" : ",", Hex(ip.value), JsonString(loc.function), loc.offset,
+                            JsonString(loc.file), loc.line, k.reads, k.writes);
+      first = false;
+    }
+    s += "]}";
+  }
+  s += "]";
+  if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
+    s += ",\"kernel\":";
+    s += watch::KernelAccessJson(*k);
+  }
+  if (!info.processes.empty()) {
+    s += ",\"processes\":[";
+    for (size_t i = 0; i < info.processes.size(); ++i) {
+      const RunInfo::Process& p = info.processes[i];
+      absl::StrAppendFormat(&s, "%s{\"pid\":%d,\"parent\":%d,\"events\":%d,\"watches\":[%s]",
+                            i == 0 ? "" : ",", p.pid, p.parent, p.events,
+                            absl::StrJoin(p.per_watch, ","));
+      if (p.exit.has_value()) {
+        absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
+                              p.exit->signaled ? -1 : p.exit->code, p.exit->signal);
       }
-      s += "],\"threads\":[";
-      first = true;
-      for (const auto& [tid, k] : Ranked(c.threads)) {
-        absl::StrAppendFormat(&s, "%s{\"tid\":%d,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
-                              tid, k.reads, k.writes);
-        first = false;
-      }
-      s += "],\"sites\":[";
-      first = true;
-      size_t n = 0;
-      for (const auto& [ip, k] : Ranked(c.sites)) {
-        if (n++ == kTopSites) {
-          break;
-        }
-        const core::CodeLocation& loc = session.symbolizer().Locate(ip);
-        absl::StrAppendFormat(&s,
-                              "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-                              "\"line\":%d,\"reads\":%d,\"writes\":%d}",
-                              first ? "" : ",", Hex(ip.value), JsonString(loc.function), loc.offset,
-                              JsonString(loc.file), loc.line, k.reads, k.writes);
-        first = false;
-      }
-      s += "]}";
+      s += "}";
     }
     s += "]";
-    if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
-      s += ",\"kernel\":";
-      s += watch::KernelAccessJson(*k);
-    }
-    if (!info.processes.empty()) {
-      s += ",\"processes\":[";
-      for (size_t i = 0; i < info.processes.size(); ++i) {
-        const RunInfo::Process& p = info.processes[i];
-        absl::StrAppendFormat(&s, "%s{\"pid\":%d,\"parent\":%d,\"events\":%d,\"watches\":[%s]",
-                              i == 0 ? "" : ",", p.pid, p.parent, p.events,
-                              absl::StrJoin(p.per_watch, ","));
-        if (p.exit.has_value()) {
-          absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
-                                p.exit->signaled ? -1 : p.exit->code, p.exit->signal);
-        }
-        s += "}";
-      }
-      s += "]";
-    }
-    if (!info.notes.empty()) {
-      s += ",\"notes\":[";
-      for (size_t i = 0; i < info.notes.size(); ++i) {
-        absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(info.notes[i]));
-      }
-      s += "]";
-    }
-    s += ",\"profile\":";
-    s += RenderJson(profile, namer, ropts).dump();
-    s += "}\n";
-    std::fputs(s.c_str(), out);
-    return;
   }
+  if (!info.notes.empty()) {
+    s += ",\"notes\":[";
+    for (size_t i = 0; i < info.notes.size(); ++i) {
+      absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(info.notes[i]));
+    }
+    s += "]";
+  }
+  s += ",\"profile\":";
+  s += RenderJson(all.profile, namer, ropts).dump();
+  s += "}\n";
+  std::fputs(s.c_str(), out);
+  std::fflush(out);
+}
+
+void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
+  watch::WatchSession& session = all.session;
+  const watch::Summary& summary = all.summary;
+  const RunInfo& info = all.info;
+  FILE* out = out_;
+  std::fflush(out);
+  const SiteNamer namer = SiteNamerFor(session);
+  ReportRenderOptions ropts;
+  ropts.width = TerminalWidth(out);
   absl::FPrintF(out, "\n== kwatch summary: %d events in %.3f s, %d lost", summary.events(),
                 info.seconds, info.lost);
   if (info.filtered > 0) {
@@ -355,7 +435,7 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
     absl::FPrintF(out, "%d debug register%s held outside kwatch (see `kwatch slots -p %d`)\n", ext,
                   ext == 1 ? " was" : "s were", info.pid);
   }
-  absl::FPrintF(out, "\n%s", RenderText(profile, namer, ropts));
+  absl::FPrintF(out, "\n%s", RenderText(all.profile, namer, ropts));
   if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
     absl::FPrintF(out, "\n");
     for (const std::string& line : watch::KernelAccessLines(*k)) {
@@ -389,6 +469,7 @@ void PrintSummary(FILE* out, bool json, watch::WatchSession& session, const watc
       absl::FPrintF(out, "\ntarget %d exited with status %d\n", info.pid, info.exit->code);
     }
   }
+  std::fflush(out);
 }
 
 }  // namespace kwatch::cli
