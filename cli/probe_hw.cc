@@ -387,7 +387,7 @@ class HwRunner {
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
   std::unique_ptr<core::TraceWriter> writer_;
-  std::unique_ptr<HitSink> sink_;
+  std::unique_ptr<HitPrinter> sink_;
   std::unique_ptr<HwProbes> hw_;
   core::MemoryReader read_;
   uint64_t bias_ = 0;
@@ -533,7 +533,7 @@ absl::Status HwRunner::Arm() {
   so.start_ns = start_ns_;
   so.backend = kBackendName;
   // No return probes under --hw: nothing to name a caller for.
-  sink_ = std::make_unique<HitSink>(STDOUT_FILENO, so, set_.probes, writer_.get(), nullptr);
+  sink_ = std::make_unique<HitPrinter>(STDOUT_FILENO, so, set_.probes, writer_.get(), nullptr);
   const uint64_t arm_start = NowNs();
   KW_RETURN_IF_ERROR(hw_->Arm());
   const uint64_t arm_ns = NowNs() - arm_start;

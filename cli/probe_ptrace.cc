@@ -16,12 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/probe_run.h"
-#include "core/ptrace/guardian.h"
+#include "core/base/status_macros.h"
 #include "core/probe/fetch.h"
 #include "core/probe/int3_engine.h"
+#include "core/ptrace/guardian.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_group.h"
-#include "core/base/status_macros.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
 
@@ -88,7 +88,7 @@ class PtraceRunner {
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
   std::unique_ptr<core::TraceWriter> writer_;
-  std::unique_ptr<HitSink> sink_;
+  std::unique_ptr<HitPrinter> sink_;
   core::MemoryReader read_;
   uint64_t bias_ = 0;
   uint64_t start_ns_ = 0;
@@ -311,8 +311,8 @@ absl::Status PtraceRunner::Arm() {
   so.start_ns = start_ns_;
   so.backend = "ptrace";
   so.main_pid = proc_->pid();
-  sink_ = std::make_unique<HitSink>(STDOUT_FILENO, so, set_.probes, writer_.get(),
-                                    [this](core::RemoteAddr ra) { return Caller(ra); });
+  sink_ = std::make_unique<HitPrinter>(STDOUT_FILENO, so, set_.probes, writer_.get(),
+                                       [this](core::RemoteAddr ra) { return Caller(ra); });
   sink_->PrintHeader();
   std::fprintf(stderr, "kwatch: armed %zu probe%s on pid %d (%s), ptrace backend\n",
                set_.probes.size(), set_.probes.size() == 1 ? "" : "s", proc_->pid(),

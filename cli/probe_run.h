@@ -1,7 +1,7 @@
 #pragma once
 
 // The running part of `kwatch probe`: options, and one session runner per backend. Both
-// take resolved probes (cli/probe_set.h), print and record through a HitSink
+// take resolved probes (watch/probe/probe_set.h), print and record through a HitPrinter
 // (cli/probe_output.h), stop on the target's end, --count, --duration or SIGINT/SIGTERM/
 // SIGHUP (delivered through `sigfd`), and return kwatch's exit status.
 
@@ -18,12 +18,14 @@
 
 #include "absl/status/statusor.h"
 #include "cli/probe_output.h"
-#include "cli/probe_set.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
 #include "core/symbols/symbolizer.h"
-#include "core/base/unique_fd.h"
 #include "drmgr/allocator_types.h"
+#include "watch/probe/probe_loop.h"
+#include "watch/probe/probe_session.h"
+#include "watch/probe/probe_set.h"
 
 namespace kwatch::drmgr {
 class SlotAllocator;
@@ -155,26 +157,9 @@ ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
 
 // --- shared by the runners ---
 
-// epoll over the signalfd, a 50 ms tick and the backend's fds.
-class ProbeLoop {
- public:
-  static absl::StatusOr<std::unique_ptr<ProbeLoop>> Create(int sigfd);
-  absl::Status Add(int fd);
-  // Waits up to `timeout_ms`; fills what happened. A stop signal sets `stop_signal`.
-  struct Ready {
-    bool child = false;  // SIGCHLD
-    bool tick = false;
-    int stop_signal = 0;
-    std::vector<int> fds;  // other fds that are readable
-  };
-  absl::StatusOr<Ready> Wait(int timeout_ms);
-
- private:
-  ProbeLoop() = default;
-  int sigfd_ = -1;
-  core::UniqueFd epfd_;
-  core::UniqueFd tick_;
-};
+using watch::probe::NowNs;
+using watch::probe::ProbeLoop;
+using watch::probe::ReadStopSignal;
 
 // The recording for -o (nullptr without -o), holding the probes.
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
@@ -182,13 +167,29 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdO
                                                                  uint64_t load_bias);
 // Finishes the recording and says so on stderr. False when recording failed (the caller
 // exits 1 after its summary).
-bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
+bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const ProbeRunInfo& info,
                      const std::string& path);
 
-uint64_t NowNs();
+// What a session needs of the command's options.
+watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts);
 
-// Reads what waits in the signalfd without blocking: the first SIGINT/SIGTERM/SIGHUP, or 0
-// (SIGCHLD is dropped: the runners poll the target every round anyway).
-int ReadStopSignal(int sigfd);
+// The output of one session: the recording (-o) and the printer, made through Hooks() when
+// the session starts. Outlives the session.
+struct SessionOutput {
+  SessionOutput(const ProbeCmdOptions& o, const ProbeSet& s, std::string b)
+      : opts(o), set(s), backend(std::move(b)) {}
+
+  const ProbeCmdOptions& opts;
+  const ProbeSet& set;
+  std::string backend;  // "ptrace", "uprobe", "hw"
+  std::unique_ptr<core::TraceWriter> writer;
+  std::unique_ptr<HitPrinter> printer;
+
+  watch::probe::ProbeSessionHooks Hooks();
+};
+
+// Steps `session` to its end, then finishes the recording and prints the summary. Returns
+// kwatch's exit status: the launched target's, 1 when -o was not honoured.
+absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, SessionOutput& out);
 
 }  // namespace kwatch::cli
