@@ -12,6 +12,7 @@
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/store/trace_records.h"
+#include "watch/probe/ptrace_session.h"
 #include "watch/probe/uprobe_session.h"
 
 #ifndef KWATCH_VERSION
@@ -134,6 +135,14 @@ absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, Session
     return end.info.exit->ShellStatus();
   }
   return 0;
+}
+
+absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+  SessionOutput out(opts, set, "ptrace");
+  KW_ASSIGN_OR_RETURN(
+      std::unique_ptr<watch::probe::ProbeSession> session,
+      watch::probe::StartPtraceSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+  return RunProbeSession(*session, out);
 }
 
 absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
