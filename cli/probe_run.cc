@@ -6,12 +6,16 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/store/trace_records.h"
+#include "watch/probe/hw_session.h"
 #include "watch/probe/ptrace_session.h"
 #include "watch/probe/uprobe_session.h"
 
@@ -20,6 +24,50 @@
 #endif
 
 namespace kwatch::cli {
+
+namespace {
+
+// PrintProbeSummary for --hw: the JSON object gives each probe's debug register too.
+void PrintHwSummary(const ProbeCmdOptions& opts, const ProbeSet& set, const HitPrinter& sink,
+                    const watch::probe::ProbeSessionEnd& end) {
+  const std::map<uint32_t, ProbeEndStats>& stats = end.stats;
+  const ProbeRunInfo& info = end.info;
+  if (!opts.json) {
+    PrintProbeSummary(stdout, false, set.probes, sink, stats, info);
+    return;
+  }
+  // The common summary object, plus where each probe was in the registers.
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* mem = open_memstream(&buf, &len);
+  if (mem == nullptr) {
+    PrintProbeSummary(stdout, true, set.probes, sink, stats, info);
+    return;
+  }
+  PrintProbeSummary(mem, true, set.probes, sink, stats, info);
+  std::fclose(mem);
+  const std::string text(buf, len);
+  std::free(buf);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("probes")) {
+    std::fputs(text.c_str(), stdout);
+    return;
+  }
+  for (nlohmann::ordered_json& pj : j["probes"]) {
+    const auto it = end.hw->registers.find(pj.value("id", 0U));
+    if (it != end.hw->registers.end() && it->second >= 0) {
+      pj["debug_register"] = it->second;
+    } else {
+      pj["debug_register"] = nullptr;
+    }
+  }
+  j["external_slots"] = end.hw->external_slots;
+  j["stray_traps"] = end.hw->stray_traps;
+  std::fputs(j.dump().c_str(), stdout);
+  std::fputc('\n', stdout);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
                                                                  const ProbeSet& set, pid_t pid,
@@ -125,7 +173,11 @@ absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, Session
   out.printer->Flush();
   std::fflush(stdout);
   const bool recorded = FinishRecording(out.writer.get(), *out.printer, end.info, out.opts.output);
-  PrintProbeSummary(stdout, out.opts.json, out.set.probes, *out.printer, end.stats, end.info);
+  if (end.hw.has_value()) {
+    PrintHwSummary(out.opts, out.set, *out.printer, end);
+  } else {
+    PrintProbeSummary(stdout, out.opts.json, out.set.probes, *out.printer, end.stats, end.info);
+  }
   std::fflush(stdout);
   KW_RETURN_IF_ERROR(end.error);
   if (!recorded) {
@@ -142,6 +194,13 @@ absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, 
   KW_ASSIGN_OR_RETURN(
       std::unique_ptr<watch::probe::ProbeSession> session,
       watch::probe::StartPtraceSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+  return RunProbeSession(*session, out);
+}
+
+absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+  SessionOutput out(opts, set, "hw");
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::ProbeSession> session,
+                      watch::probe::StartHwSession(SessionOptions(opts), set, sigfd, out.Hooks()));
   return RunProbeSession(*session, out);
 }
 

@@ -44,6 +44,8 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
+#include "watch/probe/hw_probes.h"
+#include "watch/probe/probe_loop.h"
 #include "watch/probe/probe_set.h"
 #include "watch/stop_backend.h"
 #include "watch/trap_breakpoints.h"
@@ -56,6 +58,9 @@ using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::Spawned;
 using ::kwatch::testing::TargetPath;
+using ::kwatch::watch::probe::EvaluateHwHit;
+using ::kwatch::watch::probe::HwProbes;
+using ::kwatch::watch::probe::NowNs;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
