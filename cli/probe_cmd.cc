@@ -17,12 +17,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "cli/probe_run.h"
-#include "cli/probe_set.h"
-#include "core/probe/probe_spec.h"
-#include "core/probe/probe_target.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/probe/probe_spec.h"
+#include "core/probe/probe_target.h"
+#include "watch/probe/probe_set.h"
 
 #ifndef KWATCH_VERSION
 #define KWATCH_VERSION "dev"
@@ -64,7 +64,7 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
     return o.binary;
   }
   if (!o.command.empty()) {
-    return FindProgram(o.command[0]);
+    return watch::probe::FindProgram(o.command[0]);
   }
   if (o.pid.has_value()) {
     const std::string link = absl::StrCat("/proc/", *o.pid, "/exe");
@@ -134,7 +134,7 @@ int ListVars(const std::string& file, const std::string& what) {
 }
 
 absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
-  KW_ASSIGN_OR_RETURN(ProbeSet set, ResolveProbes(file, opts.specs));
+  KW_ASSIGN_OR_RETURN(ProbeSet set, watch::probe::ResolveProbes(file, opts.specs));
   // Signals arrive through a signalfd, in order with the target's events. A launched target
   // starts with every signal unblocked (core/process.cc). SIGPIPE stays blocked: a closed
   // stdout shows as a write error, and kwatch cleans up instead of dying.

@@ -112,8 +112,9 @@ std::string ArgValueJson(const std::string& formatted) {
   return JsonString(formatted);
 }
 
-HitSink::HitSink(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
-                 core::TraceWriter* writer, std::function<std::string(core::RemoteAddr)> caller)
+HitPrinter::HitPrinter(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
+                       core::TraceWriter* writer,
+                       std::function<std::string(core::RemoteAddr)> caller)
     : out_fd_(out_fd),
       opts_(std::move(opts)),
       probes_(probes),
@@ -124,7 +125,7 @@ HitSink::HitSink(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& prob
   }
 }
 
-void HitSink::PrintHeader() {
+void HitPrinter::PrintHeader() {
   if (opts_.quiet || opts_.json) {
     return;
   }
@@ -133,7 +134,7 @@ void HitSink::PrintHeader() {
   WriteLines();
 }
 
-void HitSink::WriteLines() {
+void HitPrinter::WriteLines() {
   size_t done = 0;
   while (done < pending_.size() && !output_failed_) {
     // The longest run of whole lines within PIPE_BUF (a longer line goes alone).
@@ -161,7 +162,7 @@ void HitSink::WriteLines() {
   pending_.clear();
 }
 
-bool HitSink::Add(const ProbeHit& hit) {
+bool HitPrinter::Add(const ProbeHit& hit) {
   if (done()) {
     return false;
   }
@@ -193,18 +194,34 @@ bool HitSink::Add(const ProbeHit& hit) {
   return true;
 }
 
-uint64_t HitSink::hits(uint32_t probe_id) const {
+absl::Status HitPrinter::status() const {
+  if (!record_error_.ok()) {
+    return absl::Status(record_error_.code(),
+                        absl::StrCat("recording failed: ", record_error_.message()));
+  }
+  if (output_failed_) {
+    return absl::UnavailableError("output closed");
+  }
+  return absl::OkStatus();
+}
+
+void HitPrinter::OnNote(const std::string& text) {
+  std::fprintf(stderr, "kwatch: %s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+uint64_t HitPrinter::hits(uint32_t probe_id) const {
   auto it = per_probe_.find(probe_id);
   return it == per_probe_.end() ? 0 : it->second.hits;
 }
 
-const std::vector<HitSink::ArgTally>& HitSink::tallies(uint32_t probe_id) const {
+const std::vector<HitPrinter::ArgTally>& HitPrinter::tallies(uint32_t probe_id) const {
   static const std::vector<ArgTally> none;
   auto it = per_probe_.find(probe_id);
   return it == per_probe_.end() ? none : it->second.args;
 }
 
-void HitSink::PrintText(const ProbeHit& hit) {
+void HitPrinter::PrintText(const ProbeHit& hit) {
   const ProbeDef& p = *hit.probe;
   std::string where = p.Location();
   if (p.point.is_return) {
@@ -232,7 +249,7 @@ void HitSink::PrintText(const ProbeHit& hit) {
   }
 }
 
-void HitSink::PrintJson(const ProbeHit& hit) {
+void HitPrinter::PrintJson(const ProbeHit& hit) {
   const ProbeDef& p = *hit.probe;
   std::string s = absl::StrFormat(
       "{\"type\":\"hit\",\"time_ns\":%d,\"time\":%.9f,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
@@ -260,7 +277,7 @@ void HitSink::PrintJson(const ProbeHit& hit) {
   }
 }
 
-void HitSink::Record(const ProbeHit& hit) {
+void HitPrinter::Record(const ProbeHit& hit) {
   if (writer_ == nullptr || !record_error_.ok()) {
     return;
   }
@@ -292,7 +309,7 @@ void HitSink::Record(const ProbeHit& hit) {
   }
 }
 
-void HitSink::Flush() {
+void HitPrinter::Flush() {
   WriteLines();
   if (writer_ != nullptr && record_error_.ok()) {
     if (absl::Status s = writer_->Flush(); !s.ok()) {
@@ -321,7 +338,7 @@ absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& p
 }
 
 void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes,
-                       const HitSink& sink, const std::map<uint32_t, ProbeEndStats>& stats,
+                       const HitPrinter& sink, const std::map<uint32_t, ProbeEndStats>& stats,
                        const ProbeRunInfo& info) {
   const bool ptrace = info.backend == "ptrace";
   auto stats_of = [&](uint32_t id) {
@@ -362,7 +379,7 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
         pj["kernel_count"] = *st.kernel_count;
       }
       nlohmann::ordered_json args = nlohmann::ordered_json::array();
-      for (const HitSink::ArgTally& t : sink.tallies(p.id)) {
+      for (const HitPrinter::ArgTally& t : sink.tallies(p.id)) {
         nlohmann::ordered_json top = nlohmann::ordered_json::array();
         size_t n = 0;
         for (const auto& [v, c] : Ranked(t.values)) {
@@ -412,7 +429,7 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
       absl::FPrintF(out, "    the probed instruction faulted %d time%s (signal passed on)\n",
                     st.faults, st.faults == 1 ? "" : "s");
     }
-    for (const HitSink::ArgTally& t : sink.tallies(p.id)) {
+    for (const HitPrinter::ArgTally& t : sink.tallies(p.id)) {
       const auto ranked = Ranked(t.values);
       std::string line = absl::StrFormat("    %-16s %s%d distinct:", t.name, t.other > 0 ? ">" : "",
                                          t.values.size());

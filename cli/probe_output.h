@@ -14,36 +14,21 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cli/probe_set.h"
+#include "core/base/remote_addr.h"
 #include "core/event.h"
 #include "core/ptrace/process.h"
-#include "core/base/remote_addr.h"
 #include "core/store/args_json.h"
 #include "core/store/trace_writer.h"
+#include "watch/probe/hit_sink.h"
+#include "watch/probe/probe_set.h"
 
 namespace kwatch::cli {
 
-// One hit as a backend saw it.
-struct ProbeHit {
-  uint64_t time_ns = 0;  // CLOCK_MONOTONIC
-  pid_t pid = 0;
-  pid_t tid = 0;
-  uint32_t cpu = core::kUnknownCpu;
-  const ProbeDef* probe = nullptr;
-  core::RemoteAddr ip;              // the probed instruction (absolute)
-  core::RemoteAddr return_address;  // return probes: where the function returned to
-  core::ProbeArgs args;             // name -> value as perf formats it
-};
-
-// Counters a backend knows about a probe at the end of the session.
-struct ProbeEndStats {
-  uint64_t misses = 0;     // ptrace: reached while disabled (after --count)
-  uint64_t nmissed = 0;    // ptrace return probes: calls not tracked (maxactive)
-  uint64_t abandoned = 0;  // ptrace return probes: calls that never returned (longjmp...)
-  uint64_t faults = 0;     // ptrace: signals raised by the displaced instruction
-  uint64_t lost = 0;       // uprobe: samples the kernel dropped (ring full)
-  std::optional<uint64_t> kernel_count;  // uprobe: hits the kernel counted
-};
+using watch::probe::ProbeDef;
+using watch::probe::ProbeEndStats;
+using watch::probe::ProbeHit;
+using watch::probe::ProbeRunInfo;
+using watch::probe::ProbeSet;
 
 struct SinkOptions {
   bool json = false;
@@ -56,30 +41,35 @@ struct SinkOptions {
   pid_t main_pid = 0;
 };
 
-// Takes hits from a backend: prints, tallies, records. Not thread-safe.
+// Takes hits from a session: prints, tallies, records. Not thread-safe.
 //
 // Lines go to `out_fd` in batches, each write(2) at most PIPE_BUF bytes and ending at a line
 // end: a launched target sharing the pipe or terminal cannot split one of kwatch's lines,
 // nor kwatch one of its lines (written once). Batches go out every Flush() and when 64 KiB
 // are pending.
-class HitSink {
+class HitPrinter : public watch::probe::HitSink {
  public:
   // `writer` (may be null) must already hold the probes (AddProbes). `caller` names a return
   // address ("run+0x2a"), or is null.
-  HitSink(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
-          core::TraceWriter* writer, std::function<std::string(core::RemoteAddr)> caller);
+  HitPrinter(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
+             core::TraceWriter* writer, std::function<std::string(core::RemoteAddr)> caller);
 
   // Prints the column header (text mode, unless quiet).
   void PrintHeader();
+  void OnStart() override { PrintHeader(); }
   // Takes a hit unless --count is reached. Returns whether it was taken.
-  bool Add(const ProbeHit& hit);
+  bool Add(const ProbeHit& hit) override;
   // --count reached: later hits are ignored.
-  bool done() const { return opts_.count > 0 && taken_ >= opts_.count; }
+  bool done() const override { return opts_.count > 0 && taken_ >= opts_.count; }
   uint64_t taken() const { return taken_; }
   uint64_t hits(uint32_t probe_id) const;
   // Writes pending lines and commits pending recorded hits (call about every 100 ms); a
   // recording failure is sticky.
-  void Flush();
+  void Flush() override;
+  // The recording failure, else the closed output, as the session's stop reason.
+  absl::Status status() const override;
+  // Writes "kwatch: <text>" to stderr.
+  void OnNote(const std::string& text) override;
   // The first recording failure (the session should stop), OK otherwise.
   const absl::Status& record_error() const { return record_error_; }
   // The output was closed (a pipe whose reader went away): lines are dropped since.
@@ -120,20 +110,10 @@ class HitSink {
 absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& probes,
                        uint64_t load_bias);
 
-// How the session ended, for the summary.
-struct ProbeRunInfo {
-  std::string backend;
-  std::string stop_reason;  // "target exited", "--count 10 reached", "interrupted by INT"
-  double seconds = 0;
-  pid_t pid = 0;  // 0: every process (uprobe, global)
-  std::optional<core::ExitInfo> exit;
-  std::vector<std::string> notes;  // what the user should know (uprobe limits, exec...)
-};
-
 // The summary: text (a table of probes, the top values of each argument, the exit) or one
 // JSON object {"type":"summary",...}.
 void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes,
-                       const HitSink& sink, const std::map<uint32_t, ProbeEndStats>& stats,
+                       const HitPrinter& sink, const std::map<uint32_t, ProbeEndStats>& stats,
                        const ProbeRunInfo& info);
 
 // The value of an argument as JSON: a number for decimal integers and finite floats, the

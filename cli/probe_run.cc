@@ -1,20 +1,23 @@
 #include "cli/probe_run.h"
 
-#include <sys/epoll.h>
-#include <sys/signalfd.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
-#include "core/store/trace_records.h"
 #include "core/base/syscall_status.h"
+#include "core/store/trace_records.h"
+#include "watch/probe/hw_session.h"
+#include "watch/probe/ptrace_session.h"
+#include "watch/probe/uprobe_session.h"
 
 #ifndef KWATCH_VERSION
 #define KWATCH_VERSION "dev"
@@ -24,111 +27,47 @@ namespace kwatch::cli {
 
 namespace {
 
-// Reads every signal waiting in the signalfd (several per read: one read is the common case).
-template <typename F>
-void DrainSignals(int sigfd, F&& on_signal) {
-  std::array<signalfd_siginfo, 16> si{};
-  for (;;) {
-    const ssize_t n = read(sigfd, si.data(), sizeof(si));
-    if (n < static_cast<ssize_t>(sizeof(signalfd_siginfo))) {
-      return;
-    }
-    const size_t count = static_cast<size_t>(n) / sizeof(signalfd_siginfo);
-    for (size_t i = 0; i < count; ++i) {
-      on_signal(static_cast<int>(si[i].ssi_signo));
-    }
-    if (count < si.size()) {
-      return;
+// PrintProbeSummary for --hw: the JSON object gives each probe's debug register too.
+void PrintHwSummary(const ProbeCmdOptions& opts, const ProbeSet& set, const HitPrinter& sink,
+                    const watch::probe::ProbeSessionEnd& end) {
+  const std::map<uint32_t, ProbeEndStats>& stats = end.stats;
+  const ProbeRunInfo& info = end.info;
+  if (!opts.json) {
+    PrintProbeSummary(stdout, false, set.probes, sink, stats, info);
+    return;
+  }
+  // The common summary object, plus where each probe was in the registers.
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* mem = open_memstream(&buf, &len);
+  if (mem == nullptr) {
+    PrintProbeSummary(stdout, true, set.probes, sink, stats, info);
+    return;
+  }
+  PrintProbeSummary(mem, true, set.probes, sink, stats, info);
+  std::fclose(mem);
+  const std::string text(buf, len);
+  std::free(buf);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("probes")) {
+    std::fputs(text.c_str(), stdout);
+    return;
+  }
+  for (nlohmann::ordered_json& pj : j["probes"]) {
+    const auto it = end.hw->registers.find(pj.value("id", 0U));
+    if (it != end.hw->registers.end() && it->second >= 0) {
+      pj["debug_register"] = it->second;
+    } else {
+      pj["debug_register"] = nullptr;
     }
   }
+  j["external_slots"] = end.hw->external_slots;
+  j["stray_traps"] = end.hw->stray_traps;
+  std::fputs(j.dump().c_str(), stdout);
+  std::fputc('\n', stdout);
 }
 
 }  // namespace
-
-uint64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-int ReadStopSignal(int sigfd) {
-  int stop = 0;
-  DrainSignals(sigfd, [&stop](int sig) {
-    if (sig != SIGCHLD && stop == 0) {
-      stop = sig;
-    }
-  });
-  return stop;
-}
-
-absl::StatusOr<std::unique_ptr<ProbeLoop>> ProbeLoop::Create(int sigfd) {
-  auto loop = std::unique_ptr<ProbeLoop>(new ProbeLoop());
-  loop->sigfd_ = sigfd;
-  loop->epfd_.Reset(epoll_create1(EPOLL_CLOEXEC));
-  if (!loop->epfd_) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_create1");
-  }
-  loop->tick_.Reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!loop->tick_) {
-    const int err = errno;
-    return core::SyscallError(err, "timerfd_create");
-  }
-  itimerspec its{};
-  its.it_interval.tv_nsec = 50'000'000;
-  its.it_value.tv_nsec = 50'000'000;
-  if (timerfd_settime(loop->tick_.get(), 0, &its, nullptr) != 0) {
-    const int err = errno;
-    return core::SyscallError(err, "timerfd_settime");
-  }
-  KW_RETURN_IF_ERROR(loop->Add(sigfd));
-  KW_RETURN_IF_ERROR(loop->Add(loop->tick_.get()));
-  return loop;
-}
-
-absl::Status ProbeLoop::Add(int fd) {
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = fd;
-  if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_ctl(ADD)");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ProbeLoop::Ready> ProbeLoop::Wait(int timeout_ms) {
-  Ready r;
-  std::array<epoll_event, 64> evs{};
-  std::fflush(stdout);  // live lines before waiting, also into a pipe (| grep, | tee)
-  const int n = epoll_wait(epfd_.get(), evs.data(), static_cast<int>(evs.size()), timeout_ms);
-  if (n < 0) {
-    const int err = errno;
-    if (err == EINTR) {
-      return r;
-    }
-    return core::SyscallError(err, "epoll_wait");
-  }
-  for (int i = 0; i < n; ++i) {
-    const int fd = evs[static_cast<size_t>(i)].data.fd;
-    if (fd == sigfd_) {
-      DrainSignals(sigfd_, [&r](int sig) {
-        if (sig == SIGCHLD) {
-          r.child = true;
-        } else if (r.stop_signal == 0) {
-          r.stop_signal = sig;
-        }
-      });
-    } else if (fd == tick_.get()) {
-      uint64_t ticks = 0;
-      (void)!read(fd, &ticks, sizeof(ticks));
-      r.tick = true;
-    } else {
-      r.fds.push_back(fd);
-    }
-  }
-  return r;
-}
 
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
                                                                  const ProbeSet& set, pid_t pid,
@@ -148,7 +87,7 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdO
   return w;
 }
 
-bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
+bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const ProbeRunInfo& info,
                      const std::string& path) {
   if (writer == nullptr) {
     return true;
@@ -181,6 +120,96 @@ bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const Probe
                static_cast<unsigned long long>(writer->hits_committed()), path.c_str(),
                path.c_str());
   return true;
+}
+
+watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts) {
+  watch::probe::ProbeSessionOptions so;
+  so.pid = opts.pid;
+  so.command = opts.command;
+  so.user = opts.user;
+  so.count = opts.count;
+  so.duration = opts.duration;
+  so.kill_on_exit = opts.kill_on_exit;
+  so.follow_forks = opts.follow_forks;
+  so.quiet = opts.quiet;
+  so.maxactive = opts.maxactive;
+  so.stack_bytes = opts.stack_bytes;
+  so.ring_pages = opts.ring_pages;
+  so.command_line = opts.command_line;
+  return so;
+}
+
+watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
+  watch::probe::ProbeSessionHooks hooks;
+  hooks.open_recording = [this](pid_t pid, uint64_t load_bias) -> absl::Status {
+    ProbeCmdOptions rec = opts;
+    rec.backend = backend;
+    KW_ASSIGN_OR_RETURN(writer, OpenRecording(rec, set, pid, load_bias));
+    return absl::OkStatus();
+  };
+  hooks.begin = [this](const watch::probe::ProbeSessionStart& start) -> watch::probe::HitSink& {
+    SinkOptions so;
+    so.json = opts.json;
+    so.quiet = opts.quiet;
+    so.count = opts.count;
+    so.start_ns = start.start_ns;
+    so.backend = backend;
+    so.main_pid = start.main_pid;
+    printer =
+        std::make_unique<HitPrinter>(STDOUT_FILENO, so, set.probes, writer.get(), start.caller);
+    return *printer;
+  };
+  return hooks;
+}
+
+absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, SessionOutput& out) {
+  for (;;) {
+    absl::StatusOr<bool> more = session.Step(absl::Seconds(1));
+    if (!more.ok() || !*more) {
+      break;  // a failure comes back from Finish
+    }
+  }
+  KW_ASSIGN_OR_RETURN(watch::probe::ProbeSessionEnd end, session.Finish());
+  out.printer->Flush();
+  std::fflush(stdout);
+  const bool recorded = FinishRecording(out.writer.get(), *out.printer, end.info, out.opts.output);
+  if (end.hw.has_value()) {
+    PrintHwSummary(out.opts, out.set, *out.printer, end);
+  } else {
+    PrintProbeSummary(stdout, out.opts.json, out.set.probes, *out.printer, end.stats, end.info);
+  }
+  std::fflush(stdout);
+  KW_RETURN_IF_ERROR(end.error);
+  if (!recorded) {
+    return 1;  // -o was not honoured (docs/recording.md)
+  }
+  if (end.launched && end.info.exit.has_value()) {
+    return end.info.exit->ShellStatus();
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+  SessionOutput out(opts, set, "ptrace");
+  KW_ASSIGN_OR_RETURN(
+      std::unique_ptr<watch::probe::ProbeSession> session,
+      watch::probe::StartPtraceSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+  return RunProbeSession(*session, out);
+}
+
+absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+  SessionOutput out(opts, set, "hw");
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::ProbeSession> session,
+                      watch::probe::StartHwSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+  return RunProbeSession(*session, out);
+}
+
+absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+  SessionOutput out(opts, set, "uprobe");
+  KW_ASSIGN_OR_RETURN(
+      std::unique_ptr<watch::probe::ProbeSession> session,
+      watch::probe::StartUprobeSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+  return RunProbeSession(*session, out);
 }
 
 }  // namespace kwatch::cli

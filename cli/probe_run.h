@@ -1,16 +1,14 @@
 #pragma once
 
-// The running part of `kwatch probe`: options, and one session runner per backend. Both
-// take resolved probes (cli/probe_set.h), print and record through a HitSink
-// (cli/probe_output.h), stop on the target's end, --count, --duration or SIGINT/SIGTERM/
-// SIGHUP (delivered through `sigfd`), and return kwatch's exit status.
+// The running part of `kwatch probe`: options, and the loop over a probe session
+// (watch/probe/) for each backend. Sessions take resolved probes (watch/probe/probe_set.h);
+// their hits reach a HitPrinter (cli/probe_output.h), which prints and records them. A session
+// stops on the target's end, --count, --duration or SIGINT/SIGTERM/SIGHUP (delivered through
+// `sigfd`); the runners return kwatch's exit status.
 
 #include <sys/types.h>
-#include <sys/user.h>
 
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,20 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "cli/probe_output.h"
-#include "cli/probe_set.h"
 #include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
-#include "core/symbols/symbolizer.h"
-#include "core/base/unique_fd.h"
-#include "drmgr/allocator_types.h"
-
-namespace kwatch::drmgr {
-class SlotAllocator;
-}  // namespace kwatch::drmgr
-namespace kwatch::watch {
-class StopBackend;
-struct Watch;
-}  // namespace kwatch::watch
+#include "watch/probe/probe_session.h"
+#include "watch/probe/probe_set.h"
 
 namespace kwatch::cli {
 
@@ -67,114 +55,10 @@ absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, 
 // neither, every process running the file.
 absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
 
-// Runs the session with execute breakpoints in the debug registers (--hw, cli/probe_hw.cc):
-// launch or attach over ptrace like RunPtraceProbes, but the code is never written.
+// Runs the session with execute breakpoints in the debug registers (--hw,
+// watch/probe/hw_session.h): launch or attach over ptrace like RunPtraceProbes, but the code
+// is never written.
 absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
-
-// Why `probes` cannot run with --hw (InvalidArgument for a return probe; ResourceExhausted,
-// naming who would get which register, when they need more than the 4 debug registers),
-// decided as drmgr would with all 4 free. OK otherwise.
-absl::Status CheckHwProbes(const std::vector<ProbeDef>& probes);
-
-// The probes of a --hw session in the debug registers of one traced process: one drmgr
-// execute request per probe (process scope, 1 byte; probes at one address share a register)
-// made real in the debug registers of every thread, threads created later included, by the
-// stop applier (watch::StopBackend: execute breakpoints as perf events with sigtrap, which
-// close with kwatch even when it is killed). The code is never written. At each SIGTRAP
-// (TRAP_PERF) of a probe's breakpoint, `on_hit` runs while the thread is stopped at the probed
-// instruction, before it runs; the thread then resumes with the RF flag the kernel set for an
-// execute breakpoint (arch/x86/kernel/hw_breakpoint.c), so the instruction runs once without
-// trapping again: registers are never written back.
-//
-// Registers itself as the process's first signal interceptor at Arm (before the applier);
-// `proc`, `symbolizer` and `probes` must outlive it. Used on the thread that owns `proc`.
-class HwProbes : public core::SignalInterceptor {
- public:
-  struct Hit {
-    const ProbeDef* probe = nullptr;
-    pid_t tid = 0;
-    uint64_t time_ns = 0;                    // CLOCK_MONOTONIC at the trap
-    core::RemoteAddr ip;                     // the probed instruction (absolute)
-    const user_regs_struct* regs = nullptr;  // the thread's, at the probed instruction
-  };
-  using HitFn = std::function<void(const Hit&)>;
-
-  HwProbes(core::Process& proc, core::Symbolizer& symbolizer, const std::vector<ProbeDef>& probes,
-           uint64_t load_bias, HitFn on_hit);
-  ~HwProbes() override;
-  HwProbes(const HwProbes&) = delete;
-  HwProbes& operator=(const HwProbes&) = delete;
-
-  // Stops the target, arms every probe, resumes it. All or nothing. ResourceExhausted when
-  // the registers do not suffice, the kernel's ENOSPC (registers held by another tool)
-  // included: the message says which probes got which register and which did not fit.
-  absl::Status Arm();
-  // Removes the breakpoints from every thread (the target keeps running). Safe to call twice.
-  void Disarm();
-  // After exec: the breakpoints went with the old image (remove_on_exec); their events close.
-  void Forget();
-
-  // The debug register (0-3) probe `id` (ProbeDef::id) holds, -1 when none.
-  int RegisterOf(uint32_t id) const;
-  // Debug registers of the process the kernel said are held outside kwatch.
-  int external_slots() const;
-  // drmgr's decisions (for `kwatch slots`); nullptr before Arm.
-  const drmgr::SlotAllocator* allocator() const { return alloc_.get(); }
-  // The applier (its breakpoints, for tests); nullptr before Arm.
-  const watch::StopBackend* backend() const { return backend_.get(); }
-  // Traps that named no probe's breakpoint, or stopped away from its address (dropped).
-  uint64_t stray_traps() const;
-
-  // ---- core::SignalInterceptor ----
-  bool Claims(pid_t tid, const siginfo_t& si) override;
-  absl::Status Handle(pid_t tid, const siginfo_t& si) override;
-  absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
-
- private:
-  absl::Status Deliver(pid_t tid);
-
-  core::Process& proc_;
-  core::Symbolizer& symbolizer_;
-  const std::vector<ProbeDef>& probes_;
-  uint64_t bias_;
-  HitFn on_hit_;
-  std::unique_ptr<drmgr::SlotAllocator> alloc_;
-  std::unique_ptr<watch::StopBackend> backend_;
-  std::map<size_t, drmgr::RequestId> request_of_;  // index in probes_ -> request
-  std::vector<watch::Watch> no_watches_;  // the applier's watch list: none, probes own requests
-  std::vector<core::AccessEvent> events_;
-  uint64_t off_address_ = 0;  // traps of a probe's register away from its address
-  bool armed_ = false;
-};
-
-// A --hw hit as the INT3 path shows it: the probe's arguments evaluated with core/probe/fetch.h
-// against the stopped thread's registers (and its floating-point registers when an argument
-// needs them) and memory, read through `read`.
-ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
-                       const core::MemoryReader& read);
-
-// --- shared by the runners ---
-
-// epoll over the signalfd, a 50 ms tick and the backend's fds.
-class ProbeLoop {
- public:
-  static absl::StatusOr<std::unique_ptr<ProbeLoop>> Create(int sigfd);
-  absl::Status Add(int fd);
-  // Waits up to `timeout_ms`; fills what happened. A stop signal sets `stop_signal`.
-  struct Ready {
-    bool child = false;  // SIGCHLD
-    bool tick = false;
-    int stop_signal = 0;
-    std::vector<int> fds;  // other fds that are readable
-  };
-  absl::StatusOr<Ready> Wait(int timeout_ms);
-
- private:
-  ProbeLoop() = default;
-  int sigfd_ = -1;
-  core::UniqueFd epfd_;
-  core::UniqueFd tick_;
-};
 
 // The recording for -o (nullptr without -o), holding the probes.
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
@@ -182,13 +66,29 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdO
                                                                  uint64_t load_bias);
 // Finishes the recording and says so on stderr. False when recording failed (the caller
 // exits 1 after its summary).
-bool FinishRecording(core::TraceWriter* writer, const HitSink& sink, const ProbeRunInfo& info,
+bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const ProbeRunInfo& info,
                      const std::string& path);
 
-uint64_t NowNs();
+// What a session needs of the command's options.
+watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts);
 
-// Reads what waits in the signalfd without blocking: the first SIGINT/SIGTERM/SIGHUP, or 0
-// (SIGCHLD is dropped: the runners poll the target every round anyway).
-int ReadStopSignal(int sigfd);
+// The output of one session: the recording (-o) and the printer, made through Hooks() when
+// the session starts. Outlives the session; not movable once Hooks() was called.
+struct SessionOutput {
+  SessionOutput(const ProbeCmdOptions& o, const ProbeSet& s, std::string b)
+      : opts(o), set(s), backend(std::move(b)) {}
+
+  const ProbeCmdOptions& opts;
+  const ProbeSet& set;
+  std::string backend;  // "ptrace", "uprobe", "hw": in the recording and the live lines
+  std::unique_ptr<core::TraceWriter> writer;
+  std::unique_ptr<HitPrinter> printer;
+
+  watch::probe::ProbeSessionHooks Hooks();
+};
+
+// Steps `session` to its end, then finishes the recording and prints the summary. Returns
+// kwatch's exit status: the launched target's, 1 when -o was not honoured.
+absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, SessionOutput& out);
 
 }  // namespace kwatch::cli

@@ -36,15 +36,17 @@
 #include "absl/strings/string_view.h"
 #include "cli/probe_output.h"
 #include "cli/probe_run.h"
-#include "cli/probe_set.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/maps.h"
 #include "core/ptrace/process.h"
+#include "core/ptrace/trap_origin.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
-#include "core/ptrace/trap_origin.h"
-#include "core/base/unique_fd.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
+#include "watch/probe/hw_probes.h"
+#include "watch/probe/probe_loop.h"
+#include "watch/probe/probe_set.h"
 #include "watch/stop_backend.h"
 #include "watch/trap_breakpoints.h"
 
@@ -56,6 +58,9 @@ using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::Spawned;
 using ::kwatch::testing::TargetPath;
+using ::kwatch::watch::probe::EvaluateHwHit;
+using ::kwatch::watch::probe::HwProbes;
+using ::kwatch::watch::probe::NowNs;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -488,7 +493,7 @@ class Forged {
  public:
   Forged(const std::vector<std::string>& specs, const std::vector<std::string>& args) {
     const std::string path = TargetPath("hw_probe_target");
-    auto set = ResolveProbes(path, specs);
+    auto set = watch::probe::ResolveProbes(path, specs);
     EXPECT_TRUE(set.ok()) << set.status();
     if (!set.ok()) {
       return;
@@ -611,8 +616,8 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
   to.backend = "hw";
   SinkOptions jo = to;
   jo.json = true;
-  HitSink text_sink(text.get(), to, f.probes(), nullptr, nullptr);
-  HitSink json_sink(jsonl.get(), jo, f.probes(), nullptr, nullptr);
+  HitPrinter text_sink(text.get(), to, f.probes(), nullptr, nullptr);
+  HitPrinter json_sink(jsonl.get(), jo, f.probes(), nullptr, nullptr);
   struct Seen {
     pid_t tid;
     uint64_t rip, rdi, rsi, eflags, ip;

@@ -1,5 +1,5 @@
-// `kwatch probe --backend ptrace`: the INT3 engine (core/probe/int3_engine.h) on a launched
-// or attached process, every patch journaled by a guardian process.
+#include "watch/probe/ptrace_session.h"
+
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <unistd.h>
@@ -15,35 +15,38 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cli/probe_run.h"
-#include "core/ptrace/guardian.h"
+#include "core/base/status_macros.h"
 #include "core/probe/fetch.h"
 #include "core/probe/int3_engine.h"
+#include "core/ptrace/guardian.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_group.h"
-#include "core/base/status_macros.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
+#include "watch/probe/probe_loop.h"
 
-#ifndef KWATCH_VERSION
-#define KWATCH_VERSION "dev"
-#endif
-
-namespace kwatch::cli {
+namespace kwatch::watch::probe {
 
 namespace {
 
-class PtraceRunner {
+class PtraceSession : public ProbeSession {
  public:
-  PtraceRunner(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd)
-      : opts_(opts), set_(set), sigfd_(sigfd) {}
+  PtraceSession(const ProbeSessionOptions& opts, const ProbeSet& set, int sigfd,
+                const ProbeSessionHooks& hooks)
+      : opts_(opts), set_(set), sigfd_(sigfd), hooks_(hooks) {}
 
-  absl::StatusOr<int> Run();
+  // Start and Arm; on error, cleans up (Abandon).
+  absl::Status Begin();
+  absl::StatusOr<bool> Step(absl::Duration timeout) override;
+  absl::StatusOr<ProbeSessionEnd> Finish() override;
 
  private:
   absl::Status Start();
   absl::Status Arm();
-  absl::Status Loop();
+  // The first Step's: the loop, the deadline, and the target's end while it was armed.
+  absl::Status OpenLoop();
+  // After a failure: restores and lets go (or kills) every process, dismisses the guardians.
+  void Abandon();
   // Polls the target and every followed child, handles what happened to each.
   absl::Status HandleChild();
   // A process of the session (the target or a followed child) and its engine.
@@ -78,17 +81,19 @@ class PtraceRunner {
   void Stop(std::string reason);
   std::string Caller(core::RemoteAddr ra);
 
-  const ProbeCmdOptions& opts_;
-  ProbeSet& set_;
+  ProbeSessionOptions opts_;
+  const ProbeSet& set_;
   int sigfd_;
+  ProbeSessionHooks hooks_;
+  std::unique_ptr<ProbeLoop> loop_;
+  absl::Status failed_;                        // a Step's failure
   std::unique_ptr<core::ProcessGroup> group_;  // -f; outlives every process below
   std::unique_ptr<core::Process> proc_;
   std::unique_ptr<core::Guardian> guardian_;
   std::unique_ptr<core::Int3Engine> engine_;
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
-  std::unique_ptr<core::TraceWriter> writer_;
-  std::unique_ptr<HitSink> sink_;
+  HitSink* sink_ = nullptr;  // from hooks_.begin
   core::MemoryReader read_;
   uint64_t bias_ = 0;
   uint64_t start_ns_ = 0;
@@ -105,7 +110,7 @@ class PtraceRunner {
 
 constexpr uint64_t kDutyIntervalNs = 50'000'000;
 
-void PtraceRunner::Stop(std::string reason) {
+void PtraceSession::Stop(std::string reason) {
   if (!stop_reason_.empty()) {
     return;
   }
@@ -123,24 +128,21 @@ void PtraceRunner::Stop(std::string reason) {
   }
 }
 
-void PtraceRunner::Duties(int stop_signal) {
+void PtraceSession::Duties(int stop_signal) {
   last_duties_ns_ = NowNs();
   sink_->Flush();
   if (stop_signal != 0) {
     Stop(absl::StrCat("interrupted by ", sigabbrev_np(stop_signal)));
   }
-  if (!sink_->record_error().ok()) {
-    Stop(absl::StrCat("recording failed: ", sink_->record_error().message()));
-  }
-  if (sink_->output_failed()) {
-    Stop("output closed");
+  if (absl::Status s = sink_->status(); !s.ok()) {
+    Stop(std::string(s.message()));
   }
   if (deadline_ns_ != 0 && last_duties_ns_ >= deadline_ns_) {
     Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
   }
 }
 
-std::string PtraceRunner::Caller(core::RemoteAddr ra) {
+std::string PtraceSession::Caller(core::RemoteAddr ra) {
   if (symbolizer_ == nullptr) {
     return absl::StrFormat("0x%x", ra.value);
   }
@@ -151,14 +153,14 @@ std::string PtraceRunner::Caller(core::RemoteAddr ra) {
   return core::Symbolizer::Format(loc);
 }
 
-void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uint64_t bias) {
+void PtraceSession::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uint64_t bias) {
   if (ctx.time_ns >= last_duties_ns_ + kDutyIntervalNs && stop_reason_.empty()) {
     Duties(ReadStopSignal(sigfd_));
     if (!stop_reason_.empty()) {
-      std::fprintf(stderr,
-                   "kwatch: stopping (%s): the probes are disabled and come out as soon as the "
-                   "target pauses between hits\n",
-                   stop_reason_.c_str());
+      sink_->OnNote(
+          absl::StrFormat("stopping (%s): the probes are disabled and come out as soon as the "
+                          "target pauses between hits",
+                          stop_reason_));
     }
   }
   if (!stop_reason_.empty() || sink_->done()) {
@@ -197,7 +199,7 @@ void PtraceRunner::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uin
   }
 }
 
-absl::Status PtraceRunner::Start() {
+absl::Status PtraceSession::Start() {
   core::LaunchOptions lo;
   lo.run_as = opts_.user;
   lo.kill_on_exit = opts_.kill_on_exit;
@@ -225,11 +227,10 @@ absl::Status PtraceRunner::Start() {
   KW_ASSIGN_OR_RETURN(guardian_, core::Guardian::Start(proc_->pid()));
   engine_ = std::make_unique<core::Int3Engine>(*proc_);
   engine_->SetGuardian(guardian_.get());
-  KW_ASSIGN_OR_RETURN(writer_, OpenRecording(opts_, set_, proc_->pid(), bias_));
-  return absl::OkStatus();
+  return hooks_.open_recording(proc_->pid(), bias_);
 }
 
-absl::Status PtraceRunner::RegisterAll(core::Int3Engine& engine, uint64_t bias) {
+absl::Status PtraceSession::RegisterAll(core::Int3Engine& engine, uint64_t bias) {
   std::map<uint32_t, core::ProbeId> ids;
   for (const ProbeDef& def : set_.probes) {
     const core::RemoteAddr addr{def.point.vaddr.value + bias};
@@ -254,7 +255,7 @@ absl::Status PtraceRunner::RegisterAll(core::Int3Engine& engine, uint64_t bias) 
   return absl::OkStatus();
 }
 
-void PtraceRunner::Rearm(core::Process& proc, core::Int3Engine& engine) {
+void PtraceSession::Rearm(core::Process& proc, core::Int3Engine& engine) {
   const auto bias_in_image = [this, &proc]() -> absl::StatusOr<uint64_t> {
     KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
     return set_.target->LoadBias(maps);
@@ -292,10 +293,10 @@ void PtraceRunner::Rearm(core::Process& proc, core::Int3Engine& engine) {
   notes_.push_back(absl::StrFormat("%s %d called exec: the probes of the old image ended there; %s",
                                    &proc == proc_.get() ? "target" : "followed child", proc.pid(),
                                    what));
-  std::fprintf(stderr, "kwatch: %s\n", notes_.back().c_str());
+  sink_->OnNote(notes_.back());
 }
 
-absl::Status PtraceRunner::Arm() {
+absl::Status PtraceSession::Arm() {
   KW_RETURN_IF_ERROR(engine_->StopWorld());
   if (absl::Status s = RegisterAll(*engine_, bias_); !s.ok()) {
     (void)engine_->ResumeWorld();
@@ -304,24 +305,19 @@ absl::Status PtraceRunner::Arm() {
   ids_ = id_sets_[engine_.get()].back();
   start_ns_ = NowNs();
   last_duties_ns_ = start_ns_;
-  SinkOptions so;
-  so.json = opts_.json;
-  so.quiet = opts_.quiet;
-  so.count = opts_.count;
-  so.start_ns = start_ns_;
-  so.backend = "ptrace";
-  so.main_pid = proc_->pid();
-  sink_ = std::make_unique<HitSink>(STDOUT_FILENO, so, set_.probes, writer_.get(),
-                                    [this](core::RemoteAddr ra) { return Caller(ra); });
-  sink_->PrintHeader();
-  std::fprintf(stderr, "kwatch: armed %zu probe%s on pid %d (%s), ptrace backend\n",
-               set_.probes.size(), set_.probes.size() == 1 ? "" : "s", proc_->pid(),
-               set_.path.c_str());
-  std::fflush(stderr);
+  ProbeSessionStart start;
+  start.start_ns = start_ns_;
+  start.main_pid = proc_->pid();
+  start.caller = [this](core::RemoteAddr ra) { return Caller(ra); };
+  sink_ = &hooks_.begin(start);
+  sink_->OnStart();
+  sink_->OnNote(absl::StrFormat("armed %zu probe%s on pid %d (%s), ptrace backend",
+                                set_.probes.size(), set_.probes.size() == 1 ? "" : "s",
+                                proc_->pid(), set_.path));
   return engine_->ResumeWorld();
 }
 
-absl::Status PtraceRunner::HandleChild() {
+absl::Status PtraceSession::HandleChild() {
   if (proc_->alive()) {
     KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_->Poll());
     KW_RETURN_IF_ERROR(HandleEvents(*proc_, *engine_, events));
@@ -341,7 +337,7 @@ absl::Status PtraceRunner::HandleChild() {
   return absl::OkStatus();
 }
 
-bool PtraceRunner::AnyChildAlive() const {
+bool PtraceSession::AnyChildAlive() const {
   for (const auto& t : children_) {
     if (t->proc->alive()) {
       return true;
@@ -350,7 +346,7 @@ bool PtraceRunner::AnyChildAlive() const {
   return false;
 }
 
-std::vector<core::Int3Engine*> PtraceRunner::Engines() const {
+std::vector<core::Int3Engine*> PtraceSession::Engines() const {
   std::vector<core::Int3Engine*> out;
   if (engine_ != nullptr) {
     out.push_back(engine_.get());
@@ -361,7 +357,7 @@ std::vector<core::Int3Engine*> PtraceRunner::Engines() const {
   return out;
 }
 
-absl::Status PtraceRunner::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t pid) {
+absl::Status PtraceSession::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t pid) {
   const uint64_t t0 = NowNs();
   std::unique_ptr<core::Process> child = group_->TakeChild(pid);
   if (child == nullptr) {
@@ -392,18 +388,18 @@ absl::Status PtraceRunner::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t
   KW_RETURN_IF_ERROR(t->proc->ResumeAll());
   t->adopt_ns = NowNs() - t0;
   if (!opts_.quiet) {
-    std::fprintf(stderr,
-                 "kwatch: following child %d of %d (probes adopted in %.0f us, %.0f us of it "
-                 "starting its guardian)\n",
-                 pid, t->parent, static_cast<double>(t->adopt_ns) / 1e3,
-                 static_cast<double>(guardian_ns) / 1e3);
+    sink_->OnNote(absl::StrFormat(
+        "following child %d of %d (probes adopted in %.0f us, %.0f us of it starting its "
+        "guardian)",
+        pid, t->parent, static_cast<double>(t->adopt_ns) / 1e3,
+        static_cast<double>(guardian_ns) / 1e3));
   }
   children_.push_back(std::move(t));
   return absl::OkStatus();
 }
 
-absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& engine,
-                                        const std::vector<core::ProcessEvent>& events) {
+absl::Status PtraceSession::HandleEvents(core::Process& proc, core::Int3Engine& engine,
+                                         const std::vector<core::ProcessEvent>& events) {
   const bool main = &proc == proc_.get();
   for (const core::ProcessEvent& e : events) {
     switch (e.kind) {
@@ -413,10 +409,10 @@ absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& e
                    ? absl::StrCat("target killed by ", sigabbrev_np(proc.exit_info()->signal))
                    : "target exited");
         } else if (!main && !opts_.quiet) {
-          std::fprintf(
-              stderr, "kwatch: followed child %d %s %d\n", proc.pid(),
+          sink_->OnNote(absl::StrFormat(
+              "followed child %d %s %d", proc.pid(),
               proc.exit_info()->signaled ? "killed by signal" : "exited with status",
-              proc.exit_info()->signaled ? proc.exit_info()->signal : proc.exit_info()->code);
+              proc.exit_info()->signaled ? proc.exit_info()->signal : proc.exit_info()->code));
         }
         break;
       case core::ProcessEvent::Kind::kExec:
@@ -434,7 +430,7 @@ absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& e
         notes_.push_back(
             absl::StrFormat("%s %d called exec: the probes of the old image ended there",
                             main ? "target" : "followed child", proc.pid()));
-        std::fprintf(stderr, "kwatch: %s\n", notes_.back().c_str());
+        sink_->OnNote(notes_.back());
         KW_RETURN_IF_ERROR(proc.Resume(e.tid));
         break;
       case core::ProcessEvent::Kind::kThreadExited:
@@ -446,8 +442,9 @@ absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& e
         }
         break;
       case core::ProcessEvent::Kind::kGroupStop:
-        std::fprintf(stderr, "kwatch: %s %d stopped by %s (job control); still probing\n",
-                     main ? "target" : "followed child", proc.pid(), sigabbrev_np(e.signal));
+        sink_->OnNote(absl::StrFormat("%s %d stopped by %s (job control); still probing",
+                                      main ? "target" : "followed child", proc.pid(),
+                                      sigabbrev_np(e.signal)));
         break;
       default:
         break;
@@ -456,27 +453,49 @@ absl::Status PtraceRunner::HandleEvents(core::Process& proc, core::Int3Engine& e
   return absl::OkStatus();
 }
 
-absl::Status PtraceRunner::Loop() {
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<ProbeLoop> loop, ProbeLoop::Create(sigfd_));
+absl::Status PtraceSession::OpenLoop() {
+  KW_ASSIGN_OR_RETURN(loop_, ProbeLoop::Create(sigfd_));
   deadline_ns_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   // The target may have ended while being armed.
-  KW_RETURN_IF_ERROR(HandleChild());
-  while (stop_reason_.empty()) {
-    KW_ASSIGN_OR_RETURN(const ProbeLoop::Ready r, loop->Wait(1000));
-    if (r.stop_signal != 0) {
-      Stop(absl::StrCat("interrupted by ", sigabbrev_np(r.stop_signal)));
-      break;
-    }
-    // SIGCHLD may merge with another one: poll on every round.
-    KW_RETURN_IF_ERROR(HandleChild());
-    if (r.tick || NowNs() >= last_duties_ns_ + kDutyIntervalNs) {
-      Duties(0);
-    }
-  }
-  return absl::OkStatus();
+  return HandleChild();
 }
 
-absl::Status PtraceRunner::Release() {
+absl::StatusOr<bool> PtraceSession::Step(absl::Duration timeout) {
+  if (!failed_.ok()) {
+    return false;
+  }
+  if (loop_ == nullptr) {
+    if (absl::Status s = OpenLoop(); !s.ok()) {
+      failed_ = s;
+      return s;
+    }
+  }
+  if (!stop_reason_.empty()) {
+    return false;
+  }
+  absl::StatusOr<ProbeLoop::Ready> ready =
+      loop_->Wait(static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  if (!ready.ok()) {
+    failed_ = ready.status();
+    return failed_;
+  }
+  const ProbeLoop::Ready& r = *ready;
+  if (r.stop_signal != 0) {
+    Stop(absl::StrCat("interrupted by ", sigabbrev_np(r.stop_signal)));
+    return false;
+  }
+  // SIGCHLD may merge with another one: poll on every round.
+  if (absl::Status s = HandleChild(); !s.ok()) {
+    failed_ = s;
+    return s;
+  }
+  if (r.tick || NowNs() >= last_duties_ns_ + kDutyIntervalNs) {
+    Duties(0);
+  }
+  return stop_reason_.empty();
+}
+
+absl::Status PtraceSession::Release() {
   if (group_ != nullptr) {
     // Forks from now on are cleaned and let go; children already announced are adopted (and
     // restored below).
@@ -503,8 +522,9 @@ absl::Status PtraceRunner::Release() {
     }
   }
   if (detached > 0) {
-    std::fprintf(stderr, "kwatch: probes removed from %zu followed child%s, detached; %s running\n",
-                 detached, detached == 1 ? "" : "ren", detached == 1 ? "it keeps" : "they keep");
+    sink_->OnNote(absl::StrFormat("probes removed from %zu followed child%s, detached; %s running",
+                                  detached, detached == 1 ? "" : "ren",
+                                  detached == 1 ? "it keeps" : "they keep"));
   }
   if (engine_ != nullptr && proc_->alive()) {
     KW_RETURN_IF_ERROR(engine_->RestoreAll());
@@ -515,8 +535,8 @@ absl::Status PtraceRunner::Release() {
       stop_reason_ += "; target killed (--kill-on-exit)";
     } else {
       KW_RETURN_IF_ERROR(proc_->Detach());
-      std::fprintf(stderr, "kwatch: probes removed, detached; target %d keeps running\n",
-                   proc_->pid());
+      sink_->OnNote(
+          absl::StrFormat("probes removed, detached; target %d keeps running", proc_->pid()));
     }
   }
   if (guardian_ != nullptr) {
@@ -529,39 +549,47 @@ absl::Status PtraceRunner::Release() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> PtraceRunner::Run() {
+absl::Status PtraceSession::Begin() {
   absl::Status s = Start();
   if (s.ok()) {
     s = Arm();
   }
-  if (s.ok()) {
-    s = Loop();
-  }
   if (!s.ok()) {
-    for (auto& t : children_) {
-      if (t->proc->alive()) {
-        (void)t->engine->RestoreAll();
-        (void)t->proc->Detach();
-      }
-      if (t->guardian != nullptr) {
-        (void)t->guardian->Dismiss();
-      }
+    Abandon();
+  }
+  return s;
+}
+
+void PtraceSession::Abandon() {
+  for (auto& t : children_) {
+    if (t->proc->alive()) {
+      (void)t->engine->RestoreAll();
+      (void)t->proc->Detach();
     }
-    if (proc_ != nullptr && proc_->alive()) {
-      if (engine_ != nullptr) {
-        (void)engine_->RestoreAll();
-      }
-      // A launched target that never ran its own code is not left behind.
-      if (proc_->launched() && (sink_ == nullptr || opts_.kill_on_exit)) {
-        (void)proc_->Kill();
-      } else {
-        (void)proc_->Detach();
-      }
+    if (t->guardian != nullptr) {
+      (void)t->guardian->Dismiss();
     }
-    if (guardian_ != nullptr) {
-      (void)guardian_->Dismiss();
+  }
+  if (proc_ != nullptr && proc_->alive()) {
+    if (engine_ != nullptr) {
+      (void)engine_->RestoreAll();
     }
-    return s;
+    // A launched target that never ran its own code is not left behind.
+    if (proc_->launched() && (sink_ == nullptr || opts_.kill_on_exit)) {
+      (void)proc_->Kill();
+    } else {
+      (void)proc_->Detach();
+    }
+  }
+  if (guardian_ != nullptr) {
+    (void)guardian_->Dismiss();
+  }
+}
+
+absl::StatusOr<ProbeSessionEnd> PtraceSession::Finish() {
+  if (!failed_.ok()) {
+    Abandon();
+    return failed_;
   }
   std::map<uint32_t, ProbeEndStats> stats;
   for (const core::Int3Engine* eng : Engines()) {  // every process and image counts
@@ -610,26 +638,22 @@ absl::StatusOr<int> PtraceRunner::Run() {
   }
   info.notes = notes_;
   info.exit = proc_->exit_info();
-  sink_->Flush();
-  std::fflush(stdout);
-  const bool recorded = FinishRecording(writer_.get(), *sink_, info, opts_.output);
-  PrintProbeSummary(stdout, opts_.json, set_.probes, *sink_, stats, info);
-  std::fflush(stdout);
-  KW_RETURN_IF_ERROR(released);
-  if (!recorded) {
-    return 1;  // -o was not honoured (docs/recording.md)
-  }
-  if (proc_->launched() && info.exit.has_value()) {
-    return info.exit->ShellStatus();
-  }
-  return 0;
+  ProbeSessionEnd end;
+  end.stats = std::move(stats);
+  end.info = std::move(info);
+  end.launched = proc_->launched();
+  end.error = released;
+  return end;
 }
 
 }  // namespace
 
-absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
-  PtraceRunner runner(opts, set, sigfd);
-  return runner.Run();
+absl::StatusOr<std::unique_ptr<ProbeSession>> StartPtraceSession(const ProbeSessionOptions& opts,
+                                                                 const ProbeSet& set, int sigfd,
+                                                                 const ProbeSessionHooks& hooks) {
+  auto session = std::make_unique<PtraceSession>(opts, set, sigfd, hooks);
+  KW_RETURN_IF_ERROR(session->Begin());
+  return session;
 }
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch::probe

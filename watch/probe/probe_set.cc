@@ -1,4 +1,4 @@
-#include "cli/probe_set.h"
+#include "watch/probe/probe_set.h"
 
 #include <dwarf.h>
 #include <unistd.h>
@@ -14,10 +14,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "core/probe/probe_spec.h"
 #include "core/base/status_macros.h"
+#include "core/probe/probe_spec.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch::probe {
 
 namespace {
 
@@ -167,4 +167,4 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
   return set;
 }
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch::probe

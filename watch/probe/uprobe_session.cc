@@ -1,7 +1,5 @@
-// `kwatch probe --backend uprobe`: the kernel's uprobe PMU (watch/uprobe_event.h). The
-// kernel runs the breakpoint; kwatch reads samples (registers and a slice of the user stack)
-// from per-CPU rings and evaluates the arguments from them afterwards. No ptrace, no code
-// change kwatch has to undo: closing the events removes the probes.
+#include "watch/probe/uprobe_session.h"
+
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,18 +20,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "cli/probe_run.h"
-#include "core/ptrace/maps.h"
-#include "core/probe/fetch.h"
-#include "core/ptrace/process.h"
 #include "core/base/status_macros.h"
-#include "core/symbols/symbolizer.h"
-#include "core/symbols/symbols.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/probe/fetch.h"
+#include "core/ptrace/maps.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
+#include "watch/probe/probe_loop.h"
 #include "watch/uprobe_event.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch::probe {
 
 namespace {
 
@@ -56,15 +54,18 @@ core::ExitInfo ExitFromWaitStatus(int status) {
   return e;
 }
 
-class UprobeRunner {
+class UprobeSession : public ProbeSession {
  public:
-  UprobeRunner(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd)
-      : opts_(opts), set_(set), sigfd_(sigfd) {}
-  absl::StatusOr<int> Run();
+  UprobeSession(const ProbeSessionOptions& opts, const ProbeSet& set, int sigfd,
+                const ProbeSessionHooks& hooks)
+      : opts_(opts), set_(set), sigfd_(sigfd), hooks_(hooks) {}
+  absl::Status Start();
+  absl::StatusOr<bool> Step(absl::Duration timeout) override;
+  absl::StatusOr<ProbeSessionEnd> Finish() override;
 
  private:
-  absl::Status Start();
-  absl::Status Loop();
+  // The first Step's: epoll over the rings, the signalfd and the target's pidfd.
+  absl::Status OpenLoop();
   // Reads the rings; shows the hits in time order (all of them when `final`).
   void DrainAll(bool final = false);
   // Evaluates the arguments of a sampled hit (the stack slice is valid only now).
@@ -77,17 +78,20 @@ class UprobeRunner {
   }
   void CheckExit();
 
-  const ProbeCmdOptions& opts_;
-  ProbeSet& set_;
+  ProbeSessionOptions opts_;
+  const ProbeSet& set_;
   int sigfd_;
-  pid_t pid_ = -1;  // -1: every process
+  ProbeSessionHooks hooks_;
+  std::unique_ptr<ProbeLoop> loop_;
+  uint64_t deadline_ = 0;  // --duration, 0: none
+  absl::Status failed_;    // a Step's failure
+  pid_t pid_ = -1;         // -1: every process
   bool launched_ = false;
   std::optional<core::ExitInfo> exit_;
   bool target_gone_ = false;
   core::UniqueFd pidfd_;
   std::vector<std::unique_ptr<watch::UprobeEvent>> events_;  // parallel to set_.probes
-  std::unique_ptr<core::TraceWriter> writer_;
-  std::unique_ptr<HitSink> sink_;
+  HitSink* sink_ = nullptr;                                  // from hooks_.begin
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
   absl::flat_hash_map<pid_t, uint64_t> bias_;  // load bias of the file per process
@@ -100,7 +104,7 @@ class UprobeRunner {
   std::vector<ProbeHit> waiting_;  // read, newer than the last drain's horizon
 };
 
-uint64_t UprobeRunner::BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h) {
+uint64_t UprobeSession::BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h) {
   if (auto it = bias_.find(pid); it != bias_.end()) {
     return it->second;
   }
@@ -116,7 +120,7 @@ uint64_t UprobeRunner::BiasOf(pid_t pid, const ProbeDef& def, const watch::Uprob
   return bias;
 }
 
-ProbeHit UprobeRunner::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) {
+ProbeHit UprobeSession::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) {
   ProbeHit hit;
   hit.time_ns = h.time_ns;
   hit.pid = h.pid;
@@ -163,7 +167,7 @@ ProbeHit UprobeRunner::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) {
   return hit;
 }
 
-void UprobeRunner::DrainAll(bool final) {
+void UprobeSession::DrainAll(bool final) {
   // Rings are per CPU and per probe, read one after the other: a ring read later may hold
   // hits newer than some not yet written to a ring read earlier. Hits are shown in time
   // order up to a horizon a little before the drain began (every hit older than that is in
@@ -195,7 +199,7 @@ void UprobeRunner::DrainAll(bool final) {
   }
 }
 
-void UprobeRunner::CheckExit() {
+void UprobeSession::CheckExit() {
   if (target_gone_ || pid_ <= 0) {
     return;
   }
@@ -216,7 +220,7 @@ void UprobeRunner::CheckExit() {
   }
 }
 
-absl::Status UprobeRunner::Start() {
+absl::Status UprobeSession::Start() {
   std::unique_ptr<core::Process> proc;
   if (opts_.pid.has_value()) {
     pid_ = *opts_.pid;
@@ -280,38 +284,28 @@ absl::Status UprobeRunner::Start() {
       }
     }
   }
-  absl::StatusOr<std::unique_ptr<core::TraceWriter>> w =
-      OpenRecording(opts_, set_, pid_ > 0 ? pid_ : 0, bias);
-  if (!w.ok()) {
+  if (absl::Status s = hooks_.open_recording(pid_ > 0 ? pid_ : 0, bias); !s.ok()) {
     if (proc != nullptr) {
       (void)proc->Kill();
     }
-    return w.status();
+    return s;
   }
-  writer_ = *std::move(w);
   start_ns_ = NowNs();
-  SinkOptions so;
-  so.json = opts_.json;
-  so.quiet = opts_.quiet;
-  so.count = opts_.count;
-  so.start_ns = start_ns_;
-  so.backend = "uprobe";
-  std::function<std::string(core::RemoteAddr)> caller = nullptr;
+  ProbeSessionStart start;
+  start.start_ns = start_ns_;
   if (symbolizer_ != nullptr) {
-    caller = [this](core::RemoteAddr ra) {
+    start.caller = [this](core::RemoteAddr ra) {
       const core::CodeLocation& loc = symbolizer_->Locate(ra);
       return loc.function.empty() ? absl::StrFormat("0x%x", ra.value)
                                   : core::Symbolizer::Format(loc);
     };
   }
-  sink_ =
-      std::make_unique<HitSink>(STDOUT_FILENO, so, set_.probes, writer_.get(), std::move(caller));
-  sink_->PrintHeader();
-  std::fprintf(stderr, "kwatch: armed %zu probe%s on %s (%s), uprobe backend\n", set_.probes.size(),
-               set_.probes.size() == 1 ? "" : "s",
-               pid_ > 0 ? absl::StrCat("pid ", pid_).c_str() : "every process running it",
-               set_.path.c_str());
-  std::fflush(stderr);
+  sink_ = &hooks_.begin(start);
+  sink_->OnStart();
+  sink_->OnNote(absl::StrFormat("armed %zu probe%s on %s (%s), uprobe backend", set_.probes.size(),
+                                set_.probes.size() == 1 ? "" : "s",
+                                pid_ > 0 ? absl::StrCat("pid ", pid_) : "every process running it",
+                                set_.path));
   if (proc != nullptr) {
     KW_RETURN_IF_ERROR(proc->Detach());  // runs from its first instruction, probed
   }
@@ -321,44 +315,55 @@ absl::Status UprobeRunner::Start() {
   return absl::OkStatus();
 }
 
-absl::Status UprobeRunner::Loop() {
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<ProbeLoop> loop, ProbeLoop::Create(sigfd_));
+absl::Status UprobeSession::OpenLoop() {
+  KW_ASSIGN_OR_RETURN(loop_, ProbeLoop::Create(sigfd_));
   for (const auto& ev : events_) {
     for (int fd : ev->fds()) {
-      KW_RETURN_IF_ERROR(loop->Add(fd));
+      KW_RETURN_IF_ERROR(loop_->Add(fd));
     }
   }
   if (pidfd_) {
-    KW_RETURN_IF_ERROR(loop->Add(pidfd_.get()));
+    KW_RETURN_IF_ERROR(loop_->Add(pidfd_.get()));
   }
-  const uint64_t deadline =
-      opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
-  while (stop_reason_.empty()) {
-    KW_ASSIGN_OR_RETURN(const ProbeLoop::Ready r, loop->Wait(1000));
-    DrainAll();
-    if (r.stop_signal != 0) {
-      Stop(absl::StrCat("interrupted by ", sigabbrev_np(r.stop_signal)));
-    }
-    CheckExit();
-    if (r.tick) {
-      sink_->Flush();
-    }
-    if (!sink_->record_error().ok()) {
-      Stop(absl::StrCat("recording failed: ", sink_->record_error().message()));
-    }
-    if (sink_->output_failed()) {
-      Stop("output closed");
-    }
-    if (deadline != 0 && NowNs() >= deadline) {
-      Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
-    }
-  }
+  deadline_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> UprobeRunner::Run() {
-  KW_RETURN_IF_ERROR(Start());
-  const absl::Status looped = Loop();
+absl::StatusOr<bool> UprobeSession::Step(absl::Duration timeout) {
+  if (!failed_.ok() || !stop_reason_.empty()) {
+    return false;
+  }
+  if (loop_ == nullptr) {
+    if (absl::Status s = OpenLoop(); !s.ok()) {
+      failed_ = s;
+      return s;
+    }
+  }
+  absl::StatusOr<ProbeLoop::Ready> ready =
+      loop_->Wait(static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  if (!ready.ok()) {
+    failed_ = ready.status();
+    return failed_;
+  }
+  const ProbeLoop::Ready& r = *ready;
+  DrainAll();
+  if (r.stop_signal != 0) {
+    Stop(absl::StrCat("interrupted by ", sigabbrev_np(r.stop_signal)));
+  }
+  CheckExit();
+  if (r.tick) {
+    sink_->Flush();
+  }
+  if (absl::Status s = sink_->status(); !s.ok()) {
+    Stop(std::string(s.message()));
+  }
+  if (deadline_ != 0 && NowNs() >= deadline_) {
+    Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
+  }
+  return stop_reason_.empty();
+}
+
+absl::StatusOr<ProbeSessionEnd> UprobeSession::Finish() {
   // The kernel's counts first, then the last samples (what the target did up to its exit
   // is in the rings already): a sample counted but never read was dropped. The ring's own
   // lost records miss drops at the very end (their record is written only once space frees).
@@ -392,7 +397,7 @@ absl::StatusOr<int> UprobeRunner::Run() {
       }
       stop_reason_ += "; target killed (--kill-on-exit)";
     } else {
-      std::fprintf(stderr, "kwatch: probes removed; target %d keeps running\n", pid_);
+      sink_->OnNote(absl::StrFormat("probes removed; target %d keeps running", pid_));
     }
   }
   info.stop_reason = stop_reason_;
@@ -419,26 +424,22 @@ absl::StatusOr<int> UprobeRunner::Run() {
     }
   }
   info.notes = notes_;
-  sink_->Flush();
-  std::fflush(stdout);
-  const bool recorded = FinishRecording(writer_.get(), *sink_, info, opts_.output);
-  PrintProbeSummary(stdout, opts_.json, set_.probes, *sink_, stats, info);
-  std::fflush(stdout);
-  KW_RETURN_IF_ERROR(looped);
-  if (!recorded) {
-    return 1;  // -o was not honoured (docs/recording.md)
-  }
-  if (launched_ && exit_.has_value()) {
-    return exit_->ShellStatus();
-  }
-  return 0;
+  ProbeSessionEnd end;
+  end.stats = std::move(stats);
+  end.info = std::move(info);
+  end.launched = launched_;
+  end.error = failed_;
+  return end;
 }
 
 }  // namespace
 
-absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
-  UprobeRunner runner(opts, set, sigfd);
-  return runner.Run();
+absl::StatusOr<std::unique_ptr<ProbeSession>> StartUprobeSession(const ProbeSessionOptions& opts,
+                                                                 const ProbeSet& set, int sigfd,
+                                                                 const ProbeSessionHooks& hooks) {
+  auto session = std::make_unique<UprobeSession>(opts, set, sigfd, hooks);
+  KW_RETURN_IF_ERROR(session->Start());
+  return session;
 }
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch::probe

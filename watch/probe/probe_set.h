@@ -14,7 +14,7 @@
 #include "core/probe/fetch.h"
 #include "core/probe/probe_target.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch::probe {
 
 // One probe point with its compiled arguments. A spec that names several addresses (an
 // inlined function, a line with several code ranges) gives one ProbeDef per address.
@@ -50,4 +50,4 @@ absl::StatusOr<std::string> FindProgram(const std::string& name);
 // `text` with a second line holding a caret under [pos, pos + len): "  tick i:u7\n         ^~~~".
 std::string PointAt(const std::string& text, size_t pos, size_t len);
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch::probe

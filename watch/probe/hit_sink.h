@@ -1,0 +1,80 @@
+#pragma once
+
+// What a probe session gives its user: hits as they come, and at the end the counters of each
+// probe and how the session ended. Backend-independent.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/base/remote_addr.h"
+#include "core/event.h"
+#include "core/ptrace/process.h"
+#include "core/store/args_json.h"
+#include "watch/probe/probe_set.h"
+
+namespace kwatch::watch::probe {
+
+// One hit as a backend saw it.
+struct ProbeHit {
+  uint64_t time_ns = 0;  // CLOCK_MONOTONIC
+  pid_t pid = 0;
+  pid_t tid = 0;
+  uint32_t cpu = core::kUnknownCpu;
+  const ProbeDef* probe = nullptr;
+  core::RemoteAddr ip;              // the probed instruction (absolute)
+  core::RemoteAddr return_address;  // return probes: where the function returned to
+  core::ProbeArgs args;             // name -> value as perf formats it
+};
+
+// Counters a backend knows about a probe at the end of the session.
+struct ProbeEndStats {
+  uint64_t misses = 0;     // ptrace: reached while disabled (after --count)
+  uint64_t nmissed = 0;    // ptrace return probes: calls not tracked (maxactive)
+  uint64_t abandoned = 0;  // ptrace return probes: calls that never returned (longjmp...)
+  uint64_t faults = 0;     // ptrace: signals raised by the displaced instruction
+  uint64_t lost = 0;       // uprobe: samples the kernel dropped (ring full)
+  std::optional<uint64_t> kernel_count;  // uprobe: hits the kernel counted
+};
+
+// How the session ended, for the summary.
+struct ProbeRunInfo {
+  std::string backend;
+  std::string stop_reason;  // "target exited", "--count 10 reached", "interrupted by INT"
+  double seconds = 0;
+  pid_t pid = 0;  // 0: every process (uprobe, global)
+  std::optional<core::ExitInfo> exit;
+  std::vector<std::string> notes;  // what the user should know (uprobe limits, exec...)
+};
+
+// Where a probe session's hits go (a text or JSON printer, a recorder). Called on the
+// session's thread only: Add for each hit in time order, Flush about every 50 ms, status()
+// after each Step's work, OnNote as things happen. Implementations need not be thread-safe.
+class HitSink {
+ public:
+  virtual ~HitSink() = default;
+
+  // The probes are live: called once, before the first note (a printer prints its column
+  // header). Hits may come earlier, while the probes are being armed.
+  virtual void OnStart() = 0;
+
+  // Takes a hit unless the session's hit limit (--count) is reached. Returns whether it was
+  // taken.
+  virtual bool Add(const ProbeHit& hit) = 0;
+  // The hit limit is reached: later hits are not taken (the session stops).
+  virtual bool done() const = 0;
+  // Writes what is pending (lines, recorded hits).
+  virtual void Flush() = 0;
+  // OK while the sink can go on; otherwise the session stops with the error's message as its
+  // stop reason ("recording failed: ...", "output closed").
+  virtual absl::Status status() const = 0;
+  // Something the user should know now (armed, a followed child, the target let go), one
+  // sentence without a prefix.
+  virtual void OnNote(const std::string& text) = 0;
+};
+
+}  // namespace kwatch::watch::probe

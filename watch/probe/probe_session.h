@@ -1,0 +1,92 @@
+#pragma once
+
+// A `kwatch probe` session as a library object: the command makes one (ptrace, uprobe or
+// debug-register backend), calls Step until it returns false, then Finish, and shows the end.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/base/remote_addr.h"
+#include "core/ptrace/process.h"
+#include "watch/probe/hit_sink.h"
+
+namespace kwatch::watch::probe {
+
+struct ProbeSessionOptions {
+  std::optional<pid_t> pid;          // attach to this process
+  std::vector<std::string> command;  // else launch this command
+  std::optional<core::RunAs> user;   // run the command as this user
+  uint64_t count = 0;                // stop after this many hits (0: no limit)
+  double duration = 0;               // stop after this many seconds (0: no limit)
+  bool kill_on_exit = false;         // the end kills a launched target (else lets it go)
+  bool follow_forks = false;         // ptrace: children the target forks are probed too
+  bool quiet = false;                // no notes about followed children
+  uint32_t maxactive = 0;            // ptrace return probes, 0: engine default
+  uint32_t stack_bytes = 512;        // uprobe: user stack sampled per hit
+  uint32_t ring_pages = 1024;        // uprobe: data pages of each per-CPU ring, per probe
+  std::string command_line;          // hw: how `kwatch slots` names the session
+};
+
+// What a session knows when its probes are about to go live (the sink's OnStart follows).
+struct ProbeSessionStart {
+  uint64_t start_ns = 0;  // CLOCK_MONOTONIC origin of the session
+  // The target, whose hits are not labelled with their pid (0: none, or every process).
+  pid_t main_pid = 0;
+  // Names a return address ("run+0x2a"); null when nothing can name it.
+  std::function<std::string(core::RemoteAddr)> caller;
+};
+
+// How the session reaches its user: the recording is opened once the target and its load
+// bias are known (an error ends the session before it starts), and the sink is made just
+// before the probes go live. The sink, and what the hooks capture, outlive the session.
+struct ProbeSessionHooks {
+  // `pid`: the target (0: every process running the file); `load_bias` of the probed file in
+  // it (0 when unknown: addresses are link-time).
+  std::function<absl::Status(pid_t pid, uint64_t load_bias)> open_recording;
+  std::function<HitSink&(const ProbeSessionStart& start)> begin;
+};
+
+// How a session ended.
+struct ProbeSessionEnd {
+  std::map<uint32_t, ProbeEndStats> stats;  // by ProbeDef::id
+  ProbeRunInfo info;
+  bool launched = false;  // the target was launched by the session (its exit is kwatch's)
+  // A failure while the session ran or ended, reported after the summary.
+  absl::Status error;
+  // The debug-register backend's placement, for its summary.
+  struct Hw {
+    std::map<uint32_t, int> registers;  // ProbeDef::id -> debug register (-1: none)
+    int external_slots = 0;             // registers held outside kwatch
+    uint64_t stray_traps = 0;           // traps that named no probe (dropped)
+  };
+  std::optional<Hw> hw;
+};
+
+// One probe session. Owns the target (launched or attached) and the probes; the probe set,
+// the signalfd and the sink are the caller's and outlive it. Stops on the target's end, the
+// hit limit, the duration, a stop signal read from the signalfd (SIGINT/SIGTERM/SIGHUP) or the
+// sink's failure. Not thread-safe: one thread calls Step and Finish.
+class ProbeSession {
+ public:
+  virtual ~ProbeSession() = default;
+
+  // One iteration: waits up to `timeout` (at most one 50 ms tick) for hits, signals and the
+  // target, and delivers what came. Returns false once the session should end; an error for a
+  // failed system call. Either way, call Finish next.
+  virtual absl::StatusOr<bool> Step(absl::Duration timeout) = 0;
+
+  // Takes the probes out, lets the target go (killed if launched and kill_on_exit) and counts.
+  // An error when there is nothing to summarize (the session failed and was cleaned up).
+  virtual absl::StatusOr<ProbeSessionEnd> Finish() = 0;
+};
+
+}  // namespace kwatch::watch::probe
