@@ -36,9 +36,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "core/base/clock.h"
-#include "core/x86/access_regs.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
+#include "core/x86/access_regs.h"
 #include "watch/hw_probe.h"
 #include "watch/perf_access.h"
 #include "watch/perf_breakpoint.h"

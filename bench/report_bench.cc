@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include <benchmark/benchmark.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "cli/profile_report.h"
@@ -34,8 +34,7 @@ constexpr uint64_t kStart = 1'000'000'000'000ULL;
 
 std::string BenchPath() {
   const char* dir = std::getenv("KWATCH_BENCH_DIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/kwatch_report_bench_", ::getpid(),
-                      ".kwdb");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/kwatch_report_bench_", ::getpid(), ".kwdb");
 }
 
 core::WatchRecord StructWatch() {
@@ -184,10 +183,14 @@ void Report(benchmark::State& state, bool json) {
   state.counters["report_bytes"] = static_cast<double>(bytes);
 }
 
-void BM_ReportText10M(benchmark::State& state) { Report(state, false); }
+void BM_ReportText10M(benchmark::State& state) {
+  Report(state, false);
+}
 BENCHMARK(BM_ReportText10M)->Unit(benchmark::kMillisecond)->Iterations(2);
 
-void BM_ReportJson10M(benchmark::State& state) { Report(state, true); }
+void BM_ReportJson10M(benchmark::State& state) {
+  Report(state, true);
+}
 BENCHMARK(BM_ReportJson10M)->Unit(benchmark::kMillisecond)->Iterations(2);
 
 }  // namespace

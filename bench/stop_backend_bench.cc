@@ -19,8 +19,8 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/symbols/expr.h"
 #include "core/ptrace/process.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
 #include "drmgr/slot_allocator.h"

@@ -172,7 +172,9 @@ void ReadAll(benchmark::State& state, const EventFilter& filter, uint64_t expect
       static_cast<double>(FileSize(ReadFixture())) / static_cast<double>(kReadEvents);
 }
 
-void BM_ForEachEvent(benchmark::State& state) { ReadAll(state, EventFilter{}, kReadEvents); }
+void BM_ForEachEvent(benchmark::State& state) {
+  ReadAll(state, EventFilter{}, kReadEvents);
+}
 BENCHMARK(BM_ForEachEvent)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 void BM_ForEachEventWindow(benchmark::State& state) {

@@ -48,7 +48,8 @@ const Fixture& TheFixture() {
     if (!main_fn.has_value()) {
       return fx;
     }
-    const uint64_t from = main_fn->start.value > (128 << 10) ? main_fn->start.value - (128 << 10) : 0;
+    const uint64_t from =
+        main_fn->start.value > (128 << 10) ? main_fn->start.value - (128 << 10) : 0;
     for (uint64_t a = from; a < main_fn->start.value + (128 << 10); a += 61) {
       if (fx->symbols->FunctionAt(RemoteAddr{a}).has_value()) {
         fx->ips.push_back(RemoteAddr{a});

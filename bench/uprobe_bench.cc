@@ -20,8 +20,8 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/symbols/symbols.h"
 #include "core/base/unique_fd.h"
+#include "core/symbols/symbols.h"
 #include "watch/uprobe_event.h"
 
 namespace {

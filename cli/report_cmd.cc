@@ -7,11 +7,10 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -57,8 +56,8 @@ void PrintSessionText(const core::TraceReader& r, uint64_t events, uint64_t hits
   std::printf("started   %s\n", WallTime(s.start_wall_ns).c_str());
   if (r.complete() && r.end().has_value()) {
     const core::SessionEnd& e = *r.end();
-    std::printf("ended     after %.3fs: %s", static_cast<double>(e.end_mono_ns - s.start_mono_ns) / 1e9,
-                e.exit_reason.c_str());
+    std::printf("ended     after %.3fs: %s",
+                static_cast<double>(e.end_mono_ns - s.start_mono_ns) / 1e9, e.exit_reason.c_str());
     if (e.exit_status.has_value()) {
       std::printf(" (exit status %d)", *e.exit_status);
     }
@@ -147,7 +146,8 @@ absl::Status TallyHits(const core::TraceReader& r, const ReportOptions& o,
 std::vector<std::pair<std::string, uint64_t>> TopValues(const std::map<std::string, uint64_t>& m,
                                                         size_t n) {
   std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
-  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::stable_sort(v.begin(), v.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
   if (v.size() > n) {
     v.resize(n);
   }
@@ -183,12 +183,17 @@ void PrintProbesText(const core::TraceReader& r, const std::map<uint32_t, ProbeT
   std::printf("\n");
 }
 
-nlohmann::json ProbesJson(const core::TraceReader& r, const std::map<uint32_t, ProbeTally>& tallies) {
+nlohmann::json ProbesJson(const core::TraceReader& r,
+                          const std::map<uint32_t, ProbeTally>& tallies) {
   nlohmann::json out = nlohmann::json::array();
   for (const core::ProbeRecord& p : r.probes()) {
     auto it = tallies.find(p.id);
-    nlohmann::json j = {{"event", p.event},     {"spec", p.spec},     {"function", p.function},
-                        {"file", p.file},       {"line", p.line},     {"is_return", p.is_return},
+    nlohmann::json j = {{"event", p.event},
+                        {"spec", p.spec},
+                        {"function", p.function},
+                        {"file", p.file},
+                        {"line", p.line},
+                        {"is_return", p.is_return},
                         {"address", absl::StrFormat("0x%x", p.address.value)},
                         {"hits", it == tallies.end() ? 0 : it->second.hits}};
     nlohmann::json threads = nlohmann::json::object();
@@ -293,8 +298,8 @@ int ReportMain(const std::vector<std::string>& args) {
     // A fixed width keeps the newest columns: make room for the whole session.
     if (r.end().has_value()) {
       const uint64_t span = r.end()->end_mono_ns - r.session().start_mono_ns;
-      popts.max_buckets = static_cast<uint32_t>(
-          std::clamp<uint64_t>(span / popts.bucket_ns + 1, 2, 4096));
+      popts.max_buckets =
+          static_cast<uint32_t>(std::clamp<uint64_t>(span / popts.bucket_ns + 1, 2, 4096));
     }
   } else if (r.end().has_value()) {
     // Choose the width from the session's length: about 120 columns.

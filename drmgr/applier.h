@@ -14,8 +14,8 @@
 namespace kwatch::drmgr {
 
 // Makes SlotAllocator change lists real. Implementations: the perf and stop backends
-// (watch/), the kernel-watch breakpoints (watch/kernel/kernel_slots.h), Simulator (tests). An applier
-// is owned and called by one thread (the session's), like the allocator it follows.
+// (watch/), the kernel-watch breakpoints (watch/kernel/kernel_slots.h), Simulator (tests). An
+// applier is owned and called by one thread (the session's), like the allocator it follows.
 class Applier {
  public:
   virtual ~Applier() = default;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/symbols/expr.h"
 #include "core/kernel/btf_types.h"
+#include "core/symbols/expr.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

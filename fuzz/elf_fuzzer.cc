@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/symbols/expr.h"
 #include "core/probe/fetch.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/symbols.h"
 #include "fuzz/fuzz_util.h"
 

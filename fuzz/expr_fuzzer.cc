@@ -11,8 +11,8 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "core/symbols/expr.h"
 #include "core/base/remote_addr.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/symbols.h"
 #include "fuzz/fuzz_util.h"
 

@@ -3,9 +3,9 @@
 #include <cstdint>
 
 #include "absl/container/flat_hash_map.h"
-#include "core/x86/access_regs.h"
 #include "core/base/remote_addr.h"
 #include "core/symbols/symbolizer.h"
+#include "core/x86/access_regs.h"
 #include "watch/perf_ring.h"
 
 namespace kwatch::watch {

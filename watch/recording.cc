@@ -23,7 +23,9 @@ std::string KindLetters(const WatchRequest& r) {
   return "?";
 }
 
-uint64_t SecondsToNs(double s) { return s <= 0 ? 0 : static_cast<uint64_t>(s * 1e9); }
+uint64_t SecondsToNs(double s) {
+  return s <= 0 ? 0 : static_cast<uint64_t>(s * 1e9);
+}
 
 }  // namespace
 

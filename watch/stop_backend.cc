@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/clock.h"
-#include "core/x86/access_regs.h"
 #include "core/base/status_macros.h"
 #include "core/ptrace/trap_origin.h"
+#include "core/x86/access_regs.h"
 #include "core/x86/x86_access.h"
 #include "drmgr/dr7.h"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "watch/session.h"
 
 namespace kwatch::watch {

@@ -12,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "core/symbols/dwarf_types.h"  // kMaxExpandedElements, kMaxLayoutFields: the same rules
 #include "core/base/syscall_status.h"
+#include "core/symbols/dwarf_types.h"  // kMaxExpandedElements, kMaxLayoutFields: the same rules
 
 namespace kwatch::core::kernel {
 

@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/symbols/dwarf_types.h"
 #include "core/base/status_macros.h"
+#include "core/symbols/dwarf_types.h"
 
 namespace kwatch::core {
 namespace {

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/base/remote_addr.h"
 #include "core/probe/dwarf_location.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
-#include "core/base/remote_addr.h"
 #include "core/symbols/symbols.h"
 
 namespace kwatch::core {

@@ -1,5 +1,4 @@
 #include "core/probe/insn_fixup.h"
-#include "core/x86/format.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/x86/format.h"
 
 namespace kwatch::core {
 
@@ -18,7 +18,6 @@ std::string HexBytes(std::span<const uint8_t> code) {
     absl::StrAppend(out, absl::Hex(b, absl::kZeroPad2));
   });
 }
-
 
 bool IsGpr3264(ZydisRegister reg) {
   const ZydisRegisterClass c = ZydisRegisterGetClass(reg);

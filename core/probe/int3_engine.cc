@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/clock.h"
-#include "core/probe/insn_emulate.h"
 #include "core/base/status_macros.h"
+#include "core/probe/insn_emulate.h"
 
 namespace kwatch::core {
 

@@ -45,11 +45,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/ptrace/guardian.h"
 #include "core/probe/insn_fixup.h"
 #include "core/probe/int3_probe.h"
 #include "core/probe/int3_state.h"
 #include "core/probe/xol.h"
+#include "core/ptrace/guardian.h"
 #include "core/ptrace/process.h"
 #include "core/x86/x86_emulate.h"
 

@@ -8,9 +8,9 @@
 #include <limits>
 #include <vector>
 
+#include "core/base/remote_addr.h"
 #include "core/probe/insn_fixup.h"
 #include "core/probe/int3_probe.h"
-#include "core/base/remote_addr.h"
 
 namespace kwatch::core::int3_internal {
 

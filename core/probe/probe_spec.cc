@@ -14,8 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/probe/x86_regs.h"
 #include "core/base/status_macros.h"
+#include "core/probe/x86_regs.h"
 #include "core/symbols/symbol_match.h"
 
 namespace kwatch::core {

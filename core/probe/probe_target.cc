@@ -31,8 +31,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "core/symbols/dwarf_types.h"
 #include "core/base/status_macros.h"
+#include "core/symbols/dwarf_types.h"
 #include "core/symbols/symbol_match.h"
 #include "core/x86/format.h"
 
@@ -63,7 +63,6 @@ std::string QuoteList(const std::vector<std::string>& names) {
     absl::StrAppend(out, "'", s, "'");
   });
 }
-
 
 struct Segment {
   uint64_t vaddr = 0;

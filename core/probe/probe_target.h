@@ -8,10 +8,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/ptrace/maps.h"
+#include "core/base/remote_addr.h"
 #include "core/probe/dwarf_location.h"
 #include "core/probe/probe_spec.h"
-#include "core/base/remote_addr.h"
+#include "core/ptrace/maps.h"
 
 namespace kwatch::core {
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "core/ptrace/process.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/ptrace/process.h"
 
 namespace kwatch::core {
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/ptrace/maps.h"
 #include "core/base/remote_addr.h"
+#include "core/ptrace/maps.h"
 
 namespace kwatch::core {
 

@@ -20,9 +20,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/ptrace/maps.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/ptrace/maps.h"
 
 namespace kwatch::core {
 

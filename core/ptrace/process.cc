@@ -33,8 +33,8 @@
 #include "absl/strings/strip.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
-#include "core/ptrace/trap_origin.h"
 #include "core/base/unique_fd.h"
+#include "core/ptrace/trap_origin.h"
 
 namespace kwatch::core {
 

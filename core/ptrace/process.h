@@ -19,11 +19,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/base/remote_addr.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/maps.h"
 #include "core/ptrace/process_group.h"
-#include "core/base/remote_addr.h"
 #include "core/ptrace/syscall_stop.h"
-#include "core/base/unique_fd.h"
 
 namespace kwatch::core {
 

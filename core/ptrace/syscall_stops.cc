@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/ptrace/process.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/ptrace/process.h"
 
 namespace kwatch::core {
 

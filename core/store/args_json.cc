@@ -198,9 +198,8 @@ absl::StatusOr<ProbeArgs> DecodeArgsJson(absl::string_view json) {
   Parser p(json);
   ProbeArgs args;
   auto bad = [&p] {
-    return absl::InvalidArgumentError(
-        absl::StrCat("probe arguments are not a flat JSON object of strings (at byte ",
-                     p.pos(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "probe arguments are not a flat JSON object of strings (at byte ", p.pos(), ")"));
   };
   if (!p.Consume('{')) {
     return bad();

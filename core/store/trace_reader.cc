@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
-#include "core/store/args_json.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/store/args_json.h"
 
 namespace kwatch::core {
 namespace {

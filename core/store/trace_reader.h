@@ -11,8 +11,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
 

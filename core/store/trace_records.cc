@@ -15,9 +15,13 @@ uint64_t ClockNs(clockid_t clock) {
 
 }  // namespace
 
-uint64_t WallClockNs() { return ClockNs(CLOCK_REALTIME); }
+uint64_t WallClockNs() {
+  return ClockNs(CLOCK_REALTIME);
+}
 
-uint64_t MonotonicClockNs() { return ClockNs(CLOCK_MONOTONIC); }
+uint64_t MonotonicClockNs() {
+  return ClockNs(CLOCK_MONOTONIC);
+}
 
 SessionRecord SessionRecordForThisHost() {
   SessionRecord s;

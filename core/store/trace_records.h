@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "core/symbols/type_layout.h"
 
 // Plain records of a kwatch recording (`run.kwdb`), as TraceWriter stores them and

@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
-#include "core/store/args_json.h"
-#include "core/store/wal_checkpointer.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/store/args_json.h"
+#include "core/store/wal_checkpointer.h"
 
 namespace kwatch::core {
 namespace {

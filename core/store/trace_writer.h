@@ -12,11 +12,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/base/unique_fd.h"
+#include "core/event.h"
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
-#include "core/base/unique_fd.h"
 
 namespace kwatch::core {
 

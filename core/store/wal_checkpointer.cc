@@ -16,8 +16,7 @@ int WalHook(void* arg, sqlite3* /*db*/, const char* /*schema*/, int pages) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
-    const std::string& path) {
+absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(const std::string& path) {
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(
       path.c_str(), &raw,
@@ -31,8 +30,8 @@ absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
   sqlite3_db_config(raw, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
   sqlite3_busy_timeout(raw, 1000);
   // A connection notices WAL mode only once it has read the database.
-  if (const int qrc = sqlite3_exec(raw, "SELECT count(*) FROM sqlite_schema", nullptr, nullptr,
-                                   nullptr);
+  if (const int qrc =
+          sqlite3_exec(raw, "SELECT count(*) FROM sqlite_schema", nullptr, nullptr, nullptr);
       qrc != SQLITE_OK) {
     return SqliteError(raw, qrc, absl::StrCat("opening ", path, " to checkpoint it"));
   }
@@ -41,7 +40,9 @@ absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
   return c;
 }
 
-WalCheckpointer::~WalCheckpointer() { (void)Stop(); }
+WalCheckpointer::~WalCheckpointer() {
+  (void)Stop();
+}
 
 void WalCheckpointer::Attach(sqlite3* writer_db, int every_pages) {
   every_pages_ = every_pages;
@@ -101,8 +102,8 @@ void WalCheckpointer::Run() {
     requested_ = false;
     lock.unlock();
     // PASSIVE: never blocks the writer, and copies only what no reader still needs.
-    const int rc = sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE,
-                                             nullptr, nullptr);
+    const int rc =
+        sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
     absl::Status s;
     if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY) {
       s = SqliteError(db_.get(), rc, absl::StrCat("checkpointing ", path_));

@@ -1,5 +1,4 @@
 #include "core/symbols/symbolizer.h"
-#include "core/x86/format.h"
 
 #include <Zydis/Zydis.h>
 
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/x86/format.h"
 
 namespace kwatch::core {
 namespace {
@@ -22,7 +22,6 @@ std::string Basename(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
-
 
 // Finds the instruction ending exactly at `trap_ip` by decoding linearly from `start`.
 AccessSite Decode(const Symbols& symbols, RemoteAddr start, RemoteAddr trap_ip) {

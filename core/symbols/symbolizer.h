@@ -5,8 +5,8 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "core/symbols/symbols.h"
 
 namespace kwatch::core {

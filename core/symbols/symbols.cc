@@ -25,8 +25,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/symbols/dwarf_types.h"
 #include "core/base/status_macros.h"
+#include "core/symbols/dwarf_types.h"
 #include "core/symbols/symbol_match.h"
 
 namespace kwatch::core {

@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/symbols/expr.h"
 #include "core/base/remote_addr.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/type_layout.h"
 
 namespace kwatch::core {

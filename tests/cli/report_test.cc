@@ -173,8 +173,8 @@ TEST(Recording, LiveSessionEndsWithTheSameProfile) {
 // Page mode stops the target at its system calls (a pthread barrier lives on the watched page):
 // the summary says what the kernel did with the protected pages, in JSON and in text.
 TEST(Recording, SummarySaysWhatTheKernelDidWithWatchedPages) {
-  const RunResult r = RunKwatch(
-      {"-q", "--json", "--backend=page", "--rw", "g_shared", "--", TargetPath("false_sharing"), "500"});
+  const RunResult r = RunKwatch({"-q", "--json", "--backend=page", "--rw", "g_shared", "--",
+                                 TargetPath("false_sharing"), "500"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("done a=499 b=499"));
   const json summary = json::parse(r.out.substr(r.out.rfind("{\"type\":\"summary\"")));
@@ -229,8 +229,8 @@ TEST(Recording, TextCsvAndFilters) {
 // writes to g_padded.a and g_padded.b, 64 bytes apart, are not.
 TEST(Recording, FalseSharingIsFoundOnlyWhereFieldsShareALine) {
   const std::string db = TempFile("fs.kwdb");
-  const RunResult rec = RunKwatch(
-      {"-q", "--write", "g_shared", "g_padded", "-o", db, "--", TargetPath("false_sharing"), "3000"});
+  const RunResult rec = RunKwatch({"-q", "--write", "g_shared", "g_padded", "-o", db, "--",
+                                   TargetPath("false_sharing"), "3000"});
   ASSERT_EQ(rec.exit_code, 0) << rec.err;
   EXPECT_THAT(rec.out, HasSubstr("done a=2999 b=2999"));
   int left = 0;
@@ -327,9 +327,9 @@ TEST(Recording, BadFilesAreExplained) {
   const std::string foreign = TempFile("foreign.db");
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (1);", nullptr, nullptr,
-                         nullptr),
-            SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (1);", nullptr, nullptr, nullptr),
+      SQLITE_OK);
   sqlite3_close(db);
   const RunResult f = RunKwatch({"report", foreign});
   EXPECT_EQ(f.exit_code, 1);
@@ -337,9 +337,9 @@ TEST(Recording, BadFilesAreExplained) {
 
   // A recording from a newer kwatch.
   const std::string newer = TempFile("newer.kwdb");
-  const RunResult rec = RunKwatch({"-q", "--write", "g_stats.hits", "-o", newer, "--",
-                                   TargetPath("field_writer"), "1", "10", "--truth",
-                                   TruthFile("newer")});
+  const RunResult rec =
+      RunKwatch({"-q", "--write", "g_stats.hits", "-o", newer, "--", TargetPath("field_writer"),
+                 "1", "10", "--truth", TruthFile("newer")});
   ASSERT_EQ(rec.exit_code, 0) << rec.err;
   ASSERT_EQ(sqlite3_open(newer.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 999;", nullptr, nullptr, nullptr), SQLITE_OK);
@@ -350,9 +350,9 @@ TEST(Recording, BadFilesAreExplained) {
 
   // A file whose pages were overwritten in the middle.
   const std::string damaged = TempFile("damaged.kwdb");
-  const RunResult rec2 = RunKwatch({"-q", "--write", "g_stats.hits", "-o", damaged, "--",
-                                    TargetPath("field_writer"), "1", "2000", "--truth",
-                                    TruthFile("damaged")});
+  const RunResult rec2 =
+      RunKwatch({"-q", "--write", "g_stats.hits", "-o", damaged, "--", TargetPath("field_writer"),
+                 "1", "2000", "--truth", TruthFile("damaged")});
   ASSERT_EQ(rec2.exit_code, 0) << rec2.err;
   {
     std::fstream io(damaged, std::ios::in | std::ios::out | std::ios::binary);
@@ -378,9 +378,9 @@ TEST(Recording, BadFilesAreExplained) {
   EXPECT_THAT(t.err, ::testing::AnyOf(HasSubstr("corrupt"), HasSubstr("malformed")));
 
   // Recording to a place that cannot be written stops before launching anything.
-  const RunResult unwritable = RunKwatch({"-q", "--write", "g_stats.hits", "-o",
-                                          "/nonexistent-dir/x.kwdb", "--",
-                                          TargetPath("field_writer"), "1", "10"});
+  const RunResult unwritable =
+      RunKwatch({"-q", "--write", "g_stats.hits", "-o", "/nonexistent-dir/x.kwdb", "--",
+                 TargetPath("field_writer"), "1", "10"});
   EXPECT_NE(unwritable.exit_code, 0);
   EXPECT_THAT(unwritable.err, HasSubstr("/nonexistent-dir/x.kwdb"));
   EXPECT_THAT(unwritable.out, ::testing::Not(HasSubstr("tid")));
@@ -388,9 +388,9 @@ TEST(Recording, BadFilesAreExplained) {
 
 TEST(Recording, PngHeatmapIsWritten) {
   const std::string db = TempFile("png.kwdb");
-  const RunResult rec = RunKwatch({"-q", "--rw", "g_stats", "-o", db, "--",
-                                   TargetPath("field_writer"), "2", "300", "--truth",
-                                   TruthFile("png")});
+  const RunResult rec =
+      RunKwatch({"-q", "--rw", "g_stats", "-o", db, "--", TargetPath("field_writer"), "2", "300",
+                 "--truth", TruthFile("png")});
   ASSERT_EQ(rec.exit_code, 0) << rec.err;
   const std::string png = TempFile("heat.png");
   const RunResult r = RunKwatch({"report", db, "--png", png});

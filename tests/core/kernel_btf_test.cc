@@ -8,8 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/symbols/expr.h"
 #include "core/kernel/btf_types.h"
+#include "core/symbols/expr.h"
 
 namespace kwatch::core::kernel {
 namespace {

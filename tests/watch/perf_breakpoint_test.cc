@@ -1,4 +1,3 @@
-#include "core/base/clock.h"
 #include "watch/perf_breakpoint.h"
 
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/status/status.h"
+#include "core/base/clock.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
 

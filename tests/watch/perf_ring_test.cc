@@ -1,4 +1,3 @@
-#include "core/base/clock.h"
 #include "watch/perf_ring.h"
 
 #include <linux/perf_event.h>
@@ -15,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/base/clock.h"
 #include "core/base/unique_fd.h"
 #include "tests/test_util.h"
 #include "watch/perf_util.h"

@@ -23,12 +23,12 @@
 
 #include <gtest/gtest.h>
 
-#include "core/symbols/expr.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
+#include "core/ptrace/trap_origin.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
-#include "core/ptrace/trap_origin.h"
-#include "core/base/unique_fd.h"
 #include "drmgr/dr7.h"
 #include "drmgr/slot_allocator.h"
 #include "tests/test_util.h"

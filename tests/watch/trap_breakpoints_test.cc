@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/ptrace/trap_origin.h"
 #include "core/base/unique_fd.h"
+#include "core/ptrace/trap_origin.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
 

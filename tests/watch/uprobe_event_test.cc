@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/symbols/symbols.h"
 #include "core/base/unique_fd.h"
+#include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
 namespace kwatch::watch {

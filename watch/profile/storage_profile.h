@@ -9,8 +9,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "watch/profile/false_sharing.h"
 #include "watch/profile/profile_types.h"
 #include "watch/profile/site_table.h"

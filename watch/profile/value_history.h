@@ -6,8 +6,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 
 namespace kwatch::watch {
 

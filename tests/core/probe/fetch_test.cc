@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "core/probe/probe_target.h"
 #include "core/ptrace/process.h"
-#include "core/base/status_macros.h"
 #include "tests/test_util.h"
 
 namespace kwatch::core {

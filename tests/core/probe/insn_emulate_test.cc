@@ -117,16 +117,28 @@ uint64_t HostFlags(bool sub, bool wide, uint64_t a, uint64_t b, uint64_t* result
   uint64_t flags = 0;
   uint64_t r = a;
   if (sub && wide) {
-    __asm__("sub %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp" : "+r"(r), "=r"(flags) : "r"(b) : "cc");
+    __asm__("sub %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp"
+            : "+r"(r), "=r"(flags)
+            : "r"(b)
+            : "cc");
   } else if (!sub && wide) {
-    __asm__("add %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp" : "+r"(r), "=r"(flags) : "r"(b) : "cc");
+    __asm__("add %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp"
+            : "+r"(r), "=r"(flags)
+            : "r"(b)
+            : "cc");
   } else {
     auto r32 = static_cast<uint32_t>(a);
     const auto b32 = static_cast<uint32_t>(b);
     if (sub) {
-      __asm__("sub %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp" : "+r"(r32), "=r"(flags) : "r"(b32) : "cc");
+      __asm__("sub %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp"
+              : "+r"(r32), "=r"(flags)
+              : "r"(b32)
+              : "cc");
     } else {
-      __asm__("add %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp" : "+r"(r32), "=r"(flags) : "r"(b32) : "cc");
+      __asm__("add %2, %0\n\tlea -128(%%rsp), %%rsp\n\tpushfq\n\tpop %1\n\tlea 128(%%rsp), %%rsp"
+              : "+r"(r32), "=r"(flags)
+              : "r"(b32)
+              : "cc");
     }
     r = r32;
   }
@@ -137,10 +149,18 @@ uint64_t HostFlags(bool sub, bool wide, uint64_t a, uint64_t b, uint64_t* result
 TEST(InsnEmulate, AddSubFlagsMatchTheCpu) {
   FakeMemory mem;
   auto m = mem.Callbacks();
-  const std::vector<uint64_t> values = {0,          1,          0x7f,       0x80,
-                                        0xff,       0x7fffffff, 0x80000000, 0xffffffff,
-                                        0x7fffffffffffffffULL,  0x8000000000000000ULL,
-                                        ~0ULL,      0x123456789abcdef0ULL};
+  const std::vector<uint64_t> values = {0,
+                                        1,
+                                        0x7f,
+                                        0x80,
+                                        0xff,
+                                        0x7fffffff,
+                                        0x80000000,
+                                        0xffffffff,
+                                        0x7fffffffffffffffULL,
+                                        0x8000000000000000ULL,
+                                        ~0ULL,
+                                        0x123456789abcdef0ULL};
   // imm8 forms: 48 83 /0 (add) and /5 (sub) on %rax; 83 /0 and /5 on %eax.
   const std::vector<int8_t> imms = {0, 1, -1, 0x7f, -0x80, 0x10};
   for (const bool sub : {false, true}) {
@@ -151,8 +171,8 @@ TEST(InsnEmulate, AddSubFlagsMatchTheCpu) {
           if (wide) {
             code.push_back(0x48);
           }
-          code.insert(code.end(), {0x83, static_cast<uint8_t>(sub ? 0xe8 : 0xc0),
-                                   static_cast<uint8_t>(imm)});
+          code.insert(code.end(),
+                      {0x83, static_cast<uint8_t>(sub ? 0xe8 : 0xc0), static_cast<uint8_t>(imm)});
           user_regs_struct r = Regs();
           r.rax = a;
           r.eflags = 0x202 | kStatusFlags;  // every status flag set before
@@ -160,8 +180,8 @@ TEST(InsnEmulate, AddSubFlagsMatchTheCpu) {
           uint64_t expect = 0;
           const uint64_t flags =
               HostFlags(sub, wide, a, static_cast<uint64_t>(static_cast<int64_t>(imm)), &expect);
-          EXPECT_EQ(r.rax, expect) << absl::StrFormat("%s%d %#x %d", sub ? "sub" : "add",
-                                                      wide ? 64 : 32, a, imm);
+          EXPECT_EQ(r.rax, expect)
+              << absl::StrFormat("%s%d %#x %d", sub ? "sub" : "add", wide ? 64 : 32, a, imm);
           EXPECT_EQ(r.eflags & kStatusFlags, flags)
               << absl::StrFormat("%s%d %#x %d", sub ? "sub" : "add", wide ? 64 : 32, a, imm);
           EXPECT_EQ(r.eflags & ~kStatusFlags, 0x202u);
@@ -174,9 +194,12 @@ TEST(InsnEmulate, AddSubFlagsMatchTheCpu) {
 // Whether this CPU takes jcc with condition code `cc` (0..15) under `flags`.
 bool HostTakes(int cc, uint64_t flags) {
   uint8_t taken = 0;
-#define KW_SETCC(n, insn)                                                                  \
-  case n:                                                                                  \
-    __asm__("lea -128(%%rsp), %%rsp\n\tpush %1\n\tpopfq\n\t" insn " %0\n\tlea 128(%%rsp), %%rsp" : "=r"(taken) : "r"(flags) : "cc", "memory"); \
+#define KW_SETCC(n, insn)                                                                        \
+  case n:                                                                                        \
+    __asm__("lea -128(%%rsp), %%rsp\n\tpush %1\n\tpopfq\n\t" insn " %0\n\tlea 128(%%rsp), %%rsp" \
+            : "=r"(taken)                                                                        \
+            : "r"(flags)                                                                         \
+            : "cc", "memory");                                                                   \
     break;
   switch (cc) {
     KW_SETCC(0, "seto")
@@ -278,9 +301,8 @@ TEST(InsnEmulate, IndirectCallsAndJumps) {
   r = Regs();
   r.fs_base = 0x7000000;
   mem.SetWord(0x7000028, 0x700000);
-  ASSERT_TRUE(EmulateProbedInsn(
-                  Analyze({0x64, 0xff, 0x24, 0x25, 0x28, 0x00, 0x00, 0x00}), r, m)
-                  .ok());
+  ASSERT_TRUE(
+      EmulateProbedInsn(Analyze({0x64, 0xff, 0x24, 0x25, 0x28, 0x00, 0x00, 0x00}), r, m).ok());
   EXPECT_EQ(r.rip, 0x700000u);
   EXPECT_EQ(r.rsp, 0x7ffc0000u);
 }

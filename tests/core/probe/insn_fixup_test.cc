@@ -53,9 +53,9 @@ TEST(InsnFixup, ClassifiesPrologueInstructions) {
 
 TEST(InsnFixup, BranchesAreEmulatedOnly) {
   for (const std::vector<uint8_t>& code : std::vector<std::vector<uint8_t>>{
-           {0xe9, 0x10, 0x00, 0x00, 0x00},  // jmp rel32
-           {0xeb, 0x05},                    // jmp rel8
-           {0x7c, 0x05},                    // jl rel8
+           {0xe9, 0x10, 0x00, 0x00, 0x00},        // jmp rel32
+           {0xeb, 0x05},                          // jmp rel8
+           {0x7c, 0x05},                          // jl rel8
            {0x0f, 0x84, 0x00, 0x01, 0x00, 0x00},  // je rel32
            {0xe3, 0x02},                          // jrcxz
            {0xe2, 0xfe},                          // loop
@@ -80,12 +80,12 @@ TEST(InsnFixup, RefusesWhatCannotBeDisplacedSayingWhy) {
   EXPECT_THAT(Refusal({0xcc}), HasSubstr("breakpoint already"));
   EXPECT_THAT(Refusal({0xcd, 0x03}), HasSubstr("breakpoint already"));
   EXPECT_THAT(Refusal({0xf1}), HasSubstr("int1"));
-  EXPECT_THAT(Refusal({0x0f, 0x0b}), HasSubstr("SIGILL"));        // ud2
-  EXPECT_THAT(Refusal({0xf4}), HasSubstr("privileged"));          // hlt
+  EXPECT_THAT(Refusal({0x0f, 0x0b}), HasSubstr("SIGILL"));            // ud2
+  EXPECT_THAT(Refusal({0xf4}), HasSubstr("privileged"));              // hlt
   EXPECT_THAT(Refusal({0x0f, 0x01, 0xf8}), HasSubstr("privileged"));  // swapgs
   EXPECT_THAT(Refusal({0x0f, 0x34}), HasSubstr("privilege-level"));   // sysenter
   EXPECT_THAT(Refusal({0x48, 0xcf}), HasSubstr("privilege-level"));   // iretq
-  EXPECT_THAT(Refusal({0xff, 0x2c, 0x24}), HasSubstr("far"));        // ljmp *(%rsp)
+  EXPECT_THAT(Refusal({0xff, 0x2c, 0x24}), HasSubstr("far"));         // ljmp *(%rsp)
   EXPECT_THAT(Refusal({0xc7, 0xf8, 0x00, 0x00, 0x00, 0x00}), HasSubstr("xbegin"));
   EXPECT_THAT(Refusal({0x0f, 0xff, 0xc0}), HasSubstr("SIGILL"));  // ud0
   const std::string undecodable = Refusal({0x0f, 0x04});

@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -228,9 +228,9 @@ TEST_F(Int3EngineTest, ReturnProbeValuesThroughRecursion) {
 TEST_F(Int3EngineTest, MaxActiveBoundsInstancesAndCountsNmissed) {
   Launch({"basic"});
   std::vector<uint64_t> values;
-  const ProbeId ret = ReturnProbe(
-      "fact", {.pre = [&](const ProbeContext& ctx) { values.push_back(ctx.regs.rax); }},
-      {.maxactive = 3});
+  const ProbeId ret =
+      ReturnProbe("fact", {.pre = [&](const ProbeContext& ctx) { values.push_back(ctx.regs.rax); }},
+                  {.maxactive = 3});
   Go();
   RunToExit();
   ExpectExit0();
@@ -268,9 +268,9 @@ TEST_F(Int3EngineTest, EmulatesCallsAndConditionalJumps) {
   uint64_t taken = 0;
   uint64_t not_taken = 0;
   uint64_t call_ok = 0;
-  const ProbeId call = Probe("call_site", {.post = [&](const ProbeContext& ctx) {
-                               call_ok += ctx.regs.rip == callee.value;
-                             }});
+  const ProbeId call =
+      Probe("call_site",
+            {.post = [&](const ProbeContext& ctx) { call_ok += ctx.regs.rip == callee.value; }});
   const ProbeId branch = Probe("jcc_site", {.post = [&](const ProbeContext& ctx) {
                                  // jl 1f (2 bytes) falls through to mov $2,%eax.
                                  if (ctx.regs.rip == jcc.value + 2) {
@@ -299,16 +299,16 @@ TEST_F(Int3EngineTest, RunsRipRelativeInstructionsOutOfLine) {
   auto counter = syms_->Resolve(*ParseExpr("rip_counter"), nullptr);
   ASSERT_TRUE(counter.ok()) << counter.status();
   std::vector<int32_t> seen;
-  const ProbeId id = Probe("rip_inc", {.post = [&](const ProbeContext& ctx) {
-                             int32_t v = 0;
-                             EXPECT_TRUE(ctx.process
-                                             .ReadMemory(counter->addr,
-                                                         std::span<uint8_t>(
-                                                             reinterpret_cast<uint8_t*>(&v), 4))
-                                             .ok());
-                             EXPECT_EQ(ctx.regs.rip, rip_inc.value + 7);
-                             seen.push_back(v);
-                           }});
+  const ProbeId id =
+      Probe("rip_inc", {.post = [&](const ProbeContext& ctx) {
+              int32_t v = 0;
+              EXPECT_TRUE(ctx.process
+                              .ReadMemory(counter->addr,
+                                          std::span<uint8_t>(reinterpret_cast<uint8_t*>(&v), 4))
+                              .ok());
+              EXPECT_EQ(ctx.regs.rip, rip_inc.value + 7);
+              seen.push_back(v);
+            }});
   Go();
   RunToExit();
   ExpectExit0();
@@ -344,14 +344,12 @@ TEST_F(Int3EngineTest, SyscallRunsOutOfLine) {
   const std::string expected = Unprobed({"basic"});
   Launch({"basic"});
   std::vector<uint64_t> results;
-  const ProbeId id = Probe("syscall_site", {.pre =
-                                                [&](const ProbeContext& ctx) {
-                                                  EXPECT_EQ(ctx.regs.rax, 39u);  // getpid
-                                                },
-                                            .post =
-                                                [&](const ProbeContext& ctx) {
-                                                  results.push_back(ctx.regs.rax);
-                                                }});
+  const ProbeId id = Probe(
+      "syscall_site", {.pre =
+                           [&](const ProbeContext& ctx) {
+                             EXPECT_EQ(ctx.regs.rax, 39u);  // getpid
+                           },
+                       .post = [&](const ProbeContext& ctx) { results.push_back(ctx.regs.rax); }});
   Go();
   RunToExit();
   ExpectExit0();
@@ -420,24 +418,23 @@ TEST_F(Int3EngineTest, DisableEnableAndMaxHits) {
   Launch({"basic"});
   ProbeId b = 0;
   uint64_t a_hits = 0;
-  const ProbeId a = Probe("work", {.pre = [&](const ProbeContext&) {
-                            ++a_hits;
-                            if (a_hits == 100) {
-                              EXPECT_TRUE(engine_->Disable(b).ok());
-                            } else if (a_hits == 200) {
-                              EXPECT_TRUE(engine_->Enable(b).ok());
-                            }
-                            // (Un)registering from a handler is refused.
-                            if (a_hits == 1) {
-                              EXPECT_EQ(engine_->Unregister(b).code(),
-                                        absl::StatusCode::kFailedPrecondition);
-                            }
-                          }});
+  const ProbeId a =
+      Probe("work", {.pre = [&](const ProbeContext&) {
+              ++a_hits;
+              if (a_hits == 100) {
+                EXPECT_TRUE(engine_->Disable(b).ok());
+              } else if (a_hits == 200) {
+                EXPECT_TRUE(engine_->Enable(b).ok());
+              }
+              // (Un)registering from a handler is refused.
+              if (a_hits == 1) {
+                EXPECT_EQ(engine_->Unregister(b).code(), absl::StatusCode::kFailedPrecondition);
+              }
+            }});
   uint64_t b_runs = 0;
   b = Probe("work", {.pre = [&](const ProbeContext&) { ++b_runs; }});
   uint64_t c_runs = 0;
-  const ProbeId c = Probe("work", {.pre = [&](const ProbeContext&) { ++c_runs; }},
-                          {.maxhits = 10});
+  const ProbeId c = Probe("work", {.pre = [&](const ProbeContext&) { ++c_runs; }}, {.maxhits = 10});
   const ProbeId d = Probe("work", {}, {.enabled = false});
   Go();
   RunToExit();
@@ -462,8 +459,7 @@ TEST_F(Int3EngineTest, RefusesUnsafeAddressesSayingWhy) {
   EXPECT_THAT(std::string(int3.status().message()), HasSubstr("breakpoint already"));
   // Inside an instruction (when the function is known).
   const RemoteAddr rip_inc = Fn("rip_inc");
-  auto mid = engine_->Register(rip_inc + 2, {},
-                               {.function_start = rip_inc, .function_size = 8});
+  auto mid = engine_->Register(rip_inc + 2, {}, {.function_start = rip_inc, .function_size = 8});
   ASSERT_FALSE(mid.ok());
   EXPECT_THAT(std::string(mid.status().message()), HasSubstr("not on an instruction boundary"));
   // Data is not code.
@@ -496,8 +492,7 @@ TEST_F(Int3EngineTest, FourThreadsHitCountsExact) {
   const std::string expected = Unprobed({"threads", "4", "100000"});
   Launch({"threads", "4", "100000"});
   std::map<pid_t, uint64_t> per_thread;
-  const ProbeId id =
-      Probe("hot", {.pre = [&](const ProbeContext& ctx) { ++per_thread[ctx.tid]; }});
+  const ProbeId id = Probe("hot", {.pre = [&](const ProbeContext& ctx) { ++per_thread[ctx.tid]; }});
   const auto start = std::chrono::steady_clock::now();
   Go();
   RunToExit();
@@ -517,8 +512,8 @@ TEST_F(Int3EngineTest, ForkedChildSurvivesAndIsNotCounted) {
   Launch({"fork"});
   const ProbeId work = Probe("work");
   std::vector<uint64_t> spawned;
-  const ProbeId spawn =
-      ReturnProbe("spawn", {.pre = [&](const ProbeContext& ctx) { spawned.push_back(ctx.regs.rax); }});
+  const ProbeId spawn = ReturnProbe(
+      "spawn", {.pre = [&](const ProbeContext& ctx) { spawned.push_back(ctx.regs.rax); }});
   Go();
   RunToExit();
   ExpectExit0();
@@ -561,9 +556,8 @@ TEST_F(Int3EngineTest, ExecDropsProbesAndTheNewImageCanBeProbed) {
     EXPECT_TRUE(engine_->Patches().empty());
     EXPECT_TRUE(engine_->xol().areas().empty());
     LoadSymbols();
-    auto id = engine_->Register(Fn("work"), {.pre = [&](const ProbeContext& ctx) {
-                                  after.push_back(ctx.regs.rdi);
-                                }});
+    auto id = engine_->Register(
+        Fn("work"), {.pre = [&](const ProbeContext& ctx) { after.push_back(ctx.regs.rdi); }});
     EXPECT_TRUE(id.ok()) << id.status();
     second = id.ok() ? *id : 0;
   };

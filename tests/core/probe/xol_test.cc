@@ -63,7 +63,8 @@ TEST(XolGap, NothingWithinReach) {
       FindXolGap(maps, RemoteAddr{0x555555555000}, kXolAreaSize, kXolMaxDistance).has_value());
   // A gap exists, but 4 GiB away.
   maps = {Map(0x100000, 0x500000000, "low", true), Map(0x600000000, 0x7ffffff00000, "high")};
-  EXPECT_FALSE(FindXolGap(maps, RemoteAddr{0x100000000}, kXolAreaSize, kXolMaxDistance).has_value());
+  EXPECT_FALSE(
+      FindXolGap(maps, RemoteAddr{0x100000000}, kXolAreaSize, kXolMaxDistance).has_value());
   EXPECT_TRUE(FindXolGap(maps, RemoteAddr{0x4d0000000}, kXolAreaSize, kXolMaxDistance).has_value());
 }
 

@@ -1,8 +1,8 @@
 #include "core/store/args_json.h"
 
-#include <gtest/gtest.h>
-
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace kwatch::core {
 namespace {
@@ -18,9 +18,8 @@ TEST(ArgsJsonTest, RoundTripsAnyBytes) {
   for (int c = 0; c < 256; ++c) {
     all.push_back(static_cast<char>(c));
   }
-  const ProbeArgs args = {{"all", all},     {"utf8", "caf\xc3\xa9"}, {"bad", "\xff\xfe"},
-                          {"dup", "1"},     {"dup", "2"},            {"quote\"name", "\\"},
-                          {"empty", ""}};
+  const ProbeArgs args = {{"all", all}, {"utf8", "caf\xc3\xa9"}, {"bad", "\xff\xfe"}, {"dup", "1"},
+                          {"dup", "2"}, {"quote\"name", "\\"},   {"empty", ""}};
   auto back = DecodeArgsJson(EncodeArgsJson(args));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, args);
@@ -34,9 +33,9 @@ TEST(ArgsJsonTest, DecodesStandardJsonEscapesAndSpace) {
 }
 
 TEST(ArgsJsonTest, RejectsWhatIsNotAFlatObjectOfStrings) {
-  for (const char* bad : {"", "[]", "{", "{\"a\":1}", "{\"a\":\"b\"", "{\"a\":\"b\"} x",
-                          "{\"a\":\"\\u12\"}", "{\"a\":\"\\q\"}", "{\"a\" \"b\"}", "{,}",
-                          "{\"a\":\"b\",}", "{\"a\":\"b\\"}) {
+  for (const char* bad :
+       {"", "[]", "{", "{\"a\":1}", "{\"a\":\"b\"", "{\"a\":\"b\"} x", "{\"a\":\"\\u12\"}",
+        "{\"a\":\"\\q\"}", "{\"a\" \"b\"}", "{,}", "{\"a\":\"b\",}", "{\"a\":\"b\\"}) {
     auto r = DecodeArgsJson(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }

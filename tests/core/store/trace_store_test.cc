@@ -22,8 +22,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "core/event.h"
 #include "core/base/status_macros.h"
+#include "core/event.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"

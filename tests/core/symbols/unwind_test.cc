@@ -11,8 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/ptrace/process.h"
 #include "core/base/status_macros.h"
+#include "core/ptrace/process.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <optional>
 
-#include "core/event.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 
 namespace kwatch::watch::testing {
 
