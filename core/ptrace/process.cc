@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <cstddef>
 #include <cstdio>
@@ -661,17 +660,13 @@ bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
   const IcebpKind icebp = host.ok() ? *host : IcebpKind::kTrap;
   user_regs_struct regs{};
   if (::ptrace(PTRACE_GETREGS, tid, nullptr, &regs) == 0 && regs.rip > 0) {
-    std::array<uint8_t, 2> bytes{};
-    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(bytes)).ok()) {
-      e.byte_before_ip = bytes[0];
-      e.byte_at_ip = bytes[1];
-    } else {
-      uint8_t byte = 0;
-      if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(&byte, 1)).ok()) {
-        e.byte_before_ip = byte;
-      } else if (ReadMemory(RemoteAddr{regs.rip}, std::span<uint8_t>(&byte, 1)).ok()) {
-        e.byte_at_ip = byte;
-      }
+    uint8_t byte = 0;
+    if (ReadMemory(RemoteAddr{regs.rip - 1}, std::span<uint8_t>(&byte, 1)).ok()) {
+      e.byte_before_ip = byte;
+    }
+    if (icebp == IcebpKind::kFault &&
+        ReadMemory(RemoteAddr{regs.rip}, std::span<uint8_t>(&byte, 1)).ok()) {
+      e.byte_at_ip = byte;
     }
   }
   errno = 0;

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -112,10 +111,8 @@ absl::StatusOr<IcebpKind> ProbeIcebpKind() {
 }  // namespace
 
 absl::StatusOr<IcebpKind> HostIcebpKind() {
-  static std::once_flag once;
-  static absl::StatusOr<IcebpKind>* kind = nullptr;
-  std::call_once(once, [] { kind = new absl::StatusOr<IcebpKind>(ProbeIcebpKind()); });
-  return *kind;
+  static const absl::StatusOr<IcebpKind> kind = ProbeIcebpKind();  // once, thread-safe
+  return kind;
 }
 
 absl::string_view IcebpKindName(IcebpKind k) {
