@@ -82,7 +82,11 @@ void WriteChain(int sig, const Action& a) {
 
 // Other signals: the agent's signals the program put in sa_mask (taken out of the kernel's).
 uint64_t g_extra_mask[65];
-std::atomic<uint32_t> g_lock;
+// The writers' lock: the holder's (pid << 32 | tid), reentrant for the holder (a fork's
+// prepare handlers run while the agent's holds it), and taken over by a process that
+// inherited it held over fork (other child handlers may run before the agent's releases it).
+std::atomic<uint64_t> g_lock;
+uint32_t g_lock_depth;
 uint64_t g_restorer;  // libc's __restore_rt, as libc's sigaction sets it
 bool g_handlers_installed;
 
@@ -180,18 +184,34 @@ int PatchHook(int i, uint64_t addr, uint64_t replacement) {
 void LockSignals(uint64_t* saved_mask) {
   const uint64_t all = ~uint64_t{0};
   SysRtSigprocmask(SIG_BLOCK, &all, saved_mask);
-  while (g_lock.exchange(1, std::memory_order_acquire) != 0) {
+  const auto pid = static_cast<uint64_t>(SysGetpid());
+  const uint64_t me = (pid << 32) | static_cast<uint32_t>(SysGettid());
+  for (;;) {
+    uint64_t held = g_lock.load(std::memory_order_acquire);
+    if (held == me) {
+      ++g_lock_depth;
+      return;
+    }
+    if ((held == 0 || (held >> 32) != pid) &&
+        g_lock.compare_exchange_strong(held, me, std::memory_order_acquire)) {
+      g_lock_depth = 1;
+      return;
+    }
     asm volatile("pause");
   }
 }
 
 void UnlockSignals(const uint64_t* saved_mask) {
-  g_lock.store(0, std::memory_order_release);
+  if (--g_lock_depth == 0) {
+    g_lock.store(0, std::memory_order_release);
+  }
   SysRtSigprocmask(SIG_SETMASK, saved_mask, nullptr);
 }
 
 void ReleaseSignalLockInChild(const uint64_t* saved_mask) {
-  UnlockSignals(saved_mask);
+  g_lock_depth = 0;
+  g_lock.store(0, std::memory_order_release);
+  SysRtSigprocmask(SIG_SETMASK, saved_mask, nullptr);
 }
 
 void DieOfSignal(int sig) {
