@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/uio.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 
@@ -19,12 +20,12 @@ namespace kwatch::agent {
 namespace {
 
 constexpr size_t kPage = 4096;
-constexpr size_t kWatchdogRegion = 64 * 1024;  // guard page, block, stack
+constexpr size_t kWatchdogRegion = size_t{64} * 1024;  // guard page, block, stack
 
 // The watchdog's memory: a guard page, then this block (a TCB of its own: fs points here, so
 // that nothing of another thread's TLS is reachable from it), then its stack up to the end.
 struct WatchdogBlock {
-  uint64_t tcb[8];  // tcb[0] and tcb[2] point to the block, as glibc's TCB does
+  std::array<uint64_t, 8> tcb;  // tcb[0] and tcb[2] point to the block, as glibc's TCB does
   Session* session;
   uint64_t region;
   uint64_t region_size;
@@ -79,7 +80,7 @@ void SyncCore() {
 }
 
 int WriteCode(uint64_t addr, const uint8_t* bytes, size_t n) {
-  static const char kMem[] = "/proc/thread-self/mem";
+  constexpr const char* kMem = "/proc/thread-self/mem";
   const long fd = Sys(SYS_openat, AT_FDCWD, Arg(kMem), O_RDWR | O_CLOEXEC);
   if (fd >= 0) {
     const long r = Sys(SYS_pwrite64, fd, Arg(bytes), static_cast<long>(n), static_cast<long>(addr));
@@ -106,6 +107,7 @@ int WriteCode(uint64_t addr, const uint8_t* bytes, size_t n) {
   return 0;
 }
 
+// NOLINTNEXTLINE(readability-non-const-parameter): the system call writes `bytes`
 int ReadCode(uint64_t addr, uint8_t* bytes, size_t n) {
   iovec local{bytes, n};
   iovec remote{reinterpret_cast<void*>(addr), n};
@@ -128,8 +130,8 @@ uint32_t RestoreJournal(const Session& s) {
     if (len == 0 || len > sizeof(p.original)) {
       continue;
     }
-    uint8_t now[sizeof(p.original)];
-    if (ReadCode(p.addr, now, len) != 0) {
+    std::array<uint8_t, sizeof(p.original)> now{};
+    if (ReadCode(p.addr, now.data(), len) != 0) {
       continue;  // no longer mapped
     }
     bool original = true;

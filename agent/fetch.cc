@@ -2,6 +2,7 @@
 // writing KwArgHeader + bytes per argument straight into the ring's reserved space. Every
 // read of the target's memory goes through the safe routines (safe.S); no libc call.
 
+#include <array>
 #include <cstdint>
 
 #include "agent/agent.h"
@@ -19,15 +20,17 @@ constexpr uint16_t kRecordFaulted = 1;
 constexpr uint16_t kRecordCut = 2;
 
 inline uint32_t RoundUp8(uint32_t n) {
-  return (n + 7u) & ~7u;
+  return (n + 7U) & ~7U;
 }
 
+using Xmm = std::array<uint8_t, 16>;
+
 // %xmm<i>'s 16 bytes as they are now (the jump path: nothing in the agent touches them).
-void ReadLiveXmm(uint32_t i, uint8_t* out) {
+void ReadLiveXmm(uint32_t i, Xmm& out) {
   switch (i) {
-#define KW_XMM(n)                                                     \
-  case n:                                                             \
-    asm volatile("movdqu %%xmm" #n ", (%0)" : : "r"(out) : "memory"); \
+#define KW_XMM(n)                                                            \
+  case n:                                                                    \
+    asm volatile("movdqu %%xmm" #n ", (%0)" : : "r"(out.data()) : "memory"); \
     break;
     KW_XMM(0)
     KW_XMM(1)
@@ -54,7 +57,7 @@ void ReadLiveXmm(uint32_t i, uint8_t* out) {
 // The argument being written and the space left.
 class Writer {
  public:
-  Writer(uint8_t* out, uint32_t limit) : out_(out), limit_(limit & ~7u) {}
+  Writer(uint8_t* out, uint32_t limit) : out_(out), limit_(limit & ~7U) {}
 
   bool Begin(uint16_t arg) {
     Close();
@@ -81,7 +84,7 @@ class Writer {
     header_->status = kStatusCut;
     cut_ = true;
   }
-  bool cut() const { return cut_; }
+  bool IsCut() const { return cut_; }
   // Ends the argument: zero padding to 8 bytes.
   void Close() {
     if (header_ == nullptr) {
@@ -93,7 +96,7 @@ class Writer {
     }
     header_ = nullptr;
   }
-  uint32_t used() const { return used_; }
+  uint32_t Used() const { return used_; }
 
  private:
   uint8_t* out_;
@@ -133,7 +136,7 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
       probe.faults.fetch_add(1, std::memory_order_relaxed);
     }
   };
-  for (uint32_t i = 0; i < count && !w.cut(); ++i) {
+  for (uint32_t i = 0; i < count && !w.IsCut(); ++i) {
     const KwFetchOp& op = ops[i];
     if (op.op == kKwOpEnd) {
       break;
@@ -231,7 +234,7 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
           w.Cut();
           break;
         }
-        uint8_t v[16];
+        Xmm v{};
         if (xmm != nullptr) {
           for (uint32_t k = 0; k < 16; ++k) {
             v[k] = xmm[op.a * 16 + k];
@@ -265,10 +268,10 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
     }
   }
   w.Close();
-  if (w.cut()) {
+  if (w.IsCut()) {
     *flags |= kRecordCut;
   }
-  return w.used();
+  return w.Used();
 }
 
 }  // namespace kwatch::agent

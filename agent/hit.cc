@@ -41,7 +41,7 @@ bool EnsureSlot(Session& s, ThreadState& t) {
   }
   KwThread* previous = t.thread;  // a slot of an earlier session, maybe with live instances
   const uint32_t cap = s.thread_capacity;
-  const uint32_t start = (static_cast<uint32_t>(t.tid) * 2654435761u) % cap;
+  const uint32_t start = (static_cast<uint32_t>(t.tid) * 2654435761U) % cap;
   for (uint32_t n = 0; n < cap; ++n) {
     const uint32_t j = (start + n) % cap;
     KwThread& th = s.threads[j];

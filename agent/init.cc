@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/auxv.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 
@@ -12,6 +13,7 @@
 #include "agent/sys.h"
 
 // The ELF header of this object: its load address.
+// NOLINTNEXTLINE(bugprone-reserved-identifier,readability-identifier-naming): the linker's name
 extern "C" const char __ehdr_start[] __attribute__((visibility("hidden")));
 
 namespace kwatch::agent {
@@ -24,12 +26,12 @@ uint64_t g_fsgsbase;
 namespace {
 
 constexpr uint32_t kMaxSessions = 16;  // sessions are never freed (a thread may still read one)
-Session g_sessions[kMaxSessions];
+std::array<Session, kMaxSessions> g_sessions;
 uint32_t g_session_count;
 std::atomic<bool> g_in_init{false};
 bool g_process_ready;  // handlers, hooks, atfork in place
 
-constexpr uint64_t kHwcap2Fsgsbase = 1u << 1;  // HWCAP2_FSGSBASE
+constexpr uint64_t kHwcap2Fsgsbase = 1U << 1;  // HWCAP2_FSGSBASE
 
 bool PowerOfTwo(uint64_t v) {
   return v != 0 && (v & (v - 1)) == 0;

@@ -10,9 +10,11 @@
 // SIGTRAP/SIGSEGV/SIGBUS, which the kernel would turn into death.
 
 #include <dlfcn.h>
-#include <signal.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 
 #include "agent/agent.h"
@@ -39,7 +41,7 @@ struct ChainSlot {
   std::atomic<uint64_t> restorer;
   std::atomic<uint64_t> mask;
 };
-ChainSlot g_chain[3];
+std::array<ChainSlot, 3> g_chain;
 
 int ChainIndex(int sig) {
   if (sig == SIGTRAP) {
@@ -81,7 +83,7 @@ void WriteChain(int sig, const Action& a) {
 }
 
 // Other signals: the agent's signals the program put in sa_mask (taken out of the kernel's).
-uint64_t g_extra_mask[65];
+std::array<uint64_t, 65> g_extra_mask;
 // The writers' lock: the holder's (pid << 32 | tid), reentrant for the holder (a fork's
 // prepare handlers run while the agent's holds it), and taken over by a process that
 // inherited it held over fork (other child handlers may run before the agent's releases it).
@@ -91,10 +93,10 @@ uint64_t g_restorer;  // libc's __restore_rt, as libc's sigaction sets it
 bool g_handlers_installed;
 
 struct Hook {
-  std::atomic<uint64_t> addr;
-  uint64_t target;
+  std::atomic<uint64_t> addr{0};
+  uint64_t target = 0;
 };
-Hook g_hooks[2];
+std::array<Hook, 2> g_hooks;
 
 constexpr uint64_t kSaRestorer = 0x04000000;
 
@@ -150,9 +152,9 @@ void DefaultAction(int sig, const siginfo_t* info, ucontext_t* uc) {
 
 // A hook's replacement function: the jmp written over libc's.
 int PatchHook(int i, uint64_t addr, uint64_t replacement) {
-  uint8_t code[14];
+  std::array<uint8_t, 14> code{};
   size_t n = 0;
-  const int64_t rel = static_cast<int64_t>(replacement - (addr + 5));
+  const auto rel = static_cast<int64_t>(replacement - (addr + 5));
   if (rel == static_cast<int32_t>(rel)) {
     code[0] = 0xE9;  // jmp rel32
     for (int k = 0; k < 4; ++k) {
@@ -176,7 +178,7 @@ int PatchHook(int i, uint64_t addr, uint64_t replacement) {
   }
   g_hooks[i].target = replacement;
   g_hooks[i].addr.store(addr, std::memory_order_release);
-  return PatchCode(addr, code, n);
+  return PatchCode(addr, code.data(), n);
 }
 
 }  // namespace
@@ -264,20 +266,21 @@ void ChainSignal(int sig, siginfo_t* info, ucontext_t* uc) {
 bool RedirectHookTrap(ucontext_t* uc) {
   greg_t* g = uc->uc_mcontext.gregs;
   const uint64_t at = static_cast<uint64_t>(g[REG_RIP]) - 1;
-  for (const Hook& h : g_hooks) {
-    if (at != 0 && h.addr.load(std::memory_order_acquire) == at) {
-      g[REG_RIP] = static_cast<greg_t>(h.target);
-      return true;
-    }
+  const auto* hook = std::ranges::find_if(g_hooks, [at](const Hook& h) {
+    return at != 0 && h.addr.load(std::memory_order_acquire) == at;
+  });
+  if (hook == g_hooks.end()) {
+    return false;
   }
-  return false;
+  g[REG_RIP] = static_cast<greg_t>(hook->target);
+  return true;
 }
 
 int InstallSignalHandlers() {
   if (g_handlers_installed) {
     return 0;
   }
-  constexpr int kSignals[3] = {SIGTRAP, SIGSEGV, SIGBUS};
+  constexpr std::array<int, 3> kSignals = {SIGTRAP, SIGSEGV, SIGBUS};
   // The program's actions first, so that a signal arriving meanwhile finds its next.
   for (const int sig : kSignals) {
     KSigaction old{};
@@ -328,7 +331,7 @@ int InstallSignalHandlers() {
 // ---------------------------------------------------------------------------------------
 // The hooks: libc's sigaction and pthread_sigmask jump here.
 
-extern "C" int kw_hook_sigaction(int sig, const struct sigaction* act, struct sigaction* oact) {
+int HookSigaction(int sig, const struct sigaction* act, struct sigaction* oact) {
   if (sig <= 0 || sig >= 65 || sig == 32 || sig == 33) {
     errno = EINVAL;
     return -1;
@@ -382,7 +385,7 @@ extern "C" int kw_hook_sigaction(int sig, const struct sigaction* act, struct si
   return 0;
 }
 
-extern "C" int kw_hook_pthread_sigmask(int how, const sigset_t* set, sigset_t* oset) {
+int HookPthreadSigmask(int how, const sigset_t* set, sigset_t* oset) {
   constexpr uint64_t kInternal = SigBit(32) | SigBit(33);  // glibc's SIGCANCEL, SIGSETXID
   const uint64_t want = set != nullptr ? set->__val[0] & ~kInternal : 0;
   const uint64_t kernel_set = want & ~kAgentSignals;
@@ -424,12 +427,12 @@ int InstallSignalHooks() {
     return -ENOENT;
   }
   if (const int r = PatchHook(0, reinterpret_cast<uint64_t>(sigaction_fn),
-                              reinterpret_cast<uint64_t>(&kw_hook_sigaction));
+                              reinterpret_cast<uint64_t>(&HookSigaction));
       r != 0) {
     return r;
   }
   return PatchHook(1, reinterpret_cast<uint64_t>(sigmask_fn),
-                   reinterpret_cast<uint64_t>(&kw_hook_pthread_sigmask));
+                   reinterpret_cast<uint64_t>(&HookPthreadSigmask));
 }
 
 }  // namespace kwatch::agent

@@ -2,6 +2,7 @@
 // probes on registers copied from the ucontext, then resumes the thread as KwProbe::resume
 // says: out of line, or by emulating the branch on the ucontext's registers. No libc call.
 
+#include <array>
 #include <csignal>
 #include <cstdint>
 
@@ -19,10 +20,10 @@ constexpr uint64_t kSf = 1ULL << 7;
 constexpr uint64_t kOf = 1ULL << 11;
 
 // The ucontext's greg index of each KwReg up to gs (-1: not in the gregs).
-constexpr int kGreg[kKwRegCount] = {REG_R15, REG_R14, REG_R13, REG_R12, REG_RBP, REG_RBX, REG_R11,
-                                    REG_R10, REG_R9,  REG_R8,  REG_RAX, REG_RCX, REG_RDX, REG_RSI,
-                                    REG_RDI, -1,      REG_RIP, -1,      REG_EFL, REG_RSP, -1,
-                                    -1,      -1,      -1,      -1,      -1,      -1};
+constexpr std::array<int, kKwRegCount> kGreg = {
+    REG_R15, REG_R14, REG_R13, REG_R12, REG_RBP, REG_RBX, REG_R11, REG_R10, REG_R9,
+    REG_R8,  REG_RAX, REG_RCX, REG_RDX, REG_RSI, REG_RDI, -1,      REG_RIP, -1,
+    REG_EFL, REG_RSP, -1,      -1,      -1,      -1,      -1,      -1,      -1};
 
 void FillRegs(const ucontext_t* uc, KwRegs& regs) {
   const greg_t* g = uc->uc_mcontext.gregs;
@@ -146,7 +147,8 @@ void Resume(const KwProbe& p, uint64_t addr, const KwRegs& regs, ucontext_t* uc)
           FaultAsAt(uc, addr, regs.rsp);
           return;
         }
-        g[REG_RSP] = static_cast<greg_t>(regs.rsp + 8 + p.ret_imm);
+        const uint64_t rsp = regs.rsp + 8 + p.ret_imm;
+        g[REG_RSP] = static_cast<greg_t>(rsp);
         rip = to;
         break;
       }
@@ -155,7 +157,7 @@ void Resume(const KwProbe& p, uint64_t addr, const KwRegs& regs, ucontext_t* uc)
         if ((f & kKwIndMemory) == 0) {
           rip = p.ind_base != 0 && p.ind_base <= kKwRegCount ? RegAt(regs, p.ind_base - 1) : 0;
         } else {
-          uint64_t ea = static_cast<uint64_t>(p.ind_disp);
+          auto ea = static_cast<uint64_t>(p.ind_disp);
           if (p.ind_base != 0 && p.ind_base <= kKwRegCount) {
             ea += RegAt(regs, p.ind_base - 1);
           }
@@ -294,13 +296,13 @@ bool HandleTrap(const siginfo_t* info, ucontext_t* uc) {
     return true;
   }
   KwProbe& head = s->probes[index];
-  KwRegs regs;
+  KwRegs regs{};
   FillRegs(uc, regs);
   regs.rip = addr;
-  static const uint8_t kNoXmm[16 * 16] = {};
+  static constexpr std::array<uint8_t, 256> kNoXmm{};
   const uint8_t* xmm = uc->uc_mcontext.fpregs != nullptr
                            ? reinterpret_cast<const uint8_t*>(uc->uc_mcontext.fpregs->_xmm)
-                           : kNoXmm;
+                           : kNoXmm.data();
   RunProbes(*s, static_cast<uint32_t>(index), regs, xmm);  // changes only the base fields
   Resume(head, addr, regs, uc);
   return true;

@@ -2,22 +2,21 @@
 // this process: the benchmark loads the agent into itself and acts as its own kwatch
 // (tests/agent/local_controller.h), with the probed code of tests/agent/fixtures.S.
 //
-//  - BM_Int3Floor: an int3 into an empty SIGTRAP handler and back, no agent (the floor under
+//  - Int3Floor: an int3 into an empty SIGTRAP handler and back, no agent (the floor under
 //    any in-process INT3 path on this host). Runs first, before the agent is loaded.
-//  - BM_Call: the probed function unprobed (a call of kwt_jfunc).
-//  - BM_AgentInt3Hit: an INT3 probe with two register arguments (%di, %si), resumed out of
+//  - Call: the probed function unprobed (a call of kwt_jfunc).
+//  - AgentInt3Hit: an INT3 probe with two register arguments (%di, %si), resumed out of
 //    line; ratio_to_floor = its time / the floor's, measured in the same run.
-//  - BM_AgentJumpHit: a jump probe with two register arguments through a trampoline written
+//  - AgentJumpHit: a jump probe with two register arguments through a trampoline written
 //    as docs/agent.md specifies (kwt_tramp): the whole call, trampoline included.
-//  - BM_AgentJumpHitDeref: the same with a third argument read through a pointer (safe read).
+//  - AgentJumpHitDeref: the same with a third argument read through a pointer (safe read).
 // Records go into the thread's ring; every 256 hits the benchmark consumes them (tail = head,
 // as a drain that keeps up), so that none is lost; the counter `lost` says if one was.
 
-#include <signal.h>
-#include <time.h>
-
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <memory>
 
 #include <benchmark/benchmark.h>
@@ -46,14 +45,14 @@ double NowNs() {
   return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
 }
 
-void BM_Int3Floor(benchmark::State& state) {
+void Int3Floor(benchmark::State& state) {
   struct sigaction sa {};
   struct sigaction old {};
   sa.sa_sigaction = EmptyTrap;
   sa.sa_flags = SA_SIGINFO;
   sigaction(SIGTRAP, &sa, &old);
   const double t0 = NowNs();
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
     kwt_own_int3();
   }
   g_floor_ns = (NowNs() - t0) / static_cast<double>(state.iterations());
@@ -62,16 +61,16 @@ void BM_Int3Floor(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_Int3Floor)->UseRealTime();
+BENCHMARK(Int3Floor)->UseRealTime();
 
-void BM_Call(benchmark::State& state) {
+void Call(benchmark::State& state) {
   uint64_t sum = 0;
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
     sum += kwt_jfunc(sum, 1);
     benchmark::DoNotOptimize(sum);
   }
 }
-BENCHMARK(BM_Call);
+BENCHMARK(Call);
 
 // The agent, its probes and patches, made once for the benchmarks that follow.
 struct Setup {
@@ -142,7 +141,7 @@ void RunHits(benchmark::State& state, uint32_t probe, F hit) {
   const uint64_t lost0 = p.lost.load();
   uint64_t n = 0;
   const double t0 = NowNs();
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
     hit();
     if ((++n & 255) == 0) {
       Consume(*s.c);
@@ -163,18 +162,18 @@ void RunHits(benchmark::State& state, uint32_t probe, F hit) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-void BM_AgentInt3Hit(benchmark::State& state) {
+void AgentInt3Hit(benchmark::State& state) {
   RunHits(state, Agent().int3, [] { benchmark::DoNotOptimize(kwt_args(1, 2, nullptr)); });
 }
-BENCHMARK(BM_AgentInt3Hit)->UseRealTime();
+BENCHMARK(AgentInt3Hit)->UseRealTime();
 
-void BM_AgentJumpHit(benchmark::State& state) {
+void AgentJumpHit(benchmark::State& state) {
   kwt_tramp_index = Agent().jump;
   RunHits(state, Agent().jump, [] { benchmark::DoNotOptimize(kwt_jfunc(1, 2)); });
 }
-BENCHMARK(BM_AgentJumpHit);
+BENCHMARK(AgentJumpHit);
 
-void BM_AgentJumpHitDeref(benchmark::State& state) {
+void AgentJumpHitDeref(benchmark::State& state) {
   static const uint64_t value = 42;
   kwt_tramp_index = Agent().jump_deref;
   // kwt_jfunc(a, b) called with a third argument in %rdx, which it ignores and the probe reads.
@@ -184,7 +183,7 @@ void BM_AgentJumpHitDeref(benchmark::State& state) {
           [with_pointer] { benchmark::DoNotOptimize(with_pointer(1, 2, &value)); });
   kwt_tramp_index = Agent().jump;
 }
-BENCHMARK(BM_AgentJumpHitDeref);
+BENCHMARK(AgentJumpHitDeref);
 
 }  // namespace
 }  // namespace kwatch::agent

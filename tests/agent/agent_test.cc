@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "tests/test_util.h"
 
 namespace kwatch::agent {
@@ -43,7 +45,7 @@ std::map<std::string, std::string> Host(const std::vector<std::string>& args,
   std::string line;
   while (std::getline(in, line)) {
     const auto eq = line.find('=');
-    if (eq != std::string::npos && line.find(' ') == std::string::npos) {
+    if (eq != std::string::npos && !absl::StrContains(line, ' ')) {
       kv[line.substr(0, eq)] = line.substr(eq + 1);
     }
   }
@@ -315,10 +317,10 @@ std::string Capture(const std::string& cmd) {
   if (p == nullptr) {
     return out;
   }
-  char buf[4096];
+  std::array<char, 4096> buf{};
   size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) {
-    out.append(buf, n);
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) {
+    out.append(buf.data(), n);
   }
   pclose(p);
   return out;
@@ -330,7 +332,7 @@ TEST(AgentLibrary, NeedsOnlyLibc) {
   std::string line;
   std::vector<std::string> libs;
   while (std::getline(in, line)) {
-    if (line.find("NEEDED") != std::string::npos) {
+    if (absl::StrContains(line, "NEEDED")) {
       libs.push_back(line.substr(line.find_last_of(' ') + 1));
     }
   }
@@ -341,9 +343,9 @@ TEST(AgentLibrary, NeedsOnlyLibc) {
   size_t text_symbols = 0;
   std::istringstream syms(exported);
   while (std::getline(syms, line)) {
-    text_symbols += line.find(" T ") != std::string::npos ? 1 : 0;
+    text_symbols += absl::StrContains(line, " T ") ? 1 : 0;
   }
-  EXPECT_EQ(text_symbols, 2u) << exported;  // everything else hidden
+  EXPECT_EQ(text_symbols, 2U) << exported;  // everything else hidden
 }
 
 // From the hit paths' entry points, every function reached by a direct call or jump: none
@@ -358,12 +360,12 @@ TEST(AgentLibrary, HitPathsCallNoLibcAndUseNoVectorRegisters) {
   std::istringstream in(dis);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.size() > 18 && line.back() == ':' && line.find(" <") != std::string::npos) {
+    if (line.size() > 18 && line.back() == ':' && absl::StrContains(line, " <")) {
       current = line.substr(line.find(" <") + 2);
       current = current.substr(0, current.size() - 2);
       continue;
     }
-    if (!current.empty() && line.find(":\t") != std::string::npos) {
+    if (!current.empty() && absl::StrContains(line, ":\t")) {
       body[current].push_back(line);
     }
   }
@@ -379,7 +381,7 @@ TEST(AgentLibrary, HitPathsCallNoLibcAndUseNoVectorRegisters) {
       }
       for (const auto& insn : body[f]) {
         const auto lt = insn.find('<');
-        if ((insn.find("\tcall") == std::string::npos && insn.find("\tj") == std::string::npos) ||
+        if ((!absl::StrContains(insn, "\tcall") && !absl::StrContains(insn, "\tj")) ||
             lt == std::string::npos) {
           continue;
         }
@@ -394,24 +396,23 @@ TEST(AgentLibrary, HitPathsCallNoLibcAndUseNoVectorRegisters) {
   };
   std::string handler;
   for (const auto& [name, insns] : body) {
-    if (name.find("AgentHandler") != std::string::npos) {
+    if (absl::StrContains(name, "AgentHandler")) {
       handler = name;
     }
   }
   ASSERT_FALSE(handler.empty());
   const std::set<std::string> paths = reach({"kwatch_agent_jump_hit", "kw_return_hit", handler});
   // The walk reached the interpreter, the rings and the safe routines.
-  EXPECT_TRUE(paths.count("kw_safe_copy") != 0 && paths.count("kw_safe_read8") != 0);
-  EXPECT_TRUE(std::any_of(paths.begin(), paths.end(), [](const std::string& f) {
-    return f.find("RunFetch") != std::string::npos;
-  }));
+  EXPECT_TRUE(paths.contains("kw_safe_copy") && paths.contains("kw_safe_read8"));
+  EXPECT_TRUE(std::any_of(paths.begin(), paths.end(),
+                          [](const std::string& f) { return absl::StrContains(f, "RunFetch"); }));
   for (const auto& f : paths) {
-    ASSERT_TRUE(body.count(f) != 0) << f;
-    EXPECT_EQ(f.find("@plt"), std::string::npos) << "a hit path reaches libc: " << f;
+    ASSERT_TRUE(body.contains(f)) << f;
+    EXPECT_FALSE(absl::StrContains(f, "@plt")) << "a hit path reaches libc: " << f;
     for (const auto& insn : body[f]) {
-      const bool vector = insn.find("%xmm") != std::string::npos ||
-                          insn.find("%ymm") != std::string::npos ||
-                          insn.find("%zmm") != std::string::npos;
+      EXPECT_FALSE(absl::StrContains(insn, "%st")) << "x87 on a hit path in " << f << ": " << insn;
+      const bool vector = absl::StrContains(insn, "%xmm") || absl::StrContains(insn, "%ymm") ||
+                          absl::StrContains(insn, "%zmm");
       if (vector) {
         EXPECT_THAT(insn, ::testing::ContainsRegex("movdqu %xmm[0-9]+,\\(")) << f;
       }
@@ -422,8 +423,8 @@ TEST(AgentLibrary, HitPathsCallNoLibcAndUseNoVectorRegisters) {
       "_ZN6kwatch5agent11DieOfSignalEi"};
   for (const auto& f : reach({"kwatch_agent_jump_hit", "kw_return_hit"})) {
     for (const auto& insn : body[f]) {
-      if (insn.find("\tsyscall") != std::string::npos) {
-        EXPECT_TRUE(may_syscall.count(f) != 0) << "a system call on the jump path in " << f;
+      if (absl::StrContains(insn, "\tsyscall")) {
+        EXPECT_TRUE(may_syscall.contains(f)) << "a system call on the jump path in " << f;
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +21,8 @@ uint64_t Align64(uint64_t v) {
 
 [[noreturn]] void Die(const char* what) {
   const int err = errno;
-  std::fprintf(stderr, "local controller: %s: %s\n", what, std::strerror(err));
+  std::fprintf(stderr, "local controller: %s: %s\n", what,
+               std::strerror(err));  // NOLINT(concurrency-mt-unsafe): then abort
   std::abort();
 }
 
@@ -94,8 +96,8 @@ std::unique_ptr<LocalController> LocalController::Create(const Layout& layout) {
   k.ring_bytes = layout.ring_bytes;
   k.patches_offset = patches;
   k.patch_capacity = layout.patches;
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
+  std::array<int, 2> fds{};
+  if (pipe2(fds.data(), O_CLOEXEC) != 0) {
     Die("pipe2");
   }
   const int high = fcntl(fds[0], F_DUPFD_CLOEXEC, 1000);
@@ -118,7 +120,7 @@ LocalController::~LocalController() {
   }
 }
 
-int LocalController::LoadAgent(const std::string& agent_path) {
+int LocalController::LoadAgent(const std::string& agent_path) const {
   void* h = dlopen(agent_path.c_str(), RTLD_NOW);
   if (h == nullptr) {
     std::fprintf(stderr, "dlopen: %s\n", dlerror());
@@ -170,8 +172,9 @@ uint32_t LocalController::AddProbe(const ProbeSpec& spec) {
     std::abort();
   }
   auto* code = reinterpret_cast<KwFetchOp*>(base_ + ctl_->code_offset);
-  for (size_t i = 0; i < spec.fetch.size(); ++i) {
-    code[next_code_ + i] = spec.fetch[i];
+  uint32_t at = next_code_;
+  for (const KwFetchOp& op : spec.fetch) {
+    code[at++] = op;
   }
   KwProbe& p = probe(index);
   p.id = spec.id;
@@ -255,23 +258,23 @@ void LocalController::PatchInt3(uint64_t addr, uint32_t probe_index) {
 }
 
 void LocalController::PatchJump(uint64_t addr, uint32_t len, uint64_t to, uint32_t probe_index) {
-  uint8_t patched[16];
-  std::memset(patched, 0xCC, sizeof(patched));
+  std::array<uint8_t, 16> patched{};
+  patched.fill(0xCC);
   patched[0] = 0xE9;
   const auto rel = static_cast<int32_t>(static_cast<int64_t>(to - (addr + 5)));
-  std::memcpy(patched + 1, &rel, 4);
-  AddPatch(kKwPatchJump, addr, len, patched, probe_index);
+  std::memcpy(patched.data() + 1, &rel, 4);
+  AddPatch(kKwPatchJump, addr, len, patched.data(), probe_index);
   const uint8_t int3 = 0xCC;
   WriteCode(addr, &int3, 1);
-  WriteCode(addr + 1, patched + 1, len - 1);
-  WriteCode(addr, patched, 1);
+  WriteCode(addr + 1, patched.data() + 1, len - 1);
+  WriteCode(addr, patched.data(), 1);
 }
 
 void LocalController::RestoreAll() {
   SetState(kKwStateStopping);
   auto* patches = reinterpret_cast<KwPatch*>(base_ + ctl_->patches_offset);
-  for (auto it = patch_order_.rbegin(); it != patch_order_.rend(); ++it) {
-    KwPatch& p = patches[*it];
+  for (size_t k = patch_order_.size(); k-- > 0;) {  // in reverse
+    KwPatch& p = patches[patch_order_[k]];
     if (p.state.load() == kKwPatchInt3) {
       WriteCode(p.addr, p.original, 1);
     } else if (p.state.load() == kKwPatchJump) {
@@ -324,7 +327,7 @@ size_t LocalController::Drain(const std::function<void(const Hit&)>& sink) {
           a.arg = h.arg;
           a.status = h.status;
           a.bytes.assign(data + off + at, data + off + at + h.len);
-          at += (h.len + 7) & ~7u;
+          at += (h.len + 7) & ~7U;
           hit.args.push_back(std::move(a));
         }
         sink(hit);

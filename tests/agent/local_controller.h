@@ -73,7 +73,7 @@ class LocalController {
 
   // dlopen(agent_path) and kwatch_agent_init with the agent's view: its return value (or
   // -1000 when the library or the symbol is missing, with dlerror on stderr).
-  int LoadAgent(const std::string& agent_path);
+  int LoadAgent(const std::string& agent_path) const;
 
   KwControl& ctl() { return *ctl_; }
   KwProbe& probe(uint32_t index);

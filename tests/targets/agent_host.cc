@@ -8,15 +8,16 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
-#include <setjmp.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cinttypes>
+#include <csetjmp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,7 +38,6 @@ namespace {
 using kwatch::agent::KwControl;
 using kwatch::agent::KwProbe;
 using kwatch::agent::KwRecord;
-using kwatch::agent::KwReg;
 using kwatch::agent::testing::Hit;
 using kwatch::agent::testing::Layout;
 using kwatch::agent::testing::LocalController;
@@ -62,7 +62,7 @@ std::unique_ptr<LocalController> Start(const Layout& layout = Layout{}) {
   const int r = c->LoadAgent(KWATCH_AGENT_PATH);
   if (r != 0) {
     std::printf("init=%d init_error=%u\n", r, c->ctl().init_error);
-    std::exit(2);
+    std::exit(2);  // NOLINT(concurrency-mt-unsafe): before any thread
   }
   return c;
 }
@@ -138,7 +138,8 @@ int Int3Args(int n) {
   const uint32_t pi = c->AddProbe(s);
   c->SetState(ag::kKwStateActive);
   c->PatchInt3(Addr(&kwt_args), pi);
-  static const char* const kNames[] = {"alpha", "beta", "a-name-longer-than-thirty-two-bytes!"};
+  static constexpr std::array<const char*, 3> kNames = {"alpha", "beta",
+                                                        "a-name-longer-than-thirty-two-bytes!"};
   uint64_t matched = 0;
   uint64_t records = 0;
   uint64_t results_ok = 0;
@@ -246,6 +247,7 @@ int Resume() {
   std::vector<ResumeCase> cases;
   auto values = [](const std::function<uint64_t(uint64_t)>& f, int n) {
     std::vector<uint64_t> v;
+    v.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       v.push_back(f(static_cast<uint64_t>(i) * 1000 + 7));
     }
@@ -269,9 +271,9 @@ int Resume() {
         kwt_j##n##_target                                                                          \
   }
   // In condition-code order: the cond field is the index.
-  const Cc ccs[16] = {KWT_CC(o),  KWT_CC(no), KWT_CC(b),  KWT_CC(ae), KWT_CC(e), KWT_CC(ne),
-                      KWT_CC(be), KWT_CC(a),  KWT_CC(s),  KWT_CC(ns), KWT_CC(p), KWT_CC(np),
-                      KWT_CC(l),  KWT_CC(ge), KWT_CC(le), KWT_CC(g)};
+  const std::array<Cc, 16> ccs = {
+      {KWT_CC(o), KWT_CC(no), KWT_CC(b), KWT_CC(ae), KWT_CC(e), KWT_CC(ne), KWT_CC(be), KWT_CC(a),
+       KWT_CC(s), KWT_CC(ns), KWT_CC(p), KWT_CC(np), KWT_CC(l), KWT_CC(ge), KWT_CC(le), KWT_CC(g)}};
 #undef KWT_CC
   const std::vector<uint64_t> flags = FlagSet();
   for (uint32_t cc = 0; cc < 16; ++cc) {
@@ -282,6 +284,7 @@ int Resume() {
     cases.push_back({ccs[cc].name, s,
                      [fn, flags] {
                        std::vector<uint64_t> v;
+                       v.reserve(flags.size());
                        for (const uint64_t f : flags) {
                          v.push_back(fn(f));
                        }
@@ -372,7 +375,7 @@ int Resume() {
     m.ind_disp = static_cast<int64_t>(Addr(&kwt_fnptr));
     m.ind_flags = ag::kKwIndCall | ag::kKwIndMemory;
     cases.push_back({"call_riprel", m, [=] { return values(kwt_icall_mem, 10); }, 10});
-    static uint64_t (*table[4])(uint64_t) = {nullptr, kwt_ret, kwt_inc, kwt_call};
+    static std::array<uint64_t (*)(uint64_t), 4> table = {nullptr, kwt_ret, kwt_inc, kwt_call};
     ProbeSpec sib = At(kwt_icall_sib_insn, kwt_icall_sib_next, ag::kKwResumeIndirect);
     sib.ind_base = ag::kKwRsi + 1;
     sib.ind_index = ag::kKwRdx + 1;
@@ -383,7 +386,7 @@ int Resume() {
                      [] {
                        std::vector<uint64_t> v;
                        for (uint64_t i = 0; i < 9; ++i) {
-                         v.push_back(kwt_icall_sib(i * 10, table, i % 3));
+                         v.push_back(kwt_icall_sib(i * 10, table.data(), i % 3));
                        }
                        return v;
                      },
@@ -412,10 +415,12 @@ int Resume() {
   }
   // Unprobed first, then probed.
   std::vector<std::vector<uint64_t>> expected;
+  expected.reserve(cases.size());
   for (auto& k : cases) {
     expected.push_back(k.run());
   }
   std::vector<uint32_t> index;
+  index.reserve(cases.size());
   for (auto& k : cases) {
     index.push_back(c->AddProbe(k.spec));
   }
@@ -507,7 +512,7 @@ int RetFib(int n, int maxactive) {
 // ret-longjmp N: a return-probed call left by longjmp, N times, each followed by a normal one.
 
 jmp_buf g_jump;
-uint64_t Jumper(uint64_t) {
+uint64_t Jumper(uint64_t /*unused*/) {
   longjmp(g_jump, 1);
 }
 uint64_t PlusFive(uint64_t x) {
@@ -561,14 +566,14 @@ int RetLongjmp(int n) {
 
 volatile sig_atomic_t g_own_int3 = 0;
 volatile sig_atomic_t g_own_other = 0;
-void OnTrap(int, siginfo_t* si, void*) {
+void OnTrap(int /*sig*/, siginfo_t* si, void* /*uc*/) {
   if (si->si_code == SI_KERNEL) {
     g_own_int3 = g_own_int3 + 1;
   } else {
     g_own_other = g_own_other + 1;
   }
 }
-void OnTrapPlain(int) {
+void OnTrapPlain(int /*sig*/) {
   g_own_int3 = g_own_int3 + 1;
 }
 
@@ -643,7 +648,7 @@ sigjmp_buf g_segv_jump;
 volatile uint64_t g_segv_addr = 0;
 volatile int g_segv_code = 0;
 volatile int g_segv_calls = 0;
-void OnSegv(int, siginfo_t* si, void*) {
+void OnSegv(int /*sig*/, siginfo_t* si, void* /*uc*/) {
   g_segv_calls = g_segv_calls + 1;
   g_segv_addr = Addr(si->si_addr);
   g_segv_code = si->si_code;
@@ -749,6 +754,7 @@ int Threads(int n) {
   std::atomic<int> done{0};
   std::atomic<uint64_t> bad_results{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   std::vector<int32_t> tids(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -773,7 +779,7 @@ int Threads(int n) {
     const uint64_t t = h.args[0].U64();
     const auto key = std::make_pair(t, h.rec.probe_index);
     const auto seq = static_cast<int64_t>(h.args[1].U64());
-    if (last.count(key) != 0 && seq <= last[key]) {
+    if (last.contains(key) && seq <= last[key]) {
       ++out_of_order;
     }
     last[key] = seq;
@@ -843,6 +849,7 @@ int Watchdog() {
   std::atomic<uint64_t> calls{0};
   std::atomic<uint64_t> bad{0};
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&] {
       while (!stop.load()) {
@@ -874,7 +881,8 @@ int Watchdog() {
   }
   uint64_t bytes_ok = 0;
   for (const auto& s : sites) {
-    bytes_ok += std::memcmp(reinterpret_cast<const void*>(s.addr), s.original.data(), s.len) == 0;
+    bytes_ok +=
+        std::memcmp(reinterpret_cast<const void*>(s.addr), s.original.data(), s.len) == 0 ? 1 : 0;
   }
   const std::string task = "/proc/self/task/" + std::to_string(watchdog);
   bool gone = false;
@@ -903,7 +911,7 @@ std::unique_ptr<LocalController>* g_fork_controller = nullptr;
 int g_fork_n = 0;
 bool g_fork_follow = false;
 
-uint64_t Forker(uint64_t) {
+uint64_t Forker(uint64_t /*unused*/) {
   std::fflush(stdout);
   const pid_t pid = fork();
   if (pid != 0) {
@@ -920,7 +928,7 @@ uint64_t Forker(uint64_t) {
 
 int Fork(bool follow, int n) {
   Layout l;
-  l.flags = follow ? uint32_t{ag::kKwFollowForks} : 0u;
+  l.flags = follow ? uint32_t{ag::kKwFollowForks} : 0U;
   auto c = Start(l);
   g_fork_controller = &c;
   g_fork_n = n;
@@ -981,7 +989,7 @@ uint64_t KernelBlocked() {
   std::ifstream in("/proc/thread-self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("SigBlk:", 0) == 0) {
+    if (line.starts_with("SigBlk:")) {
       return std::strtoull(line.c_str() + 7, nullptr, 16);
     }
   }
@@ -1005,7 +1013,7 @@ int Sigmask() {
   sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   sigset_t now;
-  sigprocmask(SIG_BLOCK, nullptr, &now);
+  pthread_sigmask(SIG_BLOCK, nullptr, &now);
   const uint64_t kernel = KernelBlocked();
   const uint64_t bad = Unmapped();
   kwt_jfunc(1, bad);
@@ -1033,15 +1041,20 @@ int Sigmask() {
 sigjmp_buf g_alt_jump;
 volatile int g_alt_on_stack = 0;
 stack_t g_alt;
-void OnOverflow(int, siginfo_t*, void*) {
+void OnOverflow(int /*sig*/, siginfo_t* /*si*/, void* /*uc*/) {
   volatile char here = 0;
   const auto at = Addr(&here);
   g_alt_on_stack = at >= Addr(g_alt.ss_sp) && at < Addr(g_alt.ss_sp) + g_alt.ss_size ? 1 : 0;
   siglongjmp(g_alt_jump, 1);
 }
+// Keeps `p` (a stack frame's array) alive for the optimizer.
+void Escape(void* p) {
+  asm volatile("" : : "g"(p) : "memory");
+}
 volatile uint64_t g_depth_limit = ~0ULL;  // never reached: the stack ends first
 uint64_t Recurse(uint64_t depth) {
-  volatile char pad[1024];
+  std::array<char, 1024> pad{};
+  Escape(pad.data());
   pad[0] = static_cast<char>(depth);
   if (depth == g_depth_limit) {
     return 0;
