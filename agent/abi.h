@@ -112,7 +112,7 @@ enum KwInitError : uint32_t {
   kKwInitBadVersion = 2,  // abi_version differs from the agent's kKwAbiVersion (-EPROTO)
   kKwInitBadLayout = 3,   // a size, offset or capacity is out of range (-EINVAL)
   kKwInitBusy = 4,        // an earlier session of this agent is not Restored yet (-EBUSY)
-  kKwInitLifeline = 5,    // lifeline_fd is not an open fd (-EBADF)
+  kKwInitLifeline = 5,    // lifeline_fd is not an open pipe (-EBADF)
   kKwInitMembarrier = 6,  // membarrier SYNC_CORE cannot be registered (its errno)
   kKwInitSignals = 7,     // rt_sigaction failed (its errno)
   kKwInitHooks = 8,       // libc's sigaction/pthread_sigmask not found or not patchable

@@ -43,6 +43,8 @@ struct Session {
   // The lifeline's read end while the agent holds it (-1 once closed: the watchdog saw EOF,
   // or a fork child that restored its code).
   std::atomic<int> lifeline_fd{-1};
+  uint64_t lifeline_dev = 0;  // the pipe's identity at init (the program may have closed the
+  uint64_t lifeline_ino = 0;  // fd and reused its number since)
 
   KwRing* Ring(uint32_t i) const { return reinterpret_cast<KwRing*>(rings + i * ring_stride); }
   uint8_t* RingData(uint32_t i) const { return rings + i * ring_stride + sizeof(KwRing); }
@@ -199,6 +201,11 @@ int PatchCode(uint64_t addr, const uint8_t* patch, size_t n);
 // Starts the watchdog thread of this process for `s`: 0 or -errno. publish_tid: fill
 // KwControl::watchdog_tid (the target's own; a fork child's watchdog is not published).
 int StartWatchdog(Session& s, bool publish_tid);
+// Records the lifeline's identity (at init); 0 or -errno.
+int NoteLifeline(Session& s, int fd);
+// Closes this process's copy of the lifeline, if the fd is still that pipe (never a file the
+// program opened under the same number after closing ours).
+void CloseLifeline(Session& s);
 
 // ---- fork.cc
 int InstallAtfork();  // 0 or -errno

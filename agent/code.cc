@@ -6,6 +6,7 @@
 #include <linux/membarrier.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <array>
@@ -55,13 +56,37 @@ void WatchdogMain(void* arg) {
   if (restoring || state == kKwStateRestoring) {
     ctl.state.store(kKwStateRestored, std::memory_order_release);
   }
-  if (const int own = s.lifeline_fd.exchange(-1, std::memory_order_acq_rel); own >= 0) {
-    Sys(SYS_close, own);
-  }
+  CloseLifeline(s);
   kw_unmap_and_exit(reinterpret_cast<void*>(block->region), block->region_size);
 }
 
 }  // namespace
+
+int NoteLifeline(Session& s, int fd) {
+  struct stat st {};
+  if (const long r = Sys(SYS_fstat, fd, Arg(&st)); r < 0) {
+    return static_cast<int>(r);
+  }
+  if (!S_ISFIFO(st.st_mode)) {
+    return -EBADF;
+  }
+  s.lifeline_dev = st.st_dev;
+  s.lifeline_ino = st.st_ino;
+  s.lifeline_fd.store(fd, std::memory_order_release);
+  return 0;
+}
+
+void CloseLifeline(Session& s) {
+  const int fd = s.lifeline_fd.exchange(-1, std::memory_order_acq_rel);
+  if (fd < 0) {
+    return;
+  }
+  struct stat st {};
+  if (Sys(SYS_fstat, fd, Arg(&st)) == 0 && st.st_dev == s.lifeline_dev &&
+      st.st_ino == s.lifeline_ino) {
+    Sys(SYS_close, fd);
+  }
+}
 
 int RegisterSyncCore() {
   const long cmds = Sys(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0);

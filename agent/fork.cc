@@ -87,9 +87,7 @@ void Child() {
       g_detached.store(true, std::memory_order_relaxed);
       RegisterSyncCore();
       RestoreJournal(*s);
-      if (const int fd = s->lifeline_fd.exchange(-1, std::memory_order_acq_rel); fd >= 0) {
-        Sys(SYS_close, fd);  // kwatch waits for the agent's processes only
-      }
+      CloseLifeline(*s);  // kwatch waits for the agent's processes only
     }
   }
   for (uint32_t i = 0; i < g_orphans.count; ++i) {

@@ -2,7 +2,6 @@
 // agent's fields, and puts the agent in place: membarrier, signal handlers, hooks, atfork
 // (once per process), then the session's watchdog.
 
-#include <fcntl.h>
 #include <sys/auxv.h>
 
 #include <array>
@@ -119,9 +118,8 @@ int Init(uint64_t shm_addr, uint64_t shm_size) {
   if (!Validate(*c, shm_size, s)) {
     return Fail(c, kKwInitBadLayout, -EINVAL);
   }
-  const auto lifeline = static_cast<int>(c->lifeline_fd);
-  if (const long r = Sys(SYS_fcntl, lifeline, F_GETFD); r < 0) {
-    return Fail(c, kKwInitLifeline, static_cast<int>(r));
+  if (const int r = NoteLifeline(s, static_cast<int>(c->lifeline_fd)); r != 0) {
+    return Fail(c, kKwInitLifeline, r);
   }
   g_pid = static_cast<int>(SysGetpid());
   g_fsgsbase = getauxval(AT_HWCAP2) & kHwcap2Fsgsbase;
@@ -144,7 +142,6 @@ int Init(uint64_t shm_addr, uint64_t shm_size) {
   c->jump_entry = reinterpret_cast<uint64_t>(&kwatch_agent_jump_hit);
   c->return_trampoline = reinterpret_cast<uint64_t>(&kw_return_trampoline);
   c->watchdog_tid = 0;
-  s.lifeline_fd.store(lifeline, std::memory_order_release);
   if (const int r = StartWatchdog(s, /*publish_tid=*/true); r != 0) {
     return Fail(c, kKwInitWatchdog, r);
   }

@@ -263,6 +263,13 @@ TEST(Agent, WatchdogRestoresEveryPatchedByteWhenTheLifelineCloses) {
   EXPECT_EQ(kv["watchdog_was"], "1");
   EXPECT_EQ(kv["watchdog_gone"], "1");
   EXPECT_EQ(kv["calls_after_restore"], "1");
+  EXPECT_EQ(kv["lifeline_closed"], "1");  // nothing of kwatch stays in the fd table
+}
+
+TEST(Agent, WatchdogNeverClosesAProgramsFileThatReusedTheLifelinesNumber) {
+  auto kv = Host({"lifeline-reuse"});
+  EXPECT_EQ(kv["state"], "4");
+  EXPECT_EQ(kv["program_fd_kept"], "1");
 }
 
 TEST(Agent, ForkChildFollowedKeepsItsProbes) {

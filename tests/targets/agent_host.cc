@@ -900,6 +900,33 @@ int Watchdog() {
   Say("watchdog_was", watchdog > 0 ? 1 : 0);
   Say("watchdog_gone", gone ? 1 : 0);
   Say("calls_after_restore", calls.load() - at_restore >= 200 ? 1 : 0);
+  Say("lifeline_closed", fcntl(static_cast<int>(c->ctl().lifeline_fd), F_GETFD) == -1 ? 1 : 0);
+  return 0;
+}
+
+// lifeline-reuse: the program closes the agent's lifeline fd and reuses its number; the
+// watchdog still sees kwatch go, and leaves the program's file alone.
+int LifelineReuse() {
+  auto c = Start();
+  const int fd = static_cast<int>(c->ctl().lifeline_fd);
+  close(fd);
+  const int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  dup2(other, fd);
+  close(other);
+  c->CloseLifeline();
+  for (int i = 0; i < 20000 && c->ctl().state.load() != ag::kKwStateRestored; ++i) {
+    usleep(500);
+  }
+  const int32_t watchdog = c->ctl().watchdog_tid;
+  const std::string task = "/proc/self/task/" + std::to_string(watchdog);
+  for (int i = 0; i < 20000 && access(task.c_str(), F_OK) == 0; ++i) {
+    usleep(500);
+  }
+  std::array<char, 64> path{};
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = readlink(link.c_str(), path.data(), path.size() - 1);
+  Say("state", c->ctl().state.load());
+  Say("program_fd_kept", n > 0 && std::string(path.data()) == "/dev/null" ? 1 : 0);
   return 0;
 }
 
@@ -1234,6 +1261,9 @@ int main(int argc, char** argv) {
   }
   if (what == "init") {
     return InitCases();
+  }
+  if (what == "lifeline-reuse") {
+    return LifelineReuse();
   }
   if (what == "jump") {
     return Jump(n);
