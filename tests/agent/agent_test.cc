@@ -80,15 +80,24 @@ TEST(Agent, EveryResumeKindRunsAsTheUnprobedCode) {
   std::string out;
   auto kv = Host({"resume"}, &out);
   const std::vector<std::string> kinds = {
-      "jmp", "jo",        "jno",      "jb",          "jae",      "je",      "jne",    "jbe",
-      "ja",  "js",        "jns",      "jp",          "jnp",      "jl",      "jge",    "jle",
-      "jg",  "jrcxz",     "jecxz",    "loop",        "loope",    "loopne",  "loop32", "call",
-      "ret", "ret_imm16", "call_reg", "call_riprel", "call_sib", "jmp_reg", "jmp_fs", "xol"};
+      "jmp",      "jo",      "jno",    "jb",    "jae",          "je",       "jne",
+      "jbe",      "ja",      "js",     "jns",   "jp",           "jnp",      "jl",
+      "jge",      "jle",     "jg",     "jrcxz", "jecxz",        "loop",     "loope",
+      "loopne",   "loop32",  "call",   "ret",   "ret_imm16",    "call_reg", "call_riprel",
+      "call_sib", "jmp_reg", "jmp_fs", "xol",   "jump_at_int3", "removing"};
   for (const auto& k : kinds) {
     EXPECT_THAT(out, HasSubstr("resume " + k + " ok ")) << out;
   }
   EXPECT_EQ(kv["cases"], std::to_string(kinds.size()));
   EXPECT_EQ(kv["stray_traps"], "0");
+}
+
+TEST(Agent, DisabledProbesAndAStoppingSessionCountMissedAndResume) {
+  auto kv = Host({"resume"});
+  EXPECT_EQ(kv["disabled_ok"], "1");
+  EXPECT_EQ(kv["stopping_ok"], "1");
+  EXPECT_EQ(kv["missed"], "20");
+  EXPECT_EQ(kv["hits_after"], "10");
 }
 
 TEST(Agent, ReturnProbeOnRecursion) {

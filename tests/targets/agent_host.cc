@@ -412,6 +412,21 @@ int Resume() {
     cases.push_back({"xol", x,
                      [=] { return values([](uint64_t v) { return kwt_args(v, 1, nullptr); }, 10); },
                      10});
+    // A jump probe met at its 0xCC (while kwatch or the watchdog writes or removes it): the
+    // thread goes to the displaced copy in the trampoline.
+    ProbeSpec j;
+    j.addr = Addr(&kwt_jfunc);
+    j.flags |= ag::kKwProbeJump;
+    j.insn_len = 6;
+    j.xol_addr = Addr(kwt_tramp_displaced);
+    cases.push_back({"jump_at_int3", j,
+                     [=] { return values([](uint64_t v) { return kwt_jfunc(v, 3); }, 10); }, 10});
+    // A probe being removed runs its copy whatever its resume says.
+    ProbeSpec r = Int3At(Addr(&kwt_fib), 1);
+    r.resume = ag::kKwResumeCall;  // not used: removing
+    r.flags |= ag::kKwProbeRemoving;
+    cases.push_back(
+        {"removing", r, [=] { return values([](uint64_t v) { return kwt_fib(v % 2); }, 10); }, 10});
   }
   // Unprobed first, then probed.
   std::vector<std::vector<uint64_t>> expected;
@@ -442,8 +457,20 @@ int Resume() {
       }
     }
   }
+  // Disabled, then the session stopping: the hits are counted in missed and the code runs on.
+  const size_t last = cases.size() - 3;  // "xol"
+  c->SetEnabled(index[last], false);
+  const bool disabled_ok = cases[last].run() == expected[last];
+  c->SetEnabled(index[last], true);
+  c->SetState(ag::kKwStateStopping);
+  const bool stopping_ok = cases[last].run() == expected[last];
+  const KwProbe& p = c->probe(index[last]);
   Say("cases", cases.size());
   Say("stray_traps", c->ctl().stray_traps.load());
+  Say("missed", p.missed.load());
+  Say("hits_after", p.hits.load());
+  Say("disabled_ok", disabled_ok ? 1 : 0);
+  Say("stopping_ok", stopping_ok ? 1 : 0);
   return 0;
 }
 
