@@ -86,7 +86,7 @@ struct alignas(64) KwControl {
   std::atomic<uint64_t> retried_traps;      // INT3s of probes already removed (rip rewound)
   std::atomic<uint64_t> recursion_miss;     // hits inside a hit on the same thread (dropped)
   std::atomic<uint64_t> no_thread_slot;     // hits of threads beyond thread_capacity (dropped)
-  std::atomic<uint64_t> no_ring;            // hits of threads that found no free ring (dropped)
+  std::atomic<uint64_t> no_ring;            // always 0: ring i belongs to KwThread i
   std::atomic<uint64_t> forks_seen;         // fork children the agent saw (atfork)
   std::atomic<uint64_t> restored_by_agent;  // patches the watchdog put back
 
