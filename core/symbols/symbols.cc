@@ -1,5 +1,3 @@
-#include "core/symbols/symbols.h"
-
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -27,7 +25,9 @@
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
 #include "core/symbols/dwarf_types.h"
+#include "core/symbols/elf_index.h"
 #include "core/symbols/symbol_match.h"
+#include "core/symbols/symbols.h"
 
 namespace kwatch::core {
 namespace {
@@ -53,7 +53,8 @@ uint64_t ModuleStart(Dwfl_Module* mod) {
   return start;
 }
 
-// An executable (as opposed to a shared library): ET_EXEC, or PIE with an interpreter.
+// An executable (as opposed to a shared library): ET_EXEC, or PIE with an
+// interpreter.
 bool LooksLikeExecutable(Dwfl_Module* mod) {
   GElf_Addr bias = 0;
   Elf* elf = dwfl_module_getelf(mod, &bias);
@@ -105,10 +106,12 @@ struct Cursor {
 };
 
 absl::Status NoType(const Cursor& cur) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "'", cur.display,
-      "' has no DWARF type information (was the program built with -g?): members, "
-      "indexes and '*' need one. Watch the whole symbol, or give an address as 0xADDR:LEN"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("'", cur.display,
+                   "' has no DWARF type information (was the program built "
+                   "with -g?): members, "
+                   "indexes and '*' need one. Watch the whole symbol, or give "
+                   "an address as 0xADDR:LEN"));
 }
 
 absl::StatusOr<uint64_t> ReadPointer(const MemoryReader& read, const Cursor& cur) {
@@ -133,9 +136,10 @@ absl::Status NullPointer(const Cursor& cur) {
       absl::StrCat("'", cur.display, "' is NULL: there is nothing to watch behind it yet"));
 }
 
-// Symbols through one Dwfl (a process's modules, or one file). Owns the Dwfl; the name
-// index (DWARF variables, ELF data and function symbols of every module) is built on first
-// use, or at creation for processes. Not thread-safe (the lazy index and libdw caches).
+// Symbols through one Dwfl (a process's modules, or one file). Owns the Dwfl;
+// the name index (DWARF variables, ELF data and function symbols of every
+// module) is built on first use, or at creation for processes. Not thread-safe
+// (the lazy index and libdw caches).
 class DwflSymbols final : public Symbols {
  public:
   DwflSymbols(DwflPtr dwfl, std::string exe_path)
@@ -153,7 +157,8 @@ class DwflSymbols final : public Symbols {
                                                           int line) const override;
 
  private:
-  // How a data symbol was found; lower ranks win when several modules or CUs define a name.
+  // How a data symbol was found; lower ranks win when several modules or CUs
+  // define a name.
   enum Rank : uint8_t {
     kDwarfExtern = 0,
     kDwarfStatic = 1,  // file-level static, or "func::var" for a function-static
@@ -172,6 +177,9 @@ class DwflSymbols final : public Symbols {
     Rank rank = kDwarfExtern;
   };
 
+  // The ELF symbol index of `mod`, built on first use.
+  const ElfSymbolIndex& ElfIndexOf(Dwfl_Module* mod) const;
+  bool IsFunctionName(const std::string& name) const;
   void IndexElf(Dwfl_Module* mod, size_t index) const;
   void IndexDwarf(Dwfl_Module* mod, size_t index) const;
   // State of one module's DWARF walk.
@@ -179,8 +187,9 @@ class DwflSymbols final : public Symbols {
     Dwfl_Module* mod = nullptr;
     size_t index = 0;
     Dwarf_Addr bias = 0;
-    // Full names of declarations (namespace members, static data members) by DIE offset,
-    // for the definitions that point at them with DW_AT_specification.
+    // Full names of declarations (namespace members, static data members) by
+    // DIE offset, for the definitions that point at them with
+    // DW_AT_specification.
     absl::flat_hash_map<Dwarf_Off, std::string> qualified;
     std::vector<std::pair<Dwarf_Die, std::string>> pending;  // (definition, function)
   };
@@ -204,10 +213,11 @@ class DwflSymbols final : public Symbols {
   mutable Dwfl_Module* exe_ = nullptr;
   mutable absl::flat_hash_map<std::string, std::vector<Candidate>> data_;
   mutable absl::flat_hash_map<std::string, Dwarf_Die> declarations_;  // typed, no location
-  mutable absl::flat_hash_map<std::string, FunctionSymbol> functions_;
+  mutable absl::flat_hash_map<Dwfl_Module*, std::unique_ptr<ElfSymbolIndex>> elf_indexes_;
   mutable absl::flat_hash_set<std::string> dwarf_functions_;
-  // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module), built on the first
-  // LineAt in that CU: one walk of the CU instead of a dwarf_getscopes walk per address.
+  // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module),
+  // built on the first LineAt in that CU: one walk of the CU instead of a
+  // dwarf_getscopes walk per address.
   struct InlineRange {
     Dwarf_Addr lo = 0;  // CU-relative (bias removed)
     Dwarf_Addr hi = 0;
@@ -250,42 +260,37 @@ void DwflSymbols::EnsureIndex() const {
   }
 }
 
+const ElfSymbolIndex& DwflSymbols::ElfIndexOf(Dwfl_Module* mod) const {
+  std::unique_ptr<ElfSymbolIndex>& index = elf_indexes_[mod];
+  if (index == nullptr) {
+    index = std::make_unique<ElfSymbolIndex>(ElfSymbolIndex::FromModule(mod));
+  }
+  return *index;
+}
+
+bool DwflSymbols::IsFunctionName(const std::string& name) const {
+  if (dwarf_functions_.contains(name)) {
+    return true;
+  }
+  return std::any_of(modules_.begin(), modules_.end(), [&](Dwfl_Module* mod) {
+    return ElfIndexOf(mod).Find(name, kFunctionSymbols) != nullptr;
+  });
+}
+
 void DwflSymbols::IndexElf(Dwfl_Module* mod, size_t index) const {
-  const int count = dwfl_module_getsymtab(mod);
-  for (int i = 1; i < count; ++i) {
-    GElf_Sym sym;
-    GElf_Addr addr = 0;
-    GElf_Word shndx = 0;
-    const char* raw = dwfl_module_getsym_info(mod, i, &sym, &addr, &shndx, nullptr, nullptr);
-    if (raw == nullptr || *raw == '\0' || shndx == SHN_UNDEF) {
-      continue;
-    }
-    std::string name(raw);
-    if (const size_t at = name.find('@'); at != std::string::npos) {
-      name.resize(at);  // "stdout@GLIBC_2.2.5" (copy relocations)
-    }
-    const int type = GELF_ST_TYPE(sym.st_info);
-    const bool global = GELF_ST_BIND(sym.st_info) != STB_LOCAL;
-    if (type == STT_FUNC || type == STT_GNU_IFUNC) {
-      FunctionSymbol f;
-      f.name = name;
-      f.start = RemoteAddr{addr};
-      f.size = sym.st_size;
-      f.module = ModuleName(mod);
-      functions_.try_emplace(name, std::move(f));
-      continue;
-    }
-    if (type != STT_OBJECT && type != STT_COMMON && type != STT_TLS) {
+  const ElfSymbolIndex& elf = ElfIndexOf(mod);
+  for (const ElfSymbol& sym : elf.symbols()) {
+    if ((sym.kind() & kDataSymbols) == 0) {
       continue;
     }
     Candidate c;
     c.mod = mod;
     c.module_index = index;
-    c.addr = addr;
-    c.size = sym.st_size;
-    c.tls = type == STT_TLS;
-    c.rank = global ? kElfGlobal : kElfLocal;
-    data_[name].push_back(c);
+    c.addr = sym.addr + elf.bias();
+    c.size = sym.size;
+    c.tls = sym.type == STT_TLS;
+    c.rank = sym.is_global() ? kElfGlobal : kElfLocal;
+    data_[std::string(sym.bare_name())].push_back(c);  // "stdout@GLIBC_2.2.5": copy relocations
   }
 }
 
@@ -297,7 +302,8 @@ void DwflSymbols::IndexDwarf(Dwfl_Module* mod, size_t index) const {
   while ((cu = dwfl_module_nextcu(mod, cu, &walk.bias)) != nullptr) {
     IndexScope(&walk, *cu, "", "");
   }
-  // Definitions outside their namespace or class (C++) take the declaration's full name.
+  // Definitions outside their namespace or class (C++) take the declaration's
+  // full name.
   for (auto& [die, function] : walk.pending) {
     std::string name;
     Dwarf_Attribute attr;
@@ -339,7 +345,8 @@ void DwflSymbols::IndexScope(DwarfWalk* walk, Dwarf_Die scope, const std::string
           if (function.empty()) {
             walk->qualified.try_emplace(dwarf_dieoffset(&child), prefix + name);
             if (const std::optional<Dwarf_Die> type = TypeOf(child); type.has_value()) {
-              declarations_.try_emplace(prefix + name, *type);  // `extern`: a type source
+              declarations_.try_emplace(prefix + name,
+                                        *type);  // `extern`: a type source
             }
           }
           break;
@@ -395,7 +402,8 @@ void DwflSymbols::IndexTypeScope(DwarfWalk* walk, Dwarf_Die type, const std::str
     }
     if ((tag == DW_TAG_variable || tag == DW_TAG_member) &&
         (HasFlag(child, DW_AT_declaration) || HasFlag(child, DW_AT_external))) {
-      walk->qualified.try_emplace(dwarf_dieoffset(&child), prefix + name);  // static member
+      walk->qualified.try_emplace(dwarf_dieoffset(&child),
+                                  prefix + name);  // static member
     } else if (tag == DW_TAG_structure_type || tag == DW_TAG_class_type ||
                tag == DW_TAG_union_type) {
       IndexTypeScope(walk, child, prefix + name + "::");
@@ -466,7 +474,8 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
                                          std::string* module) const {
   auto it = data_.find(name);
   if (it == data_.end()) {
-    // C++: `g_counter` for `net::stats::g_counter` when only one name ends that way.
+    // C++: `g_counter` for `net::stats::g_counter` when only one name ends that
+    // way.
     const std::string tail = absl::StrCat("::", name);
     std::vector<std::string> qualified;
     for (const auto& [n, cands] : data_) {
@@ -488,7 +497,7 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
     }
   }
   if (it == data_.end() || it->second.empty()) {
-    if (functions_.contains(name) || dwarf_functions_.contains(name)) {
+    if (IsFunctionName(name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", name,
                        "' is a function, not data: use `kwatch probe` for code, or watch a "
@@ -516,8 +525,8 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
   }
   const std::vector<Candidate>& cands = it->second;
   const Candidate* chosen = nullptr;
-  // The executable's global definition wins (copy relocations, interposition), as for
-  // the dynamic linker.
+  // The executable's global definition wins (copy relocations, interposition),
+  // as for the dynamic linker.
   for (const Candidate& c : cands) {
     if (c.mod == exe_ && c.rank == kElfGlobal && !c.tls) {
       chosen = &c;
@@ -533,10 +542,11 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
     }
   }
   if (chosen->tls) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", name,
-        "' is thread-local (each thread has its own copy): kwatch cannot watch thread-local "
-        "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name,
+                     "' is thread-local (each thread has its own copy): kwatch cannot watch "
+                     "thread-local "
+                     "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
   }
   Cursor cur;
   cur.addr = chosen->addr;
@@ -572,9 +582,10 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
   return cur;
 }
 
-// For '->' and '*': follows the pointer `cur` holds (read from the target), or takes the
-// first element of an array (a->m is a[0].m). `s` is cur's type without typedefs and
-// qualifiers. `void_pointer` and `not_pointer` end the messages for those two mistakes.
+// For '->' and '*': follows the pointer `cur` holds (read from the target), or
+// takes the first element of an array (a->m is a[0].m). `s` is cur's type
+// without typedefs and qualifiers. `void_pointer` and `not_pointer` end the
+// messages for those two mistakes.
 namespace {
 
 absl::Status Dereference(const MemoryReader& read, const TypeRef& s, absl::string_view void_pointer,
@@ -739,7 +750,8 @@ absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
   if (expr.address.has_value()) {
     if (!expr.steps.empty()) {
       return absl::InvalidArgumentError(
-          "an absolute address takes no members or indexes: write 0xADDR or 0xADDR:LEN");
+          "an absolute address takes no members or indexes: write 0xADDR or "
+          "0xADDR:LEN");
     }
     out.display = absl::StrFormat("0x%x", *expr.address);
     out.addr = RemoteAddr{*expr.address};
@@ -759,10 +771,11 @@ absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
   out.addr = RemoteAddr{cur.addr};
   if (!cur.has_type) {
     if (elf_size == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", cur.display,
-          "' has no DWARF type and its ELF symbol has no size: give the length (--len), or "
-          "build the program with -g"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", cur.display,
+                       "' has no DWARF type and its ELF symbol has no size: "
+                       "give the length (--len), or "
+                       "build the program with -g"));
     }
     out.length = elf_size;
     return out;
@@ -784,9 +797,10 @@ absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
   }
   const std::optional<uint64_t> size = TypeSize(cur.type);
   if (!size.has_value() || *size == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the size of '", cur.display, "' (", out.type_name,
-        ") is unknown (an incomplete type or a flexible array): give the length (--len)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the size of '", cur.display, "' (", out.type_name,
+                     ") is unknown (an incomplete type or a flexible array): "
+                     "give the length (--len)"));
   }
   out.length = *size;
   out.layout = FlattenLayout(cur.type);
@@ -798,24 +812,15 @@ std::optional<FunctionSymbol> DwflSymbols::FunctionAt(RemoteAddr addr) const {
   if (mod == nullptr) {
     return std::nullopt;
   }
-  GElf_Off offset = 0;
-  GElf_Sym sym;
-  const char* name =
-      dwfl_module_addrinfo(mod, addr.value, &offset, &sym, nullptr, nullptr, nullptr);
-  if (name == nullptr) {
-    return std::nullopt;
-  }
-  const int type = GELF_ST_TYPE(sym.st_info);
-  if (type != STT_FUNC && type != STT_GNU_IFUNC) {
-    return std::nullopt;
-  }
-  if (sym.st_size != 0 && offset >= sym.st_size) {
+  const ElfSymbolIndex& elf = ElfIndexOf(mod);
+  const ElfSymbol* sym = elf.FunctionAt(addr.value - elf.bias());
+  if (sym == nullptr) {
     return std::nullopt;
   }
   FunctionSymbol f;
-  f.name = name;
-  f.start = RemoteAddr{addr.value - offset};
-  f.size = sym.st_size;
+  f.name = std::string(sym->name);
+  f.start = RemoteAddr{sym->addr + elf.bias()};
+  f.size = sym->size;
   f.module = ModuleName(mod);
   return f;
 }
@@ -861,7 +866,8 @@ const std::vector<DwflSymbols::InlineRange>& DwflSymbols::InlineRangesOf(Dwfl_Mo
     return it->second;
   }
   std::vector<InlineRange>& out = inline_ranges_[key];
-  // Depth-first over the CU's DIEs, keeping the nesting depth of inlined subroutines.
+  // Depth-first over the CU's DIEs, keeping the nesting depth of inlined
+  // subroutines.
   std::function<void(Dwarf_Die*, int)> walk = [&](Dwarf_Die* parent, int depth) {
     Dwarf_Die child;
     if (dwarf_child(parent, &child) != 0) {
@@ -900,48 +906,46 @@ absl::Status DwflSymbols::ReadCode(RemoteAddr addr, std::span<uint8_t> out) cons
     if (mod == nullptr) {
       return absl::NotFoundError(absl::StrFormat("no module of the target maps 0x%x", at));
     }
-    GElf_Addr bias = 0;
-    Elf* elf = dwfl_module_getelf(mod, &bias);
-    if (elf == nullptr) {
+    const ElfSymbolIndex& elf = ElfIndexOf(mod);
+    if (elf.elf() == nullptr) {
+      GElf_Addr bias = 0;
+      (void)dwfl_module_getelf(mod, &bias);  // again, for its error
       return DwflError(absl::StrCat("dwfl_module_getelf(", ModuleName(mod), ")"));
     }
-    const uint64_t file_addr = at - bias;
-    Elf_Scn* scn = nullptr;
-    bool found = false;
-    while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-      GElf_Shdr shdr;
-      if (gelf_getshdr(scn, &shdr) == nullptr || (shdr.sh_flags & SHF_ALLOC) == 0 ||
-          shdr.sh_type == SHT_NOBITS || file_addr < shdr.sh_addr ||
-          file_addr - shdr.sh_addr >= shdr.sh_size) {
-        continue;
-      }
-      Elf_Data* data = elf_getdata(scn, nullptr);
-      const uint64_t in_scn = file_addr - shdr.sh_addr;
-      if (data == nullptr || data->d_buf == nullptr || in_scn >= data->d_size) {
-        return absl::InternalError(absl::StrFormat("elf_getdata(%s, 0x%x): %s", ModuleName(mod),
-                                                   shdr.sh_addr, elf_errmsg(-1)));
-      }
-      const size_t n = std::min<uint64_t>(out.size() - done, data->d_size - in_scn);
-      std::memcpy(out.data() + done, static_cast<const uint8_t*>(data->d_buf) + in_scn, n);
-      done += n;
-      found = true;
-      break;
-    }
-    if (!found) {
+    const uint64_t file_addr = at - elf.bias();
+    const ElfSection* scn = elf.SectionWithBytesAt(file_addr);
+    if (scn == nullptr) {
       return absl::NotFoundError(absl::StrFormat("0x%x is not in a section with contents of %s", at,
                                                  Basename(ModuleName(mod))));
     }
+    const absl::StatusOr<std::span<const uint8_t>> bytes = elf.SectionBytes(*scn);
+    const uint64_t in_scn = file_addr - scn->addr;
+    if (!bytes.ok() || in_scn >= bytes->size()) {
+      return absl::InternalError(
+          absl::StrFormat("elf_getdata(%s, 0x%x): %s", ModuleName(mod), scn->addr,
+                          bytes.ok() ? elf_errmsg(-1) : bytes.status().message()));
+    }
+    const size_t n = std::min<uint64_t>(out.size() - done, bytes->size() - in_scn);
+    std::memcpy(out.data() + done, bytes->data() + in_scn, n);
+    done += n;
   }
   return absl::OkStatus();
 }
 
 std::optional<FunctionSymbol> DwflSymbols::FindFunction(std::string_view name) const {
   EnsureIndex();
-  const auto it = functions_.find(std::string(name));
-  if (it == functions_.end()) {
-    return std::nullopt;
+  for (Dwfl_Module* mod : modules_) {  // the executable first
+    const ElfSymbolIndex& elf = ElfIndexOf(mod);
+    if (const ElfSymbol* sym = elf.Find(name, kFunctionSymbols); sym != nullptr) {
+      FunctionSymbol f;
+      f.name = std::string(sym->bare_name());
+      f.start = RemoteAddr{sym->addr + elf.bias()};
+      f.size = sym->size;
+      f.module = ModuleName(mod);
+      return f;
+    }
   }
-  return it->second;
+  return std::nullopt;
 }
 
 absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string_view file,
@@ -1018,8 +1022,9 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
     exe.assign(buf.data(), static_cast<size_t>(n));
   }
   auto symbols = std::make_unique<DwflSymbols>(std::move(dwfl), std::move(exe));
-  // Open every file and index now, while /proc/PID still exists (the vdso is read from the
-  // process), so that the symbols stay usable after the process exits.
+  // Open every file and index now, while /proc/PID still exists (the vdso is
+  // read from the process), so that the symbols stay usable after the process
+  // exits.
   symbols->EnsureIndex();
   return std::unique_ptr<Symbols>(std::move(symbols));
 }
@@ -1036,8 +1041,8 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForFile(const std::string& pat
     return DwflError("dwfl_begin");
   }
   dwfl_report_begin(dwfl.get());
-  // Base 0 without p_vaddr: a PIE keeps its link-time addresses (bias 0). On success the
-  // fd belongs to libdwfl.
+  // Base 0 without p_vaddr: a PIE keeps its link-time addresses (bias 0). On
+  // success the fd belongs to libdwfl.
   if (dwfl_report_elf(dwfl.get(), path.c_str(), path.c_str(), fd, 0, false) == nullptr) {
     absl::Status s = DwflError(absl::StrCat("dwfl_report_elf(", path, ")"));
     close(fd);
