@@ -1,3 +1,5 @@
+#include "core/symbols/symbols.h"
+
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -26,8 +28,8 @@
 #include "core/base/status_macros.h"
 #include "core/symbols/dwarf_types.h"
 #include "core/symbols/elf_index.h"
+#include "core/symbols/expr_resolver.h"
 #include "core/symbols/symbol_match.h"
-#include "core/symbols/symbols.h"
 
 namespace kwatch::core {
 namespace {
@@ -53,8 +55,7 @@ uint64_t ModuleStart(Dwfl_Module* mod) {
   return start;
 }
 
-// An executable (as opposed to a shared library): ET_EXEC, or PIE with an
-// interpreter.
+// An executable (as opposed to a shared library): ET_EXEC, or PIE with an interpreter.
 bool LooksLikeExecutable(Dwfl_Module* mod) {
   GElf_Addr bias = 0;
   Elf* elf = dwfl_module_getelf(mod, &bias);
@@ -95,51 +96,9 @@ bool HasFlag(Dwarf_Die die, unsigned int attr_name) {
 }
 
 // Where a point of the resolution stands: an address and (when known) its type.
-struct Cursor {
-  uint64_t addr = 0;
-  bool has_type = false;
-  TypeRef type;
-  uint64_t bit_unit = 0;  // bitfields only: bytes of the storage unit
-  uint32_t bit_offset = 0;
-  uint32_t bit_size = 0;
-  std::string display;
-};
-
-absl::Status NoType(const Cursor& cur) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("'", cur.display,
-                   "' has no DWARF type information (was the program built "
-                   "with -g?): members, "
-                   "indexes and '*' need one. Watch the whole symbol, or give "
-                   "an address as 0xADDR:LEN"));
-}
-
-absl::StatusOr<uint64_t> ReadPointer(const MemoryReader& read, const Cursor& cur) {
-  if (!read) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "following the pointer '", cur.display, "' needs the target's memory, and none is given"));
-  }
-  const uint64_t size = std::min<uint64_t>(TypeSize(cur.type).value_or(8), 8);
-  std::array<uint8_t, 8> buf{};
-  const absl::Status s = read(RemoteAddr{cur.addr}, std::span<uint8_t>(buf.data(), size));
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("reading the pointer '%s' at 0x%x: %s",
-                                                  cur.display, cur.addr, s.message()));
-  }
-  uint64_t value = 0;
-  std::memcpy(&value, buf.data(), sizeof(value));  // x86-64: little-endian
-  return value;
-}
-
-absl::Status NullPointer(const Cursor& cur) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("'", cur.display, "' is NULL: there is nothing to watch behind it yet"));
-}
-
-// Symbols through one Dwfl (a process's modules, or one file). Owns the Dwfl;
-// the name index (DWARF variables, ELF data and function symbols of every
-// module) is built on first use, or at creation for processes. Not thread-safe
-// (the lazy index and libdw caches).
+// Symbols through one Dwfl (a process's modules, or one file). Owns the Dwfl; the name
+// index (DWARF variables, ELF data and function symbols of every module) is built on first
+// use, or at creation for processes. Not thread-safe (the lazy index and libdw caches).
 class DwflSymbols final : public Symbols {
  public:
   DwflSymbols(DwflPtr dwfl, std::string exe_path)
@@ -157,8 +116,7 @@ class DwflSymbols final : public Symbols {
                                                           int line) const override;
 
  private:
-  // How a data symbol was found; lower ranks win when several modules or CUs
-  // define a name.
+  // How a data symbol was found; lower ranks win when several modules or CUs define a name.
   enum Rank : uint8_t {
     kDwarfExtern = 0,
     kDwarfStatic = 1,  // file-level static, or "func::var" for a function-static
@@ -187,9 +145,8 @@ class DwflSymbols final : public Symbols {
     Dwfl_Module* mod = nullptr;
     size_t index = 0;
     Dwarf_Addr bias = 0;
-    // Full names of declarations (namespace members, static data members) by
-    // DIE offset, for the definitions that point at them with
-    // DW_AT_specification.
+    // Full names of declarations (namespace members, static data members) by DIE offset,
+    // for the definitions that point at them with DW_AT_specification.
     absl::flat_hash_map<Dwarf_Off, std::string> qualified;
     std::vector<std::pair<Dwarf_Die, std::string>> pending;  // (definition, function)
   };
@@ -199,10 +156,9 @@ class DwflSymbols final : public Symbols {
   // `name` is the full name (or, inside `function`, the variable's own name).
   void IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::string& name,
                      const std::string& function) const;
-  absl::StatusOr<Cursor> Base(const std::string& name, uint64_t* elf_size,
-                              std::string* module) const;
-  static absl::Status Step(const ExprStep& step, const MemoryReader& read, Cursor* cur);
-  static absl::Status MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur);
+  // The variable called `name` (for the expression resolver), with the errors its contract
+  // gives for unknown, ambiguous, function and thread-local names.
+  absl::StatusOr<ExprVariable> Variable(const std::string& name) const;
   std::string ModuleList() const;
 
   DwflPtr dwfl_;
@@ -215,9 +171,8 @@ class DwflSymbols final : public Symbols {
   mutable absl::flat_hash_map<std::string, Dwarf_Die> declarations_;  // typed, no location
   mutable absl::flat_hash_map<Dwfl_Module*, std::unique_ptr<ElfSymbolIndex>> elf_indexes_;
   mutable absl::flat_hash_set<std::string> dwarf_functions_;
-  // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module),
-  // built on the first LineAt in that CU: one walk of the CU instead of a
-  // dwarf_getscopes walk per address.
+  // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module), built on the first
+  // LineAt in that CU: one walk of the CU instead of a dwarf_getscopes walk per address.
   struct InlineRange {
     Dwarf_Addr lo = 0;  // CU-relative (bias removed)
     Dwarf_Addr hi = 0;
@@ -302,8 +257,7 @@ void DwflSymbols::IndexDwarf(Dwfl_Module* mod, size_t index) const {
   while ((cu = dwfl_module_nextcu(mod, cu, &walk.bias)) != nullptr) {
     IndexScope(&walk, *cu, "", "");
   }
-  // Definitions outside their namespace or class (C++) take the declaration's
-  // full name.
+  // Definitions outside their namespace or class (C++) take the declaration's full name.
   for (auto& [die, function] : walk.pending) {
     std::string name;
     Dwarf_Attribute attr;
@@ -345,8 +299,7 @@ void DwflSymbols::IndexScope(DwarfWalk* walk, Dwarf_Die scope, const std::string
           if (function.empty()) {
             walk->qualified.try_emplace(dwarf_dieoffset(&child), prefix + name);
             if (const std::optional<Dwarf_Die> type = TypeOf(child); type.has_value()) {
-              declarations_.try_emplace(prefix + name,
-                                        *type);  // `extern`: a type source
+              declarations_.try_emplace(prefix + name, *type);  // `extern`: a type source
             }
           }
           break;
@@ -402,8 +355,7 @@ void DwflSymbols::IndexTypeScope(DwarfWalk* walk, Dwarf_Die type, const std::str
     }
     if ((tag == DW_TAG_variable || tag == DW_TAG_member) &&
         (HasFlag(child, DW_AT_declaration) || HasFlag(child, DW_AT_external))) {
-      walk->qualified.try_emplace(dwarf_dieoffset(&child),
-                                  prefix + name);  // static member
+      walk->qualified.try_emplace(dwarf_dieoffset(&child), prefix + name);  // static member
     } else if (tag == DW_TAG_structure_type || tag == DW_TAG_class_type ||
                tag == DW_TAG_union_type) {
       IndexTypeScope(walk, child, prefix + name + "::");
@@ -470,12 +422,10 @@ std::string DwflSymbols::ModuleList() const {
   return names.empty() ? "no modules" : absl::StrJoin(names, ", ");
 }
 
-absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_size,
-                                         std::string* module) const {
+absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& name) const {
   auto it = data_.find(name);
   if (it == data_.end()) {
-    // C++: `g_counter` for `net::stats::g_counter` when only one name ends that
-    // way.
+    // C++: `g_counter` for `net::stats::g_counter` when only one name ends that way.
     const std::string tail = absl::StrCat("::", name);
     std::vector<std::string> qualified;
     for (const auto& [n, cands] : data_) {
@@ -525,8 +475,8 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
   }
   const std::vector<Candidate>& cands = it->second;
   const Candidate* chosen = nullptr;
-  // The executable's global definition wins (copy relocations, interposition),
-  // as for the dynamic linker.
+  // The executable's global definition wins (copy relocations, interposition), as for
+  // the dynamic linker.
   for (const Candidate& c : cands) {
     if (c.mod == exe_ && c.rank == kElfGlobal && !c.tls) {
       chosen = &c;
@@ -542,269 +492,52 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
     }
   }
   if (chosen->tls) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name,
-                     "' is thread-local (each thread has its own copy): kwatch cannot watch "
-                     "thread-local "
-                     "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name,
+        "' is thread-local (each thread has its own copy): kwatch cannot watch thread-local "
+        "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
   }
-  Cursor cur;
-  cur.addr = chosen->addr;
-  cur.display = name;
-  cur.has_type = chosen->has_type;
-  cur.type = chosen->type;
-  if (!cur.has_type) {
+  ExprVariable var;
+  var.name = name;
+  var.addr = chosen->addr;
+  if (chosen->has_type) {
+    var.type = chosen->type;
+  }
+  if (!var.type.has_value()) {
     for (const Candidate& c : cands) {
       if (c.has_type && c.mod == chosen->mod && c.addr == chosen->addr) {
-        cur.has_type = true;
-        cur.type = c.type;
+        var.type = c.type;
         break;
       }
     }
   }
-  if (!cur.has_type) {
+  if (!var.type.has_value()) {
     if (const auto d = declarations_.find(it->first); d != declarations_.end()) {
-      cur.has_type = true;
-      cur.type = TypeRef{d->second, 0};
+      var.type = TypeRef{d->second, 0};
     }
   }
-  if (!cur.has_type && chosen->rank == kElfGlobal) {
+  if (!var.type.has_value() && chosen->rank == kElfGlobal) {
     for (const Candidate& c : cands) {
       if (c.has_type && c.rank == kDwarfExtern) {
-        cur.has_type = true;
-        cur.type = c.type;
+        var.type = c.type;
         break;
       }
     }
   }
-  *elf_size = chosen->size;
-  *module = ModuleName(chosen->mod);
-  return cur;
-}
-
-// For '->' and '*': follows the pointer `cur` holds (read from the target), or
-// takes the first element of an array (a->m is a[0].m). `s` is cur's type
-// without typedefs and qualifiers. `void_pointer` and `not_pointer` end the
-// messages for those two mistakes.
-namespace {
-
-absl::Status Dereference(const MemoryReader& read, const TypeRef& s, absl::string_view void_pointer,
-                         absl::string_view not_pointer, Cursor* cur) {
-  Dwarf_Die die = s.die;
-  const int tag = dwarf_tag(&die);
-  if (tag == DW_TAG_pointer_type) {
-    const std::optional<Dwarf_Die> pointee = TypeOf(die);
-    if (!pointee.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", cur->display, "' is a void pointer: ", void_pointer));
-    }
-    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
-    if (ptr == 0) {
-      return NullPointer(*cur);
-    }
-    cur->addr = ptr;
-    cur->type = TypeRef{*pointee, 0};
-    return absl::OkStatus();
-  }
-  if (tag == DW_TAG_array_type) {
-    const std::optional<TypeRef> elem = ArrayElement(s);
-    if (!elem.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is an array of void"));
-    }
-    cur->type = *elem;
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", TypeName(cur->type),
-                                                 ", not a pointer: ", not_pointer));
-}
-
-}  // namespace
-
-absl::Status DwflSymbols::MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
-  const bool arrow = step.kind == ExprStep::Kind::kArrow;
-  TypeRef s = StripType(cur->type);
-  int tag = dwarf_tag(&s.die);
-  const std::string shown_type = TypeName(cur->type);
-  if (arrow) {
-    KW_RETURN_IF_ERROR(Dereference(read, s, "'->' needs a pointer to a struct or union",
-                                   absl::StrCat("use '", cur->display, ".", step.member, "'"),
-                                   cur));
-    s = StripType(cur->type);
-    tag = dwarf_tag(&s.die);
-  } else if (tag == DW_TAG_pointer_type) {
-    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is a pointer (",
-                                                   shown_type, "): use '", cur->display, "->",
-                                                   step.member, "'"));
-  }
-  const std::string container = TypeName(cur->type);
-  if (tag != DW_TAG_structure_type && tag != DW_TAG_union_type && tag != DW_TAG_class_type) {
-    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", container,
-                                                   ", not a struct or union: it has no member '",
-                                                   step.member, "'"));
-  }
-  const std::optional<MemberInfo> m = FindMember(s.die, step.member);
-  if (!m.has_value()) {
-    const std::vector<std::string> names = MemberNames(s.die);
-    std::string msg = absl::StrCat(container, " has no member '", step.member, "'");
-    if (names.empty()) {
-      absl::StrAppend(&msg, " (its definition is not in the debug info, or it has no members)");
-      return absl::InvalidArgumentError(msg);
-    }
-    const std::vector<std::string> near = NearMatches(step.member, names, 3);
-    if (!near.empty()) {
-      absl::StrAppend(&msg, "; did you mean '", near[0], "'?");
-    }
-    absl::StrAppend(&msg, " Members: ", absl::StrJoin(names, ", "));
-    return absl::InvalidArgumentError(msg);
-  }
-  if (!m->has_type) {
-    return absl::FailedPreconditionError(absl::StrCat("member '", step.member, "' of ", container,
-                                                      " has no type in the debug info"));
-  }
-  cur->addr += m->offset;
-  cur->type = m->type;
-  cur->bit_size = m->bit_size;
-  cur->bit_offset = m->bit_offset;
-  cur->bit_unit = m->size;
-  absl::StrAppend(&cur->display, arrow ? "->" : ".", step.member);
-  return absl::OkStatus();
-}
-
-absl::Status DwflSymbols::Step(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
-  if (!cur->has_type) {
-    return NoType(*cur);
-  }
-  if (cur->bit_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", cur->display, "' is a bitfield: it has no members, elements or target"));
-  }
-  if (step.kind == ExprStep::Kind::kMember || step.kind == ExprStep::Kind::kArrow) {
-    return MemberStep(step, read, cur);
-  }
-  const TypeRef s = StripType(cur->type);
-  Dwarf_Die die = s.die;
-  const int tag = dwarf_tag(&die);
-  const std::string shown_type = TypeName(cur->type);
-  if (step.kind == ExprStep::Kind::kDeref) {
-    KW_RETURN_IF_ERROR(
-        Dereference(read, s, "'*' needs a typed pointer", "it cannot take '*'", cur));
-    cur->display = absl::StrCat("*", cur->display);
-    return absl::OkStatus();
-  }
-  // kIndex
-  if (step.index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("index ", step.index, " of '", cur->display,
-                                                   "' is negative: indexes start at 0"));
-  }
-  const auto index = static_cast<uint64_t>(step.index);
-  if (tag == DW_TAG_array_type) {
-    const auto dims = ArrayDims(die);
-    if (static_cast<size_t>(s.skip_dims) < dims.size() && dims[s.skip_dims].has_value() &&
-        index >= *dims[s.skip_dims]) {
-      const uint64_t n = *dims[s.skip_dims];
-      if (n == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("index ", index, " is out of bounds for '",
-                                                       cur->display, "' (", shown_type,
-                                                       "): it has no elements"));
-      }
-      return absl::InvalidArgumentError(absl::StrCat("index ", index, " is out of bounds for '",
-                                                     cur->display, "' (", shown_type,
-                                                     "): valid indexes are 0 to ", n - 1));
-    }
-    const std::optional<TypeRef> elem = ArrayElement(s);
-    const std::optional<uint64_t> esize =
-        elem.has_value() ? TypeSize(*elem) : std::optional<uint64_t>();
-    if (!esize.has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat("the elements of '", cur->display, "' (",
-                                                        shown_type, ") have no known size"));
-    }
-    cur->addr += index * *esize;
-    cur->type = *elem;
-  } else if (tag == DW_TAG_pointer_type) {
-    const std::optional<Dwarf_Die> pointee = TypeOf(die);
-    const std::optional<uint64_t> esize =
-        pointee.has_value() ? TypeSize(TypeRef{*pointee, 0}) : std::optional<uint64_t>();
-    if (!esize.has_value() || *esize == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
-                                                     ": cannot index a pointer to a type "
-                                                     "without a size"));
-    }
-    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
-    if (ptr == 0) {
-      return NullPointer(*cur);
-    }
-    cur->addr = ptr + index * *esize;
-    cur->type = TypeRef{*pointee, 0};
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
-                                                   ", not an array or a pointer: it takes no "
-                                                   "[index]"));
-  }
-  absl::StrAppend(&cur->display, "[", index, "]");
-  return absl::OkStatus();
+  var.elf_size = chosen->size;
+  var.module = ModuleName(chosen->mod);
+  return var;
 }
 
 absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
                                                   const MemoryReader& read) const {
-  ResolvedExpr out;
-  if (expr.address.has_value()) {
-    if (!expr.steps.empty()) {
-      return absl::InvalidArgumentError(
-          "an absolute address takes no members or indexes: write 0xADDR or "
-          "0xADDR:LEN");
-    }
-    out.display = absl::StrFormat("0x%x", *expr.address);
-    out.addr = RemoteAddr{*expr.address};
-    out.length = expr.length.value_or(8);
-    return out;
-  }
-  if (expr.base.empty()) {
-    return absl::InvalidArgumentError("empty expression: give a variable name or 0xADDR");
-  }
-  EnsureIndex();
-  uint64_t elf_size = 0;
-  KW_ASSIGN_OR_RETURN(Cursor cur, Base(expr.base, &elf_size, &out.module));
-  for (const ExprStep& step : expr.steps) {
-    KW_RETURN_IF_ERROR(Step(step, read, &cur));
-  }
-  out.display = cur.display;
-  out.addr = RemoteAddr{cur.addr};
-  if (!cur.has_type) {
-    if (elf_size == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", cur.display,
-                       "' has no DWARF type and its ELF symbol has no size: "
-                       "give the length (--len), or "
-                       "build the program with -g"));
-    }
-    out.length = elf_size;
-    return out;
-  }
-  out.type_name = TypeName(cur.type);
-  if (cur.bit_size != 0) {
-    out.length = cur.bit_unit;
-    TypeLayout layout;
-    layout.type_name = out.type_name;
-    layout.size = cur.bit_unit;
-    FieldLayout f;
-    f.type_name = out.type_name;
-    f.size = cur.bit_unit;
-    f.bit_offset = cur.bit_offset;
-    f.bit_size = cur.bit_size;
-    layout.fields.push_back(std::move(f));
-    out.layout = std::move(layout);
-    return out;
-  }
-  const std::optional<uint64_t> size = TypeSize(cur.type);
-  if (!size.has_value() || *size == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the size of '", cur.display, "' (", out.type_name,
-                     ") is unknown (an incomplete type or a flexible array): "
-                     "give the length (--len)"));
-  }
-  out.length = *size;
-  out.layout = FlattenLayout(cur.type);
-  return out;
+  return ResolveExpr(
+      expr,
+      [this](const std::string& name) {
+        EnsureIndex();
+        return Variable(name);
+      },
+      read);
 }
 
 std::optional<FunctionSymbol> DwflSymbols::FunctionAt(RemoteAddr addr) const {
@@ -866,8 +599,7 @@ const std::vector<DwflSymbols::InlineRange>& DwflSymbols::InlineRangesOf(Dwfl_Mo
     return it->second;
   }
   std::vector<InlineRange>& out = inline_ranges_[key];
-  // Depth-first over the CU's DIEs, keeping the nesting depth of inlined
-  // subroutines.
+  // Depth-first over the CU's DIEs, keeping the nesting depth of inlined subroutines.
   std::function<void(Dwarf_Die*, int)> walk = [&](Dwarf_Die* parent, int depth) {
     Dwarf_Die child;
     if (dwarf_child(parent, &child) != 0) {
@@ -1022,9 +754,8 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
     exe.assign(buf.data(), static_cast<size_t>(n));
   }
   auto symbols = std::make_unique<DwflSymbols>(std::move(dwfl), std::move(exe));
-  // Open every file and index now, while /proc/PID still exists (the vdso is
-  // read from the process), so that the symbols stay usable after the process
-  // exits.
+  // Open every file and index now, while /proc/PID still exists (the vdso is read from the
+  // process), so that the symbols stay usable after the process exits.
   symbols->EnsureIndex();
   return std::unique_ptr<Symbols>(std::move(symbols));
 }
@@ -1041,8 +772,8 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForFile(const std::string& pat
     return DwflError("dwfl_begin");
   }
   dwfl_report_begin(dwfl.get());
-  // Base 0 without p_vaddr: a PIE keeps its link-time addresses (bias 0). On
-  // success the fd belongs to libdwfl.
+  // Base 0 without p_vaddr: a PIE keeps its link-time addresses (bias 0). On success the
+  // fd belongs to libdwfl.
   if (dwfl_report_elf(dwfl.get(), path.c_str(), path.c_str(), fd, 0, false) == nullptr) {
     absl::Status s = DwflError(absl::StrCat("dwfl_report_elf(", path, ")"));
     close(fd);
