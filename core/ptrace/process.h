@@ -36,6 +36,8 @@
 
 namespace kwatch::core {
 
+struct RemoteCallOptions;
+
 // A target process traced by this thread through PTRACE_SEIZE (every thread, new threads
 // followed with PTRACE_O_TRACECLONE). Owns the trace: the destructor detaches from a live
 // target (launched targets keep running unless kill_on_exit). All calls must come from the
@@ -173,6 +175,9 @@ class Process {
 
  private:
   friend class ProcessGroup;
+  friend absl::StatusOr<uint64_t> RemoteCall(Process& proc, pid_t tid, RemoteAddr function,
+                                             std::span<const uint64_t> args,
+                                             const RemoteCallOptions& opts);
 
   enum class ThreadState : uint8_t { kRunning, kStopped, kGroupStopped };
   enum class SyscallAt : uint8_t { kNone, kEntry, kExit };
