@@ -1,13 +1,13 @@
 // Process, stops and events: wait statuses, signals, stopping and resuming the world, steps.
 #include "core/ptrace/process.h"
 
-#include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <tuple>
@@ -349,8 +349,9 @@ bool Process::SpuriousTrap(pid_t tid, const siginfo_t& si) const {
   }
   const TrapOrigin origin = ClassifySigtrap(e, icebp);
   if (Debug()) {
+    const std::string name(TrapOriginName(origin));
     std::fprintf(stderr, "kwatch-debug: tid %d SIGTRAP code %d: %s\n", tid, si.si_code,
-                 std::string(TrapOriginName(origin)).c_str());
+                 name.c_str());
   }
   return !DeliverTrap(origin);
 }
@@ -423,8 +424,8 @@ absl::StatusOr<std::vector<ProcessEvent>> Process::Poll(bool block) {
       }
       // Killed while kwatch worked on one of its stops: the remaining exits follow.
       if (Debug()) {
-        std::fprintf(stderr, "kwatch-debug: pid %d dying: %s\n", pid_,
-                     std::string(s.message()).c_str());
+        const std::string why(s.message());
+        std::fprintf(stderr, "kwatch-debug: pid %d dying: %s\n", pid_, why.c_str());
       }
     }
   }

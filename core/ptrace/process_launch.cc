@@ -4,13 +4,14 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
-#include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <csignal>
 #include <cstring>
 #include <utility>
 
@@ -146,8 +147,8 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
   if (argv.empty()) {
     return absl::InvalidArgumentError("no command given to launch");
   }
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) {
+  std::array<int, 2> pipefd{};
+  if (::pipe2(pipefd.data(), O_CLOEXEC) != 0) {
     const int err = errno;
     return SyscallError(err, "pipe2");
   }
@@ -169,23 +170,23 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
     // Child: only async-signal-safe calls from here on.
     sigset_t none;
     sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // NOLINT(concurrency-mt-unsafe): one thread
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) {
-      signal(sig, SIG_DFL);
+      signal(sig, SIG_DFL);  // NOLINT(concurrency-mt-unsafe): the child has one thread
     }
     if (opts.run_as.has_value()) {
       const RunAs& as = *opts.run_as;
       if (::setgroups(as.groups.size(), as.groups.data()) != 0 || ::setgid(as.gid) != 0 ||
           ::setuid(as.uid) != 0) {
-        int err = errno;
-        (void)!write(write_end.get(), &err, sizeof(err));
+        const int err = errno;
+        [[maybe_unused]] const ssize_t n = ::write(write_end.get(), &err, sizeof(err));
         _exit(127);
       }
     }
     raise(SIGSTOP);
     execvp(args[0], args.data());
-    int err = errno;
-    (void)!write(write_end.get(), &err, sizeof(err));
+    const int err = errno;
+    [[maybe_unused]] const ssize_t n = ::write(write_end.get(), &err, sizeof(err));
     _exit(127);
   }
   write_end.Reset();

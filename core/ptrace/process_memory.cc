@@ -47,10 +47,13 @@ absl::Status Process::WriteMemory(RemoteAddr addr, std::span<const uint8_t> data
   return absl::OkStatus();
 }
 
+// Members, not static: callers keep asking the process for its threads' registers.
+// NOLINTNEXTLINE(readability-convert-member-functions-to-static)
 absl::StatusOr<user_regs_struct> Process::GetRegs(pid_t tid) const {
   return ReadGeneralRegs(tid);
 }
 
+// NOLINTNEXTLINE(readability-convert-member-functions-to-static)
 absl::Status Process::SetRegs(pid_t tid, const user_regs_struct& regs) const {
   return WriteGeneralRegs(tid, regs);
 }

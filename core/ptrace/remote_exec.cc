@@ -4,8 +4,6 @@
 
 #include <elf.h>
 #include <sched.h>
-#include <signal.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
@@ -14,7 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -72,8 +72,8 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
   user_regs_struct regs = saved;
   regs.rax = static_cast<uint64_t>(nr);
   regs.orig_rax = static_cast<uint64_t>(-1);  // no syscall restart logic for the injected call
-  uint64_t a[6] = {};
-  std::memcpy(a, args.data(), args.size() * sizeof(uint64_t));
+  std::array<uint64_t, 6> a{};
+  std::copy(args.begin(), args.end(), a.begin());
   regs.rdi = a[0];
   regs.rsi = a[1];
   regs.rdx = a[2];
@@ -142,37 +142,44 @@ bool IsFault(const siginfo_t& si) {
 
 absl::StatusOr<RemoteAddr> RemoteMmap(Process& proc, pid_t tid, const RemoteMapping& mapping,
                                       absl::string_view what) {
-  const uint64_t args[6] = {mapping.addr,
-                            mapping.length,
-                            static_cast<uint64_t>(mapping.prot),
-                            static_cast<uint64_t>(mapping.flags | MAP_PRIVATE | MAP_ANONYMOUS),
-                            static_cast<uint64_t>(-1),
-                            0};
+  const std::array<uint64_t, 6> args = {
+      mapping.addr,
+      mapping.length,
+      static_cast<uint64_t>(mapping.prot),
+      static_cast<uint64_t>(mapping.flags | MAP_PRIVATE | MAP_ANONYMOUS),
+      static_cast<uint64_t>(-1),
+      0};
   KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mmap, args));
-  KW_RETURN_IF_ERROR(SyscallResult(
-      r, what.empty() ? absl::StrFormat("mmap(0x%x, %d, %s) in pid %d", mapping.addr,
-                                        mapping.length, ProtText(mapping.prot), proc.pid())
-                      : std::string(what)));
+  std::string call(what);
+  if (call.empty()) {
+    call = absl::StrFormat("mmap(0x%x, %d, %s) in pid %d", mapping.addr, mapping.length,
+                           ProtText(mapping.prot), proc.pid());
+  }
+  KW_RETURN_IF_ERROR(SyscallResult(r, call));
   return RemoteAddr{static_cast<uint64_t>(r)};
 }
 
 absl::Status RemoteMunmap(Process& proc, pid_t tid, RemoteAddr addr, uint64_t length,
                           absl::string_view what) {
-  const uint64_t args[2] = {addr.value, length};
+  const std::array<uint64_t, 2> args = {addr.value, length};
   KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_munmap, args));
-  return SyscallResult(r, what.empty() ? absl::StrFormat("munmap(0x%x, %d) in pid %d", addr.value,
-                                                         length, proc.pid())
-                                       : std::string(what));
+  std::string call(what);
+  if (call.empty()) {
+    call = absl::StrFormat("munmap(0x%x, %d) in pid %d", addr.value, length, proc.pid());
+  }
+  return SyscallResult(r, call);
 }
 
 absl::Status RemoteMprotect(Process& proc, pid_t tid, RemoteAddr addr, uint64_t length, int prot,
                             absl::string_view what) {
-  const uint64_t args[3] = {addr.value, length, static_cast<uint64_t>(prot)};
+  const std::array<uint64_t, 3> args = {addr.value, length, static_cast<uint64_t>(prot)};
   KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mprotect, args));
-  return SyscallResult(r, what.empty()
-                              ? absl::StrFormat("mprotect(0x%x, %d, %s) in pid %d", addr.value,
-                                                length, ProtText(prot), proc.pid())
-                              : std::string(what));
+  std::string call(what);
+  if (call.empty()) {
+    call = absl::StrFormat("mprotect(0x%x, %d, %s) in pid %d", addr.value, length, ProtText(prot),
+                           proc.pid());
+  }
+  return SyscallResult(r, call);
 }
 
 absl::StatusOr<uint64_t> RemoteCall(Process& proc, pid_t tid, RemoteAddr function,
@@ -229,8 +236,8 @@ absl::StatusOr<uint64_t> RemoteCall(Process& proc, pid_t tid, RemoteAddr functio
   user_regs_struct regs = saved;
   regs.rip = function.value;
   regs.rsp = sp;
-  uint64_t a[6] = {};
-  std::copy(args.begin(), args.end(), a);
+  std::array<uint64_t, 6> a{};
+  std::copy(args.begin(), args.end(), a.begin());
   regs.rdi = a[0];
   regs.rsi = a[1];
   regs.rdx = a[2];

@@ -66,7 +66,9 @@ absl::StatusOr<ExtendedRegs> ReadExtendedRegs(pid_t tid) {
   out.note = NT_X86_XSTATE;
   out.bytes.resize(XsaveBytes());
   iovec iov{out.bytes.data(), out.bytes.size()};
-  if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov) != 0) {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): ptrace takes the regset's number as an address
+  void* const xstate = reinterpret_cast<void*>(NT_X86_XSTATE);
+  if (::ptrace(PTRACE_GETREGSET, tid, xstate, &iov) != 0) {
     const int err = errno;
     if (err != EINVAL && err != ENODEV) {
       return SyscallError(err, absl::StrCat("ptrace(PTRACE_GETREGSET, ", tid, ", NT_X86_XSTATE)"));
@@ -75,7 +77,9 @@ absl::StatusOr<ExtendedRegs> ReadExtendedRegs(pid_t tid) {
     out.note = NT_PRFPREG;
     out.bytes.assign(kFxsaveBytes, 0);
     iov = iovec{out.bytes.data(), out.bytes.size()};
-    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_PRFPREG), &iov) != 0) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): as above
+    void* const fpregs = reinterpret_cast<void*>(NT_PRFPREG);
+    if (::ptrace(PTRACE_GETREGSET, tid, fpregs, &iov) != 0) {
       const int err2 = errno;
       return SyscallError(err2, absl::StrCat("ptrace(PTRACE_GETREGSET, ", tid, ", NT_PRFPREG)"));
     }
@@ -87,8 +91,9 @@ absl::StatusOr<ExtendedRegs> ReadExtendedRegs(pid_t tid) {
 absl::Status WriteExtendedRegs(pid_t tid, const ExtendedRegs& regs) {
   std::vector<uint8_t> bytes = regs.bytes;  // the kernel takes a non-const buffer
   iovec iov{bytes.data(), bytes.size()};
-  if (::ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(static_cast<uintptr_t>(regs.note)),
-               &iov) != 0) {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): ptrace takes the regset's number as an address
+  void* const note = reinterpret_cast<void*>(static_cast<uintptr_t>(regs.note));
+  if (::ptrace(PTRACE_SETREGSET, tid, note, &iov) != 0) {
     const int err = errno;
     return SyscallError(
         err, absl::StrCat("ptrace(PTRACE_SETREGSET, ", tid, ", ",
