@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cli/output.h"
+#include "cli/probe_notes.h"
 
 namespace kwatch::cli {
 
@@ -205,8 +206,8 @@ absl::Status HitPrinter::status() const {
   return absl::OkStatus();
 }
 
-void HitPrinter::OnNote(const std::string& text) {
-  std::fprintf(stderr, "kwatch: %s\n", text.c_str());
+void HitPrinter::OnNote(const watch::probe::ProbeNote& note) {
+  std::fprintf(stderr, "kwatch: %s\n", ProbeNoteText(note).c_str());
   std::fflush(stderr);
 }
 
@@ -395,7 +396,12 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
       list.push_back(pj);
     }
     j["probes"] = list;
-    j["notes"] = info.notes;
+    std::vector<std::string> notes;
+    notes.reserve(info.notes.size());
+    for (const watch::probe::ProbeNote& n : info.notes) {
+      notes.push_back(SummaryNoteText(n));
+    }
+    j["notes"] = notes;
     std::fputs(j.dump().c_str(), out);
     std::fputc('\n', out);
     return;
@@ -444,8 +450,8 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
       absl::FPrintF(out, "%s\n", line);
     }
   }
-  for (const std::string& note : info.notes) {
-    absl::FPrintF(out, "note: %s\n", note);
+  for (const watch::probe::ProbeNote& note : info.notes) {
+    absl::FPrintF(out, "note: %s\n", SummaryNoteText(note));
   }
   if (const std::string exit = ExitText(info); !exit.empty()) {
     absl::FPrintF(out, "%s\n", exit);

@@ -68,8 +68,8 @@ class HitPrinter : public watch::probe::HitSink {
   void Flush() override;
   // The recording failure, else the closed output, as the session's stop reason.
   absl::Status status() const override;
-  // Writes "kwatch: <text>" to stderr.
-  void OnNote(const std::string& text) override;
+  // Writes "kwatch: <sentence>" to stderr (cli/probe_notes.h).
+  void OnNote(const watch::probe::ProbeNote& note) override;
   // The first recording failure (the session should stop), OK otherwise.
   const absl::Status& record_error() const { return record_error_; }
   // The output was closed (a pipe whose reader went away): lines are dropped since.

@@ -189,26 +189,29 @@ absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, Session
   return 0;
 }
 
-absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set,
+                                    core::UniqueFd sigfd) {
   SessionOutput out(opts, set, "ptrace");
   KW_ASSIGN_OR_RETURN(
       std::unique_ptr<watch::probe::ProbeSession> session,
-      watch::probe::StartPtraceSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+      watch::probe::StartPtraceSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks()));
   return RunProbeSession(*session, out);
 }
 
-absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, core::UniqueFd sigfd) {
   SessionOutput out(opts, set, "hw");
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::ProbeSession> session,
-                      watch::probe::StartHwSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+  KW_ASSIGN_OR_RETURN(
+      std::unique_ptr<watch::probe::ProbeSession> session,
+      watch::probe::StartHwSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks()));
   return RunProbeSession(*session, out);
 }
 
-absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
+absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set,
+                                    core::UniqueFd sigfd) {
   SessionOutput out(opts, set, "uprobe");
   KW_ASSIGN_OR_RETURN(
       std::unique_ptr<watch::probe::ProbeSession> session,
-      watch::probe::StartUprobeSession(SessionOptions(opts), set, sigfd, out.Hooks()));
+      watch::probe::StartUprobeSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks()));
   return RunProbeSession(*session, out);
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "cli/probe_output.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
 #include "watch/probe/probe_session.h"
@@ -49,16 +50,18 @@ struct ProbeCmdOptions {
 };
 
 // Runs the session with the INT3 engine over ptrace (launch or attach).
-absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
+absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set,
+                                    core::UniqueFd sigfd);
 
 // Runs the session with the kernel's uprobe PMU: launched, attached (-p, no ptrace) or, with
 // neither, every process running the file.
-absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
+absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set,
+                                    core::UniqueFd sigfd);
 
 // Runs the session with execute breakpoints in the debug registers (--hw,
 // watch/probe/hw_session.h): launch or attach over ptrace like RunPtraceProbes, but the code
 // is never written.
-absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
+absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, core::UniqueFd sigfd);
 
 // The recording for -o (nullptr without -o), holding the probes.
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,

@@ -71,10 +71,12 @@ struct ProbeSessionEnd {
   std::optional<Hw> hw;
 };
 
-// One probe session. Owns the target (launched or attached) and the probes; the probe set,
-// the signalfd and the sink are the caller's and outlive it. Stops on the target's end, the
-// hit limit, the duration, a stop signal read from the signalfd (SIGINT/SIGTERM/SIGHUP) or the
-// sink's failure. Not thread-safe: one thread calls Step and Finish.
+// One probe session (each backend's derives from ProbeSessionBase, watch/probe/session_base.h).
+// Owns the target (launched or attached), the probes and its EventLoop with the signalfd it was
+// given (watch::BlockSessionSignals, called before the session starts); the probe set and the
+// sink are the caller's and outlive it. Stops on the target's end, the hit limit, the duration,
+// a stop signal read from the signalfd (SIGINT/SIGTERM/SIGHUP) or the sink's failure. Not
+// thread-safe: one thread calls Step and Finish.
 class ProbeSession {
  public:
   virtual ~ProbeSession() = default;
