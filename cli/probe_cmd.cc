@@ -135,7 +135,7 @@ int ListVars(const std::string& file, const std::string& what) {
 }
 
 absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
-  KW_ASSIGN_OR_RETURN(ProbeSet set, watch::probe::ResolveProbes(file, opts.specs));
+  KW_ASSIGN_OR_RETURN(watch::probe::ProbeSet set, watch::probe::ResolveProbes(file, opts.specs));
   // Signals arrive through a signalfd, in order with the target's events
   // (watch/event_loop.h); the session owns it. A launched target starts with every signal
   // unblocked (core/process.cc). SIGPIPE is blocked too: a closed stdout shows as a write
@@ -145,13 +145,7 @@ absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
   sigemptyset(&pipe);
   sigaddset(&pipe, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-  if (opts.backend == "uprobe") {
-    return RunUprobeProbes(opts, set, std::move(sigfd));
-  }
-  if (opts.hw) {
-    return RunHwProbes(opts, set, std::move(sigfd));
-  }
-  return RunPtraceProbes(opts, set, std::move(sigfd));
+  return RunProbeSession(opts, set, std::move(sigfd));
 }
 
 }  // namespace

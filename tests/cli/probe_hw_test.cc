@@ -611,13 +611,10 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
   ASSERT_TRUE(f.ok());
   core::UniqueFd text(::memfd_create("hw-text", MFD_CLOEXEC));
   core::UniqueFd jsonl(::memfd_create("hw-json", MFD_CLOEXEC));
-  SinkOptions to;
+  PrinterOptions to;
   to.start_ns = 0;
-  to.backend = "hw";
-  SinkOptions jo = to;
-  jo.json = true;
-  HitPrinter text_sink(text.get(), to, f.probes(), nullptr, nullptr);
-  HitPrinter json_sink(jsonl.get(), jo, f.probes(), nullptr, nullptr);
+  ProbeTextPrinter text_sink(text.get(), to);
+  ProbeJsonPrinter json_sink(jsonl.get(), to);
   struct Seen {
     pid_t tid;
     uint64_t rip, rdi, rsi, eflags, ip;
