@@ -24,8 +24,9 @@
 // the loop while the target hits probes back to back (Process::Poll) runs DutiesDuringHit from
 // its hit handler.
 //
-// Lifetime: made by its backend's Start*Session, which calls Begin; owns the EventLoop (and
-// so the signalfd) from then on; the probe set, the hooks' captures and the sink outlive it.
+// Lifetime: a backend's Start*Session makes the loop from the signalfd it is given
+// (EventLoop::Create), then the session, and calls Begin; the session owns the loop (and so the
+// signalfd) from then on; the probe set, the hooks' captures and the sink outlive it.
 // Not thread-safe: one thread calls Step and Finish, and the hit handlers run on it.
 
 #include <cstdint>
