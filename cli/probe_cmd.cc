@@ -34,7 +34,7 @@ namespace kwatch::cli {
 namespace {
 
 void PrintError(const absl::Status& s) {
-  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+  std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
 }
 
 // argv as a user would retype it in a shell.

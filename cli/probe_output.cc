@@ -270,7 +270,7 @@ std::string ProbeJsonPrinter::Line(const ProbeHit& hit) const {
       JsonString(p.point.event), Hex(hit.ip.value), JsonString(p.point.function), p.point.offset,
       JsonString(p.point.file), p.point.line, p.point.is_return ? "true" : "false");
   if (p.point.is_return) {
-    absl::StrAppend(&s, ",\"return_address\":\"", Hex(hit.return_address.value), "\"");
+    absl::StrAppend(&s, R"(,"return_address":")", Hex(hit.return_address.value), "\"");
     if (opts().caller) {
       absl::StrAppend(&s, ",\"caller\":", JsonString(opts().caller(hit.return_address)));
     }

@@ -59,7 +59,7 @@ bool FinishRecording(core::TraceWriter* writer, const HitRecorder* recorder,
   }
   if (recorder != nullptr && !recorder->error().ok()) {
     std::fprintf(stderr, "kwatch: error: recording to %s failed: %s\n", path.c_str(),
-                 std::string(recorder->error().message()).c_str());
+                 std::string{recorder->error().message()}.c_str());
     if (!writer->location_lost()) {  // never claim a file that no longer exists
       const std::string& where = writer->moved_to().empty() ? path : writer->moved_to();
       std::fprintf(stderr,
@@ -75,7 +75,7 @@ bool FinishRecording(core::TraceWriter* writer, const HitRecorder* recorder,
   }
   end.exit_reason = info.stop_reason;
   if (absl::Status s = writer->Finish(end); !s.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
     return false;
   }
   if (!writer->finish_warning().empty()) {

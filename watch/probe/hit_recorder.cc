@@ -70,7 +70,7 @@ absl::Status HitRecorder::status() const {
   if (error_.ok()) {
     return absl::OkStatus();
   }
-  return absl::Status(error_.code(), absl::StrCat("recording failed: ", error_.message()));
+  return {error_.code(), absl::StrCat("recording failed: ", error_.message())};
 }
 
 }  // namespace kwatch::watch::probe

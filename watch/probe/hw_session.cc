@@ -34,6 +34,8 @@ class HwSession : public ProbeSessionBase {
   ~HwSession() override;
   HwSession(const HwSession&) = delete;
   HwSession& operator=(const HwSession&) = delete;
+  HwSession(HwSession&&) = delete;
+  HwSession& operator=(HwSession&&) = delete;
 
   absl::StatusOr<ProbeSessionEnd> Finish() override;
 
@@ -140,7 +142,7 @@ void HwSession::Publish() {
       !s.ok()) {
     ProbeNote n;
     n.kind = ProbeNote::Kind::kNotPublished;
-    n.why = std::string(s.message());
+    n.why = std::string{s.message()};
     Note(n);
     return;
   }

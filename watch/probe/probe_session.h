@@ -55,6 +55,13 @@ struct ProbeSessionHooks {
   std::function<HitSink&(const ProbeSessionStart& start)> begin;
 };
 
+// The debug-register backend's placement at the end, for its summary.
+struct ProbeHwEnd {
+  std::map<uint32_t, int> registers;  // ProbeDef::id -> debug register (-1: none)
+  int external_slots = 0;             // registers held outside kwatch
+  uint64_t stray_traps = 0;           // traps that named no probe (dropped)
+};
+
 // How a session ended.
 struct ProbeSessionEnd {
   std::map<uint32_t, ProbeEndStats> stats;  // by ProbeDef::id
@@ -62,13 +69,8 @@ struct ProbeSessionEnd {
   bool launched = false;  // the target was launched by the session (its exit is kwatch's)
   // A failure while the session ran or ended, reported after the summary.
   absl::Status error;
-  // The debug-register backend's placement, for its summary.
-  struct Hw {
-    std::map<uint32_t, int> registers;  // ProbeDef::id -> debug register (-1: none)
-    int external_slots = 0;             // registers held outside kwatch
-    uint64_t stray_traps = 0;           // traps that named no probe (dropped)
-  };
-  std::optional<Hw> hw;
+  using Hw = ProbeHwEnd;
+  std::optional<Hw> hw;  // the debug-register backend's
 };
 
 // One probe session (each backend's derives from ProbeSessionBase, watch/probe/session_base.h).

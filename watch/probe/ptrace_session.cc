@@ -226,7 +226,7 @@ void PtraceSession::Rearm(core::Process& proc, core::Int3Engine& engine) {
   if (!bias.ok()) {
     n.rearm = ProbeNote::Rearm::kNotMapped;
     n.path = set().path;
-    n.why = std::string(bias.status().message());
+    n.why = std::string{bias.status().message()};
   } else {
     absl::Status s = engine.StopWorld();
     if (s.ok()) {
@@ -241,7 +241,7 @@ void PtraceSession::Rearm(core::Process& proc, core::Int3Engine& engine) {
       n.count = set().probes.size();
     } else {
       n.rearm = ProbeNote::Rearm::kFailed;
-      n.why = std::string(s.message());
+      n.why = std::string{s.message()};
     }
   }
   NoteAndKeep(n);
@@ -326,7 +326,7 @@ absl::Status PtraceSession::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_
     ProbeNote n;
     n.kind = ProbeNote::Kind::kChildUnguarded;
     n.pid = pid;
-    n.why = std::string(g.status().message());
+    n.why = std::string{g.status().message()};
     Keep(std::move(n));
   }
   // The engine adopted the parent's state at the fork event (OnFollowedFork), while the

@@ -9,10 +9,14 @@
 
 namespace kwatch::watch::probe {
 
-ProbeSessionBase::ProbeSessionBase(std::string backend, const ProbeSessionOptions& opts,
+ProbeSessionBase::ProbeSessionBase(std::string backend, ProbeSessionOptions opts,
                                    const ProbeSet& set, std::unique_ptr<EventLoop> loop,
-                                   const ProbeSessionHooks& hooks)
-    : backend_(std::move(backend)), opts_(opts), set_(set), loop_(std::move(loop)), hooks_(hooks) {}
+                                   ProbeSessionHooks hooks)
+    : backend_(std::move(backend)),
+      opts_(std::move(opts)),
+      set_(set),
+      loop_(std::move(loop)),
+      hooks_(std::move(hooks)) {}
 
 absl::Status ProbeSessionBase::Begin() {
   absl::Status s = Start();
@@ -95,7 +99,7 @@ void ProbeSessionBase::Duties(int stop_signal) {
     Stop(absl::StrCat("interrupted by ", sigabbrev_np(stop_signal)));
   }
   if (absl::Status s = sink_->status(); !s.ok()) {
-    Stop(std::string(s.message()));
+    Stop(std::string{s.message()});
   }
   if (deadline_ns_ != 0 && last_duties_ns_ >= deadline_ns_) {
     Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));

@@ -66,8 +66,8 @@ class ProbeSessionBase : public ProbeSession {
 
  protected:
   // `backend`: "ptrace", "uprobe", "hw" (the summary's and the notes' name).
-  ProbeSessionBase(std::string backend, const ProbeSessionOptions& opts, const ProbeSet& set,
-                   std::unique_ptr<EventLoop> loop, const ProbeSessionHooks& hooks);
+  ProbeSessionBase(std::string backend, ProbeSessionOptions opts, const ProbeSet& set,
+                   std::unique_ptr<EventLoop> loop, ProbeSessionHooks hooks);
 
   // --- What a backend implements.
   // Launches or attaches to the target, opens the recording (hooks().open_recording), arms the
