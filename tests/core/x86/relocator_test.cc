@@ -75,9 +75,9 @@ TEST(Relocator, CopiesPositionIndependentInstructions) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(r->code, ElementsAreArray(code));
   EXPECT_EQ(r->length, code.size());
-  ASSERT_EQ(r->insns.size(), 4u);
+  ASSERT_EQ(r->insns.size(), 4U);
   EXPECT_EQ(r->insns[1].from, kFrom + 1);
-  EXPECT_EQ(r->insns[1].out_offset, 1u);
+  EXPECT_EQ(r->insns[1].out_offset, 1U);
   EXPECT_EQ(r->insns[1].text, "mov %rsp, %rbp");
   EXPECT_TRUE(r->falls_through);
 }
