@@ -149,6 +149,9 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
           absl::StrCat("'", load.Text(), "' is not movslq (%rB,%rI,4),%rX with the add's %rB"));
     }
     index = mem.mem.index;
+    if (index == b) {
+      return mismatch(absl::StrCat("'", load.Text(), "' indexes with the table's base"));
+    }
     entry_size = 4;
     KW_ASSIGN_OR_RETURN(X86Insn before, prev());
     if (before.insn.mnemonic == ZYDIS_MNEMONIC_LEA && IsReg64(before.operands[0]) &&
