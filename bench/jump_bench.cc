@@ -39,7 +39,8 @@ void TwoRegisterEntry(uint32_t /*index*/, agent::KwRegs* regs) {
 }
 
 // push %rbp; mov %rsp,%rbp; lea (%rdi,%rsi),%rax; pop %rbp; ret
-const std::vector<uint8_t> kFunction = {0x55, 0x48, 0x89, 0xe5, 0x48, 0x8d, 0x04, 0x37, 0x5d, 0xc3};
+constexpr std::array<uint8_t, 10> kFunction = {0x55, 0x48, 0x89, 0xe5, 0x48,
+                                               0x8d, 0x04, 0x37, 0x5d, 0xc3};
 using Fn = int64_t (*)(int64_t, int64_t);
 
 // An RWX mapping holding the function at +0 and its trampoline at +0x800.

@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -242,7 +243,8 @@ class ExecArea {
   ExecArea() {
     void* p = mmap(nullptr, kSize, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS,
                    -1, 0);
-    EXPECT_NE(p, MAP_FAILED) << "mmap RWX: " << std::strerror(errno);
+    const int err = errno;
+    EXPECT_NE(p, MAP_FAILED) << "mmap RWX: " << std::generic_category().message(err);
     base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
     if (base_ != nullptr) {
       std::memset(base_, 0xcc, kSize);
@@ -255,24 +257,29 @@ class ExecArea {
   }
   ExecArea(const ExecArea&) = delete;
   ExecArea& operator=(const ExecArea&) = delete;
+  ExecArea(ExecArea&&) = delete;
+  ExecArea& operator=(ExecArea&&) = delete;
 
-  bool ok() const { return base_ != nullptr; }
-  RemoteAddr addr(size_t off) const { return RemoteAddr{reinterpret_cast<uint64_t>(base_) + off}; }
-  void Write(RemoteAddr at, std::span<const uint8_t> bytes) {
-    std::memcpy(reinterpret_cast<void*>(at.value), bytes.data(), bytes.size());
-  }
-  std::span<const uint8_t> Read(RemoteAddr at, size_t n) const {
-    return {reinterpret_cast<const uint8_t*>(at.value), n};
-  }
-  void Apply(const std::vector<PatchStep>& steps) {
-    for (const PatchStep& s : steps) {
-      Write(s.addr, s.bytes);
-    }
-  }
+  bool Ok() const { return base_ != nullptr; }
+  RemoteAddr Addr(size_t off) const { return RemoteAddr{reinterpret_cast<uint64_t>(base_) + off}; }
 
  private:
   uint8_t* base_ = nullptr;
 };
+
+// Code and data in the area, by absolute address.
+void WriteAt(RemoteAddr at, std::span<const uint8_t> bytes) {
+  std::memcpy(reinterpret_cast<void*>(at.value),  // NOLINT(performance-no-int-to-ptr)
+              bytes.data(), bytes.size());
+}
+std::span<const uint8_t> ReadAt(RemoteAddr at, size_t n) {
+  return {reinterpret_cast<const uint8_t*>(at.value), n};  // NOLINT(performance-no-int-to-ptr)
+}
+void ApplySteps(const std::vector<PatchStep>& steps) {
+  for (const PatchStep& s : steps) {
+    WriteAt(s.addr, s.bytes);
+  }
+}
 
 // Offsets in the area.
 constexpr size_t kStubAt = 0;       // the caller stub
@@ -330,6 +337,7 @@ void CheckingEntry(uint32_t index, agent::KwRegs* regs) {
     Bad(agent::kKwEflags);
   }
   if (g_expect.return_address != 0 &&
+      // NOLINTNEXTLINE(performance-no-int-to-ptr): the stack slot the trampoline reported
       *reinterpret_cast<const uint64_t*>(regs->rsp + g_expect.return_slot) !=
           g_expect.return_address) {
     Bad(agent::kKwRsp);
@@ -398,11 +406,12 @@ std::optional<uint64_t> PushedBefore(const std::vector<X86Insn>& insns, RemoteAd
 
 TEST_P(JumpExecution, EveryAcceptedProbeOfTheLeavesRunsExactly) {
   ExecArea area;
-  ASSERT_TRUE(area.ok());
-  area.Write(area.addr(kStubAt), Stub());
-  const auto stub = reinterpret_cast<StubFn>(area.addr(kStubAt).value);
-  const RemoteAddr fn_at = area.addr(kCodeAt);
-  const RemoteAddr tramp_at = area.addr(kTrampAt);
+  ASSERT_TRUE(area.Ok());
+  WriteAt(area.Addr(kStubAt), Stub());
+  const auto stub =
+      reinterpret_cast<StubFn>(area.Addr(kStubAt).value);  // NOLINT(performance-no-int-to-ptr)
+  const RemoteAddr fn_at = area.Addr(kCodeAt);
+  const RemoteAddr tramp_at = area.Addr(kTrampAt);
   const RemoteAddr entry{reinterpret_cast<uint64_t>(&CheckingEntry)};
   int probes = 0;
   for (const Leaf& leaf : {Leaf{"jf_mix", RefMix, true}, Leaf{"jf_redzone", RefRedzone, true},
@@ -411,10 +420,10 @@ TEST_P(JumpExecution, EveryAcceptedProbeOfTheLeavesRunsExactly) {
     ASSERT_NE(f, nullptr);
     // The copy: a leaf without RIP-relative operands or branches out of itself runs anywhere.
     const FunctionCode copy{leaf.name, fn_at, f->bytes()};
-    area.Write(fn_at, f->bytes());
+    WriteAt(fn_at, f->bytes());
     std::vector<X86Insn> insns;
     for (const X86Insn& insn : f->Insns()) {
-      auto moved = DecodeX86(area.Read(fn_at + (insn.addr - f->code().start), insn.length),
+      auto moved = DecodeX86(ReadAt(fn_at + (insn.addr - f->code().start), insn.length),
                              fn_at + (insn.addr - f->code().start));
       ASSERT_TRUE(moved.ok());
       ASSERT_FALSE(moved->rip_target.has_value()) << leaf.name << ": " << moved->Text();
@@ -436,14 +445,14 @@ TEST_P(JumpExecution, EveryAcceptedProbeOfTheLeavesRunsExactly) {
       ASSERT_TRUE(t.ok()) << t.status();
       auto patch = BuildJumpPatch(*d.plan, tramp_at);
       ASSERT_TRUE(patch.ok()) << patch.status();
-      area.Write(tramp_at, t->code);
-      area.Apply(ArmSteps(*patch));
+      WriteAt(tramp_at, t->code);
+      ApplySteps(ArmSteps(*patch));
 
       g_expect = Expectation{};
       g_expect.index = 7;
       g_expect.rip = at.addr.value;
       g_expect.return_slot = *pushed;
-      g_expect.return_address = area.addr(kStubAt + kStubReturn).value;
+      g_expect.return_address = area.Addr(kStubAt + kStubReturn).value;
       g_expect.paired_args = at.addr == fn_at;
       g_hits = 0;
       g_bad = 0;
@@ -463,9 +472,9 @@ TEST_P(JumpExecution, EveryAcceptedProbeOfTheLeavesRunsExactly) {
       EXPECT_EQ(g_hits.load(), static_cast<uint64_t>(kCalls)) << where;
       EXPECT_EQ(g_bad.load(), 0U) << where << ": KwRegs field " << g_first_bad_field.load();
 
-      area.Apply(RemoveSteps(*patch));
+      ApplySteps(RemoveSteps(*patch));
       ASSERT_TRUE(std::equal(f->bytes().begin(), f->bytes().end(),
-                             area.Read(fn_at, f->bytes().size()).begin()))
+                             ReadAt(fn_at, f->bytes().size()).begin()))
           << where << ": not restored";
       ++probes;
     }
@@ -475,27 +484,28 @@ TEST_P(JumpExecution, EveryAcceptedProbeOfTheLeavesRunsExactly) {
 
 TEST_P(JumpExecution, TheAgentMayChangeRegistersAndFourThreadsCountExactly) {
   ExecArea area;
-  ASSERT_TRUE(area.ok());
-  area.Write(area.addr(kStubAt), Stub());
-  const auto stub = reinterpret_cast<StubFn>(area.addr(kStubAt).value);
+  ASSERT_TRUE(area.Ok());
+  WriteAt(area.Addr(kStubAt), Stub());
+  const auto stub =
+      reinterpret_cast<StubFn>(area.Addr(kStubAt).value);  // NOLINT(performance-no-int-to-ptr)
   const auto f = CompiledFunction::Load(GetParam(), "jf_mix");
   ASSERT_NE(f, nullptr);
-  const RemoteAddr fn_at = area.addr(kCodeAt);
-  area.Write(fn_at, f->bytes());
+  const RemoteAddr fn_at = area.Addr(kCodeAt);
+  WriteAt(fn_at, f->bytes());
   const JumpDecision d = PlanJumpProbe(FunctionCode{"jf_mix", fn_at, f->bytes()}, fn_at);
   ASSERT_TRUE(d.plan.has_value()) << d.reason;
-  auto t = BuildTrampoline(*d.plan, area.addr(kTrampAt), 1,
+  auto t = BuildTrampoline(*d.plan, area.Addr(kTrampAt), 1,
                            RemoteAddr{reinterpret_cast<uint64_t>(&CheckingEntry)});
   ASSERT_TRUE(t.ok()) << t.status();
-  auto patch = BuildJumpPatch(*d.plan, area.addr(kTrampAt));
+  auto patch = BuildJumpPatch(*d.plan, area.Addr(kTrampAt));
   ASSERT_TRUE(patch.ok());
-  area.Write(t->at, t->code);
-  area.Apply(ArmSteps(*patch));
+  WriteAt(t->at, t->code);
+  ApplySteps(ArmSteps(*patch));
 
   g_expect = Expectation{};
   g_expect.index = 1;
   g_expect.rip = fn_at.value;
-  g_expect.return_address = area.addr(kStubAt + kStubReturn).value;
+  g_expect.return_address = area.Addr(kStubAt + kStubReturn).value;
   g_expect.add_to_rdi = 1;  // the function then computes jf_mix(a + 1, b)
   g_hits = 0;
   g_bad = 0;
@@ -503,6 +513,7 @@ TEST_P(JumpExecution, TheAgentMayChangeRegistersAndFourThreadsCountExactly) {
   constexpr int kCalls = 20000;
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int th = 0; th < kThreads; ++th) {
     threads.emplace_back([&, th] {
       for (int i = 0; i < kCalls; ++i) {
@@ -528,7 +539,7 @@ TEST_P(JumpExecution, TheAgentMayChangeRegistersAndFourThreadsCountExactly) {
     EXPECT_EQ(stub(i, 5, t->xol_addr().value), RefMix(i, 5));
   }
   EXPECT_EQ(g_hits.load(), 0U);
-  area.Apply(RemoveSteps(*patch));
+  ApplySteps(RemoveSteps(*patch));
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, JumpExecution,
@@ -539,13 +550,13 @@ INSTANTIATE_TEST_SUITE_P(Levels, JumpExecution,
 class HandMade : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(area_.ok());
-    area_.Write(area_.addr(kStubAt), Stub());
+    ASSERT_TRUE(area_.Ok());
+    WriteAt(area_.Addr(kStubAt), Stub());
   }
   // Installs `code` at kCodeAt with a jump probe at its start; returns the trampoline.
   Trampoline Install(const Bytes& code, CallMode mode) {
-    const RemoteAddr fn_at = area_.addr(kCodeAt);
-    area_.Write(fn_at, code);
+    const RemoteAddr fn_at = area_.Addr(kCodeAt);
+    WriteAt(fn_at, code);
     JumpOptions options;
     options.call_mode = mode;
     const JumpDecision d = PlanJumpProbe(FunctionCode{"g", fn_at, code}, fn_at, options);
@@ -553,26 +564,28 @@ class HandMade : public ::testing::Test {
     if (!d.plan) {
       return Trampoline{};
     }
-    auto t = BuildTrampoline(*d.plan, area_.addr(kTrampAt), 2,
+    auto t = BuildTrampoline(*d.plan, area_.Addr(kTrampAt), 2,
                              RemoteAddr{reinterpret_cast<uint64_t>(&CheckingEntry)});
     EXPECT_TRUE(t.ok()) << t.status();
-    auto patch = BuildJumpPatch(*d.plan, area_.addr(kTrampAt));
+    auto patch = BuildJumpPatch(*d.plan, area_.Addr(kTrampAt));
     EXPECT_TRUE(patch.ok());
     if (!t.ok() || !patch.ok()) {
       return Trampoline{};
     }
-    area_.Write(t->at, t->code);
-    area_.Apply(ArmSteps(*patch));
+    WriteAt(t->at, t->code);
+    ApplySteps(ArmSteps(*patch));
     g_expect = Expectation{};
     g_expect.index = 2;
     g_expect.rip = fn_at.value;
-    g_expect.return_address = area_.addr(kStubAt + kStubReturn).value;
+    g_expect.return_address = area_.Addr(kStubAt + kStubReturn).value;
     g_hits = 0;
     g_bad = 0;
     return *t;
   }
   int64_t Call(int64_t a, int64_t b) {
-    return reinterpret_cast<StubFn>(area_.addr(kStubAt).value)(a, b, area_.addr(kCodeAt).value);
+    const auto stub =
+        reinterpret_cast<StubFn>(area_.Addr(kStubAt).value);  // NOLINT(performance-no-int-to-ptr)
+    return stub(a, b, area_.Addr(kCodeAt).value);
   }
 
   ExecArea area_;
@@ -591,7 +604,7 @@ Bytes CallsItsNeighbour() {
 TEST_F(HandMade, APushReturnCallReturnsToTheOriginalSuccessor) {
   const Trampoline t = Install(CallsItsNeighbour(), CallMode::kPushReturn);
   for (int i = 0; i < 10; ++i) {
-    EXPECT_EQ(static_cast<uint64_t>(Call(i, i)), area_.addr(kCodeAt + 5).value);
+    EXPECT_EQ(static_cast<uint64_t>(Call(i, i)), area_.Addr(kCodeAt + 5).value);
   }
   EXPECT_EQ(g_hits.load(), 10U);
   EXPECT_EQ(g_bad.load(), 0U) << g_first_bad_field.load();
@@ -607,11 +620,11 @@ TEST_F(HandMade, ACallFromTheCopyReturnsIntoTheTrampoline) {
 
 TEST_F(HandMade, RipRelativeOperandsReadTheSameData) {
   // g: mov disp(%rip),%rax (the quad at kDataAt); add %rdi,%rax; ret
-  const RemoteAddr data = area_.addr(kDataAt);
+  const RemoteAddr data = area_.Addr(kDataAt);
   const uint64_t value = 0x1122334455667788;
-  area_.Write(data, std::span(reinterpret_cast<const uint8_t*>(&value), sizeof(value)));
+  WriteAt(data, std::span(reinterpret_cast<const uint8_t*>(&value), sizeof(value)));
   Bytes g = {0x48, 0x8b, 0x05, 0, 0, 0, 0, 0x48, 0x01, 0xf8, 0xc3};
-  const auto disp = static_cast<int32_t>(data.value - area_.addr(kCodeAt + 7).value);
+  const auto disp = static_cast<int32_t>(data.value - area_.Addr(kCodeAt + 7).value);
   std::memcpy(g.data() + 3, &disp, sizeof(disp));
   Install(g, CallMode::kPushReturn);
   for (int i = 0; i < 10; ++i) {

@@ -27,7 +27,7 @@ Bytes Moved(const Bytes& code, RemoteAddr to = kTo, CallMode mode = CallMode::kP
 std::string Refusal(const Bytes& code, CallMode mode = CallMode::kPushReturn) {
   auto r = Relocate(code, kFrom, kTo, mode);
   EXPECT_FALSE(r.ok()) << "relocated " << code.size() << " bytes";
-  return r.ok() ? "" : std::string(r.status().message());
+  return r.ok() ? "" : std::string{r.status().message()};
 }
 
 // The little-endian bytes of `v`.
