@@ -340,6 +340,7 @@ class Process {
   uint64_t syscall_stop_count_ = 0;
   absl::flat_hash_set<pid_t> foreign_stops_;
   friend class ProcessGroup;
+  friend class RemoteCallRunner;  // core/ptrace/remote_call.cc
   ProcessGroup* group_ = nullptr;
   std::deque<std::pair<pid_t, int>> stashed_;  // statuses other members reaped for us
   uint64_t forks_ = 0;
