@@ -16,8 +16,12 @@
 //                          it and prints "joined" (exit_thread called in the worker ends it)
 //   remote_call threads N  N workers allocate, free and sleep in a loop; main waits in pause()
 //                          until SIGUSR1, then joins them and prints "joined N"
+//   remote_call dliter N   N workers sleep in a loop; main waits in pause() inside a callback
+//                          of dl_iterate_phdr (holding the loader's lock) until SIGUSR1, then
+//                          joins them and prints "joined N"
 // --out FILE as the last two arguments sends stdout to FILE.
 #define _GNU_SOURCE
+#include <link.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -173,8 +177,17 @@ static void* pauser(void* arg) {
 
 static volatile int stop_workers;
 
+// Workers leave SIGUSR1 to main (it waits for it in pause()).
+static void block_usr1(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
 static void* allocator(void* arg) {
   (void)arg;
+  block_usr1();
   unsigned n = 0;
   while (!stop_workers) {
     void* volatile p = malloc(16 + (n++ % 64) * 8);
@@ -184,7 +197,27 @@ static void* allocator(void* arg) {
   return NULL;
 }
 
+static void* sleeper(void* arg) {
+  (void)arg;
+  block_usr1();
+  while (!stop_workers) {
+    usleep(1000);
+  }
+  return NULL;
+}
+
 static volatile sig_atomic_t usr1_count;
+
+static int wait_in_callback(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)info;
+  (void)size;
+  (void)data;
+  printf("ready\n");
+  while (usr1_count == 0) {
+    pause();
+  }
+  return 1;  // stop iterating
+}
 static volatile sig_atomic_t usr2_seen;
 static volatile int usr2_value;
 static volatile int usr2_code;
@@ -273,6 +306,21 @@ int main(int argc, char** argv) {
     while (usr1_count == 0) {
       pause();
     }
+    stop_workers = 1;
+    for (int i = 0; i < n && i < 64; ++i) {
+      pthread_join(t[i], NULL);
+    }
+    printf("joined %d\n", n);
+    return 0;
+  }
+  if (strcmp(mode, "dliter") == 0) {
+    const int n = argc > 2 ? atoi(argv[2]) : 1;
+    signal(SIGUSR1, on_usr1);
+    pthread_t t[64];
+    for (int i = 0; i < n && i < 64; ++i) {
+      pthread_create(&t[i], NULL, sleeper, NULL);
+    }
+    dl_iterate_phdr(wait_in_callback, NULL);
     stop_workers = 1;
     for (int i = 0; i < n && i < 64; ++i) {
       pthread_join(t[i], NULL);
