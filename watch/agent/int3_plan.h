@@ -1,0 +1,47 @@
+#pragma once
+
+// How the agent goes on after an INT3 probe's hit (KwProbe's resume fields), decided by kwatch
+// from the probed instruction (core/probe/insn_fixup): relative jumps, conditional branches
+// (Jcc, jrcxz, loop*), calls, returns and indirect calls/jumps are emulated by the agent on the
+// signal's registers; every other instruction runs out of line, from a copy kwatch places near
+// it (BuildOutOfLineCopy with a jump back) through Controller::PlaceCode.
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/probe/insn_fixup.h"
+#include "watch/agent/tables.h"
+
+namespace kwatch::core {
+class Process;
+}
+
+namespace kwatch::watch::agent {
+
+class Controller;
+
+// KwProbe::cond values besides the Jcc condition codes 0..15 (the opcode's low nibble).
+inline constexpr uint32_t kCondJrcxz = 16;
+inline constexpr uint32_t kCondJecxz = 17;
+inline constexpr uint32_t kCondLoop = 18;
+inline constexpr uint32_t kCondLoope = 19;
+inline constexpr uint32_t kCondLoopne = 20;
+inline constexpr uint32_t kCondAddr32 = 0x100;  // or'ed into loop*: ecx is the counter
+// KwProbe::ind_flags.
+inline constexpr uint32_t kIndCall = 1u << 0;
+inline constexpr uint32_t kIndMemory = 1u << 1;
+inline constexpr uint32_t kIndFs = 1u << 2;
+inline constexpr uint32_t kIndGs = 1u << 3;
+inline constexpr uint32_t kIndAddr32 = 1u << 4;
+
+// Fills the resume fields of `entry` (resume, insn_len, target, cond, ret_imm, ind_*) for an
+// emulated instruction; for one that runs out of line, sets resume = kKwResumeXol and leaves
+// xol_addr to the caller. FailedPrecondition when the instruction can neither be emulated by
+// the agent nor run out of line (with insn.text).
+absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry);
+
+// PlanResume, then for kKwResumeXol the copy placed near the instruction (every thread of
+// `proc` stopped) and entry.xol_addr set to it.
+absl::Status PlanInt3(Controller& controller, core::Process& proc, const core::ProbedInsn& insn,
+                      ProbeEntry& entry);
+
+}  // namespace kwatch::watch::agent
