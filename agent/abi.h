@@ -22,7 +22,7 @@
 namespace kwatch::agent {
 
 inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
-inline constexpr uint32_t kKwAbiVersion = 1;
+inline constexpr uint32_t kKwAbiVersion = 2;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -51,10 +51,12 @@ struct alignas(64) KwControl {
   uint32_t flags;        // KwControlFlags
   uint64_t total_size;   // bytes of the whole mapping
   int32_t controller_pid;
-  int32_t target_pid;  // the process the agent was loaded into (a forked child differs)
+  int32_t target_pid;           // the process the agent was loaded into (a forked child differs)
   std::atomic<uint32_t> state;  // KwState
-  // Bumped by kwatch after every change of the probe table (release): the agent reads it
-  // before and after a lookup (seqlock) to see a consistent KwProbe.
+  // A seqlock over the probe table and the hash: kwatch makes it odd (release) before it
+  // changes a KwProbe or a KwProbeSlot a thread may be reading, and even after. The agent
+  // reads it before and after a lookup and retries on a change; while it is odd the agent
+  // waits, unless state >= kKwStateRestoring (kwatch is gone: the table no longer moves).
   std::atomic<uint32_t> generation;
 
   // Table offsets and capacities (kwatch, before init; never change afterwards).
@@ -73,27 +75,49 @@ struct alignas(64) KwControl {
   uint32_t ring_bytes;  // power of two, multiple of 64
 
   // Filled by the agent at init (kwatch reads after kwatch_agent_init returned).
-  uint64_t agent_base;          // load address of libkwatch-agent.so in the target
-  uint64_t jump_entry;          // &kwatch_agent_jump_hit: trampolines call it (see below)
-  uint64_t return_trampoline;   // where a tracked call returns to (return probes)
-  int32_t watchdog_tid;         // the watchdog thread (0: none)
-  uint32_t agent_features;      // KwFeature bits the agent has
+  uint64_t agent_base;         // load address of libkwatch-agent.so in the target
+  uint64_t jump_entry;         // &kwatch_agent_jump_hit: trampolines call it (see below)
+  uint64_t return_trampoline;  // where a tracked call returns to (return probes)
+  int32_t watchdog_tid;        // the watchdog thread (0: none)
+  uint32_t agent_features;     // KwFeature bits the agent has
 
   // Counters (the agent writes, relaxed).
-  std::atomic<uint64_t> stray_traps;     // SIGTRAPs that were not the agent's (chained)
-  std::atomic<uint64_t> retried_traps;   // INT3s of probes already removed (rip rewound)
-  std::atomic<uint64_t> recursion_miss;  // hits inside a hit on the same thread (dropped)
-  std::atomic<uint64_t> no_thread_slot;  // hits of threads beyond thread_capacity (dropped)
-  std::atomic<uint64_t> no_ring;         // hits of threads that found no free ring (dropped)
-  std::atomic<uint64_t> forks_seen;      // fork children the agent saw (atfork)
+  std::atomic<uint64_t> stray_traps;        // SIGTRAPs that were not the agent's (chained)
+  std::atomic<uint64_t> retried_traps;      // INT3s of probes already removed (rip rewound)
+  std::atomic<uint64_t> recursion_miss;     // hits inside a hit on the same thread (dropped)
+  std::atomic<uint64_t> no_thread_slot;     // hits of threads beyond thread_capacity (dropped)
+  std::atomic<uint64_t> no_ring;            // hits of threads that found no free ring (dropped)
+  std::atomic<uint64_t> forks_seen;         // fork children the agent saw (atfork)
   std::atomic<uint64_t> restored_by_agent;  // patches the watchdog put back
 
   // The patches kwatch made (so the agent can restore them without kwatch). Offsets of
   // KwPatch[patch_capacity]; kwatch publishes an entry (state, release) before writing it
-  // into the code and clears it after restoring it.
+  // into the code and clears it after restoring it. The agent never clears an entry: forked
+  // children that keep their probes share the journal, and each process restores its own
+  // code from it (docs/agent.md "Dying").
   uint64_t patches_offset;
   uint32_t patch_capacity;
   uint32_t lifeline_fd;  // the agent's end of the lifeline pipe (EOF: kwatch is gone)
+
+  // Why kwatch_agent_init failed (KwInitError, the agent writes; kKwInitOk on success).
+  uint32_t init_error;
+  uint32_t reserved0;
+};
+
+// KwControl::init_error: the step of kwatch_agent_init that failed (its return value is the
+// errno, this says what it was doing).
+enum KwInitError : uint32_t {
+  kKwInitOk = 0,
+  kKwInitBadMagic = 1,    // magic is not kKwMagic (-EINVAL)
+  kKwInitBadVersion = 2,  // abi_version differs from the agent's kKwAbiVersion (-EPROTO)
+  kKwInitBadLayout = 3,   // a size, offset or capacity is out of range (-EINVAL)
+  kKwInitBusy = 4,        // an earlier session of this agent is not Restored yet (-EBUSY)
+  kKwInitLifeline = 5,    // lifeline_fd is not an open fd (-EBADF)
+  kKwInitMembarrier = 6,  // membarrier SYNC_CORE cannot be registered (its errno)
+  kKwInitSignals = 7,     // rt_sigaction failed (its errno)
+  kKwInitHooks = 8,       // libc's sigaction/pthread_sigmask not found or not patchable
+  kKwInitAtfork = 9,      // pthread_atfork failed (its errno)
+  kKwInitWatchdog = 10,   // the watchdog thread could not be made (mmap/clone errno)
 };
 
 enum KwFeature : uint32_t {
@@ -102,7 +126,13 @@ enum KwFeature : uint32_t {
   kKwFeatureReturn = 1u << 2,    // return probes
   kKwFeatureWatchdog = 1u << 3,  // a watchdog thread restores the code if kwatch dies
   kKwFeatureAtfork = 1u << 4,    // fork children are handled (pthread_atfork)
+  // libc's sigaction and pthread_sigmask go through the agent (docs/agent.md "Signals"): the
+  // agent's handlers stay first and SIGTRAP/SIGSEGV/SIGBUS are never blocked.
+  kKwFeatureSignalHooks = 1u << 5,
 };
+
+// The default of KwProbe::maxactive when kwatch leaves it 0 (as core's kDefaultMaxActive).
+inline constexpr uint32_t kKwDefaultMaxActive = 256;
 
 // ---------------------------------------------------------------------------------------
 // Patches, for the restore without kwatch.
@@ -114,7 +144,7 @@ enum KwPatchState : uint32_t {
 };
 
 struct alignas(64) KwPatch {
-  std::atomic<uint32_t> state;  // KwPatchState (kwatch; the agent sets Free once restored)
+  std::atomic<uint32_t> state;  // KwPatchState (kwatch only)
   uint32_t len;                 // bytes patched at addr (1 for INT3, 5..16 for a jump)
   uint64_t addr;                // absolute address in the target
   uint8_t original[16];
@@ -135,6 +165,10 @@ enum KwProbeFlags : uint32_t {
   kKwProbeRemoving = 1u << 4,  // being taken out: an INT3 hit runs the displaced copy
   kKwProbeFpregs = 1u << 5,    // the fetch program reads %xmm registers
 };
+// A jump probe is in the hash too (its address, like an INT3 probe's): while its first byte
+// is 0xCC (patching, or restoring by kwatch or the watchdog) a thread that meets it traps,
+// and the agent sends it to xol_addr, the relocated displaced instructions in the trampoline
+// (after the register restore), which end with the jump back to addr + len.
 
 // How an INT3 hit goes on after the probe's work (kwatch decides, from core/probe/insn_fixup).
 enum KwResume : uint32_t {
@@ -155,26 +189,61 @@ struct alignas(64) KwProbe {
   uint32_t resume;    // KwResume
   uint32_t insn_len;  // bytes of the probed instruction
   uint64_t target;    // kKwResumeJmp/Jcc/Call: the branch target (absolute)
-  uint32_t cond;      // kKwResumeJcc: the condition, docs/agent.md "conditions"
+  uint32_t cond;      // kKwResumeJcc: a KwCond
   uint32_t ret_imm;   // kKwResumeRet: bytes popped after the return address
-  // kKwResumeIndirect: the operand, docs/agent.md "indirect": register or memory form.
+  // kKwResumeIndirect: the operand. Register form (ind_flags without kKwIndMemory): the
+  // target is the 64-bit value of ind_base. Memory form: the target is the 8 bytes at
+  // [ind_base + ind_index * ind_scale + ind_disp] (+ the fs or gs base), read safely.
   uint32_t ind_base;   // KwReg + 1 (0: none)
   uint32_t ind_index;  // KwReg + 1 (0: none)
   int64_t ind_disp;    // displacement (rip-relative already resolved to absolute)
   uint32_t ind_scale;  // 1, 2, 4, 8
-  uint32_t ind_flags;  // 1: call (push next), 2: memory operand (else the register's value)
+  uint32_t ind_flags;  // KwIndFlags
   // The fetch program (KwFetchOp[], in the code pool) run at each hit.
   uint32_t fetch_offset;  // ops from code_offset
   uint32_t fetch_len;     // ops
   uint32_t record_bytes;  // upper bound of the payload a hit writes (kwatch computes)
-  uint32_t maxactive;     // return probes: instances per thread (<= kKwMaxInstances)
+  // Return probes: calls tracked at once, all threads together (0: kKwDefaultMaxActive), as
+  // core's Int3Engine; a thread also tracks at most kKwMaxInstances (the rest: nmissed).
+  uint32_t maxactive;
+  // The next probe at the same address: index + 1 (0: none). The hash and a trampoline name
+  // the first; the agent runs each probe of the chain in order (one instruction, one resume:
+  // the first probe's resume fields are used).
+  uint32_t next;
+  // Return probes: instances live now (the agent; kwatch subtracts a dead thread's instances
+  // when it frees its KwThread, the only field both sides write, atomically).
+  std::atomic<uint32_t> active;
   // Counters (the agent writes, relaxed; kwatch reads).
-  std::atomic<uint64_t> hits;     // hits taken (records written or lost)
-  std::atomic<uint64_t> missed;   // hits while disabled or stopping
-  std::atomic<uint64_t> nmissed;  // return probes: calls not tracked (maxactive reached)
-  std::atomic<uint64_t> lost;     // records dropped because the thread's ring was full
-  std::atomic<uint64_t> faults;   // fetches that touched unreadable memory (value: fault)
+  std::atomic<uint64_t> hits;       // hits taken (records written or lost)
+  std::atomic<uint64_t> missed;     // hits while disabled or stopping
+  std::atomic<uint64_t> nmissed;    // return probes: calls not tracked (maxactive reached)
+  std::atomic<uint64_t> lost;       // records dropped because the thread's ring was full
+  std::atomic<uint64_t> faults;     // fetches that touched unreadable memory (value: fault)
   std::atomic<uint64_t> abandoned;  // return instances dropped (longjmp, exceptions)
+};
+static_assert(sizeof(KwProbe) == 192);
+
+// KwProbe::cond for kKwResumeJcc.
+enum KwCond : uint32_t {
+  // 0..15: the condition code of Jcc (its opcode's low nibble): O NO B AE E NE BE A S NS P NP
+  // L GE LE G, read from eflags.
+  kKwCondJrcxz = 16,   // rcx == 0
+  kKwCondJecxz = 17,   // ecx == 0
+  kKwCondLoop = 18,    // --rcx != 0
+  kKwCondLoope = 19,   // --rcx != 0 && ZF
+  kKwCondLoopne = 20,  // --rcx != 0 && !ZF
+  // Or'ed into kKwCondLoop*: 32-bit address size (0x67 prefix): ecx is the counter, and the
+  // decremented value is written zero-extended to rcx.
+  kKwCondAddr32 = 0x100,
+};
+
+// KwProbe::ind_flags for kKwResumeIndirect.
+enum KwIndFlags : uint32_t {
+  kKwIndCall = 1u << 0,    // call (push addr + insn_len), else jmp
+  kKwIndMemory = 1u << 1,  // memory operand, else the register ind_base
+  kKwIndFs = 1u << 2,      // %fs: segment override (the thread's fs base is added)
+  kKwIndGs = 1u << 3,      // %gs: segment override (gs base: rdgsbase or arch_prctl)
+  kKwIndAddr32 = 1u << 4,  // 32-bit address size: the effective address is truncated
 };
 
 // Open addressing by address (linear probing, hash = (addr * 0x9E3779B97F4A7C15) >> shift).
@@ -192,17 +261,22 @@ struct KwProbeSlot {
 // kwatch compiles core::CompiledArg into these (lowering DWARF locations it can; the rest
 // are refused for the agent path with a reason).
 
+// Each argument starts with kKwOpBeginArg; the ops that copy bytes (Read, ReadStr,
+// StoreAcc, Xmm, RegsAll, Stack) append them to the current argument, which ends at the next
+// kKwOpBeginArg or kKwOpEnd. A faulting Deref/Read/ReadStr/Stack marks the argument
+// (status 1) and the agent skips to the next kKwOpBeginArg. A copy that would pass the
+// probe's record_bytes is cut (status 2, record flag 2) and the program ends there.
 enum KwFetchOpcode : uint16_t {
   kKwOpEnd = 0,       // end of the program
   kKwOpBeginArg = 1,  // starts argument `a` (records a KwArgHeader)
-  kKwOpReg = 2,       // acc = regs[a] (KwReg index), zero-extended from b bytes (8 or 4)
+  kKwOpReg = 2,       // acc = regs[a] (KwReg index), zero-extended from b bytes (1, 2, 4, 8)
   kKwOpImm = 3,       // acc = imm
   kKwOpAdd = 4,       // acc += imm
   kKwOpDeref = 5,     // acc = *(uint64_t*)acc (safe)
   kKwOpRead = 6,      // copy b bytes at acc into the record (safe); ends the argument
-  kKwOpReadStr = 7,   // copy up to b bytes at acc, to the first NUL, into the record (safe)
+  kKwOpReadStr = 7,   // copy up to b bytes at acc, before the first NUL (safe); no NUL: cut
   kKwOpStoreAcc = 8,  // copy acc's low b bytes into the record (a register's value)
-  kKwOpXmm = 9,       // copy the low b bytes of %xmm[a] into the record
+  kKwOpXmm = 9,       // copy the low b (<= 16) bytes of %xmm[a] (a < 16) into the record
   kKwOpRegsAll = 10,  // copy the whole KwRegs into the record (a fallback for the controller)
   kKwOpStack = 11,    // copy b bytes from regs.rsp up into the record (safe)
   kKwOpTls = 12,      // acc = the thread's fs base
@@ -227,9 +301,34 @@ struct KwRegs {
 static_assert(sizeof(KwRegs) == 27 * 8);
 // KwReg: the index of a register in KwRegs (offsetof / 8).
 enum KwReg : uint16_t {
-  kKwR15 = 0, kKwR14, kKwR13, kKwR12, kKwRbp, kKwRbx, kKwR11, kKwR10, kKwR9, kKwR8,
-  kKwRax, kKwRcx, kKwRdx, kKwRsi, kKwRdi, kKwOrigRax, kKwRip, kKwCs, kKwEflags, kKwRsp,
-  kKwSs, kKwFsBase, kKwGsBase, kKwDs, kKwEs, kKwFs, kKwGs, kKwRegCount
+  kKwR15 = 0,
+  kKwR14,
+  kKwR13,
+  kKwR12,
+  kKwRbp,
+  kKwRbx,
+  kKwR11,
+  kKwR10,
+  kKwR9,
+  kKwR8,
+  kKwRax,
+  kKwRcx,
+  kKwRdx,
+  kKwRsi,
+  kKwRdi,
+  kKwOrigRax,
+  kKwRip,
+  kKwCs,
+  kKwEflags,
+  kKwRsp,
+  kKwSs,
+  kKwFsBase,
+  kKwGsBase,
+  kKwDs,
+  kKwEs,
+  kKwFs,
+  kKwGs,
+  kKwRegCount
 };
 
 // ---------------------------------------------------------------------------------------
@@ -244,7 +343,7 @@ struct KwInstance {
   uint64_t stack_slot;      // where it was on the stack (for abandoning)
   uint64_t function;        // the function's entry (probe addr)
   uint32_t probe_index;
-  uint32_t reserved;
+  uint32_t flags;  // 1: counted in no KwProbe::active (a call tracked by an earlier session)
 };
 
 struct alignas(64) KwThread {
@@ -281,7 +380,9 @@ enum KwRecordType : uint16_t {
 
 // Every record starts 8-byte aligned with this header; `size` includes it and is a multiple
 // of 8. The payload follows: one KwArgHeader + bytes (padded to 8) per argument of the
-// probe's fetch program, in program order.
+// probe's fetch program, in program order. A kKwRecordPad fills the ring's end when the next
+// record does not fit there; only its first 8 bytes (type, flags, size) are written, since
+// fewer than sizeof(KwRecord) bytes may remain.
 struct KwRecord {
   uint16_t type;   // KwRecordType
   uint16_t flags;  // 1: some argument faulted, 2: payload cut at record_bytes
@@ -295,9 +396,11 @@ struct KwRecord {
 static_assert(sizeof(KwRecord) == 40);
 
 struct KwArgHeader {
-  uint16_t arg;     // the argument's number (kKwOpBeginArg's a)
-  uint16_t status;  // 0: ok, 1: fault (unreadable memory), 2: cut (string longer than b)
-  uint32_t len;     // bytes that follow (then padding to 8)
+  uint16_t arg;  // the argument's number (kKwOpBeginArg's a)
+  // 0: ok, 1: fault (unreadable memory), 2: cut (string longer than b, or the record's end),
+  // 3: invalid (an op or operand the agent refuses: a kwatch bug)
+  uint16_t status;
+  uint32_t len;  // bytes that follow (then padding to 8)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -306,13 +409,18 @@ struct KwArgHeader {
 //
 //   int kwatch_agent_init(uint64_t shm_addr, uint64_t shm_size);
 //     shm_addr: where the memfd is mapped in the target. Validates the control block, fills
-//     the agent's fields, installs the SIGTRAP handler (first in line, the program's own kept
-//     as the next), the atfork handlers and the watchdog. Returns 0 or -errno (the reason is
-//     also left in KwControl::agent_features == 0 ... see docs/agent.md "init").
+//     the agent's fields, installs the SIGTRAP/SIGSEGV/SIGBUS handlers (first in line, the
+//     program's own kept as the next) and libc's sigaction/pthread_sigmask hooks, registers
+//     membarrier SYNC_CORE, the atfork handlers, and starts the watchdog. Returns 0 or -errno;
+//     on failure KwControl::init_error says which step failed and agent_features is 0.
+//     Called again (a new session, a new memfd) after the previous one is Restored: the
+//     handlers and hooks stay, the tables and the watchdog are the new session's.
 //
 //   void kwatch_agent_jump_hit(uint32_t probe_index, KwRegs* regs);
 //     Called by a jump probe's trampoline with the registers it saved (regs->rip == the
-//     probed address, regs->rsp == the thread's rsp at the probe). May change *regs (return
-//     probes rewrite the stack, not regs). Uses no SSE/AVX register.
+//     probed address, regs->rsp == the thread's rsp at the probe), on a 16-byte aligned stack
+//     with DF clear (the trampoline's cld after pushfq). Does not change *regs (return probes
+//     rewrite the return address on the stack). Uses no SSE/AVX register, so the trampoline
+//     saves none; %xmm arguments are read from the live registers.
 
 }  // namespace kwatch::agent
