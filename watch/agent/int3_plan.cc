@@ -52,15 +52,15 @@ std::optional<uint32_t> Condition(ZydisMnemonic m) {
     case ZYDIS_MNEMONIC_JNLE:
       return 15;
     case ZYDIS_MNEMONIC_JRCXZ:
-      return kCondJrcxz;
+      return ka::kKwCondJrcxz;
     case ZYDIS_MNEMONIC_JECXZ:
-      return kCondJecxz;
+      return ka::kKwCondJecxz;
     case ZYDIS_MNEMONIC_LOOP:
-      return kCondLoop;
+      return ka::kKwCondLoop;
     case ZYDIS_MNEMONIC_LOOPE:
-      return kCondLoope;
+      return ka::kKwCondLoope;
     case ZYDIS_MNEMONIC_LOOPNE:
-      return kCondLoopne;
+      return ka::kKwCondLoopne;
     default:
       return std::nullopt;
   }
@@ -111,8 +111,8 @@ absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
       }
       entry.resume = ka::kKwResumeJcc;
       entry.cond = *cond;
-      if (*cond >= kCondLoop && insn.insn.address_width == 32) {
-        entry.cond |= kCondAddr32;
+      if (*cond >= ka::kKwCondLoop && insn.insn.address_width == 32) {
+        entry.cond |= ka::kKwCondAddr32;
       }
       entry.target = RelativeTarget(insn);
       return absl::OkStatus();
@@ -130,7 +130,7 @@ absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
     case core::InsnKind::kJmpIndirect: {
       const ZydisDecodedOperand& op = insn.operands[0];
       entry.resume = ka::kKwResumeIndirect;
-      entry.ind_flags = insn.kind == core::InsnKind::kCallIndirect ? kIndCall : 0;
+      entry.ind_flags = insn.kind == core::InsnKind::kCallIndirect ? uint32_t{ka::kKwIndCall} : 0;
       if (op.type == ZYDIS_OPERAND_TYPE_REGISTER) {
         const std::optional<uint32_t> base = RegPlusOne(op.reg.value);
         if (!base.has_value() || *base == 0) {
@@ -142,14 +142,14 @@ absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
       if (op.type != ZYDIS_OPERAND_TYPE_MEMORY) {
         return refuse("an indirect branch of an unknown form");
       }
-      entry.ind_flags |= kIndMemory;
+      entry.ind_flags |= ka::kKwIndMemory;
       if (op.mem.segment == ZYDIS_REGISTER_FS) {
-        entry.ind_flags |= kIndFs;
+        entry.ind_flags |= ka::kKwIndFs;
       } else if (op.mem.segment == ZYDIS_REGISTER_GS) {
-        entry.ind_flags |= kIndGs;
+        entry.ind_flags |= ka::kKwIndGs;
       }
       if (insn.insn.address_width == 32) {
-        entry.ind_flags |= kIndAddr32;
+        entry.ind_flags |= ka::kKwIndAddr32;
       }
       if (op.mem.base == ZYDIS_REGISTER_RIP) {
         uint64_t abs = 0;

@@ -19,20 +19,6 @@ namespace kwatch::watch::agent {
 
 class Controller;
 
-// KwProbe::cond values besides the Jcc condition codes 0..15 (the opcode's low nibble).
-inline constexpr uint32_t kCondJrcxz = 16;
-inline constexpr uint32_t kCondJecxz = 17;
-inline constexpr uint32_t kCondLoop = 18;
-inline constexpr uint32_t kCondLoope = 19;
-inline constexpr uint32_t kCondLoopne = 20;
-inline constexpr uint32_t kCondAddr32 = 0x100;  // or'ed into loop*: ecx is the counter
-// KwProbe::ind_flags.
-inline constexpr uint32_t kIndCall = 1u << 0;
-inline constexpr uint32_t kIndMemory = 1u << 1;
-inline constexpr uint32_t kIndFs = 1u << 2;
-inline constexpr uint32_t kIndGs = 1u << 3;
-inline constexpr uint32_t kIndAddr32 = 1u << 4;
-
 // Fills the resume fields of `entry` (resume, insn_len, target, cond, ret_imm, ind_*) for an
 // emulated instruction; for one that runs out of line, sets resume = kKwResumeXol and leaves
 // xol_addr to the caller. FailedPrecondition when the instruction can neither be emulated by

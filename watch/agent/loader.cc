@@ -211,6 +211,36 @@ class ElfExports {
   std::vector<Function> functions_;
 };
 
+// What the agent's init was doing when it failed (KwControl::init_error).
+std::string InitErrorText(uint32_t e) {
+  switch (e) {
+    case ka::kKwInitOk:
+      return "";
+    case ka::kKwInitBadMagic:
+      return "the control block's magic";
+    case ka::kKwInitBadVersion:
+      return "the ABI version (kwatch and the agent differ)";
+    case ka::kKwInitBadLayout:
+      return "the shared memory's layout";
+    case ka::kKwInitBusy:
+      return "an earlier session of the agent is not over";
+    case ka::kKwInitLifeline:
+      return "the lifeline";
+    case ka::kKwInitMembarrier:
+      return "membarrier(REGISTER_PRIVATE_EXPEDITED_SYNC_CORE)";
+    case ka::kKwInitSignals:
+      return "installing its signal handlers";
+    case ka::kKwInitHooks:
+      return "hooking libc's sigaction and pthread_sigmask";
+    case ka::kKwInitAtfork:
+      return "pthread_atfork";
+    case ka::kKwInitWatchdog:
+      return "starting its watchdog thread";
+    default:
+      return absl::StrCat("step ", e);
+  }
+}
+
 // Undo steps of a load, run in reverse on failure.
 class Undo {
  public:
@@ -709,10 +739,12 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
     agent.timings.init = inited.elapsed;
     const auto rc = static_cast<int32_t>(static_cast<uint32_t>(inited.value));
     if (rc != 0) {
+      const std::string during = InitErrorText(control->init_error);
       return step_error(
           "kwatch_agent_init",
           absl::FailedPreconditionError(absl::StrCat(
-              "it returned ", rc, rc < 0 ? absl::StrCat(" (", core::ErrnoText(-rc), ")") : "")));
+              "it returned ", rc, rc < 0 ? absl::StrCat(" (", core::ErrnoText(-rc), ")") : "",
+              during.empty() ? "" : absl::StrCat(" at ", during))));
     }
   }
   if (control->magic != ka::kKwMagic || control->abi_version != ka::kKwAbiVersion) {

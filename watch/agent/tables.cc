@@ -1,5 +1,6 @@
 #include "watch/agent/tables.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstring>
@@ -155,9 +156,7 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   if (addr == kSlotEmpty || addr == kSlotDeleted) {
     return absl::InvalidArgumentError(absl::StrFormat("no probe can be at 0x%x", addr));
   }
-  if (Lookup(entry.addr).has_value()) {
-    return absl::AlreadyExistsError(absl::StrFormat("a probe is at 0x%x already", addr));
-  }
+  const std::optional<uint32_t> head = Lookup(entry.addr);
   std::optional<uint32_t> index;
   for (uint32_t i = 0; i < layout_.probe_capacity; ++i) {
     if (probe(i).flags.load(std::memory_order_relaxed) == 0) {
@@ -195,6 +194,8 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   p.fetch_len = static_cast<uint32_t>(program.size());
   p.record_bytes = entry.record_bytes;
   p.maxactive = entry.maxactive;
+  p.next = 0;
+  p.active.store(0, std::memory_order_relaxed);
   for (std::atomic<uint64_t>* counter :
        {&p.hits, &p.missed, &p.nmissed, &p.lost, &p.faults, &p.abandoned}) {
     counter->store(0, std::memory_order_relaxed);
@@ -202,10 +203,20 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   p.flags.store(entry.flags | ka::kKwProbeUsed, std::memory_order_release);
 
   BeginWrite();
-  if (tombstones_ > layout_.hash_capacity / 4) {
-    Rehash();
+  absl::Status inserted = absl::OkStatus();
+  if (head.has_value()) {
+    // Another probe at this address: the agent runs the chain from the hash's one.
+    uint32_t last = *head;
+    while (probe(last).next != 0) {
+      last = probe(last).next - 1;
+    }
+    probe(last).next = *index + 1;
+  } else {
+    if (tombstones_ > layout_.hash_capacity / 4) {
+      Rehash();
+    }
+    inserted = HashInsert(addr, *index);
   }
-  const absl::Status inserted = HashInsert(addr, *index);
   EndWrite();
   if (!inserted.ok()) {
     p.flags.store(0, std::memory_order_release);
@@ -230,13 +241,28 @@ absl::Status ShmTables::RemoveProbe(uint32_t index) {
     if (a == kSlotEmpty) {
       break;
     }
-    if (a == p.addr && s.probe_index == index) {
-      s.addr.store(kSlotDeleted, std::memory_order_release);
-      ++tombstones_;
-      break;
+    if (a != p.addr) {
+      continue;
     }
+    if (s.probe_index == index) {
+      if (p.next != 0) {
+        s.probe_index = p.next - 1;  // the chain's next heads it
+      } else {
+        s.addr.store(kSlotDeleted, std::memory_order_release);
+        ++tombstones_;
+      }
+    } else {
+      for (uint32_t prev = s.probe_index; probe(prev).next != 0; prev = probe(prev).next - 1) {
+        if (probe(prev).next == index + 1) {
+          probe(prev).next = p.next;
+          break;
+        }
+      }
+    }
+    break;
   }
   p.flags.store(0, std::memory_order_release);
+  p.next = 0;
   EndWrite();
   FreeCode(p.fetch_offset, p.fetch_len);
   p.fetch_len = 0;
@@ -323,12 +349,19 @@ uint32_t ShmTables::state() const {
 }
 
 void ShmTables::FreeThread(uint32_t index) {
+  // Its return instances die with it: the probes' counts of live ones drop.
+  KwThread& t = thread(index);
+  for (uint32_t i = 0; i < std::min(t.instances, kwatch::agent::kKwMaxInstances); ++i) {
+    const uint32_t p = t.instance[i].probe_index;
+    if (p < layout_.probe_capacity && probe(p).flags.load(std::memory_order_relaxed) != 0) {
+      probe(p).active.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
   KwRing& r = ring(index);
   r.head.store(0, std::memory_order_relaxed);
   r.tail.store(0, std::memory_order_relaxed);
   r.lost.store(0, std::memory_order_relaxed);
   r.tid.store(0, std::memory_order_release);
-  KwThread& t = thread(index);
   t.instances = 0;
   t.depth.store(0, std::memory_order_relaxed);
   t.tid.store(0, std::memory_order_release);

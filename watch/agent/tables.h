@@ -92,12 +92,14 @@ class ShmTables {
   const KwRing& ring(uint32_t index) const { return At<KwRing>(RingOffset(index)); }
   uint8_t* ring_data(uint32_t index) { return shm_.data() + RingOffset(index) + sizeof(KwRing); }
 
-  // Writes a probe (and its fetch program into the pool) and publishes it in the hash.
-  // Returns its index. ResourceExhausted when the probe table, the hash or the pool is full;
-  // AlreadyExists when a probe has this address.
+  // Writes a probe (and its fetch program into the pool) and publishes it in the hash, or at
+  // the end of the chain of the probes already at its address (KwProbe::next; the agent uses
+  // the first one's resume fields: give every probe of an address the same). Returns its
+  // index. ResourceExhausted when the probe table, the hash or the pool is full.
   absl::StatusOr<uint32_t> AddProbe(const ProbeEntry& entry);
-  // Takes a probe out of the hash and frees its slot and program (its code must be restored
-  // already: a thread that still traps there finds no probe and runs the original).
+  // Takes a probe out of the hash or its chain and frees its slot and program. The last probe
+  // of an address goes once its code is restored (a thread that still traps there finds no
+  // probe and runs the original); a jump probe's trampoline names its chain's first probe.
   absl::Status RemoveProbe(uint32_t index);
   // Sets and clears KwProbeFlags of a live probe (Enabled, Removing) under the seqlock.
   absl::Status SetProbeFlags(uint32_t index, uint32_t set, uint32_t clear);
@@ -114,8 +116,8 @@ class ShmTables {
   void SetState(uint32_t state);
   uint32_t state() const;
 
-  // Frees thread slot `index` (its thread is gone and its ring drained): the ring and the
-  // slot become free for a new thread.
+  // Frees thread slot `index` (its thread is gone and its ring drained): its return
+  // instances leave their probes' `active` counts, and the ring and the slot become free.
   void FreeThread(uint32_t index);
 
  private:

@@ -64,6 +64,7 @@ __attribute__((visibility("default"))) int kwatch_agent_init(uint64_t shm_addr, 
   c->return_trampoline = 0;
   c->watchdog_tid = 0;
   c->agent_features = 0;
+  c->init_error = kwatch::agent::kKwInitOk;
   g_control = c;
   ++stub_inits;
 #ifdef KWATCH_STUB_UNRESOLVED

@@ -35,12 +35,12 @@ TEST(PlanResume, RelativeBranchesCallsAndReturnsAreEmulated) {
   EXPECT_EQ(jg.cond, 15u);
   EXPECT_EQ(jg.target, kAt + 6 + 0x100);
   ProbeEntry jrcxz = Plan({0xe3, 0x05});
-  EXPECT_EQ(jrcxz.cond, kCondJrcxz);
+  EXPECT_EQ(jrcxz.cond, ka::kKwCondJrcxz);
   ProbeEntry loop = Plan({0xe2, 0xfe});
-  EXPECT_EQ(loop.cond, kCondLoop);
+  EXPECT_EQ(loop.cond, ka::kKwCondLoop);
   EXPECT_EQ(loop.target, kAt);
   ProbeEntry loop32 = Plan({0x67, 0xe2, 0xfd});
-  EXPECT_EQ(loop32.cond, kCondLoop | kCondAddr32);
+  EXPECT_EQ(loop32.cond, ka::kKwCondLoop | ka::kKwCondAddr32);
   ProbeEntry jmp = Plan({0xe9, 0xfb, 0xff, 0xff, 0xff});  // jmp .+0 (to itself)
   EXPECT_EQ(jmp.resume, ka::kKwResumeJmp);
   EXPECT_EQ(jmp.target, kAt);
@@ -60,19 +60,19 @@ TEST(PlanResume, IndirectBranchesNameTheirOperand) {
   EXPECT_EQ(reg.ind_flags, 0u);
   ProbeEntry r11 = Plan({0x41, 0xff, 0xd3});  // call *%r11
   EXPECT_EQ(r11.ind_base, ka::kKwR11 + 1u);
-  EXPECT_EQ(r11.ind_flags, kIndCall);
+  EXPECT_EQ(r11.ind_flags, ka::kKwIndCall);
   ProbeEntry rip = Plan({0xff, 0x15, 0x10, 0x00, 0x00, 0x00});  // call *0x10(%rip)
-  EXPECT_EQ(rip.ind_flags, kIndCall | kIndMemory);
+  EXPECT_EQ(rip.ind_flags, ka::kKwIndCall | ka::kKwIndMemory);
   EXPECT_EQ(rip.ind_base, 0u);
   EXPECT_EQ(rip.ind_disp, static_cast<int64_t>(kAt + 6 + 0x10));
   ProbeEntry table = Plan({0xff, 0x64, 0xd8, 0x08});  // jmp *0x8(%rax,%rbx,8)
-  EXPECT_EQ(table.ind_flags, kIndMemory);
+  EXPECT_EQ(table.ind_flags, ka::kKwIndMemory);
   EXPECT_EQ(table.ind_base, ka::kKwRax + 1u);
   EXPECT_EQ(table.ind_index, ka::kKwRbx + 1u);
   EXPECT_EQ(table.ind_scale, 8u);
   EXPECT_EQ(table.ind_disp, 8);
   ProbeEntry fs = Plan({0x64, 0xff, 0x24, 0x25, 0x28, 0x00, 0x00, 0x00});  // jmp *%fs:0x28
-  EXPECT_EQ(fs.ind_flags, kIndMemory | kIndFs);
+  EXPECT_EQ(fs.ind_flags, ka::kKwIndMemory | ka::kKwIndFs);
   EXPECT_EQ(fs.ind_base, 0u);
   EXPECT_EQ(fs.ind_disp, 0x28);
 }

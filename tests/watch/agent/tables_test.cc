@@ -186,8 +186,60 @@ TEST(ShmTables, ProbesAreFoundAsTheAgentLooksThemUpThroughCollisions) {
   EXPECT_EQ(*again, index[1]);
   EXPECT_EQ(AgentLookup(shm.span().data(), addrs[1], &id), index[1]);
   EXPECT_EQ(id, 200u);
-  EXPECT_EQ(tables.AddProbe(Entry(201, addrs[1])).status().code(),
-            absl::StatusCode::kAlreadyExists);
+}
+
+TEST(ShmTables, ProbesAtOneAddressAreChainedFromTheHashSlot) {
+  Shm shm(ShmConfig{
+      .probe_capacity = 8, .code_capacity = 64, .thread_capacity = 1, .ring_bytes = 4096});
+  ShmTables tables(shm.span(), shm.layout);
+  auto a = tables.AddProbe(Entry(1, 0x7000));
+  auto b = tables.AddProbe(Entry(2, 0x7000));
+  auto c = tables.AddProbe(Entry(3, 0x7000));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  // The agent's walk: the hash names the first, `next` (index + 1) the rest.
+  const auto chain = [&]() {
+    std::vector<uint32_t> ids;
+    uint32_t id = 0;
+    std::optional<uint32_t> at = AgentLookup(shm.span().data(), 0x7000, &id);
+    while (at.has_value()) {
+      ids.push_back(tables.probe(*at).id);
+      const uint32_t next = tables.probe(*at).next;
+      at = next == 0 ? std::nullopt : std::optional<uint32_t>(next - 1);
+    }
+    return ids;
+  };
+  EXPECT_EQ(chain(), (std::vector<uint32_t>{1, 2, 3}));
+  ASSERT_TRUE(tables.RemoveProbe(*b).ok());  // the middle
+  EXPECT_EQ(chain(), (std::vector<uint32_t>{1, 3}));
+  ASSERT_TRUE(tables.RemoveProbe(*a).ok());  // the head: the next one takes the slot
+  EXPECT_EQ(chain(), (std::vector<uint32_t>{3}));
+  ASSERT_TRUE(tables.RemoveProbe(*c).ok());
+  EXPECT_TRUE(chain().empty());
+  EXPECT_EQ(tables.live_probes(), 0u);
+}
+
+TEST(ShmTables, AFreedThreadSlotTakesItsReturnInstancesFromTheCounts) {
+  Shm shm(ShmConfig{
+      .probe_capacity = 2, .code_capacity = 16, .thread_capacity = 2, .ring_bytes = 4096});
+  ShmTables tables(shm.span(), shm.layout);
+  auto p = tables.AddProbe(Entry(1, 0x8000));
+  ASSERT_TRUE(p.ok());
+  // What the agent leaves for a thread with two live instances of probe p.
+  ka::KwThread& t = tables.thread(1);
+  t.tid.store(1234);
+  t.instances = 2;
+  t.instance[0].probe_index = *p;
+  t.instance[1].probe_index = *p;
+  tables.probe(*p).active.store(5);
+  tables.ring(1).tid.store(1234);
+  tables.ring(1).head.store(64);
+  tables.ring(1).tail.store(64);
+  tables.FreeThread(1);
+  EXPECT_EQ(tables.probe(*p).active.load(), 3u);
+  EXPECT_EQ(t.tid.load(), 0);
+  EXPECT_EQ(t.instances, 0u);
+  EXPECT_EQ(tables.ring(1).tid.load(), 0);
+  EXPECT_EQ(tables.ring(1).head.load(), 0u);
 }
 
 TEST(ShmTables, TombstonesAreSweptAndTheTablesFillUpCleanly) {
