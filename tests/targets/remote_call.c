@@ -19,6 +19,8 @@
 //   remote_call dliter N   N workers sleep in a loop; main waits in pause() inside a callback
 //                          of dl_iterate_phdr (holding the loader's lock) until SIGUSR1, then
 //                          joins them and prints "joined N"
+//   remote_call calls N    prints "ready", waits in pause() until SIGUSR1, then calls
+//                          add6(i, 0, 0, 0, 0, 0) for i in 0..N-1 and prints "sum S"
 // --out FILE as the last two arguments sends stdout to FILE.
 #define _GNU_SOURCE
 #include <link.h>
@@ -34,8 +36,9 @@
 
 // ---- Called by the tests. ----
 
-// Every argument in its own place: a wrong order gives another sum.
-long add6(long a, long b, long c, long d, long e, long f) {
+// Every argument in its own place: a wrong order gives another sum. Never inlined: "calls"
+// probes it.
+__attribute__((noinline)) long add6(long a, long b, long c, long d, long e, long f) {
   return a + 2 * b + 3 * c + 4 * d + 5 * e + 6 * f;
 }
 
@@ -311,6 +314,20 @@ int main(int argc, char** argv) {
       pthread_join(t[i], NULL);
     }
     printf("joined %d\n", n);
+    return 0;
+  }
+  if (strcmp(mode, "calls") == 0) {
+    const long n = argc > 2 ? atol(argv[2]) : 10;
+    signal(SIGUSR1, on_usr1);
+    printf("ready\n");
+    while (usr1_count == 0) {
+      pause();
+    }
+    long sum = 0;
+    for (long i = 0; i < n; ++i) {
+      sum += add6(i, 0, 0, 0, 0, 0);
+    }
+    printf("sum %ld\n", sum);
     return 0;
   }
   if (strcmp(mode, "dliter") == 0) {
