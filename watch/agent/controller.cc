@@ -389,19 +389,25 @@ absl::Status Controller::Finish(const HitFn& fn) {
   return drained;
 }
 
+absl::Status Controller::RunStopped(const std::function<absl::Status(core::Process&)>& fn) const {
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc, core::Process::Attach(pid_));
+  absl::Status status = proc->StopAll();
+  if (status.ok()) {
+    status = fn(*proc);
+  }
+  absl::Status detached = proc->Detach();
+  KW_RETURN_IF_ERROR(status);
+  return detached;
+}
+
 absl::Status Controller::EndDetached(const HitFn& fn) {
   if (!ended_) {
-    auto proc = core::Process::Attach(pid_);
-    if (proc.ok()) {
-      const absl::Status ended = End(**proc);
-      const absl::Status detached = (*proc)->Detach();
-      KW_RETURN_IF_ERROR(ended);
-      KW_RETURN_IF_ERROR(detached);
-    } else if (proc.status().code() == absl::StatusCode::kNotFound) {
+    const absl::Status ended = RunStopped([this](core::Process& proc) { return End(proc); });
+    if (ended.code() == absl::StatusCode::kNotFound) {
       ended_ = true;  // exited meanwhile: nothing to restore
       patches_.clear();
     } else {
-      return proc.status();
+      KW_RETURN_IF_ERROR(ended);
     }
   }
   return Finish(fn);

@@ -120,6 +120,10 @@ class Controller {
   // here; nullopt while it runs or when it is not kwatch's child.
   std::optional<core::ExitInfo> ReapExit();
 
+  // Runs `fn` with every thread of the target seized and stopped (a session that detached
+  // and now changes probes or patches), then detaches. NotFound when the target is gone.
+  absl::Status RunStopped(const std::function<absl::Status(core::Process&)>& fn) const;
+
   // ---- The end. ----
 
   // Takes every patch out, as the class comment says, with every thread of `proc` stopped

@@ -306,14 +306,23 @@ TEST(Controller, SeesTheAgentGoneAndTheTargetExitAfterDetaching) {
   // kwatch lets go entirely; the program runs (it waits in pause()).
   ASSERT_TRUE(proc.Detach().ok());
   s.proc.reset();
+  // A second patch while detached: the world seized, stopped, patched, let go.
+  const RemoteAddr spin = Fn(ctl.pid(), "spin");
+  auto second = ctl.AddProbe(ProbeEntry{.id = 2, .addr = spin, .insn_len = 1});
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(ctl.RunStopped([&](core::Process& p) {
+                   return ctl.Patch(p, *second, spin, std::span<const uint8_t>(&cc, 1));
+                 })
+                  .ok());
+  EXPECT_EQ(ctl.patches(), 2u);
   ASSERT_TRUE(ctl.EndDetached([](const AgentHit&) {}).ok());
   // The byte is back (read through a fresh seize, then let go).
-  {
-    auto again = core::Process::Attach(ctl.pid());
-    ASSERT_TRUE(again.ok());
-    EXPECT_EQ(Bytes(**again, add6, 1), code);
-    ASSERT_TRUE((*again)->Detach().ok());
-  }
+  ASSERT_TRUE(ctl.RunStopped([&](core::Process& p) {
+                   EXPECT_EQ(Bytes(p, add6, 1), code);
+                   EXPECT_NE(Bytes(p, spin, 1)[0], 0xcc);
+                   return absl::OkStatus();
+                 })
+                  .ok());
   EXPECT_EQ(ctl.tables().state(), ka::kKwStateRestored);
   ::kill(ctl.pid(), SIGUSR1);
   ::kill(ctl.pid(), SIGUSR2);
