@@ -86,7 +86,7 @@ struct alignas(64) KwControl {
   std::atomic<uint64_t> retried_traps;      // INT3s of probes already removed (rip rewound)
   std::atomic<uint64_t> recursion_miss;     // hits inside a hit on the same thread (dropped)
   std::atomic<uint64_t> no_thread_slot;     // hits of threads beyond thread_capacity (dropped)
-  std::atomic<uint64_t> no_ring;            // hits of threads that found no free ring (dropped)
+  std::atomic<uint64_t> no_ring;            // always 0: ring i belongs to KwThread i
   std::atomic<uint64_t> forks_seen;         // fork children the agent saw (atfork)
   std::atomic<uint64_t> restored_by_agent;  // patches the watchdog put back
 
@@ -112,7 +112,7 @@ enum KwInitError : uint32_t {
   kKwInitBadVersion = 2,  // abi_version differs from the agent's kKwAbiVersion (-EPROTO)
   kKwInitBadLayout = 3,   // a size, offset or capacity is out of range (-EINVAL)
   kKwInitBusy = 4,        // an earlier session of this agent is not Restored yet (-EBUSY)
-  kKwInitLifeline = 5,    // lifeline_fd is not an open fd (-EBADF)
+  kKwInitLifeline = 5,    // lifeline_fd is not an open pipe (-EBADF)
   kKwInitMembarrier = 6,  // membarrier SYNC_CORE cannot be registered (its errno)
   kKwInitSignals = 7,     // rt_sigaction failed (its errno)
   kKwInitHooks = 8,       // libc's sigaction/pthread_sigmask not found or not patchable

@@ -18,6 +18,7 @@ check() {  # folder, forbidden include prefixes (regex)
   fi
 }
 check core 'drmgr|watch|cli|gui|bench|tests'
+check agent 'core|drmgr|watch|cli|gui|bench|tests'
 check drmgr 'watch|cli|gui|bench|tests'
 check watch 'cli|gui|bench|tests'
 check cli 'gui|bench|tests'
@@ -33,6 +34,15 @@ stray=$(find core -maxdepth 1 -name '*.cc' -o -maxdepth 1 -name '*.h' ! -name ev
 if [ -n "$stray" ]; then
   echo "layering: core/ files belong in a subfolder (only core/event.h is shared):"
   echo "$stray"
+  fail=1
+fi
+# The agent runs inside other programs: its own headers, libc, Linux UAPI and compiler
+# headers only (docs/agent.md); nothing of the project's libraries, Abseil, Zydis, libdw, Qt.
+agent_deps=$(grep -rnE '#include (<(absl|Zydis|elfutils|Q|sqlite|CLI|gtest|benchmark)|"[^a]|"a[^g])' agent \
+  --include='*.h' --include='*.cc' 2>/dev/null || true)
+if [ -n "$agent_deps" ]; then
+  echo "layering: agent/ includes only agent/, libc, Linux and compiler headers:"
+  echo "$agent_deps"
   fail=1
 fi
 qt=$(grep -rnE '#include <Q' core drmgr watch cli bench --include='*.h' --include='*.cc' 2>/dev/null || true)
