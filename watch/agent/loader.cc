@@ -119,8 +119,8 @@ bool HoldsLoaderOrAllocatorLock(const std::string& fn) {
                      [&fn](const char* part) { return absl::StrContains(fn, part); });
 }
 
-// Whether thread `tid` of `pid` blocks SIGTRAP (SigBlk in its status).
-bool BlocksSigtrap(pid_t pid, pid_t tid) {
+// Whether thread `tid` of `pid` blocks `sig` (SigBlk in its status).
+bool Blocks(pid_t pid, pid_t tid, int sig) {
   auto text = core::ReadSmallFile(absl::StrCat("/proc/", pid, "/task/", tid, "/status"));
   if (!text.ok()) {
     return false;
@@ -134,7 +134,7 @@ bool BlocksSigtrap(pid_t pid, pid_t tid) {
   if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(text->substr(at + 7, end - at - 7)), &mask)) {
     return false;
   }
-  return (mask & (uint64_t{1} << (SIGTRAP - 1))) != 0;
+  return (mask & (uint64_t{1} << (sig - 1))) != 0;
 }
 
 // The functions a shared object exports (.dynsym), with link-time addresses and sizes: all
@@ -316,6 +316,24 @@ absl::StatusOr<std::string> FindAgentLibrary(const std::string& self_exe) {
                                           " (KWATCH_AGENT=PATH names it)"));
 }
 
+absl::StatusOr<std::vector<pid_t>> ThreadsBlocking(pid_t pid, int sig) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    pid_t tid = 0;
+    if (absl::SimpleAtoi(e.path().filename().string(), &tid) && Blocks(pid, tid, sig)) {
+      out.push_back(tid);
+    }
+  }
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("listing the threads of pid ", pid, ": ", ec.message()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 absl::StatusOr<uint64_t> LoadBias(const core::Process& proc,
                                   const std::vector<core::MapEntry>& maps,
                                   const std::string& path) {
@@ -441,7 +459,7 @@ absl::StatusOr<pid_t> PickLoadThread(core::Process& proc) {
     if (!regs.ok()) {
       continue;  // gone, or not stopped (group stop)
     }
-    if (BlocksSigtrap(pid, tid)) {
+    if (Blocks(pid, tid, SIGTRAP)) {
       refused.push_back(absl::StrCat("thread ", tid, " blocks SIGTRAP"));
       continue;
     }

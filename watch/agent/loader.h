@@ -65,6 +65,11 @@ absl::StatusOr<DlopenSite> FindDlopen(const core::Process& proc,
 absl::StatusOr<uint64_t> LoadBias(const core::Process& proc,
                                   const std::vector<core::MapEntry>& maps, const std::string& path);
 
+// The threads of `pid` that block `sig` now (SigBlk), in tid order: a thread blocking SIGTRAP
+// when it meets an in-process INT3 would die of it (the kernel forces the signal and resets
+// the handler), so kwatch gives the INT3 probes of such a process to ptrace (docs/agent.md).
+absl::StatusOr<std::vector<pid_t>> ThreadsBlocking(pid_t pid, int sig);
+
 // A thread of an attached target in which a remote dlopen is safe: no frame of its stack in
 // ld.so or in libc's allocator, SIGTRAP not blocked; threads blocked in a system call first.
 // Every thread must be stopped. FailedPrecondition says why each thread was refused.

@@ -298,6 +298,13 @@ TEST(LoadAgent, IntoAnAttachedFourThreadProgram) {
       absl::FormatDuration(agent->timings.init).c_str(), agent->thread);
   const auto* c = static_cast<const ka::KwControl*>(agent->shm.get());
   EXPECT_EQ(c->agent_base, agent->agent_base.value);
+  // The three workers block SIGUSR1 (the program's own choice), main does not.
+  auto blocking = ThreadsBlocking((*target)->pid(), SIGUSR1);
+  ASSERT_TRUE(blocking.ok());
+  std::vector<pid_t> workers = (*proc)->TracedThreads();
+  std::sort(workers.begin(), workers.end());
+  workers.erase(std::find(workers.begin(), workers.end(), (*target)->pid()));
+  EXPECT_EQ(*blocking, workers);
   ASSERT_TRUE((*proc)->Detach().ok());
   ::kill((*target)->pid(), SIGUSR1);
   auto done = (*target)->Finish();
