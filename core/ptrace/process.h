@@ -36,8 +36,6 @@
 
 namespace kwatch::core {
 
-struct RemoteCallOptions;
-
 // A target process traced by this thread through PTRACE_SEIZE (every thread, new threads
 // followed with PTRACE_O_TRACECLONE). Owns the trace: the destructor detaches from a live
 // target (launched targets keep running unless kill_on_exit). All calls must come from the
@@ -175,9 +173,6 @@ class Process {
 
  private:
   friend class ProcessGroup;
-  friend absl::StatusOr<uint64_t> RemoteCall(Process& proc, pid_t tid, RemoteAddr function,
-                                             std::span<const uint64_t> args,
-                                             const RemoteCallOptions& opts);
 
   enum class ThreadState : uint8_t { kRunning, kStopped, kGroupStopped };
   enum class SyscallAt : uint8_t { kNone, kEntry, kExit };
@@ -247,6 +242,7 @@ class Process {
   bool syscall_stops_ = false;
   uint64_t syscall_stop_count_ = 0;
   absl::flat_hash_set<pid_t> foreign_stops_;
+  friend class RemoteCallRunner;  // core/ptrace/remote_call.cc
   ProcessGroup* group_ = nullptr;
   std::deque<std::pair<pid_t, int>> stashed_;  // statuses other members reaped for us
   uint64_t forks_ = 0;

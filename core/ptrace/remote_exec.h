@@ -1,8 +1,8 @@
 #pragma once
 
 // Code run inside a stopped thread of a traced process, restored afterwards: system calls
-// (Process::RemoteSyscall, and the typed mmap/munmap/mprotect below) and calls of the
-// target's own functions (RemoteCall, e.g. dlopen for an in-process agent).
+// (Process::RemoteSyscall, and the typed mmap/munmap/mprotect below); calls of the target's
+// own functions are remote_call.h's RemoteCall.
 //
 // Every function here takes a thread kwatch has stopped (StopAll, or a stop it handles),
 // runs only that thread, and leaves it stopped where it was, with its registers as before.
@@ -43,28 +43,5 @@ absl::Status RemoteMunmap(Process& proc, pid_t tid, RemoteAddr addr, uint64_t le
                           absl::string_view what = "");
 absl::Status RemoteMprotect(Process& proc, pid_t tid, RemoteAddr addr, uint64_t length, int prot,
                             absl::string_view what = "");
-
-struct RemoteCallOptions {
-  // How long the function may run. Past it, the thread is interrupted where it is and its
-  // registers restored (whatever the function changed in memory, locks it took included,
-  // stays): DeadlineExceeded.
-  absl::Duration max_wait = absl::Seconds(10);
-};
-
-// Calls the function at `function` (absolute) in stopped thread `tid` as the SysV x86-64 ABI
-// has it, with up to 6 integer or pointer arguments (rdi, rsi, rdx, rcx, r8, r9; al = 0 for a
-// variadic callee), on the thread's own stack below its red zone, 16-byte aligned, and
-// returns rax. The return address is the program's entry point (AT_ENTRY, which no thread
-// runs again once started), where an INT3 is put for the call and removed after it.
-// Afterwards the thread is stopped where it was: its general registers and its whole
-// extended state (x87, SSE, AVX: thread_regs.h) are as before, and a signal of its own that
-// arrived meanwhile is delivered when it resumes. Signals kwatch's interceptors claim during
-// the call are handled as usual (a probe hit in the callee). Errors: FailedPrecondition when
-// `tid` is not stopped by kwatch or is at a system-call stop; Aborted when the function
-// faults (the message names the signal and address; the fault is not delivered) or the
-// process ends or execs; DeadlineExceeded as above.
-absl::StatusOr<uint64_t> RemoteCall(Process& proc, pid_t tid, RemoteAddr function,
-                                    std::span<const uint64_t> args,
-                                    const RemoteCallOptions& opts = {});
 
 }  // namespace kwatch::core
