@@ -91,7 +91,7 @@ class RemoteExecTest : public ::testing::Test {
     RemoteCallOptions opts;
     opts.return_trap = trap_;
     opts.timeout = timeout;
-    auto r = Call(tid, function, args, opts);
+    auto r = RemoteCall(*proc_, tid, function, args, opts);
     if (!r.ok()) {
       return r.status();
     }
