@@ -22,7 +22,7 @@
 namespace kwatch::agent {
 
 inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
-inline constexpr uint32_t kKwAbiVersion = 2;
+inline constexpr uint32_t kKwAbiVersion = 3;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -258,22 +258,37 @@ struct KwProbeSlot {
 // Fetch programs: a stack-free machine with one 64-bit accumulator `acc`, run by the agent
 // at a hit against the saved registers (KwRegs) and the thread's memory. Faulting reads never
 // crash the target (docs/agent.md "safe reads"); they end the argument with a fault marker.
-// kwatch compiles core::CompiledArg into these (lowering DWARF locations it can; the rest
-// are refused for the agent path with a reason).
+// kwatch compiles core::CompiledArg into these (core/probe/agent_fetch.h): the places it can
+// compute, the parts of DWARF values it finishes itself at drain time, and for the rest
+// kKwOpRegsAll + kKwOpStack, evaluated by kwatch as the uprobe backend's samples are.
+//
+// Exact semantics (agent/fetch.cc, and kwatch's formatter relies on them):
+//  - Each argument that captures anything starts with kKwOpBeginArg (a = its number); the
+//    record gets a KwArgHeader, then the bytes its copy ops (Read, ReadStr, StoreAcc, Xmm,
+//    RegsAll, Stack) append (`len`, the sum), then zero padding to 8. The argument ends at
+//    the next kKwOpBeginArg or kKwOpEnd. Arguments that capture nothing ($comm, constants)
+//    have no ops and no header: the headers are in program order, with gaps in `arg`.
+//  - Safe reads: an address below 4096 or non-canonical, or any byte not readable by the
+//    thread, is a fault (status kKwArgFault, record flag 1, KwProbe::faults); the rest of
+//    the argument's ops are skipped. Deref and Read copy all their bytes or none. ReadStr
+//    and Stack keep the bytes they copied before the fault (readability is per page: Stack
+//    keeps the pages before the first unreadable one).
+//  - kKwOpReadStr copies the bytes at acc before the first NUL (not the NUL), at most b
+//    (kwatch asks for 257: one more than it shows, to know a longer string is cut). No NUL
+//    within b bytes: status kKwArgCut, len b.
+//  - A copy that would pass the probe's record_bytes is cut there (status kKwArgCut, record
+//    flag 2) and the program ends.
+//  - An op or operand the agent refuses (an unknown op, a register index >= kKwRegCount, a
+//    width of 0 or > 8, an %xmm index >= 16): status kKwArgInvalid (a kwatch bug).
 
-// Each argument starts with kKwOpBeginArg; the ops that copy bytes (Read, ReadStr,
-// StoreAcc, Xmm, RegsAll, Stack) append them to the current argument, which ends at the next
-// kKwOpBeginArg or kKwOpEnd. A faulting Deref/Read/ReadStr/Stack marks the argument
-// (status 1) and the agent skips to the next kKwOpBeginArg. A copy that would pass the
-// probe's record_bytes is cut (status 2, record flag 2) and the program ends there.
 enum KwFetchOpcode : uint16_t {
   kKwOpEnd = 0,       // end of the program
   kKwOpBeginArg = 1,  // starts argument `a` (records a KwArgHeader)
   kKwOpReg = 2,       // acc = regs[a] (KwReg index), zero-extended from b bytes (1, 2, 4, 8)
   kKwOpImm = 3,       // acc = imm
   kKwOpAdd = 4,       // acc += imm
-  kKwOpDeref = 5,     // acc = *(uint64_t*)acc (safe)
-  kKwOpRead = 6,      // copy b bytes at acc into the record (safe); ends the argument
+  kKwOpDeref = 5,     // acc = the b bytes at acc, zero-extended (b 1..8; 0 means 8) (safe)
+  kKwOpRead = 6,      // copy b bytes at acc into the record (safe)
   kKwOpReadStr = 7,   // copy up to b bytes at acc, before the first NUL (safe); no NUL: cut
   kKwOpStoreAcc = 8,  // copy acc's low b bytes into the record (a register's value)
   kKwOpXmm = 9,       // copy the low b (<= 16) bytes of %xmm[a] (a < 16) into the record
@@ -395,13 +410,19 @@ struct KwRecord {
 };
 static_assert(sizeof(KwRecord) == 40);
 
-struct KwArgHeader {
-  uint16_t arg;  // the argument's number (kKwOpBeginArg's a)
-  // 0: ok, 1: fault (unreadable memory), 2: cut (string longer than b, or the record's end),
-  // 3: invalid (an op or operand the agent refuses: a kwatch bug)
-  uint16_t status;
-  uint32_t len;  // bytes that follow (then padding to 8)
+enum KwArgStatus : uint16_t {
+  kKwArgOk = 0,
+  kKwArgFault = 1,    // unreadable memory (see the fetch semantics above)
+  kKwArgCut = 2,      // kKwOpReadStr found no NUL in b bytes, or the record's end
+  kKwArgInvalid = 3,  // an op or operand the agent refuses (a kwatch bug)
 };
+
+struct KwArgHeader {
+  uint16_t arg;     // the argument's number (kKwOpBeginArg's a)
+  uint16_t status;  // KwArgStatus
+  uint32_t len;     // bytes that follow (then padding to 8)
+};
+static_assert(sizeof(KwArgHeader) == 8);
 
 // ---------------------------------------------------------------------------------------
 // Entry points (extern "C" in libkwatch-agent.so), called by kwatch through remote calls or

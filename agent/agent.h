@@ -85,7 +85,7 @@ extern "C" {
 // Copies n bytes; 0, or -1 when a byte could not be read or written.
 long kw_safe_copy(void* dst, const void* src, size_t n);
 // Copies up to max bytes before the first NUL; the count copied (max when no NUL was met),
-// or -1 on a fault.
+// or on a fault ~(the count copied before it), which is negative.
 long kw_safe_strcopy(void* dst, const void* src, size_t max);
 long kw_safe_read8(const void* src, uint64_t* out);
 long kw_safe_write8(void* dst, uint64_t value);

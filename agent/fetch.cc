@@ -19,6 +19,8 @@ constexpr uint16_t kStatusInvalid = 3;
 constexpr uint16_t kRecordFaulted = 1;
 constexpr uint16_t kRecordCut = 2;
 
+constexpr uint64_t kPageSize = 4096;
+
 inline uint32_t RoundUp8(uint32_t n) {
   return (n + 7U) & ~7U;
 }
@@ -166,28 +168,62 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
       case kKwOpAdd:
         acc += static_cast<uint64_t>(op.imm);
         break;
-      case kKwOpDeref:
-        if (!SafeRead8(acc, &acc)) {
-          fail(kStatusFault);
+      case kKwOpDeref: {
+        const uint32_t n = op.b == 0 ? 8 : op.b;
+        if (n > 8) {
+          fail(kStatusInvalid);
+          break;
         }
+        uint64_t v = 0;
+        if (!(n == 8 ? SafeRead8(acc, &v) : SafeRead(acc, &v, n))) {
+          fail(kStatusFault);
+          break;
+        }
+        acc = v;  // little-endian: the n bytes, zero-extended
         break;
+      }
       case kKwOpTls:
         acc = regs.fs_base;
         break;
-      case kKwOpRead:
-      case kKwOpStack: {
-        const uint64_t from = op.op == kKwOpRead ? acc : regs.rsp;
+      case kKwOpRead: {
         uint32_t n = op.b;
         const bool cut = n > w.Space();
         if (cut) {
           n = w.Space();
         }
-        if (!SafeRead(from, w.Cursor(), n)) {
+        if (!SafeRead(acc, w.Cursor(), n)) {
           fail(kStatusFault);
           break;
         }
         w.Advance(n);
         if (cut) {
+          w.Cut();
+        }
+        break;
+      }
+      case kKwOpStack: {
+        // A page at a time: the pages before the first unreadable one stay.
+        uint32_t n = op.b;
+        const bool cut = n > w.Space();
+        if (cut) {
+          n = w.Space();
+        }
+        uint64_t from = regs.rsp;
+        bool faulted = false;
+        while (n > 0) {
+          const uint64_t to_page = kPageSize - (from & (kPageSize - 1));
+          const uint32_t chunk = to_page < n ? static_cast<uint32_t>(to_page) : n;
+          if (!SafeRead(from, w.Cursor(), chunk)) {
+            faulted = true;
+            break;
+          }
+          w.Advance(chunk);
+          from += chunk;
+          n -= chunk;
+        }
+        if (faulted) {
+          fail(kStatusFault);
+        } else if (cut) {
           w.Cut();
         }
         break;
@@ -198,6 +234,7 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
                            ? kw_safe_strcopy(w.Cursor(), reinterpret_cast<const void*>(acc), room)
                            : -1;
         if (n < 0) {
+          w.Advance(static_cast<uint32_t>(~n));  // the bytes before the unreadable one stay
           fail(kStatusFault);
           break;
         }

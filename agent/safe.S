@@ -59,7 +59,7 @@ FUNCTION(kw_safe_copy)
 END(kw_safe_copy)
 
 // long kw_safe_strcopy(void* dst, const void* src, size_t max): bytes before the first NUL
-// (max when none), or -1 on a fault.
+// (max when none), or on a fault ~(the bytes copied before it), which is negative.
 FUNCTION(kw_safe_strcopy)
   .cfi_startproc
   xor %eax, %eax
@@ -76,7 +76,7 @@ FUNCTION(kw_safe_strcopy)
 2:
   ret
 .Lstr_fixup:
-  mov $-1, %rax
+  not %rax  // %rax still counts the bytes copied (the faulting load wrote nothing)
   ret
   .cfi_endproc
 END(kw_safe_strcopy)

@@ -25,6 +25,7 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/probe/fetch.h"
+#include "core/probe/fetch_format.h"
 #include "core/ptrace/maps.h"
 #include "core/ptrace/process.h"
 #include "core/symbols/symbolizer.h"
@@ -124,36 +125,16 @@ ProbeHit UprobeSession::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) 
     hit.return_address = h.ip;  // the kernel samples the return address as the ip
   }
   // Memory is what the kernel copied from the stack pointer up; nothing else is known.
-  bool outside = false;
-  const uint64_t sp = h.regs.rsp;
-  const std::span<const uint8_t> stack = h.stack;
   core::FetchContext fc;
   fc.regs = &h.regs;
   fc.load_bias = bias;
   fc.at_return = def.point.is_return;
   fc.tid = h.tid;
-  fc.read = [&](core::RemoteAddr a, std::span<uint8_t> out) -> absl::Status {
-    if (a.value >= sp && a.value - sp <= stack.size() &&
-        out.size() <= stack.size() - (a.value - sp)) {
-      std::memcpy(out.data(), stack.data() + (a.value - sp), out.size());
-      return absl::OkStatus();
-    }
-    outside = true;
-    return absl::NotFoundError("not in the sampled stack");
-  };
   for (const core::CompiledArg& a : def.args) {
-    outside = false;
-    absl::StatusOr<std::string> v = core::Evaluate(a, fc);
-    std::string value;
-    if (!v.ok()) {
-      value = absl::StrCat("<error: ", v.status().message(), ">");
-    } else if (outside && (*v == "(fault)" || v->empty())) {
-      value = std::string(kNotSampled);
-      ++not_sampled_;
-    } else {
-      value = *std::move(v);
-    }
-    hit.args.emplace_back(a.name, std::move(value));
+    bool outside = false;
+    absl::StatusOr<std::string> v = core::EvaluateSampled(a, fc, h.regs.rsp, h.stack, &outside);
+    not_sampled_ += outside ? 1 : 0;
+    hit.args.emplace_back(a.name, v.ok() ? *std::move(v) : core::FetchErrorText(v.status()));
   }
   return hit;
 }
