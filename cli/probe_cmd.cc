@@ -200,11 +200,16 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("-o,--output", opts.output,
                  "Record probes and hits to FILE (SQLite; read it with `kwatch report FILE`)");
   app.add_option("--backend", opts.backend,
-                 "ptrace: INT3 probes run by kwatch (reads any memory at the hit); uprobe: the "
-                 "kernel's uprobe PMU (faster; arguments only from registers and the sampled "
-                 "stack; without -p or a command it probes every process running -x FILE)")
-      ->check(CLI::IsMember({"ptrace", "uprobe"}))
+                 "agent: probes run inside the target by kwatch's agent (a jmp to a trampoline "
+                 "where the code allows, else INT3; no stop per hit; the agent restores the "
+                 "code if kwatch dies); auto: the agent where it loads, else ptrace, saying why; "
+                 "ptrace: INT3 probes run by kwatch (a stop per hit); uprobe: the kernel's "
+                 "uprobe PMU (arguments only from registers and the sampled stack; without -p "
+                 "or a command it probes every process running -x FILE)")
+      ->check(CLI::IsMember({"auto", "agent", "ptrace", "uprobe"}))
       ->capture_default_str();
+  app.add_flag("--no-jump", opts.no_jump,
+               "agent: every probe through INT3, none through a jump to a trampoline");
   app.add_option("--maxactive", opts.maxactive,
                  "Return probes (ptrace): calls tracked at once; more count as nmissed "
                  "(default 256)");
@@ -262,6 +267,18 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  "is the kernel's own INT3 breakpoint in the file's code, while --hw places "
                  "execute breakpoints in the debug registers of the threads kwatch traces "
                  "(ptrace); drop one of them\n");
+    return 2;
+  }
+  if (opts.hw && opts.backend == "agent") {
+    std::fprintf(stderr,
+                 "kwatch: error: --hw and --backend agent exclude each other: the agent patches "
+                 "the code (a jmp or an INT3), --hw leaves it alone and uses the debug "
+                 "registers; drop one of them\n");
+    return 2;
+  }
+  if (opts.no_jump && (opts.hw || opts.backend == "ptrace" || opts.backend == "uprobe")) {
+    std::fprintf(stderr,
+                 "kwatch: error: --no-jump is for the agent backend (--backend agent or auto)\n");
     return 2;
   }
   if (opts.hw && opts.follow_forks) {

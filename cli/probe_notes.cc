@@ -150,6 +150,9 @@ std::string ProbeNoteText(const ProbeNote& n) {
     case Kind::kOtherProcesses:
       return absl::StrFormat("%d hits of other processes running %s were left out", n.count,
                              n.path);
+    case Kind::kAgentDropped:
+      return absl::StrFormat("the agent dropped %d hit%s (%s)", n.count, Plural(n.count, "s"),
+                             n.why);
     case Kind::kSamplesDropped:
       return absl::StrFormat(
           "the kernel dropped %d samples of probe %d (ring full): counts are short", n.count,

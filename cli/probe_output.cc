@@ -89,6 +89,15 @@ ProbeEndStats StatsOf(const ProbeSummary& s, uint32_t id) {
   return it == s.end.stats.end() ? ProbeEndStats{} : it->second;
 }
 
+// The path a probe took: the agent's per probe, else the backend's ("ptrace", "uprobe", "hw").
+watch::probe::ProbePath PathOf(const ProbeSummary& s, uint32_t id) {
+  auto it = s.end.paths.find(id);
+  if (it != s.end.paths.end()) {
+    return it->second;
+  }
+  return watch::probe::ProbePath{.path = s.end.info.backend, .why = ""};
+}
+
 }  // namespace
 
 std::string ArgValueJson(const std::string& formatted) {
@@ -211,7 +220,11 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
   absl::FPrintF(out, "\n== kwatch probe summary: %d hit%s in %.3f s, %s backend (%s) ==\n",
                 s.tally.taken(), s.tally.taken() == 1 ? "" : "s", info.seconds, info.backend,
                 info.stop_reason);
-  if (ptrace) {
+  const bool agent = info.backend == "agent";
+  if (agent) {
+    absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s %8s %8s %s\n", "EVENT", "LOCATION", "SOURCE",
+                  "HITS", "MISSES", "NMISSED", "LOST", "PATH");
+  } else if (ptrace) {
     absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s %8s\n", "EVENT", "LOCATION", "SOURCE", "HITS",
                   "MISSES", "NMISSED");
   } else {
@@ -221,7 +234,16 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
   for (const ProbeDef& p : s.probes) {
     const ProbeEndStats st = StatsOf(s, p.id);
     const std::string source = p.SourceLine().empty() ? "-" : p.SourceLine();
-    if (ptrace) {
+    if (agent) {
+      const watch::probe::ProbePath path = PathOf(s, p.id);
+      absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d %8s %8d %s\n", p.point.event, p.Location(),
+                    source, s.tally.hits(p.id), st.misses,
+                    p.point.is_return ? absl::StrCat(st.nmissed) : std::string("-"), st.lost,
+                    path.path);
+      if (!path.why.empty()) {
+        absl::FPrintF(out, "    %s, not jump: %s\n", path.path, path.why);
+      }
+    } else if (ptrace) {
       absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d %8s\n", p.point.event, p.Location(), source,
                     s.tally.hits(p.id), st.misses,
                     p.point.is_return ? absl::StrCat(st.nmissed) : std::string("-"));
@@ -316,6 +338,11 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                                  {"abandoned", st.abandoned},
                                  {"faults", st.faults},
                                  {"lost", st.lost}};
+    const watch::probe::ProbePath path = PathOf(s, p.id);
+    pj["path"] = path.path;
+    if (!path.why.empty()) {
+      pj["path_reason"] = path.why;
+    }
     if (st.kernel_count.has_value()) {
       pj["kernel_count"] = *st.kernel_count;
     }

@@ -11,6 +11,8 @@
 #include "core/base/status_macros.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
+#include "watch/event_loop.h"
+#include "watch/probe/agent_session.h"
 #include "watch/probe/hit_fanout.h"
 #include "watch/probe/hit_recorder.h"
 #include "watch/probe/hit_tally.h"
@@ -122,7 +124,7 @@ class SessionOutput {
  private:
   const ProbeCmdOptions& opts_;
   const ProbeSet& set_;
-  std::string backend_;  // "ptrace", "uprobe", "hw": in the recording
+  std::string backend_;  // "agent", "ptrace", "uprobe", "hw": in the recording
   std::unique_ptr<core::TraceWriter> writer_;
   std::unique_ptr<HitTally> tally_;
   std::unique_ptr<HitRecorder> recorder_;
@@ -175,18 +177,42 @@ bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
 
 absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet& set,
                                     core::UniqueFd sigfd) {
-  const std::string backend = opts.backend == "uprobe" ? "uprobe" : opts.hw ? "hw" : "ptrace";
-  SessionOutput out(opts, set, backend);
+  std::string backend = opts.backend == "uprobe"   ? "uprobe"
+                        : opts.hw                  ? "hw"
+                        : opts.backend == "ptrace" ? "ptrace"
+                                                   : "agent";
+  auto out = std::make_unique<SessionOutput>(opts, set, backend);
   std::unique_ptr<watch::probe::ProbeSession> session;
-  if (backend == "uprobe") {
+  if (backend == "agent") {
+    watch::probe::AgentSessionOptions ao;
+    ao.allow_jump = !opts.no_jump;
+    absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> started =
+        watch::probe::StartAgentSession(SessionOptions(opts), ao, set, std::move(sigfd),
+                                        out->Hooks());
+    if (started.ok()) {
+      session = *std::move(started);
+    } else if (opts.backend == "auto" &&
+               started.status().code() == absl::StatusCode::kUnavailable) {
+      // Nothing of the target ran with the agent: the ptrace backend starts over.
+      std::fprintf(stderr, "kwatch: note: %s; the ptrace backend runs the probes\n",
+                   std::string{started.status().message()}.c_str());
+      backend = "ptrace";
+      out = std::make_unique<SessionOutput>(opts, set, backend);
+      KW_ASSIGN_OR_RETURN(sigfd, watch::BlockSessionSignals());
+    } else {
+      return started.status();
+    }
+  }
+  if (session != nullptr) {  // the agent's
+  } else if (backend == "uprobe") {
     KW_ASSIGN_OR_RETURN(session, watch::probe::StartUprobeSession(SessionOptions(opts), set,
-                                                                  std::move(sigfd), out.Hooks()));
+                                                                  std::move(sigfd), out->Hooks()));
   } else if (backend == "hw") {
     KW_ASSIGN_OR_RETURN(session, watch::probe::StartHwSession(SessionOptions(opts), set,
-                                                              std::move(sigfd), out.Hooks()));
+                                                              std::move(sigfd), out->Hooks()));
   } else {
     KW_ASSIGN_OR_RETURN(session, watch::probe::StartPtraceSession(SessionOptions(opts), set,
-                                                                  std::move(sigfd), out.Hooks()));
+                                                                  std::move(sigfd), out->Hooks()));
   }
   for (;;) {
     absl::StatusOr<bool> more = session->Step(absl::Seconds(1));
@@ -195,7 +221,7 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
     }
   }
   KW_ASSIGN_OR_RETURN(watch::probe::ProbeSessionEnd end, session->Finish());
-  const bool recorded = out.End(end);
+  const bool recorded = out->End(end);
   KW_RETURN_IF_ERROR(end.error);
   if (!recorded) {
     return 1;  // -o was not honoured (docs/recording.md)

@@ -224,12 +224,21 @@ TEST(ProbeCmd, UprobeBackendSaysWhatItCouldNotSample) {
 }
 
 TEST(ProbeCmd, FourThreadsEachCountedExactly) {
-  for (const std::string backend : {"ptrace", "uprobe"}) {
+  // "agent": the probe through a jump to a trampoline; "agent --no-jump": through the agent's
+  // INT3 handler.
+  for (const std::string backend : {"ptrace", "uprobe", "agent", "agent --no-jump"}) {
     SCOPED_TRACE(backend);
-    // uprobe: rings big enough for every sample even if kwatch gets no CPU meanwhile.
-    const RunResult r =
-        KwatchProbe({"--json", "--backend", backend, "--ring-pages", "4096", "tick i r->len", "--",
-                     TargetPath("uprobe_loop"), "2000", "--threads", "4"});
+    std::vector<std::string> args = {"--json", "--backend"};
+    for (absl::string_view w : absl::StrSplit(backend, ' ')) {
+      args.emplace_back(w);
+    }
+    if (backend == "uprobe") {
+      // Rings big enough for every sample even if kwatch gets no CPU meanwhile.
+      args.insert(args.end(), {"--ring-pages", "4096"});
+    }
+    args.insert(args.end(),
+                {"tick i r->len", "--", TargetPath("uprobe_loop"), "2000", "--threads", "4"});
+    const RunResult r = KwatchProbe(args);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const JsonRun run = ParseJson(r.out);
     ASSERT_EQ(run.hits.size(), 8000u) << run.summary.dump() << "\n" << r.err;
@@ -257,6 +266,72 @@ TEST(ProbeCmd, FourThreadsEachCountedExactly) {
     }
     EXPECT_THAT(run.other, ::testing::ElementsAre(absl::StrCat("sum=", sum)));
   }
+}
+
+TEST(ProbeCmd, AgentBackendGivesTheSameHitsAndValuesOnEachPath) {
+  for (const bool jump : {true, false}) {
+    SCOPED_TRACE(jump ? "jump" : "int3");
+    std::vector<std::string> args = {"--json", "--backend", "agent"};
+    if (!jump) {
+      args.push_back("--no-jump");
+    }
+    args.insert(args.end(),
+                {"tick i r->len", "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
+    const RunResult r = KwatchProbe(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonRun run = ParseJson(r.out);
+    ExpectLoopHits(run, 1000);
+    EXPECT_THAT(run.other, ::testing::ElementsAre(absl::StrCat("sum=", LoopSum(1000))));
+    EXPECT_EQ(run.summary["backend"], "agent");
+    EXPECT_EQ(run.summary["hits"], 2000);
+    EXPECT_EQ(run.summary["exit_code"], 0);
+    ASSERT_EQ(run.summary["probes"].size(), 2u);
+    for (const json& p : run.summary["probes"]) {
+      EXPECT_EQ(p["hits"], 1000) << p.dump();
+      EXPECT_EQ(p["lost"], 0) << p.dump();
+      EXPECT_EQ(p["misses"], 0) << p.dump();
+      EXPECT_EQ(p["path"], jump ? "jump" : "int3") << p.dump();
+      if (!jump) {
+        EXPECT_EQ(p["path_reason"], "--no-jump") << p.dump();
+      }
+    }
+    EXPECT_THAT(r.err, HasSubstr("agent backend"));
+  }
+}
+
+TEST(ProbeCmd, AgentBackendTextSummaryNamesEachProbesPath) {
+  // tick+0x4 lies inside the bytes a jump at tick+0x0 would overwrite: tick+0x0 takes the
+  // INT3 path and says why, tick+0x4 the jump.
+  const RunResult r = KwatchProbe(
+      {"-q", "--backend", "agent", "tick", "tick+4", "--", TargetPath("uprobe_loop"), "10"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("agent backend (target exited)"));
+  EXPECT_THAT(r.out,
+              ::testing::ContainsRegex("\ntick +tick +uprobe_loop.c:[0-9]+ +10 +0 +- +0 int3\n"
+                                       "    int3, not jump: no jump at tick\\+0x0 "
+                                       "\\(0x[0-9a-f]+\\): another probe at tick\\+0x4 "));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "\ntick_1 +tick\\+0x4 +uprobe_loop.c:[0-9]+ +10 +0 +- +0 jump\n"));
+}
+
+TEST(ProbeCmd, AgentBackendRefusesAStaticProgramAndAutoFallsBack) {
+  // remote_call_static has no dynamic loader: the agent cannot be loaded into it.
+  const std::string prog = TargetPath("remote_call_static");
+  const RunResult a = KwatchProbe({"--backend", "agent", "main", "--", prog, "count", "3"});
+  EXPECT_EQ(a.exit_code, 1) << a.err;
+  EXPECT_THAT(a.err, HasSubstr("the in-process agent cannot serve"));
+  EXPECT_THAT(a.err, HasSubstr("statically linked"));
+  // auto: the same probe by the ptrace backend, with a note saying why.
+  const RunResult b =
+      KwatchProbe({"--json", "--backend", "auto", "main", "--", prog, "count", "3"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_THAT(b.err, HasSubstr("statically linked"));
+  EXPECT_THAT(b.err, HasSubstr("the ptrace backend runs the probes"));
+  const JsonRun run = ParseJson(b.out);
+  EXPECT_EQ(run.summary["backend"], "ptrace");
+  EXPECT_EQ(run.summary["hits"], 1);
+  EXPECT_EQ(run.summary["probes"][0]["path"], "ptrace");
+  EXPECT_THAT(run.other, ::testing::ElementsAre("tick 0", "tick 1", "tick 2", "sum 5"));
 }
 
 TEST(ProbeCmd, UprobeBackendCountsTheSamplesItDropped) {

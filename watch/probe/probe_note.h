@@ -58,6 +58,7 @@ struct ProbeNote {
     kNotSampled,        // uprobe: `count` argument values showed kNotSampled
     kOtherProcesses,    // uprobe: `count` hits of other processes running `path` were left out
     kSamplesDropped,    // uprobe: the kernel dropped `count` samples of `probe` (ring full)
+    kAgentDropped,      // agent: `count` hits were dropped (`why`)
   };
   // kExec: what became of the probes in the new image.
   enum class Rearm : uint8_t {

@@ -62,6 +62,13 @@ struct ProbeHwEnd {
   uint64_t stray_traps = 0;           // traps that named no probe (dropped)
 };
 
+// How one probe was run: "jump", "int3" (the agent), "ptrace", "uprobe", "hw"; and why it
+// did not take a faster path ("" when it took the fastest).
+struct ProbePath {
+  std::string path;
+  std::string why;
+};
+
 // How a session ended.
 struct ProbeSessionEnd {
   std::map<uint32_t, ProbeEndStats> stats;  // by ProbeDef::id
@@ -71,6 +78,9 @@ struct ProbeSessionEnd {
   absl::Status error;
   using Hw = ProbeHwEnd;
   std::optional<Hw> hw;  // the debug-register backend's
+  // By ProbeDef::id: the path each probe took (agent sessions; else every probe took the
+  // backend's own, ProbeRunInfo::backend).
+  std::map<uint32_t, ProbePath> paths;
 };
 
 // One probe session (each backend's derives from ProbeSessionBase, watch/probe/session_base.h).

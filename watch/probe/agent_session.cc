@@ -1,0 +1,622 @@
+#include "watch/probe/agent_session.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/abi.h"
+#include "core/base/status_macros.h"
+#include "core/probe/agent_fetch.h"
+#include "core/probe/fetch_format.h"
+#include "core/probe/insn_fixup.h"
+#include "core/probe/jump_optimizer.h"
+#include "core/probe/trampoline.h"
+#include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
+#include "core/symbols/symbols.h"
+#include "watch/agent/controller.h"
+#include "watch/agent/int3_plan.h"
+#include "watch/agent/loader.h"
+#include "watch/probe/session_base.h"
+
+namespace kwatch::watch::probe {
+
+namespace {
+
+namespace ka = kwatch::agent;
+namespace wa = kwatch::watch::agent;
+
+// Bytes read at a probe for its instruction (the longest x86 instruction is 15).
+constexpr size_t kInsnBytes = 15;
+
+// The shared memory of a session: every probe of the set (twice over for the hash), and rings
+// of 1 MiB for up to 64 threads (a thread beyond them is counted, its hits dropped).
+wa::ShmConfig ShmFor(const ProbeSet& set) {
+  wa::ShmConfig c;
+  c.probe_capacity = std::max<uint32_t>(64, static_cast<uint32_t>(set.probes.size()) * 2);
+  c.code_capacity = std::max<uint32_t>(8192, c.probe_capacity * 64);
+  c.thread_capacity = 64;
+  c.ring_bytes = 1u << 20;
+  return c;
+}
+
+// A record copied out of its ring (the payload's span is valid only inside the drain).
+struct Drained {
+  uint32_t probe_index = 0;
+  uint16_t type = 0;
+  int32_t tid = 0;
+  uint64_t time_ns = 0;
+  uint64_t ip = 0;
+  uint64_t return_address = 0;
+  std::vector<uint8_t> payload;
+};
+
+class AgentSession : public ProbeSessionBase {
+ public:
+  AgentSession(const ProbeSessionOptions& opts, AgentSessionOptions agent_opts, const ProbeSet& set,
+               std::unique_ptr<EventLoop> loop, const ProbeSessionHooks& hooks)
+      : ProbeSessionBase("agent", opts, set, std::move(loop), hooks),
+        agent_opts_(std::move(agent_opts)) {}
+  ~AgentSession() override = default;
+  AgentSession(const AgentSession&) = delete;
+  AgentSession& operator=(const AgentSession&) = delete;
+  AgentSession(AgentSession&&) = delete;
+  AgentSession& operator=(AgentSession&&) = delete;
+
+  absl::StatusOr<ProbeSessionEnd> Finish() override;
+
+ private:
+  // One probe as placed in the target.
+  struct Placed {
+    const ProbeDef* def = nullptr;
+    uint32_t index = 0;  // in the agent's probe table
+    core::AgentFetchProgram program;
+    ProbePath path;
+    uint64_t after_stop = 0;  // records drained once the session was stopping
+  };
+
+  absl::Status Start() override;
+  void Abandon() override;
+  absl::Status Collect(const EventLoop::Ready& /*ready*/) override { return DrainRings(); }
+  absl::Status PollTarget() override;
+
+  // Launches or attaches and loads the agent; Unavailable when the agent cannot serve the
+  // target (the caller may fall back to another backend).
+  absl::Status LoadAgent();
+  // Places every probe, with the world stopped.
+  absl::Status PlaceAll();
+  absl::Status Place(const ProbeDef& def, const std::vector<core::RemoteAddr>& all);
+  // The jump optimizer's decision for a probe at `addr`.
+  core::JumpDecision PlanJump(core::RemoteAddr addr, const std::vector<core::RemoteAddr>& all);
+  // Tries the jump path; false (with `why`) when the probe must take the INT3 path.
+  absl::StatusOr<bool> PlaceJump(const core::JumpPlan& plan, wa::ProbeEntry entry, Placed& placed,
+                                 std::string& why);
+  absl::Status PlaceInt3(wa::ProbeEntry entry, Placed& placed);
+
+  // Drains every ring and delivers the records in time order.
+  absl::Status DrainRings();
+  wa::HitFn Collector();
+  void DeliverDrained();
+  void OnRecord(const Drained& d);
+
+  AgentSessionOptions agent_opts_;
+  std::unique_ptr<core::Process> proc_;  // while the target is traced (arming)
+  std::unique_ptr<wa::Controller> ctl_;
+  std::unique_ptr<core::Symbols> symbols_;
+  std::unique_ptr<core::Symbolizer> symbolizer_;
+  pid_t pid_ = 0;
+  uint64_t bias_ = 0;
+  bool launched_ = false;
+  bool detached_ = false;
+  bool exited_ = false;      // the target ended
+  bool agent_gone_ = false;  // the target exec'd: the agent went with the old image
+  std::optional<core::ExitInfo> exit_;
+  std::vector<Placed> placed_;
+  std::map<uint32_t, size_t> by_index_;  // agent probe index -> placed_
+  // The first probe placed at each address: the ones after it join its chain.
+  struct First {
+    wa::ProbeEntry entry;
+    ProbePath path;
+  };
+  std::map<uint64_t, First> first_at_;
+  std::vector<Drained> drained_;
+  uint64_t data_loss_ = 0;  // rings that held garbage
+};
+
+absl::Status AgentSession::LoadAgent() {
+  const auto unavailable = [this](absl::string_view why) {
+    return absl::UnavailableError(
+        absl::StrCat("the in-process agent cannot serve ",
+                     pid_ > 0 ? absl::StrCat("pid ", pid_) : std::string("the target"), ": ", why));
+  };
+  if (opts().follow_forks) {
+    return unavailable("-f (children forked while probing are followed by the ptrace backend)");
+  }
+  core::LaunchOptions lo;
+  lo.run_as = opts().user;
+  lo.kill_on_exit = opts().kill_on_exit;
+  KW_ASSIGN_OR_RETURN(proc_, core::Process::Start(opts().pid, opts().command, lo));
+  pid_ = proc_->pid();
+  launched_ = !opts().pid.has_value();
+  KW_RETURN_IF_ERROR(proc_->StopAll());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_->Maps());
+  absl::StatusOr<uint64_t> bias = set().target->LoadBias(maps);
+  if (!bias.ok()) {
+    return absl::NotFoundError(absl::StrCat(set().path, " is not mapped in process ", pid_, ": ",
+                                            bias.status().message()));
+  }
+  bias_ = *bias;
+  KW_ASSIGN_OR_RETURN(std::vector<pid_t> blocking, wa::ThreadsBlocking(pid_, SIGTRAP));
+  if (!blocking.empty()) {
+    return unavailable(absl::StrCat("thread", blocking.size() > 1 ? "s " : " ",
+                                    absl::StrJoin(blocking, ", "),
+                                    " block SIGTRAP (an INT3 there would kill the thread)"));
+  }
+  wa::LoadOptions lopts;
+  lopts.agent_path = agent_opts_.agent_path;
+  lopts.shm = ShmFor(set());
+  absl::StatusOr<std::unique_ptr<wa::Controller>> ctl = wa::Controller::Load(*proc_, lopts);
+  if (!ctl.ok()) {
+    return unavailable(ctl.status().message());
+  }
+  ctl_ = *std::move(ctl);
+  const ka::KwControl& c = ctl_->tables().control();
+  if ((c.agent_features & ka::kKwFeatureInt3) == 0 ||
+      (c.agent_features & ka::kKwFeatureWatchdog) == 0) {
+    return unavailable("the agent started without its SIGTRAP handler or its watchdog");
+  }
+  return absl::OkStatus();
+}
+
+core::JumpDecision AgentSession::PlanJump(core::RemoteAddr addr,
+                                          const std::vector<core::RemoteAddr>& all) {
+  core::JumpDecision none;
+  none.reason = "no function symbol with a size around it";
+  if (symbols_ == nullptr) {
+    return none;
+  }
+  const std::optional<core::FunctionSymbol> fn = symbols_->FunctionAt(addr);
+  if (!fn.has_value() || fn->size == 0) {
+    return none;
+  }
+  std::vector<uint8_t> bytes(fn->size);
+  if (absl::Status s = symbols_->ReadCode(fn->start, bytes); !s.ok()) {
+    none.reason = absl::StrCat("the code of ", fn->name, " cannot be read: ", s.message());
+    return none;
+  }
+  core::JumpOptions jo;
+  // The function's cold part (gcc's FUNC.cold) may branch back into it.
+  std::vector<uint8_t> cold_bytes;
+  if (std::optional<core::FunctionSymbol> cold = symbols_->FindFunction(fn->name + ".cold");
+      cold.has_value() && cold->size > 0) {
+    cold_bytes.resize(cold->size);
+    if (symbols_->ReadCode(cold->start, cold_bytes).ok()) {
+      jo.other_code.push_back(core::FunctionCode{cold->name, cold->start, cold_bytes});
+    }
+  }
+  for (core::RemoteAddr a : all) {
+    if (a != addr) {
+      jo.other_probes.push_back(a);
+    }
+  }
+  const core::Symbols* syms = symbols_.get();
+  jo.read_image = [syms](core::RemoteAddr a, std::span<uint8_t> out) {
+    return syms->ReadCode(a, out);
+  };
+  return core::PlanJumpProbe(core::FunctionCode{fn->name, fn->start, bytes}, addr, jo);
+}
+
+absl::StatusOr<bool> AgentSession::PlaceJump(const core::JumpPlan& plan, wa::ProbeEntry entry,
+                                             Placed& placed, std::string& why) {
+  const core::RemoteAddr jump_entry{ctl_->tables().control().jump_entry};
+  if ((ctl_->tables().control().agent_features & ka::kKwFeatureJump) == 0 ||
+      jump_entry.value == 0) {
+    why = "the agent has no jump entry";
+    return false;
+  }
+  entry.flags |= ka::kKwProbeJump;
+  entry.resume = ka::kKwResumeXol;
+  KW_ASSIGN_OR_RETURN(const uint32_t index, ctl_->AddProbe(entry));
+  std::optional<core::Trampoline> built;
+  absl::StatusOr<core::RemoteAddr> at =
+      ctl_->PlaceCode(*proc_, entry.addr, core::kMaxTrampolineBytes,
+                      [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
+                        KW_ASSIGN_OR_RETURN(core::Trampoline t,
+                                            core::BuildTrampoline(plan, where, index, jump_entry));
+                        built = t;
+                        return t.code;
+                      });
+  absl::StatusOr<core::JumpPatch> patch =
+      at.ok() ? core::BuildJumpPatch(plan, *at) : absl::StatusOr<core::JumpPatch>(at.status());
+  absl::Status patched = patch.status();
+  if (patched.ok()) {
+    ctl_->tables().probe(index).xol_addr = built->xol_addr().value;
+    patched = ctl_->Patch(*proc_, index, entry.addr, patch->patched);
+  }
+  if (!patched.ok()) {
+    // A thread parked inside the range, or no trampoline within reach: the INT3 path.
+    KW_RETURN_IF_ERROR(ctl_->tables().RemoveProbe(index));
+    why = std::string(patched.message());
+    return false;
+  }
+  placed.index = index;
+  placed.path.path = "jump";
+  return true;
+}
+
+absl::Status AgentSession::PlaceInt3(wa::ProbeEntry entry, Placed& placed) {
+  std::vector<uint8_t> code(kInsnBytes);
+  KW_RETURN_IF_ERROR(proc_->ReadMemory(entry.addr, code));
+  KW_ASSIGN_OR_RETURN(const core::ProbedInsn insn, core::AnalyzeProbedInsn(code, entry.addr));
+  KW_RETURN_IF_ERROR(wa::PlanInt3(*ctl_, *proc_, insn, entry));
+  KW_ASSIGN_OR_RETURN(placed.index, ctl_->AddProbe(entry));
+  const uint8_t int3 = 0xcc;
+  KW_RETURN_IF_ERROR(ctl_->Patch(*proc_, placed.index, entry.addr, std::span(&int3, 1)));
+  placed.path.path = "int3";
+  return absl::OkStatus();
+}
+
+absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::RemoteAddr>& all) {
+  const auto fail = [&def](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("probe ", def.point.event, " (", def.Location(),
+                                               "): ", s.message()));
+  };
+  Placed placed;
+  placed.def = &def;
+  absl::StatusOr<core::AgentFetchProgram> program = core::CompileAgentFetch(
+      def.args, bias_, core::AgentFetchOptions{.stack_bytes = opts().stack_bytes});
+  if (!program.ok()) {
+    return fail(program.status());
+  }
+  placed.program = *std::move(program);
+  wa::ProbeEntry entry;
+  entry.id = def.id;
+  entry.addr = core::RemoteAddr{def.point.vaddr.value + bias_};
+  entry.flags = ka::kKwProbeEnabled | (def.point.is_return ? ka::kKwProbeReturn : 0u) |
+                (placed.program.needs_fpregs ? ka::kKwProbeFpregs : 0u);
+  entry.program = placed.program.ops;
+  entry.record_bytes = placed.program.record_bytes;
+  entry.maxactive = opts().maxactive;
+  if (auto first = first_at_.find(entry.addr.value); first != first_at_.end()) {
+    // Another probe at a placed address: it joins that probe's chain (KwProbe::next) with the
+    // same resume fields and path; the code is patched once.
+    const wa::ProbeEntry& f = first->second.entry;
+    entry.flags |= f.flags & ka::kKwProbeJump;
+    entry.xol_addr = f.xol_addr;
+    entry.resume = f.resume;
+    entry.insn_len = f.insn_len;
+    entry.target = f.target;
+    entry.cond = f.cond;
+    entry.ret_imm = f.ret_imm;
+    entry.ind_base = f.ind_base;
+    entry.ind_index = f.ind_index;
+    entry.ind_disp = f.ind_disp;
+    entry.ind_scale = f.ind_scale;
+    entry.ind_flags = f.ind_flags;
+    absl::StatusOr<uint32_t> index = ctl_->AddProbe(entry);
+    if (!index.ok()) {
+      return fail(index.status());
+    }
+    placed.index = *index;
+    placed.path = first->second.path;
+    by_index_[placed.index] = placed_.size();
+    placed_.push_back(std::move(placed));
+    return absl::OkStatus();
+  }
+  std::string why;
+  bool jumped = false;
+  if (!agent_opts_.allow_jump) {
+    why = "--no-jump";
+  } else {
+    const core::JumpDecision d = PlanJump(entry.addr, all);
+    if (d.plan.has_value()) {
+      absl::StatusOr<bool> j = PlaceJump(*d.plan, entry, placed, why);
+      if (!j.ok()) {
+        return fail(j.status());
+      }
+      jumped = *j;
+    } else {
+      why = d.reason;
+    }
+  }
+  if (!jumped) {
+    if (absl::Status s = PlaceInt3(entry, placed); !s.ok()) {
+      return fail(s);
+    }
+    placed.path.why = why;
+  }
+  First f;
+  f.entry = entry;
+  if (jumped) {
+    f.entry.flags |= ka::kKwProbeJump;
+    f.entry.resume = ka::kKwResumeXol;
+    f.entry.xol_addr = ctl_->tables().probe(placed.index).xol_addr;
+  } else {
+    // The resume fields PlanInt3 wrote, as the agent reads them.
+    const ka::KwProbe& k = ctl_->tables().probe(placed.index);
+    f.entry.xol_addr = k.xol_addr;
+    f.entry.resume = k.resume;
+    f.entry.insn_len = k.insn_len;
+    f.entry.target = k.target;
+    f.entry.cond = k.cond;
+    f.entry.ret_imm = k.ret_imm;
+    f.entry.ind_base = k.ind_base;
+    f.entry.ind_index = k.ind_index;
+    f.entry.ind_disp = k.ind_disp;
+    f.entry.ind_scale = k.ind_scale;
+    f.entry.ind_flags = k.ind_flags;
+  }
+  f.path = placed.path;
+  first_at_[entry.addr.value] = std::move(f);
+  by_index_[placed.index] = placed_.size();
+  placed_.push_back(std::move(placed));
+  return absl::OkStatus();
+}
+
+absl::Status AgentSession::PlaceAll() {
+  std::vector<core::RemoteAddr> all;
+  all.reserve(set().probes.size());
+  for (const ProbeDef& def : set().probes) {
+    all.push_back(core::RemoteAddr{def.point.vaddr.value + bias_});
+  }
+  for (const ProbeDef& def : set().probes) {
+    KW_RETURN_IF_ERROR(Place(def, all));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentSession::Start() {
+  KW_RETURN_IF_ERROR(LoadAgent());
+  if (auto syms = core::Symbols::ForProcess(pid_); syms.ok()) {
+    symbols_ = *std::move(syms);
+    symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+  }
+  KW_RETURN_IF_ERROR(hooks().open_recording(pid_, bias_));
+  KW_RETURN_IF_ERROR(PlaceAll());
+  KW_RETURN_IF_ERROR(loop().Add(ctl_->lifeline_fd()));
+  KW_RETURN_IF_ERROR(loop().Add(ctl_->pidfd()));
+  ctl_->Activate();
+  ProbeSessionStart start;
+  start.main_pid = pid_;
+  start.caller = [this](core::RemoteAddr ra) { return NameCode(symbolizer_.get(), ra); };
+  BeginOutput(std::move(start)).OnStart();
+  ProbeNote armed;
+  armed.kind = ProbeNote::Kind::kArmed;
+  armed.backend = backend();
+  armed.count = set().probes.size();
+  armed.pid = pid_;
+  armed.path = set().path;
+  Note(armed);
+  // From here the target runs without kwatch: no ptrace stop on any hit.
+  KW_RETURN_IF_ERROR(proc_->Detach());
+  proc_.reset();
+  detached_ = true;
+  return absl::OkStatus();
+}
+
+void AgentSession::Abandon() {
+  if (ctl_ != nullptr) {
+    if (detached_) {
+      (void)ctl_->EndDetached([](const wa::AgentHit&) {});
+    } else if (proc_ != nullptr) {
+      (void)ctl_->End(*proc_);
+      (void)ctl_->Finish([](const wa::AgentHit&) {});
+    }
+  }
+  if (proc_ != nullptr) {
+    if (launched_) {
+      (void)proc_->Kill();  // it never ran its own code with the probes
+    } else {
+      (void)proc_->Detach();
+    }
+    proc_.reset();
+  }
+}
+
+wa::HitFn AgentSession::Collector() {
+  return [this](const wa::AgentHit& h) {
+    Drained d;
+    d.probe_index = h.record.probe_index;
+    d.type = h.record.type;
+    d.tid = h.record.tid;
+    d.time_ns = h.time_ns;
+    d.ip = h.record.ip;
+    d.return_address = h.record.return_address;
+    d.payload.assign(h.payload.begin(), h.payload.end());
+    drained_.push_back(std::move(d));
+  };
+}
+
+void AgentSession::DeliverDrained() {
+  // Rings are per thread: merge them by time, as the hits happened.
+  std::stable_sort(drained_.begin(), drained_.end(),
+                   [](const Drained& a, const Drained& b) { return a.time_ns < b.time_ns; });
+  for (const Drained& d : drained_) {
+    OnRecord(d);
+  }
+  drained_.clear();
+}
+
+absl::Status AgentSession::DrainRings() {
+  if (ctl_ == nullptr) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<wa::DrainStats> st = ctl_->Drain(Collector());
+  DeliverDrained();
+  if (!st.ok()) {
+    if (st.status().code() == absl::StatusCode::kDataLoss) {
+      ++data_loss_;  // a ring with garbage was skipped; the others were read
+      return absl::OkStatus();
+    }
+    return st.status();
+  }
+  return ctl_->ReapThreadSlots(Collector());
+}
+
+void AgentSession::OnRecord(const Drained& d) {
+  if (d.type != ka::kKwRecordHit && d.type != ka::kKwRecordReturn) {
+    return;
+  }
+  auto it = by_index_.find(d.probe_index);
+  if (it == by_index_.end()) {
+    return;
+  }
+  Placed& p = placed_[it->second];
+  if (!TakesHits()) {
+    ++p.after_stop;
+    return;
+  }
+  ProbeHit hit;
+  hit.time_ns = d.time_ns;
+  hit.pid = pid_;
+  hit.tid = d.tid;
+  hit.probe = p.def;
+  hit.ip = core::RemoteAddr{d.ip};
+  hit.return_address = core::RemoteAddr{d.return_address};
+  core::AgentRecordContext ctx;
+  ctx.load_bias = bias_;
+  ctx.at_return = d.type == ka::kKwRecordReturn;
+  ctx.tid = d.tid;
+  absl::StatusOr<core::AgentArgValues> v =
+      core::FormatAgentRecord(p.def->args, p.program, d.payload, ctx);
+  if (v.ok()) {
+    hit.args = std::move(v->args);
+  } else {
+    for (const core::CompiledArg& a : p.def->args) {
+      hit.args.emplace_back(a.name, core::FetchErrorText(v.status()));
+    }
+  }
+  Deliver(hit);
+}
+
+absl::Status AgentSession::PollTarget() {
+  if (exited_ || agent_gone_ || ctl_ == nullptr) {
+    return absl::OkStatus();
+  }
+  KW_ASSIGN_OR_RETURN(const wa::Liveness live, ctl_->Wait(absl::ZeroDuration()));
+  bool exited = live.target_exited;
+  if (!exited && live.agent_gone) {
+    // The lifeline's last reader went: an exit (its files close just before the pidfd says
+    // so) or an exec (the read end is close-on-exec).
+    pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
+    exited = ::poll(&pfd, 1, 200) == 1;
+  }
+  if (exited || live.agent_gone) {
+    // What the target recorded up to its end is shown before the session stops.
+    KW_RETURN_IF_ERROR(DrainRings());
+  }
+  if (exited) {
+    exited_ = true;
+    if (launched_) {
+      exit_ = ctl_->ReapExit();
+    }
+    Stop(TargetEnded(exit_));
+  } else if (live.agent_gone) {
+    agent_gone_ = true;
+    ProbeNote n;
+    n.kind = ProbeNote::Kind::kExec;
+    n.pid = pid_;
+    NoteAndKeep(n);
+    Stop("target called exec (the agent's probes ended with the old image)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
+  (void)PollTarget();  // a stop signal ended the last Step before it looked
+  absl::Status ended = absl::OkStatus();
+  if (ctl_ != nullptr) {
+    if (!exited_ && !agent_gone_) {
+      ended = ctl_->EndDetached(Collector());
+    } else {
+      ended = ctl_->Finish(Collector());
+    }
+    DeliverDrained();
+  }
+  if (!exited_) {
+    if (launched_ && opts().kill_on_exit) {
+      ::kill(pid_, SIGKILL);
+      pollfd pfd{.fd = ctl_ != nullptr ? ctl_->pidfd() : -1, .events = POLLIN, .revents = 0};
+      (void)::poll(&pfd, 1, 5000);
+      if (ctl_ != nullptr) {
+        exit_ = ctl_->ReapExit();
+      }
+      AppendToStopReason("; target killed (--kill-on-exit)");
+    } else if (ended.ok()) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kReleased;
+      n.backend = backend();
+      n.pid = pid_;
+      Note(n);
+    }
+  }
+  ProbeSessionEnd end;
+  for (const Placed& p : placed_) {
+    const ka::KwProbe& kp = ctl_->tables().probe(p.index);
+    ProbeEndStats st;
+    st.misses = kp.missed.load() + p.after_stop;
+    st.nmissed = kp.nmissed.load();
+    st.abandoned = kp.abandoned.load();
+    st.faults = kp.faults.load();
+    st.lost = kp.lost.load();
+    end.stats[p.def->id] = st;
+    end.paths[p.def->id] = p.path;
+  }
+  if (ctl_ != nullptr) {
+    const ka::KwControl& c = ctl_->tables().control();
+    const uint64_t dropped = c.recursion_miss.load() + c.no_thread_slot.load();
+    if (dropped > 0) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kAgentDropped;
+      n.count = dropped;
+      n.why = absl::StrCat(c.recursion_miss.load(), " inside another hit of the same thread, ",
+                           c.no_thread_slot.load(), " of threads beyond the ",
+                           ctl_->tables().layout().thread_capacity, " the rings serve");
+      Keep(std::move(n));
+    }
+    if (data_loss_ > 0) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kAgentDropped;
+      n.count = data_loss_;
+      n.why = "rings held records that do not parse (skipped)";
+      Keep(std::move(n));
+    }
+  }
+  ProbeRunInfo info;
+  info.backend = backend();
+  info.pid = pid_;
+  info.seconds = Elapsed();
+  info.stop_reason = stop_reason();
+  info.exit = exit_;
+  info.notes = kept_notes();
+  end.info = std::move(info);
+  end.launched = launched_;
+  end.error = failed().ok() ? ended : failed();
+  return end;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProbeSession>> StartAgentSession(
+    const ProbeSessionOptions& opts, const AgentSessionOptions& agent_opts, const ProbeSet& set,
+    core::UniqueFd sigfd, const ProbeSessionHooks& hooks) {
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<EventLoop> loop, EventLoop::Create(std::move(sigfd)));
+  auto session = std::make_unique<AgentSession>(opts, agent_opts, set, std::move(loop), hooks);
+  KW_RETURN_IF_ERROR(session->Begin());
+  return session;
+}
+
+}  // namespace kwatch::watch::probe
