@@ -76,6 +76,20 @@ TEST(Agent, BadPointersGiveAFaultStatusAndTheProgramGoesOn) {
   EXPECT_EQ(kv["faults"], "8");
 }
 
+// ABI v3: reads that end at an unmapped page keep what the thread could read.
+TEST(Agent, ReadsEndingAtAnUnmappedPage) {
+  auto kv = Host({"fetch-edges"});
+  EXPECT_EQ(kv["records"], "2");
+  EXPECT_EQ(kv["deref4"], "1818845556");  // "tail" as a little-endian u32
+  EXPECT_EQ(kv["deref4_status"], "0");
+  EXPECT_EQ(kv["str"], "tail");  // the bytes before the unmapped page
+  EXPECT_EQ(kv["str_status"], "1");
+  EXPECT_EQ(kv["deref8_status"], "1");
+  EXPECT_EQ(kv["stack_status"], "1");  // stopped short at the end of the thread's stack
+  EXPECT_EQ(kv["stack_to_end"], "1");
+  EXPECT_EQ(kv["stack_short"], "1");
+}
+
 TEST(Agent, EveryResumeKindRunsAsTheUnprobedCode) {
   std::string out;
   auto kv = Host({"resume"}, &out);

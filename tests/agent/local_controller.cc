@@ -379,6 +379,12 @@ KwFetchOp OpAdd(int64_t imm) {
 KwFetchOp OpDeref() {
   return Op(kKwOpDeref, 0, 0, 0);
 }
+KwFetchOp OpDerefSize(uint32_t bytes) {
+  return Op(kKwOpDeref, 0, bytes, 0);
+}
+KwFetchOp OpStack(uint32_t bytes) {
+  return Op(kKwOpStack, 0, bytes, 0);
+}
 KwFetchOp OpRead(uint32_t bytes) {
   return Op(kKwOpRead, 0, bytes, 0);
 }

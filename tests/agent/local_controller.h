@@ -132,6 +132,8 @@ KwFetchOp OpReg(KwReg reg, uint32_t bytes = 8);
 KwFetchOp OpStore(uint32_t bytes = 8);
 KwFetchOp OpAdd(int64_t imm);
 KwFetchOp OpDeref();
+KwFetchOp OpDerefSize(uint32_t bytes);  // b bytes, zero-extended
+KwFetchOp OpStack(uint32_t bytes);
 KwFetchOp OpRead(uint32_t bytes);
 KwFetchOp OpReadStr(uint32_t max);
 KwFetchOp OpXmm(uint16_t index, uint32_t bytes);

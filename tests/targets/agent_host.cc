@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cinttypes>
@@ -38,16 +39,19 @@ namespace {
 using kwatch::agent::KwControl;
 using kwatch::agent::KwProbe;
 using kwatch::agent::KwRecord;
+using kwatch::agent::testing::Arg;
 using kwatch::agent::testing::Hit;
 using kwatch::agent::testing::Layout;
 using kwatch::agent::testing::LocalController;
 using kwatch::agent::testing::OpAdd;
 using kwatch::agent::testing::OpBegin;
 using kwatch::agent::testing::OpDeref;
+using kwatch::agent::testing::OpDerefSize;
 using kwatch::agent::testing::OpEnd;
 using kwatch::agent::testing::OpRead;
 using kwatch::agent::testing::OpReadStr;
 using kwatch::agent::testing::OpReg;
+using kwatch::agent::testing::OpStack;
 using kwatch::agent::testing::OpStore;
 using kwatch::agent::testing::OpXmm;
 using kwatch::agent::testing::ProbeSpec;
@@ -1237,6 +1241,76 @@ int Jump(int n) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------
+// fetch-edges: reads that end at an unmapped page (ABI v3). At the last 4 bytes of a page
+// ("tail", no NUL, the next page unmapped): a 4-byte dereference reads them, an 8-byte one
+// faults, a string keeps them (fault status). On a thread whose stack mapping ends at an
+// unmapped page: a stack copy larger than what is left keeps the bytes up to the end.
+
+void* EdgeStackThread(void* /*unused*/) {
+  kwt_args(3, 4, nullptr);
+  return nullptr;
+}
+
+int FetchEdges() {
+  constexpr uint32_t kSlice = 40 * 1024;
+  Layout layout;
+  layout.ring_bytes = 1 << 17;
+  auto c = Start(layout);
+  ProbeSpec s = Int3At(Addr(&kwt_args), 1);
+  s.record_bytes = kSlice + 128;
+  s.fetch = {OpBegin(0), OpReg(ag::kKwRdx), OpDerefSize(4), OpStore(8),  //
+             OpBegin(1), OpReg(ag::kKwRdx), OpReadStr(32),               //
+             OpBegin(2), OpReg(ag::kKwRdx), OpDeref(),      OpStore(8),  //
+             OpBegin(3), OpReg(ag::kKwRsp), OpStore(8),                  //
+             OpBegin(4), OpStack(kSlice),                                //
+             OpEnd()};
+  const uint32_t pi = c->AddProbe(s);
+  c->SetState(ag::kKwStateActive);
+  c->PatchInt3(Addr(&kwt_args), pi);
+  constexpr size_t kPage = 4096;
+  auto* page = static_cast<char*>(
+      mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  munmap(page + kPage, kPage);
+  constexpr std::array<char, 4> kTail = {'t', 'a', 'i', 'l'};  // no NUL
+  std::copy(kTail.begin(), kTail.end(), page + kPage - kTail.size());
+  kwt_args(1, 2, page + kPage - kTail.size());
+  // A 32 KiB thread stack followed by an unmapped page.
+  constexpr size_t kStack = size_t{32} * 1024;
+  auto* stack = static_cast<char*>(
+      mmap(nullptr, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  munmap(stack + kStack, kPage);
+  const uint64_t top = Addr(stack + kStack);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstack(&attr, stack, kStack);
+  pthread_t th{};
+  pthread_create(&th, &attr, EdgeStackThread, nullptr);
+  pthread_join(th, nullptr);
+  pthread_attr_destroy(&attr);
+  std::vector<Hit> hits;
+  c->Drain([&](const Hit& h) { hits.push_back(h); });
+  Say("records", hits.size());
+  if (hits.size() != 2 || hits[0].args.size() != 5 || hits[1].args.size() != 5) {
+    return 1;
+  }
+  const Hit& h = hits[0];
+  Say("deref4", h.args[0].U64());
+  Say("deref4_status", h.args[0].status);
+  std::printf("str=%s\n", std::string(reinterpret_cast<const char*>(h.args[1].bytes.data()),
+                                      h.args[1].bytes.size())
+                              .c_str());
+  Say("str_status", h.args[1].status);
+  Say("deref8_status", h.args[2].status);
+  const Hit& t = hits[1];
+  const uint64_t rsp = t.args[3].U64();
+  const Arg& slice = t.args[4];
+  Say("stack_status", slice.status);
+  Say("stack_to_end", slice.bytes.size() == top - rsp ? 1 : 0);
+  Say("stack_short", slice.bytes.size() < kSlice ? 1 : 0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1294,6 +1368,9 @@ int main(int argc, char** argv) {
   }
   if (what == "jump") {
     return Jump(n);
+  }
+  if (what == "fetch-edges") {
+    return FetchEdges();
   }
   std::fprintf(stderr, "agent_host: unknown scenario %s\n", what.c_str());
   return 2;
