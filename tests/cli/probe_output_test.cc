@@ -257,7 +257,8 @@ TEST(ProbeJsonPrinter, SummaryExactlyWithTheDebugRegistersOfHw) {
       "\"probes\":[{\"id\":1,\"event\":\"tick\",\"spec\":\"tick i r->len\",\"location\":\"tick\","
       "\"function\":\"tick\",\"offset\":0,\"file\":\"/src/uprobe_loop.c\",\"line\":17,"
       "\"is_return\":false,\"address\":\"0x1189\",\"hits\":1,\"misses\":0,\"nmissed\":0,"
-      "\"abandoned\":0,\"faults\":0,\"lost\":0,\"args\":[{\"name\":\"i\",\"distinct\":1,"
+      "\"abandoned\":0,\"faults\":0,\"lost\":0,\"path\":\"hw\",\"args\":[{\"name\":\"i\","
+      "\"distinct\":1,"
       "\"more\":false,\"top\":[{\"value\":\"0\",\"count\":1}]},{\"name\":\"r->len\","
       "\"distinct\":1,\"more\":false,\"top\":[{\"value\":\"100\",\"count\":1}]},"
       "{\"name\":\"r->name\",\"distinct\":1,\"more\":false,\"top\":[{\"value\":"
@@ -267,7 +268,7 @@ TEST(ProbeJsonPrinter, SummaryExactlyWithTheDebugRegistersOfHw) {
       "\"location\":\"tick%return\",\"function\":\"tick\",\"offset\":0,"
       "\"file\":\"/src/uprobe_loop.c\",\"line\":17,\"is_return\":true,\"address\":\"0x1189\","
       "\"hits\":0,\"misses\":0,\"nmissed\":0,\"abandoned\":0,\"faults\":0,\"lost\":0,"
-      "\"args\":[],\"debug_register\":null}],"
+      "\"path\":\"hw\",\"args\":[],\"debug_register\":null}],"
       "\"notes\":[\"hw: probe #1 tick (tick): debug register DR0, execute breakpoint at "
       "0x555555555189 in every thread\",\"hw: 1 debug register was held outside kwatch\"],"
       "\"external_slots\":1,\"stray_traps\":2}\n");
