@@ -41,9 +41,9 @@ fuzz: deps
 	@./fuzz/run.sh build/fuzz $(FUZZ_SECONDS)
 
 lint: configure
-	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(core|drmgr|watch|cli|gui)/' 
+	@run-clang-tidy -quiet -p $(BUILD) '^$(CURDIR)/(agent|core|drmgr|watch|cli|gui)/' 
 
-SOURCES = $(shell find core drmgr watch cli gui tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
+SOURCES = $(shell find agent core drmgr watch cli gui tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
 SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh) .ci/run
 
 format:

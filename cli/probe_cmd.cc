@@ -1,6 +1,6 @@
 #include "cli/probe_cmd.h"
 
-#include <sys/signalfd.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +22,7 @@
 #include "core/base/unique_fd.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
+#include "watch/event_loop.h"
 #include "watch/probe/probe_set.h"
 
 #ifndef KWATCH_VERSION
@@ -33,7 +34,7 @@ namespace kwatch::cli {
 namespace {
 
 void PrintError(const absl::Status& s) {
-  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+  std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
 }
 
 // argv as a user would retype it in a shell.
@@ -134,30 +135,17 @@ int ListVars(const std::string& file, const std::string& what) {
 }
 
 absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
-  KW_ASSIGN_OR_RETURN(ProbeSet set, watch::probe::ResolveProbes(file, opts.specs));
-  // Signals arrive through a signalfd, in order with the target's events. A launched target
-  // starts with every signal unblocked (core/process.cc). SIGPIPE stays blocked: a closed
-  // stdout shows as a write error, and kwatch cleans up instead of dying.
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
-    sigaddset(&mask, sig);
-  }
-  sigset_t blocked = mask;
-  sigaddset(&blocked, SIGPIPE);
-  sigprocmask(SIG_BLOCK, &blocked, nullptr);
-  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-  if (!sigfd) {
-    const int err = errno;
-    return core::SyscallError(err, "signalfd");
-  }
-  if (opts.backend == "uprobe") {
-    return RunUprobeProbes(opts, set, sigfd.get());
-  }
-  if (opts.hw) {
-    return RunHwProbes(opts, set, sigfd.get());
-  }
-  return RunPtraceProbes(opts, set, sigfd.get());
+  KW_ASSIGN_OR_RETURN(watch::probe::ProbeSet set, watch::probe::ResolveProbes(file, opts.specs));
+  // Signals arrive through a signalfd, in order with the target's events
+  // (watch/event_loop.h); the session owns it. A launched target starts with every signal
+  // unblocked (core/process.cc). SIGPIPE is blocked too: a closed stdout shows as a write
+  // error, and kwatch cleans up instead of dying.
+  KW_ASSIGN_OR_RETURN(core::UniqueFd sigfd, watch::BlockSessionSignals());
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+  return RunProbeSession(opts, set, std::move(sigfd));
 }
 
 }  // namespace

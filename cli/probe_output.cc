@@ -7,7 +7,6 @@
 #include <climits>
 #include <cmath>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -19,20 +18,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cli/output.h"
+#include "cli/probe_notes.h"
 
 namespace kwatch::cli {
 
 namespace {
+
+using watch::probe::HitTally;
 
 std::string Hex(uint64_t v) {
   return absl::StrFormat("0x%x", v);
 }
 
 constexpr size_t kFlushBytes = size_t{64} * 1024;
-
-double Seconds(uint64_t t, uint64_t start) {
-  return static_cast<double>(t - std::min(t, start)) / 1e9;
-}
 
 bool IsDecimalInteger(absl::string_view s) {
   if (absl::ConsumePrefix(&s, "-") && s.empty()) {
@@ -74,14 +72,6 @@ bool Unquote(absl::string_view s, std::string& out) {
   return true;
 }
 
-// Values of an argument, most frequent first (ties: in value order).
-std::vector<std::pair<std::string, uint64_t>> Ranked(const std::map<std::string, uint64_t>& m) {
-  std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
-  std::stable_sort(v.begin(), v.end(),
-                   [](const auto& a, const auto& b) { return a.second > b.second; });
-  return v;
-}
-
 std::string ExitText(const ProbeRunInfo& info) {
   if (!info.exit.has_value()) {
     return "";
@@ -92,6 +82,11 @@ std::string ExitText(const ProbeRunInfo& info) {
                            info.exit->core_dumped ? ", core dumped" : "");
   }
   return absl::StrFormat("target %d exited with status %d", info.pid, info.exit->code);
+}
+
+ProbeEndStats StatsOf(const ProbeSummary& s, uint32_t id) {
+  auto it = s.end.stats.find(id);
+  return it == s.end.stats.end() ? ProbeEndStats{} : it->second;
 }
 
 }  // namespace
@@ -112,29 +107,46 @@ std::string ArgValueJson(const std::string& formatted) {
   return JsonString(formatted);
 }
 
-HitPrinter::HitPrinter(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
-                       core::TraceWriter* writer,
-                       std::function<std::string(core::RemoteAddr)> caller)
-    : out_fd_(out_fd),
-      opts_(std::move(opts)),
-      probes_(probes),
-      writer_(writer),
-      caller_(std::move(caller)) {
-  for (const ProbeDef& p : probes_) {
-    per_probe_[p.id];
-  }
-}
-
-void HitPrinter::PrintHeader() {
-  if (opts_.quiet || opts_.json) {
+void ProbePrinter::OnStart() {
+  if (opts_.quiet) {
     return;
   }
-  absl::StrAppendFormat(&pending_, "%-12s %-7s %-20s %-34s %s\n", "TIME(s)", "TID", "EVENT",
-                        "LOCATION", "ARGS");
+  pending_ += Header();
   WriteLines();
 }
 
-void HitPrinter::WriteLines() {
+bool ProbePrinter::Add(const ProbeHit& hit) {
+  if (!opts_.quiet) {
+    Emit(Line(hit));
+  }
+  return true;
+}
+
+void ProbePrinter::Flush() {
+  WriteLines();
+}
+
+absl::Status ProbePrinter::status() const {
+  return output_failed_ ? absl::UnavailableError("output closed") : absl::OkStatus();
+}
+
+void ProbePrinter::OnNote(const watch::probe::ProbeNote& note) {
+  std::fprintf(stderr, "kwatch: %s\n", ProbeNoteText(note).c_str());
+  std::fflush(stderr);
+}
+
+double ProbePrinter::Seconds(uint64_t time_ns) const {
+  return static_cast<double>(time_ns - std::min(time_ns, opts_.start_ns)) / 1e9;
+}
+
+void ProbePrinter::Emit(const std::string& line) {
+  pending_ += line;
+  if (pending_.size() >= kFlushBytes) {
+    WriteLines();
+  }
+}
+
+void ProbePrinter::WriteLines() {
   size_t done = 0;
   while (done < pending_.size() && !output_failed_) {
     // The longest run of whole lines within PIPE_BUF (a longer line goes alone).
@@ -162,79 +174,26 @@ void HitPrinter::WriteLines() {
   pending_.clear();
 }
 
-bool HitPrinter::Add(const ProbeHit& hit) {
-  if (done()) {
-    return false;
-  }
-  ++taken_;
-  PerProbe& pp = per_probe_[hit.probe->id];
-  ++pp.hits;
-  for (size_t i = 0; i < hit.args.size(); ++i) {
-    if (pp.args.size() <= i) {
-      pp.args.push_back(ArgTally{hit.args[i].first, {}, 0});
-    }
-    ArgTally& t = pp.args[i];
-    auto it = t.values.find(hit.args[i].second);
-    if (it != t.values.end()) {
-      ++it->second;
-    } else if (t.values.size() < kMaxValues) {
-      t.values.emplace(hit.args[i].second, 1);
-    } else {
-      ++t.other;
-    }
-  }
-  if (!opts_.quiet) {
-    if (opts_.json) {
-      PrintJson(hit);
-    } else {
-      PrintText(hit);
-    }
-  }
-  Record(hit);
-  return true;
+std::string ProbeTextPrinter::Header() const {
+  return absl::StrFormat("%-12s %-7s %-20s %-34s %s\n", "TIME(s)", "TID", "EVENT", "LOCATION",
+                         "ARGS");
 }
 
-absl::Status HitPrinter::status() const {
-  if (!record_error_.ok()) {
-    return absl::Status(record_error_.code(),
-                        absl::StrCat("recording failed: ", record_error_.message()));
-  }
-  if (output_failed_) {
-    return absl::UnavailableError("output closed");
-  }
-  return absl::OkStatus();
-}
-
-void HitPrinter::OnNote(const std::string& text) {
-  std::fprintf(stderr, "kwatch: %s\n", text.c_str());
-  std::fflush(stderr);
-}
-
-uint64_t HitPrinter::hits(uint32_t probe_id) const {
-  auto it = per_probe_.find(probe_id);
-  return it == per_probe_.end() ? 0 : it->second.hits;
-}
-
-const std::vector<HitPrinter::ArgTally>& HitPrinter::tallies(uint32_t probe_id) const {
-  static const std::vector<ArgTally> none;
-  auto it = per_probe_.find(probe_id);
-  return it == per_probe_.end() ? none : it->second.args;
-}
-
-void HitPrinter::PrintText(const ProbeHit& hit) {
+std::string ProbeTextPrinter::Line(const ProbeHit& hit) const {
   const ProbeDef& p = *hit.probe;
   std::string where = p.Location();
   if (p.point.is_return) {
-    absl::StrAppend(&where, " <- ",
-                    caller_ ? caller_(hit.return_address) : Hex(hit.return_address.value));
+    absl::StrAppend(
+        &where, " <- ",
+        opts().caller ? opts().caller(hit.return_address) : Hex(hit.return_address.value));
   } else if (const std::string line = p.SourceLine(); !line.empty()) {
     absl::StrAppend(&where, " (", line, ")");
   }
-  const std::string who = opts_.main_pid != 0 && hit.pid != 0 && hit.pid != opts_.main_pid
+  const std::string who = opts().main_pid != 0 && hit.pid != 0 && hit.pid != opts().main_pid
                               ? absl::StrCat(hit.pid, "/", hit.tid)
                               : absl::StrCat(hit.tid);
-  std::string line = absl::StrFormat(
-      "%-12.6f %-7s %-20s %-34s", Seconds(hit.time_ns, opts_.start_ns), who, p.point.event, where);
+  std::string line =
+      absl::StrFormat("%-12.6f %-7s %-20s %-34s", Seconds(hit.time_ns), who, p.point.event, where);
   for (const auto& [name, value] : hit.args) {
     absl::StrAppend(&line, " ", name, "=", value);
   }
@@ -243,165 +202,14 @@ void HitPrinter::PrintText(const ProbeHit& hit) {
     line.pop_back();
   }
   line += '\n';
-  pending_ += line;
-  if (pending_.size() >= kFlushBytes) {
-    WriteLines();
-  }
+  return line;
 }
 
-void HitPrinter::PrintJson(const ProbeHit& hit) {
-  const ProbeDef& p = *hit.probe;
-  std::string s = absl::StrFormat(
-      "{\"type\":\"hit\",\"time_ns\":%d,\"time\":%.9f,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
-      "\"probe\":%d,\"event\":%s,\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-      "\"line\":%d,\"is_return\":%s",
-      hit.time_ns, Seconds(hit.time_ns, opts_.start_ns), hit.pid, hit.tid,
-      hit.cpu == core::kUnknownCpu ? std::string("null") : absl::StrCat(hit.cpu), p.id,
-      JsonString(p.point.event), Hex(hit.ip.value), JsonString(p.point.function), p.point.offset,
-      JsonString(p.point.file), p.point.line, p.point.is_return ? "true" : "false");
-  if (p.point.is_return) {
-    absl::StrAppend(&s, ",\"return_address\":\"", Hex(hit.return_address.value), "\"");
-    if (caller_) {
-      absl::StrAppend(&s, ",\"caller\":", JsonString(caller_(hit.return_address)));
-    }
-  }
-  s += ",\"args\":{";
-  for (size_t i = 0; i < hit.args.size(); ++i) {
-    absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(hit.args[i].first), ":",
-                    ArgValueJson(hit.args[i].second));
-  }
-  s += "}}\n";
-  pending_ += s;
-  if (pending_.size() >= kFlushBytes) {
-    WriteLines();
-  }
-}
-
-void HitPrinter::Record(const ProbeHit& hit) {
-  if (writer_ == nullptr || !record_error_.ok()) {
-    return;
-  }
-  absl::Status s;
-  if (!writer_->HasSite(hit.ip)) {
-    core::SiteRecord site;
-    site.ip = hit.ip;
-    site.function = hit.probe->point.function;
-    site.offset = hit.probe->point.offset;
-    site.file = hit.probe->point.file;
-    site.line = hit.probe->point.line;
-    site.disassembly = hit.probe->point.insn_text;
-    s = writer_->AddSite(site);
-  }
-  if (s.ok()) {
-    core::HitRecord r;
-    r.time_ns = hit.time_ns;
-    r.pid = hit.pid;
-    r.tid = hit.tid;
-    r.cpu = hit.cpu;
-    r.probe_id = hit.probe->id;
-    r.ip = hit.ip;
-    r.is_return = hit.probe->point.is_return;
-    r.args = hit.args;
-    s = writer_->AppendHit(r);
-  }
-  if (!s.ok()) {
-    record_error_ = s;
-  }
-}
-
-void HitPrinter::Flush() {
-  WriteLines();
-  if (writer_ != nullptr && record_error_.ok()) {
-    if (absl::Status s = writer_->Flush(); !s.ok()) {
-      record_error_ = s;
-    }
-  }
-}
-
-absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& probes,
-                       uint64_t load_bias) {
-  for (const ProbeDef& p : probes) {
-    core::ProbeRecord r;
-    r.id = p.id;
-    r.event = p.point.event;
-    r.spec = p.spec;
-    r.address = core::RemoteAddr{p.point.vaddr.value + load_bias};
-    r.function = p.point.function;
-    r.file = p.point.file;
-    r.line = p.point.line;
-    r.is_return = p.point.is_return;
-    if (absl::Status s = writer.AddProbe(r); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes,
-                       const HitPrinter& sink, const std::map<uint32_t, ProbeEndStats>& stats,
-                       const ProbeRunInfo& info) {
+void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
+  const ProbeRunInfo& info = s.end.info;
   const bool ptrace = info.backend == "ptrace";
-  auto stats_of = [&](uint32_t id) {
-    auto it = stats.find(id);
-    return it == stats.end() ? ProbeEndStats{} : it->second;
-  };
-  if (json) {
-    nlohmann::ordered_json j = {
-        {"type", "summary"},       {"backend", info.backend},         {"hits", sink.taken()},
-        {"seconds", info.seconds}, {"stop_reason", info.stop_reason}, {"pid", info.pid}};
-    if (info.exit.has_value()) {
-      j["exit_code"] = info.exit->signaled ? -1 : info.exit->code;
-      j["signal"] = info.exit->signal;
-    } else {
-      j["exit_code"] = nullptr;
-      j["signal"] = 0;
-    }
-    nlohmann::ordered_json list = nlohmann::ordered_json::array();
-    for (const ProbeDef& p : probes) {
-      const ProbeEndStats st = stats_of(p.id);
-      nlohmann::ordered_json pj = {{"id", p.id},
-                                   {"event", p.point.event},
-                                   {"spec", p.spec},
-                                   {"location", p.Location()},
-                                   {"function", p.point.function},
-                                   {"offset", p.point.offset},
-                                   {"file", p.point.file},
-                                   {"line", p.point.line},
-                                   {"is_return", p.point.is_return},
-                                   {"address", Hex(p.point.vaddr.value)},
-                                   {"hits", sink.hits(p.id)},
-                                   {"misses", st.misses},
-                                   {"nmissed", st.nmissed},
-                                   {"abandoned", st.abandoned},
-                                   {"faults", st.faults},
-                                   {"lost", st.lost}};
-      if (st.kernel_count.has_value()) {
-        pj["kernel_count"] = *st.kernel_count;
-      }
-      nlohmann::ordered_json args = nlohmann::ordered_json::array();
-      for (const HitPrinter::ArgTally& t : sink.tallies(p.id)) {
-        nlohmann::ordered_json top = nlohmann::ordered_json::array();
-        size_t n = 0;
-        for (const auto& [v, c] : Ranked(t.values)) {
-          if (n++ == 10) {
-            break;
-          }
-          top.push_back({{"value", v}, {"count", c}});
-        }
-        args.push_back(
-            {{"name", t.name}, {"distinct", t.values.size()}, {"more", t.other > 0}, {"top", top}});
-      }
-      pj["args"] = args;
-      list.push_back(pj);
-    }
-    j["probes"] = list;
-    j["notes"] = info.notes;
-    std::fputs(j.dump().c_str(), out);
-    std::fputc('\n', out);
-    return;
-  }
   absl::FPrintF(out, "\n== kwatch probe summary: %d hit%s in %.3f s, %s backend (%s) ==\n",
-                sink.taken(), sink.taken() == 1 ? "" : "s", info.seconds, info.backend,
+                s.tally.taken(), s.tally.taken() == 1 ? "" : "s", info.seconds, info.backend,
                 info.stop_reason);
   if (ptrace) {
     absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s %8s\n", "EVENT", "LOCATION", "SOURCE", "HITS",
@@ -410,16 +218,16 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
     absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s\n", "EVENT", "LOCATION", "SOURCE", "HITS",
                   "LOST");
   }
-  for (const ProbeDef& p : probes) {
-    const ProbeEndStats st = stats_of(p.id);
+  for (const ProbeDef& p : s.probes) {
+    const ProbeEndStats st = StatsOf(s, p.id);
     const std::string source = p.SourceLine().empty() ? "-" : p.SourceLine();
     if (ptrace) {
       absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d %8s\n", p.point.event, p.Location(), source,
-                    sink.hits(p.id), st.misses,
+                    s.tally.hits(p.id), st.misses,
                     p.point.is_return ? absl::StrCat(st.nmissed) : std::string("-"));
     } else {
       absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d\n", p.point.event, p.Location(), source,
-                    sink.hits(p.id), st.lost);
+                    s.tally.hits(p.id), st.lost);
     }
     if (st.abandoned > 0) {
       absl::FPrintF(out, "    %d tracked call%s never returned (longjmp, exception, thread exit)\n",
@@ -429,12 +237,11 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
       absl::FPrintF(out, "    the probed instruction faulted %d time%s (signal passed on)\n",
                     st.faults, st.faults == 1 ? "" : "s");
     }
-    for (const HitPrinter::ArgTally& t : sink.tallies(p.id)) {
-      const auto ranked = Ranked(t.values);
+    for (const HitTally::ArgTally& t : s.tally.args(p.id)) {
       std::string line = absl::StrFormat("    %-16s %s%d distinct:", t.name, t.other > 0 ? ">" : "",
                                          t.values.size());
       size_t n = 0;
-      for (const auto& [v, c] : ranked) {
+      for (const auto& [v, c] : HitTally::Ranked(t)) {
         if (n++ == 5) {
           line += " ...";
           break;
@@ -444,12 +251,111 @@ void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes
       absl::FPrintF(out, "%s\n", line);
     }
   }
-  for (const std::string& note : info.notes) {
-    absl::FPrintF(out, "note: %s\n", note);
+  for (const watch::probe::ProbeNote& note : info.notes) {
+    absl::FPrintF(out, "note: %s\n", SummaryNoteText(note));
   }
   if (const std::string exit = ExitText(info); !exit.empty()) {
     absl::FPrintF(out, "%s\n", exit);
   }
+}
+
+std::string ProbeJsonPrinter::Line(const ProbeHit& hit) const {
+  const ProbeDef& p = *hit.probe;
+  std::string s = absl::StrFormat(
+      "{\"type\":\"hit\",\"time_ns\":%d,\"time\":%.9f,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+      "\"probe\":%d,\"event\":%s,\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+      "\"line\":%d,\"is_return\":%s",
+      hit.time_ns, Seconds(hit.time_ns), hit.pid, hit.tid,
+      hit.cpu == core::kUnknownCpu ? std::string("null") : absl::StrCat(hit.cpu), p.id,
+      JsonString(p.point.event), Hex(hit.ip.value), JsonString(p.point.function), p.point.offset,
+      JsonString(p.point.file), p.point.line, p.point.is_return ? "true" : "false");
+  if (p.point.is_return) {
+    absl::StrAppend(&s, R"(,"return_address":")", Hex(hit.return_address.value), "\"");
+    if (opts().caller) {
+      absl::StrAppend(&s, ",\"caller\":", JsonString(opts().caller(hit.return_address)));
+    }
+  }
+  s += ",\"args\":{";
+  for (size_t i = 0; i < hit.args.size(); ++i) {
+    absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(hit.args[i].first), ":",
+                    ArgValueJson(hit.args[i].second));
+  }
+  s += "}}\n";
+  return s;
+}
+
+void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
+  const ProbeRunInfo& info = s.end.info;
+  const std::optional<watch::probe::ProbeSessionEnd::Hw>& hw = s.end.hw;
+  nlohmann::ordered_json j = {
+      {"type", "summary"},       {"backend", info.backend},         {"hits", s.tally.taken()},
+      {"seconds", info.seconds}, {"stop_reason", info.stop_reason}, {"pid", info.pid}};
+  if (info.exit.has_value()) {
+    j["exit_code"] = info.exit->signaled ? -1 : info.exit->code;
+    j["signal"] = info.exit->signal;
+  } else {
+    j["exit_code"] = nullptr;
+    j["signal"] = 0;
+  }
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const ProbeDef& p : s.probes) {
+    const ProbeEndStats st = StatsOf(s, p.id);
+    nlohmann::ordered_json pj = {{"id", p.id},
+                                 {"event", p.point.event},
+                                 {"spec", p.spec},
+                                 {"location", p.Location()},
+                                 {"function", p.point.function},
+                                 {"offset", p.point.offset},
+                                 {"file", p.point.file},
+                                 {"line", p.point.line},
+                                 {"is_return", p.point.is_return},
+                                 {"address", Hex(p.point.vaddr.value)},
+                                 {"hits", s.tally.hits(p.id)},
+                                 {"misses", st.misses},
+                                 {"nmissed", st.nmissed},
+                                 {"abandoned", st.abandoned},
+                                 {"faults", st.faults},
+                                 {"lost", st.lost}};
+    if (st.kernel_count.has_value()) {
+      pj["kernel_count"] = *st.kernel_count;
+    }
+    nlohmann::ordered_json args = nlohmann::ordered_json::array();
+    for (const HitTally::ArgTally& t : s.tally.args(p.id)) {
+      nlohmann::ordered_json top = nlohmann::ordered_json::array();
+      size_t n = 0;
+      for (const auto& [v, c] : HitTally::Ranked(t)) {
+        if (n++ == 10) {
+          break;
+        }
+        top.push_back({{"value", v}, {"count", c}});
+      }
+      args.push_back(
+          {{"name", t.name}, {"distinct", t.values.size()}, {"more", t.other > 0}, {"top", top}});
+    }
+    pj["args"] = args;
+    if (hw.has_value()) {  // --hw: where the probe was in the registers
+      const auto it = hw->registers.find(p.id);
+      if (it != hw->registers.end() && it->second >= 0) {
+        pj["debug_register"] = it->second;
+      } else {
+        pj["debug_register"] = nullptr;
+      }
+    }
+    list.push_back(pj);
+  }
+  j["probes"] = list;
+  std::vector<std::string> notes;
+  notes.reserve(info.notes.size());
+  for (const watch::probe::ProbeNote& n : info.notes) {
+    notes.push_back(SummaryNoteText(n));
+  }
+  j["notes"] = notes;
+  if (hw.has_value()) {
+    j["external_slots"] = hw->external_slots;
+    j["stray_traps"] = hw->stray_traps;
+  }
+  std::fputs(j.dump().c_str(), out);
+  std::fputc('\n', out);
 }
 
 }  // namespace kwatch::cli

@@ -1,25 +1,25 @@
 #pragma once
 
-// What `kwatch probe` shows and records: live hit lines (text or JSON lines), per-probe
-// tallies, the recording (-o), and the end-of-session summary. Backend-independent.
+// What `kwatch probe` shows: a line per hit on stdout (text columns, or JSON lines), notes on
+// stderr, and the summary at the end. One interface, ProbePrinter (a HitSink with a summary), and
+// two printers, text and JSON; the command picks one when the session starts. Counting and
+// recording are not theirs: the tally and the recorder (watch/probe/) take the same hits
+// through a fan-out, and the summary reads the tally.
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "core/base/remote_addr.h"
-#include "core/event.h"
-#include "core/ptrace/process.h"
-#include "core/store/args_json.h"
-#include "core/store/trace_writer.h"
 #include "watch/probe/hit_sink.h"
+#include "watch/probe/hit_tally.h"
+#include "watch/probe/probe_note.h"
+#include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
 namespace kwatch::cli {
@@ -30,91 +30,88 @@ using watch::probe::ProbeHit;
 using watch::probe::ProbeRunInfo;
 using watch::probe::ProbeSet;
 
-struct SinkOptions {
-  bool json = false;
-  bool quiet = false;
-  uint64_t count = 0;     // > 0: take this many hits, ignore the rest
-  uint64_t start_ns = 0;  // CLOCK_MONOTONIC origin of the TIME column
-  std::string backend;    // "ptrace", "uprobe"
-  // The target's pid: text lines of other processes (children followed with -f) show
-  // PID/TID in the TID column. 0: never.
+struct PrinterOptions {
+  bool quiet = false;     // no hit lines (no column header either); notes and the summary come
+  uint64_t start_ns = 0;  // CLOCK_MONOTONIC origin of the times printed
+  // The target's pid: text lines of other processes (children followed with -f) show PID/TID
+  // in the TID column. 0: never.
   pid_t main_pid = 0;
+  // Names a return address ("run+0x2a"); null: printed as hex (text) or left out (JSON).
+  std::function<std::string(core::RemoteAddr)> caller;
 };
 
-// Takes hits from a session: prints, tallies, records. Not thread-safe.
+// What a summary shows: the probes, what the tally counted and how the session ended.
+struct ProbeSummary {
+  const std::vector<ProbeDef>& probes;
+  const watch::probe::HitTally& tally;
+  const watch::probe::ProbeSessionEnd& end;
+};
+
+// Prints a probe session. Takes every hit (the hit limit is the tally's). Not thread-safe.
 //
 // Lines go to `out_fd` in batches, each write(2) at most PIPE_BUF bytes and ending at a line
-// end: a launched target sharing the pipe or terminal cannot split one of kwatch's lines,
-// nor kwatch one of its lines (written once). Batches go out every Flush() and when 64 KiB
-// are pending.
-class HitPrinter : public watch::probe::HitSink {
+// end: a launched target sharing the pipe or terminal cannot split one of kwatch's lines, nor
+// kwatch one of its lines (written once). Batches go out every Flush() and when 64 KiB are
+// pending. Notes go to stderr as "kwatch: <sentence>" (cli/probe_notes.h), in both forms.
+class ProbePrinter : public watch::probe::HitSink {
  public:
-  // `writer` (may be null) must already hold the probes (AddProbes). `caller` names a return
-  // address ("run+0x2a"), or is null.
-  HitPrinter(int out_fd, SinkOptions opts, const std::vector<ProbeDef>& probes,
-             core::TraceWriter* writer, std::function<std::string(core::RemoteAddr)> caller);
+  ProbePrinter(int out_fd, PrinterOptions opts) : out_fd_(out_fd), opts_(std::move(opts)) {}
 
-  // Prints the column header (text mode, unless quiet).
-  void PrintHeader();
-  void OnStart() override { PrintHeader(); }
-  // Takes a hit unless --count is reached. Returns whether it was taken.
+  // The column header, if the form has one (unless quiet).
+  void OnStart() override;
   bool Add(const ProbeHit& hit) override;
-  // --count reached: later hits are ignored.
-  bool done() const override { return opts_.count > 0 && taken_ >= opts_.count; }
-  uint64_t taken() const { return taken_; }
-  uint64_t hits(uint32_t probe_id) const;
-  // Writes pending lines and commits pending recorded hits (call about every 100 ms); a
-  // recording failure is sticky.
+  // Writes the pending lines.
   void Flush() override;
-  // The recording failure, else the closed output, as the session's stop reason.
+  // "output closed" once the output failed (a pipe whose reader went away): lines are dropped
+  // since.
   absl::Status status() const override;
-  // Writes "kwatch: <text>" to stderr.
-  void OnNote(const std::string& text) override;
-  // The first recording failure (the session should stop), OK otherwise.
-  const absl::Status& record_error() const { return record_error_; }
-  // The output was closed (a pipe whose reader went away): lines are dropped since.
-  bool output_failed() const { return output_failed_; }
+  void OnNote(const watch::probe::ProbeNote& note) override;
 
-  struct ArgTally {
-    std::string name;
-    std::map<std::string, uint64_t> values;  // at most kMaxValues distinct
-    uint64_t other = 0;                      // hits whose value was beyond kMaxValues
-  };
-  static constexpr size_t kMaxValues = 1024;
-  const std::vector<ArgTally>& tallies(uint32_t probe_id) const;
+  // The summary, on `out`.
+  virtual void PrintSummary(FILE* out, const ProbeSummary& summary) const = 0;
+
+ protected:
+  // The column header line ("" for none) and the line of one hit, '\n' included.
+  virtual std::string Header() const = 0;
+  virtual std::string Line(const ProbeHit& hit) const = 0;
+
+  const PrinterOptions& opts() const { return opts_; }
+  // Seconds from the session's start to `time_ns`.
+  double Seconds(uint64_t time_ns) const;
 
  private:
-  struct PerProbe {
-    uint64_t hits = 0;
-    std::vector<ArgTally> args;
-  };
-  void PrintText(const ProbeHit& hit);
-  void PrintJson(const ProbeHit& hit);
-  void Record(const ProbeHit& hit);
+  void Emit(const std::string& line);
   void WriteLines();
 
   int out_fd_;
+  PrinterOptions opts_;
   std::string pending_;  // whole lines not written yet
   bool output_failed_ = false;
-  SinkOptions opts_;
-  const std::vector<ProbeDef>& probes_;
-  core::TraceWriter* writer_;
-  std::function<std::string(core::RemoteAddr)> caller_;
-  std::map<uint32_t, PerProbe> per_probe_;
-  uint64_t taken_ = 0;
-  absl::Status record_error_;
 };
 
-// Stores the probes in a recording (ProbeRecord per ProbeDef; addresses absolute when
-// `load_bias` is known, link-time otherwise).
-absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& probes,
-                       uint64_t load_bias);
+// Text: a column header, "TIME(s) TID EVENT LOCATION ARGS" per hit; the summary is a table of
+// the probes with the top values of each argument, the notes and the target's exit.
+class ProbeTextPrinter final : public ProbePrinter {
+ public:
+  using ProbePrinter::ProbePrinter;
+  void PrintSummary(FILE* out, const ProbeSummary& summary) const override;
 
-// The summary: text (a table of probes, the top values of each argument, the exit) or one
-// JSON object {"type":"summary",...}.
-void PrintProbeSummary(FILE* out, bool json, const std::vector<ProbeDef>& probes,
-                       const HitPrinter& sink, const std::map<uint32_t, ProbeEndStats>& stats,
-                       const ProbeRunInfo& info);
+ protected:
+  std::string Header() const override;
+  std::string Line(const ProbeHit& hit) const override;
+};
+
+// JSON lines: one {"type":"hit",...} object per hit, then one {"type":"summary",...} (with each
+// probe's debug register under --hw).
+class ProbeJsonPrinter final : public ProbePrinter {
+ public:
+  using ProbePrinter::ProbePrinter;
+  void PrintSummary(FILE* out, const ProbeSummary& summary) const override;
+
+ protected:
+  std::string Header() const override { return ""; }
+  std::string Line(const ProbeHit& hit) const override;
+};
 
 // The value of an argument as JSON: a number for decimal integers and finite floats, the
 // string itself for quoted strings, the text otherwise ("0x64", "(fault)").

@@ -2,20 +2,20 @@
 
 #include <unistd.h>
 
-#include <array>
-#include <cerrno>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <ctime>
-#include <map>
-#include <nlohmann/json.hpp>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cli/probe_output.h"
 #include "core/base/status_macros.h"
-#include "core/base/syscall_status.h"
 #include "core/store/trace_records.h"
+#include "core/store/trace_writer.h"
+#include "watch/probe/hit_fanout.h"
+#include "watch/probe/hit_recorder.h"
+#include "watch/probe/hit_tally.h"
 #include "watch/probe/hw_session.h"
+#include "watch/probe/probe_session.h"
 #include "watch/probe/ptrace_session.h"
 #include "watch/probe/uprobe_session.h"
 
@@ -27,49 +27,12 @@ namespace kwatch::cli {
 
 namespace {
 
-// PrintProbeSummary for --hw: the JSON object gives each probe's debug register too.
-void PrintHwSummary(const ProbeCmdOptions& opts, const ProbeSet& set, const HitPrinter& sink,
-                    const watch::probe::ProbeSessionEnd& end) {
-  const std::map<uint32_t, ProbeEndStats>& stats = end.stats;
-  const ProbeRunInfo& info = end.info;
-  if (!opts.json) {
-    PrintProbeSummary(stdout, false, set.probes, sink, stats, info);
-    return;
-  }
-  // The common summary object, plus where each probe was in the registers.
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* mem = open_memstream(&buf, &len);
-  if (mem == nullptr) {
-    PrintProbeSummary(stdout, true, set.probes, sink, stats, info);
-    return;
-  }
-  PrintProbeSummary(mem, true, set.probes, sink, stats, info);
-  std::fclose(mem);
-  const std::string text(buf, len);
-  std::free(buf);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.contains("probes")) {
-    std::fputs(text.c_str(), stdout);
-    return;
-  }
-  for (nlohmann::ordered_json& pj : j["probes"]) {
-    const auto it = end.hw->registers.find(pj.value("id", 0U));
-    if (it != end.hw->registers.end() && it->second >= 0) {
-      pj["debug_register"] = it->second;
-    } else {
-      pj["debug_register"] = nullptr;
-    }
-  }
-  j["external_slots"] = end.hw->external_slots;
-  j["stray_traps"] = end.hw->stray_traps;
-  std::fputs(j.dump().c_str(), stdout);
-  std::fputc('\n', stdout);
-}
+using watch::probe::HitRecorder;
+using watch::probe::HitTally;
 
-}  // namespace
-
+// The recording for -o (nullptr without -o), holding the probes.
 absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
+                                                                 const std::string& backend,
                                                                  const ProbeSet& set, pid_t pid,
                                                                  uint64_t load_bias) {
   if (opts.output.empty()) {
@@ -80,21 +43,23 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdO
   rec.pid = pid;
   rec.kwatch_version = KWATCH_VERSION;
   rec.mode = "probe";
-  rec.backend = opts.backend;
+  rec.backend = backend;
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::TraceWriter> w,
                       core::TraceWriter::Create(opts.output, rec));
-  KW_RETURN_IF_ERROR(AddProbes(*w, set.probes, load_bias));
+  KW_RETURN_IF_ERROR(watch::probe::AddProbes(*w, set.probes, load_bias));
   return w;
 }
 
-bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const ProbeRunInfo& info,
-                     const std::string& path) {
+// Finishes the recording and says so on stderr. False when recording failed (the caller
+// exits 1 after its summary).
+bool FinishRecording(core::TraceWriter* writer, const HitRecorder* recorder,
+                     const ProbeRunInfo& info, const std::string& path) {
   if (writer == nullptr) {
     return true;
   }
-  if (!sink.record_error().ok()) {
+  if (recorder != nullptr && !recorder->error().ok()) {
     std::fprintf(stderr, "kwatch: error: recording to %s failed: %s\n", path.c_str(),
-                 std::string(sink.record_error().message()).c_str());
+                 std::string{recorder->error().message()}.c_str());
     if (!writer->location_lost()) {  // never claim a file that no longer exists
       const std::string& where = writer->moved_to().empty() ? path : writer->moved_to();
       std::fprintf(stderr,
@@ -110,7 +75,7 @@ bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const Pr
   }
   end.exit_reason = info.stop_reason;
   if (absl::Status s = writer->Finish(end); !s.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
     return false;
   }
   if (!writer->finish_warning().empty()) {
@@ -122,6 +87,7 @@ bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const Pr
   return true;
 }
 
+// What a session needs of the command's options.
 watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts) {
   watch::probe::ProbeSessionOptions so;
   so.pid = opts.pid;
@@ -139,46 +105,97 @@ watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts) {
   return so;
 }
 
+// The output of one session, made through Hooks() as the session starts: the recording (-o),
+// then the tally, the recorder and the printer behind one fan-out. Outlives the session; not
+// movable once Hooks() was called.
+class SessionOutput {
+ public:
+  SessionOutput(const ProbeCmdOptions& opts, const ProbeSet& set, std::string backend)
+      : opts_(opts), set_(set), backend_(std::move(backend)) {}
+
+  watch::probe::ProbeSessionHooks Hooks();
+
+  // After the session's Finish: writes what is pending, closes the recording, prints the
+  // summary. False when -o was not honoured.
+  bool End(const watch::probe::ProbeSessionEnd& end);
+
+ private:
+  const ProbeCmdOptions& opts_;
+  const ProbeSet& set_;
+  std::string backend_;  // "ptrace", "uprobe", "hw": in the recording
+  std::unique_ptr<core::TraceWriter> writer_;
+  std::unique_ptr<HitTally> tally_;
+  std::unique_ptr<HitRecorder> recorder_;
+  std::unique_ptr<ProbePrinter> printer_;
+  std::unique_ptr<watch::probe::HitFanout> sink_;
+};
+
 watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
   watch::probe::ProbeSessionHooks hooks;
   hooks.open_recording = [this](pid_t pid, uint64_t load_bias) -> absl::Status {
-    ProbeCmdOptions rec = opts;
-    rec.backend = backend;
-    KW_ASSIGN_OR_RETURN(writer, OpenRecording(rec, set, pid, load_bias));
+    KW_ASSIGN_OR_RETURN(writer_, OpenRecording(opts_, backend_, set_, pid, load_bias));
     return absl::OkStatus();
   };
   hooks.begin = [this](const watch::probe::ProbeSessionStart& start) -> watch::probe::HitSink& {
-    SinkOptions so;
-    so.json = opts.json;
-    so.quiet = opts.quiet;
-    so.count = opts.count;
-    so.start_ns = start.start_ns;
-    so.backend = backend;
-    so.main_pid = start.main_pid;
-    printer =
-        std::make_unique<HitPrinter>(STDOUT_FILENO, so, set.probes, writer.get(), start.caller);
-    return *printer;
+    PrinterOptions po;
+    po.quiet = opts_.quiet;
+    po.start_ns = start.start_ns;
+    po.main_pid = start.main_pid;
+    po.caller = start.caller;
+    if (opts_.json) {
+      printer_ = std::make_unique<ProbeJsonPrinter>(STDOUT_FILENO, std::move(po));
+    } else {
+      printer_ = std::make_unique<ProbeTextPrinter>(STDOUT_FILENO, std::move(po));
+    }
+    tally_ = std::make_unique<HitTally>(set_.probes, opts_.count);
+    // The tally first (it holds --count); the recorder before the printer, so that a failed
+    // recording, not the closed output it may cause, is the stop reason.
+    std::vector<watch::probe::HitSink*> sinks = {tally_.get()};
+    if (writer_ != nullptr) {
+      recorder_ = std::make_unique<HitRecorder>(*writer_);
+      sinks.push_back(recorder_.get());
+    }
+    sinks.push_back(printer_.get());
+    sink_ = std::make_unique<watch::probe::HitFanout>(std::move(sinks));
+    return *sink_;
   };
   return hooks;
 }
 
-absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, SessionOutput& out) {
+bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
+  sink_->Flush();
+  std::fflush(stdout);
+  const bool recorded = FinishRecording(writer_.get(), recorder_.get(), end.info, opts_.output);
+  printer_->PrintSummary(stdout, ProbeSummary{set_.probes, *tally_, end});
+  std::fflush(stdout);
+  return recorded;
+}
+
+}  // namespace
+
+absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet& set,
+                                    core::UniqueFd sigfd) {
+  const std::string backend = opts.backend == "uprobe" ? "uprobe" : opts.hw ? "hw" : "ptrace";
+  SessionOutput out(opts, set, backend);
+  std::unique_ptr<watch::probe::ProbeSession> session;
+  if (backend == "uprobe") {
+    KW_ASSIGN_OR_RETURN(session, watch::probe::StartUprobeSession(SessionOptions(opts), set,
+                                                                  std::move(sigfd), out.Hooks()));
+  } else if (backend == "hw") {
+    KW_ASSIGN_OR_RETURN(session, watch::probe::StartHwSession(SessionOptions(opts), set,
+                                                              std::move(sigfd), out.Hooks()));
+  } else {
+    KW_ASSIGN_OR_RETURN(session, watch::probe::StartPtraceSession(SessionOptions(opts), set,
+                                                                  std::move(sigfd), out.Hooks()));
+  }
   for (;;) {
-    absl::StatusOr<bool> more = session.Step(absl::Seconds(1));
+    absl::StatusOr<bool> more = session->Step(absl::Seconds(1));
     if (!more.ok() || !*more) {
       break;  // a failure comes back from Finish
     }
   }
-  KW_ASSIGN_OR_RETURN(watch::probe::ProbeSessionEnd end, session.Finish());
-  out.printer->Flush();
-  std::fflush(stdout);
-  const bool recorded = FinishRecording(out.writer.get(), *out.printer, end.info, out.opts.output);
-  if (end.hw.has_value()) {
-    PrintHwSummary(out.opts, out.set, *out.printer, end);
-  } else {
-    PrintProbeSummary(stdout, out.opts.json, out.set.probes, *out.printer, end.stats, end.info);
-  }
-  std::fflush(stdout);
+  KW_ASSIGN_OR_RETURN(watch::probe::ProbeSessionEnd end, session->Finish());
+  const bool recorded = out.End(end);
   KW_RETURN_IF_ERROR(end.error);
   if (!recorded) {
     return 1;  // -o was not honoured (docs/recording.md)
@@ -187,29 +204,6 @@ absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, Session
     return end.info.exit->ShellStatus();
   }
   return 0;
-}
-
-absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
-  SessionOutput out(opts, set, "ptrace");
-  KW_ASSIGN_OR_RETURN(
-      std::unique_ptr<watch::probe::ProbeSession> session,
-      watch::probe::StartPtraceSession(SessionOptions(opts), set, sigfd, out.Hooks()));
-  return RunProbeSession(*session, out);
-}
-
-absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
-  SessionOutput out(opts, set, "hw");
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::ProbeSession> session,
-                      watch::probe::StartHwSession(SessionOptions(opts), set, sigfd, out.Hooks()));
-  return RunProbeSession(*session, out);
-}
-
-absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd) {
-  SessionOutput out(opts, set, "uprobe");
-  KW_ASSIGN_OR_RETURN(
-      std::unique_ptr<watch::probe::ProbeSession> session,
-      watch::probe::StartUprobeSession(SessionOptions(opts), set, sigfd, out.Hooks()));
-  return RunProbeSession(*session, out);
 }
 
 }  // namespace kwatch::cli

@@ -1,24 +1,20 @@
 #pragma once
 
-// The running part of `kwatch probe`: options, and the loop over a probe session
-// (watch/probe/) for each backend. Sessions take resolved probes (watch/probe/probe_set.h);
-// their hits reach a HitPrinter (cli/probe_output.h), which prints and records them. A session
-// stops on the target's end, --count, --duration or SIGINT/SIGTERM/SIGHUP (delivered through
-// `sigfd`); the runners return kwatch's exit status.
+// The running part of `kwatch probe`: its options, and one session (watch/probe/) run to its
+// end with the command's output: hits go through a fan-out to the tally, the recording (-o)
+// and a text or JSON printer (cli/probe_output.h); the summary follows. A session stops on the
+// target's end, --count, --duration or SIGINT/SIGTERM/SIGHUP (read from `sigfd`).
 
 #include <sys/types.h>
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cli/probe_output.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
-#include "core/store/trace_writer.h"
-#include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
 namespace kwatch::cli {
@@ -48,47 +44,10 @@ struct ProbeCmdOptions {
   uint32_t ring_pages = 1024;
 };
 
-// Runs the session with the INT3 engine over ptrace (launch or attach).
-absl::StatusOr<int> RunPtraceProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
-
-// Runs the session with the kernel's uprobe PMU: launched, attached (-p, no ptrace) or, with
-// neither, every process running the file.
-absl::StatusOr<int> RunUprobeProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
-
-// Runs the session with execute breakpoints in the debug registers (--hw,
-// watch/probe/hw_session.h): launch or attach over ptrace like RunPtraceProbes, but the code
-// is never written.
-absl::StatusOr<int> RunHwProbes(const ProbeCmdOptions& opts, ProbeSet& set, int sigfd);
-
-// The recording for -o (nullptr without -o), holding the probes.
-absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
-                                                                 const ProbeSet& set, pid_t pid,
-                                                                 uint64_t load_bias);
-// Finishes the recording and says so on stderr. False when recording failed (the caller
-// exits 1 after its summary).
-bool FinishRecording(core::TraceWriter* writer, const HitPrinter& sink, const ProbeRunInfo& info,
-                     const std::string& path);
-
-// What a session needs of the command's options.
-watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts);
-
-// The output of one session: the recording (-o) and the printer, made through Hooks() when
-// the session starts. Outlives the session; not movable once Hooks() was called.
-struct SessionOutput {
-  SessionOutput(const ProbeCmdOptions& o, const ProbeSet& s, std::string b)
-      : opts(o), set(s), backend(std::move(b)) {}
-
-  const ProbeCmdOptions& opts;
-  const ProbeSet& set;
-  std::string backend;  // "ptrace", "uprobe", "hw": in the recording and the live lines
-  std::unique_ptr<core::TraceWriter> writer;
-  std::unique_ptr<HitPrinter> printer;
-
-  watch::probe::ProbeSessionHooks Hooks();
-};
-
-// Steps `session` to its end, then finishes the recording and prints the summary. Returns
-// kwatch's exit status: the launched target's, 1 when -o was not honoured.
-absl::StatusOr<int> RunProbeSession(watch::probe::ProbeSession& session, SessionOutput& out);
+// Runs the probes of `set` with the backend the options name (ptrace, uprobe, or --hw's debug
+// registers) over the signalfd `sigfd` (watch::BlockSessionSignals, before any target is
+// launched). Returns kwatch's exit status: the launched target's, 1 when -o was not honoured.
+absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const watch::probe::ProbeSet& set,
+                                    core::UniqueFd sigfd);
 
 }  // namespace kwatch::cli

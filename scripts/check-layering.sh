@@ -2,7 +2,7 @@
 # Rejects includes that point the wrong way (STYLE.md: drmgr -> core, watch -> drmgr, core;
 # cli, gui -> everything above; nothing depends on cli/ or gui/; Qt only in gui/), and the
 # edges between core's subfolders (core/CMakeLists.txt: base <- ptrace, x86 <- symbols <- probe,
-# store, kernel; core/event.h is shared by all).
+# store, kernel; core/event.h is shared by all); a folder's *_internal.h stays in it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 fail=0
@@ -18,6 +18,7 @@ check() {  # folder, forbidden include prefixes (regex)
   fi
 }
 check core 'drmgr|watch|cli|gui|bench|tests'
+check agent 'core|drmgr|watch|cli|gui|bench|tests'
 check drmgr 'watch|cli|gui|bench|tests'
 check watch 'cli|gui|bench|tests'
 check cli 'gui|bench|tests'
@@ -35,6 +36,26 @@ if [ -n "$stray" ]; then
   echo "$stray"
   fail=1
 fi
+# The agent runs inside other programs: its own headers, libc, Linux UAPI and compiler
+# headers only (docs/agent.md); nothing of the project's libraries, Abseil, Zydis, libdw, Qt.
+agent_deps=$(grep -rnE '#include (<(absl|Zydis|elfutils|Q|sqlite|CLI|gtest|benchmark)|"[^a]|"a[^g])' agent \
+  --include='*.h' --include='*.cc' 2>/dev/null || true)
+if [ -n "$agent_deps" ]; then
+  echo "layering: agent/ includes only agent/, libc, Linux and compiler headers:"
+  echo "$agent_deps"
+  fail=1
+fi
+# A folder's *_internal.h headers are its own: no other folder includes them.
+while IFS= read -r h; do
+  dir=$(dirname "$h")
+  outside=$(grep -rn "#include \"$h\"" core drmgr watch cli gui bench fuzz tests \
+              --include='*.h' --include='*.cc' | grep -v "^$dir/[^/]*:" || true)
+  if [ -n "$outside" ]; then
+    echo "layering: $h is private to $dir/:"
+    echo "$outside"
+    fail=1
+  fi
+done < <(find core drmgr watch cli gui -name '*_internal.h')
 qt=$(grep -rnE '#include <Q' core drmgr watch cli bench --include='*.h' --include='*.cc' 2>/dev/null || true)
 if [ -n "$qt" ]; then
   echo "layering: Qt appears only in gui/:"

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
-#include "core/base/syscall_status.h"
+#include "core/ptrace/remote_exec.h"
 #include "core/x86/x86_access.h"
 #include "core/x86/x86_emulate.h"
 
@@ -102,14 +102,9 @@ std::string ProtText(int prot) {
 }  // namespace
 
 absl::Status PageBackend::ProtectIn(core::Process& proc, pid_t tid, uint64_t page, int prot) {
-  const uint64_t args[3] = {page, kPageSize, static_cast<uint64_t>(prot)};
-  KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mprotect, args));
-  if (r < 0) {
-    return core::SyscallError(
-        static_cast<int>(-r),
-        absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot), proc.pid()));
-  }
-  return absl::OkStatus();
+  return core::RemoteMprotect(
+      proc, tid, core::RemoteAddr{page}, kPageSize, prot,
+      absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot), proc.pid()));
 }
 
 absl::Status PageBackend::Protect(pid_t tid, uint64_t page, int prot) {
@@ -514,13 +509,10 @@ absl::Status PageBackend::ProtectRuns(pid_t tid, const std::vector<uint64_t>& pa
     while (j < pages.size() && pages[j] == pages[j - 1] + kPageSize && prot_of(pages[j]) == prot) {
       ++j;
     }
-    const uint64_t args[3] = {pages[i], (j - i) * kPageSize, static_cast<uint64_t>(prot)};
-    KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_mprotect, args));
-    if (r < 0) {
-      return core::SyscallError(static_cast<int>(-r),
-                                absl::StrFormat("mprotect(0x%x, %d pages, %s) in pid %d", pages[i],
-                                                j - i, ProtText(prot), proc_.pid()));
-    }
+    KW_RETURN_IF_ERROR(
+        core::RemoteMprotect(proc_, tid, core::RemoteAddr{pages[i]}, (j - i) * kPageSize, prot,
+                             absl::StrFormat("mprotect(0x%x, %d pages, %s) in pid %d", pages[i],
+                                             j - i, ProtText(prot), proc_.pid())));
     i = j;
   }
   return absl::OkStatus();
@@ -597,19 +589,12 @@ absl::StatusOr<int> PageBackend::TakeScratch(pid_t tid, uint64_t size) {
     }
   }
   const uint64_t sz = (size + kScratchQuantum - 1) / kScratchQuantum * kScratchQuantum;
-  const uint64_t args[6] = {0,
-                            sz,
-                            PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                            static_cast<uint64_t>(-1),
-                            0};
-  KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_mmap, args));
-  if (r < 0 && r > -4096) {
-    return core::SyscallError(
-        static_cast<int>(-r),
-        absl::StrFormat("mmap(%d bytes of scratch) in pid %d", sz, proc_.pid()));
-  }
-  scratch_.push_back({static_cast<uint64_t>(r), sz, true});
+  KW_ASSIGN_OR_RETURN(
+      const core::RemoteAddr r,
+      core::RemoteMmap(proc_, tid,
+                       core::RemoteMapping{0, sz, PROT_READ | PROT_WRITE, MAP_NORESERVE},
+                       absl::StrFormat("mmap(%d bytes of scratch) in pid %d", sz, proc_.pid())));
+  scratch_.push_back({r.value, sz, true});
   return static_cast<int>(scratch_.size() - 1);
 }
 
@@ -620,8 +605,7 @@ void PageBackend::UnmapScratch(core::Process& proc, pid_t tid) {
       ++it;  // a call still uses it: unmapped with its exit... or left (see Disarm)
       continue;
     }
-    const uint64_t args[2] = {it->addr, it->size};
-    (void)proc.RemoteSyscall(tid, SYS_munmap, args);
+    (void)core::RemoteMunmap(proc, tid, core::RemoteAddr{it->addr}, it->size);
     it = child ? it + 1 : scratch_.erase(it);
   }
 }

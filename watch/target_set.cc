@@ -1,15 +1,8 @@
 #include "watch/target_set.h"
 
-#include <sys/epoll.h>
-#include <sys/signalfd.h>
-#include <sys/timerfd.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
 #include <csignal>
 #include <cstring>
-#include <ctime>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
-#include "core/base/syscall_status.h"
 
 namespace kwatch::watch {
 
@@ -36,22 +28,6 @@ struct TargetSet::Tracee {
   // counts fields against the first image's layout). Empty: no difference.
   std::vector<uint64_t> rebase;
 };
-
-absl::StatusOr<core::UniqueFd> BlockSessionSignals() {
-  // Signals arrive through a signalfd, so the loop sees them in order with everything else.
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
-    sigaddset(&mask, sig);
-  }
-  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  core::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-  if (!sigfd) {
-    const int err = errno;
-    return core::SyscallError(err, "signalfd");
-  }
-  return sigfd;
-}
 
 TargetSet::TargetSet(TargetSetOptions opts, const SessionOptions& session_opts,
                      core::UniqueFd sigfd, std::unique_ptr<core::ProcessGroup> group,
@@ -85,46 +61,22 @@ absl::StatusOr<std::unique_ptr<TargetSet>> TargetSet::Create(
   return set;
 }
 
-absl::Status TargetSet::AddFd(int fd) {
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = fd;
-  if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_ctl(ADD)");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status TargetSet::AddFds(const WatchSession& session) {
   for (int fd : session.Fds()) {
-    KW_RETURN_IF_ERROR(AddFd(fd));
+    KW_RETURN_IF_ERROR(loop_->Add(fd));
   }
   return absl::OkStatus();
 }
 
 absl::Status TargetSet::Init() {
-  epfd_.Reset(epoll_create1(EPOLL_CLOEXEC));
-  if (!epfd_) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_create1");
-  }
-  KW_RETURN_IF_ERROR(AddFd(sigfd_.get()));
   const WatchSession& session = *target().session;
+  // A periodic tick drains samples below the wakeup threshold; multiplexed watches rotate
+  // through the debug registers at each tick.
+  const absl::Duration tick = session.multiplexing()
+                                  ? std::min(EventLoop::kDefaultTick, session_opts_.mux_interval)
+                                  : EventLoop::kDefaultTick;
+  KW_ASSIGN_OR_RETURN(loop_, EventLoop::Create(std::move(sigfd_), tick));
   KW_RETURN_IF_ERROR(AddFds(session));
-  // A periodic tick drains samples below the wakeup threshold; a deadline for --duration.
-  tick_.Reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  itimerspec its{};
-  // Multiplexed watches rotate through the debug registers at each tick.
-  const int64_t tick_ns =
-      session.multiplexing()
-          ? std::min<int64_t>(50'000'000, absl::ToInt64Nanoseconds(session_opts_.mux_interval))
-          : 50'000'000;
-  its.it_interval.tv_sec = tick_ns / 1'000'000'000;
-  its.it_interval.tv_nsec = tick_ns % 1'000'000'000;
-  its.it_value = its.it_interval;
-  timerfd_settime(tick_.get(), 0, &its, nullptr);
-  KW_RETURN_IF_ERROR(AddFd(tick_.get()));
   start_ns_ = core::MonotonicNs();
   deadline_ns_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   std::vector<WatchedObject> objects;
@@ -409,43 +361,35 @@ absl::StatusOr<bool> TargetSet::Step(absl::Duration timeout) {
     return false;
   }
   sink_.BeforeWait();
-  std::array<epoll_event, 64> evs{};
-  const int timeout_ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
-  const int n = epoll_wait(epfd_.get(), evs.data(), static_cast<int>(evs.size()), timeout_ms);
-  if (n < 0 && errno != EINTR) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_wait");
-  }
+  KW_ASSIGN_OR_RETURN(const EventLoop::Ready ready, loop_->Wait(timeout));
   bool drain = false;
-  for (int i = 0; i < n; ++i) {
-    if (evs[static_cast<size_t>(i)].data.fd == sigfd_.get()) {
-      signalfd_siginfo si{};
-      while (read(sigfd_.get(), &si, sizeof(si)) == sizeof(si)) {
-        if (si.ssi_signo == SIGCHLD) {
+  for (const EventLoop::Event& e : ready.events) {
+    switch (e.kind) {
+      case EventLoop::Event::Kind::kSignal:
+        if (e.value == SIGCHLD) {
           drain = true;
           KW_RETURN_IF_ERROR(PollAll());
         } else {
-          Stop(absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo))));
+          Stop(absl::StrCat("interrupted by ", sigabbrev_np(e.value)));
         }
-      }
-    } else if (evs[static_cast<size_t>(i)].data.fd == tick_.get()) {
-      uint64_t ticks = 0;
-      const ssize_t got = read(tick_.get(), &ticks, sizeof(ticks));  // the count is not used
-      (void)got;
-      drain = true;
-      for (const std::unique_ptr<Tracee>& t : tracees_) {
-        WatchSession* s = t->session.get();
-        if (s == nullptr || !s->multiplexing() || !t->proc->alive()) {
-          continue;
+        break;
+      case EventLoop::Event::Kind::kTick:
+        drain = true;
+        for (const std::unique_ptr<Tracee>& t : tracees_) {
+          WatchSession* s = t->session.get();
+          if (s == nullptr || !s->multiplexing() || !t->proc->alive()) {
+            continue;
+          }
+          KW_ASSIGN_OR_RETURN(const bool rotated, s->Tick(absl::Now()));
+          if (rotated) {
+            KW_RETURN_IF_ERROR(AddFds(*s));
+            ++rotations_;
+          }
         }
-        KW_ASSIGN_OR_RETURN(const bool rotated, s->Tick(absl::Now()));
-        if (rotated) {
-          KW_RETURN_IF_ERROR(AddFds(*s));
-          ++rotations_;
-        }
-      }
-    } else {
-      drain = true;
+        break;
+      case EventLoop::Event::Kind::kFd:
+        drain = true;
+        break;
     }
   }
   if (drain) {

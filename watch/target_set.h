@@ -18,15 +18,12 @@
 #include "core/ptrace/process_group.h"
 #include "watch/access_sink.h"
 #include "watch/condition.h"
+#include "watch/event_loop.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"
 
 namespace kwatch::watch {
-
-// Blocks SIGINT, SIGTERM, SIGHUP and SIGCHLD in the calling thread and returns a signalfd that
-// reads them, for TargetSet. Call it before launching the target, so that no SIGCHLD is lost.
-absl::StatusOr<core::UniqueFd> BlockSessionSignals();
 
 struct TargetSetOptions {
   uint64_t count = 0;         // stop after this many delivered events (0: no limit)
@@ -48,13 +45,14 @@ struct TargetSetEnd {
 // exec, the watches armed again by expression in the new image). Drains every process's rings
 // into the sink (filtered by the --if conditions, counted per process, in the summary and in
 // the storage profile, against the first image's layout), and stops on the event count, the
-// duration, SIGINT/SIGTERM/SIGHUP (from the signalfd) or the end of the target and every
-// followed child. Finish removes the watches and lets every process go (killed with
-// kill_on_exit on a launched target, else detached).
+// duration, SIGINT/SIGTERM/SIGHUP (read from `sigfd`, made by BlockSessionSignals before the
+// target was launched) or the end of the target and every followed child. Finish removes the
+// watches and lets every process go (killed with kill_on_exit on a launched target, else
+// detached).
 //
-// Owns the processes, their sessions, the group, the signalfd and its epoll and timer
-// descriptors; the sink is the caller's and outlives the set. Not thread-safe: one thread calls
-// Step, Finish and Abandon.
+// Owns the processes, their sessions, the group and an EventLoop (with the signalfd); the sink
+// is the caller's and outlives the set. Not thread-safe: one thread calls Step, Finish and
+// Abandon.
 class TargetSet {
  public:
   // `session` is the target's, armed; `conditions` are one per watch (by id), or none. On
@@ -102,7 +100,6 @@ class TargetSet {
             AccessSink& sink);
 
   absl::Status Init();
-  absl::Status AddFd(int fd);
   absl::Status AddFds(const WatchSession& session);
   Tracee& target() { return *tracees_.front(); }
   const Tracee& target() const { return *tracees_.front(); }
@@ -126,7 +123,7 @@ class TargetSet {
 
   TargetSetOptions opts_;
   SessionOptions session_opts_;
-  core::UniqueFd sigfd_;
+  core::UniqueFd sigfd_;                          // from Create until Init hands it to the loop
   std::unique_ptr<core::ProcessGroup> group_;     // -f; outlives every process below
   std::vector<std::unique_ptr<Tracee>> tracees_;  // the target first, then children by fork
   std::vector<Condition> conditions_;             // --if, one per watch (by id), or none
@@ -134,8 +131,7 @@ class TargetSet {
   std::vector<Watch> watches_;  // the target's first image's: what the summary counts
   std::optional<Summary> summary_;
   std::optional<StorageProfile> profile_;
-  core::UniqueFd epfd_;
-  core::UniqueFd tick_;
+  std::unique_ptr<EventLoop> loop_;
   uint64_t start_ns_ = 0;
   uint64_t deadline_ns_ = 0;  // 0: none
   bool started_ = false;      // the first Step polled

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/symbols/elf_index.h"
 
 namespace kwatch::core::kernel {
 
@@ -293,80 +295,45 @@ std::string KernelSymbolResolver::Describe(uint64_t addr) {
 }
 
 absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner) {
-  KW_ASSIGN_OR_RETURN(ElfFile file, OpenElf(path));
-  std::unique_ptr<Elf, ElfDeleter>& elf = file.elf;
-  Elf_Scn* symtab = nullptr;
-  GElf_Shdr symtab_hdr{};
-  for (Elf_Scn* scn = elf_nextscn(elf.get(), nullptr); scn != nullptr;
-       scn = elf_nextscn(elf.get(), scn)) {
-    GElf_Shdr shdr{};
-    if (gelf_getshdr(scn, &shdr) != nullptr && shdr.sh_type == SHT_SYMTAB) {
-      symtab = scn;
-      symtab_hdr = shdr;
-      break;
-    }
-  }
-  if (symtab == nullptr) {
+  KW_ASSIGN_OR_RETURN(const ElfSymbolIndex index, ElfSymbolIndex::FromFile(path));
+  if (std::none_of(index.sections().begin(), index.sections().end(),
+                   [](const ElfSection& s) { return s.type == SHT_SYMTAB; })) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": no symbol table (.symtab): a stripped image has no symbols"));
   }
-  Elf_Data* data = elf_getdata(symtab, nullptr);
-  if (data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", ElfError("elf_getdata")));
-  }
-  const size_t n = symtab_hdr.sh_entsize == 0 ? 0 : symtab_hdr.sh_size / symtab_hdr.sh_entsize;
   std::vector<KernelSymbol> syms;
-  syms.reserve(n);
-  uint64_t banner_addr = 0;
-  size_t banner_shndx = 0;
-  for (size_t i = 1; i < n; ++i) {
-    GElf_Sym sym{};
-    if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) {
-      continue;
-    }
-    const int type = GELF_ST_TYPE(sym.st_info);
-    if (type == STT_SECTION || type == STT_FILE || sym.st_name == 0) {
-      continue;
-    }
-    const char* name = elf_strptr(elf.get(), symtab_hdr.sh_link, sym.st_name);
-    if (name == nullptr || *name == '\0') {
-      continue;
-    }
+  syms.reserve(index.symbols().size());
+  const ElfSymbol* banner_sym = nullptr;
+  for (const ElfSymbol& sym : index.symbols()) {
+    // nm's letter from the section: text, bss, data, read-only; 'a' outside any section.
     char letter = 'a';
-    if (sym.st_shndx != SHN_UNDEF && sym.st_shndx < SHN_LORESERVE) {
-      Elf_Scn* scn = elf_getscn(elf.get(), sym.st_shndx);
-      GElf_Shdr shdr{};
-      if (scn != nullptr && gelf_getshdr(scn, &shdr) != nullptr) {
-        if ((shdr.sh_flags & SHF_EXECINSTR) != 0) {
-          letter = 't';
-        } else if (shdr.sh_type == SHT_NOBITS) {
-          letter = 'b';
-        } else if ((shdr.sh_flags & SHF_WRITE) != 0) {
-          letter = 'd';
-        } else {
-          letter = 'r';
-        }
+    if (const ElfSection* scn = index.SectionOf(sym); scn != nullptr) {
+      if ((scn->flags & SHF_EXECINSTR) != 0) {
+        letter = 't';
+      } else if (scn->type == SHT_NOBITS) {
+        letter = 'b';
+      } else if ((scn->flags & SHF_WRITE) != 0) {
+        letter = 'd';
+      } else {
+        letter = 'r';
       }
-    } else if (sym.st_shndx == SHN_UNDEF) {
-      continue;
     }
-    if (GELF_ST_BIND(sym.st_info) != STB_LOCAL) {
+    if (sym.is_global()) {
       letter = static_cast<char>(absl::ascii_toupper(static_cast<unsigned char>(letter)));
     }
-    if (std::strcmp(name, "linux_banner") == 0) {
-      banner_addr = sym.st_value;
-      banner_shndx = sym.st_shndx;
+    if (sym.name == "linux_banner") {
+      banner_sym = &sym;
     }
-    syms.push_back(KernelSymbol{name, sym.st_value, letter, ""});
+    syms.push_back(KernelSymbol{std::string(sym.name), sym.addr, letter, ""});
   }
-  if (banner != nullptr && banner_addr != 0) {
-    Elf_Scn* scn = elf_getscn(elf.get(), banner_shndx);
-    GElf_Shdr shdr{};
-    Elf_Data* d = scn != nullptr ? elf_getdata(scn, nullptr) : nullptr;
-    if (d != nullptr && gelf_getshdr(scn, &shdr) != nullptr && d->d_buf != nullptr &&
-        banner_addr >= shdr.sh_addr && banner_addr - shdr.sh_addr < d->d_size) {
-      const char* p = static_cast<const char*>(d->d_buf) + (banner_addr - shdr.sh_addr);
-      const size_t left = d->d_size - (banner_addr - shdr.sh_addr);
+  if (banner != nullptr && banner_sym != nullptr && banner_sym->addr != 0) {
+    const ElfSection* scn = index.SectionOf(*banner_sym);
+    const absl::StatusOr<std::span<const uint8_t>> bytes =
+        scn != nullptr ? index.SectionBytes(*scn) : absl::NotFoundError("no section");
+    if (bytes.ok() && banner_sym->addr >= scn->addr &&
+        banner_sym->addr - scn->addr < bytes->size()) {
+      const auto* p = reinterpret_cast<const char*>(bytes->data() + (banner_sym->addr - scn->addr));
+      const size_t left = bytes->size() - (banner_sym->addr - scn->addr);
       *banner = std::string(p, strnlen(p, left));
     }
   }

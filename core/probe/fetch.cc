@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
+#include "core/probe/fetch_format.h"
 #include "core/probe/x86_regs.h"
 #include "core/ptrace/maps.h"
 #include "core/symbols/dwarf_types.h"
@@ -808,66 +809,8 @@ absl::StatusOr<Place> Evaluator::Location(const std::vector<DwarfOp>& ops) {
   return place;
 }
 
-std::string Quote(absl::string_view s, bool cut) {
-  std::string out = "\"";
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      absl::StrAppend(&out, "\\", absl::string_view(&c, 1));
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (u < 0x20 || u >= 0x7f) {
-      absl::StrAppend(&out, absl::StrFormat("\\x%02x", u));
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += "\"";
-  if (cut) {
-    out += "...";
-  }
-  return out;
-}
-
-std::string FormatScalar(const CompiledArg& arg, uint64_t raw) {
-  uint64_t v = raw;
-  unsigned bits = arg.type.bits;
-  if (arg.bit_size != 0) {
-    bits = arg.bit_size;
-    v = (raw >> arg.bit_offset) & (bits >= 64 ? ~0ULL : ((1ULL << bits) - 1));
-  } else if (bits < 64) {
-    v &= (1ULL << bits) - 1;
-  }
-  switch (arg.type.kind) {
-    case ArgType::Kind::kSigned: {
-      if (bits < 64 && (v >> (bits - 1)) != 0) {
-        v |= ~((1ULL << bits) - 1);
-      }
-      return absl::StrCat(static_cast<int64_t>(v));
-    }
-    case ArgType::Kind::kUnsigned:
-      return absl::StrCat(v);
-    case ArgType::Kind::kFloat:
-      if (arg.type.bits == 32) {
-        float f = 0;
-        const auto u32 = static_cast<uint32_t>(v);
-        std::memcpy(&f, &u32, sizeof(f));
-        return absl::StrFormat("%g", f);
-      } else {
-        double d = 0;
-        std::memcpy(&d, &v, sizeof(d));
-        return absl::StrFormat("%g", d);
-      }
-    case ArgType::Kind::kHex:
-    case ArgType::Kind::kString:
-      break;
-  }
-  return absl::StrFormat("0x%x", v);
-}
-
-absl::StatusOr<std::string> ReadCString(Evaluator& ev, uint64_t addr) {
+// Reads the NUL-terminated string at `addr`, a page at a time, as FormatFetchString wants it.
+std::string ReadCString(Evaluator& ev, uint64_t addr) {
   std::string s;
   while (s.size() <= kMaxFetchString) {
     const uint64_t at = addr + s.size();
@@ -875,20 +818,15 @@ absl::StatusOr<std::string> ReadCString(Evaluator& ev, uint64_t addr) {
         std::min<uint64_t>(kPageSize - at % kPageSize, kMaxFetchString + 1 - s.size());
     std::vector<uint8_t> buf(chunk);
     if (!ev.Read(at, std::span<uint8_t>(buf)).ok()) {
-      if (s.empty()) {
-        return std::string("(fault)");
-      }
-      break;  // the string runs into unreadable memory: show what was read
+      return FormatFetchString(s, /*faulted=*/true);  // what was read before
     }
     const auto nul = std::find(buf.begin(), buf.end(), 0);
     s.append(buf.begin(), nul);
     if (nul != buf.end()) {
-      return Quote(s, false);
+      break;
     }
   }
-  const bool cut = s.size() > kMaxFetchString;
-  s.resize(std::min(s.size(), kMaxFetchString));
-  return Quote(s, cut);
+  return FormatFetchString(s, /*faulted=*/false);
 }
 
 absl::StatusOr<std::string> EvaluateImpl(const CompiledArg& arg, const FetchContext& ctx,
@@ -915,7 +853,7 @@ absl::StatusOr<std::string> EvaluateImpl(const CompiledArg& arg, const FetchCont
       absl::StatusOr<Place> p = ev.Location(arg.location);
       if (!p.ok()) {
         if (ev.Faulted()) {
-          return std::string("(fault)");
+          return std::string{kFetchFault};
         }
         return absl::Status(p.status().code(),
                             absl::StrCat("'", arg.text, "': ", p.status().message()));
@@ -929,16 +867,22 @@ absl::StatusOr<std::string> EvaluateImpl(const CompiledArg& arg, const FetchCont
       }
       KW_ASSIGN_OR_RETURN(std::string comm,
                           ReadSmallFile(absl::StrCat("/proc/", ctx.tid, "/comm")));
-      return Quote(absl::StripTrailingAsciiWhitespace(comm), false);
+      return QuoteFetchString(absl::StripTrailingAsciiWhitespace(comm), false);
     }
   }
-  for (const FetchStep& step : arg.steps) {
+  for (size_t i = 0; i < arg.steps.size(); ++i) {
+    const FetchStep& step = arg.steps[i];
+    if (!place.memory &&
+        std::none_of(arg.steps.begin() + static_cast<std::ptrdiff_t>(i), arg.steps.end(),
+                     [](const FetchStep& s) { return s.kind == FetchStep::Kind::kDeref; })) {
+      return FormatFetchBytes(arg, place.bytes, i);  // the rest stays within the bytes
+    }
     if (step.kind == FetchStep::Kind::kDeref) {
       uint64_t ptr = 0;
       if (place.memory) {
         absl::StatusOr<uint64_t> v = ev.ReadU64(place.addr, 8);
         if (!v.ok()) {
-          return std::string("(fault)");
+          return std::string{kFetchFault};
         }
         ptr = *v;
       } else {
@@ -948,33 +892,24 @@ absl::StatusOr<std::string> EvaluateImpl(const CompiledArg& arg, const FetchCont
     } else if (place.memory) {
       place.addr += static_cast<uint64_t>(step.offset);
     } else {
-      if (step.offset < 0 || static_cast<size_t>(step.offset) >= place.bytes.size()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("'", arg.text, "': offset ", step.offset, " is outside the value's ",
-                         place.bytes.size(), " bytes (it is not in memory)"));
-      }
-      place.bytes.erase(place.bytes.begin(), place.bytes.begin() + step.offset);
+      KW_ASSIGN_OR_RETURN(const std::span<const uint8_t> rest,
+                          FetchBytesAt(arg, place.bytes, step.offset));
+      place.bytes.assign(rest.begin(), rest.end());
     }
+  }
+  if (!place.memory) {
+    return FormatFetchBytes(arg, place.bytes, arg.steps.size());
   }
   if (arg.type.kind == ArgType::Kind::kString) {
-    if (!place.memory) {
-      const auto nul = std::find(place.bytes.begin(), place.bytes.end(), 0);
-      return Quote(std::string(place.bytes.begin(), nul), false);
-    }
     return ReadCString(ev, place.addr);
   }
-  uint64_t raw = 0;
+  // The final read: the bytes FormatFetchBytes formats, as the agent's records hold them.
+  std::array<uint8_t, 8> buf{};
   const size_t size = std::min<size_t>(arg.size, 8);
-  if (place.memory) {
-    absl::StatusOr<uint64_t> v = ev.ReadU64(place.addr, size);
-    if (!v.ok()) {
-      return std::string("(fault)");
-    }
-    raw = *v;
-  } else {
-    std::memcpy(&raw, place.bytes.data(), std::min(size, place.bytes.size()));
+  if (!ev.Read(place.addr, std::span<uint8_t>(buf.data(), size)).ok()) {
+    return std::string{kFetchFault};
   }
-  return FormatScalar(arg, raw);
+  return FormatFetchBytes(arg, std::span<const uint8_t>(buf.data(), size), arg.steps.size());
 }
 
 }  // namespace
@@ -1005,13 +940,32 @@ absl::StatusOr<std::string> Evaluate(const CompiledArg& arg, const FetchContext&
   return EvaluateImpl(arg, ctx, ev);
 }
 
+absl::StatusOr<std::string> EvaluateSampled(const CompiledArg& arg, FetchContext ctx, uint64_t sp,
+                                            std::span<const uint8_t> stack, bool* not_sampled) {
+  bool outside = false;
+  ctx.read = [&](RemoteAddr a, std::span<uint8_t> out) -> absl::Status {
+    if (a.value >= sp && a.value - sp <= stack.size() &&
+        out.size() <= stack.size() - (a.value - sp)) {
+      std::memcpy(out.data(), stack.data() + (a.value - sp), out.size());
+      return absl::OkStatus();
+    }
+    outside = true;
+    return absl::NotFoundError("not in the sampled stack");
+  };
+  absl::StatusOr<std::string> v = Evaluate(arg, ctx);
+  if (v.ok() && outside && (*v == kFetchFault || v->empty())) {
+    *not_sampled = true;
+    return std::string{kNotSampled};
+  }
+  return v;
+}
+
 std::string EvaluateAll(const std::vector<CompiledArg>& args, const FetchContext& ctx) {
   std::vector<std::string> parts;
   parts.reserve(args.size());
   for (const CompiledArg& arg : args) {
     absl::StatusOr<std::string> v = Evaluate(arg, ctx);
-    parts.push_back(absl::StrCat(
-        arg.name, "=", v.ok() ? *v : absl::StrCat("<error: ", v.status().message(), ">")));
+    parts.push_back(absl::StrCat(arg.name, "=", v.ok() ? *v : FetchErrorText(v.status())));
   }
   return absl::StrJoin(parts, " ");
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/base/remote_addr.h"
 #include "core/probe/dwarf_location.h"
 #include "core/probe/probe_spec.h"
@@ -98,6 +99,16 @@ absl::StatusOr<std::vector<CompiledArg>> CompileArgStrings(const ProbeTarget& ta
 // fpregs, $comm without a tid, and expressions the evaluator cannot finish (stack
 // underflow, division by zero).
 absl::StatusOr<std::string> Evaluate(const CompiledArg& arg, const FetchContext& ctx);
+
+// What a value shows when it needed memory a sampling backend did not copy (the uprobe
+// backend's stack sample, the in-process agent's fallback capture).
+inline constexpr absl::string_view kNotSampled = "(not sampled)";
+
+// Evaluate with ctx's registers when the only memory known is `stack`, a copy of the
+// thread's stack from `sp` up (ctx.read is replaced by it). A value that needed memory
+// outside it shows kNotSampled and sets `*not_sampled` (left unchanged otherwise).
+absl::StatusOr<std::string> EvaluateSampled(const CompiledArg& arg, FetchContext ctx, uint64_t sp,
+                                            std::span<const uint8_t> stack, bool* not_sampled);
 
 // "name=value name=value" for all of `args` (an error becomes "name=<error: ...>").
 std::string EvaluateAll(const std::vector<CompiledArg>& args, const FetchContext& ctx);

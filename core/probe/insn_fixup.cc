@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/x86/format.h"
+#include "core/x86/relocator.h"
 
 namespace kwatch::core {
 
@@ -148,9 +148,7 @@ void Classify(ProbedInsn& p) {
 }  // namespace
 
 bool RipRelativeReaches(RemoteAddr slot, uint8_t length, RemoteAddr target) {
-  const auto delta = static_cast<int64_t>(target.value - (slot.value + length));
-  return delta >= std::numeric_limits<int32_t>::min() &&
-         delta <= std::numeric_limits<int32_t>::max();
+  return Rel32Reaches(slot + length, target);
 }
 
 RemoteAddr RipRelativeTarget(const ProbedInsn& insn) {
@@ -183,42 +181,15 @@ absl::StatusOr<ProbedInsn> AnalyzeProbedInsn(std::span<const uint8_t> code, Remo
     return absl::InvalidArgumentError(
         absl::StrFormat("cannot probe 0x%x (%s): %s", p.addr.value, p.text, why));
   };
-  const ZydisMnemonic m = p.insn.mnemonic;
   const auto ops = Visible(p);
-  if (m == ZYDIS_MNEMONIC_INT3 ||
-      (m == ZYDIS_MNEMONIC_INT && !ops.empty() && ops[0].imm.value.u == 3)) {
-    return refuse("it is a breakpoint already (int3: kwatch's own, a debugger's or the program's)");
-  }
-  if (m == ZYDIS_MNEMONIC_INT1) {
-    return refuse("int1 raises a debug trap");
-  }
-  if (m == ZYDIS_MNEMONIC_UD0 || m == ZYDIS_MNEMONIC_UD1 || m == ZYDIS_MNEMONIC_UD2) {
-    return refuse(
-        "it raises SIGILL by design; run out of line, the fault would point into kwatch's area");
-  }
-  if (m == ZYDIS_MNEMONIC_IRET || m == ZYDIS_MNEMONIC_IRETD || m == ZYDIS_MNEMONIC_IRETQ ||
-      m == ZYDIS_MNEMONIC_SYSENTER || m == ZYDIS_MNEMONIC_SYSEXIT || m == ZYDIS_MNEMONIC_SYSRET) {
-    return refuse("a privilege-level transfer cannot be displaced");
-  }
-  if (m == ZYDIS_MNEMONIC_XBEGIN) {
-    return refuse("xbegin's abort address is relative and a transaction aborts on int3 anyway");
-  }
-  if ((p.insn.attributes & ZYDIS_ATTRIB_IS_PRIVILEGED) != 0) {
-    return refuse("a privileged instruction (ring 0 only) never runs in a user program");
-  }
-  if (p.insn.meta.branch_type == ZYDIS_BRANCH_TYPE_FAR) {
-    return refuse("far branches are not supported");
+  const std::string why = WhyCannotDisplace(p.insn, ops);
+  if (!why.empty()) {
+    return refuse(why);
   }
   // A RIP-relative memory operand: its disp32 is rebased in the out-of-line copy.
   for (const ZydisDecodedOperand& op : ops) {
     if (op.type == ZYDIS_OPERAND_TYPE_MEMORY && op.mem.base == ZYDIS_REGISTER_RIP) {
-      if (p.insn.raw.disp.size != 32) {
-        return refuse("a RIP-relative operand without a 32-bit displacement");
-      }
       p.rip_disp_offset = p.insn.raw.disp.offset;
-    }
-    if (op.type == ZYDIS_OPERAND_TYPE_MEMORY && op.mem.base == ZYDIS_REGISTER_EIP) {
-      return refuse("EIP-relative (addr32) operands are not supported");
     }
   }
   Classify(p);
@@ -295,19 +266,7 @@ absl::StatusOr<std::vector<uint8_t>> BuildOutOfLineCopy(const ProbedInsn& insn, 
     out.push_back(0xcc);
     return out;
   }
-  const RemoteAddr back = insn.addr + insn.length;
-  const RemoteAddr jmp_at = slot + insn.length;
-  if (RipRelativeReaches(jmp_at, 5, back)) {
-    const auto rel = static_cast<int32_t>(back.value - (jmp_at.value + 5));
-    out.push_back(0xe9);
-    out.resize(out.size() + 4);
-    std::memcpy(out.data() + out.size() - 4, &rel, sizeof(rel));
-  } else {
-    const uint8_t jmp_abs[6] = {0xff, 0x25, 0, 0, 0, 0};  // jmp *0(%rip)
-    out.insert(out.end(), std::begin(jmp_abs), std::end(jmp_abs));
-    out.resize(out.size() + 8);
-    std::memcpy(out.data() + out.size() - 8, &back.value, sizeof(back.value));
-  }
+  AppendJump(out, slot, insn.addr + insn.length);
   return out;
 }
 

@@ -33,7 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "core/base/status_macros.h"
 #include "core/symbols/dwarf_types.h"
-#include "core/symbols/symbol_match.h"
+#include "core/symbols/elf_index.h"
 #include "core/x86/format.h"
 
 namespace kwatch::core {
@@ -186,7 +186,7 @@ struct ProbeTarget::Impl {
   std::vector<FunctionInfo> functions;
   absl::flat_hash_map<std::string, std::vector<size_t>> by_name;
   absl::flat_hash_set<std::string> inline_only;
-  absl::flat_hash_map<std::string, uint64_t> symbols;
+  std::unique_ptr<ElfSymbolIndex> elf_symbols;
   std::vector<std::string> files;
   std::vector<LineRow> rows;  // by vaddr
 
@@ -207,40 +207,28 @@ struct ProbeTarget::Impl {
   absl::StatusOr<std::vector<ResolvedPoint>> ResolveFunction(const ProbePoint& p) const;
   absl::StatusOr<std::vector<ResolvedPoint>> ResolveSource(const ProbePoint& p) const;
   absl::StatusOr<std::vector<ResolvedPoint>> ResolveAddress(const ProbePoint& p) const;
+  // The probe's own function names (ELF and DWARF), and those only ever inlined.
   std::vector<std::string> AllFunctionNames() const;
 };
 
 void ProbeTarget::Impl::IndexElf() {
-  const int count = dwfl_module_getsymtab(mod);
-  for (int i = 1; i < count; ++i) {
-    GElf_Sym sym;
-    GElf_Addr addr = 0;
-    GElf_Word shndx = 0;
-    const char* raw = dwfl_module_getsym_info(mod, i, &sym, &addr, &shndx, nullptr, nullptr);
-    if (raw == nullptr || *raw == '\0' || shndx == SHN_UNDEF) {
+  elf_symbols = std::make_unique<ElfSymbolIndex>(ElfSymbolIndex::FromModule(mod));
+  for (const ElfSymbol& sym : elf_symbols->symbols()) {
+    if (!sym.is_function()) {
       continue;
     }
-    std::string name(raw);
-    const int type = GELF_ST_TYPE(sym.st_info);
-    const uint64_t vaddr = addr - elf_bias;
-    if (type == STT_FUNC || type == STT_GNU_IFUNC || type == STT_OBJECT || type == STT_TLS ||
-        type == STT_COMMON) {
-      symbols.try_emplace(name, vaddr);
-    }
-    if (type != STT_FUNC && type != STT_GNU_IFUNC) {
-      continue;
-    }
+    std::string name(sym.name);
     bool seen = false;
     for (const size_t idx : by_name[name]) {
-      seen = seen || functions[idx].start == vaddr;
+      seen = seen || functions[idx].start == sym.addr;
     }
     if (seen) {
       continue;
     }
     FunctionInfo f;
     f.name = name;
-    f.start = vaddr;
-    f.size = sym.st_size;
+    f.start = sym.addr;
+    f.size = sym.size;
     by_name[name].push_back(functions.size());
     functions.push_back(std::move(f));
   }
@@ -384,7 +372,8 @@ absl::StatusOr<std::vector<const FunctionInfo*>> ProbeTarget::Impl::FindFunction
                      " (no code of its own): probe one of its lines instead (SRC:LINE)"));
   }
   std::string msg = absl::StrCat("unknown function '", p.function, "' in ", Basename(path));
-  const std::vector<std::string> near = NearMatches(p.function, AllFunctionNames(), 3);
+  const std::vector<std::string> near =
+      elf_symbols->NearNames(p.function, 3, kFunctionSymbols, AllFunctionNames());
   if (!near.empty()) {
     absl::StrAppend(&msg, "; did you mean ", QuoteList(near), "?");
   }
@@ -857,11 +846,12 @@ std::optional<uint64_t> ProbeTarget::FileOffset(RemoteAddr vaddr) const {
 }
 
 std::optional<RemoteAddr> ProbeTarget::SymbolAddress(absl::string_view name) const {
-  const auto it = impl_->symbols.find(name);
-  if (it == impl_->symbols.end()) {
+  const ElfSymbol* sym = impl_->elf_symbols->Find(std::string_view(name.data(), name.size()),
+                                                  kFunctionSymbols | kDataSymbols);
+  if (sym == nullptr) {
     return std::nullopt;
   }
-  return RemoteAddr{it->second};
+  return RemoteAddr{sym->addr};
 }
 
 absl::StatusOr<uint64_t> ProbeTarget::LoadBias(const std::vector<MapEntry>& maps) const {

@@ -1,15 +1,14 @@
 #include "core/probe/xol.h"
 
 #include <sys/mman.h>
-#include <sys/syscall.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
-#include "core/base/syscall_status.h"
 #include "core/ptrace/process.h"
+#include "core/ptrace/remote_exec.h"
 
 namespace kwatch::core {
 
@@ -83,30 +82,24 @@ absl::StatusOr<XolAreas::Area*> XolAreas::MapArea(Process& proc, pid_t tid, Remo
           "out-of-line area",
           kXolAreaSize / 1024, near.value, proc.pid()));
     }
-    const uint64_t args[6] = {at->value,
-                              kXolAreaSize,
-                              PROT_READ | PROT_EXEC,
-                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-                              static_cast<uint64_t>(-1),
-                              0};
-    KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mmap, args));
-    if (r == -EEXIST) {
-      continue;
+    const absl::StatusOr<RemoteAddr> mapped = RemoteMmap(
+        proc, tid,
+        RemoteMapping{at->value, kXolAreaSize, PROT_READ | PROT_EXEC, MAP_FIXED_NOREPLACE},
+        absl::StrFormat("mmap(0x%x, %d, r-x) in pid %d for kwatch's out-of-line area", at->value,
+                        kXolAreaSize, proc.pid()));
+    if (mapped.status().code() == absl::StatusCode::kAlreadyExists) {
+      continue;  // EEXIST: something was mapped there meanwhile
     }
-    if (r < 0 && r > -4096) {
-      return SyscallError(static_cast<int>(-r),
-                          absl::StrFormat("mmap(0x%x, %d, r-x) in pid %d for kwatch's "
-                                          "out-of-line area",
-                                          at->value, kXolAreaSize, proc.pid()));
+    if (!mapped.ok()) {
+      return mapped.status();
     }
-    if (static_cast<uint64_t>(r) != at->value) {
+    if (*mapped != *at) {
       // A kernel without MAP_FIXED_NOREPLACE (before 4.17) takes it as a hint.
-      const uint64_t unmap[2] = {static_cast<uint64_t>(r), kXolAreaSize};
-      (void)proc.RemoteSyscall(tid, SYS_munmap, unmap);
+      (void)RemoteMunmap(proc, tid, *mapped, kXolAreaSize);
       return absl::FailedPreconditionError(
           absl::StrFormat("the kernel placed kwatch's out-of-line area at 0x%x instead of 0x%x "
                           "(MAP_FIXED_NOREPLACE needs Linux 4.17)",
-                          r, at->value));
+                          mapped->value, at->value));
     }
     // INT3 everywhere: a stray jump into the area traps instead of running zeros.
     const std::vector<uint8_t> fill(kXolAreaSize, 0xcc);

@@ -142,4 +142,17 @@ char TaskStateLetter(pid_t pid, pid_t tid) {
   return close_paren[2];
 }
 
+std::string ProcStatusField(pid_t pid, const std::string& name) {
+  auto text = ReadSmallFile(absl::StrCat("/proc/", pid, "/status"));
+  if (!text.ok()) {
+    return "";
+  }
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, ":")) {
+      return std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  return "";
+}
+
 }  // namespace kwatch::core

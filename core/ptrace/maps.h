@@ -46,4 +46,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
 // when the thread is gone. Async-signal-safe (the guardian calls it in a fork of kwatch).
 char TaskStateLetter(pid_t pid, pid_t tid);
 
+// Reads NAME from /proc/PID/status ("TracerPid", "Name"...), "" if absent.
+std::string ProcStatusField(pid_t pid, const std::string& name);
+
 }  // namespace kwatch::core

@@ -15,22 +15,21 @@
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/ptrace/process.h"
+#include "core/ptrace/process_internal.h"
 
 namespace kwatch::core {
 
 namespace {
 
-constexpr int kSyscallTrap = SIGTRAP | 0x80;
+using process_internal::IsStopSignal;
+using process_internal::kSyscallTrap;
+
 // The kernel's internal "restart this call" results (include/linux/errno.h), seen by
 // tracers at syscall-exit stops and never by programs.
 constexpr int64_t kErestartSys = 512;
 constexpr int64_t kErestartNoIntr = 513;
 constexpr int64_t kErestartNoHand = 514;
 constexpr int64_t kErestartRestartBlock = 516;
-
-bool IsStopSignal(int sig) {
-  return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
-}
 
 // Which kind of syscall stop `tid` is at: PTRACE_SYSCALL_INFO_ENTRY / _EXIT, or 0.
 int SyscallStopKind(pid_t tid) {

@@ -27,6 +27,8 @@
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
 #include "core/symbols/dwarf_types.h"
+#include "core/symbols/elf_index.h"
+#include "core/symbols/expr_resolver.h"
 #include "core/symbols/symbol_match.h"
 
 namespace kwatch::core {
@@ -94,45 +96,6 @@ bool HasFlag(Dwarf_Die die, unsigned int attr_name) {
 }
 
 // Where a point of the resolution stands: an address and (when known) its type.
-struct Cursor {
-  uint64_t addr = 0;
-  bool has_type = false;
-  TypeRef type;
-  uint64_t bit_unit = 0;  // bitfields only: bytes of the storage unit
-  uint32_t bit_offset = 0;
-  uint32_t bit_size = 0;
-  std::string display;
-};
-
-absl::Status NoType(const Cursor& cur) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "'", cur.display,
-      "' has no DWARF type information (was the program built with -g?): members, "
-      "indexes and '*' need one. Watch the whole symbol, or give an address as 0xADDR:LEN"));
-}
-
-absl::StatusOr<uint64_t> ReadPointer(const MemoryReader& read, const Cursor& cur) {
-  if (!read) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "following the pointer '", cur.display, "' needs the target's memory, and none is given"));
-  }
-  const uint64_t size = std::min<uint64_t>(TypeSize(cur.type).value_or(8), 8);
-  std::array<uint8_t, 8> buf{};
-  const absl::Status s = read(RemoteAddr{cur.addr}, std::span<uint8_t>(buf.data(), size));
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("reading the pointer '%s' at 0x%x: %s",
-                                                  cur.display, cur.addr, s.message()));
-  }
-  uint64_t value = 0;
-  std::memcpy(&value, buf.data(), sizeof(value));  // x86-64: little-endian
-  return value;
-}
-
-absl::Status NullPointer(const Cursor& cur) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("'", cur.display, "' is NULL: there is nothing to watch behind it yet"));
-}
-
 // Symbols through one Dwfl (a process's modules, or one file). Owns the Dwfl; the name
 // index (DWARF variables, ELF data and function symbols of every module) is built on first
 // use, or at creation for processes. Not thread-safe (the lazy index and libdw caches).
@@ -172,6 +135,9 @@ class DwflSymbols final : public Symbols {
     Rank rank = kDwarfExtern;
   };
 
+  // The ELF symbol index of `mod`, built on first use.
+  const ElfSymbolIndex& ElfIndexOf(Dwfl_Module* mod) const;
+  bool IsFunctionName(const std::string& name) const;
   void IndexElf(Dwfl_Module* mod, size_t index) const;
   void IndexDwarf(Dwfl_Module* mod, size_t index) const;
   // State of one module's DWARF walk.
@@ -190,10 +156,9 @@ class DwflSymbols final : public Symbols {
   // `name` is the full name (or, inside `function`, the variable's own name).
   void IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::string& name,
                      const std::string& function) const;
-  absl::StatusOr<Cursor> Base(const std::string& name, uint64_t* elf_size,
-                              std::string* module) const;
-  static absl::Status Step(const ExprStep& step, const MemoryReader& read, Cursor* cur);
-  static absl::Status MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur);
+  // The variable called `name` (for the expression resolver), with the errors its contract
+  // gives for unknown, ambiguous, function and thread-local names.
+  absl::StatusOr<ExprVariable> Variable(const std::string& name) const;
   std::string ModuleList() const;
 
   DwflPtr dwfl_;
@@ -204,7 +169,7 @@ class DwflSymbols final : public Symbols {
   mutable Dwfl_Module* exe_ = nullptr;
   mutable absl::flat_hash_map<std::string, std::vector<Candidate>> data_;
   mutable absl::flat_hash_map<std::string, Dwarf_Die> declarations_;  // typed, no location
-  mutable absl::flat_hash_map<std::string, FunctionSymbol> functions_;
+  mutable absl::flat_hash_map<Dwfl_Module*, std::unique_ptr<ElfSymbolIndex>> elf_indexes_;
   mutable absl::flat_hash_set<std::string> dwarf_functions_;
   // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module), built on the first
   // LineAt in that CU: one walk of the CU instead of a dwarf_getscopes walk per address.
@@ -250,42 +215,37 @@ void DwflSymbols::EnsureIndex() const {
   }
 }
 
+const ElfSymbolIndex& DwflSymbols::ElfIndexOf(Dwfl_Module* mod) const {
+  std::unique_ptr<ElfSymbolIndex>& index = elf_indexes_[mod];
+  if (index == nullptr) {
+    index = std::make_unique<ElfSymbolIndex>(ElfSymbolIndex::FromModule(mod));
+  }
+  return *index;
+}
+
+bool DwflSymbols::IsFunctionName(const std::string& name) const {
+  if (dwarf_functions_.contains(name)) {
+    return true;
+  }
+  return std::any_of(modules_.begin(), modules_.end(), [&](Dwfl_Module* mod) {
+    return ElfIndexOf(mod).Find(name, kFunctionSymbols) != nullptr;
+  });
+}
+
 void DwflSymbols::IndexElf(Dwfl_Module* mod, size_t index) const {
-  const int count = dwfl_module_getsymtab(mod);
-  for (int i = 1; i < count; ++i) {
-    GElf_Sym sym;
-    GElf_Addr addr = 0;
-    GElf_Word shndx = 0;
-    const char* raw = dwfl_module_getsym_info(mod, i, &sym, &addr, &shndx, nullptr, nullptr);
-    if (raw == nullptr || *raw == '\0' || shndx == SHN_UNDEF) {
-      continue;
-    }
-    std::string name(raw);
-    if (const size_t at = name.find('@'); at != std::string::npos) {
-      name.resize(at);  // "stdout@GLIBC_2.2.5" (copy relocations)
-    }
-    const int type = GELF_ST_TYPE(sym.st_info);
-    const bool global = GELF_ST_BIND(sym.st_info) != STB_LOCAL;
-    if (type == STT_FUNC || type == STT_GNU_IFUNC) {
-      FunctionSymbol f;
-      f.name = name;
-      f.start = RemoteAddr{addr};
-      f.size = sym.st_size;
-      f.module = ModuleName(mod);
-      functions_.try_emplace(name, std::move(f));
-      continue;
-    }
-    if (type != STT_OBJECT && type != STT_COMMON && type != STT_TLS) {
+  const ElfSymbolIndex& elf = ElfIndexOf(mod);
+  for (const ElfSymbol& sym : elf.symbols()) {
+    if ((sym.kind() & kDataSymbols) == 0) {
       continue;
     }
     Candidate c;
     c.mod = mod;
     c.module_index = index;
-    c.addr = addr;
-    c.size = sym.st_size;
-    c.tls = type == STT_TLS;
-    c.rank = global ? kElfGlobal : kElfLocal;
-    data_[name].push_back(c);
+    c.addr = sym.addr + elf.bias();
+    c.size = sym.size;
+    c.tls = sym.type == STT_TLS;
+    c.rank = sym.is_global() ? kElfGlobal : kElfLocal;
+    data_[std::string(sym.bare_name())].push_back(c);  // "stdout@GLIBC_2.2.5": copy relocations
   }
 }
 
@@ -462,8 +422,7 @@ std::string DwflSymbols::ModuleList() const {
   return names.empty() ? "no modules" : absl::StrJoin(names, ", ");
 }
 
-absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_size,
-                                         std::string* module) const {
+absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& name) const {
   auto it = data_.find(name);
   if (it == data_.end()) {
     // C++: `g_counter` for `net::stats::g_counter` when only one name ends that way.
@@ -488,7 +447,7 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
     }
   }
   if (it == data_.end() || it->second.empty()) {
-    if (functions_.contains(name) || dwarf_functions_.contains(name)) {
+    if (IsFunctionName(name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", name,
                        "' is a function, not data: use `kwatch probe` for code, or watch a "
@@ -538,259 +497,47 @@ absl::StatusOr<Cursor> DwflSymbols::Base(const std::string& name, uint64_t* elf_
         "' is thread-local (each thread has its own copy): kwatch cannot watch thread-local "
         "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
   }
-  Cursor cur;
-  cur.addr = chosen->addr;
-  cur.display = name;
-  cur.has_type = chosen->has_type;
-  cur.type = chosen->type;
-  if (!cur.has_type) {
+  ExprVariable var;
+  var.name = name;
+  var.addr = chosen->addr;
+  if (chosen->has_type) {
+    var.type = chosen->type;
+  }
+  if (!var.type.has_value()) {
     for (const Candidate& c : cands) {
       if (c.has_type && c.mod == chosen->mod && c.addr == chosen->addr) {
-        cur.has_type = true;
-        cur.type = c.type;
+        var.type = c.type;
         break;
       }
     }
   }
-  if (!cur.has_type) {
+  if (!var.type.has_value()) {
     if (const auto d = declarations_.find(it->first); d != declarations_.end()) {
-      cur.has_type = true;
-      cur.type = TypeRef{d->second, 0};
+      var.type = TypeRef{d->second, 0};
     }
   }
-  if (!cur.has_type && chosen->rank == kElfGlobal) {
+  if (!var.type.has_value() && chosen->rank == kElfGlobal) {
     for (const Candidate& c : cands) {
       if (c.has_type && c.rank == kDwarfExtern) {
-        cur.has_type = true;
-        cur.type = c.type;
+        var.type = c.type;
         break;
       }
     }
   }
-  *elf_size = chosen->size;
-  *module = ModuleName(chosen->mod);
-  return cur;
-}
-
-// For '->' and '*': follows the pointer `cur` holds (read from the target), or takes the
-// first element of an array (a->m is a[0].m). `s` is cur's type without typedefs and
-// qualifiers. `void_pointer` and `not_pointer` end the messages for those two mistakes.
-namespace {
-
-absl::Status Dereference(const MemoryReader& read, const TypeRef& s, absl::string_view void_pointer,
-                         absl::string_view not_pointer, Cursor* cur) {
-  Dwarf_Die die = s.die;
-  const int tag = dwarf_tag(&die);
-  if (tag == DW_TAG_pointer_type) {
-    const std::optional<Dwarf_Die> pointee = TypeOf(die);
-    if (!pointee.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", cur->display, "' is a void pointer: ", void_pointer));
-    }
-    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
-    if (ptr == 0) {
-      return NullPointer(*cur);
-    }
-    cur->addr = ptr;
-    cur->type = TypeRef{*pointee, 0};
-    return absl::OkStatus();
-  }
-  if (tag == DW_TAG_array_type) {
-    const std::optional<TypeRef> elem = ArrayElement(s);
-    if (!elem.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is an array of void"));
-    }
-    cur->type = *elem;
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", TypeName(cur->type),
-                                                 ", not a pointer: ", not_pointer));
-}
-
-}  // namespace
-
-absl::Status DwflSymbols::MemberStep(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
-  const bool arrow = step.kind == ExprStep::Kind::kArrow;
-  TypeRef s = StripType(cur->type);
-  int tag = dwarf_tag(&s.die);
-  const std::string shown_type = TypeName(cur->type);
-  if (arrow) {
-    KW_RETURN_IF_ERROR(Dereference(read, s, "'->' needs a pointer to a struct or union",
-                                   absl::StrCat("use '", cur->display, ".", step.member, "'"),
-                                   cur));
-    s = StripType(cur->type);
-    tag = dwarf_tag(&s.die);
-  } else if (tag == DW_TAG_pointer_type) {
-    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is a pointer (",
-                                                   shown_type, "): use '", cur->display, "->",
-                                                   step.member, "'"));
-  }
-  const std::string container = TypeName(cur->type);
-  if (tag != DW_TAG_structure_type && tag != DW_TAG_union_type && tag != DW_TAG_class_type) {
-    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", container,
-                                                   ", not a struct or union: it has no member '",
-                                                   step.member, "'"));
-  }
-  const std::optional<MemberInfo> m = FindMember(s.die, step.member);
-  if (!m.has_value()) {
-    const std::vector<std::string> names = MemberNames(s.die);
-    std::string msg = absl::StrCat(container, " has no member '", step.member, "'");
-    if (names.empty()) {
-      absl::StrAppend(&msg, " (its definition is not in the debug info, or it has no members)");
-      return absl::InvalidArgumentError(msg);
-    }
-    const std::vector<std::string> near = NearMatches(step.member, names, 3);
-    if (!near.empty()) {
-      absl::StrAppend(&msg, "; did you mean '", near[0], "'?");
-    }
-    absl::StrAppend(&msg, " Members: ", absl::StrJoin(names, ", "));
-    return absl::InvalidArgumentError(msg);
-  }
-  if (!m->has_type) {
-    return absl::FailedPreconditionError(absl::StrCat("member '", step.member, "' of ", container,
-                                                      " has no type in the debug info"));
-  }
-  cur->addr += m->offset;
-  cur->type = m->type;
-  cur->bit_size = m->bit_size;
-  cur->bit_offset = m->bit_offset;
-  cur->bit_unit = m->size;
-  absl::StrAppend(&cur->display, arrow ? "->" : ".", step.member);
-  return absl::OkStatus();
-}
-
-absl::Status DwflSymbols::Step(const ExprStep& step, const MemoryReader& read, Cursor* cur) {
-  if (!cur->has_type) {
-    return NoType(*cur);
-  }
-  if (cur->bit_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", cur->display, "' is a bitfield: it has no members, elements or target"));
-  }
-  if (step.kind == ExprStep::Kind::kMember || step.kind == ExprStep::Kind::kArrow) {
-    return MemberStep(step, read, cur);
-  }
-  const TypeRef s = StripType(cur->type);
-  Dwarf_Die die = s.die;
-  const int tag = dwarf_tag(&die);
-  const std::string shown_type = TypeName(cur->type);
-  if (step.kind == ExprStep::Kind::kDeref) {
-    KW_RETURN_IF_ERROR(
-        Dereference(read, s, "'*' needs a typed pointer", "it cannot take '*'", cur));
-    cur->display = absl::StrCat("*", cur->display);
-    return absl::OkStatus();
-  }
-  // kIndex
-  if (step.index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("index ", step.index, " of '", cur->display,
-                                                   "' is negative: indexes start at 0"));
-  }
-  const auto index = static_cast<uint64_t>(step.index);
-  if (tag == DW_TAG_array_type) {
-    const auto dims = ArrayDims(die);
-    if (static_cast<size_t>(s.skip_dims) < dims.size() && dims[s.skip_dims].has_value() &&
-        index >= *dims[s.skip_dims]) {
-      const uint64_t n = *dims[s.skip_dims];
-      if (n == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("index ", index, " is out of bounds for '",
-                                                       cur->display, "' (", shown_type,
-                                                       "): it has no elements"));
-      }
-      return absl::InvalidArgumentError(absl::StrCat("index ", index, " is out of bounds for '",
-                                                     cur->display, "' (", shown_type,
-                                                     "): valid indexes are 0 to ", n - 1));
-    }
-    const std::optional<TypeRef> elem = ArrayElement(s);
-    const std::optional<uint64_t> esize =
-        elem.has_value() ? TypeSize(*elem) : std::optional<uint64_t>();
-    if (!esize.has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat("the elements of '", cur->display, "' (",
-                                                        shown_type, ") have no known size"));
-    }
-    cur->addr += index * *esize;
-    cur->type = *elem;
-  } else if (tag == DW_TAG_pointer_type) {
-    const std::optional<Dwarf_Die> pointee = TypeOf(die);
-    const std::optional<uint64_t> esize =
-        pointee.has_value() ? TypeSize(TypeRef{*pointee, 0}) : std::optional<uint64_t>();
-    if (!esize.has_value() || *esize == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
-                                                     ": cannot index a pointer to a type "
-                                                     "without a size"));
-    }
-    KW_ASSIGN_OR_RETURN(const uint64_t ptr, ReadPointer(read, *cur));
-    if (ptr == 0) {
-      return NullPointer(*cur);
-    }
-    cur->addr = ptr + index * *esize;
-    cur->type = TypeRef{*pointee, 0};
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("'", cur->display, "' is ", shown_type,
-                                                   ", not an array or a pointer: it takes no "
-                                                   "[index]"));
-  }
-  absl::StrAppend(&cur->display, "[", index, "]");
-  return absl::OkStatus();
+  var.elf_size = chosen->size;
+  var.module = ModuleName(chosen->mod);
+  return var;
 }
 
 absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
                                                   const MemoryReader& read) const {
-  ResolvedExpr out;
-  if (expr.address.has_value()) {
-    if (!expr.steps.empty()) {
-      return absl::InvalidArgumentError(
-          "an absolute address takes no members or indexes: write 0xADDR or 0xADDR:LEN");
-    }
-    out.display = absl::StrFormat("0x%x", *expr.address);
-    out.addr = RemoteAddr{*expr.address};
-    out.length = expr.length.value_or(8);
-    return out;
-  }
-  if (expr.base.empty()) {
-    return absl::InvalidArgumentError("empty expression: give a variable name or 0xADDR");
-  }
-  EnsureIndex();
-  uint64_t elf_size = 0;
-  KW_ASSIGN_OR_RETURN(Cursor cur, Base(expr.base, &elf_size, &out.module));
-  for (const ExprStep& step : expr.steps) {
-    KW_RETURN_IF_ERROR(Step(step, read, &cur));
-  }
-  out.display = cur.display;
-  out.addr = RemoteAddr{cur.addr};
-  if (!cur.has_type) {
-    if (elf_size == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", cur.display,
-          "' has no DWARF type and its ELF symbol has no size: give the length (--len), or "
-          "build the program with -g"));
-    }
-    out.length = elf_size;
-    return out;
-  }
-  out.type_name = TypeName(cur.type);
-  if (cur.bit_size != 0) {
-    out.length = cur.bit_unit;
-    TypeLayout layout;
-    layout.type_name = out.type_name;
-    layout.size = cur.bit_unit;
-    FieldLayout f;
-    f.type_name = out.type_name;
-    f.size = cur.bit_unit;
-    f.bit_offset = cur.bit_offset;
-    f.bit_size = cur.bit_size;
-    layout.fields.push_back(std::move(f));
-    out.layout = std::move(layout);
-    return out;
-  }
-  const std::optional<uint64_t> size = TypeSize(cur.type);
-  if (!size.has_value() || *size == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the size of '", cur.display, "' (", out.type_name,
-        ") is unknown (an incomplete type or a flexible array): give the length (--len)"));
-  }
-  out.length = *size;
-  out.layout = FlattenLayout(cur.type);
-  return out;
+  return ResolveExpr(
+      expr,
+      [this](const std::string& name) {
+        EnsureIndex();
+        return Variable(name);
+      },
+      read);
 }
 
 std::optional<FunctionSymbol> DwflSymbols::FunctionAt(RemoteAddr addr) const {
@@ -798,24 +545,15 @@ std::optional<FunctionSymbol> DwflSymbols::FunctionAt(RemoteAddr addr) const {
   if (mod == nullptr) {
     return std::nullopt;
   }
-  GElf_Off offset = 0;
-  GElf_Sym sym;
-  const char* name =
-      dwfl_module_addrinfo(mod, addr.value, &offset, &sym, nullptr, nullptr, nullptr);
-  if (name == nullptr) {
-    return std::nullopt;
-  }
-  const int type = GELF_ST_TYPE(sym.st_info);
-  if (type != STT_FUNC && type != STT_GNU_IFUNC) {
-    return std::nullopt;
-  }
-  if (sym.st_size != 0 && offset >= sym.st_size) {
+  const ElfSymbolIndex& elf = ElfIndexOf(mod);
+  const ElfSymbol* sym = elf.FunctionAt(addr.value - elf.bias());
+  if (sym == nullptr) {
     return std::nullopt;
   }
   FunctionSymbol f;
-  f.name = name;
-  f.start = RemoteAddr{addr.value - offset};
-  f.size = sym.st_size;
+  f.name = std::string(sym->name);
+  f.start = RemoteAddr{sym->addr + elf.bias()};
+  f.size = sym->size;
   f.module = ModuleName(mod);
   return f;
 }
@@ -900,48 +638,46 @@ absl::Status DwflSymbols::ReadCode(RemoteAddr addr, std::span<uint8_t> out) cons
     if (mod == nullptr) {
       return absl::NotFoundError(absl::StrFormat("no module of the target maps 0x%x", at));
     }
-    GElf_Addr bias = 0;
-    Elf* elf = dwfl_module_getelf(mod, &bias);
-    if (elf == nullptr) {
+    const ElfSymbolIndex& elf = ElfIndexOf(mod);
+    if (elf.elf() == nullptr) {
+      GElf_Addr bias = 0;
+      (void)dwfl_module_getelf(mod, &bias);  // again, for its error
       return DwflError(absl::StrCat("dwfl_module_getelf(", ModuleName(mod), ")"));
     }
-    const uint64_t file_addr = at - bias;
-    Elf_Scn* scn = nullptr;
-    bool found = false;
-    while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-      GElf_Shdr shdr;
-      if (gelf_getshdr(scn, &shdr) == nullptr || (shdr.sh_flags & SHF_ALLOC) == 0 ||
-          shdr.sh_type == SHT_NOBITS || file_addr < shdr.sh_addr ||
-          file_addr - shdr.sh_addr >= shdr.sh_size) {
-        continue;
-      }
-      Elf_Data* data = elf_getdata(scn, nullptr);
-      const uint64_t in_scn = file_addr - shdr.sh_addr;
-      if (data == nullptr || data->d_buf == nullptr || in_scn >= data->d_size) {
-        return absl::InternalError(absl::StrFormat("elf_getdata(%s, 0x%x): %s", ModuleName(mod),
-                                                   shdr.sh_addr, elf_errmsg(-1)));
-      }
-      const size_t n = std::min<uint64_t>(out.size() - done, data->d_size - in_scn);
-      std::memcpy(out.data() + done, static_cast<const uint8_t*>(data->d_buf) + in_scn, n);
-      done += n;
-      found = true;
-      break;
-    }
-    if (!found) {
+    const uint64_t file_addr = at - elf.bias();
+    const ElfSection* scn = elf.SectionWithBytesAt(file_addr);
+    if (scn == nullptr) {
       return absl::NotFoundError(absl::StrFormat("0x%x is not in a section with contents of %s", at,
                                                  Basename(ModuleName(mod))));
     }
+    const absl::StatusOr<std::span<const uint8_t>> bytes = elf.SectionBytes(*scn);
+    const uint64_t in_scn = file_addr - scn->addr;
+    if (!bytes.ok() || in_scn >= bytes->size()) {
+      return absl::InternalError(
+          absl::StrFormat("elf_getdata(%s, 0x%x): %s", ModuleName(mod), scn->addr,
+                          bytes.ok() ? elf_errmsg(-1) : bytes.status().message()));
+    }
+    const size_t n = std::min<uint64_t>(out.size() - done, bytes->size() - in_scn);
+    std::memcpy(out.data() + done, bytes->data() + in_scn, n);
+    done += n;
   }
   return absl::OkStatus();
 }
 
 std::optional<FunctionSymbol> DwflSymbols::FindFunction(std::string_view name) const {
   EnsureIndex();
-  const auto it = functions_.find(std::string(name));
-  if (it == functions_.end()) {
-    return std::nullopt;
+  for (Dwfl_Module* mod : modules_) {  // the executable first
+    const ElfSymbolIndex& elf = ElfIndexOf(mod);
+    if (const ElfSymbol* sym = elf.Find(name, kFunctionSymbols); sym != nullptr) {
+      FunctionSymbol f;
+      f.name = std::string(sym->bare_name());
+      f.start = RemoteAddr{sym->addr + elf.bias()};
+      f.size = sym->size;
+      f.module = ModuleName(mod);
+      return f;
+    }
   }
-  return it->second;
+  return std::nullopt;
 }
 
 absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string_view file,

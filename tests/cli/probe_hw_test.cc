@@ -36,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "cli/probe_output.h"
 #include "cli/probe_run.h"
+#include "core/base/clock.h"
 #include "core/base/unique_fd.h"
 #include "core/ptrace/maps.h"
 #include "core/ptrace/process.h"
@@ -45,7 +46,6 @@
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
 #include "watch/probe/hw_probes.h"
-#include "watch/probe/probe_loop.h"
 #include "watch/probe/probe_set.h"
 #include "watch/stop_backend.h"
 #include "watch/trap_breakpoints.h"
@@ -53,6 +53,7 @@
 namespace kwatch::cli {
 namespace {
 
+using ::kwatch::core::MonotonicNs;
 using ::kwatch::testing::HoldBreakpointSlot;
 using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
@@ -60,7 +61,6 @@ using ::kwatch::testing::Spawned;
 using ::kwatch::testing::TargetPath;
 using ::kwatch::watch::probe::EvaluateHwHit;
 using ::kwatch::watch::probe::HwProbes;
-using ::kwatch::watch::probe::NowNs;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -611,13 +611,10 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
   ASSERT_TRUE(f.ok());
   core::UniqueFd text(::memfd_create("hw-text", MFD_CLOEXEC));
   core::UniqueFd jsonl(::memfd_create("hw-json", MFD_CLOEXEC));
-  SinkOptions to;
+  PrinterOptions to;
   to.start_ns = 0;
-  to.backend = "hw";
-  SinkOptions jo = to;
-  jo.json = true;
-  HitPrinter text_sink(text.get(), to, f.probes(), nullptr, nullptr);
-  HitPrinter json_sink(jsonl.get(), jo, f.probes(), nullptr, nullptr);
+  ProbeTextPrinter text_sink(text.get(), to);
+  ProbeJsonPrinter json_sink(jsonl.get(), to);
   struct Seen {
     pid_t tid;
     uint64_t rip, rdi, rsi, eflags, ip;
@@ -718,7 +715,7 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
     };
     f.Arm([&](const HwProbes::Hit& h) {
       const ProbeHit hit = EvaluateHwHit(h, f.proc->pid(), f.load_bias, read);
-      handler_ns += NowNs() - h.time_ns;
+      handler_ns += MonotonicNs() - h.time_ns;
       long v = -1;
       (void)absl::SimpleAtoi(hit.args[0].second, &v);
       is.push_back(v);
@@ -727,10 +724,10 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
     ASSERT_GE(dr, 0);
     f.WaitMilestone();
     f.SetSigData(f.SigDataOf(dr));
-    const uint64_t t0 = NowNs();
+    const uint64_t t0 = MonotonicNs();
     f.Go(1);
     f.WaitMilestone();
-    hw_us = static_cast<double>(NowNs() - t0) / 1e3 / kTraps;
+    hw_us = static_cast<double>(MonotonicNs() - t0) / 1e3 / kTraps;
     EXPECT_EQ(f.Read("g_traps"), 0u);
     EXPECT_EQ(static_cast<long>(f.Read("g_sink")), TickSum(kTraps));
     f.Go(2);
@@ -750,10 +747,10 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
     ASSERT_TRUE(f.ok());
     ASSERT_TRUE(f.proc->ResumeAll().ok());
     f.WaitMilestone();
-    const uint64_t t0 = NowNs();
+    const uint64_t t0 = MonotonicNs();
     f.Go(1);
     f.WaitMilestone();
-    const double plain_us = static_cast<double>(NowNs() - t0) / 1e3 / kTraps;
+    const double plain_us = static_cast<double>(MonotonicNs() - t0) / 1e3 / kTraps;
     EXPECT_EQ(f.Read("g_traps"), static_cast<uint64_t>(kTraps));  // passed on, one by one
     f.Go(2);
     f.RunToExit();
@@ -771,9 +768,9 @@ TEST(ProbeHwForged, ArmingCostPerProbeCountIsPrinted) {
     Forged f(std::vector<std::string>(all.begin(), all.begin() + static_cast<long>(n)),
              {"burst", "1"});
     ASSERT_TRUE(f.ok());
-    const uint64_t t0 = NowNs();
+    const uint64_t t0 = MonotonicNs();
     f.Arm([](const HwProbes::Hit&) {});
-    const double ms = static_cast<double>(NowNs() - t0) / 1e6;
+    const double ms = static_cast<double>(MonotonicNs() - t0) / 1e6;
     for (size_t i = 0; i < n; ++i) {
       EXPECT_EQ(f.hw->RegisterOf(static_cast<uint32_t>(i + 1)), static_cast<int>(i));
     }

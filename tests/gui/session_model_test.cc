@@ -261,12 +261,13 @@ TEST(SessionModel, FollowModeShowsARecordingAsItGrows) {
   session.Open(QString::fromStdString(path), /*follow=*/true);
   ASSERT_TRUE(WaitUntil([&] { return status.count() > 0; }));
   EXPECT_THAT(status[0][0].toString().toStdString(), HasSubstr("Waiting for " + path));
-  // Stop mode (exact: nothing lost, about 90 us a hit) makes the session last about a second,
-  // so that a load lands while kwatch is still recording on any host: in perf stream mode the
-  // whole session fit between two polls under ASan here, and ten times the writes overflowed
-  // the ring.
-  auto kw = testing::Spawned::Start({testing::KwatchPath(), "-q", "--stop", "--rw", "g_stats", "-o",
-                                     path, "--", guitest::TargetPath("field_writer"), "2", "3000"});
+  // Page mode (exact: nothing lost, a fault of about 100 us an access) makes the session last
+  // about a second, so that a load lands while kwatch is still recording on any host: in perf
+  // stream mode the whole session fit between two polls under ASan here, ten times the writes
+  // overflowed the ring, and stop mode sees nothing where the hypervisor drops debug traps.
+  auto kw =
+      testing::Spawned::Start({testing::KwatchPath(), "-q", "--backend", "page", "--rw", "g_stats",
+                               "-o", path, "--", guitest::TargetPath("field_writer"), "2", "3000"});
   ASSERT_TRUE(kw.ok()) << kw.status();
   ASSERT_TRUE(WaitUntil([&] { return !complete.empty() && complete.back(); }, 120000))
       << "events seen: " << seen.size();

@@ -1,15 +1,8 @@
 #include "watch/kernel/kernel_session.h"
 
-#include <sys/epoll.h>
-#include <sys/signalfd.h>
-#include <sys/timerfd.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
 #include <csignal>
 #include <cstring>
-#include <ctime>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,36 +49,12 @@ absl::StatusOr<std::unique_ptr<KernelWatchSession>> KernelWatchSession::Create(
 }
 
 absl::Status KernelWatchSession::Watch(int fd) {
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = fd;
-  if (epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_ctl(ADD)");
-  }
-  return absl::OkStatus();
+  return loop_->Add(fd);
 }
 
 absl::Status KernelWatchSession::Init() {
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
-    sigaddset(&mask, sig);
-  }
-  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  sigfd_.Reset(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-  epfd_.Reset(epoll_create1(EPOLL_CLOEXEC));
-  tick_.Reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!sigfd_ || !epfd_ || !tick_) {
-    const int err = errno;
-    return core::SyscallError(err, "signalfd/epoll_create1/timerfd_create");
-  }
-  itimerspec its{};
-  its.it_interval.tv_nsec = 50'000'000;
-  its.it_value.tv_nsec = 50'000'000;
-  timerfd_settime(tick_.get(), 0, &its, nullptr);
-  KW_RETURN_IF_ERROR(Watch(sigfd_.get()));
-  KW_RETURN_IF_ERROR(Watch(tick_.get()));
+  KW_ASSIGN_OR_RETURN(core::UniqueFd sigfd, BlockSessionSignals());
+  KW_ASSIGN_OR_RETURN(loop_, EventLoop::Create(std::move(sigfd)));
   for (const ArmedBreakpoint& k : registers_->Armed()) {
     for (const int fd : k.bp->fds()) {
       KW_RETURN_IF_ERROR(Watch(fd));
@@ -286,24 +255,14 @@ absl::StatusOr<bool> KernelWatchSession::Step(absl::Duration timeout) {
   if (!stop_reason_.empty()) {
     return false;
   }
-  std::array<epoll_event, 64> evs{};
-  const int n = epoll_wait(epfd_.get(), evs.data(), static_cast<int>(evs.size()),
-                           static_cast<int>(absl::ToInt64Milliseconds(timeout)));
-  if (n < 0 && errno != EINTR) {
-    const int err = errno;
-    return core::SyscallError(err, "epoll_wait");
-  }
-  for (int i = 0; i < n; ++i) {
-    const int fd = evs[static_cast<size_t>(i)].data.fd;
-    if (fd == sigfd_.get()) {
-      signalfd_siginfo si{};
-      while (read(sigfd_.get(), &si, sizeof(si)) == sizeof(si)) {
-        if (si.ssi_signo != SIGCHLD) {
-          stop_reason_ =
-              absl::StrCat("interrupted by ", sigabbrev_np(static_cast<int>(si.ssi_signo)));
-        }
+  KW_ASSIGN_OR_RETURN(const EventLoop::Ready ready, loop_->Wait(timeout));
+  for (const EventLoop::Event& e : ready.events) {
+    if (e.kind == EventLoop::Event::Kind::kSignal) {
+      if (e.value != SIGCHLD) {
+        stop_reason_ = absl::StrCat("interrupted by ", sigabbrev_np(e.value));
       }
-    } else if (hotplug_.has_value() && hotplug_->fd() >= 0 && fd == hotplug_->fd()) {
+    } else if (e.kind == EventLoop::Event::Kind::kFd && hotplug_.has_value() &&
+               hotplug_->fd() >= 0 && e.value == hotplug_->fd()) {
       // CPUs that went offline are retired at once, in order.
       const CpuHotplugMonitor::Uevents u = hotplug_->Read();
       for (const int cpu : u.offline) {
@@ -312,9 +271,6 @@ absl::StatusOr<bool> KernelWatchSession::Step(absl::Duration timeout) {
       if (u.online) {
         KW_RETURN_IF_ERROR(SyncCpus());
       }
-    } else if (fd == tick_.get()) {
-      uint64_t ticks = 0;
-      (void)(read(tick_.get(), &ticks, sizeof(ticks)) > 0);
     }
   }
   Drain();

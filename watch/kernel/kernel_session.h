@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
+#include "watch/event_loop.h"
 #include "watch/kernel/cpu_hotplug.h"
 #include "watch/kernel/drain_values.h"
 #include "watch/kernel/kernel_event.h"
@@ -80,9 +81,10 @@ struct KernelSessionEnd {
 // on 6.18), so the breakpoints of a CPU that goes offline are closed and new ones opened when a
 // CPU comes online; a CPU that cannot be armed within about a second is said once and left.
 //
-// Owns the registers, the drain-time values and its signalfd, epoll and timer descriptors; the
-// sink and the target are the caller's and outlive the session. Blocks SIGINT, SIGTERM, SIGHUP
-// and SIGCHLD in the calling thread. Not thread-safe: one thread calls Step and Finish.
+// Owns the registers, the drain-time values and an EventLoop (with the signalfd); the sink and
+// the target are the caller's and outlive the session. Blocks SIGINT, SIGTERM, SIGHUP and
+// SIGCHLD in the calling thread (BlockSessionSignals). Not thread-safe: one thread calls Step
+// and Finish.
 class KernelWatchSession {
  public:
   // `watches[i]` is watch i of `registers`; kernel watches list the CPUs they hold.
@@ -136,9 +138,7 @@ class KernelWatchSession {
   core::Process* target_;
   KernelEventSink& sink_;
 
-  core::UniqueFd sigfd_;
-  core::UniqueFd epfd_;
-  core::UniqueFd tick_;
+  std::unique_ptr<EventLoop> loop_;           // with the signalfd
   std::optional<CpuHotplugMonitor> hotplug_;  // kernel watches
 
   uint64_t start_ns_ = 0;

@@ -15,6 +15,7 @@
 #include "core/event.h"
 #include "core/ptrace/process.h"
 #include "core/store/args_json.h"
+#include "watch/probe/probe_note.h"
 #include "watch/probe/probe_set.h"
 
 namespace kwatch::watch::probe {
@@ -48,33 +49,33 @@ struct ProbeRunInfo {
   double seconds = 0;
   pid_t pid = 0;  // 0: every process (uprobe, global)
   std::optional<core::ExitInfo> exit;
-  std::vector<std::string> notes;  // what the user should know (uprobe limits, exec...)
+  std::vector<ProbeNote> notes;  // what the user should know (uprobe limits, exec...)
 };
 
-// Where a probe session's hits go (a text or JSON printer, a recorder). Called on the
-// session's thread only: Add for each hit in time order, Flush about every 50 ms, status()
-// after each Step's work, OnNote as things happen. Implementations need not be thread-safe.
+// Where a probe session's hits go: a text or JSON printer, the recorder, the tally, or a fan-out
+// to several of them (watch/probe/hit_fanout.h). Called on the session's thread only: Add for
+// each hit in time order, Flush about every 50 ms, status() after each Flush, OnNote as things
+// happen. Implementations need not be thread-safe.
 class HitSink {
  public:
   virtual ~HitSink() = default;
 
   // The probes are live: called once, before the first note (a printer prints its column
   // header). Hits may come earlier, while the probes are being armed.
-  virtual void OnStart() = 0;
+  virtual void OnStart() {}
 
   // Takes a hit unless the session's hit limit (--count) is reached. Returns whether it was
-  // taken.
+  // taken. A sink without a limit takes every hit.
   virtual bool Add(const ProbeHit& hit) = 0;
   // The hit limit is reached: later hits are not taken (the session stops).
-  virtual bool done() const = 0;
+  virtual bool done() const { return false; }
   // Writes what is pending (lines, recorded hits).
-  virtual void Flush() = 0;
+  virtual void Flush() {}
   // OK while the sink can go on; otherwise the session stops with the error's message as its
   // stop reason ("recording failed: ...", "output closed").
-  virtual absl::Status status() const = 0;
-  // Something the user should know now (armed, a followed child, the target let go), one
-  // sentence without a prefix.
-  virtual void OnNote(const std::string& text) = 0;
+  virtual absl::Status status() const { return absl::OkStatus(); }
+  // Something the user should know now (armed, a followed child, the target let go).
+  virtual void OnNote(const ProbeNote& /*note*/) {}
 };
 
 }  // namespace kwatch::watch::probe

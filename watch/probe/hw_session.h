@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "core/base/unique_fd.h"
 #include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
@@ -19,7 +20,8 @@ namespace kwatch::watch::probe {
 // error the registers are cleared and the target let go (a launched target that never ran
 // with its probes is killed).
 absl::StatusOr<std::unique_ptr<ProbeSession>> StartHwSession(const ProbeSessionOptions& opts,
-                                                             const ProbeSet& set, int sigfd,
+                                                             const ProbeSet& set,
+                                                             core::UniqueFd sigfd,
                                                              const ProbeSessionHooks& hooks);
 
 }  // namespace kwatch::watch::probe

@@ -55,6 +55,13 @@ struct ProbeSessionHooks {
   std::function<HitSink&(const ProbeSessionStart& start)> begin;
 };
 
+// The debug-register backend's placement at the end, for its summary.
+struct ProbeHwEnd {
+  std::map<uint32_t, int> registers;  // ProbeDef::id -> debug register (-1: none)
+  int external_slots = 0;             // registers held outside kwatch
+  uint64_t stray_traps = 0;           // traps that named no probe (dropped)
+};
+
 // How a session ended.
 struct ProbeSessionEnd {
   std::map<uint32_t, ProbeEndStats> stats;  // by ProbeDef::id
@@ -62,19 +69,16 @@ struct ProbeSessionEnd {
   bool launched = false;  // the target was launched by the session (its exit is kwatch's)
   // A failure while the session ran or ended, reported after the summary.
   absl::Status error;
-  // The debug-register backend's placement, for its summary.
-  struct Hw {
-    std::map<uint32_t, int> registers;  // ProbeDef::id -> debug register (-1: none)
-    int external_slots = 0;             // registers held outside kwatch
-    uint64_t stray_traps = 0;           // traps that named no probe (dropped)
-  };
-  std::optional<Hw> hw;
+  using Hw = ProbeHwEnd;
+  std::optional<Hw> hw;  // the debug-register backend's
 };
 
-// One probe session. Owns the target (launched or attached) and the probes; the probe set,
-// the signalfd and the sink are the caller's and outlive it. Stops on the target's end, the
-// hit limit, the duration, a stop signal read from the signalfd (SIGINT/SIGTERM/SIGHUP) or the
-// sink's failure. Not thread-safe: one thread calls Step and Finish.
+// One probe session (each backend's derives from ProbeSessionBase, watch/probe/session_base.h).
+// Owns the target (launched or attached), the probes and its EventLoop with the signalfd it was
+// given (watch::BlockSessionSignals, called before the session starts); the probe set and the
+// sink are the caller's and outlive it. Stops on the target's end, the hit limit, the duration,
+// a stop signal read from the signalfd (SIGINT/SIGTERM/SIGHUP) or the sink's failure. Not
+// thread-safe: one thread calls Step and Finish.
 class ProbeSession {
  public:
   virtual ~ProbeSession() = default;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "core/base/unique_fd.h"
 #include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
@@ -17,7 +18,8 @@ namespace kwatch::watch::probe {
 // through `hooks` and resumes the target. On error the target is restored and let go (a
 // launched target that never ran its own code is killed).
 absl::StatusOr<std::unique_ptr<ProbeSession>> StartPtraceSession(const ProbeSessionOptions& opts,
-                                                                 const ProbeSet& set, int sigfd,
+                                                                 const ProbeSet& set,
+                                                                 core::UniqueFd sigfd,
                                                                  const ProbeSessionHooks& hooks);
 
 }  // namespace kwatch::watch::probe

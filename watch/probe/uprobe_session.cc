@@ -20,15 +20,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "core/base/clock.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/probe/fetch.h"
+#include "core/probe/fetch_format.h"
 #include "core/ptrace/maps.h"
 #include "core/ptrace/process.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
-#include "watch/probe/probe_loop.h"
+#include "watch/probe/session_base.h"
 #include "watch/uprobe_event.h"
 
 namespace kwatch::watch::probe {
@@ -38,9 +40,6 @@ namespace {
 // How long a hit may take from its timestamp to its ring (a sample being written on another
 // CPU while the rings are read).
 constexpr uint64_t kOrderSlackNs = 2'000'000;
-
-// Why a value is missing: the memory it needs was not in the sample.
-constexpr absl::string_view kNotSampled = "(not sampled)";
 
 core::ExitInfo ExitFromWaitStatus(int status) {
   core::ExitInfo e;
@@ -54,50 +53,43 @@ core::ExitInfo ExitFromWaitStatus(int status) {
   return e;
 }
 
-class UprobeSession : public ProbeSession {
+class UprobeSession : public ProbeSessionBase {
  public:
-  UprobeSession(const ProbeSessionOptions& opts, const ProbeSet& set, int sigfd,
-                const ProbeSessionHooks& hooks)
-      : opts_(opts), set_(set), sigfd_(sigfd), hooks_(hooks) {}
-  absl::Status Start();
-  absl::StatusOr<bool> Step(absl::Duration timeout) override;
+  UprobeSession(const ProbeSessionOptions& opts, const ProbeSet& set,
+                std::unique_ptr<EventLoop> loop, const ProbeSessionHooks& hooks)
+      : ProbeSessionBase("uprobe", opts, set, std::move(loop), hooks) {}
+
   absl::StatusOr<ProbeSessionEnd> Finish() override;
 
  private:
-  // The first Step's: epoll over the rings, the signalfd and the target's pidfd.
-  absl::Status OpenLoop();
+  // Launches or checks the target, opens the events (their fds join the loop), the recording
+  // and the output. On error nothing is left (a launched target is killed).
+  absl::Status Start() override;
+  // Reads the rings.
+  absl::Status Collect(const EventLoop::Ready& /*ready*/) override {
+    DrainAll();
+    return absl::OkStatus();
+  }
+  absl::Status PollTarget() override {
+    CheckExit();
+    return absl::OkStatus();
+  }
   // Reads the rings; shows the hits in time order (all of them when `final`).
   void DrainAll(bool final = false);
   // Evaluates the arguments of a sampled hit (the stack slice is valid only now).
   ProbeHit MakeHit(const ProbeDef& def, const watch::UprobeHit& h);
   uint64_t BiasOf(pid_t pid, const ProbeDef& def, const watch::UprobeHit& h);
-  void Stop(std::string reason) {
-    if (stop_reason_.empty()) {
-      stop_reason_ = std::move(reason);
-    }
-  }
   void CheckExit();
 
-  ProbeSessionOptions opts_;
-  const ProbeSet& set_;
-  int sigfd_;
-  ProbeSessionHooks hooks_;
-  std::unique_ptr<ProbeLoop> loop_;
-  uint64_t deadline_ = 0;  // --duration, 0: none
-  absl::Status failed_;    // a Step's failure
-  pid_t pid_ = -1;         // -1: every process
+  pid_t pid_ = -1;  // -1: every process
   bool launched_ = false;
   std::optional<core::ExitInfo> exit_;
   bool target_gone_ = false;
   core::UniqueFd pidfd_;
-  std::vector<std::unique_ptr<watch::UprobeEvent>> events_;  // parallel to set_.probes
-  HitSink* sink_ = nullptr;                                  // from hooks_.begin
+  std::vector<std::unique_ptr<watch::UprobeEvent>> events_;  // parallel to set().probes
   std::unique_ptr<core::Symbols> symbols_;
   std::unique_ptr<core::Symbolizer> symbolizer_;
   absl::flat_hash_map<pid_t, uint64_t> bias_;  // load bias of the file per process
-  uint64_t start_ns_ = 0;
-  std::string stop_reason_;
-  std::vector<std::string> notes_;
   uint64_t not_sampled_ = 0;
   uint64_t other_processes_ = 0;   // hits of other processes running the file (dropped)
   std::vector<uint64_t> sampled_;  // per event: samples read, of every process
@@ -112,7 +104,7 @@ uint64_t UprobeSession::BiasOf(pid_t pid, const ProbeDef& def, const watch::Upro
   if (!def.point.is_return) {
     bias = h.ip.value - def.point.vaddr.value;  // an entry's ip is the probed instruction
   } else if (auto maps = core::ReadMaps(pid); maps.ok()) {
-    if (auto b = set_.target->LoadBias(*maps); b.ok()) {
+    if (auto b = set().target->LoadBias(*maps); b.ok()) {
       bias = *b;
     }
   }
@@ -133,36 +125,16 @@ ProbeHit UprobeSession::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) 
     hit.return_address = h.ip;  // the kernel samples the return address as the ip
   }
   // Memory is what the kernel copied from the stack pointer up; nothing else is known.
-  bool outside = false;
-  const uint64_t sp = h.regs.rsp;
-  const std::span<const uint8_t> stack = h.stack;
   core::FetchContext fc;
   fc.regs = &h.regs;
   fc.load_bias = bias;
   fc.at_return = def.point.is_return;
   fc.tid = h.tid;
-  fc.read = [&](core::RemoteAddr a, std::span<uint8_t> out) -> absl::Status {
-    if (a.value >= sp && a.value - sp <= stack.size() &&
-        out.size() <= stack.size() - (a.value - sp)) {
-      std::memcpy(out.data(), stack.data() + (a.value - sp), out.size());
-      return absl::OkStatus();
-    }
-    outside = true;
-    return absl::NotFoundError("not in the sampled stack");
-  };
   for (const core::CompiledArg& a : def.args) {
-    outside = false;
-    absl::StatusOr<std::string> v = core::Evaluate(a, fc);
-    std::string value;
-    if (!v.ok()) {
-      value = absl::StrCat("<error: ", v.status().message(), ">");
-    } else if (outside && (*v == "(fault)" || v->empty())) {
-      value = std::string(kNotSampled);
-      ++not_sampled_;
-    } else {
-      value = *std::move(v);
-    }
-    hit.args.emplace_back(a.name, std::move(value));
+    bool outside = false;
+    absl::StatusOr<std::string> v = core::EvaluateSampled(a, fc, h.regs.rsp, h.stack, &outside);
+    not_sampled_ += outside ? 1 : 0;
+    hit.args.emplace_back(a.name, v.ok() ? *std::move(v) : core::FetchErrorText(v.status()));
   }
   return hit;
 }
@@ -172,9 +144,9 @@ void UprobeSession::DrainAll(bool final) {
   // hits newer than some not yet written to a ring read earlier. Hits are shown in time
   // order up to a horizon a little before the drain began (every hit older than that is in
   // its ring by then); later ones wait for the next drain.
-  const uint64_t horizon = NowNs() - kOrderSlackNs;
+  const uint64_t horizon = core::MonotonicNs() - kOrderSlackNs;
   for (size_t i = 0; i < events_.size(); ++i) {
-    const ProbeDef& def = set_.probes[i];
+    const ProbeDef& def = set().probes[i];
     events_[i]->Drain([&](const watch::UprobeHit& h) {
       ++sampled_[i];
       if (pid_ > 0 && h.pid != pid_) {
@@ -188,14 +160,13 @@ void UprobeSession::DrainAll(bool final) {
                    [](const ProbeHit& a, const ProbeHit& b) { return a.time_ns < b.time_ns; });
   size_t shown = 0;
   for (; shown < waiting_.size(); ++shown) {
-    if ((!final && waiting_[shown].time_ns > horizon) || !sink_->Add(waiting_[shown])) {
+    if ((!final && waiting_[shown].time_ns > horizon) || !Deliver(waiting_[shown])) {
       break;
     }
   }
   waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(shown));
-  if (sink_->done()) {
-    waiting_.clear();
-    Stop(absl::StrCat("--count ", opts_.count, " reached"));
+  if (sink().done()) {
+    waiting_.clear();  // --count reached: the session stops
   }
 }
 
@@ -214,32 +185,37 @@ void UprobeSession::CheckExit() {
     target_gone_ = true;
   }
   if (target_gone_) {
-    Stop(exit_.has_value() && exit_->signaled
-             ? absl::StrCat("target killed by ", sigabbrev_np(exit_->signal))
-             : "target exited");
+    Stop(TargetEnded(exit_));
   }
 }
 
 absl::Status UprobeSession::Start() {
   std::unique_ptr<core::Process> proc;
-  if (opts_.pid.has_value()) {
-    pid_ = *opts_.pid;
+  if (opts().pid.has_value()) {
+    pid_ = *opts().pid;
     if (::kill(pid_, 0) != 0 && errno == ESRCH) {
       return absl::NotFoundError(absl::StrCat("no process ", pid_));
     }
-  } else if (!opts_.command.empty()) {
+  } else if (!opts().command.empty()) {
     // Launched stopped right after exec, so that the events exist before its first
     // instruction; then let go: the uprobe backend needs no tracer.
     core::LaunchOptions lo;
-    lo.run_as = opts_.user;
+    lo.run_as = opts().user;
     lo.kill_on_exit = false;
-    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts_.command, lo));
+    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts().command, lo));
     pid_ = proc->pid();
     launched_ = true;
   }
-  for (const ProbeDef& def : set_.probes) {
+  // Until the target runs with its probes, an error kills a launched target.
+  const auto fail = [&proc](absl::Status s) {
+    if (proc != nullptr) {
+      (void)proc->Kill();
+    }
+    return s;
+  };
+  for (const ProbeDef& def : set().probes) {
     watch::UprobeRequest req;
-    req.path = set_.path;
+    req.path = set().path;
     req.file_offset = def.point.file_offset;
     req.is_return = def.point.is_return;
     // Always on every process, filtered here by pid: an inherited per-task uprobe event makes
@@ -248,13 +224,10 @@ absl::Status UprobeSession::Start() {
     // per-task event could not follow the target's threads.
     req.pid = -1;
     req.inherit = false;
-    req.stack_bytes = opts_.stack_bytes;
-    req.ring_pages = opts_.ring_pages;
+    req.stack_bytes = opts().stack_bytes;
+    req.ring_pages = opts().ring_pages;
     absl::StatusOr<std::unique_ptr<watch::UprobeEvent>> ev = watch::UprobeEvent::Open(req);
     if (!ev.ok()) {
-      if (proc != nullptr) {
-        (void)proc->Kill();
-      }
       std::string msg = absl::StrCat("probe ", def.point.event, " (", def.Location(),
                                      "): ", ev.status().message());
       if (absl::IsPermissionDenied(ev.status())) {
@@ -265,7 +238,12 @@ absl::Status UprobeSession::Start() {
                         "on older kernels) whatever perf_event_paranoid says: --backend ptrace "
                         "probes your own processes without privileges");
       }
-      return absl::Status(ev.status().code(), msg);
+      return fail(absl::Status(ev.status().code(), msg));
+    }
+    for (const int fd : (*ev)->fds()) {
+      if (absl::Status s = loop().Add(fd); !s.ok()) {
+        return fail(s);
+      }
     }
     events_.push_back(*std::move(ev));
     sampled_.push_back(0);
@@ -278,92 +256,41 @@ absl::Status UprobeSession::Start() {
       symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
     }
     if (auto maps = core::ReadMaps(pid_); maps.ok()) {
-      if (auto b = set_.target->LoadBias(*maps); b.ok()) {
+      if (auto b = set().target->LoadBias(*maps); b.ok()) {
         bias = *b;
         bias_[pid_] = bias;
       }
     }
   }
-  if (absl::Status s = hooks_.open_recording(pid_ > 0 ? pid_ : 0, bias); !s.ok()) {
-    if (proc != nullptr) {
-      (void)proc->Kill();
-    }
-    return s;
+  if (absl::Status s = hooks().open_recording(pid_ > 0 ? pid_ : 0, bias); !s.ok()) {
+    return fail(s);
   }
-  start_ns_ = NowNs();
   ProbeSessionStart start;
-  start.start_ns = start_ns_;
   if (symbolizer_ != nullptr) {
-    start.caller = [this](core::RemoteAddr ra) {
-      const core::CodeLocation& loc = symbolizer_->Locate(ra);
-      return loc.function.empty() ? absl::StrFormat("0x%x", ra.value)
-                                  : core::Symbolizer::Format(loc);
-    };
+    start.caller = [this](core::RemoteAddr ra) { return NameCode(symbolizer_.get(), ra); };
   }
-  sink_ = &hooks_.begin(start);
-  sink_->OnStart();
-  sink_->OnNote(absl::StrFormat("armed %zu probe%s on %s (%s), uprobe backend", set_.probes.size(),
-                                set_.probes.size() == 1 ? "" : "s",
-                                pid_ > 0 ? absl::StrCat("pid ", pid_) : "every process running it",
-                                set_.path));
+  BeginOutput(std::move(start)).OnStart();
+  ProbeNote armed;
+  armed.kind = ProbeNote::Kind::kArmed;
+  armed.backend = backend();
+  armed.count = set().probes.size();
+  armed.pid = pid_ > 0 ? pid_ : 0;
+  armed.path = set().path;
+  Note(armed);
   if (proc != nullptr) {
     KW_RETURN_IF_ERROR(proc->Detach());  // runs from its first instruction, probed
   }
   if (pid_ > 0) {
     pidfd_.Reset(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status UprobeSession::OpenLoop() {
-  KW_ASSIGN_OR_RETURN(loop_, ProbeLoop::Create(sigfd_));
-  for (const auto& ev : events_) {
-    for (int fd : ev->fds()) {
-      KW_RETURN_IF_ERROR(loop_->Add(fd));
+    if (pidfd_) {
+      KW_RETURN_IF_ERROR(loop().Add(pidfd_.get()));
     }
   }
-  if (pidfd_) {
-    KW_RETURN_IF_ERROR(loop_->Add(pidfd_.get()));
-  }
-  deadline_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   return absl::OkStatus();
-}
-
-absl::StatusOr<bool> UprobeSession::Step(absl::Duration timeout) {
-  if (!failed_.ok() || !stop_reason_.empty()) {
-    return false;
-  }
-  if (loop_ == nullptr) {
-    if (absl::Status s = OpenLoop(); !s.ok()) {
-      failed_ = s;
-      return s;
-    }
-  }
-  absl::StatusOr<ProbeLoop::Ready> ready =
-      loop_->Wait(static_cast<int>(absl::ToInt64Milliseconds(timeout)));
-  if (!ready.ok()) {
-    failed_ = ready.status();
-    return failed_;
-  }
-  const ProbeLoop::Ready& r = *ready;
-  DrainAll();
-  if (r.stop_signal != 0) {
-    Stop(absl::StrCat("interrupted by ", sigabbrev_np(r.stop_signal)));
-  }
-  CheckExit();
-  if (r.tick) {
-    sink_->Flush();
-  }
-  if (absl::Status s = sink_->status(); !s.ok()) {
-    Stop(std::string(s.message()));
-  }
-  if (deadline_ != 0 && NowNs() >= deadline_) {
-    Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
-  }
-  return stop_reason_.empty();
 }
 
 absl::StatusOr<ProbeSessionEnd> UprobeSession::Finish() {
+  CheckExit();  // a stop signal ended the last Step before it looked
   // The kernel's counts first, then the last samples (what the target did up to its exit
   // is in the rings already): a sample counted but never read was dropped. The ring's own
   // lost records miss drops at the very end (their record is written only once space frees).
@@ -381,64 +308,75 @@ absl::StatusOr<ProbeSessionEnd> UprobeSession::Finish() {
     if (counts[i].has_value() && *counts[i] > sampled_[i]) {
       st.lost = std::max(st.lost, *counts[i] - sampled_[i]);
     }
-    stats[set_.probes[i].id] = st;
+    stats[set().probes[i].id] = st;
   }
   events_.clear();  // closing the events removes the probes
   ProbeRunInfo info;
-  info.backend = "uprobe";
+  info.backend = backend();
   info.pid = pid_ > 0 ? pid_ : 0;
-  info.seconds = static_cast<double>(NowNs() - start_ns_) / 1e9;
+  info.seconds = Elapsed();
   if (launched_ && !target_gone_) {
-    if (opts_.kill_on_exit) {
+    if (opts().kill_on_exit) {
       ::kill(pid_, SIGKILL);
       int status = 0;
       if (::waitpid(pid_, &status, 0) == pid_) {
         exit_ = ExitFromWaitStatus(status);
       }
-      stop_reason_ += "; target killed (--kill-on-exit)";
+      AppendToStopReason("; target killed (--kill-on-exit)");
     } else {
-      sink_->OnNote(absl::StrFormat("probes removed; target %d keeps running", pid_));
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kReleased;
+      n.backend = backend();
+      n.pid = pid_;
+      Note(n);
     }
   }
-  info.stop_reason = stop_reason_;
+  info.stop_reason = stop_reason();
   info.exit = exit_;
-  notes_.push_back(absl::StrFormat(
-      "uprobe backend: arguments come from the registers and the %d bytes of stack above %%sp "
-      "that the kernel sampled at each hit; memory elsewhere (heap, globals, strings not on "
-      "the stack) and %%xmm registers are not sampled",
-      opts_.stack_bytes));
+  ProbeNote sampling;
+  sampling.kind = ProbeNote::Kind::kUprobeSampling;
+  sampling.count = opts().stack_bytes;
+  Keep(std::move(sampling));
   if (not_sampled_ > 0) {
-    notes_.push_back(absl::StrFormat(
-        "%d argument value%s showed %s: the memory was outside the sampled stack (raise "
-        "--stack-bytes, or use --backend ptrace, which reads the target's memory at the hit)",
-        not_sampled_, not_sampled_ == 1 ? "" : "s", kNotSampled));
+    ProbeNote n;
+    n.kind = ProbeNote::Kind::kNotSampled;
+    n.count = not_sampled_;
+    Keep(std::move(n));
   }
   if (other_processes_ > 0) {
-    notes_.push_back(absl::StrFormat("%d hits of other processes running %s were left out",
-                                     other_processes_, set_.path));
+    ProbeNote n;
+    n.kind = ProbeNote::Kind::kOtherProcesses;
+    n.count = other_processes_;
+    n.path = set().path;
+    Keep(std::move(n));
   }
-  for (const auto& [id, st] : stats) {
-    if (st.lost > 0) {
-      notes_.push_back(absl::StrFormat(
-          "the kernel dropped %d samples of probe %d (ring full): counts are short", st.lost, id));
+  for (const ProbeDef& p : set().probes) {
+    if (const ProbeEndStats& st = stats[p.id]; st.lost > 0) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kSamplesDropped;
+      n.count = st.lost;
+      n.probe = &p;
+      Keep(std::move(n));
     }
   }
-  info.notes = notes_;
+  info.notes = kept_notes();
   ProbeSessionEnd end;
   end.stats = std::move(stats);
   end.info = std::move(info);
   end.launched = launched_;
-  end.error = failed_;
+  end.error = failed();
   return end;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProbeSession>> StartUprobeSession(const ProbeSessionOptions& opts,
-                                                                 const ProbeSet& set, int sigfd,
+                                                                 const ProbeSet& set,
+                                                                 core::UniqueFd sigfd,
                                                                  const ProbeSessionHooks& hooks) {
-  auto session = std::make_unique<UprobeSession>(opts, set, sigfd, hooks);
-  KW_RETURN_IF_ERROR(session->Start());
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<EventLoop> loop, EventLoop::Create(std::move(sigfd)));
+  auto session = std::make_unique<UprobeSession>(opts, set, std::move(loop), hooks);
+  KW_RETURN_IF_ERROR(session->Begin());
   return session;
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "core/base/unique_fd.h"
 #include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
@@ -18,7 +19,8 @@ namespace kwatch::watch::probe {
 // event per probe (on every process, hits of others filtered out), opens the recording and
 // begins through `hooks`. On error nothing is left: a launched target is killed.
 absl::StatusOr<std::unique_ptr<ProbeSession>> StartUprobeSession(const ProbeSessionOptions& opts,
-                                                                 const ProbeSet& set, int sigfd,
+                                                                 const ProbeSet& set,
+                                                                 core::UniqueFd sigfd,
                                                                  const ProbeSessionHooks& hooks);
 
 }  // namespace kwatch::watch::probe

@@ -1,15 +1,31 @@
-// Process::RemoteSyscall: system calls run inside a traced thread.
-#include <signal.h>
-#include <sys/ptrace.h>
-#include <sys/wait.h>
+// Code run inside a stopped thread: Process::RemoteSyscall and the typed mmap family
+// (remote_exec.h).
+#include "core/ptrace/remote_exec.h"
 
+#include <elf.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
-#include "core/ptrace/process.h"
+#include "core/ptrace/process_internal.h"
+#include "core/ptrace/thread_regs.h"
 
 namespace kwatch::core {
 
@@ -56,8 +72,8 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
   user_regs_struct regs = saved;
   regs.rax = static_cast<uint64_t>(nr);
   regs.orig_rax = static_cast<uint64_t>(-1);  // no syscall restart logic for the injected call
-  uint64_t a[6] = {};
-  std::memcpy(a, args.data(), args.size() * sizeof(uint64_t));
+  std::array<uint64_t, 6> a{};
+  std::copy(args.begin(), args.end(), a.begin());
   regs.rdi = a[0];
   regs.rsi = a[1];
   regs.rdx = a[2];
@@ -93,6 +109,65 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
   }
   KW_RETURN_IF_ERROR(restore());
   return static_cast<int64_t>(after.rax);
+}
+
+namespace {
+
+std::string ProtText(int prot) {
+  return absl::StrCat((prot & PROT_READ) != 0 ? "r" : "-", (prot & PROT_WRITE) != 0 ? "w" : "-",
+                      (prot & PROT_EXEC) != 0 ? "x" : "-");
+}
+
+// A raw system-call result as a Status: -errno becomes SyscallError(errno, what).
+absl::Status SyscallResult(int64_t r, absl::string_view what) {
+  if (r < 0 && r > -4096) {
+    return SyscallError(static_cast<int>(-r), what);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RemoteAddr> RemoteMmap(Process& proc, pid_t tid, const RemoteMapping& mapping,
+                                      absl::string_view what) {
+  const std::array<uint64_t, 6> args = {
+      mapping.addr,
+      mapping.length,
+      static_cast<uint64_t>(mapping.prot),
+      static_cast<uint64_t>(mapping.flags | MAP_PRIVATE | MAP_ANONYMOUS),
+      static_cast<uint64_t>(-1),
+      0};
+  KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mmap, args));
+  std::string call(what);
+  if (call.empty()) {
+    call = absl::StrFormat("mmap(0x%x, %d, %s) in pid %d", mapping.addr, mapping.length,
+                           ProtText(mapping.prot), proc.pid());
+  }
+  KW_RETURN_IF_ERROR(SyscallResult(r, call));
+  return RemoteAddr{static_cast<uint64_t>(r)};
+}
+
+absl::Status RemoteMunmap(Process& proc, pid_t tid, RemoteAddr addr, uint64_t length,
+                          absl::string_view what) {
+  const std::array<uint64_t, 2> args = {addr.value, length};
+  KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_munmap, args));
+  std::string call(what);
+  if (call.empty()) {
+    call = absl::StrFormat("munmap(0x%x, %d) in pid %d", addr.value, length, proc.pid());
+  }
+  return SyscallResult(r, call);
+}
+
+absl::Status RemoteMprotect(Process& proc, pid_t tid, RemoteAddr addr, uint64_t length, int prot,
+                            absl::string_view what) {
+  const std::array<uint64_t, 3> args = {addr.value, length, static_cast<uint64_t>(prot)};
+  KW_ASSIGN_OR_RETURN(const int64_t r, proc.RemoteSyscall(tid, SYS_mprotect, args));
+  std::string call(what);
+  if (call.empty()) {
+    call = absl::StrFormat("mprotect(0x%x, %d, %s) in pid %d", addr.value, length, ProtText(prot),
+                           proc.pid());
+  }
+  return SyscallResult(r, call);
 }
 
 }  // namespace kwatch::core

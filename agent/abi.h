@@ -1,0 +1,447 @@
+#pragma once
+
+// The in-process agent's ABI: the memory kwatch (the controller) shares with
+// libkwatch-agent.so (the agent) inside a target, and the entry points kwatch calls.
+// Read docs/agent.md first: it says who writes what, when, and why.
+//
+// One memfd per target process, mapped MAP_SHARED by both sides at different addresses, so
+// everything in it is addressed by offsets from its start, never by pointers. Every field is
+// written by one side only (said per field); the other side reads it with acquire loads.
+// Layout (offsets in KwControl, each 64-byte aligned):
+//   KwControl | KwProbe[probe_capacity] | KwProbeSlot[hash_capacity] | fetch code pool |
+//   KwThread[thread_capacity] | KwRing[ring_count] (each header + ring_bytes of records)
+//
+// Compiled into both kwatch (C++20, libstdc++) and the agent (C++20, no exceptions, no RTTI,
+// -mgeneral-regs-only, libc only): header-only, standard layout, lock-free atomics only.
+// Change kKwAbiVersion with any change of layout or meaning.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace kwatch::agent {
+
+inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
+inline constexpr uint32_t kKwAbiVersion = 3;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// ---------------------------------------------------------------------------------------
+// The control block (offset 0).
+
+// KwControl::state: the session's life, written by kwatch, except kKwStateRestoring /
+// kKwStateRestored which the agent's watchdog writes when kwatch is gone.
+enum KwState : uint32_t {
+  kKwStateInit = 0,       // tables being written; the agent takes no hit yet
+  kKwStateActive = 1,     // probes live
+  kKwStateStopping = 2,   // kwatch is taking the probes out; hits are dropped (counted)
+  kKwStateRestoring = 3,  // kwatch is gone: the agent restores the code itself
+  kKwStateRestored = 4,   // every patched byte is back (by kwatch or the agent)
+};
+
+// KwControl::flags (kwatch writes).
+enum KwControlFlags : uint32_t {
+  kKwFollowForks = 1u << 0,  // a forked child keeps its probes (else it restores its code)
+};
+
+struct alignas(64) KwControl {
+  uint64_t magic;        // kKwMagic (kwatch, before init)
+  uint32_t abi_version;  // kKwAbiVersion
+  uint32_t flags;        // KwControlFlags
+  uint64_t total_size;   // bytes of the whole mapping
+  int32_t controller_pid;
+  int32_t target_pid;           // the process the agent was loaded into (a forked child differs)
+  std::atomic<uint32_t> state;  // KwState
+  // A seqlock over the probe table and the hash: kwatch makes it odd (release) before it
+  // changes a KwProbe or a KwProbeSlot a thread may be reading, and even after. The agent
+  // reads it before and after a lookup and retries on a change; while it is odd the agent
+  // waits, unless state >= kKwStateRestoring (kwatch is gone: the table no longer moves).
+  std::atomic<uint32_t> generation;
+
+  // Table offsets and capacities (kwatch, before init; never change afterwards).
+  uint64_t probes_offset;  // KwProbe[probe_capacity]
+  uint32_t probe_capacity;
+  uint32_t hash_capacity;  // power of two
+  uint64_t hash_offset;    // KwProbeSlot[hash_capacity]: INT3 lookup by address
+  uint64_t code_offset;    // fetch programs (KwFetchOp[]), KwProbe::fetch_offset is relative
+  uint32_t code_capacity;  // ops
+  uint32_t thread_capacity;
+  uint64_t threads_offset;  // KwThread[thread_capacity]
+  // KwRing[ring_count], each sizeof(KwRing) + ring_bytes; ring i belongs to KwThread i
+  // (ring_count == thread_capacity).
+  uint64_t rings_offset;
+  uint32_t ring_count;
+  uint32_t ring_bytes;  // power of two, multiple of 64
+
+  // Filled by the agent at init (kwatch reads after kwatch_agent_init returned).
+  uint64_t agent_base;         // load address of libkwatch-agent.so in the target
+  uint64_t jump_entry;         // &kwatch_agent_jump_hit: trampolines call it (see below)
+  uint64_t return_trampoline;  // where a tracked call returns to (return probes)
+  int32_t watchdog_tid;        // the watchdog thread (0: none)
+  uint32_t agent_features;     // KwFeature bits the agent has
+
+  // Counters (the agent writes, relaxed).
+  std::atomic<uint64_t> stray_traps;        // SIGTRAPs that were not the agent's (chained)
+  std::atomic<uint64_t> retried_traps;      // INT3s of probes already removed (rip rewound)
+  std::atomic<uint64_t> recursion_miss;     // hits inside a hit on the same thread (dropped)
+  std::atomic<uint64_t> no_thread_slot;     // hits of threads beyond thread_capacity (dropped)
+  std::atomic<uint64_t> no_ring;            // always 0: ring i belongs to KwThread i
+  std::atomic<uint64_t> forks_seen;         // fork children the agent saw (atfork)
+  std::atomic<uint64_t> restored_by_agent;  // patches the watchdog put back
+
+  // The patches kwatch made (so the agent can restore them without kwatch). Offsets of
+  // KwPatch[patch_capacity]; kwatch publishes an entry (state, release) before writing it
+  // into the code and clears it after restoring it. The agent never clears an entry: forked
+  // children that keep their probes share the journal, and each process restores its own
+  // code from it (docs/agent.md "Dying").
+  uint64_t patches_offset;
+  uint32_t patch_capacity;
+  uint32_t lifeline_fd;  // the agent's end of the lifeline pipe (EOF: kwatch is gone)
+
+  // Why kwatch_agent_init failed (KwInitError, the agent writes; kKwInitOk on success).
+  uint32_t init_error;
+  uint32_t reserved0;
+};
+
+// KwControl::init_error: the step of kwatch_agent_init that failed (its return value is the
+// errno, this says what it was doing).
+enum KwInitError : uint32_t {
+  kKwInitOk = 0,
+  kKwInitBadMagic = 1,    // magic is not kKwMagic (-EINVAL)
+  kKwInitBadVersion = 2,  // abi_version differs from the agent's kKwAbiVersion (-EPROTO)
+  kKwInitBadLayout = 3,   // a size, offset or capacity is out of range (-EINVAL)
+  kKwInitBusy = 4,        // an earlier session of this agent is not Restored yet (-EBUSY)
+  kKwInitLifeline = 5,    // lifeline_fd is not an open pipe (-EBADF)
+  kKwInitMembarrier = 6,  // membarrier SYNC_CORE cannot be registered (its errno)
+  kKwInitSignals = 7,     // rt_sigaction failed (its errno)
+  kKwInitHooks = 8,       // libc's sigaction/pthread_sigmask not found or not patchable
+  kKwInitAtfork = 9,      // pthread_atfork failed (its errno)
+  kKwInitWatchdog = 10,   // the watchdog thread could not be made (mmap/clone errno)
+};
+
+enum KwFeature : uint32_t {
+  kKwFeatureInt3 = 1u << 0,      // the SIGTRAP handler is installed and first
+  kKwFeatureJump = 1u << 1,      // kwatch_agent_jump_hit is usable
+  kKwFeatureReturn = 1u << 2,    // return probes
+  kKwFeatureWatchdog = 1u << 3,  // a watchdog thread restores the code if kwatch dies
+  kKwFeatureAtfork = 1u << 4,    // fork children are handled (pthread_atfork)
+  // libc's sigaction and pthread_sigmask go through the agent (docs/agent.md "Signals"): the
+  // agent's handlers stay first and SIGTRAP/SIGSEGV/SIGBUS are never blocked.
+  kKwFeatureSignalHooks = 1u << 5,
+};
+
+// The default of KwProbe::maxactive when kwatch leaves it 0 (as core's kDefaultMaxActive).
+inline constexpr uint32_t kKwDefaultMaxActive = 256;
+
+// ---------------------------------------------------------------------------------------
+// Patches, for the restore without kwatch.
+
+enum KwPatchState : uint32_t {
+  kKwPatchFree = 0,
+  kKwPatchInt3 = 1,  // one 0xCC at addr over original[0]
+  kKwPatchJump = 2,  // a jmp rel32 over original[0..len): restore INT3-first (docs/agent.md)
+};
+
+struct alignas(64) KwPatch {
+  std::atomic<uint32_t> state;  // KwPatchState (kwatch only)
+  uint32_t len;                 // bytes patched at addr (1 for INT3, 5..16 for a jump)
+  uint64_t addr;                // absolute address in the target
+  uint8_t original[16];
+  uint8_t patched[16];
+  uint32_t probe_index;  // the KwProbe it belongs to
+  uint32_t reserved;
+};
+
+// ---------------------------------------------------------------------------------------
+// Probes.
+
+// KwProbe::flags (kwatch writes).
+enum KwProbeFlags : uint32_t {
+  kKwProbeUsed = 1u << 0,
+  kKwProbeEnabled = 1u << 1,   // hits are taken (else counted in `missed` and passed over)
+  kKwProbeReturn = 1u << 2,    // a return probe: the entry hit only arms the return
+  kKwProbeJump = 1u << 3,      // reached through a trampoline (else through INT3)
+  kKwProbeRemoving = 1u << 4,  // being taken out: an INT3 hit runs the displaced copy
+  kKwProbeFpregs = 1u << 5,    // the fetch program reads %xmm registers
+};
+// A jump probe is in the hash too (its address, like an INT3 probe's): while its first byte
+// is 0xCC (patching, or restoring by kwatch or the watchdog) a thread that meets it traps,
+// and the agent sends it to xol_addr, the relocated displaced instructions in the trampoline
+// (after the register restore), which end with the jump back to addr + len.
+
+// How an INT3 hit goes on after the probe's work (kwatch decides, from core/probe/insn_fixup).
+enum KwResume : uint32_t {
+  kKwResumeXol = 0,       // rip = xol_addr: a copy of the instruction and a jump back
+  kKwResumeJmp = 1,       // rip = target (jmp rel)
+  kKwResumeJcc = 2,       // rip = cond(eflags, rcx) ? target : next (cc, jrcxz, loop*)
+  kKwResumeCall = 3,      // push next; rip = target (call rel32)
+  kKwResumeRet = 4,       // rip = pop; rsp += imm16 (ret, ret imm16)
+  kKwResumeIndirect = 5,  // call/jmp *reg or *mem: target from `operand` (below)
+};
+
+struct alignas(64) KwProbe {
+  std::atomic<uint32_t> flags;  // KwProbeFlags
+  uint32_t id;                  // kwatch's probe id (in records)
+  uint64_t addr;                // the probed instruction (absolute)
+  // INT3 resume, and a removing jump probe's hit: the displaced code's copy.
+  uint64_t xol_addr;  // kKwResumeXol / removing jump probes: where to set rip
+  uint32_t resume;    // KwResume
+  uint32_t insn_len;  // bytes of the probed instruction
+  uint64_t target;    // kKwResumeJmp/Jcc/Call: the branch target (absolute)
+  uint32_t cond;      // kKwResumeJcc: a KwCond
+  uint32_t ret_imm;   // kKwResumeRet: bytes popped after the return address
+  // kKwResumeIndirect: the operand. Register form (ind_flags without kKwIndMemory): the
+  // target is the 64-bit value of ind_base. Memory form: the target is the 8 bytes at
+  // [ind_base + ind_index * ind_scale + ind_disp] (+ the fs or gs base), read safely.
+  uint32_t ind_base;   // KwReg + 1 (0: none)
+  uint32_t ind_index;  // KwReg + 1 (0: none)
+  int64_t ind_disp;    // displacement (rip-relative already resolved to absolute)
+  uint32_t ind_scale;  // 1, 2, 4, 8
+  uint32_t ind_flags;  // KwIndFlags
+  // The fetch program (KwFetchOp[], in the code pool) run at each hit.
+  uint32_t fetch_offset;  // ops from code_offset
+  uint32_t fetch_len;     // ops
+  uint32_t record_bytes;  // upper bound of the payload a hit writes (kwatch computes)
+  // Return probes: calls tracked at once, all threads together (0: kKwDefaultMaxActive), as
+  // core's Int3Engine; a thread also tracks at most kKwMaxInstances (the rest: nmissed).
+  uint32_t maxactive;
+  // The next probe at the same address: index + 1 (0: none). The hash and a trampoline name
+  // the first; the agent runs each probe of the chain in order (one instruction, one resume:
+  // the first probe's resume fields are used).
+  uint32_t next;
+  // Return probes: instances live now (the agent; kwatch subtracts a dead thread's instances
+  // when it frees its KwThread, the only field both sides write, atomically).
+  std::atomic<uint32_t> active;
+  // Counters (the agent writes, relaxed; kwatch reads).
+  std::atomic<uint64_t> hits;       // hits taken (records written or lost)
+  std::atomic<uint64_t> missed;     // hits while disabled or stopping
+  std::atomic<uint64_t> nmissed;    // return probes: calls not tracked (maxactive reached)
+  std::atomic<uint64_t> lost;       // records dropped because the thread's ring was full
+  std::atomic<uint64_t> faults;     // fetches that touched unreadable memory (value: fault)
+  std::atomic<uint64_t> abandoned;  // return instances dropped (longjmp, exceptions)
+};
+static_assert(sizeof(KwProbe) == 192);
+
+// KwProbe::cond for kKwResumeJcc.
+enum KwCond : uint32_t {
+  // 0..15: the condition code of Jcc (its opcode's low nibble): O NO B AE E NE BE A S NS P NP
+  // L GE LE G, read from eflags.
+  kKwCondJrcxz = 16,   // rcx == 0
+  kKwCondJecxz = 17,   // ecx == 0
+  kKwCondLoop = 18,    // --rcx != 0
+  kKwCondLoope = 19,   // --rcx != 0 && ZF
+  kKwCondLoopne = 20,  // --rcx != 0 && !ZF
+  // Or'ed into kKwCondLoop*: 32-bit address size (0x67 prefix): ecx is the counter, and the
+  // decremented value is written zero-extended to rcx.
+  kKwCondAddr32 = 0x100,
+};
+
+// KwProbe::ind_flags for kKwResumeIndirect.
+enum KwIndFlags : uint32_t {
+  kKwIndCall = 1u << 0,    // call (push addr + insn_len), else jmp
+  kKwIndMemory = 1u << 1,  // memory operand, else the register ind_base
+  kKwIndFs = 1u << 2,      // %fs: segment override (the thread's fs base is added)
+  kKwIndGs = 1u << 3,      // %gs: segment override (gs base: rdgsbase or arch_prctl)
+  kKwIndAddr32 = 1u << 4,  // 32-bit address size: the effective address is truncated
+};
+
+// Open addressing by address (linear probing, hash = (addr * 0x9E3779B97F4A7C15) >> shift).
+// kwatch writes `probe_index` then `addr` (release); 0 = empty, ~0 = deleted.
+struct KwProbeSlot {
+  std::atomic<uint64_t> addr;
+  uint32_t probe_index;
+  uint32_t reserved;
+};
+
+// ---------------------------------------------------------------------------------------
+// Fetch programs: a stack-free machine with one 64-bit accumulator `acc`, run by the agent
+// at a hit against the saved registers (KwRegs) and the thread's memory. Faulting reads never
+// crash the target (docs/agent.md "safe reads"); they end the argument with a fault marker.
+// kwatch compiles core::CompiledArg into these (core/probe/agent_fetch.h): the places it can
+// compute, the parts of DWARF values it finishes itself at drain time, and for the rest
+// kKwOpRegsAll + kKwOpStack, evaluated by kwatch as the uprobe backend's samples are.
+//
+// Exact semantics (agent/fetch.cc, and kwatch's formatter relies on them):
+//  - Each argument that captures anything starts with kKwOpBeginArg (a = its number); the
+//    record gets a KwArgHeader, then the bytes its copy ops (Read, ReadStr, StoreAcc, Xmm,
+//    RegsAll, Stack) append (`len`, the sum), then zero padding to 8. The argument ends at
+//    the next kKwOpBeginArg or kKwOpEnd. Arguments that capture nothing ($comm, constants)
+//    have no ops and no header: the headers are in program order, with gaps in `arg`.
+//  - Safe reads: an address below 4096 or non-canonical, or any byte not readable by the
+//    thread, is a fault (status kKwArgFault, record flag 1, KwProbe::faults); the rest of
+//    the argument's ops are skipped. Deref and Read copy all their bytes or none. ReadStr
+//    and Stack keep the bytes they copied before the fault (readability is per page: Stack
+//    keeps the pages before the first unreadable one).
+//  - kKwOpReadStr copies the bytes at acc before the first NUL (not the NUL), at most b
+//    (kwatch asks for 257: one more than it shows, to know a longer string is cut). No NUL
+//    within b bytes: status kKwArgCut, len b.
+//  - A copy that would pass the probe's record_bytes is cut there (status kKwArgCut, record
+//    flag 2) and the program ends.
+//  - An op or operand the agent refuses (an unknown op, a register index >= kKwRegCount, a
+//    width of 0 or > 8, an %xmm index >= 16): status kKwArgInvalid (a kwatch bug).
+
+enum KwFetchOpcode : uint16_t {
+  kKwOpEnd = 0,       // end of the program
+  kKwOpBeginArg = 1,  // starts argument `a` (records a KwArgHeader)
+  kKwOpReg = 2,       // acc = regs[a] (KwReg index), zero-extended from b bytes (1, 2, 4, 8)
+  kKwOpImm = 3,       // acc = imm
+  kKwOpAdd = 4,       // acc += imm
+  kKwOpDeref = 5,     // acc = the b bytes at acc, zero-extended (b 1..8; 0 means 8) (safe)
+  kKwOpRead = 6,      // copy b bytes at acc into the record (safe)
+  kKwOpReadStr = 7,   // copy up to b bytes at acc, before the first NUL (safe); no NUL: cut
+  kKwOpStoreAcc = 8,  // copy acc's low b bytes into the record (a register's value)
+  kKwOpXmm = 9,       // copy the low b (<= 16) bytes of %xmm[a] (a < 16) into the record
+  kKwOpRegsAll = 10,  // copy the whole KwRegs into the record (a fallback for the controller)
+  kKwOpStack = 11,    // copy b bytes from regs.rsp up into the record (safe)
+  kKwOpTls = 12,      // acc = the thread's fs base
+};
+
+struct KwFetchOp {
+  uint16_t op;  // KwFetchOpcode
+  uint16_t a;
+  uint32_t b;
+  int64_t imm;
+};
+static_assert(sizeof(KwFetchOp) == 16);
+
+// ---------------------------------------------------------------------------------------
+// Registers as the agent sees them at a hit: the layout of user_regs_struct (sys/user.h), so
+// kwatch's register offsets (core::CompiledArg::reg_offset) index it directly. Trampolines
+// build it on the stack; the SIGTRAP handler copies it from the ucontext.
+struct KwRegs {
+  uint64_t r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi;
+  uint64_t orig_rax, rip, cs, eflags, rsp, ss, fs_base, gs_base, ds, es, fs, gs;
+};
+static_assert(sizeof(KwRegs) == 27 * 8);
+// KwReg: the index of a register in KwRegs (offsetof / 8).
+enum KwReg : uint16_t {
+  kKwR15 = 0,
+  kKwR14,
+  kKwR13,
+  kKwR12,
+  kKwRbp,
+  kKwRbx,
+  kKwR11,
+  kKwR10,
+  kKwR9,
+  kKwR8,
+  kKwRax,
+  kKwRcx,
+  kKwRdx,
+  kKwRsi,
+  kKwRdi,
+  kKwOrigRax,
+  kKwRip,
+  kKwCs,
+  kKwEflags,
+  kKwRsp,
+  kKwSs,
+  kKwFsBase,
+  kKwGsBase,
+  kKwDs,
+  kKwEs,
+  kKwFs,
+  kKwGs,
+  kKwRegCount
+};
+
+// ---------------------------------------------------------------------------------------
+// Threads and rings. A thread claims a KwThread (CAS on tid from 0) at its first hit, and a
+// ring; the agent keeps a pointer to both in an initial-exec TLS slot. kwatch frees a slot
+// (tid back to 0, after draining its ring) only once the thread is gone.
+
+inline constexpr uint32_t kKwMaxInstances = 64;  // return-probe instances per thread
+
+struct KwInstance {
+  uint64_t return_address;  // the real one
+  uint64_t stack_slot;      // where it was on the stack (for abandoning)
+  uint64_t function;        // the function's entry (probe addr)
+  uint32_t probe_index;
+  uint32_t flags;  // 1: counted in no KwProbe::active (a call tracked by an earlier session)
+};
+
+struct alignas(64) KwThread {
+  std::atomic<int32_t> tid;  // 0: free
+  int32_t pid;               // the process (differs from target_pid in a forked child)
+  uint32_t reserved0;
+  std::atomic<uint32_t> depth;  // nesting guard: 1 while the thread is inside a hit
+  uint32_t instances;           // live return instances
+  uint32_t reserved;
+  KwInstance instance[kKwMaxInstances];
+};
+
+// A single-producer (the owning thread), single-consumer (kwatch) ring of records. `head`
+// and `tail` count bytes since the start (never wrap); a record never straddles the end:
+// the producer writes a KwRecord of type kKwRecordPad to fill the rest and starts over.
+struct alignas(64) KwRing {
+  std::atomic<uint64_t> head;  // the agent: bytes published (release after the record)
+  uint8_t pad0[56];
+  std::atomic<uint64_t> tail;  // kwatch: bytes consumed (release after reading)
+  uint8_t pad1[56];
+  std::atomic<uint64_t> lost;  // the agent: records that did not fit
+  std::atomic<int32_t> tid;    // the owner (0: free)
+  int32_t pid;
+  uint8_t pad2[48];
+  // then ring_bytes of data
+};
+static_assert(sizeof(KwRing) == 192);
+
+enum KwRecordType : uint16_t {
+  kKwRecordPad = 0,     // skip `size` bytes
+  kKwRecordHit = 1,     // a probe hit (entry, or a probe anywhere)
+  kKwRecordReturn = 2,  // a return probe's hit at the return
+};
+
+// Every record starts 8-byte aligned with this header; `size` includes it and is a multiple
+// of 8. The payload follows: one KwArgHeader + bytes (padded to 8) per argument of the
+// probe's fetch program, in program order. A kKwRecordPad fills the ring's end when the next
+// record does not fit there; only its first 8 bytes (type, flags, size) are written, since
+// fewer than sizeof(KwRecord) bytes may remain.
+struct KwRecord {
+  uint16_t type;   // KwRecordType
+  uint16_t flags;  // 1: some argument faulted, 2: payload cut at record_bytes
+  uint32_t size;
+  uint32_t probe_index;
+  int32_t tid;
+  uint64_t tsc;             // rdtsc at the hit (kwatch converts to CLOCK_MONOTONIC)
+  uint64_t ip;              // the probed address (returns: the function's entry)
+  uint64_t return_address;  // returns: where the function returned to (else 0)
+};
+static_assert(sizeof(KwRecord) == 40);
+
+enum KwArgStatus : uint16_t {
+  kKwArgOk = 0,
+  kKwArgFault = 1,    // unreadable memory (see the fetch semantics above)
+  kKwArgCut = 2,      // kKwOpReadStr found no NUL in b bytes, or the record's end
+  kKwArgInvalid = 3,  // an op or operand the agent refuses (a kwatch bug)
+};
+
+struct KwArgHeader {
+  uint16_t arg;     // the argument's number (kKwOpBeginArg's a)
+  uint16_t status;  // KwArgStatus
+  uint32_t len;     // bytes that follow (then padding to 8)
+};
+static_assert(sizeof(KwArgHeader) == 8);
+
+// ---------------------------------------------------------------------------------------
+// Entry points (extern "C" in libkwatch-agent.so), called by kwatch through remote calls or
+// by trampolines.
+//
+//   int kwatch_agent_init(uint64_t shm_addr, uint64_t shm_size);
+//     shm_addr: where the memfd is mapped in the target. Validates the control block, fills
+//     the agent's fields, installs the SIGTRAP/SIGSEGV/SIGBUS handlers (first in line, the
+//     program's own kept as the next) and libc's sigaction/pthread_sigmask hooks, registers
+//     membarrier SYNC_CORE, the atfork handlers, and starts the watchdog. Returns 0 or -errno;
+//     on failure KwControl::init_error says which step failed and agent_features is 0.
+//     Called again (a new session, a new memfd) after the previous one is Restored: the
+//     handlers and hooks stay, the tables and the watchdog are the new session's.
+//
+//   void kwatch_agent_jump_hit(uint32_t probe_index, KwRegs* regs);
+//     Called by a jump probe's trampoline with the registers it saved (regs->rip == the
+//     probed address, regs->rsp == the thread's rsp at the probe), on a 16-byte aligned stack
+//     with DF clear (the trampoline's cld after pushfq). Does not change *regs (return probes
+//     rewrite the return address on the stack). Uses no SSE/AVX register, so the trampoline
+//     saves none; %xmm arguments are read from the live registers.
+
+}  // namespace kwatch::agent

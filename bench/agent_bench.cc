@@ -1,0 +1,194 @@
+// Cost of a probe hit handled inside the target by libkwatch-agent.so (docs/agent.md), in
+// this process: the benchmark loads the agent into itself and acts as its own kwatch
+// (tests/agent/local_controller.h), with the probed code of tests/agent/fixtures.S.
+//
+//  - Int3Floor: an int3 into an empty SIGTRAP handler and back, no agent (the floor under
+//    any in-process INT3 path on this host). Runs first, before the agent is loaded.
+//  - Call: the probed function unprobed (a call of kwt_jfunc).
+//  - AgentInt3Hit: an INT3 probe with two register arguments (%di, %si), resumed out of
+//    line; ratio_to_floor = its time / the floor's, measured in the same run.
+//  - AgentJumpHit: a jump probe with two register arguments through a trampoline written
+//    as docs/agent.md specifies (kwt_tramp): the whole call, trampoline included.
+//  - AgentJumpHitDeref: the same with a third argument read through a pointer (safe read).
+// Times are CPU times (Google Benchmark's default, and ratio_to_floor from this thread's CPU
+// clock). Records go into the thread's ring; every 256 hits the benchmark consumes them (tail =
+// head, as a drain that keeps up), so that none is lost; the counter `lost` says if one was.
+
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+
+#include <benchmark/benchmark.h>
+
+#include "tests/agent/fixtures.h"
+#include "tests/agent/local_controller.h"
+
+namespace kwatch::agent {
+namespace {
+
+using testing::LocalController;
+using testing::OpBegin;
+using testing::OpDeref;
+using testing::OpEnd;
+using testing::OpReg;
+using testing::OpStore;
+using testing::ProbeSpec;
+
+double g_floor_ns = 0;
+
+void EmptyTrap(int /*sig*/, siginfo_t* /*info*/, void* /*uc*/) {}
+
+// This thread's CPU time: user and kernel (the trap, the signal delivery, sigreturn), not the
+// time it waited for a CPU, so that a loaded machine changes the figures less.
+double NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+void Int3Floor(benchmark::State& state) {
+  struct sigaction sa {};
+  struct sigaction old {};
+  sa.sa_sigaction = EmptyTrap;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGTRAP, &sa, &old);
+  const double t0 = NowNs();
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
+    kwt_own_int3();
+  }
+  g_floor_ns = (NowNs() - t0) / static_cast<double>(state.iterations());
+  sigaction(SIGTRAP, &old, nullptr);
+  state.counters["ns_per_hit"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(Int3Floor);
+
+void Call(benchmark::State& state) {
+  uint64_t sum = 0;
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
+    sum += kwt_jfunc(sum, 1);
+    benchmark::DoNotOptimize(sum);
+  }
+}
+BENCHMARK(Call);
+
+// The agent, its probes and patches, made once for the benchmarks that follow.
+struct Setup {
+  std::unique_ptr<LocalController> c;
+  uint32_t int3 = 0;
+  uint32_t jump = 0;
+  uint32_t jump_deref = 0;
+  bool ok = false;
+};
+
+Setup& Agent() {
+  static Setup s = [] {
+    Setup s;
+    testing::Layout l;
+    l.ring_bytes = 1 << 20;
+    s.c = LocalController::Create(l);
+    if (s.c->LoadAgent(KWATCH_AGENT_PATH) != 0) {
+      return s;
+    }
+    const uint64_t xol = LocalController::MapNear(Addr(&kwt_args), 4096);
+    LocalController::WriteXol(xol, Addr(&kwt_args), 1);
+    ProbeSpec i3;
+    i3.addr = Addr(&kwt_args);
+    i3.insn_len = 1;
+    i3.xol_addr = xol;
+    i3.fetch = {OpBegin(0),    OpReg(kKwRdi), OpStore(8), OpBegin(1),
+                OpReg(kKwRsi), OpStore(8),    OpEnd()};
+    s.int3 = s.c->AddProbe(i3);
+    ProbeSpec j = i3;
+    j.addr = Addr(&kwt_jfunc);
+    j.flags |= kKwProbeJump;
+    j.insn_len = 6;
+    j.xol_addr = Addr(kwt_tramp_displaced);
+    s.jump = s.c->AddProbe(j);
+    ProbeSpec jd = j;
+    jd.in_hash = false;  // same address: selected by the trampoline's index
+    jd.fetch = {OpBegin(0), OpReg(kKwRdi), OpStore(8), OpBegin(1), OpReg(kKwRsi), OpStore(8),
+                OpBegin(2), OpReg(kKwRdx), OpDeref(),  OpStore(8), OpEnd()};
+    s.jump_deref = s.c->AddProbe(jd);
+    s.c->SetState(kKwStateActive);
+    s.c->PatchInt3(Addr(&kwt_args), s.int3);
+    kwt_jump_entry = s.c->ctl().jump_entry;
+    kwt_tramp_index = s.jump;
+    s.c->PatchJump(Addr(&kwt_jfunc), 6, Addr(&kwt_tramp), s.jump);
+    s.ok = true;
+    return s;
+  }();
+  return s;
+}
+
+// Consumes every record (a drain that keeps up).
+void Consume(LocalController& c) {
+  for (uint32_t i = 0; i < c.ctl().ring_count; ++i) {
+    KwRing& r = c.ring(i);
+    r.tail.store(r.head.load(std::memory_order_acquire), std::memory_order_release);
+  }
+}
+
+template <typename F>
+void RunHits(benchmark::State& state, uint32_t probe, F hit) {
+  Setup& s = Agent();
+  if (!s.ok) {
+    state.SkipWithError("kwatch_agent_init failed");
+    return;
+  }
+  KwProbe& p = s.c->probe(probe);
+  const uint64_t hits0 = p.hits.load();
+  const uint64_t lost0 = p.lost.load();
+  uint64_t n = 0;
+  const double t0 = NowNs();
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
+    hit();
+    if ((++n & 255) == 0) {
+      Consume(*s.c);
+    }
+  }
+  const double per_hit = (NowNs() - t0) / static_cast<double>(state.iterations());
+  Consume(*s.c);
+  if (g_floor_ns > 0) {
+    state.counters["ratio_to_floor"] = per_hit / g_floor_ns;
+  }
+  const uint64_t hits = p.hits.load() - hits0;
+  if (hits != static_cast<uint64_t>(state.iterations())) {
+    state.SkipWithError("the probe did not count every hit");
+  }
+  state.counters["lost"] = static_cast<double>(p.lost.load() - lost0);
+  state.counters["ns_per_hit"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+void AgentInt3Hit(benchmark::State& state) {
+  RunHits(state, Agent().int3, [] { benchmark::DoNotOptimize(kwt_args(1, 2, nullptr)); });
+}
+BENCHMARK(AgentInt3Hit);
+
+void AgentJumpHit(benchmark::State& state) {
+  kwt_tramp_index = Agent().jump;
+  RunHits(state, Agent().jump, [] { benchmark::DoNotOptimize(kwt_jfunc(1, 2)); });
+}
+BENCHMARK(AgentJumpHit);
+
+void AgentJumpHitDeref(benchmark::State& state) {
+  static const uint64_t value = 42;
+  kwt_tramp_index = Agent().jump_deref;
+  // kwt_jfunc(a, b) called with a third argument in %rdx, which it ignores and the probe reads.
+  auto* with_pointer = reinterpret_cast<uint64_t (*)(uint64_t, uint64_t, const uint64_t*)>(
+      reinterpret_cast<void*>(&kwt_jfunc));
+  RunHits(state, Agent().jump_deref,
+          [with_pointer] { benchmark::DoNotOptimize(with_pointer(1, 2, &value)); });
+  kwt_tramp_index = Agent().jump;
+}
+BENCHMARK(AgentJumpHitDeref);
+
+}  // namespace
+}  // namespace kwatch::agent
+
+BENCHMARK_MAIN();

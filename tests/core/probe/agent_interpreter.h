@@ -1,0 +1,45 @@
+#pragma once
+
+// The agent's own fetch interpreter (agent/fetch.cc, compiled into the test binary) run in the
+// test's process over registers, %xmm registers and a memory callback: the safe reads of
+// agent/safe.S are replaced by reads through the callback (agent_interpreter.cc), so a
+// program runs exactly as libkwatch-agent.so runs it at a hit, against memory the test makes
+// up or a stopped target's. Tests compare what core::FormatAgentRecord makes of the payload
+// with core::Evaluate over the same registers and memory.
+
+#include <sys/user.h>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "agent/abi.h"
+
+namespace kwatch::testing {
+
+// Reads `out.size()` bytes at `addr` as the thread could: false when any byte is unreadable.
+// Called with ranges that do not cross a page boundary, or that may be refused whole.
+using FetchMemory = std::function<bool(uint64_t addr, std::span<uint8_t> out)>;
+
+class AgentInterpreter {
+ public:
+  // `fpregs` null: the %xmm registers read as zeros.
+  AgentInterpreter(const user_regs_struct& regs, const user_fpregs_struct* fpregs,
+                   FetchMemory memory);
+
+  // The payload the agent writes for `ops` (ending with kKwOpEnd) into a record of at most
+  // `limit` bytes (KwProbe::record_bytes).
+  std::vector<uint8_t> Run(std::span<const agent::KwFetchOp> ops, uint32_t limit);
+
+  // The KwRecord flags of the last Run (1: a fault, 2: cut at the record's end).
+  uint16_t flags() const { return flags_; }
+
+ private:
+  agent::KwRegs regs_{};
+  std::vector<uint8_t> xmm_;  // 16 registers of 16 bytes
+  FetchMemory memory_;
+  uint16_t flags_ = 0;
+};
+
+}  // namespace kwatch::testing

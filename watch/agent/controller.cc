@@ -1,0 +1,416 @@
+#include "watch/agent/controller.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/probe/xol.h"
+#include "core/ptrace/process.h"
+#include "core/ptrace/remote_call.h"
+
+namespace kwatch::watch::agent {
+
+namespace ka = kwatch::agent;
+using core::RemoteAddr;
+
+namespace {
+
+constexpr uint64_t kCodeAreaSize = uint64_t{64} * 1024;
+constexpr uint64_t kCodeAlign = 16;
+constexpr uint8_t kInt3 = 0xcc;
+constexpr int kIdPidfd = 3;  // P_PIDFD (linux/wait.h; glibc 2.36 does not name it)
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Load(core::Process& proc,
+                                                             const LoadOptions& options) {
+  KW_ASSIGN_OR_RETURN(LoadedAgent agent, LoadAgent(proc, options));
+  return Adopt(std::move(agent), proc.pid());
+}
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Adopt(LoadedAgent agent, pid_t pid) {
+  core::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd.valid()) {
+    const int err = errno;
+    return core::SyscallError(err, absl::StrCat("pidfd_open(", pid, ")"));
+  }
+  return std::unique_ptr<Controller>(new Controller(std::move(agent), pid, std::move(pidfd)));
+}
+
+Controller::Controller(LoadedAgent agent, pid_t pid, core::UniqueFd pidfd)
+    : pid_(pid),
+      agent_(std::move(agent)),
+      tables_(std::span<uint8_t>(static_cast<uint8_t*>(agent_.shm.get()), agent_.shm.size()),
+              agent_.layout),
+      pidfd_(std::move(pidfd)),
+      last_lost_(agent_.layout.thread_capacity, 0) {}
+
+Controller::~Controller() = default;
+
+// ---------------------------------------------------------------------------------------
+// Arming.
+
+absl::StatusOr<Controller::CodeArea*> Controller::MapArea(core::Process& proc, RemoteAddr near,
+                                                          uint64_t size) {
+  const uint64_t bytes = std::max(kCodeAreaSize, (size + 4095) & ~uint64_t{4095});
+  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
+  const std::optional<RemoteAddr> at = core::FindXolGap(maps, near, bytes, core::kXolMaxDistance);
+  if (!at.has_value()) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "no room for %d bytes of code within 1 GiB of 0x%x in pid %d", bytes, near.value, pid_));
+  }
+  const pid_t tid = proc.AnyStoppedThread();
+  if (tid == 0) {
+    return absl::FailedPreconditionError("placing code needs a stopped thread");
+  }
+  const std::array<uint64_t, 6> args = {at->value,
+                                        bytes,
+                                        PROT_READ | PROT_EXEC,
+                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                                        static_cast<uint64_t>(-1),
+                                        0};
+  KW_ASSIGN_OR_RETURN(const int64_t r, core::RemoteSyscallByTrap(proc, tid, SYS_mmap, args));
+  if (r < 0 && r > -4096) {
+    return core::SyscallError(
+        static_cast<int>(-r),
+        absl::StrFormat("mmap(0x%x, %d, PROT_READ|PROT_EXEC) in pid %d", at->value, bytes, pid_));
+  }
+  if (static_cast<uint64_t>(r) != at->value) {
+    return absl::InternalError(absl::StrFormat("mmap placed the code area at 0x%x, not 0x%x",
+                                               static_cast<uint64_t>(r), at->value));
+  }
+  // INT3 everywhere but the code placed: a stray jump traps instead of sliding.
+  KW_RETURN_IF_ERROR(proc.WriteMemory(*at, std::vector<uint8_t>(bytes, kInt3)));
+  areas_.push_back(CodeArea{.start = *at, .size = bytes, .used = 0});
+  return &areas_.back();
+}
+
+absl::StatusOr<RemoteAddr> Controller::PlaceCode(core::Process& proc, RemoteAddr near,
+                                                 uint64_t size, const CodeBuilder& build) {
+  const auto reaches = [near](RemoteAddr a, uint64_t n) {
+    const uint64_t lo = std::min(a.value, near.value);
+    const uint64_t hi = std::max(a.value + n, near.value);
+    return hi - lo <= core::kXolMaxDistance;
+  };
+  CodeArea* area = nullptr;
+  for (CodeArea& a : areas_) {
+    const uint64_t at = (a.used + kCodeAlign - 1) & ~(kCodeAlign - 1);
+    if (at + size <= a.size && reaches(a.start + at, size)) {
+      area = &a;
+      break;
+    }
+  }
+  if (area == nullptr) {
+    KW_ASSIGN_OR_RETURN(area, MapArea(proc, near, size));
+  }
+  const uint64_t offset = (area->used + kCodeAlign - 1) & ~(kCodeAlign - 1);
+  const RemoteAddr at = area->start + offset;
+  KW_ASSIGN_OR_RETURN(const std::vector<uint8_t> code, build(at));
+  if (code.size() > size) {
+    return absl::InternalError(absl::StrCat("code built for ", size, " bytes took ", code.size()));
+  }
+  KW_RETURN_IF_ERROR(proc.WriteMemory(at, code));
+  area->used = offset + code.size();
+  return at;
+}
+
+absl::StatusOr<uint32_t> Controller::AddProbe(const ProbeEntry& entry) {
+  KW_ASSIGN_OR_RETURN(const uint32_t index, tables_.AddProbe(entry));
+  const bool jump = (entry.flags & ka::kKwProbeJump) != 0;
+  if (entry.xol_addr != 0 && (jump || entry.resume == ka::kKwResumeXol)) {
+    copies_.push_back(Copy{.probe = entry.addr,
+                           .copy = RemoteAddr{entry.xol_addr},
+                           .length = jump ? 0 : entry.insn_len});
+  }
+  return index;
+}
+
+absl::Status Controller::Patch(core::Process& proc, uint32_t probe_index, RemoteAddr addr,
+                               std::span<const uint8_t> bytes) {
+  const size_t len = bytes.size();
+  const bool jump = len > 1;
+  if (len == 0 || len > 16 || (len == 1 && bytes[0] != kInt3) || (jump && len < 5) ||
+      (jump && bytes[0] == kInt3)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a patch is one INT3 or a jump of 5 to 16 bytes (got ", len, " bytes)"));
+  }
+  for (const Applied& a : patches_) {
+    if (addr.value < a.addr.value + a.original.size() && a.addr.value < addr.value + len) {
+      return absl::AlreadyExistsError(
+          absl::StrFormat("0x%x is patched already (probe %d)", addr.value, a.probe_index));
+    }
+  }
+  if (jump) {
+    // The optimizer's last check: no thread may resume in the middle of the new jmp.
+    for (const pid_t tid : proc.TracedThreads()) {
+      auto regs = proc.GetRegs(tid);
+      if (regs.ok() && regs->rip > addr.value && regs->rip < addr.value + len) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "thread %d is stopped at 0x%x, inside the %d bytes a jump at 0x%x replaces", tid,
+            regs->rip, len, addr.value));
+      }
+    }
+  }
+  Applied a;
+  a.probe_index = probe_index;
+  a.addr = addr;
+  a.original.resize(len);
+  a.patched.assign(bytes.begin(), bytes.end());
+  KW_RETURN_IF_ERROR(proc.ReadMemory(addr, a.original));
+  if (a.original[0] == kInt3) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "0x%x holds an INT3 already (another debugger's breakpoint, or the program's own)",
+        addr.value));
+  }
+  KW_ASSIGN_OR_RETURN(a.journal,
+                      tables_.Journal(PatchEntry{.kind = jump ? ka::kKwPatchJump : ka::kKwPatchInt3,
+                                                 .addr = addr,
+                                                 .original = a.original,
+                                                 .patched = a.patched,
+                                                 .probe_index = probe_index}));
+  absl::Status written = absl::OkStatus();
+  if (jump) {
+    const uint8_t int3 = kInt3;
+    written = proc.WriteMemory(addr, std::span<const uint8_t>(&int3, 1));
+    if (written.ok()) {
+      written = proc.WriteMemory(addr + 1, bytes.subspan(1));
+    }
+    if (written.ok()) {
+      written = proc.WriteMemory(addr, bytes.first(1));
+    }
+  } else {
+    written = proc.WriteMemory(addr, bytes);
+  }
+  if (!written.ok()) {
+    (void)proc.WriteMemory(addr, a.original);  // whatever part went in
+    tables_.Unjournal(a.journal);
+    return written;
+  }
+  patches_.push_back(std::move(a));
+  return absl::OkStatus();
+}
+
+absl::Status Controller::Restore(core::Process& proc, const Applied& a) {
+  if (a.original.size() > 1) {
+    const uint8_t int3 = kInt3;
+    KW_RETURN_IF_ERROR(proc.WriteMemory(a.addr, std::span<const uint8_t>(&int3, 1)));
+    KW_RETURN_IF_ERROR(
+        proc.WriteMemory(a.addr + 1, std::span<const uint8_t>(a.original).subspan(1)));
+  }
+  KW_RETURN_IF_ERROR(proc.WriteMemory(a.addr, std::span<const uint8_t>(a.original).first(1)));
+  tables_.Unjournal(a.journal);
+  return absl::OkStatus();
+}
+
+absl::Status Controller::Unpatch(core::Process& proc, uint32_t probe_index) {
+  for (auto it = patches_.begin(); it != patches_.end(); ++it) {
+    if (it->probe_index == probe_index) {
+      KW_RETURN_IF_ERROR(Restore(proc, *it));
+      patches_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("probe ", probe_index, " has no patch"));
+}
+
+void Controller::Activate() {
+  tables_.SetState(ka::kKwStateActive);
+}
+
+// ---------------------------------------------------------------------------------------
+// Running.
+
+absl::StatusOr<DrainStats> Controller::Drain(const HitFn& fn) {
+  clock_.Recalibrate();
+  DrainStats total;
+  absl::Status first_error = absl::OkStatus();
+  const uint32_t bytes = agent_.layout.ring_bytes;
+  for (uint32_t i = 0; i < agent_.layout.thread_capacity; ++i) {
+    KwRing& ring = tables_.ring(i);
+    if (ring.head.load(std::memory_order_acquire) == ring.tail.load(std::memory_order_relaxed) &&
+        ring.lost.load(std::memory_order_relaxed) == last_lost_[i]) {
+      continue;
+    }
+    auto stats = DrainRing(ring, bytes, last_lost_[i],
+                           [&](const ka::KwRecord& record, std::span<const uint8_t> payload) {
+                             fn(AgentHit{.ring = i,
+                                         .record = record,
+                                         .payload = payload,
+                                         .time_ns = clock_.ToMonotonicNs(record.tsc)});
+                           });
+    if (!stats.ok()) {
+      if (first_error.ok()) {
+        first_error = stats.status();
+      }
+      continue;
+    }
+    total.records += stats->records;
+    total.pads += stats->pads;
+    total.bytes += stats->bytes;
+    total.lost += stats->lost;
+  }
+  KW_RETURN_IF_ERROR(first_error);
+  return total;
+}
+
+absl::Status Controller::ReapThreadSlots(const HitFn& fn) {
+  for (uint32_t i = 0; i < agent_.layout.thread_capacity; ++i) {
+    KwThread& t = tables_.thread(i);
+    const int32_t tid = t.tid.load(std::memory_order_acquire);
+    if (tid == 0) {
+      continue;
+    }
+    const pid_t owner = t.pid != 0 ? t.pid : pid_;
+    struct stat st {};
+    if (::stat(absl::StrCat("/proc/", owner, "/task/", tid).c_str(), &st) == 0) {
+      continue;  // alive
+    }
+    // Gone: what it left in its ring first, then the slot.
+    auto stats = DrainRing(tables_.ring(i), agent_.layout.ring_bytes, last_lost_[i],
+                           [&](const ka::KwRecord& record, std::span<const uint8_t> payload) {
+                             fn(AgentHit{.ring = i,
+                                         .record = record,
+                                         .payload = payload,
+                                         .time_ns = clock_.ToMonotonicNs(record.tsc)});
+                           });
+    KW_RETURN_IF_ERROR(stats.status());
+    tables_.FreeThread(i);
+    last_lost_[i] = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Liveness> Controller::Wait(absl::Duration timeout) {
+  std::array<pollfd, 2> fds = {pollfd{.fd = agent_.lifeline.get(), .events = 0, .revents = 0},
+                               pollfd{.fd = pidfd_.get(), .events = POLLIN, .revents = 0}};
+  const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+  for (;;) {
+    const int n = ::poll(fds.data(), fds.size(), ms);
+    if (n < 0) {
+      const int err = errno;
+      if (err == EINTR) {
+        continue;
+      }
+      return core::SyscallError(err, "poll(lifeline, pidfd)");
+    }
+    break;
+  }
+  Liveness l;
+  l.agent_gone = (fds[0].revents & (POLLERR | POLLHUP)) != 0;
+  l.target_exited = (fds[1].revents & (POLLIN | POLLHUP)) != 0;
+  return l;
+}
+
+std::optional<core::ExitInfo> Controller::ReapExit() {
+  siginfo_t si{};
+  if (::waitid(static_cast<idtype_t>(kIdPidfd), static_cast<id_t>(pidfd_.get()), &si,
+               WEXITED | WNOHANG) != 0 ||
+      si.si_pid == 0) {
+    return std::nullopt;
+  }
+  core::ExitInfo info;
+  if (si.si_code == CLD_EXITED) {
+    info.code = si.si_status;
+  } else {
+    info.signaled = true;
+    info.signal = si.si_status;
+    info.core_dumped = si.si_code == CLD_DUMPED;
+  }
+  return info;
+}
+
+// ---------------------------------------------------------------------------------------
+// The end.
+
+absl::Status Controller::MoveThreadsOutOfCopies(core::Process& proc) {
+  for (const pid_t tid : proc.TracedThreads()) {
+    auto regs = proc.GetRegs(tid);
+    if (!regs.ok()) {
+      continue;  // gone meanwhile
+    }
+    for (const Copy& c : copies_) {
+      uint64_t to = 0;
+      if (regs->rip == c.copy.value) {
+        to = c.probe.value;  // the copy has not run: the original will
+      } else if (c.length != 0 && regs->rip == c.copy.value + c.length) {
+        to = c.probe.value + c.length;  // it ran (a system call there restarts the original)
+      }
+      if (to != 0) {
+        regs->rip = to;
+        KW_RETURN_IF_ERROR(proc.SetRegs(tid, *regs));
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Controller::End(core::Process& proc) {
+  if (ended_) {
+    return absl::OkStatus();
+  }
+  ended_ = true;
+  if (!proc.alive()) {
+    patches_.clear();  // the image is gone
+    return absl::OkStatus();
+  }
+  absl::Status status = absl::OkStatus();
+  const auto note = [&status](const absl::Status& s) {
+    if (status.ok() && !s.ok()) {
+      status = s;
+    }
+  };
+  note(proc.StopAll());
+  tables_.SetState(ka::kKwStateStopping);
+  for (size_t i = patches_.size(); i-- > 0;) {
+    note(Restore(proc, patches_[i]));
+  }
+  patches_.clear();
+  note(MoveThreadsOutOfCopies(proc));
+  tables_.SetState(ka::kKwStateRestored);
+  return status;
+}
+
+absl::Status Controller::Finish(const HitFn& fn) {
+  absl::Status drained = Drain(fn).status();
+  agent_.lifeline.Reset();  // the agent's watchdog reads EOF, sees Restored, and ends
+  return drained;
+}
+
+absl::Status Controller::RunStopped(const std::function<absl::Status(core::Process&)>& fn) const {
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc, core::Process::Attach(pid_));
+  absl::Status status = proc->StopAll();
+  if (status.ok()) {
+    status = fn(*proc);
+  }
+  absl::Status detached = proc->Detach();
+  KW_RETURN_IF_ERROR(status);
+  return detached;
+}
+
+absl::Status Controller::EndDetached(const HitFn& fn) {
+  if (!ended_) {
+    const absl::Status ended = RunStopped([this](core::Process& proc) { return End(proc); });
+    if (ended.code() == absl::StatusCode::kNotFound) {
+      ended_ = true;  // exited meanwhile: nothing to restore
+      patches_.clear();
+    } else {
+      KW_RETURN_IF_ERROR(ended);
+    }
+  }
+  return Finish(fn);
+}
+
+}  // namespace kwatch::watch::agent
