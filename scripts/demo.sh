@@ -30,7 +30,7 @@ bold "\$ kwatch --write g_shared g_padded -q -o $OUT/false_sharing.kwdb -- false
 bold "\$ kwatch-gui --export-png $OUT/viewer.png $OUT/false_sharing.kwdb      # the viewer, rendered headless"
 "$BUILD/gui/kwatch-gui" --export-png "$OUT/viewer.png" "$OUT/false_sharing.kwdb"
 
-bold "\$ kwatch probe 'tick i r->len' 'tick%return \$retval' -o $OUT/probes.kwdb -- uprobe_loop 5      # INT3 probes with arguments"
+bold "\$ kwatch probe 'tick i r->len' 'tick%return \$retval' -o $OUT/probes.kwdb -- uprobe_loop 5      # probes run inside the program (a jump to a trampoline, no trap)"
 # shellcheck disable=SC2016  # $retval is kwatch's probe syntax, not the shell's
 "$KWATCH" probe 'tick i r->len' 'tick%return $retval' -o "$OUT/probes.kwdb" -- "$TARGETS/uprobe_loop" 5 \
   | tee "$OUT/probes.txt"
