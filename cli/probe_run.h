@@ -32,14 +32,14 @@ struct ProbeCmdOptions {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
-  bool follow_forks = false;       // -f: children the target forks are probed too (ptrace)
-  bool hw = false;                 // --hw: execute breakpoints in debug registers, no INT3
+  bool follow_forks = false;     // -f: children the target forks are probed too (ptrace)
+  bool hw = false;               // --hw: execute breakpoints in debug registers, no INT3
   std::string backend = "auto";  // auto, agent, ptrace, uprobe
-  bool no_jump = false;            // agent: every probe through INT3 (--no-jump)
-  std::string output;              // -o
-  std::string command_line;        // as typed, for recordings
-  uint32_t maxactive = 0;          // return probes (ptrace), 0: engine default
-  uint32_t stack_bytes = 512;      // uprobe: user stack sampled per hit
+  bool no_jump = false;          // agent: every probe through INT3 (--no-jump)
+  std::string output;            // -o
+  std::string command_line;      // as typed, for recordings
+  uint32_t maxactive = 0;        // return probes (ptrace), 0: engine default
+  uint32_t stack_bytes = 512;    // uprobe: user stack sampled per hit
   // uprobe: data pages of each per-CPU ring, per probe (power of two). 1024: 4 MiB, about
   // 5,500 samples of 512 stack bytes before kwatch must have read them.
   uint32_t ring_pages = 1024;
