@@ -3,6 +3,8 @@
 // (once per process), then the session's watchdog.
 
 #include <sys/auxv.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 
 #include <array>
 #include <cerrno>
@@ -121,6 +123,10 @@ int Init(uint64_t shm_addr, uint64_t shm_size) {
   if (const int r = NoteLifeline(s, static_cast<int>(c->lifeline_fd)); r != 0) {
     return Fail(c, kKwInitLifeline, r);
   }
+  // kwatch's rings are not the program's memory: a core dump leaves them out (they can be
+  // hundreds of MiB; a dump that writes them delays the exit status kwatch reports). Best
+  // effort: an old kernel without MADV_DONTDUMP dumps them.
+  (void)Sys(SYS_madvise, static_cast<long>(shm_addr), static_cast<long>(shm_size), MADV_DONTDUMP);
   g_pid = static_cast<int>(SysGetpid());
   g_fsgsbase = getauxval(AT_HWCAP2) & kHwcap2Fsgsbase;
   if (!g_process_ready) {

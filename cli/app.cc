@@ -42,6 +42,7 @@
 #include "watch/perf_util.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/recording.h"
+#include "watch/recording_sink.h"
 #include "watch/session.h"
 #include "watch/summary.h"
 #include "watch/target_set.h"
@@ -240,7 +241,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   }
   std::unique_ptr<core::TraceWriter> writer;
   if (!opts.output.empty()) {
-    auto w = CreateWatchRecording(opts, **session, proc->pid());
+    auto w = watch::CreateWatchRecording(RecordingSpecFor(opts), **session, proc->pid());
     if (!w.ok()) {
       return fail(w.status());
     }
@@ -264,9 +265,10 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   } else {
     printer = std::make_unique<AccessTextPrinter>(stdout, opts.quiet);
   }
-  std::optional<AccessRecordingSink> recorder;
+  std::optional<watch::AccessRecordingSink> recorder;
   if (writer != nullptr) {
-    recorder.emplace(*writer, *printer);
+    recorder.emplace(*writer, *printer,
+                     [](const watch::RecordingOutcome& o) { (void)SayRecordingEnd(o); });
   }
   watch::AccessSink& sink = recorder.has_value() ? static_cast<watch::AccessSink&>(*recorder)
                                                  : static_cast<watch::AccessSink&>(*printer);

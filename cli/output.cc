@@ -139,6 +139,13 @@ void AccessPrinter::Start(const watch::WatchSession& session, uint64_t start_ns,
   }
 }
 
+ReportRenderOptions AccessPrinter::SummaryStart() {
+  std::fflush(out_);
+  ReportRenderOptions ropts;
+  ropts.width = TerminalWidth(out_);
+  return ropts;
+}
+
 void AccessPrinter::OnNote(const watch::AccessNote& note) {
   using Kind = watch::AccessNote::Kind;
   switch (note.kind) {
@@ -274,11 +281,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
   watch::WatchSession& session = all.session;
   const watch::Summary& summary = all.summary;
   const RunInfo& info = all.info;
-  FILE* out = out_;
-  std::fflush(out);
-  const SiteNamer namer = SiteNamerFor(session);
-  ReportRenderOptions ropts;
-  ropts.width = TerminalWidth(out);
+  const ReportRenderOptions ropts = SummaryStart();
   std::string s = absl::StrFormat(
       "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
       "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
@@ -380,21 +383,18 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     s += "]";
   }
   s += ",\"profile\":";
-  s += RenderJson(all.profile, namer, ropts).dump();
+  s += RenderJson(all.profile, SiteNamerFor(session), ropts).dump();
   s += "}\n";
-  std::fputs(s.c_str(), out);
-  std::fflush(out);
+  std::fputs(s.c_str(), out_);
+  std::fflush(out_);
 }
 
 void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
   watch::WatchSession& session = all.session;
   const watch::Summary& summary = all.summary;
   const RunInfo& info = all.info;
+  const ReportRenderOptions ropts = SummaryStart();
   FILE* out = out_;
-  std::fflush(out);
-  const SiteNamer namer = SiteNamerFor(session);
-  ReportRenderOptions ropts;
-  ropts.width = TerminalWidth(out);
   absl::FPrintF(out, "\n== kwatch summary: %d events in %.3f s, %d lost", summary.events(),
                 info.seconds, info.lost);
   if (info.filtered > 0) {
@@ -435,7 +435,7 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
     absl::FPrintF(out, "%d debug register%s held outside kwatch (see `kwatch slots -p %d`)\n", ext,
                   ext == 1 ? " was" : "s were", info.pid);
   }
-  absl::FPrintF(out, "\n%s", RenderText(all.profile, namer, ropts));
+  absl::FPrintF(out, "\n%s", RenderText(all.profile, SiteNamerFor(session), ropts));
   if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
     absl::FPrintF(out, "\n");
     for (const std::string& line : watch::KernelAccessLines(*k)) {

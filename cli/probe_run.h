@@ -34,7 +34,7 @@ struct ProbeCmdOptions {
   bool kill_on_exit = false;
   bool follow_forks = false;       // -f: children the target forks are probed too (ptrace)
   bool hw = false;                 // --hw: execute breakpoints in debug registers, no INT3
-  std::string backend = "ptrace";  // auto, agent, ptrace, uprobe
+  std::string backend = "auto";  // auto, agent, ptrace, uprobe
   bool no_jump = false;            // agent: every probe through INT3 (--no-jump)
   std::string output;              // -o
   std::string command_line;        // as typed, for recordings

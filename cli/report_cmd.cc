@@ -15,8 +15,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/heatmap_png.h"
 #include "cli/profile_report.h"
 #include "core/store/trace_reader.h"
+#include "watch/probe_tally.h"
+#include "watch/profile/heatmap_panels.h"
 #include "watch/recording.h"
 
 namespace kwatch::cli {
@@ -100,61 +103,8 @@ nlohmann::json SessionJson(const core::TraceReader& r, uint64_t events, uint64_t
   return j;
 }
 
-// Probe hits per probe: counts, threads, and the most frequent values of each argument.
-struct ProbeTally {
-  uint64_t hits = 0;
-  std::map<pid_t, uint64_t> threads;
-  // argument name -> value -> count (bounded: values beyond 64 distinct are counted as other)
-  std::vector<std::pair<std::string, std::map<std::string, uint64_t>>> args;
-  std::vector<uint64_t> other_values;
-};
-
-absl::Status TallyHits(const core::TraceReader& r, const ReportOptions& o,
-                       std::map<uint32_t, ProbeTally>& out) {
-  core::HitFilter f;
-  const uint64_t start = r.session().start_mono_ns;
-  if (o.from_s) {
-    f.from_ns = start + static_cast<uint64_t>(*o.from_s * 1e9);
-  }
-  if (o.to_s) {
-    f.to_ns = start + static_cast<uint64_t>(*o.to_s * 1e9);
-  }
-  f.tid = o.thread;
-  return r.ForEachHit(f, [&](const core::HitRecord& h) {
-    ProbeTally& t = out[h.probe_id];
-    ++t.hits;
-    ++t.threads[h.tid];
-    for (size_t i = 0; i < h.args.size(); ++i) {
-      if (t.args.size() <= i) {
-        t.args.emplace_back(h.args[i].first, std::map<std::string, uint64_t>{});
-        t.other_values.push_back(0);
-      }
-      auto& values = t.args[i].second;
-      auto it = values.find(h.args[i].second);
-      if (it != values.end()) {
-        ++it->second;
-      } else if (values.size() < 64) {
-        values.emplace(h.args[i].second, 1);
-      } else {
-        ++t.other_values[i];
-      }
-    }
-    return true;
-  });
-}
-
-std::vector<std::pair<std::string, uint64_t>> TopValues(const std::map<std::string, uint64_t>& m,
-                                                        size_t n) {
-  std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
-  std::stable_sort(v.begin(), v.end(),
-                   [](const auto& a, const auto& b) { return a.second > b.second; });
-  if (v.size() > n) {
-    v.resize(n);
-  }
-  return v;
-}
-
-void PrintProbesText(const core::TraceReader& r, const std::map<uint32_t, ProbeTally>& tallies) {
+void PrintProbesText(const core::TraceReader& r,
+                     const std::map<uint32_t, watch::ProbeTally>& tallies) {
   std::printf("== probes\n");
   for (const core::ProbeRecord& p : r.probes()) {
     auto it = tallies.find(p.id);
@@ -171,7 +121,7 @@ void PrintProbesText(const core::TraceReader& r, const std::map<uint32_t, ProbeT
     for (size_t i = 0; i < it->second.args.size(); ++i) {
       const auto& [name, values] = it->second.args[i];
       std::printf("    %-16s", name.c_str());
-      for (const auto& [v, n] : TopValues(values, 5)) {
+      for (const auto& [v, n] : watch::TopValues(values, 5)) {
         std::printf("  %s (%llu)", v.c_str(), static_cast<unsigned long long>(n));
       }
       if (values.size() > 5 || it->second.other_values[i] > 0) {
@@ -184,7 +134,7 @@ void PrintProbesText(const core::TraceReader& r, const std::map<uint32_t, ProbeT
 }
 
 nlohmann::json ProbesJson(const core::TraceReader& r,
-                          const std::map<uint32_t, ProbeTally>& tallies) {
+                          const std::map<uint32_t, watch::ProbeTally>& tallies) {
   nlohmann::json out = nlohmann::json::array();
   for (const core::ProbeRecord& p : r.probes()) {
     auto it = tallies.find(p.id);
@@ -204,7 +154,7 @@ nlohmann::json ProbesJson(const core::TraceReader& r,
       }
       for (const auto& [name, values] : it->second.args) {
         nlohmann::json top = nlohmann::json::array();
-        for (const auto& [v, n] : TopValues(values, 10)) {
+        for (const auto& [v, n] : watch::TopValues(values, 10)) {
           top.push_back({{"value", v}, {"count", n}});
         }
         args[name] = top;
@@ -218,41 +168,6 @@ nlohmann::json ProbesJson(const core::TraceReader& r,
 }
 
 }  // namespace
-
-std::vector<HeatmapPanel> HeatmapPanels(const watch::StorageProfile& profile,
-                                        const std::string& field_filter) {
-  std::vector<HeatmapPanel> panels;
-  const watch::TimeBins& bins = profile.bins();
-  for (uint32_t obj = 0; obj < profile.objects().size(); ++obj) {
-    const watch::WatchedObject& o = profile.objects()[obj];
-    HeatmapPanel p;
-    p.title = o.type_name.empty()
-                  ? absl::StrFormat("%s  (%d bytes at 0x%x)", o.expr, o.length, o.addr.value)
-                  : absl::StrFormat("%s  (%s, %d bytes at 0x%x)", o.expr, o.type_name, o.length,
-                                    o.addr.value);
-    p.columns = std::max<uint32_t>(bins.columns(), 1);
-    p.bucket_ns = bins.width_ns();
-    p.start_ns = bins.ColumnStartNs(0);
-    const auto [first, last] = profile.FieldRange(obj);
-    for (uint32_t f = first; f < last; ++f) {
-      const watch::FieldInfo& fi = profile.fields()[f];
-      if (!field_filter.empty() && fi.path.find(field_filter) == std::string::npos) {
-        continue;
-      }
-      p.rows.push_back(fi.path);
-      p.row_lines.push_back((o.addr.value + fi.begin) / 64);
-      const auto reads = profile.FieldBins(f, false);
-      const auto writes = profile.FieldBins(f, true);
-      for (size_t c = 0; c < p.columns; ++c) {
-        p.counts.push_back((c < reads.size() ? reads[c] : 0) + (c < writes.size() ? writes[c] : 0));
-      }
-    }
-    if (!p.rows.empty()) {
-      panels.push_back(std::move(p));
-    }
-  }
-  return panels;
-}
 
 int ReportMain(const std::vector<std::string>& args) {
   ReportOptions o;
@@ -292,30 +207,17 @@ int ReportMain(const std::vector<std::string>& args) {
   }
   const core::TraceReader& r = **reader;
   watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
-  watch::ProfileOptions popts;
-  if (o.bucket_ms > 0) {
-    popts.bucket_ns = static_cast<uint64_t>(o.bucket_ms * 1e6);
-    // A fixed width keeps the newest columns: make room for the whole session.
-    if (r.end().has_value()) {
-      const uint64_t span = r.end()->end_mono_ns - r.session().start_mono_ns;
-      popts.max_buckets =
-          static_cast<uint32_t>(std::clamp<uint64_t>(span / popts.bucket_ns + 1, 2, 4096));
-    }
-  } else if (r.end().has_value()) {
-    // Choose the width from the session's length: about 120 columns.
-    const uint64_t span = r.end()->end_mono_ns - r.session().start_mono_ns;
-    popts.initial_bucket_ns = std::max<uint64_t>(span / 120, 1000);
-  }
-  auto profile = watch::ProfileFromRecording(r, slice, popts);
+  auto profile = watch::ProfileFromRecording(r, slice, watch::ReportProfileOptions(r, o.bucket_ms));
   if (!profile.ok()) {
     std::fprintf(stderr, "kwatch: error: %s\n", std::string(profile.status().message()).c_str());
     return 1;
   }
-  std::map<uint32_t, ProbeTally> tallies;
-  if (absl::Status s = TallyHits(r, o, tallies); !s.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+  absl::StatusOr<std::map<uint32_t, watch::ProbeTally>> tallied = watch::TallyHits(r, slice);
+  if (!tallied.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string(tallied.status().message()).c_str());
     return 1;
   }
+  const std::map<uint32_t, watch::ProbeTally>& tallies = *tallied;
   uint64_t hits = 0;
   for (const auto& [id, t] : tallies) {
     hits += t.hits;
@@ -367,7 +269,7 @@ int ReportMain(const std::vector<std::string>& args) {
     }
   }
   if (!o.png.empty()) {
-    const std::vector<HeatmapPanel> panels = HeatmapPanels(*profile, o.field);
+    const std::vector<HeatmapPanel> panels = watch::HeatmapPanels(*profile, o.field);
     if (panels.empty()) {
       std::fprintf(stderr, "kwatch: error: no watched fields to draw in %s\n", o.png.c_str());
       return 1;

@@ -110,6 +110,14 @@ absl::Status EventLoop::Add(int fd) {
   return absl::OkStatus();
 }
 
+absl::Status EventLoop::Remove(int fd) {
+  if (::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr) != 0 && errno != ENOENT) {
+    const int err = errno;
+    return core::SyscallError(err, "epoll_ctl(DEL)");
+  }
+  return absl::OkStatus();
+}
+
 bool EventLoop::Ready::child() const {
   return std::any_of(events.begin(), events.end(), [](const Event& e) {
     return e.kind == Event::Kind::kSignal && e.value == SIGCHLD;

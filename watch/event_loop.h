@@ -47,6 +47,9 @@ class EventLoop {
 
   // Wakes Wait when `fd` is readable. Adding an fd already in the loop does nothing.
   absl::Status Add(int fd);
+  // Stops watching `fd` (one that stays readable or in error, e.g. a closed pipe's write end).
+  // Removing an fd that is not in the loop does nothing.
+  absl::Status Remove(int fd);
 
   // One thing that woke the loop.
   struct Event {

@@ -1,8 +1,10 @@
 #include "watch/recording.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 
 namespace kwatch::watch {
 
@@ -67,6 +69,68 @@ core::SiteRecord SiteRecordFor(core::Symbolizer& symbolizer, core::RemoteAddr ip
   s.file = loc.file;
   s.line = loc.line;
   return s;
+}
+
+absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateWatchRecording(const RecordingSpec& spec,
+                                                                        const WatchSession& session,
+                                                                        pid_t pid) {
+  core::SessionRecord rec = core::SessionRecordForThisHost();
+  rec.command_line = spec.command_line;
+  rec.pid = pid;
+  rec.kwatch_version = spec.kwatch_version;
+  rec.mode = "watch";
+  rec.backend = std::string(BackendName(session.backend()));
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::TraceWriter> writer,
+                      core::TraceWriter::Create(spec.path, rec));
+  for (const Watch& wt : session.watches()) {
+    const WatchPlacement placed = session.placement(wt.id);
+    core::WatchRecord watch_record = WatchRecordFor(wt, placed.backend);
+    if (session.allocator() != nullptr) {
+      // drmgr's decision: registers, split, page protection, multiplexed.
+      watch_record.coverage = placed.detail;
+    }
+    KW_RETURN_IF_ERROR(writer->AddWatch(watch_record));
+  }
+  return writer;
+}
+
+RecordingOutcome FinishRecording(core::TraceWriter& writer, const absl::Status& record_error,
+                                 const core::SessionEnd& end) {
+  RecordingOutcome out;
+  if (!record_error.ok()) {
+    out.error = record_error;
+    if (!writer.location_lost()) {  // never claim a file that no longer exists
+      out.kept_at = writer.moved_to().empty() ? writer.path() : writer.moved_to();
+    }
+    return out;
+  }
+  out.error = writer.Finish(end);
+  if (!out.error.ok()) {
+    return out;
+  }
+  out.complete = true;
+  out.events = writer.events_committed();
+  out.path = writer.path();
+  out.warning = writer.finish_warning();
+  return out;
+}
+
+ProfileOptions ReportProfileOptions(const core::TraceReader& reader, double bucket_ms) {
+  ProfileOptions popts;
+  if (bucket_ms > 0) {
+    popts.bucket_ns = static_cast<uint64_t>(bucket_ms * 1e6);
+    // A fixed width keeps the newest columns: make room for the whole session.
+    if (reader.end().has_value()) {
+      const uint64_t span = reader.end()->end_mono_ns - reader.session().start_mono_ns;
+      popts.max_buckets =
+          static_cast<uint32_t>(std::clamp<uint64_t>(span / popts.bucket_ns + 1, 2, 4096));
+    }
+  } else if (reader.end().has_value()) {
+    // Choose the width from the session's length: about 120 columns.
+    const uint64_t span = reader.end()->end_mono_ns - reader.session().start_mono_ns;
+    popts.initial_bucket_ns = std::max<uint64_t>(span / 120, 1000);
+  }
+  return popts;
 }
 
 absl::StatusOr<StorageProfile> ProfileFromRecording(const core::TraceReader& reader,

@@ -1,13 +1,18 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/base/remote_addr.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
+#include "core/store/trace_writer.h"
 #include "core/symbols/symbolizer.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
@@ -25,6 +30,39 @@ WatchedObject ObjectFromRecord(const core::WatchRecord& w);
 // A code address symbolized for the recording: function+offset and file:line.
 core::SiteRecord SiteRecordFor(core::Symbolizer& symbolizer, core::RemoteAddr ip);
 
+// The recording a command makes (-o): where, and what the session's row says of the command.
+struct RecordingSpec {
+  std::string path;
+  std::string command_line;    // as typed
+  std::string kwatch_version;  // the recording kwatch's version
+};
+
+// Creates the recording of a process watch session at spec.path (mode "watch", the session's
+// backend), with one watch row per watch of `session` on process `pid` (drmgr's placement as
+// its coverage when drmgr placed the watches). Errors: the writer's.
+absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateWatchRecording(const RecordingSpec& spec,
+                                                                        const WatchSession& session,
+                                                                        pid_t pid);
+
+// How a recording ended (FinishRecording), for the command to say.
+struct RecordingOutcome {
+  // The end record is written: the recording is complete, with `events` events.
+  bool complete = false;
+  uint64_t events = 0;
+  std::string path;
+  std::string warning;  // complete, but Finish warned ("" when not)
+  // Not complete: the failure while recording (the first), else the failure of Finish.
+  absl::Status error;
+  // A failure while recording: where the events committed before it are (the file may have
+  // been renamed since); "" when its location is lost, and after a failed Finish.
+  std::string kept_at;
+};
+
+// Ends a recording: after a session whose recording did not fail (`record_error` OK), stores
+// `end` (Finish); else leaves it as it is, cut short, and tells where its committed events are.
+RecordingOutcome FinishRecording(core::TraceWriter& writer, const absl::Status& record_error,
+                                 const core::SessionEnd& end);
+
 // What part of a recording to profile. Times are seconds from the session's start.
 struct RecordingSlice {
   std::optional<double> from_s;
@@ -38,5 +76,10 @@ struct RecordingSlice {
 absl::StatusOr<StorageProfile> ProfileFromRecording(const core::TraceReader& reader,
                                                     const RecordingSlice& slice,
                                                     ProfileOptions opts = {});
+
+// The profile options of a report on `reader`: time columns `bucket_ms` wide keeping the whole
+// session (at most 4096 columns), or with `bucket_ms` 0 an automatic width starting at the
+// session's length / 120 (at least 1 us); a recording cut short keeps the defaults.
+ProfileOptions ReportProfileOptions(const core::TraceReader& reader, double bucket_ms);
 
 }  // namespace kwatch::watch

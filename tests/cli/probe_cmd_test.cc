@@ -352,8 +352,10 @@ TEST(ProbeCmd, UprobeBackendCountsTheSamplesItDropped) {
 }
 
 TEST(ProbeCmd, TextLinesShowTimeTidEventLocationAndArgs) {
-  const RunResult r = KwatchProbe(
-      {"tick i r->len", "ret=tick%return $retval", "--", TargetPath("uprobe_loop"), "2"});
+  // The ptrace backend's columns (AgentBackendTextSummaryNamesEachProbesPath has the agent's).
+  const RunResult r =
+      KwatchProbe({"--backend", "ptrace", "tick i r->len", "ret=tick%return $retval", "--",
+                   TargetPath("uprobe_loop"), "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const int line = SourceLine("uprobe_loop.c", "return 3 * i + r->len;");
   const int call = SourceLine("uprobe_loop.c", "sum += tick(i, &r);");
@@ -390,8 +392,8 @@ TEST(ProbeCmd, TextLinesShowTimeTidEventLocationAndArgs) {
 }
 
 TEST(ProbeCmd, JsonSummaryIsExact) {
-  const RunResult r = KwatchProbe(
-      {"--json", "-q", "tick i", "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
+  const RunResult r = KwatchProbe({"--json", "-q", "--backend", "ptrace", "tick i",
+                                   "tick%return $retval", "--", TargetPath("uprobe_loop"), "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJson(r.out);
   EXPECT_TRUE(run.hits.empty());
@@ -503,9 +505,12 @@ TEST(ProbeCmd, SharedLibraryProbedWithMinusX) {
 }
 
 TEST(ProbeCmd, ExecEndsTheProbesAndForkedChildrenAreNotProbed) {
-  // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
-  const RunResult e =
-      KwatchProbe({"--json", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times. (The
+  // ptrace backend sees the exec itself; the agent's session learns of it when the agent's
+  // lifeline closes and the process runs on, which a program that ends a moment after its
+  // exec, as this one, does not leave it time to see.)
+  const RunResult e = KwatchProbe({"--json", "--backend", "ptrace", "work", "--",
+                                   TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   JsonRun run = ParseJson(e.out);
   EXPECT_EQ(run.hits.size(), 5u);
@@ -623,8 +628,8 @@ TEST(ProbeCmd, GuardianRestoresTheCodeWhenKwatchIsKilled) {
   SubreaperScope reaper;
   const std::string go = TempPath("go-guardian");
   std::filesystem::remove(go);
-  auto k = Spawned::Start({KwatchPath(), "probe", "--json", "step i", "step%return $retval", "--",
-                           TargetPath("probe_cli_pause"), "100", go});
+  auto k = Spawned::Start({KwatchPath(), "probe", "--backend", "ptrace", "--json", "step i",
+                           "step%return $retval", "--", TargetPath("probe_cli_pause"), "100", go});
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   const pid_t target = ArmedPid((*k)->err());
@@ -732,8 +737,11 @@ TEST(ProbeCmd, InterruptMidStreamRestoresEverythingAndTheTargetFinishes) {
   // Four threads hit an entry and a return probe continuously; SIGINT lands while hits are
   // in flight and return addresses are replaced on the threads' stacks.
   const long n = 200000;
-  auto k = Spawned::Start({KwatchPath(), "probe", "--json", "tick i", "tick%return $retval", "--",
-                           TargetPath("uprobe_loop"), std::to_string(n), "--threads", "4"});
+  // The ptrace backend: hits are slow enough for SIGINT to land mid-stream (the agent's
+  // variant below).
+  auto k = Spawned::Start({KwatchPath(), "probe", "--backend", "ptrace", "--json", "tick i",
+                           "tick%return $retval", "--", TargetPath("uprobe_loop"),
+                           std::to_string(n), "--threads", "4"});
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE((*k)->WaitForStdout("\"event\":\"tick__return\"").ok()) << (*k)->err();
   ASSERT_EQ(kill((*k)->pid(), SIGINT), 0);
@@ -771,6 +779,36 @@ TEST(ProbeCmd, InterruptMidStreamRestoresEverythingAndTheTargetFinishes) {
     sum += 3 * n * (n - 1) / 2 + (100 + t) * n;
   }
   // The detached target ran to its end with the right result.
+  EXPECT_THAT(run.other, ::testing::ElementsAre(absl::StrCat("sum=", sum)));
+  EXPECT_THAT(r->err, HasSubstr("keeps running"));
+}
+
+TEST(ProbeCmd, AgentInterruptMidStreamRestoresEverythingAndTheTargetFinishes) {
+  // Four threads through a jump-probed entry and its return probe, flat out; SIGINT lands
+  // while return addresses are replaced on the threads' stacks: kwatch seizes the target,
+  // restores the code, detaches, and the calls in flight return through the agent's
+  // trampoline to their callers.
+  const long n = 50'000'000;
+  auto k = Spawned::Start({KwatchPath(), "probe", "--backend", "agent", "--json", "-q", "tick i",
+                           "tick%return $retval", "--", TargetPath("uprobe_loop"),
+                           std::to_string(n), "--threads", "4"});
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE((*k)->WaitForStderr("agent backend").ok()) << (*k)->err();
+  ::usleep(300'000);
+  ASSERT_EQ(kill((*k)->pid(), SIGINT), 0);
+  auto r = (*k)->Finish(120);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  const JsonRun run = ParseJson(r->out);
+  EXPECT_EQ(run.summary["stop_reason"], "interrupted by INT");
+  EXPECT_GT(run.summary["hits"].get<long>(), 0);
+  for (const json& p : run.summary["probes"]) {
+    EXPECT_EQ(p["path"], "jump") << p.dump();
+  }
+  long sum = 0;
+  for (long t = 0; t < 4; ++t) {
+    sum += 3 * n * (n - 1) / 2 + (100 + t) * n;
+  }
   EXPECT_THAT(run.other, ::testing::ElementsAre(absl::StrCat("sum=", sum)));
   EXPECT_THAT(r->err, HasSubstr("keeps running"));
 }

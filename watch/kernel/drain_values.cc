@@ -5,6 +5,8 @@
 #include <cstring>
 #include <span>
 
+#include "absl/strings/str_cat.h"
+
 namespace kwatch::watch::kernel {
 
 void DrainValues::NewBatch() {
@@ -33,6 +35,45 @@ DrainValues::Value DrainValues::Get(size_t i, const KernelWatch& w) {
     }
   }
   out.value = *values_[i];
+  return out;
+}
+
+absl::StatusOr<OpenedDrainValues> OpenDrainValues(const std::string& kcore, bool needed,
+                                                  std::span<const KernelWatch> watches) {
+  OpenedDrainValues out;
+  if (!needed) {
+    out.values = std::make_unique<DrainValues>(nullptr, watches.size());
+    return out;
+  }
+  const std::string path = kcore.empty() ? std::string(kProcKcore) : kcore;
+  absl::StatusOr<std::unique_ptr<core::kernel::KernelMemory>> memory =
+      core::kernel::KernelMemory::Open(path);
+  if (!memory.ok()) {
+    if (!kcore.empty()) {
+      return memory.status();
+    }
+    std::string why(memory.status().message());
+    if (absl::IsNotFound(memory.status())) {
+      why =
+          "this kernel has no /proc/kcore (built without CONFIG_PROC_KCORE), and kwatch reads "
+          "kernel memory only there";
+    } else if (absl::IsPermissionDenied(memory.status())) {
+      absl::StrAppend(&why,
+                      ": reading kernel memory needs CAP_SYS_RAWIO (root), and a kernel in "
+                      "lockdown mode (Secure Boot) refuses it to everyone");
+    }
+    out.why_none = absl::Status(memory.status().code(), why);
+    out.values = std::make_unique<DrainValues>(nullptr, watches.size());
+    return out;
+  }
+  out.source = path;
+  out.values = std::make_unique<DrainValues>(*std::move(memory), watches.size());
+  for (size_t i = 0; i < watches.size(); ++i) {
+    if (absl::Status st = out.values->Get(i, watches[i]).first_failure; !st.ok()) {
+      out.unreadable.emplace_back(i, std::move(st));
+    }
+  }
+  out.values->NewBatch();
   return out;
 }
 

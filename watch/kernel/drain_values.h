@@ -4,9 +4,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/kernel/kernel_memory.h"
 #include "watch/kernel/kernel_event.h"
 
@@ -40,5 +45,27 @@ class DrainValues {
   std::vector<std::optional<std::optional<uint64_t>>> values_;  // per watch, this batch
   std::vector<bool> failed_;                                    // per watch: said once
 };
+
+// Where kernel watches read kernel memory for their values by default (CONFIG_PROC_KCORE).
+inline constexpr absl::string_view kProcKcore = "/proc/kcore";
+
+// The drain-time values of a session's watches, as OpenDrainValues found them.
+struct OpenedDrainValues {
+  std::unique_ptr<DrainValues> values;  // never null; Enabled() when kernel memory is read
+  std::string source;                   // the file values come from ("" when none)
+  // Why no value will be shown, for the user: /proc/kcore cannot be opened (OK otherwise).
+  absl::Status why_none;
+  // Watches whose value could not be read at the first try, with the reason (each said once:
+  // DrainValues does not report them again).
+  std::vector<std::pair<size_t, absl::Status>> unreadable;
+};
+
+// Opens kernel memory for the values of `watches` at drain time: the core file `kcore` (an
+// error when it cannot be read), or with `kcore` "" /proc/kcore (when it cannot be opened,
+// no values, and `why_none` says why in words: no CONFIG_PROC_KCORE, or CAP_SYS_RAWIO and
+// lockdown). Each watch is read once here, so that one the file does not map is known before
+// any event. With `needed` false (no event will be shown or recorded) nothing is opened.
+absl::StatusOr<OpenedDrainValues> OpenDrainValues(const std::string& kcore, bool needed,
+                                                  std::span<const KernelWatch> watches);
 
 }  // namespace kwatch::watch::kernel

@@ -6,17 +6,23 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "agent/abi.h"
 #include "core/base/status_macros.h"
 #include "core/probe/agent_fetch.h"
@@ -43,14 +49,59 @@ namespace wa = kwatch::watch::agent;
 constexpr size_t kInsnBytes = 15;
 
 // The shared memory of a session: every probe of the set (twice over for the hash), and rings
-// of 1 MiB for up to 64 threads (a thread beyond them is counted, its hits dropped).
+// of 256 KiB for 256 threads at once (a slot is freed once kwatch drained its thread's ring
+// after the thread ended: programs that start threads by the hundred need many; a thread
+// beyond them is counted, its hits dropped). The memfd's pages are allocated as rings fill,
+// and the agent keeps them out of the program's core dumps.
 wa::ShmConfig ShmFor(const ProbeSet& set) {
   wa::ShmConfig c;
   c.probe_capacity = std::max<uint32_t>(64, static_cast<uint32_t>(set.probes.size()) * 2);
   c.code_capacity = std::max<uint32_t>(8192, c.probe_capacity * 64);
-  c.thread_capacity = 64;
-  c.ring_bytes = 1u << 20;
+  c.thread_capacity = 256;
+  c.ring_bytes = 256u << 10;
   return c;
+}
+
+// Reaps the threads of `pid` that ended while kwatch still traced them (waitpid on each tid;
+// nothing for threads kwatch does not trace).
+void ReapTracedThreads(pid_t pid) {
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    pid_t tid = 0;
+    if (absl::SimpleAtoi(e.path().filename().string(), &tid) && tid != pid) {
+      int status = 0;
+      (void)::waitpid(tid, &status, __WALL | WNOHANG);
+    }
+  }
+}
+
+// Whether process `pid` runs on, not ending: not gone, not a zombie, and its leader not in
+// its exit (PF_EXITING in the flags of /proc/PID/stat). When its lifeline's last reader went,
+// every thread of an exiting process is already in its exit; a process that runs on exec'd.
+bool RunsOn(pid_t pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "re");
+  if (f == nullptr) {
+    return false;
+  }
+  char buf[1024] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const absl::string_view text(buf, n);
+  const size_t paren = text.rfind(')');
+  if (paren == absl::string_view::npos || paren + 2 >= text.size()) {
+    return false;
+  }
+  // After the comm: state ppid pgrp session tty_nr tpgid flags ...
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(text.substr(paren + 2), ' ', absl::SkipEmpty());
+  constexpr uint64_t kPfExiting = 0x4;
+  uint64_t flags = 0;
+  if (fields.size() < 7 || !absl::SimpleAtoi(fields[6], &flags)) {
+    return false;
+  }
+  const char state = fields[0].empty() ? 'X' : fields[0][0];
+  return state != 'Z' && state != 'X' && state != 'x' && (flags & kPfExiting) == 0;
 }
 
 // A record copied out of its ring (the payload's span is valid only inside the drain).
@@ -503,34 +554,48 @@ void AgentSession::OnRecord(const Drained& d) {
 }
 
 absl::Status AgentSession::PollTarget() {
-  if (exited_ || agent_gone_ || ctl_ == nullptr) {
+  if (exited_ || ctl_ == nullptr) {
     return absl::OkStatus();
   }
-  KW_ASSIGN_OR_RETURN(const wa::Liveness live, ctl_->Wait(absl::ZeroDuration()));
-  bool exited = live.target_exited;
-  if (!exited && live.agent_gone) {
-    // The lifeline's last reader went: an exit (its files close just before the pidfd says
-    // so) or an exec (the read end is close-on-exec).
+  bool exited = false;
+  if (!agent_gone_) {
+    KW_ASSIGN_OR_RETURN(const wa::Liveness live, ctl_->Wait(absl::ZeroDuration()));
+    if (live.target_exited || live.agent_gone) {
+      // What the target recorded up to its end (or exec) is shown first.
+      KW_RETURN_IF_ERROR(DrainRings());
+    }
+    exited = live.target_exited;
+    if (!exited && live.agent_gone) {
+      // The lifeline's last reader went: an exit (its files close just before the pidfd says
+      // so) or an exec (the read end is close-on-exec), after which the process runs on.
+      pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
+      exited = ::poll(&pfd, 1, 0) == 1 || !RunsOn(pid_);
+      if (!exited) {
+        agent_gone_ = true;
+        KW_RETURN_IF_ERROR(loop().Remove(ctl_->lifeline_fd()));  // in error from now on
+        ProbeNote n;
+        n.kind = ProbeNote::Kind::kExec;
+        n.pid = pid_;
+        NoteAndKeep(n);
+      }
+    }
+  } else {
     pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
-    exited = ::poll(&pfd, 1, 200) == 1;
-  }
-  if (exited || live.agent_gone) {
-    // What the target recorded up to its end is shown before the session stops.
-    KW_RETURN_IF_ERROR(DrainRings());
+    exited = ::poll(&pfd, 1, 0) == 1;
   }
   if (exited) {
     exited_ = true;
     if (launched_) {
+      // The process may be between closing its files and becoming a zombie: wait for it. A
+      // thread kwatch still traces (one that a detach missed while it ran) stays a zombie
+      // until kwatch reaps it, and holds the exit status back: reap such threads meanwhile.
+      pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
+      for (int waited_ms = 0; waited_ms < 60'000 && ::poll(&pfd, 1, 10) == 0; waited_ms += 10) {
+        ReapTracedThreads(pid_);
+      }
       exit_ = ctl_->ReapExit();
     }
     Stop(TargetEnded(exit_));
-  } else if (live.agent_gone) {
-    agent_gone_ = true;
-    ProbeNote n;
-    n.kind = ProbeNote::Kind::kExec;
-    n.pid = pid_;
-    NoteAndKeep(n);
-    Stop("target called exec (the agent's probes ended with the old image)");
   }
   return absl::OkStatus();
 }
@@ -587,6 +652,13 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
                            ctl_->tables().layout().thread_capacity, " the rings serve");
       Keep(std::move(n));
     }
+    if (const uint64_t forks = c.forks_seen.load(); forks > 0) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kForksNotFollowed;
+      n.count = forks;
+      n.backend = backend();
+      Keep(std::move(n));
+    }
     if (data_loss_ > 0) {
       ProbeNote n;
       n.kind = ProbeNote::Kind::kAgentDropped;
@@ -613,7 +685,11 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
 absl::StatusOr<std::unique_ptr<ProbeSession>> StartAgentSession(
     const ProbeSessionOptions& opts, const AgentSessionOptions& agent_opts, const ProbeSet& set,
     core::UniqueFd sigfd, const ProbeSessionHooks& hooks) {
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<EventLoop> loop, EventLoop::Create(std::move(sigfd)));
+  // The rings are drained every 10 ms: 256 KiB per thread hold about 5,000 records, so a
+  // thread hitting probes flat out (10 M/s through a jump) loses what comes in between, and
+  // says so; a thread at up to ~500 k hits/s loses nothing.
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<EventLoop> loop,
+                      EventLoop::Create(std::move(sigfd), absl::Milliseconds(10)));
   auto session = std::make_unique<AgentSession>(opts, agent_opts, set, std::move(loop), hooks);
   KW_RETURN_IF_ERROR(session->Begin());
   return session;

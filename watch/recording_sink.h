@@ -1,0 +1,48 @@
+#pragma once
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "core/event.h"
+#include "core/store/trace_writer.h"
+#include "watch/access_sink.h"
+#include "watch/recording.h"
+#include "watch/session.h"
+#include "watch/summary.h"
+
+namespace kwatch::watch {
+
+// -o of a process watch session: records each event (with its site, once) before the next
+// sink shows it, flushes the recording after each drain, and at the summary ends the recording
+// (FinishRecording) and hands the outcome to `on_end` before the next sink gets the summary.
+// The first failure ends the session ("recording failed: ...") and stops the recording; the
+// next sink still gets every event. The writer and the next sink outlive it; not thread-safe.
+class AccessRecordingSink final : public AccessSink {
+ public:
+  using EndFn = std::function<void(const RecordingOutcome&)>;
+  AccessRecordingSink(core::TraceWriter& writer, AccessSink& next, EndFn on_end)
+      : writer_(writer), next_(next), on_end_(std::move(on_end)) {}
+
+  // Whether -o was not honoured: a failure while recording, or at its end.
+  bool failed() const { return failed_; }
+
+  absl::Status OnEvent(WatchSession& session, Summary& summary, const core::AccessEvent& ev,
+                       const core::AccessEvent& as_counted) override;
+  void BeforeWait() override { next_.BeforeWait(); }
+  absl::Status OnDrained() override;
+  void OnNote(const AccessNote& note) override { next_.OnNote(note); }
+  void OnSummary(const AccessSummary& summary) override;
+
+ private:
+  core::TraceWriter& writer_;
+  AccessSink& next_;
+  EndFn on_end_;
+  absl::Status error_;  // the first failure while recording
+  bool failed_ = false;
+};
+
+// The stop reason of a session whose recording failed with `error`: "recording failed: ..."
+// with the error's code; OK for OK.
+absl::Status RecordingFailed(const absl::Status& error);
+
+}  // namespace kwatch::watch
