@@ -17,6 +17,23 @@
 # Each run's hit count is checked against what the program did; a tool that counted something
 # else is shown with what it counted and why, never with a cost. Writes OUT_DIR/compare.md
 # (the table) and OUT_DIR/compare.tsv (every run); REUSE_TSV=1 remakes the table from it.
+#
+# kwatch's agent backend (probes run inside the program by libkwatch-agent.so): each agent
+# row checks the path the summary names for the probe ("path": jump or int3); a run placed on
+# another path is recorded under its own label saying so. Its cost per hit is, as for every
+# tool here, the whole run's: the hit in the program and kwatch draining and counting its
+# record (the hit alone: bench/agent_bench). A thread's ring holds 256 KiB of records
+# (watch/probe/agent_session.cc: 6,553 of tick's), drained every 10 ms: uprobe_loop's tight
+# loop on the jump path fills it long before, the records beyond are lost (counted in the
+# summary's "lost"), and the row says so rather than show a cost for hits kwatch never read.
+# The floor under the in-process INT3 path is bench/compare/int3_floor.c: uprobe_loop's loop
+# with an int3 per tick() into an empty SIGTRAP handler, no tracer.
+#
+# Environment: RUNS, NPROBE, NWATCH (sizes above); REUSE_TSV=1; ROWS=REGEX runs only
+# the rows whose "MECHANISM TOOL" (probe or watch, then the tool column) matches the extended
+# regex (grep -E), e.g. ROWS='agent|floor|ptrace INT3|uprobe'; the bare programs always run.
+# A ROWS run writes OUT_DIR/compare-rows.md and compare-rows.tsv and leaves compare.md (the
+# README's table, scripts/readme-overhead.sh) and compare.tsv alone.
 set -uo pipefail
 
 BUILD=${1:-build/default}
@@ -24,6 +41,7 @@ OUT=${2:-bench/results}
 RUNS=${RUNS:-5}
 NPROBE=${NPROBE:-20000}
 NWATCH=${NWATCH:-20000}
+ROWS=${ROWS:-}
 KWATCH=$(realpath "$BUILD/cli/kwatch")
 LOOP=$(realpath "$BUILD/tests/targets/uprobe_loop")
 WRITER=$(realpath "$BUILD/tests/targets/field_writer")
@@ -61,6 +79,11 @@ WADDR=$(printf '0x%x' $((0x555555554000 + 0x$GSTATS_OFF)))
 # --- measuring ------------------------------------------------------------------------------
 now() { date +%s%N; }
 TSV="$OUT/compare.tsv"
+MD="$OUT/compare.md"
+if [ -n "$ROWS" ]; then
+  TSV="$OUT/compare-rows.tsv"
+  MD="$OUT/compare-rows.md"
+fi
 # REUSE_TSV=1: only remake the table from an earlier run's compare.tsv.
 if [ -n "${REUSE_TSV:-}" ] && [ -s "$TSV" ]; then
   log "reusing $TSV (REUSE_TSV): the table only"
@@ -69,12 +92,18 @@ printf 'mechanism\ttool\trun\tn\twall_ns\thits\n' >"$TSV"
 
 # run_tool MECH TOOL COUNT_FN CMD... : CMD with @N@ standing for the number of hits; COUNT_FN
 # prints the hit count read from $WORK/out (stdout and stderr of the run), knowing $N.
+# PATH_WANT=P before the call: the kwatch summary must name path P for the probe; a run on
+# another path is recorded under "TOOL [placed on PATH, not P: REASON]".
 run_tool() {
   local mech=$1 tool=$2 count_fn=$3
   shift 3
+  if [ -n "$ROWS" ] && [ "$tool" != "(none)" ] && ! grep -qE -- "$ROWS" <<<"$mech $tool"; then
+    return 0
+  fi
+  log "$mech: $tool"
   local full=$NPROBE
   [ "$mech" = watch ] && full=$NWATCH
-  local r a s e hits
+  local r a s e hits label path
   for r in $(seq 1 "$RUNS"); do
     for N in $((full / 4)) "$full"; do
       local args=()
@@ -83,7 +112,14 @@ run_tool() {
       "${args[@]}" >"$WORK/out" 2>&1 </dev/null
       e=$(now)
       hits=$($count_fn)
-      printf '%s\t%s\t%d\t%d\t%d\t%s\n' "$mech" "$tool" "$r" "$N" $((e - s)) "${hits:-0}" >>"$TSV"
+      label=$tool
+      if [ -n "${PATH_WANT:-}" ]; then
+        path=$(kwatch_probe_field path)
+        if [ "$path" != "$PATH_WANT" ]; then
+          label="$tool [placed on ${path:-no path}, not $PATH_WANT: $(kwatch_probe_field path_reason)]"
+        fi
+      fi
+      printf '%s\t%s\t%d\t%d\t%d\t%s\n' "$mech" "$label" "$r" "$N" $((e - s)) "${hits:-0}" >>"$TSV"
       cp "$WORK/out" "$WORK/last-$(echo "$mech-$tool" | tr -c 'a-zA-Z0-9' '_').txt"
     done
   done
@@ -107,7 +143,13 @@ count_perf_stat_mem() { awk -F, '/mem:/ {print $1}' "$WORK/out" | head -n 1; }
 count_perf_record() { grep -oE '\(([0-9]+) samples\)' "$WORK/out" | tr -dc '0-9'; }
 count_bpftrace() { grep -oE '^@c: [0-9]+' "$WORK/out" | awk '{print $2}'; }
 count_floor() { grep -oE '^hits=[0-9]+' "$WORK/out" | cut -d= -f2; }
+# int3_floor: uprobe_loop's sum (the loop ran) and its handler's count of the traps.
+count_int3_floor() { [ "$(count_sum_ok)" = "$N" ] && count_floor; }
 count_kwatch_probe() { grep '"type":"summary"' "$WORK/out" | grep -oE '"hits":[0-9]+' | head -n 1 | cut -d: -f2; }
+# A string field of the first probe in kwatch probe's JSON summary ("path", "path_reason").
+kwatch_probe_field() {
+  grep '"type":"summary"' "$WORK/out" | grep -oE "\"$1\":\"[^\"]*\"" | head -n 1 | cut -d'"' -f4
+}
 count_kwatch_watch() { grep '"type":"summary"' "$WORK/out" | grep -oE '"events":[0-9]+' | head -n 1 | cut -d: -f2; }
 
 # --- code probes on tick --------------------------------------------------------------------
@@ -145,6 +187,19 @@ run_tool probe "kwatch probe (ptrace INT3)" count_kwatch_probe "$KWATCH" probe -
 run_tool probe "kwatch probe (uprobe PMU)" count_kwatch_probe "$KWATCH" probe -q --json --backend uprobe tick -- "$LOOP" @N@
 run_tool probe "kwatch probe --hw (debug register)" count_kwatch_probe "$KWATCH" probe -q --json --hw tick -- "$LOOP" @N@
 
+# kwatch's agent backend: the probe runs in the program (libkwatch-agent.so), no tracer while
+# it runs; through a jump to a trampoline, or the agent's own SIGTRAP handler (--no-jump),
+# whose floor is an int3 into an empty SIGTRAP handler, no agent (bench/compare/int3_floor.c).
+PATH_WANT=jump run_tool probe "kwatch probe --backend agent (jump)" count_kwatch_probe \
+  "$KWATCH" probe -q --json --backend agent tick -- "$LOOP" @N@
+PATH_WANT=int3 run_tool probe "kwatch probe --backend agent --no-jump (in-process INT3)" count_kwatch_probe \
+  "$KWATCH" probe -q --json --backend agent --no-jump tick -- "$LOOP" @N@
+if cc -O2 -o "$WORK/int3_floor" "$(dirname "$0")/int3_floor.c" 2>"$WORK/int3-floor-cc.txt"; then
+  run_tool probe "int3 into an empty SIGTRAP handler (in-process; the floor)" count_int3_floor "$WORK/int3_floor" @N@
+else
+  run_tool probe "int3 into an empty SIGTRAP handler (in-process; the floor)" count_int3_floor false
+fi
+
 # --- watchpoints on g_stats.hits ------------------------------------------------------------
 log "watchpoints: field_writer 1 $((NWATCH / 4)) and $NWATCH (g_stats.hits at $WADDR with ASLR off), $RUNS runs each"
 run_tool watch "(none)" count_writer_ok "$WRITER" 1 @N@
@@ -164,23 +219,28 @@ fi  # measuring
 
 # --- the table ------------------------------------------------------------------------------
 # Per tool: the slope of each run pair, then median, min, max; the hits must equal N in every
-# run. Output: mech, tool, median, min, max, counted, expected, ok.
+# run. Only complete pairs count (a kwatch run on another path than its row's is recorded
+# under another label, which can split a pair). Output: mech, tool, median, min, max,
+# counted, expected, ok.
 awk -F'\t' '
   NR == 1 { next }
   {
     key = $1 "\t" $2
     if (!(key in seen)) { seen[key] = 1; keys[++k] = key }
-    if (!((key, $3) in pair)) { pair[key, $3] = 1; runs[key]++ }
+    if ($3 > maxrun[key]) maxrun[key] = $3
     t[key, $3, $4] = $5
     if ($4 > full[key]) full[key] = $4
     if ($6 != $4 && !(key in bad)) { bad[key] = 1; got[key] = $6; want[key] = $4 }
   }
   END {
     for (i = 1; i <= k; i++) {
-      key = keys[i]; m = runs[key]; f = full[key]; q = int(f / 4)
+      key = keys[i]; f = full[key]; q = int(f / 4)
       split(key, p, "\t")
       if (key in bad) { print p[1] "\t" p[2] "\t-\t-\t-\t" got[key] "\t" want[key] "\t0"; continue }
-      for (j = 1; j <= m; j++) a[j] = (t[key, j, f] - t[key, j, q]) / (f - q)
+      m = 0
+      for (j = 1; j <= maxrun[key]; j++)
+        if (((key, j, f) in t) && ((key, j, q) in t)) a[++m] = (t[key, j, f] - t[key, j, q]) / (f - q)
+      if (m == 0) { print p[1] "\t" p[2] "\t-\t-\t-\tunpaired\t" f "\t0"; continue }
       for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (a[y] < a[x]) { tmp = a[x]; a[x] = a[y]; a[y] = tmp }
       med = (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
       print p[1] "\t" p[2] "\t" med "\t" a[1] "\t" a[m] "\t" f "\t" f "\t1"
@@ -188,10 +248,11 @@ awk -F'\t' '
   }' "$TSV" >"$WORK/stats"
 
 base_of() { awk -F'\t' -v mech="$1" '$1 == mech && $2 == "(none)" {print $3}' "$WORK/stats"; }
-# kwatch's reference per mechanism: its fastest backend that counted every hit.
+# kwatch's reference per mechanism: its fastest backend that counted every hit and whose cost
+# is measurable (no slope below the bare program's).
 ref_of() {
   awk -F'\t' -v mech="$1" -v base="$2" '
-    $1 == mech && $2 ~ /^kwatch/ && $8 == 1 { c = $3 - base; if (best == "" || c < best) best = c }
+    $1 == mech && $2 ~ /^kwatch/ && $8 == 1 && $4 - base >= 0 { c = $3 - base; if (best == "" || c < best) best = c }
     END { print best }' "$WORK/stats"
 }
 base_probe=$(base_of probe)
@@ -202,7 +263,16 @@ ref_watch=$(ref_of watch "$base_watch")
 traps_delivered() { [ "$(cut -f2- <<<"$(grep -P '^watch\t(kwatch --backend perf|gdb watch)' "$WORK/stats")" | awk -F'\t' '$7 == 1' | wc -l)" -gt 0 ]; }
 
 why() {  # MECH TOOL COUNTED: one line on why a tool counted something else
+  local last lost
+  last="$WORK/last-$(echo "$1-${2%% \[placed on *}" | tr -c 'a-zA-Z0-9' '_').txt"
   case "$1|$2" in
+    probe\|kwatch*)
+      lost=$(grep -s '"type":"summary"' "$last" | grep -oE '"lost":[0-9]+' | head -n 1 | cut -d: -f2)
+      if [ "${lost:-0}" -gt 0 ]; then
+        echo "kwatch's summary counts $lost records lost (a full ring: its hits are the records it read), last run"
+      else
+        echo "see compare.tsv and the tool's output"
+      fi ;;
     watch\|bpftrace*)
       echo "bpftrace 0.17 opens its watchpoint on the main thread only (bpftrace issue #826, fixed in later releases); field_writer stores from a worker thread" ;;
     watch\|*)
@@ -225,6 +295,9 @@ why() {  # MECH TOOL COUNTED: one line on why a tool counted something else
     if [ "$tool" = "(none)" ]; then
       printf '| %s | none (the bare program: %.0f ns per iteration) | - | - | - | %s / %s | - |\n' \
         "$mname" "$med" "$counted" "$expect"
+    elif [ "$counted" = unpaired ]; then
+      printf '| %s | %s | cannot measure here: no run has both sizes under this label (the probe'"'"'s path changed between them) | - | - | - | - |\n' \
+        "$mname" "$tool"
     elif [ "$ok" != 1 ]; then
       printf '| %s | %s | cannot measure here: counted %s of %s hits; %s | - | - | %s / %s | - |\n' \
         "$mname" "$tool" "$counted" "$expect" "$(why "$mech" "$tool" "$counted")" "$counted" "$expect"
@@ -245,16 +318,24 @@ why() {  # MECH TOOL COUNTED: one line on why a tool counted something else
 
 {
   if [ -n "${REUSE_TSV:-}" ]; then
-    echo "Measured on $(uname -n) (table remade $(date -u '+%Y-%m-%d %H:%M UTC') from compare.tsv, modified $(date -u -r "$TSV" '+%H:%M UTC')): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r)."
+    echo "Measured on $(uname -n) (table remade $(date -u '+%Y-%m-%d %H:%M UTC') from $(basename "$TSV"), modified $(date -u -r "$TSV" '+%H:%M UTC')): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r)."
   else
     echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n): $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), kernel $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)."
   fi
   echo "$RUNS run pairs per tool. Code probes: \`uprobe_loop N\` (one probe on tick(), hit N times); watchpoints: \`field_writer 1 N\` (g_stats.hits written N times); N = $((NPROBE / 4)) and $NPROBE, $((NWATCH / 4)) and $NWATCH."
   echo "Cost per hit: slope of wall time over hits between the two sizes (start-up cancels out) minus the bare program's slope. Ratio: to kwatch's fastest backend that counted every hit."
+  if [ -n "$ROWS" ]; then
+    echo "Partial run: only the rows matching ROWS='$ROWS' (and the bare programs); the full table is compare.md."
+  fi
   echo
   cat "$WORK/table"
   echo
+  # The in-process INT3 path against its floor (issue 16: at most 1.3x), both less the bare slope.
+  awk -F'\t' -v base="$base_probe" '
+    $1 == "probe" && $8 == 1 && $2 == "kwatch probe --backend agent --no-jump (in-process INT3)" { a = $3 - base }
+    $1 == "probe" && $8 == 1 && $2 ~ /^int3 into an empty SIGTRAP handler/ { f = $3 - base }
+    END { if (a != "" && f > 0) printf "In-process INT3 probe / its floor (medians): %.2fx.\n\n", a / f }' "$WORK/stats"
   echo "Versions: $(gdb --version | head -n 1); $(perf --version 2>/dev/null); bpftrace $(bpftrace --version 2>/dev/null | awk '{print $2}'); $("$KWATCH" --version 2>/dev/null)."
-  echo "Reproduce: \`make bench\` (or \`bench/compare/compare.sh BUILD_DIR\`); every run is in \`bench/results/compare.tsv\`."
-} >"$OUT/compare.md"
-cat "$OUT/compare.md"
+  echo "Reproduce: \`make bench\` (or \`bench/compare/compare.sh BUILD_DIR\`); every run is in \`bench/results/$(basename "$TSV")\`."
+} >"$MD"
+cat "$MD"
