@@ -49,7 +49,7 @@ namespace wa = kwatch::watch::agent;
 constexpr size_t kInsnBytes = 15;
 
 // The shared memory of a session: every probe of the set (twice over for the hash), and rings
-// of 256 KiB for 256 threads at once (a slot is freed once kwatch drained its thread's ring
+// of 256 KiB for 1024 threads at once (a slot is freed once kwatch drained its thread's ring
 // after the thread ended: programs that start threads by the hundred need many; a thread
 // beyond them is counted, its hits dropped). The memfd's pages are allocated as rings fill,
 // and the agent keeps them out of the program's core dumps.
@@ -57,7 +57,7 @@ wa::ShmConfig ShmFor(const ProbeSet& set) {
   wa::ShmConfig c;
   c.probe_capacity = std::max<uint32_t>(64, static_cast<uint32_t>(set.probes.size()) * 2);
   c.code_capacity = std::max<uint32_t>(8192, c.probe_capacity * 64);
-  c.thread_capacity = 256;
+  c.thread_capacity = 1024;
   c.ring_bytes = 256u << 10;
   return c;
 }
