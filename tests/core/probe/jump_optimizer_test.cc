@@ -279,8 +279,9 @@ TEST(JumpOptimizer, RefusesJumpTablesItCannotProve) {
   entered[0x26] = 0xea;  // jmp 0x11
   EXPECT_THAT(Refused(entered, 0x1f, JumpRefusal::kIndirectJump, options).reason,
               HasSubstr("a branch at 0x401025 enters the dispatch at 0x401011"));
-  // The table unreadable.
-  options.read_image = Image{}.Reader();
+  // The table unreadable (an image with no blocks; it outlives the reader, which points at it).
+  const Image empty;
+  options.read_image = empty.Reader();
   Refused(PicSwitch(), 0, JumpRefusal::kIndirectJump, options);
 }
 
