@@ -150,6 +150,10 @@ class AgentSession : public ProbeSessionBase {
   // Places every probe, with the world stopped.
   absl::Status PlaceAll();
   absl::Status Place(const ProbeDef& def, const std::vector<core::RemoteAddr>& all);
+  // The first probe at its address: a jump if the optimizer and the threads allow, else INT3.
+  // Returns whether it took the jump; errors carry no probe name (Place adds it).
+  absl::StatusOr<bool> PlaceFirst(const wa::ProbeEntry& entry,
+                                  const std::vector<core::RemoteAddr>& all, Placed& placed);
   // The jump optimizer's decision for a probe at `addr`.
   core::JumpDecision PlanJump(core::RemoteAddr addr, const std::vector<core::RemoteAddr>& all);
   // Tries the jump path; false (with `why`) when the probe must take the INT3 path.
@@ -179,7 +183,7 @@ class AgentSession : public ProbeSessionBase {
   std::map<uint32_t, size_t> by_index_;  // agent probe index -> placed_
   // The first probe placed at each address: the ones after it join its chain.
   struct First {
-    wa::ProbeEntry entry;
+    uint32_t index = 0;  // in the agent's probe table
     ProbePath path;
   };
   std::map<uint64_t, First> first_at_;
@@ -343,30 +347,41 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
   entry.maxactive = opts().maxactive;
   if (auto first = first_at_.find(entry.addr.value); first != first_at_.end()) {
     // Another probe at a placed address: it joins that probe's chain (KwProbe::next) with the
-    // same resume fields and path; the code is patched once.
-    const wa::ProbeEntry& f = first->second.entry;
-    entry.flags |= f.flags & ka::kKwProbeJump;
-    entry.xol_addr = f.xol_addr;
-    entry.resume = f.resume;
-    entry.insn_len = f.insn_len;
-    entry.target = f.target;
-    entry.cond = f.cond;
-    entry.ret_imm = f.ret_imm;
-    entry.ind_base = f.ind_base;
-    entry.ind_index = f.ind_index;
-    entry.ind_disp = f.ind_disp;
-    entry.ind_scale = f.ind_scale;
-    entry.ind_flags = f.ind_flags;
+    // resume fields the agent reads from the first (as placed) and its path; the code is
+    // patched once.
+    const ka::KwProbe& k = ctl_->tables().probe(first->second.index);
+    entry.flags |= k.flags.load(std::memory_order_relaxed) & ka::kKwProbeJump;
+    entry.xol_addr = k.xol_addr;
+    entry.resume = k.resume;
+    entry.insn_len = k.insn_len;
+    entry.target = k.target;
+    entry.cond = k.cond;
+    entry.ret_imm = k.ret_imm;
+    entry.ind_base = k.ind_base;
+    entry.ind_index = k.ind_index;
+    entry.ind_disp = k.ind_disp;
+    entry.ind_scale = k.ind_scale;
+    entry.ind_flags = k.ind_flags;
     absl::StatusOr<uint32_t> index = ctl_->AddProbe(entry);
     if (!index.ok()) {
       return fail(index.status());
     }
     placed.index = *index;
     placed.path = first->second.path;
-    by_index_[placed.index] = placed_.size();
-    placed_.push_back(std::move(placed));
-    return absl::OkStatus();
+  } else {
+    if (absl::StatusOr<bool> jumped = PlaceFirst(entry, all, placed); !jumped.ok()) {
+      return fail(jumped.status());
+    }
+    first_at_[entry.addr.value] = First{.index = placed.index, .path = placed.path};
   }
+  by_index_[placed.index] = placed_.size();
+  placed_.push_back(std::move(placed));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> AgentSession::PlaceFirst(const wa::ProbeEntry& entry,
+                                              const std::vector<core::RemoteAddr>& all,
+                                              Placed& placed) {
   std::string why;
   bool jumped = false;
   if (!agent_opts_.allow_jump) {
@@ -376,7 +391,7 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
     if (d.plan.has_value()) {
       absl::StatusOr<bool> j = PlaceJump(*d.plan, entry, placed, why);
       if (!j.ok()) {
-        return fail(j.status());
+        return j.status();
       }
       jumped = *j;
     } else {
@@ -385,36 +400,11 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
   }
   if (!jumped) {
     if (absl::Status s = PlaceInt3(entry, placed); !s.ok()) {
-      return fail(s);
+      return s;
     }
     placed.path.why = why;
   }
-  First f;
-  f.entry = entry;
-  if (jumped) {
-    f.entry.flags |= ka::kKwProbeJump;
-    f.entry.resume = ka::kKwResumeXol;
-    f.entry.xol_addr = ctl_->tables().probe(placed.index).xol_addr;
-  } else {
-    // The resume fields PlanInt3 wrote, as the agent reads them.
-    const ka::KwProbe& k = ctl_->tables().probe(placed.index);
-    f.entry.xol_addr = k.xol_addr;
-    f.entry.resume = k.resume;
-    f.entry.insn_len = k.insn_len;
-    f.entry.target = k.target;
-    f.entry.cond = k.cond;
-    f.entry.ret_imm = k.ret_imm;
-    f.entry.ind_base = k.ind_base;
-    f.entry.ind_index = k.ind_index;
-    f.entry.ind_disp = k.ind_disp;
-    f.entry.ind_scale = k.ind_scale;
-    f.entry.ind_flags = k.ind_flags;
-  }
-  f.path = placed.path;
-  first_at_[entry.addr.value] = std::move(f);
-  by_index_[placed.index] = placed_.size();
-  placed_.push_back(std::move(placed));
-  return absl::OkStatus();
+  return jumped;
 }
 
 absl::Status AgentSession::PlaceAll() {
