@@ -136,13 +136,16 @@ class AgentSession : public ProbeSessionBase {
     uint32_t index = 0;  // in the agent's probe table
     core::AgentFetchProgram program;
     ProbePath path;
-    uint64_t after_stop = 0;  // records drained once the session was stopping
+    uint64_t after_stop = 0;    // records drained once the session was stopping
+    uint64_t lost_at_stop = 0;  // KwProbe::lost when the session got its stop reason
   };
 
   absl::Status Start() override;
   void Abandon() override;
   absl::Status Collect(const EventLoop::Ready& /*ready*/) override { return DrainRings(); }
   absl::Status PollTarget() override;
+  // Notes each probe's lost records at the stop: those lost later are not hits taken.
+  void OnStop() override;
 
   // Launches or attaches and loads the agent; Unavailable when the agent cannot serve the
   // target (the caller may fall back to another backend).
@@ -188,7 +191,8 @@ class AgentSession : public ProbeSessionBase {
   };
   std::map<uint64_t, First> first_at_;
   std::vector<Drained> drained_;
-  uint64_t data_loss_ = 0;  // rings that held garbage
+  uint64_t data_loss_ = 0;   // rings that held garbage
+  bool stop_noted_ = false;  // OnStop took the lost_at_stop counts
 };
 
 absl::Status AgentSession::LoadAgent() {
@@ -590,6 +594,16 @@ absl::Status AgentSession::PollTarget() {
   return absl::OkStatus();
 }
 
+void AgentSession::OnStop() {
+  if (ctl_ == nullptr) {
+    return;
+  }
+  for (Placed& p : placed_) {
+    p.lost_at_stop = ctl_->tables().probe(p.index).lost.load(std::memory_order_relaxed);
+  }
+  stop_noted_ = true;
+}
+
 absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
   (void)PollTarget();  // a stop signal ended the last Step before it looked
   absl::Status ended = absl::OkStatus();
@@ -627,6 +641,15 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
     st.abandoned = kp.abandoned.load();
     st.faults = kp.faults.load();
     st.lost = kp.lost.load();
+    // The agent counts every hit it took, records lost or not (a thread hitting a probe
+    // flat out fills its ring between two drains): the hits are that count, less the
+    // records of hits after the stop (drained then, or lost then). With --count reached,
+    // the hits are the ones taken up to the limit.
+    if (!(has_sink() && sink().done())) {
+      const uint64_t lost_after = stop_noted_ ? st.lost - std::min(st.lost, p.lost_at_stop) : 0;
+      const uint64_t hits = kp.hits.load();
+      st.counted = hits - std::min(hits, p.after_stop + lost_after);
+    }
     end.stats[p.def->id] = st;
     end.paths[p.def->id] = p.path;
   }
