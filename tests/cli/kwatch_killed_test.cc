@@ -26,6 +26,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -35,6 +37,7 @@ namespace {
 
 using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::Spawned;
+using ::kwatch::testing::SubreaperScope;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -188,6 +191,70 @@ TEST(AgentKilled, TargetInATightLoopRunsToItsEndWhenKwatchIsKilled) {
                    {2, 2'000'000, 0, true, 0}, "\"args\":{\"i\":2000}");
     KillMidSession({"probe", "--backend", "agent", "--no-jump", "--json", "kill_tick i"},
                    {2, 50'000, 0, true, 0}, "\"args\":{\"i\":2000}");
+    if (::testing::Test::HasFailure()) {
+      break;
+    }
+  }
+}
+
+// -f with the agent (docs/agent.md "fork"): kill_target forks once it may go, and parent and
+// child each run two threads calling kill_tick in a tight loop; kwatch follows the child (its
+// hits come labelled with its pid) and is SIGKILLed while both hit the probe. Each process's
+// own watchdog puts its copy of the code back: both run to their normal end, and neither
+// receives a SIGTRAP. Jump and INT3 paths, 5 runs each.
+void KillFollowedMidSession(bool jump) {
+  SubreaperScope reaper;
+  const TempDir dir;
+  const Loop loop{2, jump ? 20'000'000 : 200'000, 0, true, 0};
+  auto t = Spawned::Start({TargetPath("kill_target"), absl::StrCat(loop.threads),
+                           absl::StrCat(loop.calls), "0", dir.go(), "traps", "fork"});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->WaitForStdout("ready").ok());
+  std::vector<std::string> argv = {KwatchPath(), "probe", "--backend", "agent", "-f", "--json"};
+  if (!jump) {
+    argv.emplace_back("--no-jump");
+  }
+  argv.insert(argv.end(), {"kill_tick i", "-p", absl::StrCat((*t)->pid())});
+  auto k = Spawned::Start(argv);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  std::ofstream(dir.go()).put('1');
+  // The child is followed and hits too: a hit of its (pid != the target's) is out.
+  ASSERT_TRUE((*k)->WaitForStderr("following child").ok()) << (*k)->err();
+  const std::string child_hit =
+      absl::StrCat("\"pid\":", (*t)->pid(), ",");  // the target's; the child's differs
+  bool child_seen = false;
+  for (int i = 0; i < 200 && !child_seen; ++i) {
+    (void)(*k)->WaitForStdout("\"args\":{\"i\":2000}", 1);
+    for (absl::string_view line : absl::StrSplit((*k)->out(), '\n')) {
+      if (absl::StrContains(line, "\"type\":\"hit\"") && !absl::StrContains(line, child_hit)) {
+        child_seen = true;
+        break;
+      }
+    }
+  }
+  ASSERT_TRUE(child_seen) << "no hit of the followed child";
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  auto kr = (*k)->Finish();
+  ASSERT_TRUE(kr.ok()) << kr.status();
+  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err;
+  auto tr = (*t)->Finish(120);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  EXPECT_EQ(tr->exit_code, 0) << "the target died after kwatch was killed (133: SIGTRAP)";
+  const long calls = loop.threads * loop.calls;
+  const long sum = calls * loop.calls;
+  EXPECT_THAT(tr->out,
+              HasSubstr(absl::StrCat("\ndone calls=", calls, " sum=", sum, "\ntraps=0\n")));
+  EXPECT_THAT(tr->out,
+              HasSubstr(absl::StrCat("child done calls=", calls, " sum=", sum, " traps=0\n")));
+  EXPECT_THAT(tr->out, HasSubstr("child exited 0 signal 0\n"));
+}
+
+TEST(AgentKilled, FollowedChildAndParentRunToTheirEndWhenKwatchIsKilled) {
+  for (int run = 0; run < 5; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    KillFollowedMidSession(/*jump=*/true);
+    KillFollowedMidSession(/*jump=*/false);
     if (::testing::Test::HasFailure()) {
       break;
     }
