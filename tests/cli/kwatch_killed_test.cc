@@ -13,6 +13,7 @@
 // thread (with the old registers: every call after kwatch's death). The slow loop sleeps
 // between calls and has no handler: it must simply run to its end.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -203,7 +204,7 @@ TEST(AgentKilled, TargetInATightLoopRunsToItsEndWhenKwatchIsKilled) {
 // own watchdog puts its copy of the code back: both run to their normal end, and neither
 // receives a SIGTRAP. Jump and INT3 paths, 5 runs each.
 void KillFollowedMidSession(bool jump) {
-  SubreaperScope reaper;
+  const SubreaperScope reaper;
   const TempDir dir;
   const Loop loop{2, jump ? 20'000'000 : 200'000, 0, true, 0};
   auto t = Spawned::Start({TargetPath("kill_target"), absl::StrCat(loop.threads),
@@ -255,6 +256,69 @@ TEST(AgentKilled, FollowedChildAndParentRunToTheirEndWhenKwatchIsKilled) {
     SCOPED_TRACE(absl::StrCat("run ", run));
     KillFollowedMidSession(/*jump=*/true);
     KillFollowedMidSession(/*jump=*/false);
+    if (::testing::Test::HasFailure()) {
+      break;
+    }
+  }
+}
+
+// As KillMidSession, with kwatch launching the target (`kwatch ARGS -- kill_target ...`): the
+// target shares kwatch's output and becomes an orphan when kwatch dies; this test reaps it
+// (SubreaperScope) and checks its exit status and its own lines among kwatch's.
+void KillLaunchedMidSession(const std::vector<std::string>& args, const Loop& loop,
+                            const std::string& seen) {
+  const SubreaperScope reaper;
+  const TempDir dir;
+  std::vector<std::string> argv = {KwatchPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--", TargetPath("kill_target"), absl::StrCat(loop.threads),
+                           absl::StrCat(loop.calls), absl::StrCat(loop.usec), dir.go()});
+  if (loop.catch_traps) {
+    argv.emplace_back("traps");
+  }
+  auto k = Spawned::Start(argv);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  // "kwatch: armed 1 probe on pid N (PATH), ..."
+  pid_t target = 0;
+  {
+    absl::string_view err = (*k)->err();
+    const size_t at = err.find(" on pid ");
+    ASSERT_NE(at, absl::string_view::npos) << err;
+    err.remove_prefix(at + 8);
+    ASSERT_TRUE(absl::SimpleAtoi(err.substr(0, err.find(' ')), &target)) << (*k)->err();
+  }
+  std::ofstream(dir.go()).put('1');
+  const bool hitting = (*k)->WaitForStdout(seen, 20).ok();
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  // The target holds kwatch's pipes: Finish reads until it ends too.
+  auto kr = (*k)->Finish(60);
+  ASSERT_TRUE(kr.ok()) << kr.status();
+  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err;
+  int status = 0;
+  ASSERT_EQ(::waitpid(target, &status, 0), target) << "the target was not reaped here";
+  ASSERT_TRUE(hitting) << "kwatch printed no `" << seen << "` before it was killed:\n" << kr->err;
+  ASSERT_TRUE(WIFEXITED(status)) << "the target died after kwatch was killed, signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const std::string done = absl::StrCat("\ndone calls=", loop.threads * loop.calls,
+                                        " sum=", loop.threads * loop.calls * loop.calls, "\n");
+  EXPECT_THAT(kr->out, HasSubstr(done));
+  if (loop.catch_traps) {
+    EXPECT_THAT(kr->out, HasSubstr(absl::StrCat(done, "traps=0\n")))
+        << "the target's own SIGTRAP handler received traps";
+  }
+}
+
+// Launched targets: kwatch dies after the target's 2000th reported call; the target runs on
+// (kwatch does not kill a launched target unless --kill-on-exit) and ends normally.
+TEST(AgentKilled, LaunchedTargetRunsToItsEndWhenKwatchIsKilled) {
+  for (int run = 0; run < 20; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    KillLaunchedMidSession({"probe", "--backend", "agent", "--json", "kill_tick i"},
+                           {2, 2'000'000, 0, true, 0}, "\"args\":{\"i\":2000}");
+    KillLaunchedMidSession({"probe", "--backend", "agent", "--no-jump", "--json", "kill_tick i"},
+                           {2, 50'000, 0, true, 0}, "\"args\":{\"i\":2000}");
     if (::testing::Test::HasFailure()) {
       break;
     }
