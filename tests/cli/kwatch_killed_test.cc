@@ -27,7 +27,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "tests/test_util.h"
@@ -220,21 +219,17 @@ void KillFollowedMidSession(bool jump) {
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   std::ofstream(dir.go()).put('1');
-  // The child is followed and hits too: a hit of its (pid != the target's) is out.
-  ASSERT_TRUE((*k)->WaitForStderr("following child").ok()) << (*k)->err();
-  const std::string child_hit =
-      absl::StrCat("\"pid\":", (*t)->pid(), ",");  // the target's; the child's differs
-  bool child_seen = false;
-  for (int i = 0; i < 200 && !child_seen; ++i) {
-    (void)(*k)->WaitForStdout("\"args\":{\"i\":2000}", 1);
-    for (absl::string_view line : absl::StrSplit((*k)->out(), '\n')) {
-      if (absl::StrContains(line, "\"type\":\"hit\"") && !absl::StrContains(line, child_hit)) {
-        child_seen = true;
-        break;
-      }
-    }
+  // The child is followed ("kwatch: following child C of P ...") and hits too: a hit of its
+  // is out.
+  ASSERT_TRUE((*k)->WaitForStderr("following child ").ok()) << (*k)->err();
+  pid_t child = 0;
+  {
+    absl::string_view err = (*k)->err();
+    err.remove_prefix(err.find("following child ") + 16);
+    ASSERT_TRUE(absl::SimpleAtoi(err.substr(0, err.find(' ')), &child)) << (*k)->err();
   }
-  ASSERT_TRUE(child_seen) << "no hit of the followed child";
+  ASSERT_TRUE((*k)->WaitForStdout(absl::StrCat("\"pid\":", child, ","), 60).ok())
+      << "no hit of the followed child " << child;
   ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
   auto kr = (*k)->Finish();
   ASSERT_TRUE(kr.ok()) << kr.status();
