@@ -179,6 +179,21 @@ TEST_P(FollowForks, TextLinesOfChildrenShowPidSlashTid) {
   EXPECT_TRUE(std::regex_search(r.out, main_line)) << r.out;
 }
 
+// -f with the default backend: ptrace (it probes a process's new image after an exec, the
+// agent does not), said in a note; the counts are those of every backend above.
+TEST(FollowForksDefault, UsesThePtraceBackendAndSaysWhy) {
+  const RunResult r =
+      KwatchProbe({"--json", "-f", "probed tag", "--", TargetPath("fork_tree"), "1"});
+  ASSERT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("kwatch: note: -f uses the ptrace backend, which probes a "
+                               "child's new image after an exec; `--backend agent -f` follows "
+                               "forks in the target itself"));
+  const Hits h = ParseHits(r.out);
+  EXPECT_EQ(h.summary["backend"], "ptrace");
+  const auto by_tag = ProbedByTag(h);
+  ASSERT_TRUE(by_tag.contains(0) && by_tag.contains(1)) << r.out;
+}
+
 TEST_P(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
   const RunResult r =
       Probe({"--json", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
