@@ -41,15 +41,16 @@ struct KernelSetupOptions {
 
 // A kernel session's pieces, armed and ready for KernelWatchSession::Create.
 struct KernelSetup {
+  // --kernel-accesses: the process and its symbols (null for kernel watches). Declared first:
+  // the slots opened on the process's threads are destroyed before it.
+  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::Symbols> user_syms;
   std::vector<KernelWatch> watches;
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   std::string armed;  // "armed 1 kernel watch on 4 CPUs (one breakpoint per CPU), ..."
   std::unique_ptr<core::kernel::KernelSymbolResolver> symbols;
   std::unique_ptr<KernelSlots> slots;
   std::unique_ptr<DrainValues> values;  // kernel watches: values at drain time, else null
-  // --kernel-accesses: the process and its symbols (null for kernel watches).
-  std::unique_ptr<core::Process> proc;
-  std::unique_ptr<core::Symbols> user_syms;
 };
 
 // Receives what the user should hear while a session is set up, one line without the
