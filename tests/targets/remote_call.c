@@ -200,9 +200,14 @@ static void* allocator(void* arg) {
   return NULL;
 }
 
+// Workers that are past pthread_create's start: a new thread runs with every signal blocked
+// until its start routine, so "ready" waits for all of them to be here.
+static int sleepers_started;
+
 static void* sleeper(void* arg) {
   (void)arg;
   block_usr1();
+  __atomic_add_fetch(&sleepers_started, 1, __ATOMIC_SEQ_CST);
   while (!stop_workers) {
     usleep(1000);
   }
@@ -336,6 +341,9 @@ int main(int argc, char** argv) {
     pthread_t t[64];
     for (int i = 0; i < n && i < 64; ++i) {
       pthread_create(&t[i], NULL, sleeper, NULL);
+    }
+    while (__atomic_load_n(&sleepers_started, __ATOMIC_SEQ_CST) < (n < 64 ? n : 64)) {
+      usleep(100);
     }
     dl_iterate_phdr(wait_in_callback, NULL);
     stop_workers = 1;
