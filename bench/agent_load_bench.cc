@@ -77,8 +77,8 @@ struct Totals {
 void BM_AgentLoadAtLaunch(benchmark::State& state) {
   Totals totals;
   for (auto _ : state) {
-    auto proc =
-        core::Process::Start(std::nullopt, {Target(), "count", "1", "--out", "/dev/null"}, {});
+    auto proc = core::ptrace::Process::Start(std::nullopt,
+                                             {Target(), "count", "1", "--out", "/dev/null"}, {});
     if (!proc.ok()) {
       state.SkipWithError(std::string(proc.status().message()).c_str());
       return;
@@ -99,7 +99,7 @@ BENCHMARK(BM_AgentLoadAtLaunch)->UseManualTime()->Unit(benchmark::kMillisecond);
 // A 4-thread remote_call, its "ready" read from its stdout, then attached and stopped.
 struct Attached {
   pid_t pid = -1;
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
 };
 
 absl::StatusOr<Attached> StartAttached() {
@@ -128,7 +128,7 @@ absl::StatusOr<Attached> StartAttached() {
   ::close(out[0]);
   Attached a;
   a.pid = pid;
-  auto proc = core::Process::Attach(pid);
+  auto proc = core::ptrace::Process::Attach(pid);
   if (!proc.ok()) {
     return proc.status();
   }

@@ -49,8 +49,8 @@ std::string BenchPath() {
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/kwatch_gui_bench_", ::getpid(), ".kwdb");
 }
 
-core::WatchRecord StructWatch() {
-  core::WatchRecord w;
+core::store::WatchRecord StructWatch() {
+  core::store::WatchRecord w;
   w.id = 0;
   w.expr = "g_stats";
   w.address = core::RemoteAddr{kStruct};
@@ -59,16 +59,16 @@ core::WatchRecord StructWatch() {
   w.backend = "page";
   w.type_name = "struct stats";
   for (int i = 0; i < 8; ++i) {
-    w.fields.push_back(core::FieldLayout{.path = absl::StrCat(".f", i),
-                                         .type_name = "long",
-                                         .offset = static_cast<uint64_t>(8 * i),
-                                         .size = 8});
+    w.fields.push_back(core::symbols::FieldLayout{.path = absl::StrCat(".f", i),
+                                                  .type_name = "long",
+                                                  .offset = static_cast<uint64_t>(8 * i),
+                                                  .size = 8});
   }
   return w;
 }
 
-core::WatchRecord TableWatch() {
-  core::WatchRecord w;
+core::store::WatchRecord TableWatch() {
+  core::store::WatchRecord w;
   w.id = 1;
   w.expr = "g_table";
   w.address = core::RemoteAddr{kTable};
@@ -77,10 +77,10 @@ core::WatchRecord TableWatch() {
   w.backend = "page";
   w.type_name = "long[512]";
   for (int i = 0; i < 512; ++i) {
-    w.fields.push_back(core::FieldLayout{.path = absl::StrCat("[", i, "]"),
-                                         .type_name = "long",
-                                         .offset = static_cast<uint64_t>(8 * i),
-                                         .size = 8});
+    w.fields.push_back(core::symbols::FieldLayout{.path = absl::StrCat("[", i, "]"),
+                                                  .type_name = "long",
+                                                  .offset = static_cast<uint64_t>(8 * i),
+                                                  .size = 8});
   }
   return w;
 }
@@ -108,14 +108,14 @@ core::AccessEvent MakeEvent(uint64_t i) {
 class Recording {
  public:
   Recording() : path_(BenchPath()) {
-    core::SessionRecord s = core::SessionRecordForThisHost();
+    core::store::SessionRecord s = core::store::SessionRecordForThisHost();
     s.command_line = "kwatch --rw g_stats g_table -o bench.kwdb -- ./bench";
     s.pid = 4242;
     s.kwatch_version = "bench";
     s.mode = "watch";
     s.backend = "page";
     s.start_mono_ns = kStart;
-    auto w = core::TraceWriter::Create(path_, s);
+    auto w = core::store::TraceWriter::Create(path_, s);
     if (!w.ok()) {
       std::fprintf(stderr, "gui_bench: %s\n", std::string(w.status().message()).c_str());
       std::exit(1);  // NOLINT(concurrency-mt-unsafe)
@@ -123,7 +123,7 @@ class Recording {
     (void)(*w)->AddWatch(StructWatch());
     (void)(*w)->AddWatch(TableWatch());
     for (uint64_t ip = 0; ip < 48; ++ip) {
-      core::SiteRecord site;
+      core::store::SiteRecord site;
       site.ip = core::RemoteAddr{0x555555554000ULL + ip * 0x11};
       site.function = absl::StrCat("worker", ip / 12);
       site.offset = (ip % 12) * 0x11;
@@ -137,7 +137,7 @@ class Recording {
         std::exit(1);  // NOLINT(concurrency-mt-unsafe)
       }
     }
-    core::SessionEnd end;
+    core::store::SessionEnd end;
     end.end_mono_ns = kStart + kEvents * kStepNs;
     end.exit_status = 0;
     end.exit_reason = "target exited";

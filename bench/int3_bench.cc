@@ -53,17 +53,17 @@ std::string LoopPath() {
 
 // One launched run; returns its wall time in ns, or -1 with `error` set.
 double RunOnce(Variant v, std::string& error) {
-  auto p = Process::Launch({LoopPath(), absl::StrCat(kCalls)});
+  auto p = ptrace::Process::Launch({LoopPath(), absl::StrCat(kCalls)});
   if (!p.ok()) {
     error = std::string(p.status().message());
     return -1;
   }
-  std::unique_ptr<Process> proc = std::move(*p);
+  std::unique_ptr<ptrace::Process> proc = std::move(*p);
   if (absl::Status s = proc->RunToEntry(); !s.ok()) {
     error = std::string(s.message());
     return -1;
   }
-  auto syms = Symbols::ForProcess(proc->pid());
+  auto syms = symbols::Symbols::ForProcess(proc->pid());
   if (!syms.ok()) {
     error = std::string(syms.status().message());
     return -1;
@@ -74,22 +74,24 @@ double RunOnce(Variant v, std::string& error) {
     return -1;
   }
   uint64_t hits = 0;
-  auto engine = std::make_unique<Int3Engine>(*proc);
+  auto engine = std::make_unique<probe::Int3Engine>(*proc);
   (void)engine->StopWorld();
-  absl::StatusOr<ProbeId> id = ProbeId{0};
-  auto count = [&hits](const ProbeContext&) { ++hits; };
+  absl::StatusOr<probe::ProbeId> id = probe::ProbeId{0};
+  auto count = [&hits](const probe::ProbeContext&) { ++hits; };
   switch (v) {
     case Variant::kNone:
       break;
     case Variant::kEmulated:
-      id = engine->Register(tick->start, {.pre = count}, {.execution = ProbeExecution::kEmulate});
+      id = engine->Register(tick->start, {.pre = count},
+                            {.execution = probe::ProbeExecution::kEmulate});
       break;
     case Variant::kOutOfLine:
-      id = engine->Register(tick->start, {.pre = count}, {.execution = ProbeExecution::kOutOfLine});
+      id = engine->Register(tick->start, {.pre = count},
+                            {.execution = probe::ProbeExecution::kOutOfLine});
       break;
     case Variant::kPost:
-      id = engine->Register(tick->start, {.pre = count, .post = [](const ProbeContext&) {}},
-                            {.execution = ProbeExecution::kOutOfLine});
+      id = engine->Register(tick->start, {.pre = count, .post = [](const probe::ProbeContext&) {}},
+                            {.execution = probe::ProbeExecution::kOutOfLine});
       break;
     case Variant::kReturn:
       id = engine->RegisterReturn(tick->start, {.pre = count});
@@ -107,8 +109,8 @@ double RunOnce(Variant v, std::string& error) {
       error = std::string(events.status().message());
       return -1;
     }
-    for (const ProcessEvent& e : *events) {
-      if (e.kind == ProcessEvent::Kind::kThreadExited) {
+    for (const ptrace::ProcessEvent& e : *events) {
+      if (e.kind == ptrace::ProcessEvent::Kind::kThreadExited) {
         engine->OnThreadExit(e.tid);
       }
     }

@@ -70,17 +70,18 @@ class Area {
       return "mmap RWX failed";
     }
     const RemoteAddr fn{reinterpret_cast<uint64_t>(base_)};
-    const JumpDecision d = PlanJumpProbe(FunctionCode{"f", fn, kFunction}, fn);
+    const probe::JumpDecision d = probe::PlanJumpProbe(probe::FunctionCode{"f", fn, kFunction}, fn);
     if (!d.plan) {
       return d.reason;
     }
-    auto t = BuildTrampoline(*d.plan, fn + 0x800, 0, RemoteAddr{reinterpret_cast<uint64_t>(entry)});
-    auto patch = BuildJumpPatch(*d.plan, fn + 0x800);
+    auto t = probe::BuildTrampoline(*d.plan, fn + 0x800, 0,
+                                    RemoteAddr{reinterpret_cast<uint64_t>(entry)});
+    auto patch = probe::BuildJumpPatch(*d.plan, fn + 0x800);
     if (!t.ok() || !patch.ok()) {
       return absl::StrCat(t.ok() ? patch.status().message() : t.status().message());
     }
     std::memcpy(base_ + 0x800, t->code.data(), t->code.size());
-    for (const PatchStep& s : ArmSteps(*patch)) {
+    for (const probe::PatchStep& s : probe::ArmSteps(*patch)) {
       std::memcpy(reinterpret_cast<void*>(s.addr.value),  // NOLINT(performance-no-int-to-ptr)
                   s.bytes.data(), s.bytes.size());
     }

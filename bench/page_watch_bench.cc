@@ -16,7 +16,7 @@
 
 namespace {
 
-using kwatch::core::Process;
+using kwatch::core::ptrace::Process;
 
 #ifndef KWATCH_TARGETS_DIR
 #define KWATCH_TARGETS_DIR "build/default/tests/targets"

@@ -61,7 +61,7 @@ __attribute__((noinline)) void StoreGlobal(uint64_t v) {
 // This process's symbols and the trap addresses of the two stores above (the address right
 // after each store instruction, as the CPU reports it).
 struct Fixture {
-  std::unique_ptr<core::Symbols> symbols;
+  std::unique_ptr<core::symbols::Symbols> symbols;
   uint64_t trap_through = 0;  // after mov %reg,(%reg)
   uint64_t trap_global = 0;   // after mov %reg,g_target(%rip)
 };
@@ -70,11 +70,11 @@ struct Fixture {
 uint64_t TrapAfterStore(uint64_t fn) {
   const auto* code = reinterpret_cast<const uint8_t*>(fn);
   for (uint64_t off = 0; off < 64;) {
-    const auto plan = core::PlanAccess(std::span<const uint8_t>(code + off, 15), fn + off);
+    const auto plan = core::x86::PlanAccess(std::span<const uint8_t>(code + off, 15), fn + off);
     if (!plan.ok() || plan->length == 0) {
       return 0;
     }
-    if (plan->writes && plan->value == core::AccessPlan::Value::kRegister) {
+    if (plan->writes && plan->value == core::x86::AccessPlan::Value::kRegister) {
       return fn + off + plan->length;
     }
     off += plan->length;
@@ -85,7 +85,7 @@ uint64_t TrapAfterStore(uint64_t fn) {
 const Fixture& TheFixture() {
   static const Fixture* f = [] {
     auto* fx = new Fixture;
-    auto s = core::Symbols::ForProcess(::getpid());
+    auto s = core::symbols::Symbols::ForProcess(::getpid());
     if (s.ok()) {
       fx->symbols = std::move(*s);
     }
@@ -167,7 +167,7 @@ void BM_DrainSites(benchmark::State& state) {
   const auto n = static_cast<size_t>(state.range(0));
   SyntheticRing fake(n, false);
   PerfRing ring = fake.Ring({});
-  core::Symbolizer symbolizer(*TheFixture().symbols);
+  core::symbols::Symbolizer symbolizer(*TheFixture().symbols);
   struct Operand {
     bool known = false;
     uint64_t addr = 0;
@@ -179,7 +179,7 @@ void BM_DrainSites(benchmark::State& state) {
   for (auto _ : state) {
     fake.Rewind();
     drained += ring.Drain([&](const PerfSample& s) {
-      const core::AccessSite& site = symbolizer.SiteForTrap(core::RemoteAddr{s.ip});
+      const core::symbols::AccessSite& site = symbolizer.SiteForTrap(core::RemoteAddr{s.ip});
       const Operand& op = operands[s.ip];
       sum += site.ip.value + op.addr + (site.writes ? 1 : 0);
     });
@@ -197,7 +197,7 @@ void BM_DrainRegs(benchmark::State& state) {
   SyntheticRing fake(n, true);
   const uint64_t mask = PerfUserRegsMaskGeneral();
   PerfRing ring = fake.Ring({.regs_user = mask});
-  core::Symbolizer symbolizer(*TheFixture().symbols);
+  core::symbols::Symbolizer symbolizer(*TheFixture().symbols);
   TrapDecoder decoder(symbolizer, mask);
   uint64_t sum = 0;
   size_t drained = 0;
@@ -243,7 +243,7 @@ void BM_StreamWriteRegs(benchmark::State& state) {
     state.SkipWithError(bp.status().ToString().c_str());
     return;
   }
-  core::Symbolizer symbolizer(*TheFixture().symbols);
+  core::symbols::Symbolizer symbolizer(*TheFixture().symbols);
   TrapDecoder decoder(symbolizer, req.sample_regs_user);
   PerfRing* ring = (*bp)->ring();
   uint64_t wrong = 0;

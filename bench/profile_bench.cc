@@ -28,8 +28,8 @@ constexpr uint64_t kBase = 0x601040;  // 64-byte aligned: fields sit in lines 0x
 constexpr uint64_t kStart = 1'000'000'000;
 constexpr size_t kEvents = size_t{1} << 16;
 
-WatchedObject Stats() {
-  WatchedObject o;
+profile::WatchedObject Stats() {
+  profile::WatchedObject o;
   o.id = 0;
   o.expr = "g_stats";
   o.addr = core::RemoteAddr{kBase};
@@ -57,7 +57,7 @@ WatchedObject Stats() {
 }
 
 std::vector<core::AccessEvent> Workload(bool perf_mode) {
-  const WatchedObject o = Stats();
+  const profile::WatchedObject o = Stats();
   std::mt19937_64 rng(42);
   // Skewed field choice: weight 16, 8, 8, 4, ... (hot counters first).
   std::vector<double> weights;
@@ -69,7 +69,7 @@ std::vector<core::AccessEvent> Workload(bool perf_mode) {
   uint64_t t = kStart;
   for (core::AccessEvent& ev : events) {
     const size_t f = pick_field(rng);
-    const core::FieldLayout& fl = o.fields[f];
+    const core::symbols::FieldLayout& fl = o.fields[f];
     const bool write = rng() % 10 < 4;
     t += 1 + rng() % 127;
     ev.time_ns = t;
@@ -101,7 +101,7 @@ std::vector<core::AccessEvent> Workload(bool perf_mode) {
 }
 
 // Adds events[i] and moves on; after the last event, shifts all times by one lap.
-void Feed(StorageProfile& profile, std::vector<core::AccessEvent>& events, size_t& i) {
+void Feed(profile::StorageProfile& profile, std::vector<core::AccessEvent>& events, size_t& i) {
   profile.Add(events[i]);
   if (++i == events.size()) {
     i = 0;
@@ -114,9 +114,9 @@ void Feed(StorageProfile& profile, std::vector<core::AccessEvent>& events, size_
 
 void Ingest(benchmark::State& state, bool perf_mode) {
   std::vector<core::AccessEvent> events = Workload(perf_mode);
-  ProfileOptions opts;
+  profile::ProfileOptions opts;
   opts.start_ns = kStart;
-  StorageProfile profile({Stats()}, opts);
+  profile::StorageProfile profile({Stats()}, opts);
   size_t i = 0;
   for (auto _ : state) {
     Feed(profile, events, i);
@@ -141,15 +141,15 @@ BENCHMARK(BM_ProfileIngestPerfMode);
 
 void BM_ProfileSnapshot(benchmark::State& state) {
   std::vector<core::AccessEvent> events = Workload(false);
-  ProfileOptions opts;
+  profile::ProfileOptions opts;
   opts.start_ns = kStart;
-  StorageProfile profile({Stats()}, opts);
+  profile::StorageProfile profile({Stats()}, opts);
   size_t i = 0;
   for (int n = 0; n < 1'000'000; ++n) {
     Feed(profile, events, i);
   }
   for (auto _ : state) {
-    auto snap = std::make_shared<const StorageProfile>(profile);
+    auto snap = std::make_shared<const profile::StorageProfile>(profile);
     benchmark::DoNotOptimize(snap.get());
   }
 }

@@ -37,8 +37,8 @@ std::string BenchPath() {
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/kwatch_report_bench_", ::getpid(), ".kwdb");
 }
 
-core::WatchRecord StructWatch() {
-  core::WatchRecord w;
+core::store::WatchRecord StructWatch() {
+  core::store::WatchRecord w;
   w.id = 0;
   w.expr = "g_stats";
   w.address = core::RemoteAddr{0x555555560040ULL};
@@ -47,16 +47,16 @@ core::WatchRecord StructWatch() {
   w.backend = "page";
   w.type_name = "struct stats";
   for (int i = 0; i < 8; ++i) {
-    w.fields.push_back(core::FieldLayout{.path = absl::StrCat(".f", i),
-                                         .type_name = "long",
-                                         .offset = static_cast<uint64_t>(8 * i),
-                                         .size = 8});
+    w.fields.push_back(core::symbols::FieldLayout{.path = absl::StrCat(".f", i),
+                                                  .type_name = "long",
+                                                  .offset = static_cast<uint64_t>(8 * i),
+                                                  .size = 8});
   }
   return w;
 }
 
-core::WatchRecord ArrayWatch() {
-  core::WatchRecord w;
+core::store::WatchRecord ArrayWatch() {
+  core::store::WatchRecord w;
   w.id = 1;
   w.expr = "g_table";
   w.address = core::RemoteAddr{0x555555561000ULL};
@@ -65,10 +65,10 @@ core::WatchRecord ArrayWatch() {
   w.backend = "page";
   w.type_name = "long[512]";
   for (int i = 0; i < 512; ++i) {
-    w.fields.push_back(core::FieldLayout{.path = absl::StrCat("[", i, "]"),
-                                         .type_name = "long",
-                                         .offset = static_cast<uint64_t>(8 * i),
-                                         .size = 8});
+    w.fields.push_back(core::symbols::FieldLayout{.path = absl::StrCat("[", i, "]"),
+                                                  .type_name = "long",
+                                                  .offset = static_cast<uint64_t>(8 * i),
+                                                  .size = 8});
   }
   return w;
 }
@@ -96,14 +96,14 @@ core::AccessEvent MakeEvent(uint64_t i) {
 class Recording {
  public:
   Recording() : path_(BenchPath()) {
-    core::SessionRecord s = core::SessionRecordForThisHost();
+    core::store::SessionRecord s = core::store::SessionRecordForThisHost();
     s.command_line = "kwatch --rw g_stats g_table -o bench.kwdb -- ./bench";
     s.pid = 4242;
     s.kwatch_version = "bench";
     s.mode = "watch";
     s.backend = "page";
     s.start_mono_ns = kStart;
-    auto w = core::TraceWriter::Create(path_, s);
+    auto w = core::store::TraceWriter::Create(path_, s);
     if (!w.ok()) {
       std::fprintf(stderr, "report_bench: %s\n", std::string(w.status().message()).c_str());
       std::exit(1);
@@ -111,7 +111,7 @@ class Recording {
     (void)(*w)->AddWatch(StructWatch());
     (void)(*w)->AddWatch(ArrayWatch());
     for (uint64_t ip = 0; ip < 256; ++ip) {
-      core::SiteRecord site;
+      core::store::SiteRecord site;
       site.ip = core::RemoteAddr{0x555555554000ULL + ip * 0x11};
       site.function = absl::StrCat("fn", ip / 16);
       site.offset = (ip % 16) * 0x11;
@@ -125,7 +125,7 @@ class Recording {
         std::exit(1);
       }
     }
-    core::SessionEnd end;
+    core::store::SessionEnd end;
     end.end_mono_ns = kStart + kEvents * 1000;
     end.exit_status = 0;
     end.exit_reason = "target exited";
@@ -143,14 +143,14 @@ const Recording& TheRecording() {
   return *r;
 }
 
-watch::SiteNamer NamerFor(const core::TraceReader& r) {
+watch::profile::SiteNamer NamerFor(const core::store::TraceReader& r) {
   return [&r](core::RemoteAddr ip) {
-    for (const core::SiteRecord& s : r.sites()) {
+    for (const core::store::SiteRecord& s : r.sites()) {
       if (s.ip == ip) {
-        return watch::SiteName{s.function, s.offset, s.file, s.line};
+        return watch::profile::SiteName{s.function, s.offset, s.file, s.line};
       }
     }
-    return watch::SiteName{};
+    return watch::profile::SiteName{};
   };
 }
 
@@ -158,23 +158,23 @@ void Report(benchmark::State& state, bool json) {
   const std::string& path = TheRecording().path();
   size_t bytes = 0;
   for (auto _ : state) {
-    auto reader = core::TraceReader::Open(path);
+    auto reader = core::store::TraceReader::Open(path);
     if (!reader.ok()) {
       state.SkipWithError(std::string(reader.status().message()).c_str());
       return;
     }
-    watch::ProfileOptions opts;
+    watch::profile::ProfileOptions opts;
     opts.bucket_ns = kEvents * 1000 / 120;
     auto profile = watch::ProfileFromRecording(**reader, {}, opts);
     if (!profile.ok()) {
       state.SkipWithError(std::string(profile.status().message()).c_str());
       return;
     }
-    watch::ReportRenderOptions ropts;
+    watch::profile::ReportRenderOptions ropts;
     if (json) {
-      bytes = watch::RenderJson(*profile, NamerFor(**reader), ropts).dump().size();
+      bytes = watch::profile::RenderJson(*profile, NamerFor(**reader), ropts).dump().size();
     } else {
-      bytes = watch::RenderText(*profile, NamerFor(**reader), ropts).size();
+      bytes = watch::profile::RenderText(*profile, NamerFor(**reader), ropts).size();
     }
     benchmark::DoNotOptimize(bytes);
   }

@@ -28,7 +28,7 @@
 
 namespace {
 
-using kwatch::core::Process;
+using kwatch::core::ptrace::Process;
 
 #ifndef KWATCH_TARGETS_DIR
 #define KWATCH_TARGETS_DIR "build/default/tests/targets"
@@ -41,11 +41,11 @@ bool WaitMilestone(Process& proc) {
     if (!ev.ok()) {
       return false;
     }
-    for (const kwatch::core::ProcessEvent& e : *ev) {
-      if (e.kind == kwatch::core::ProcessEvent::Kind::kExited) {
+    for (const kwatch::core::ptrace::ProcessEvent& e : *ev) {
+      if (e.kind == kwatch::core::ptrace::ProcessEvent::Kind::kExited) {
         return false;
       }
-      if (e.kind == kwatch::core::ProcessEvent::Kind::kSignal && e.signal == SIGUSR1) {
+      if (e.kind == kwatch::core::ptrace::ProcessEvent::Kind::kSignal && e.signal == SIGUSR1) {
         return true;
       }
     }
@@ -61,12 +61,12 @@ void BM_ApplyOnThreads(benchmark::State& state) {
     state.SkipWithError("cannot start stop_target");
     return;
   }
-  auto symbols = kwatch::core::Symbols::ForProcess((*proc)->pid());
+  auto symbols = kwatch::core::symbols::Symbols::ForProcess((*proc)->pid());
   if (!symbols.ok()) {
     state.SkipWithError(std::string(symbols.status().message()).c_str());
     return;
   }
-  auto expr = kwatch::core::ParseExpr("g_rec.a");
+  auto expr = kwatch::core::symbols::ParseExpr("g_rec.a");
   auto target = (*symbols)->Resolve(*expr, [&](kwatch::core::RemoteAddr a, std::span<uint8_t> o) {
     return (*proc)->ReadMemory(a, o);
   });
@@ -74,7 +74,7 @@ void BM_ApplyOnThreads(benchmark::State& state) {
     state.SkipWithError(std::string(target.status().message()).c_str());
     return;
   }
-  kwatch::core::Symbolizer symbolizer(**symbols);
+  kwatch::core::symbols::Symbolizer symbolizer(**symbols);
   std::vector<kwatch::watch::Watch> watches(1);
   watches[0].target = *target;
   kwatch::drmgr::SlotAllocator alloc;
@@ -128,7 +128,7 @@ void BM_HitCost(benchmark::State& state) {
       state.SkipWithError("cannot start stop_target");
       return;
     }
-    auto symbols = kwatch::core::Symbols::ForProcess((*proc)->pid());
+    auto symbols = kwatch::core::symbols::Symbols::ForProcess((*proc)->pid());
     if (!symbols.ok()) {
       state.SkipWithError(std::string(symbols.status().message()).c_str());
       return;
@@ -136,13 +136,13 @@ void BM_HitCost(benchmark::State& state) {
     const auto read = [&](kwatch::core::RemoteAddr a, std::span<uint8_t> o) {
       return (*proc)->ReadMemory(a, o);
     };
-    auto target = (*symbols)->Resolve(*kwatch::core::ParseExpr("g_rec.a"), read);
-    auto go = (*symbols)->Resolve(*kwatch::core::ParseExpr("g_go"), read);
+    auto target = (*symbols)->Resolve(*kwatch::core::symbols::ParseExpr("g_rec.a"), read);
+    auto go = (*symbols)->Resolve(*kwatch::core::symbols::ParseExpr("g_go"), read);
     if (!target.ok() || !go.ok()) {
       state.SkipWithError("cannot resolve g_rec.a and g_go");
       return;
     }
-    kwatch::core::Symbolizer symbolizer(**symbols);
+    kwatch::core::symbols::Symbolizer symbolizer(**symbols);
     std::vector<kwatch::watch::Watch> watches(1);
     watches[0].target = *target;
     kwatch::drmgr::SlotAllocator alloc;

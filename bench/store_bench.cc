@@ -59,8 +59,8 @@ AccessEvent MakeEvent(uint64_t i) {
   return e;
 }
 
-SessionRecord BenchSession() {
-  SessionRecord s = SessionRecordForThisHost();
+store::SessionRecord BenchSession() {
+  store::SessionRecord s = store::SessionRecordForThisHost();
   s.command_line = "kwatch --rw bench -o bench.kwdb";
   s.pid = 4242;
   s.kwatch_version = "bench";
@@ -69,8 +69,8 @@ SessionRecord BenchSession() {
   return s;
 }
 
-WatchRecord BenchWatch(uint32_t id) {
-  WatchRecord w;
+store::WatchRecord BenchWatch(uint32_t id) {
+  store::WatchRecord w;
   w.id = id;
   w.expr = "g_stats";
   w.address = RemoteAddr{0x7ffff7dd0040ULL};
@@ -91,12 +91,12 @@ void BM_Append(benchmark::State& state) {
   uint64_t size = 0;
   uint64_t wal_size = 0;
   for (auto _ : state) {
-    auto writer = TraceWriter::Create(path, BenchSession());
+    auto writer = store::TraceWriter::Create(path, BenchSession());
     if (!writer.ok()) {
       state.SkipWithError(std::string(writer.status().message()).c_str());
       return;
     }
-    TraceWriter& w = **writer;
+    store::TraceWriter& w = **writer;
     (void)w.AddWatch(BenchWatch(0));
     (void)w.AddWatch(BenchWatch(1));
     const auto t0 = std::chrono::steady_clock::now();
@@ -107,7 +107,7 @@ void BM_Append(benchmark::State& state) {
     ok = ok && w.Flush().ok();
     const auto t1 = std::chrono::steady_clock::now();
     wal_size = FileSize(path + "-wal");
-    ok = ok && w.Finish(SessionEnd{}).ok();
+    ok = ok && w.Finish(store::SessionEnd{}).ok();
     const auto t2 = std::chrono::steady_clock::now();
     if (!ok) {
       state.SkipWithError("write failed");
@@ -130,7 +130,7 @@ BENCHMARK(BM_Append)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations
 const std::string& ReadFixture() {
   static const std::string* path = [] {
     auto* p = new std::string(BenchPath("read"));
-    auto writer = TraceWriter::Create(*p, BenchSession());
+    auto writer = store::TraceWriter::Create(*p, BenchSession());
     if (!writer.ok()) {
       return p;
     }
@@ -139,15 +139,15 @@ const std::string& ReadFixture() {
     for (uint64_t i = 0; i < kReadEvents; ++i) {
       (void)(*writer)->Append(MakeEvent(i));
     }
-    (void)(*writer)->Finish(SessionEnd{});
+    (void)(*writer)->Finish(store::SessionEnd{});
     std::atexit([] { ::unlink(BenchPath("read").c_str()); });
     return p;
   }();
   return *path;
 }
 
-void ReadAll(benchmark::State& state, const EventFilter& filter, uint64_t expected) {
-  auto reader = TraceReader::Open(ReadFixture());
+void ReadAll(benchmark::State& state, const store::EventFilter& filter, uint64_t expected) {
+  auto reader = store::TraceReader::Open(ReadFixture());
   if (!reader.ok()) {
     state.SkipWithError(std::string(reader.status().message()).c_str());
     return;
@@ -173,12 +173,12 @@ void ReadAll(benchmark::State& state, const EventFilter& filter, uint64_t expect
 }
 
 void BM_ForEachEvent(benchmark::State& state) {
-  ReadAll(state, EventFilter{}, kReadEvents);
+  ReadAll(state, store::EventFilter{}, kReadEvents);
 }
 BENCHMARK(BM_ForEachEvent)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 void BM_ForEachEventWindow(benchmark::State& state) {
-  EventFilter f;
+  store::EventFilter f;
   f.from_ns = MakeEvent(kReadEvents - kReadEvents / 100).time_ns;
   ReadAll(state, f, kReadEvents / 100);
 }

@@ -30,14 +30,14 @@ std::string SelfPath() {
 }
 
 struct Fixture {
-  std::unique_ptr<Symbols> symbols;
+  std::unique_ptr<symbols::Symbols> symbols;
   std::vector<RemoteAddr> ips;  // addresses inside functions, spread over the text
 };
 
 const Fixture& TheFixture() {
   static const Fixture* f = [] {
     auto* fx = new Fixture;
-    auto s = Symbols::ForFile(SelfPath());
+    auto s = symbols::Symbols::ForFile(SelfPath());
     if (!s.ok()) {
       return fx;
     }
@@ -73,7 +73,7 @@ void BM_LocateCached(benchmark::State& state) {
     return;
   }
   const Fixture& f = TheFixture();
-  Symbolizer sym(*f.symbols);
+  symbols::Symbolizer sym(*f.symbols);
   for (RemoteAddr ip : f.ips) {
     sym.Locate(ip);
   }
@@ -92,7 +92,7 @@ void BM_LocateFirst(benchmark::State& state) {
   }
   const Fixture& f = TheFixture();
   for (auto _ : state) {
-    Symbolizer sym(*f.symbols);
+    symbols::Symbolizer sym(*f.symbols);
     for (RemoteAddr ip : f.ips) {
       benchmark::DoNotOptimize(sym.Locate(ip).line);
     }
@@ -136,7 +136,7 @@ void BM_SiteForTrap(benchmark::State& state) {
   }
   const Fixture& f = TheFixture();
   for (auto _ : state) {
-    Symbolizer sym(*f.symbols);
+    symbols::Symbolizer sym(*f.symbols);
     for (size_t i = 1; i < f.ips.size(); i += 8) {
       benchmark::DoNotOptimize(sym.SiteForTrap(f.ips[i]));
     }

@@ -24,12 +24,12 @@ namespace kwatch::core {
 namespace {
 
 // Remembers the thread that entered pause() and its registers at that syscall-entry stop.
-class PauseCatcher : public SignalInterceptor {
+class PauseCatcher : public ptrace::SignalInterceptor {
  public:
-  explicit PauseCatcher(const Process* proc) : proc_(proc) {}
+  explicit PauseCatcher(const ptrace::Process* proc) : proc_(proc) {}
   bool Claims(pid_t /*tid*/, const siginfo_t& /*si*/) override { return false; }
   absl::Status Handle(pid_t /*tid*/, const siginfo_t& /*si*/) override { return absl::OkStatus(); }
-  absl::Status OnSyscallStop(pid_t tid, const SyscallStop& stop, bool /*world*/) override {
+  absl::Status OnSyscallStop(pid_t tid, const ptrace::SyscallStop& stop, bool /*world*/) override {
     if (stop.entry && stop.nr == SYS_pause && paused == 0) {
       auto r = proc_->GetRegs(tid);
       if (!r.ok()) {
@@ -44,14 +44,14 @@ class PauseCatcher : public SignalInterceptor {
   user_regs_struct regs{};
 
  private:
-  const Process* proc_;
+  const ptrace::Process* proc_;
 };
 
 struct Fixture {
   std::string error;
-  std::unique_ptr<Process> proc;
-  std::unique_ptr<Symbols> symbols;
-  std::unique_ptr<Unwinder> unwinder;
+  std::unique_ptr<ptrace::Process> proc;
+  std::unique_ptr<symbols::Symbols> symbols;
+  std::unique_ptr<symbols::Unwinder> unwinder;
   std::unique_ptr<PauseCatcher> catcher;
   pid_t tid = 0;
   user_regs_struct regs{};
@@ -63,18 +63,18 @@ struct Fixture {
 Fixture& TheFixture() {
   static Fixture* f = [] {
     auto* fx = new Fixture;
-    auto p = Process::Launch({std::string(KWATCH_TARGETS_DIR) + "/unwind_levels", "pause"});
+    auto p = ptrace::Process::Launch({std::string(KWATCH_TARGETS_DIR) + "/unwind_levels", "pause"});
     if (!p.ok()) {
       fx->error = std::string(p.status().message());
       return fx;
     }
     fx->proc = *std::move(p);
-    Process* proc = fx->proc.get();
+    ptrace::Process* proc = fx->proc.get();
     absl::Status s = proc->RunToEntry();
-    auto symbols = Symbols::ForProcess(proc->pid());
-    auto unwinder = Unwinder::ForProcess(proc->pid(), [proc](RemoteAddr a, std::span<uint8_t> out) {
-      return proc->ReadMemory(a, out);
-    });
+    auto symbols = symbols::Symbols::ForProcess(proc->pid());
+    auto unwinder = symbols::Unwinder::ForProcess(
+        proc->pid(),
+        [proc](RemoteAddr a, std::span<uint8_t> out) { return proc->ReadMemory(a, out); });
     if (!s.ok() || !symbols.ok() || !unwinder.ok()) {
       fx->error = "cannot start unwind_levels, or read its modules";
       return fx;
@@ -137,7 +137,7 @@ void BM_UnwindSymbolized(benchmark::State& state) {
     return;
   }
   Fixture& f = TheFixture();
-  Symbolizer symbolizer(*f.symbols);
+  symbols::Symbolizer symbolizer(*f.symbols);
   for (auto _ : state) {
     auto r = f.unwinder->Unwind(f.tid, f.regs);
     if (!r.ok()) {

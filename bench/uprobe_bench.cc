@@ -33,7 +33,7 @@ namespace {
 const std::string kTarget = std::string(KWATCH_TARGETS_DIR) + "/uprobe_loop";
 
 uint64_t TickFileOffset() {
-  auto syms = kwatch::core::Symbols::ForFile(kTarget);
+  auto syms = kwatch::core::symbols::Symbols::ForFile(kTarget);
   if (!syms.ok()) {
     return 0;
   }

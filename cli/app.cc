@@ -87,7 +87,7 @@ void Error(const absl::Status& s) {
 
 // The lines that say what was armed and how (stderr).
 void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session) {
-  const core::Process& proc = set.target_process();
+  const core::ptrace::Process& proc = set.target_process();
   std::string prog = proc.argv().empty() ? "?" : proc.argv()[0];
   if (!session.backend_note().empty()) {
     std::fprintf(stderr, "kwatch: %s\n", session.backend_note().c_str());
@@ -204,7 +204,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   so.stack_frames = opts.stack ? opts.stack_depth : 0;
   po.condition = opts.condition;
   KW_ASSIGN_OR_RETURN(watch::ProcessSetup setup, watch::SetUpProcessWatch(std::move(po)));
-  std::unique_ptr<core::TraceWriter> writer;
+  std::unique_ptr<core::store::TraceWriter> writer;
   if (!opts.output.empty()) {
     auto w = watch::CreateWatchRecording(RecordingSpecFor(opts), *setup.session, setup.proc->pid());
     if (!w.ok()) {
@@ -395,7 +395,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "kwatch: error: -u USER applies to a command given after `--`\n");
       return 2;
     }
-    absl::StatusOr<core::RunAs> as = core::ResolveUser(opts.user);
+    absl::StatusOr<core::ptrace::RunAs> as = core::ptrace::ResolveUser(opts.user);
     if (!as.ok()) {
       Error(as.status());
       return 2;

@@ -81,7 +81,8 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
   SetRgb(cr, 0xffffff);
   cairo_paint(cr);
 
-  const watch::HeatScale scale = log_scale ? watch::HeatScale::kLog : watch::HeatScale::kLinear;
+  const watch::profile::HeatScale scale =
+      log_scale ? watch::profile::HeatScale::kLog : watch::profile::HeatScale::kLinear;
 
   double y = kMargin;
   SetRgb(cr, 0x202020);
@@ -108,7 +109,7 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
       Text(cr, x0 - 8, ry + 12, label, 11, false, /*right=*/true);
       for (size_t c = 0; c < p.columns; ++c) {
         const uint64_t n = p.counts[r * p.columns + c];
-        SetRgb(cr, watch::HeatRgb(n, max_count, scale));
+        SetRgb(cr, watch::profile::HeatRgb(n, max_count, scale));
         cairo_rectangle(cr, x0 + cell_w * static_cast<double>(c), ry, cell_w, kRowHeight - 1);
         cairo_fill(cr);
       }
@@ -142,9 +143,9 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
   }
   // Legend: the ramp from a count of 1 (left) to the maximum (right).
   const double lw = std::min(plot_w, 300.0);
-  const double p_min = watch::HeatPosition(1, max_count, scale);
+  const double p_min = watch::profile::HeatPosition(1, max_count, scale);
   for (int i = 0; i < 100; ++i) {
-    SetRgb(cr, watch::HeatRampRgb(p_min + (1.0 - p_min) * i / 99.0));
+    SetRgb(cr, watch::profile::HeatRampRgb(p_min + (1.0 - p_min) * i / 99.0));
     cairo_rectangle(cr, x0 + lw * i / 100.0, y, lw / 100.0 + 0.5, 12);
     cairo_fill(cr);
   }
@@ -153,7 +154,7 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
        false, true);
   Text(cr, x0, y + 26, "1", 10);
   Text(cr, x0 + lw, y + 26, absl::StrCat(max_count), 10, false, true);
-  SetRgb(cr, watch::kEmptyHeatRgb);
+  SetRgb(cr, watch::profile::kEmptyHeatRgb);
   cairo_rectangle(cr, x0 + lw + 20, y, 12, 12);
   cairo_fill(cr);
   SetRgb(cr, 0x303030);

@@ -8,7 +8,7 @@
 
 namespace kwatch::cli {
 
-using watch::HeatmapPanel;
+using watch::profile::HeatmapPanel;
 
 // Writes the panels, one under the other, with field labels, a time axis in seconds, cache
 // line separators and a legend, as a PNG (cairo, no display needed). Cells are coloured by

@@ -119,7 +119,7 @@ class KernelPrinter : public KernelEventSink {
  public:
   KernelPrinter(const Options& opts, drmgr::DrKind kind, pid_t target,
                 core::kernel::KernelSymbolResolver& symbols, TaskNames& comms,
-                const core::Symbols* user_syms)
+                const core::symbols::Symbols* user_syms)
       : opts_(opts),
         kind_(kind),
         target_(target),
@@ -214,7 +214,7 @@ class KernelPrinter : public KernelEventSink {
   pid_t target_;  // --kernel-accesses: the process; 0 for kernel watches
   core::kernel::KernelSymbolResolver& symbols_;
   TaskNames& comms_;
-  const core::Symbols* user_syms_;
+  const core::symbols::Symbols* user_syms_;
   const KernelWatchSession* session_ = nullptr;
   bool show_values_ = false;
 };
@@ -361,7 +361,7 @@ void SayUnpublished(const absl::Status& st) {
 absl::StatusOr<int> RunKernelSession(const Options& opts, KernelSetup& setup) {
   core::kernel::KernelSymbolResolver& symbols = *setup.symbols;
   const pid_t pid = setup.proc != nullptr ? setup.proc->pid() : 0;
-  std::unique_ptr<core::TraceWriter> writer;
+  std::unique_ptr<core::store::TraceWriter> writer;
   if (!opts.output.empty()) {
     KW_ASSIGN_OR_RETURN(
         writer, watch::kernel::CreateKernelRecording(RecordingSpecFor(opts), pid, setup.watches));

@@ -27,7 +27,7 @@ std::string Hex(uint64_t v) {
   return absl::StrFormat("0x%x", v);
 }
 
-std::string SiteText(const core::CodeLocation& loc, core::RemoteAddr ip) {
+std::string SiteText(const core::symbols::CodeLocation& loc, core::RemoteAddr ip) {
   if (loc.function.empty()) {
     return Hex(ip.value);
   }
@@ -54,10 +54,10 @@ std::vector<std::pair<K, watch::KindCounts>> Ranked(
 constexpr size_t kTopSites = 10;
 
 // Names sites with the symbols of `session`'s process.
-watch::SiteNamer SiteNamerFor(watch::WatchSession& session) {
+watch::profile::SiteNamer SiteNamerFor(watch::WatchSession& session) {
   return [&session](core::RemoteAddr ip) {
-    const core::CodeLocation& loc = session.symbolizer().Locate(ip);
-    return watch::SiteName{loc.function, loc.offset, loc.file, loc.line};
+    const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ip);
+    return watch::profile::SiteName{loc.function, loc.offset, loc.file, loc.line};
   };
 }
 
@@ -117,7 +117,7 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
   std::string s = ",\"stack\":[";
   for (size_t i = 0; i < frames->size(); ++i) {
     const core::RemoteAddr at = i == 0 ? ev.ip : (*frames)[i];
-    const core::CodeLocation& f =
+    const core::symbols::CodeLocation& f =
         session.symbolizer().Locate(i == 0 ? ev.ip : FrameLookup(*frames, i));
     absl::StrAppendFormat(&s,
                           "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
@@ -139,10 +139,10 @@ void AccessPrinter::Start(const watch::WatchSession& session, uint64_t start_ns,
   }
 }
 
-watch::ReportRenderOptions AccessPrinter::SummaryStart() {
+watch::profile::ReportRenderOptions AccessPrinter::SummaryStart() {
   std::fflush(out_);
-  watch::ReportRenderOptions ropts;
-  ropts.width = watch::TerminalWidth(out_);
+  watch::profile::ReportRenderOptions ropts;
+  ropts.width = watch::profile::TerminalWidth(out_);
   return ropts;
 }
 
@@ -216,7 +216,7 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   }
   // Before `loc`: looking frames up may grow the symbolizer's cache, which `loc` points into.
   const std::string stack_json = StackJson(session, ev);
-  const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
+  const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
   const std::string field = summary.FieldLabel(as_counted);
   const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
@@ -251,7 +251,7 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   if (quiet_) {
     return absl::OkStatus();
   }
-  const core::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
+  const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const std::string field = summary.FieldLabel(as_counted);
   const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
   const double t = Seconds(ev.time_ns);
@@ -270,7 +270,7 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   if (const std::vector<core::RemoteAddr>* frames = session.stack(ev.stack_id)) {
     for (size_t i = 0; i < frames->size(); ++i) {
       const core::RemoteAddr at = i == 0 ? ev.ip : FrameLookup(*frames, i);
-      const core::CodeLocation& f = session.symbolizer().Locate(at);
+      const core::symbols::CodeLocation& f = session.symbolizer().Locate(at);
       absl::FPrintF(out_, "    #%-2d %s\n", i, SiteText(f, at));
     }
   }
@@ -281,7 +281,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
   watch::WatchSession& session = all.session;
   const watch::Summary& summary = all.summary;
   const RunInfo& info = all.info;
-  const watch::ReportRenderOptions ropts = SummaryStart();
+  const watch::profile::ReportRenderOptions ropts = SummaryStart();
   std::string s = absl::StrFormat(
       "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
       "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
@@ -345,7 +345,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
       if (n++ == kTopSites) {
         break;
       }
-      const core::CodeLocation& loc = session.symbolizer().Locate(ip);
+      const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ip);
       absl::StrAppendFormat(&s,
                             "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
                             "\"line\":%d,\"reads\":%d,\"writes\":%d}",
@@ -383,7 +383,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     s += "]";
   }
   s += ",\"profile\":";
-  s += watch::RenderJson(all.profile, SiteNamerFor(session), ropts).dump();
+  s += watch::profile::RenderJson(all.profile, SiteNamerFor(session), ropts).dump();
   s += "}\n";
   std::fputs(s.c_str(), out_);
   std::fflush(out_);
@@ -393,7 +393,7 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
   watch::WatchSession& session = all.session;
   const watch::Summary& summary = all.summary;
   const RunInfo& info = all.info;
-  const watch::ReportRenderOptions ropts = SummaryStart();
+  const watch::profile::ReportRenderOptions ropts = SummaryStart();
   FILE* out = out_;
   absl::FPrintF(out, "\n== kwatch summary: %d events in %.3f s, %d lost", summary.events(),
                 info.seconds, info.lost);
@@ -435,7 +435,7 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
     absl::FPrintF(out, "%d debug register%s held outside kwatch (see `kwatch slots -p %d`)\n", ext,
                   ext == 1 ? " was" : "s were", info.pid);
   }
-  absl::FPrintF(out, "\n%s", watch::RenderText(all.profile, SiteNamerFor(session), ropts));
+  absl::FPrintF(out, "\n%s", watch::profile::RenderText(all.profile, SiteNamerFor(session), ropts));
   if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
     absl::FPrintF(out, "\n");
     for (const std::string& line : watch::KernelAccessLines(*k)) {

@@ -43,7 +43,7 @@ class AccessPrinter : public watch::AccessSink {
  protected:
   virtual void PrintHeader(const watch::WatchSession& session) = 0;
   // Where both summaries start: the events flushed, the profile's rendering fit to `out_`.
-  watch::ReportRenderOptions SummaryStart();
+  watch::profile::ReportRenderOptions SummaryStart();
   // Seconds from the session's start to an event's time.
   double Seconds(uint64_t time_ns) const {
     return static_cast<double>(time_ns - std::min(time_ns, start_ns_)) / 1e9;

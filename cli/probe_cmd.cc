@@ -89,23 +89,24 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
 }
 
 int ListLines(const std::string& file, const std::string& what) {
-  absl::StatusOr<core::ProbePoint> point = core::ParseProbePoint(what);
+  absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(what);
   if (!point.ok()) {
     PrintError(point.status());
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<core::ProbeTarget>> target = core::ProbeTarget::Open(file);
+  absl::StatusOr<std::unique_ptr<core::probe::ProbeTarget>> target =
+      core::probe::ProbeTarget::Open(file);
   if (!target.ok()) {
     PrintError(target.status());
     return 1;
   }
-  absl::StatusOr<std::vector<core::LineListing>> listings = (*target)->ListLines(*point);
+  absl::StatusOr<std::vector<core::probe::LineListing>> listings = (*target)->ListLines(*point);
   if (!listings.ok()) {
     PrintError(listings.status());
     return 1;
   }
-  for (const core::LineListing& l : *listings) {
-    std::fputs(core::FormatLineListing(l).c_str(), stdout);
+  for (const core::probe::LineListing& l : *listings) {
+    std::fputs(core::probe::FormatLineListing(l).c_str(), stdout);
     if (!l.have_source) {
       std::fprintf(stderr, "kwatch: note: source of %s not found; lines listed without text\n",
                    l.file.c_str());
@@ -115,22 +116,23 @@ int ListLines(const std::string& file, const std::string& what) {
 }
 
 int ListVars(const std::string& file, const std::string& what) {
-  absl::StatusOr<core::ProbePoint> point = core::ParseProbePoint(what);
+  absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(what);
   if (!point.ok()) {
     PrintError(point.status());
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<core::ProbeTarget>> target = core::ProbeTarget::Open(file);
+  absl::StatusOr<std::unique_ptr<core::probe::ProbeTarget>> target =
+      core::probe::ProbeTarget::Open(file);
   if (!target.ok()) {
     PrintError(target.status());
     return 1;
   }
-  absl::StatusOr<std::vector<core::VarListing>> listings = (*target)->ListVars(*point);
+  absl::StatusOr<std::vector<core::probe::VarListing>> listings = (*target)->ListVars(*point);
   if (!listings.ok()) {
     PrintError(listings.status());
     return 1;
   }
-  std::fputs(core::FormatVarListing(what, *listings).c_str(), stdout);
+  std::fputs(core::probe::FormatVarListing(what, *listings).c_str(), stdout);
   return 0;
 }
 
@@ -312,7 +314,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
       std::fprintf(stderr, "kwatch: error: -u USER applies to a command given after `--`\n");
       return 2;
     }
-    absl::StatusOr<core::RunAs> as = core::ResolveUser(user);
+    absl::StatusOr<core::ptrace::RunAs> as = core::ptrace::ResolveUser(user);
     if (!as.ok()) {
       PrintError(as.status());
       return 2;

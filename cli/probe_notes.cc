@@ -102,7 +102,7 @@ std::string ProbeNoteText(const ProbeNote& n) {
       if (!n.exit.has_value()) {
         return absl::StrFormat("followed child %d ended", n.pid);
       }
-      const core::ExitInfo e = n.exit.value_or(core::ExitInfo{});
+      const core::ptrace::ExitInfo e = n.exit.value_or(core::ptrace::ExitInfo{});
       return absl::StrFormat("followed child %d %s %d", n.pid,
                              e.signaled ? "killed by signal" : "exited with status",
                              e.signaled ? e.signal : e.code);

@@ -33,28 +33,29 @@ using watch::probe::HitRecorder;
 using watch::probe::HitTally;
 
 // The recording for -o (nullptr without -o), holding the probes.
-absl::StatusOr<std::unique_ptr<core::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
-                                                                 const std::string& backend,
-                                                                 const ProbeSet& set, pid_t pid,
-                                                                 uint64_t load_bias) {
+absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> OpenRecording(const ProbeCmdOptions& opts,
+                                                                        const std::string& backend,
+                                                                        const ProbeSet& set,
+                                                                        pid_t pid,
+                                                                        uint64_t load_bias) {
   if (opts.output.empty()) {
-    return std::unique_ptr<core::TraceWriter>();
+    return std::unique_ptr<core::store::TraceWriter>();
   }
-  core::SessionRecord rec = core::SessionRecordForThisHost();
+  core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.command_line = opts.command_line;
   rec.pid = pid;
   rec.kwatch_version = KWATCH_VERSION;
   rec.mode = "probe";
   rec.backend = backend;
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::TraceWriter> w,
-                      core::TraceWriter::Create(opts.output, rec));
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> w,
+                      core::store::TraceWriter::Create(opts.output, rec));
   KW_RETURN_IF_ERROR(watch::probe::AddProbes(*w, set.probes, load_bias));
   return w;
 }
 
 // Finishes the recording and says so on stderr. False when recording failed (the caller
 // exits 1 after its summary).
-bool FinishRecording(core::TraceWriter* writer, const HitRecorder* recorder,
+bool FinishRecording(core::store::TraceWriter* writer, const HitRecorder* recorder,
                      const ProbeRunInfo& info, const std::string& path) {
   if (writer == nullptr) {
     return true;
@@ -71,7 +72,7 @@ bool FinishRecording(core::TraceWriter* writer, const HitRecorder* recorder,
     }
     return false;
   }
-  core::SessionEnd end;
+  core::store::SessionEnd end;
   if (info.exit.has_value()) {
     end.exit_status = info.exit->ShellStatus();
   }
@@ -125,7 +126,7 @@ class SessionOutput {
   const ProbeCmdOptions& opts_;
   const ProbeSet& set_;
   std::string backend_;  // "agent", "ptrace", "uprobe", "hw": in the recording
-  std::unique_ptr<core::TraceWriter> writer_;
+  std::unique_ptr<core::store::TraceWriter> writer_;
   std::unique_ptr<HitTally> tally_;
   std::unique_ptr<HitRecorder> recorder_;
   std::unique_ptr<ProbePrinter> printer_;

@@ -20,13 +20,13 @@
 namespace kwatch::cli {
 
 struct ProbeCmdOptions {
-  std::vector<std::string> specs;    // positional and -a
-  std::string binary;                // -x: the ELF file the specs refer to
-  std::optional<pid_t> pid;          // -p
-  std::vector<std::string> command;  // after --
-  std::optional<core::RunAs> user;   // -u: run the command as this user
-  std::string list_lines;            // -L FUNC
-  std::string list_vars;             // -V POINT
+  std::vector<std::string> specs;           // positional and -a
+  std::string binary;                       // -x: the ELF file the specs refer to
+  std::optional<pid_t> pid;                 // -p
+  std::vector<std::string> command;         // after --
+  std::optional<core::ptrace::RunAs> user;  // -u: run the command as this user
+  std::string list_lines;                   // -L FUNC
+  std::string list_vars;                    // -V POINT
   uint64_t count = 0;
   double duration = 0;
   bool json = false;

@@ -48,8 +48,8 @@ std::string WallTime(uint64_t ns) {
   return buf;
 }
 
-void PrintSessionText(const core::TraceReader& r, uint64_t events, uint64_t hits) {
-  const core::SessionRecord& s = r.session();
+void PrintSessionText(const core::store::TraceReader& r, uint64_t events, uint64_t hits) {
+  const core::store::SessionRecord& s = r.session();
   std::printf("== kwatch recording %s\n", r.path().c_str());
   std::printf("command   %s\n", s.command_line.c_str());
   std::printf("target    pid %d   mode %s   backend %s\n", s.pid, s.mode.c_str(),
@@ -58,7 +58,7 @@ void PrintSessionText(const core::TraceReader& r, uint64_t events, uint64_t hits
               s.kwatch_version.c_str());
   std::printf("started   %s\n", WallTime(s.start_wall_ns).c_str());
   if (r.complete() && r.end().has_value()) {
-    const core::SessionEnd& e = *r.end();
+    const core::store::SessionEnd& e = *r.end();
     std::printf("ended     after %.3fs: %s",
                 static_cast<double>(e.end_mono_ns - s.start_mono_ns) / 1e9, e.exit_reason.c_str());
     if (e.exit_status.has_value()) {
@@ -78,8 +78,8 @@ void PrintSessionText(const core::TraceReader& r, uint64_t events, uint64_t hits
               static_cast<unsigned long long>(hits));
 }
 
-nlohmann::json SessionJson(const core::TraceReader& r, uint64_t events, uint64_t hits) {
-  const core::SessionRecord& s = r.session();
+nlohmann::json SessionJson(const core::store::TraceReader& r, uint64_t events, uint64_t hits) {
+  const core::store::SessionRecord& s = r.session();
   nlohmann::json j = {{"file", r.path()},
                       {"command", s.command_line},
                       {"pid", s.pid},
@@ -103,10 +103,10 @@ nlohmann::json SessionJson(const core::TraceReader& r, uint64_t events, uint64_t
   return j;
 }
 
-void PrintProbesText(const core::TraceReader& r,
+void PrintProbesText(const core::store::TraceReader& r,
                      const std::map<uint32_t, watch::ProbeTally>& tallies) {
   std::printf("== probes\n");
-  for (const core::ProbeRecord& p : r.probes()) {
+  for (const core::store::ProbeRecord& p : r.probes()) {
     auto it = tallies.find(p.id);
     const uint64_t hits = it == tallies.end() ? 0 : it->second.hits;
     std::printf("%-24s %s%s  %s:%d   %llu hits", p.event.c_str(), p.function.c_str(),
@@ -133,10 +133,10 @@ void PrintProbesText(const core::TraceReader& r,
   std::printf("\n");
 }
 
-nlohmann::json ProbesJson(const core::TraceReader& r,
+nlohmann::json ProbesJson(const core::store::TraceReader& r,
                           const std::map<uint32_t, watch::ProbeTally>& tallies) {
   nlohmann::json out = nlohmann::json::array();
-  for (const core::ProbeRecord& p : r.probes()) {
+  for (const core::store::ProbeRecord& p : r.probes()) {
     auto it = tallies.find(p.id);
     nlohmann::json j = {{"event", p.event},
                         {"spec", p.spec},
@@ -200,12 +200,12 @@ int ReportMain(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  auto reader = core::TraceReader::Open(o.file);
+  auto reader = core::store::TraceReader::Open(o.file);
   if (!reader.ok()) {
     std::fprintf(stderr, "kwatch: error: %s\n", std::string(reader.status().message()).c_str());
     return 1;
   }
-  const core::TraceReader& r = **reader;
+  const core::store::TraceReader& r = **reader;
   watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
   auto profile = watch::ProfileFromRecording(r, slice, watch::ReportProfileOptions(r, o.bucket_ms));
   if (!profile.ok()) {
@@ -223,12 +223,12 @@ int ReportMain(const std::vector<std::string>& args) {
     hits += t.hits;
   }
   // Site names come from the recording's sites table.
-  absl::flat_hash_map<uint64_t, const core::SiteRecord*> sites;
-  for (const core::SiteRecord& s : r.sites()) {
+  absl::flat_hash_map<uint64_t, const core::store::SiteRecord*> sites;
+  for (const core::store::SiteRecord& s : r.sites()) {
     sites[s.ip.value] = &s;
   }
-  watch::SiteNamer namer = [&](core::RemoteAddr ip) {
-    watch::SiteName n;
+  watch::profile::SiteNamer namer = [&](core::RemoteAddr ip) {
+    watch::profile::SiteName n;
     auto it = sites.find(ip.value);
     if (it != sites.end()) {
       n.function = it->second->function;
@@ -238,12 +238,12 @@ int ReportMain(const std::vector<std::string>& args) {
     }
     return n;
   };
-  watch::ReportRenderOptions ropts;
+  watch::profile::ReportRenderOptions ropts;
   ropts.field_filter = o.field;
   ropts.log_scale = o.log_scale;
-  ropts.width = watch::TerminalWidth(stdout);
+  ropts.width = watch::profile::TerminalWidth(stdout);
   ropts.color = o.color == "always" || (o.color == "auto" && isatty(STDOUT_FILENO) != 0);
-  for (const core::TaskRecord& t : r.tasks()) {
+  for (const core::store::TaskRecord& t : r.tasks()) {
     ropts.task_names[t.tid].push_back(t.comm);
   }
   if (!r.complete()) {
@@ -253,23 +253,23 @@ int ReportMain(const std::vector<std::string>& args) {
                  o.file.c_str());
   }
   if (o.format == "json") {
-    nlohmann::json j = watch::RenderJson(*profile, namer, ropts);
+    nlohmann::json j = watch::profile::RenderJson(*profile, namer, ropts);
     j["session"] = SessionJson(r, profile->events(), hits);
     j["probes"] = ProbesJson(r, tallies);
     std::printf("%s\n", j.dump(2).c_str());
   } else if (o.format == "csv") {
-    std::fputs(watch::RenderCsv(*profile, namer, ropts).c_str(), stdout);
+    std::fputs(watch::profile::RenderCsv(*profile, namer, ropts).c_str(), stdout);
   } else {
     PrintSessionText(r, profile->events(), hits);
     if (!r.watches().empty()) {
-      std::fputs(watch::RenderText(*profile, namer, ropts).c_str(), stdout);
+      std::fputs(watch::profile::RenderText(*profile, namer, ropts).c_str(), stdout);
     }
     if (!r.probes().empty()) {
       PrintProbesText(r, tallies);
     }
   }
   if (!o.png.empty()) {
-    const std::vector<HeatmapPanel> panels = watch::HeatmapPanels(*profile, o.field);
+    const std::vector<HeatmapPanel> panels = watch::profile::HeatmapPanels(*profile, o.field);
     if (panels.empty()) {
       std::fprintf(stderr, "kwatch: error: no watched fields to draw in %s\n", o.png.c_str());
       return 1;

@@ -27,9 +27,9 @@ struct WatchOptions {
   bool json = false;
   bool quiet = false;
   bool kill_on_exit = false;
-  bool follow_forks = false;          // -f: watch the children the target forks too (as strace -f)
-  std::string user;                   // -u: run the command as this user
-  std::optional<core::RunAs> run_as;  // resolved from `user`
+  bool follow_forks = false;  // -f: watch the children the target forks too (as strace -f)
+  std::string user;           // -u: run the command as this user
+  std::optional<core::ptrace::RunAs> run_as;  // resolved from `user`
   std::string backend = "auto";
   bool stop = false;         // --stop: --backend stop
   std::string condition;     // --if EXPR

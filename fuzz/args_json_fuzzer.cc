@@ -11,12 +11,12 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view json(reinterpret_cast<const char*>(data), size);
-  auto args = kwatch::core::DecodeArgsJson(json);
+  auto args = kwatch::core::store::DecodeArgsJson(json);
   if (!args.ok()) {
     return 0;
   }
-  const std::string encoded = kwatch::core::EncodeArgsJson(*args);
-  auto again = kwatch::core::DecodeArgsJson(encoded);
+  const std::string encoded = kwatch::core::store::EncodeArgsJson(*args);
+  auto again = kwatch::core::store::DecodeArgsJson(encoded);
   if (!again.ok() || *again != *args) {
     std::abort();  // Decode(Encode(a)) == a is the contract of args_json.h
   }

@@ -14,9 +14,9 @@
 
 namespace {
 
-using kwatch::core::ExprStep;
 using kwatch::core::kernel::BtfTypeRef;
 using kwatch::core::kernel::KernelBtf;
+using kwatch::core::symbols::ExprStep;
 
 // Types visited per input: enough for the seeds, bounded for a huge hostile count.
 constexpr uint32_t kMaxTypes = 256;

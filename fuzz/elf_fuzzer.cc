@@ -47,19 +47,19 @@ uint64_t Word(const uint8_t* data, size_t size, size_t at) {
 }
 
 void QuerySymbols(const std::string& path, const uint8_t* data, size_t size) {
-  auto symbols = kwatch::core::Symbols::ForFile(path);
+  auto symbols = kwatch::core::symbols::Symbols::ForFile(path);
   if (!symbols.ok()) {
     return;
   }
-  const kwatch::core::MemoryReader read = [](RemoteAddr addr,
-                                             std::span<uint8_t> out) -> absl::Status {
+  const kwatch::core::symbols::MemoryReader read = [](RemoteAddr addr,
+                                                      std::span<uint8_t> out) -> absl::Status {
     for (size_t i = 0; i < out.size(); ++i) {
       out[i] = static_cast<uint8_t>(addr.value + i);
     }
     return absl::OkStatus();
   };
   for (const char* text : kExprs) {
-    auto expr = kwatch::core::ParseExpr(text);
+    auto expr = kwatch::core::symbols::ParseExpr(text);
     if (expr.ok()) {
       (void)(*symbols)->Resolve(*expr, read);
     }
@@ -80,14 +80,14 @@ void QuerySymbols(const std::string& path, const uint8_t* data, size_t size) {
 }
 
 void QueryProbeTarget(const std::string& path) {
-  auto target = kwatch::core::ProbeTarget::Open(path);
+  auto target = kwatch::core::probe::ProbeTarget::Open(path);
   if (!target.ok()) {
     return;
   }
   (void)(*target)->SymbolAddress("g_total");
   (void)(*target)->FileOffset(RemoteAddr{0x1149});
   for (const char* text : kSpecs) {
-    auto spec = kwatch::core::ParseProbeSpec(text);
+    auto spec = kwatch::core::probe::ParseProbeSpec(text);
     if (!spec.ok()) {
       continue;
     }
@@ -96,12 +96,12 @@ void QueryProbeTarget(const std::string& path) {
       continue;
     }
     (void)(*target)->ListVars(spec->point);
-    if (spec->point.kind == kwatch::core::ProbePoint::Kind::kFunction && !spec->point.is_return &&
-        spec->point.offset == 0) {
+    if (spec->point.kind == kwatch::core::probe::ProbePoint::Kind::kFunction &&
+        !spec->point.is_return && spec->point.offset == 0) {
       (void)(*target)->ListLines(spec->point);
     }
-    for (const kwatch::core::ResolvedPoint& point : *points) {
-      auto args = kwatch::core::CompileArgs(**target, point, spec->args);
+    for (const kwatch::core::probe::ResolvedPoint& point : *points) {
+      auto args = kwatch::core::probe::CompileArgs(**target, point, spec->args);
       if (!args.ok()) {
         continue;
       }
@@ -110,7 +110,7 @@ void QueryProbeTarget(const std::string& path) {
       regs.rsp = 0x7ffc0000;
       regs.rdi = 0x4010;
       user_fpregs_struct fpregs{};
-      kwatch::core::FetchContext ctx;
+      kwatch::core::probe::FetchContext ctx;
       ctx.regs = &regs;
       ctx.fpregs = &fpregs;
       ctx.read = [](RemoteAddr addr, std::span<uint8_t> out) -> absl::Status {
@@ -120,7 +120,7 @@ void QueryProbeTarget(const std::string& path) {
         return absl::OkStatus();
       };
       ctx.at_return = point.is_return;
-      (void)kwatch::core::EvaluateAll(*args, ctx);
+      (void)kwatch::core::probe::EvaluateAll(*args, ctx);
     }
   }
 }

@@ -18,10 +18,10 @@
 
 namespace {
 
-const kwatch::core::Symbols* FixtureSymbols() {
-  static const kwatch::core::Symbols* symbols = [] {
+const kwatch::core::symbols::Symbols* FixtureSymbols() {
+  static const kwatch::core::symbols::Symbols* symbols = [] {
     kwatch::fuzz::QuietLibdw();
-    auto s = kwatch::core::Symbols::ForFile(KWATCH_FUZZ_FIXTURE);
+    auto s = kwatch::core::symbols::Symbols::ForFile(KWATCH_FUZZ_FIXTURE);
     if (!s.ok()) {
       std::abort();  // the harness is broken: the fixture must load
     }
@@ -34,11 +34,11 @@ const kwatch::core::Symbols* FixtureSymbols() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  auto expr = kwatch::core::ParseExpr(text);
+  auto expr = kwatch::core::symbols::ParseExpr(text);
   if (!expr.ok()) {
     return 0;
   }
-  for (const kwatch::core::ExprStep& step : expr->steps) {
+  for (const kwatch::core::symbols::ExprStep& step : expr->steps) {
     if (step.column > size) {
       std::abort();  // a column outside the text would put the caret anywhere
     }
@@ -46,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Memory of the "target": each byte is a function of its address and the input, so that
   // pointers read through '->' and '*' go somewhere different for different inputs.
   const uint8_t seed = size > 0 ? data[0] : 0;
-  const kwatch::core::MemoryReader read = [seed](kwatch::core::RemoteAddr addr,
-                                                 std::span<uint8_t> out) -> absl::Status {
+  const kwatch::core::symbols::MemoryReader read = [seed](kwatch::core::RemoteAddr addr,
+                                                          std::span<uint8_t> out) -> absl::Status {
     if (addr.value % 7 == 3) {
       return absl::NotFoundError("unmapped");
     }

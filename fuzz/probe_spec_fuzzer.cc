@@ -24,7 +24,7 @@
 
 namespace {
 
-using kwatch::core::ProbeTarget;
+using kwatch::core::probe::ProbeTarget;
 
 const ProbeTarget& Fixture() {
   static const ProbeTarget* target = [] {
@@ -43,14 +43,14 @@ const ProbeTarget& Fixture() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
   // Each parser on its own, as the CLI calls them for -a/--arg style options.
-  (void)kwatch::core::ParseProbePoint(text);
-  (void)kwatch::core::ParseProbeArg(text);
-  (void)kwatch::core::ParseArgType(text);
-  auto spec = kwatch::core::ParseProbeSpec(text);
+  (void)kwatch::core::probe::ParseProbePoint(text);
+  (void)kwatch::core::probe::ParseProbeArg(text);
+  (void)kwatch::core::probe::ParseArgType(text);
+  auto spec = kwatch::core::probe::ParseProbeSpec(text);
   if (!spec.ok()) {
     return 0;
   }
-  for (const kwatch::core::ProbeArgSpec& arg : spec->args) {
+  for (const kwatch::core::probe::ProbeArgSpec& arg : spec->args) {
     if (arg.type.has_value()) {
       (void)arg.type->Name();
     }
@@ -60,8 +60,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!points.ok()) {
     return 0;
   }
-  if (spec->point.kind == kwatch::core::ProbePoint::Kind::kFunction && !spec->point.is_return &&
-      !spec->point.line.has_value() && spec->point.pattern.empty() && spec->point.offset == 0) {
+  if (spec->point.kind == kwatch::core::probe::ProbePoint::Kind::kFunction &&
+      !spec->point.is_return && !spec->point.line.has_value() && spec->point.pattern.empty() &&
+      spec->point.offset == 0) {
     (void)target.ListLines(spec->point);
   }
   (void)target.ListVars(spec->point);
@@ -71,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memcpy(&regs, data, std::min(size, sizeof(regs)));
   user_fpregs_struct fpregs{};
   const std::string bytes(text);
-  kwatch::core::FetchContext ctx;
+  kwatch::core::probe::FetchContext ctx;
   ctx.regs = &regs;
   ctx.fpregs = &fpregs;
   ctx.load_bias = 0;
@@ -85,15 +86,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return absl::OkStatus();
   };
   size_t compiled = 0;
-  for (const kwatch::core::ResolvedPoint& point : *points) {
+  for (const kwatch::core::probe::ResolvedPoint& point : *points) {
     (void)point.Where();
-    auto args = kwatch::core::CompileArgs(target, point, spec->args);
+    auto args = kwatch::core::probe::CompileArgs(target, point, spec->args);
     if (!args.ok() || ++compiled > 4) {
       continue;
     }
     for (const bool at_return : {false, true}) {
       ctx.at_return = at_return;
-      (void)kwatch::core::EvaluateAll(*args, ctx);
+      (void)kwatch::core::probe::EvaluateAll(*args, ctx);
     }
   }
   return 0;

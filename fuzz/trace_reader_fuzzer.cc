@@ -15,15 +15,15 @@ namespace {
 // Enough rows to reach every code path, few enough to keep an execution short.
 constexpr int kMaxRows = 2000;
 
-void ReadAll(const kwatch::core::TraceReader& r, const kwatch::core::EventFilter& ef,
-             const kwatch::core::HitFilter& hf) {
+void ReadAll(const kwatch::core::store::TraceReader& r, const kwatch::core::store::EventFilter& ef,
+             const kwatch::core::store::HitFilter& hf) {
   int n = 0;
   (void)r.ForEachEvent(ef, [&](const kwatch::core::AccessEvent& e) {
     (void)r.FindSite(e.ip);
     return ++n < kMaxRows;
   });
   n = 0;
-  (void)r.ForEachHit(hf, [&](const kwatch::core::HitRecord& h) {
+  (void)r.ForEachHit(hf, [&](const kwatch::core::store::HitRecord& h) {
     (void)r.FindSite(h.ip);
     return ++n < kMaxRows;
   });
@@ -35,24 +35,24 @@ void ReadAll(const kwatch::core::TraceReader& r, const kwatch::core::EventFilter
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kwatch::fuzz::TempFile file(data, size);
-  auto reader = kwatch::core::TraceReader::Open(file.path());
+  auto reader = kwatch::core::store::TraceReader::Open(file.path());
   if (!reader.ok()) {
     return 0;
   }
-  const kwatch::core::TraceReader& r = **reader;
+  const kwatch::core::store::TraceReader& r = **reader;
   (void)r.session();
   (void)r.complete();
   (void)r.end();
-  for (const kwatch::core::WatchRecord& w : r.watches()) {
+  for (const kwatch::core::store::WatchRecord& w : r.watches()) {
     (void)w.fields.size();
   }
   ReadAll(r, {}, {});
-  kwatch::core::EventFilter ef;
+  kwatch::core::store::EventFilter ef;
   ef.from_ns = 1000;
   ef.to_ns = UINT64_MAX - 1;
   ef.tid = 1;
   ef.watch_id = 1;
-  kwatch::core::HitFilter hf;
+  kwatch::core::store::HitFilter hf;
   hf.from_ns = 1000;
   hf.to_ns = 1ULL << 62;
   hf.tid = 1;

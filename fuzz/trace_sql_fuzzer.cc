@@ -52,15 +52,15 @@ void Apply(const std::string& path, const std::string& sql) {
   sqlite3_close(db);
 }
 
-void ReadAll(const kwatch::core::TraceReader& r, const kwatch::core::EventFilter& ef,
-             const kwatch::core::HitFilter& hf) {
+void ReadAll(const kwatch::core::store::TraceReader& r, const kwatch::core::store::EventFilter& ef,
+             const kwatch::core::store::HitFilter& hf) {
   int n = 0;
   (void)r.ForEachEvent(ef, [&](const kwatch::core::AccessEvent& e) {
     (void)r.FindSite(e.ip);
     return ++n < kMaxRows;
   });
   n = 0;
-  (void)r.ForEachHit(hf, [&](const kwatch::core::HitRecord& h) {
+  (void)r.ForEachHit(hf, [&](const kwatch::core::store::HitRecord& h) {
     (void)r.FindSite(h.ip);
     return ++n < kMaxRows;
   });
@@ -74,17 +74,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& tmpl = Template();
   const kwatch::fuzz::TempFile file(reinterpret_cast<const uint8_t*>(tmpl.data()), tmpl.size());
   Apply(file.path(), std::string(reinterpret_cast<const char*>(data), size));
-  auto reader = kwatch::core::TraceReader::Open(file.path());
+  auto reader = kwatch::core::store::TraceReader::Open(file.path());
   if (!reader.ok()) {
     return 0;
   }
-  const kwatch::core::TraceReader& r = **reader;
+  const kwatch::core::store::TraceReader& r = **reader;
   ReadAll(r, {}, {});
   for (const uint64_t from : {uint64_t{0}, uint64_t{1000}, uint64_t{1} << 63, UINT64_MAX}) {
-    kwatch::core::EventFilter ef;
+    kwatch::core::store::EventFilter ef;
     ef.from_ns = from;
     ef.to_ns = from + 5000;
-    kwatch::core::HitFilter hf;
+    kwatch::core::store::HitFilter hf;
     hf.from_ns = from;
     ReadAll(r, ef, hf);
   }

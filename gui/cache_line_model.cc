@@ -16,7 +16,7 @@ namespace {
 QString SiteText(const Snapshot* names, uint64_t ip) {
   if (names != nullptr) {
     if (auto it = names->sites.find(ip); it != names->sites.end() && !it->second.function.empty()) {
-      const core::SiteRecord& s = it->second;
+      const core::store::SiteRecord& s = it->second;
       QString t =
           QStringLiteral("%1+0x%2").arg(QString::fromStdString(s.function)).arg(s.offset, 0, 16);
       if (!s.file.empty()) {
@@ -43,14 +43,14 @@ void CacheLineModel::SetData(SnapshotPtr snap, SnapshotPtr names, const Selectio
   rows_.clear();
   findings_ = 0;
   if (snap_ && snap_->profile.has_value()) {
-    const watch::StorageProfile& p = *snap_->profile;
-    absl::flat_hash_map<uint32_t, watch::FalseSharingFinding> by_line;
-    for (watch::FalseSharingFinding& f : p.FalseSharing()) {
+    const watch::profile::StorageProfile& p = *snap_->profile;
+    absl::flat_hash_map<uint32_t, watch::profile::FalseSharingFinding> by_line;
+    for (watch::profile::FalseSharingFinding& f : p.FalseSharing()) {
       const uint32_t line = f.line;
       by_line.emplace(line, std::move(f));
     }
     for (uint32_t i = 0; i < p.lines().size(); ++i) {
-      const watch::CacheLine& l = p.lines()[i];
+      const watch::profile::CacheLine& l = p.lines()[i];
       bool mine = false;
       for (uint32_t f : l.fields) {
         mine = mine || p.fields()[f].object == sel.object;
@@ -71,8 +71,8 @@ void CacheLineModel::SetData(SnapshotPtr snap, SnapshotPtr names, const Selectio
 }
 
 QString CacheLineModel::Evidence(const Row& r) const {
-  const watch::StorageProfile& p = profile();
-  const watch::CacheLine& l = p.lines()[r.line];
+  const watch::profile::StorageProfile& p = profile();
+  const watch::profile::CacheLine& l = p.lines()[r.line];
   if (!r.finding.has_value()) {
     return QStringLiteral(
                "line 0x%1: %2 writes by %3 thread(s); %4 false and %5 true transfers: "
@@ -83,20 +83,21 @@ QString CacheLineModel::Evidence(const Row& r) const {
         .arg(l.false_transfers)
         .arg(l.true_transfers);
   }
-  const watch::FalseSharingFinding& f = *r.finding;
+  const watch::profile::FalseSharingFinding& f = *r.finding;
   const uint64_t start = snap_->session.start_mono_ns;
-  QString text = QStringLiteral(
-                     "FALSE SHARING on line 0x%1: %2 writes by one thread followed by "
-                     "a write to other bytes by another (%3 to the same bytes), from "
-                     "%4 to %5 after start.\n")
-                     .arg(f.addr.value, 0, 16)
-                     .arg(f.false_transfers)
-                     .arg(f.true_transfers)
-                     .arg(QString::fromStdString(
-                              watch::FormatDuration(f.first_ns > start ? f.first_ns - start : 0)),
-                          QString::fromStdString(
-                              watch::FormatDuration(f.last_ns > start ? f.last_ns - start : 0)));
-  for (const watch::FalseSharingFinding::ThreadWrites& t : f.threads) {
+  QString text =
+      QStringLiteral(
+          "FALSE SHARING on line 0x%1: %2 writes by one thread followed by "
+          "a write to other bytes by another (%3 to the same bytes), from "
+          "%4 to %5 after start.\n")
+          .arg(f.addr.value, 0, 16)
+          .arg(f.false_transfers)
+          .arg(f.true_transfers)
+          .arg(QString::fromStdString(
+                   watch::profile::FormatDuration(f.first_ns > start ? f.first_ns - start : 0)),
+               QString::fromStdString(
+                   watch::profile::FormatDuration(f.last_ns > start ? f.last_ns - start : 0)));
+  for (const watch::profile::FalseSharingFinding::ThreadWrites& t : f.threads) {
     QStringList fields;
     for (const auto& [field, n] : t.fields) {
       fields
@@ -106,7 +107,7 @@ QString CacheLineModel::Evidence(const Row& r) const {
                 .arg(t.tid)
                 .arg(t.writes)
                 .arg(fields.join(QStringLiteral(", ")));
-    for (const watch::SiteCount& s : t.top_sites) {
+    for (const watch::profile::SiteCount& s : t.top_sites) {
       text += QStringLiteral("      %1  %2\n")
                   .arg(SiteText(names_.get(), s.ip.value))
                   .arg(s.counts.writes);
@@ -139,8 +140,8 @@ QVariant CacheLineModel::data(const QModelIndex& index, int role) const {
     return {};
   }
   const Row& r = rows_[static_cast<size_t>(index.row())];
-  const watch::StorageProfile& p = profile();
-  const watch::CacheLine& l = p.lines()[r.line];
+  const watch::profile::StorageProfile& p = profile();
+  const watch::profile::CacheLine& l = p.lines()[r.line];
   const auto count = [&]() -> std::optional<uint64_t> {
     switch (index.column()) {
       case kWrites:

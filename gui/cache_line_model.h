@@ -55,9 +55,9 @@ class CacheLineModel : public QAbstractTableModel {
  private:
   struct Row {
     uint32_t line = 0;  // index into the profile's lines()
-    std::optional<watch::FalseSharingFinding> finding;
+    std::optional<watch::profile::FalseSharingFinding> finding;
   };
-  const watch::StorageProfile& profile() const { return *snap_->profile; }
+  const watch::profile::StorageProfile& profile() const { return *snap_->profile; }
   QString Evidence(const Row& r) const;
 
   SnapshotPtr snap_;

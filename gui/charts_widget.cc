@@ -126,8 +126,8 @@ void ChartsWidget::RebuildTimeline() {
   x->setTickCount(5);
   x->applyNiceNumbers();
   chart->addAxis(x, Qt::AlignBottom);
-  QValueAxis* y = CountAxis(
-      max, tr("per %1").arg(QString::fromStdString(watch::FormatDuration(timeline_->bucket_ns()))));
+  QValueAxis* y = CountAxis(max, tr("per %1").arg(QString::fromStdString(
+                                     watch::profile::FormatDuration(timeline_->bucket_ns()))));
   chart->addAxis(y, Qt::AlignLeft);
   for (QLineSeries* s : {reads, writes}) {
     s->attachAxis(x);

@@ -11,14 +11,14 @@ namespace {
 // internalId: 0 for objects; object index + 1 for their fields.
 constexpr quintptr kObjectLevel = 0;
 
-QString ObjectTitle(const watch::WatchedObject& o) {
+QString ObjectTitle(const watch::profile::WatchedObject& o) {
   return QString::fromStdString(o.expr);
 }
 
 }  // namespace
 
-QString FieldLabel(const watch::StorageProfile& profile, uint32_t field) {
-  const watch::FieldInfo& f = profile.fields()[field];
+QString FieldLabel(const watch::profile::StorageProfile& profile, uint32_t field) {
+  const watch::profile::FieldInfo& f = profile.fields()[field];
   const std::string& expr = profile.objects()[f.object].expr;
   std::string label = f.path;
   if (label.size() > expr.size() && label.compare(0, expr.size(), expr) == 0) {
@@ -30,14 +30,14 @@ QString FieldLabel(const watch::StorageProfile& profile, uint32_t field) {
   return QString::fromStdString(label);
 }
 
-QString FieldOffsetText(const watch::FieldInfo& f) {
+QString FieldOffsetText(const watch::profile::FieldInfo& f) {
   if (f.bit_size > 0) {
     return QStringLiteral("%1:%2").arg(f.offset).arg(f.bit_offset);
   }
   return QString::number(f.offset);
 }
 
-QString FieldSizeText(const watch::FieldInfo& f) {
+QString FieldSizeText(const watch::profile::FieldInfo& f) {
   if (f.bit_size > 0) {
     return QStringLiteral("%1b").arg(f.bit_size);
   }
@@ -46,7 +46,7 @@ QString FieldSizeText(const watch::FieldInfo& f) {
 
 FieldTreeModel::FieldTreeModel(QObject* parent) : QAbstractItemModel(parent) {}
 
-const watch::StorageProfile* FieldTreeModel::profile() const {
+const watch::profile::StorageProfile* FieldTreeModel::profile() const {
   return snap_ && snap_->profile.has_value() ? &*snap_->profile : nullptr;
 }
 
@@ -54,7 +54,7 @@ void FieldTreeModel::SetSnapshot(SnapshotPtr snap) {
   beginResetModel();
   snap_ = std::move(snap);
   object_threads_.clear();
-  if (const watch::StorageProfile* p = profile(); p != nullptr) {
+  if (const watch::profile::StorageProfile* p = profile(); p != nullptr) {
     // Threads that touched any field of each object.
     for (uint32_t obj = 0; obj < p->objects().size(); ++obj) {
       const auto [first, last] = p->FieldRange(obj);
@@ -74,7 +74,7 @@ void FieldTreeModel::SetSnapshot(SnapshotPtr snap) {
 }
 
 QModelIndex FieldTreeModel::ObjectIndex(uint32_t obj, int column) const {
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr || obj >= p->objects().size()) {
     return {};
   }
@@ -82,7 +82,7 @@ QModelIndex FieldTreeModel::ObjectIndex(uint32_t obj, int column) const {
 }
 
 QModelIndex FieldTreeModel::FieldIndex(uint32_t field, int column) const {
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr || field >= p->fields().size()) {
     return {};
   }
@@ -112,7 +112,7 @@ QModelIndex FieldTreeModel::parent(const QModelIndex& child) const {
 }
 
 int FieldTreeModel::rowCount(const QModelIndex& parent) const {
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr) {
     return 0;
   }
@@ -131,14 +131,14 @@ int FieldTreeModel::columnCount(const QModelIndex& /*parent*/) const {
 }
 
 QVariant FieldTreeModel::data(const QModelIndex& index, int role) const {
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr || !checkIndex(index, CheckIndexOption::IndexIsValid)) {
     return {};
   }
   const bool is_object = index.internalId() == kObjectLevel;
   const uint32_t obj = is_object ? static_cast<uint32_t>(index.row())
                                  : static_cast<uint32_t>(index.internalId() - 1);
-  const watch::WatchedObject& o = p->objects()[obj];
+  const watch::profile::WatchedObject& o = p->objects()[obj];
   const uint32_t field =
       is_object ? 0 : p->FieldRange(obj).first + static_cast<uint32_t>(index.row());
   if (role == kObjectRole) {
@@ -147,7 +147,7 @@ QVariant FieldTreeModel::data(const QModelIndex& index, int role) const {
   if (role == kFieldRole) {
     return is_object ? -1 : static_cast<int>(field);
   }
-  watch::RwCounts counts;
+  watch::profile::RwCounts counts;
   uint64_t threads = 0;
   if (is_object) {
     counts = p->object_stats(obj).total;
@@ -184,7 +184,7 @@ QVariant FieldTreeModel::data(const QModelIndex& index, int role) const {
           .arg(o.length)
           .arg(o.addr.value, 0, 16);
     }
-    const watch::FieldInfo& f = p->fields()[field];
+    const watch::profile::FieldInfo& f = p->fields()[field];
     return QStringLiteral("%1 (%2): offset %3, %4 bytes, at 0x%5")
         .arg(QString::fromStdString(f.path), QString::fromStdString(f.type_name),
              FieldOffsetText(f), FieldSizeText(f))

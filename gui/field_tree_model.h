@@ -40,7 +40,7 @@ class FieldTreeModel : public QAbstractItemModel {
                       int role = Qt::DisplayRole) const override;
 
  private:
-  const watch::StorageProfile* profile() const;
+  const watch::profile::StorageProfile* profile() const;
 
   SnapshotPtr snap_;
   std::vector<uint64_t> object_threads_;  // per object: threads that touched it
@@ -48,10 +48,10 @@ class FieldTreeModel : public QAbstractItemModel {
 
 // The field's name below its object: "g_stats.inner.a" of "g_stats" -> "inner.a"; "[3].tag"
 // for array elements; the whole path when it does not start with the object's name.
-QString FieldLabel(const watch::StorageProfile& profile, uint32_t field);
+QString FieldLabel(const watch::profile::StorageProfile& profile, uint32_t field);
 
 // Offset and size as the report shows them: "8" and "4", bitfields "24:3" and "1b".
-QString FieldOffsetText(const watch::FieldInfo& f);
-QString FieldSizeText(const watch::FieldInfo& f);
+QString FieldOffsetText(const watch::profile::FieldInfo& f);
+QString FieldSizeText(const watch::profile::FieldInfo& f);
 
 }  // namespace kwatch::gui

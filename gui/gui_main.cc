@@ -135,7 +135,7 @@ int GuiMain(int argc, char** argv) {
     QApplication::processEvents();
   }
   const SnapshotPtr& snap = session.main_snapshot();
-  const watch::StorageProfile& p = *snap->profile;
+  const watch::profile::StorageProfile& p = *snap->profile;
   if (p.objects().empty()) {
     Err(QStringLiteral("note: %1 has no watched memory (a probe recording); the picture shows "
                        "no heatmap")

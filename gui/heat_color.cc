@@ -12,15 +12,15 @@ QColor FromRgb(uint32_t rgb) {
 }  // namespace
 
 QColor HeatColor(uint64_t count, uint64_t max, Scale s) {
-  return FromRgb(watch::HeatRgb(count, max, s));
+  return FromRgb(watch::profile::HeatRgb(count, max, s));
 }
 
 QColor HeatRampColor(double position) {
-  return FromRgb(watch::HeatRampRgb(position));
+  return FromRgb(watch::profile::HeatRampRgb(position));
 }
 
 QColor EmptyHeatColor() {
-  return FromRgb(watch::kEmptyHeatRgb);
+  return FromRgb(watch::profile::kEmptyHeatRgb);
 }
 
 }  // namespace kwatch::gui

@@ -10,7 +10,7 @@ namespace kwatch::gui {
 
 // How counts map to colours: linearly, or logarithmically from 1 to the maximum. kwatch's one
 // heat scale (watch/profile/heat_scale.h), shared with `kwatch report` (PNG and text levels).
-using Scale = watch::HeatScale;
+using Scale = watch::profile::HeatScale;
 
 // Thin QColor wrappers over the pure functions of watch/profile/heat_scale.h, so a count has
 // the same colour here as in kwatch's PNG heatmap.

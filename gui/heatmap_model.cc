@@ -13,14 +13,14 @@ namespace kwatch::gui {
 
 HeatmapModel::HeatmapModel(QObject* parent) : QAbstractTableModel(parent) {}
 
-const watch::StorageProfile* HeatmapModel::profile() const {
+const watch::profile::StorageProfile* HeatmapModel::profile() const {
   return snap_ && snap_->profile.has_value() ? &*snap_->profile : nullptr;
 }
 
 void HeatmapModel::SetSnapshot(SnapshotPtr snap) {
   beginResetModel();
   snap_ = std::move(snap);
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr || object_ >= p->objects().size()) {
     object_ = 0;
   }
@@ -73,13 +73,14 @@ void HeatmapModel::Rebuild() {
   columns_ = 0;
   bucket_ns_ = 0;
   first_column_ns_ = 0;
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p != nullptr && object_ < p->objects().size()) {
-    const watch::WatchedObject& o = p->objects()[object_];
+    const watch::profile::WatchedObject& o = p->objects()[object_];
     const auto [first, last] = p->FieldRange(object_);
     for (uint32_t f = first; f < last; ++f) {
       fields_.push_back(f);
-      lines_.push_back((o.addr.value + p->fields()[f].begin) & ~(watch::kCacheLineBytes - 1));
+      lines_.push_back((o.addr.value + p->fields()[f].begin) &
+                       ~(watch::profile::kCacheLineBytes - 1));
     }
     columns_ = static_cast<int>(p->bins().columns());
     bucket_ns_ = p->bins().width_ns();
@@ -95,13 +96,13 @@ void HeatmapModel::RebuildCells() {
   cells_.assign(n, 0);
   max_ = 0;
   total_ = 0;
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr || n == 0) {
     return;
   }
   // The report model's per-field heat, for one thread or all (a thread that touched nothing in
   // this recording selects nothing: all zeros).
-  const watch::ThreadSelection threads(
+  const watch::profile::ThreadSelection threads(
       *p, tid_.has_value() ? std::vector<pid_t>{*tid_} : std::vector<pid_t>{});
   for (size_t row = 0; row < fields_.size(); ++row) {
     const uint32_t f = fields_[row];
@@ -149,11 +150,11 @@ uint64_t HeatmapModel::ColumnStartNs(int column) const {
 }
 
 QString HeatmapModel::ObjectTitle() const {
-  const watch::StorageProfile* p = profile();
+  const watch::profile::StorageProfile* p = profile();
   if (p == nullptr || object_ >= p->objects().size()) {
     return {};
   }
-  const watch::WatchedObject& o = p->objects()[object_];
+  const watch::profile::WatchedObject& o = p->objects()[object_];
   if (o.type_name.empty()) {
     return QStringLiteral("%1  (%2 bytes at 0x%3)")
         .arg(QString::fromStdString(o.expr))
@@ -193,7 +194,7 @@ QVariant HeatmapModel::data(const QModelIndex& index, int role) const {
     case Qt::BackgroundRole:
       return CellColor(row, col);
     case Qt::ToolTipRole: {
-      const watch::FieldInfo& f = profile()->fields()[FieldAt(row)];
+      const watch::profile::FieldInfo& f = profile()->fields()[FieldAt(row)];
       QString who =
           tid_.has_value() ? QStringLiteral("thread %1").arg(*tid_) : QStringLiteral("all threads");
       return QStringLiteral(
@@ -201,8 +202,8 @@ QVariant HeatmapModel::data(const QModelIndex& index, int role) const {
                  "reads %8   writes %9")
           .arg(QString::fromStdString(f.path), QString::fromStdString(f.type_name),
                FieldOffsetText(f), FieldSizeText(f),
-               QString::fromStdString(watch::FormatDuration(ColumnStartNs(col))),
-               QString::fromStdString(watch::FormatDuration(ColumnStartNs(col + 1))), who)
+               QString::fromStdString(watch::profile::FormatDuration(ColumnStartNs(col))),
+               QString::fromStdString(watch::profile::FormatDuration(ColumnStartNs(col + 1))), who)
           .arg(Reads(row, col))
           .arg(Writes(row, col));
     }
@@ -232,7 +233,7 @@ QVariant HeatmapModel::headerData(int section, Qt::Orientation orientation, int 
   }
   switch (role) {
     case Qt::DisplayRole:
-      return QString::fromStdString(watch::FormatDuration(ColumnStartNs(section)));
+      return QString::fromStdString(watch::profile::FormatDuration(ColumnStartNs(section)));
     case kColumnStartNsRole:
       return QVariant::fromValue<quint64>(ColumnStartNs(section));
     default:

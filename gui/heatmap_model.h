@@ -78,7 +78,7 @@ class HeatmapModel : public QAbstractTableModel {
   size_t Cell(int row, int column) const {
     return static_cast<size_t>(row) * static_cast<size_t>(columns_) + static_cast<size_t>(column);
   }
-  const watch::StorageProfile* profile() const;
+  const watch::profile::StorageProfile* profile() const;
   void Rebuild();       // layout (rows, columns) and counts
   void RebuildCells();  // counts only
   void EmitAllChanged();

@@ -261,7 +261,7 @@ void HeatmapWidget::paintEvent(QPaintEvent* /*event*/) {
   QString what =
       QStringLiteral("%1 per %2, %3, %4   ·   %5, shaded by cache line")
           .arg(ModeText(model_->mode()),
-               QString::fromStdString(watch::FormatDuration(model_->bucket_ns())),
+               QString::fromStdString(watch::profile::FormatDuration(model_->bucket_ns())),
                model_->scale() == Scale::kLog ? tr("log scale") : tr("linear scale"),
                model_->thread().has_value() ? tr("thread %1").arg(*model_->thread())
                                             : tr("all threads"))
@@ -446,7 +446,7 @@ void HeatmapWidget::PaintAxis(QPainter& p, const Geometry& g) const {
   for (uint64_t t = first_tick; t <= t1; t += step) {
     const int x = g.plot.left() + static_cast<int>(std::lround((t - t0) / ns_per_px));
     p.drawLine(x, g.axis.top(), x, g.axis.top() + 4);
-    const QString label = QString::fromStdString(watch::FormatDuration(t));
+    const QString label = QString::fromStdString(watch::profile::FormatDuration(t));
     const int w = fm.horizontalAdvance(label);
     p.drawText(QRect(x - w / 2 - 2, g.axis.top() + 5, w + 4, fm.height()), Qt::AlignCenter, label);
   }
@@ -465,7 +465,7 @@ void HeatmapWidget::PaintLegend(QPainter& p, const Geometry& g) const {
   const uint64_t max = model_->max_count();
   const Scale scale = model_->scale();
   // The bar spans the colours in use: from a count of 1 (bottom) to the maximum (top).
-  const double p_min = watch::HeatPosition(1, max, scale);
+  const double p_min = watch::profile::HeatPosition(1, max, scale);
   const auto pos_at = [&](double k) { return p_min + (1.0 - p_min) * k; };
   for (int y = 0; y < bar.height(); ++y) {
     const double pos = pos_at(1.0 - static_cast<double>(y) / (bar.height() - 1));
@@ -481,7 +481,7 @@ void HeatmapWidget::PaintLegend(QPainter& p, const Geometry& g) const {
   uint64_t prev = 0;
   for (int k = 0; k <= 4 && max > 0; ++k) {
     const double pos = pos_at(k / 4.0);
-    const uint64_t v = k == 0 ? 1 : watch::HeatCountAt(pos, max, scale);
+    const uint64_t v = k == 0 ? 1 : watch::profile::HeatCountAt(pos, max, scale);
     if (v <= prev) {
       continue;
     }

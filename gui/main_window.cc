@@ -237,13 +237,13 @@ void MainWindow::BuildToolBar() {
 
 void MainWindow::OnLoaded() {
   const SnapshotPtr& snap = session_->main_snapshot();
-  const watch::StorageProfile& p = *snap->profile;
+  const watch::profile::StorageProfile& p = *snap->profile;
   setWindowTitle(tr("kwatch-gui — %1").arg(QFileInfo(session_->path()).fileName()));
   RememberRecent(session_->path());
   {
     const QSignalBlocker block(object_combo_);
     object_combo_->clear();
-    for (const watch::WatchedObject& o : p.objects()) {
+    for (const watch::profile::WatchedObject& o : p.objects()) {
       object_combo_->addItem(QString::fromStdString(o.expr));
     }
     object_combo_->setCurrentIndex(static_cast<int>(session_->selection().object));

@@ -2,7 +2,8 @@
 
 namespace kwatch::gui {
 
-std::vector<uint32_t> SelectedFields(const Selection& sel, const watch::StorageProfile& p) {
+std::vector<uint32_t> SelectedFields(const Selection& sel,
+                                     const watch::profile::StorageProfile& p) {
   std::vector<uint32_t> out;
   if (sel.object >= p.objects().size()) {
     return out;

@@ -27,6 +27,6 @@ struct Selection {
 };
 
 // The selected fields that exist in `p`: `sel.fields`, or all fields of `sel.object`.
-std::vector<uint32_t> SelectedFields(const Selection& sel, const watch::StorageProfile& p);
+std::vector<uint32_t> SelectedFields(const Selection& sel, const watch::profile::StorageProfile& p);
 
 }  // namespace kwatch::gui

@@ -116,7 +116,7 @@ void SessionModel::OnFinished(const LoadResult& r) {
   }
   error_.clear();
   main_ = r.snapshot;
-  const watch::StorageProfile& p = *main_->profile;
+  const watch::profile::StorageProfile& p = *main_->profile;
   if (!reload || sel_.object >= p.objects().size()) {
     sel_ = Selection{};
   }
@@ -232,7 +232,7 @@ std::vector<std::pair<pid_t, uint64_t>> SessionModel::Threads() const {
   if (!main_) {
     return out;
   }
-  const watch::StorageProfile& p = *main_->profile;
+  const watch::profile::StorageProfile& p = *main_->profile;
   const auto [first, last] = p.FieldRange(std::min<uint32_t>(
       sel_.object, static_cast<uint32_t>(p.objects().empty() ? 0 : p.objects().size() - 1)));
   for (uint32_t t = 0; t < p.threads().size(); ++t) {
@@ -252,7 +252,7 @@ QString SessionModel::Summary() const {
     return path_.isEmpty() ? QStringLiteral("No recording open")
                            : QStringLiteral("Loading %1…").arg(path_);
   }
-  const watch::StorageProfile& p = *main_->profile;
+  const watch::profile::StorageProfile& p = *main_->profile;
   QString state;
   if (main_->complete && main_->end.has_value()) {
     state = QStringLiteral("complete: %1").arg(QString::fromStdString(main_->end->exit_reason));
@@ -269,7 +269,7 @@ QString SessionModel::Summary() const {
       .arg(QFileInfo(path_).fileName())
       .arg(p.events())
       .arg(p.threads().size())
-      .arg(QString::fromStdString(watch::FormatDuration(main_->SpanNs())),
+      .arg(QString::fromStdString(watch::profile::FormatDuration(main_->SpanNs())),
            QString::fromStdString(main_->session.backend), state)
       .arg(main_->load_seconds, 0, 'f', 2);
 }

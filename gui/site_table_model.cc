@@ -26,10 +26,10 @@ void SiteTableModel::SetData(SnapshotPtr counts, SnapshotPtr names, const Select
   rows_.clear();
   total_ = {};
   if (counts_ && counts_->profile.has_value() && sel.object < counts_->profile->objects().size()) {
-    const watch::StorageProfile& p = *counts_->profile;
+    const watch::profile::StorageProfile& p = *counts_->profile;
     const std::vector<uint32_t> fields = SelectedFields(sel, p);
     absl::flat_hash_map<uint64_t, size_t> row_of;
-    watch::RwCounts other;
+    watch::profile::RwCounts other;
     const auto row_for = [&](uint64_t ip) -> Row& {
       auto [it, inserted] = row_of.emplace(ip, rows_.size());
       if (inserted) {
@@ -38,12 +38,12 @@ void SiteTableModel::SetData(SnapshotPtr counts, SnapshotPtr names, const Select
       return rows_[it->second];
     };
     if (sel.fields.empty()) {
-      for (const watch::SiteCount& s : p.ObjectSites(sel.object)) {
+      for (const watch::profile::SiteCount& s : p.ObjectSites(sel.object)) {
         row_for(s.ip.value).counts = s.counts;
       }
       other = p.ObjectOtherSites(sel.object);
       for (uint32_t f : fields) {
-        for (const watch::SiteCount& s : p.FieldSites(f)) {
+        for (const watch::profile::SiteCount& s : p.FieldSites(f)) {
           if (auto it = row_of.find(s.ip.value); it != row_of.end()) {
             rows_[it->second].fields.push_back(f);
           }
@@ -51,7 +51,7 @@ void SiteTableModel::SetData(SnapshotPtr counts, SnapshotPtr names, const Select
       }
     } else {
       for (uint32_t f : fields) {
-        for (const watch::SiteCount& s : p.FieldSites(f)) {
+        for (const watch::profile::SiteCount& s : p.FieldSites(f)) {
           Row& r = row_for(s.ip.value);
           r.counts += s.counts;
           r.fields.push_back(f);
@@ -80,7 +80,7 @@ void SiteTableModel::SetData(SnapshotPtr counts, SnapshotPtr names, const Select
   endResetModel();
 }
 
-const core::SiteRecord* SiteTableModel::Site(uint64_t ip) const {
+const core::store::SiteRecord* SiteTableModel::Site(uint64_t ip) const {
   for (const SnapshotPtr& s : {names_, counts_}) {
     if (s) {
       if (auto it = s->sites.find(ip); it != s->sites.end()) {
@@ -105,7 +105,7 @@ QString SiteTableModel::SiteLabel(int row) const {
   if (r.other) {
     return QStringLiteral("other sites");
   }
-  const core::SiteRecord* s = Site(r.ip);
+  const core::store::SiteRecord* s = Site(r.ip);
   if (s == nullptr || s->function.empty()) {
     return QStringLiteral("0x%1").arg(r.ip, 0, 16);
   }
@@ -121,7 +121,7 @@ QString SiteTableModel::SourceText(const Row& r) const {
   if (r.other) {
     return QStringLiteral("Accesses by instructions beyond the profile's per-field site tables.");
   }
-  const core::SiteRecord* s = Site(r.ip);
+  const core::store::SiteRecord* s = Site(r.ip);
   if (s == nullptr || s->file.empty()) {
     return QStringLiteral("0x%1: no line information in the recording.").arg(r.ip, 0, 16);
   }
@@ -186,7 +186,7 @@ QVariant SiteTableModel::data(const QModelIndex& index, int role) const {
                  : QVariant(Qt::AlignLeft | Qt::AlignVCenter);
     case Qt::ToolTipRole:
       if (index.column() == kLocation && !r.other) {
-        if (const core::SiteRecord* s = Site(r.ip); s != nullptr && !s->file.empty()) {
+        if (const core::store::SiteRecord* s = Site(r.ip); s != nullptr && !s->file.empty()) {
           return QStringLiteral("%1:%2").arg(QString::fromStdString(s->file)).arg(s->line);
         }
       }
@@ -196,7 +196,7 @@ QVariant SiteTableModel::data(const QModelIndex& index, int role) const {
     default:
       return {};
   }
-  const core::SiteRecord* s = r.other ? nullptr : Site(r.ip);
+  const core::store::SiteRecord* s = r.other ? nullptr : Site(r.ip);
   switch (index.column()) {
     case kFunction:
       if (r.other) {

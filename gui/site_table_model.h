@@ -64,16 +64,16 @@ class SiteTableModel : public QAbstractTableModel {
   struct Row {
     uint64_t ip = 0;
     bool other = false;
-    watch::RwCounts counts;
+    watch::profile::RwCounts counts;
     std::vector<uint32_t> fields;  // selected fields it touched
   };
-  const core::SiteRecord* Site(uint64_t ip) const;
+  const core::store::SiteRecord* Site(uint64_t ip) const;
   QString SourceText(const Row& r) const;
 
   SnapshotPtr counts_;
   SnapshotPtr names_;
   std::vector<Row> rows_;
-  watch::RwCounts total_;
+  watch::profile::RwCounts total_;
 };
 
 }  // namespace kwatch::gui

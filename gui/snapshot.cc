@@ -93,7 +93,8 @@ std::optional<SourceSnippet> ReadSourceSnippet(const std::string& file, int line
 
 absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::TraceReader> reader, core::TraceReader::Open(req.path));
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceReader> reader,
+                      core::store::TraceReader::Open(req.path));
   auto snap = std::make_shared<Snapshot>();
   snap->request = req;
   snap->session = reader->session();
@@ -107,7 +108,7 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   }
   snap->watches = reader->watches();
   snap->sites.reserve(reader->sites().size());
-  for (const core::SiteRecord& s : reader->sites()) {
+  for (const core::store::SiteRecord& s : reader->sites()) {
     snap->sites.emplace(s.ip.value, s);
   }
 
@@ -120,7 +121,7 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
     slice.to_s = *req.to_ns == 0 ? -1.0 : SliceSeconds(*req.to_ns - 1);
   }
   slice.tid = req.tid;
-  watch::ProfileOptions opts;
+  watch::profile::ProfileOptions opts;
   opts.max_buckets = std::max<uint32_t>(req.columns, 2);
   if (snap->end.has_value() && snap->end->end_mono_ns > snap->session.start_mono_ns) {
     // A finished recording: about `columns` columns over its whole length, each a round width
@@ -130,21 +131,21 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   }
   if (slice.to_s.has_value() && *slice.to_s < 0) {
     // An empty range [.., 0): no event qualifies; keep the layout.
-    std::vector<watch::WatchedObject> objects;
-    for (const core::WatchRecord& w : snap->watches) {
+    std::vector<watch::profile::WatchedObject> objects;
+    for (const core::store::WatchRecord& w : snap->watches) {
       objects.push_back(watch::ObjectFromRecord(w));
     }
     opts.start_ns = snap->session.start_mono_ns;
     snap->profile.emplace(std::move(objects), opts);
   } else {
-    KW_ASSIGN_OR_RETURN(watch::StorageProfile profile,
+    KW_ASSIGN_OR_RETURN(watch::profile::StorageProfile profile,
                         watch::ProfileFromRecording(*reader, slice, opts));
     snap->profile.emplace(std::move(profile));
   }
 
   if (req.read_sources) {
     absl::flat_hash_map<std::string, std::optional<std::vector<std::string>>> files;
-    for (const core::SiteRecord& s : reader->sites()) {
+    for (const core::store::SiteRecord& s : reader->sites()) {
       if (snap->sources.size() >= kMaxSnippets) {
         break;
       }

@@ -46,14 +46,14 @@ struct SourceSnippet {
 struct Snapshot {
   LoadRequest request;
   bool unchanged = false;  // follow mode: nothing new since request.known_events (no profile)
-  core::SessionRecord session;
+  core::store::SessionRecord session;
   bool complete = false;
-  std::optional<core::SessionEnd> end;
+  std::optional<core::store::SessionEnd> end;
   uint64_t recorded_events = 0;  // events in the file (all threads and times)
-  std::vector<core::WatchRecord> watches;
-  absl::flat_hash_map<uint64_t, core::SiteRecord> sites;  // by ip
-  absl::flat_hash_map<uint64_t, SourceSnippet> sources;   // by ip, readable sources only
-  std::optional<watch::StorageProfile> profile;           // unset only when `unchanged`
+  std::vector<core::store::WatchRecord> watches;
+  absl::flat_hash_map<uint64_t, core::store::SiteRecord> sites;  // by ip
+  absl::flat_hash_map<uint64_t, SourceSnippet> sources;          // by ip, readable sources only
+  std::optional<watch::profile::StorageProfile> profile;         // unset only when `unchanged`
   double load_seconds = 0;
 
   // Session length in ns: to the end record, else to the last event (0 when unknown).

@@ -12,11 +12,11 @@ void ThreadModel::SetData(SnapshotPtr snap, const Selection& sel) {
   beginResetModel();
   rows_.clear();
   if (snap && snap->profile.has_value()) {
-    const watch::StorageProfile& p = *snap->profile;
+    const watch::profile::StorageProfile& p = *snap->profile;
     const std::vector<uint32_t> fields = SelectedFields(sel, p);
     const uint64_t start = snap->session.start_mono_ns;
     for (uint32_t t = 0; t < p.threads().size(); ++t) {
-      const watch::ThreadInfo& info = p.threads()[t];
+      const watch::profile::ThreadInfo& info = p.threads()[t];
       if (sel.tid.has_value() && info.tid != *sel.tid) {
         continue;
       }
@@ -80,9 +80,9 @@ QVariant ThreadModel::data(const QModelIndex& index, int role) const {
     case kTotal:
       return QVariant::fromValue<quint64>(r.counts.total());
     case kFirst:
-      return QString::fromStdString(watch::FormatDuration(r.first_ns));
+      return QString::fromStdString(watch::profile::FormatDuration(r.first_ns));
     case kLast:
-      return QString::fromStdString(watch::FormatDuration(r.last_ns));
+      return QString::fromStdString(watch::profile::FormatDuration(r.last_ns));
     default:
       return {};
   }

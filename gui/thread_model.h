@@ -43,7 +43,7 @@ class ThreadModel : public QAbstractTableModel {
  private:
   struct Row {
     pid_t tid = 0;
-    watch::RwCounts counts;
+    watch::profile::RwCounts counts;
     uint64_t first_ns = 0;  // after the session start
     uint64_t last_ns = 0;
   };

@@ -11,14 +11,14 @@ void TimelineModel::SetData(SnapshotPtr snap, const Selection& sel) {
   total_reads_ = 0;
   total_writes_ = 0;
   if (snap && snap->profile.has_value()) {
-    const watch::StorageProfile& p = *snap->profile;
-    const watch::TimeBins& bins = p.bins();
+    const watch::profile::StorageProfile& p = *snap->profile;
+    const watch::profile::TimeBins& bins = p.bins();
     bucket_ns_ = bins.width_ns();
-    uint32_t thread = watch::StorageProfile::kNone;
+    uint32_t thread = watch::profile::StorageProfile::kNone;
     bool none = false;
     if (sel.tid.has_value()) {
       thread = p.ThreadIndex(*sel.tid);
-      none = thread == watch::StorageProfile::kNone;
+      none = thread == watch::profile::StorageProfile::kNone;
     }
     std::vector<uint64_t> reads(bins.columns(), 0);
     std::vector<uint64_t> writes(bins.columns(), 0);
@@ -26,7 +26,7 @@ void TimelineModel::SetData(SnapshotPtr snap, const Selection& sel) {
       for (uint32_t f : SelectedFields(sel, p)) {
         for (const bool w : {false, true}) {
           std::vector<uint64_t>& out = w ? writes : reads;
-          if (thread == watch::StorageProfile::kNone) {
+          if (thread == watch::profile::StorageProfile::kNone) {
             const absl::Span<const uint64_t> row = p.FieldBins(f, w);
             for (size_t c = 0; c < row.size() && c < out.size(); ++c) {
               out[c] += row[c];

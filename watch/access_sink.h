@@ -28,7 +28,7 @@ struct RunInfo {
   uint64_t condition_matched = 0;    // ... reported
   uint64_t condition_undefined = 0;  // ... false for want of a value (or a division by 0)
   double seconds = 0;
-  std::optional<core::ExitInfo> exit;
+  std::optional<core::ptrace::ExitInfo> exit;
   pid_t pid = 0;
   // -f/--follow-forks: every process watched, the target first, with its own counts.
   struct Process {
@@ -36,7 +36,7 @@ struct RunInfo {
     pid_t parent = 0;                 // 0 for the target
     uint64_t events = 0;              // events delivered from this process
     std::vector<uint64_t> per_watch;  // ... by watch id
-    std::optional<core::ExitInfo> exit;
+    std::optional<core::ptrace::ExitInfo> exit;
   };
   std::vector<Process> processes;  // empty without -f
   std::vector<std::string> notes;  // forks, execs and re-arms, for people
@@ -58,7 +58,7 @@ struct AccessNote {
   pid_t pid = 0;
   pid_t parent = 0;
   int signal = 0;
-  std::optional<core::ExitInfo> exit;
+  std::optional<core::ptrace::ExitInfo> exit;
   double arm_us = 0;
   size_t count = 0;
 };
@@ -68,7 +68,7 @@ struct AccessNote {
 struct AccessSummary {
   WatchSession& session;
   const Summary& summary;
-  const StorageProfile& profile;
+  const profile::StorageProfile& profile;
   const RunInfo& info;
 };
 

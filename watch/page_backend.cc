@@ -75,7 +75,8 @@ void SetArg(user_regs_struct& r, int i, uint64_t v) {
 }
 
 // Copies `size` bytes inside the target, through kwatch (protections do not apply).
-absl::Status CopyRemote(const core::Process& proc, uint64_t from, uint64_t to, uint64_t size) {
+absl::Status CopyRemote(const core::ptrace::Process& proc, uint64_t from, uint64_t to,
+                        uint64_t size) {
   std::vector<uint8_t> buf(std::min<uint64_t>(size, kScratchQuantum));
   for (uint64_t off = 0; off < size;) {
     const uint64_t n = std::min<uint64_t>(size - off, buf.size());
@@ -101,8 +102,9 @@ std::string ProtText(int prot) {
 
 }  // namespace
 
-absl::Status PageBackend::ProtectIn(core::Process& proc, pid_t tid, uint64_t page, int prot) {
-  return core::RemoteMprotect(
+absl::Status PageBackend::ProtectIn(core::ptrace::Process& proc, pid_t tid, uint64_t page,
+                                    int prot) {
+  return core::ptrace::RemoteMprotect(
       proc, tid, core::RemoteAddr{page}, kPageSize, prot,
       absl::StrFormat("mprotect(0x%x, %s) in pid %d", page, ProtText(prot), proc.pid()));
 }
@@ -111,7 +113,7 @@ absl::Status PageBackend::Protect(pid_t tid, uint64_t page, int prot) {
   return ProtectIn(proc_, tid, page, prot);
 }
 
-absl::Status PageBackend::OnFork(core::Process& child) {
+absl::Status PageBackend::OnFork(core::ptrace::Process& child) {
   if (!armed_) {
     return absl::OkStatus();
   }
@@ -122,7 +124,7 @@ absl::Status PageBackend::OnFork(core::Process& child) {
   return absl::OkStatus();
 }
 
-void PageBackend::OnFollowedFork(core::Process& child, pid_t /*parent_tid*/) {
+void PageBackend::OnFollowedFork(core::ptrace::Process& child, pid_t /*parent_tid*/) {
   fork_cleanup_[child.pid()] = OnFork(child);
 }
 
@@ -140,7 +142,7 @@ absl::Status PageBackend::Arm() {
   if (armed_) {
     return absl::OkStatus();
   }
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_.Maps());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc_.Maps());
   std::map<uint64_t, Page> pages;
   std::set<uint64_t> reads_count;
   for (const Watch& w : watches_) {
@@ -151,7 +153,7 @@ absl::Status PageBackend::Arm() {
     const uint64_t first = PageOf(w.target.addr.value);
     const uint64_t last = PageOf(w.target.addr.value + w.target.length - 1);
     for (uint64_t p = first; p <= last; p += kPageSize) {
-      const auto m = core::FindMapping(maps, core::RemoteAddr{p});
+      const auto m = core::ptrace::FindMapping(maps, core::RemoteAddr{p});
       if (!m.has_value()) {
         return absl::FailedPreconditionError(absl::StrFormat("'%s': 0x%x is not mapped in pid %d",
                                                              w.target.display, p, proc_.pid()));
@@ -168,8 +170,8 @@ absl::Status PageBackend::Arm() {
   }
   if (guardian_ == nullptr) {
     // Journal room for these pages and those of an exec's re-arm.
-    KW_ASSIGN_OR_RETURN(
-        guardian_, core::Guardian::Start(proc_.pid(), std::max<size_t>(256, 2 * pages.size())));
+    KW_ASSIGN_OR_RETURN(guardian_, core::ptrace::Guardian::Start(
+                                       proc_.pid(), std::max<size_t>(256, 2 * pages.size())));
   }
   KW_RETURN_IF_ERROR(proc_.StopAll());
   absl::Cleanup resume = [this] { (void)proc_.ResumeAll(); };
@@ -179,7 +181,7 @@ absl::Status PageBackend::Arm() {
   }
   std::vector<uint64_t> done;
   for (const auto& [addr, page] : pages) {
-    absl::StatusOr<core::Guardian::Handle> journaled =
+    absl::StatusOr<core::ptrace::Guardian::Handle> journaled =
         guardian_->RecordProtection(core::RemoteAddr{addr}, kPageSize, page.original);
     absl::Status s = journaled.ok() ? Protect(tid, addr, page.armed) : journaled.status();
     if (!s.ok()) {
@@ -283,7 +285,7 @@ absl::Status PageBackend::ReadValue(uint64_t addr, uint32_t size, uint64_t& out)
   return absl::OkStatus();
 }
 
-void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint64_t fault,
+void PageBackend::Match(const absl::StatusOr<core::x86::DecodedAccess>& decoded, uint64_t fault,
                         std::vector<Hit>& hits, std::vector<uint64_t>& touched) const {
   touched.push_back(PageOf(fault));
   if (!decoded.ok()) {
@@ -297,7 +299,7 @@ void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint
     }
     return;
   }
-  for (const core::MemoryOperand& m : decoded->memory) {
+  for (const core::x86::MemoryOperand& m : decoded->memory) {
     for (uint64_t p = PageOf(m.addr); p < m.addr + m.size; p += kPageSize) {
       if (pages_.count(p) != 0 && std::find(touched.begin(), touched.end(), p) == touched.end()) {
         touched.push_back(p);
@@ -307,9 +309,10 @@ void PageBackend::Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint
   MatchWatches(watches_, *decoded, hits);
 }
 
-void PageBackend::MatchWatches(const std::vector<Watch>& ws, const core::DecodedAccess& decoded,
+void PageBackend::MatchWatches(const std::vector<Watch>& ws,
+                               const core::x86::DecodedAccess& decoded,
                                std::vector<Hit>& hits) const {
-  for (const core::MemoryOperand& m : decoded.memory) {
+  for (const core::x86::MemoryOperand& m : decoded.memory) {
     for (const Watch& w : ws) {
       const uint64_t a = w.target.addr.value;
       if (m.addr >= a + w.target.length || m.addr + m.size <= a) {
@@ -399,7 +402,7 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
   KW_ASSIGN_OR_RETURN(user_regs_struct regs, proc_.GetRegs(tid));
   const uint64_t rip = regs.rip;
   const std::span<const uint8_t> code = CodeAt(rip);
-  auto decoded = core::DecodeAccess(code, rip, regs);
+  auto decoded = core::x86::DecodeAccess(code, rip, regs);
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;
   Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);
@@ -409,15 +412,15 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
   if (register_watches_ != nullptr && decoded.ok()) {
     MatchWatches(*register_watches_, *decoded, register_hits);
   }
-  core::EmulatorMemory mem;
+  core::x86::EmulatorMemory mem;
   mem.read = [this](uint64_t addr, std::span<uint8_t> out) {
     return proc_.ReadMemory(core::RemoteAddr{addr}, out);
   };
   mem.write = [this](uint64_t addr, std::span<const uint8_t> data) {
     return proc_.WriteMemory(core::RemoteAddr{addr}, data);
   };
-  KW_ASSIGN_OR_RETURN(const std::optional<core::EmulatedAccess> done,
-                      core::EmulateDataMove(code, regs, mem));
+  KW_ASSIGN_OR_RETURN(const std::optional<core::x86::EmulatedAccess> done,
+                      core::x86::EmulateDataMove(code, regs, mem));
   if (!done.has_value()) {
     return false;  // not a plain move: single-step it with the world stopped
   }
@@ -433,7 +436,7 @@ absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
     return absl::OkStatus();
   }
   KW_ASSIGN_OR_RETURN(const user_regs_struct regs, proc_.GetRegs(tid));
-  auto decoded = core::DecodeAccess(CodeAt(regs.rip), regs.rip, regs);
+  auto decoded = core::x86::DecodeAccess(CodeAt(regs.rip), regs.rip, regs);
   std::vector<Hit> hits;
   std::vector<uint64_t> touched;
   Match(decoded, reinterpret_cast<uint64_t>(si.si_addr), hits, touched);
@@ -509,10 +512,10 @@ absl::Status PageBackend::ProtectRuns(pid_t tid, const std::vector<uint64_t>& pa
     while (j < pages.size() && pages[j] == pages[j - 1] + kPageSize && prot_of(pages[j]) == prot) {
       ++j;
     }
-    KW_RETURN_IF_ERROR(
-        core::RemoteMprotect(proc_, tid, core::RemoteAddr{pages[i]}, (j - i) * kPageSize, prot,
-                             absl::StrFormat("mprotect(0x%x, %d pages, %s) in pid %d", pages[i],
-                                             j - i, ProtText(prot), proc_.pid())));
+    KW_RETURN_IF_ERROR(core::ptrace::RemoteMprotect(
+        proc_, tid, core::RemoteAddr{pages[i]}, (j - i) * kPageSize, prot,
+        absl::StrFormat("mprotect(0x%x, %d pages, %s) in pid %d", pages[i], j - i, ProtText(prot),
+                        proc_.pid())));
     i = j;
   }
   return absl::OkStatus();
@@ -591,21 +594,21 @@ absl::StatusOr<int> PageBackend::TakeScratch(pid_t tid, uint64_t size) {
   const uint64_t sz = (size + kScratchQuantum - 1) / kScratchQuantum * kScratchQuantum;
   KW_ASSIGN_OR_RETURN(
       const core::RemoteAddr r,
-      core::RemoteMmap(proc_, tid,
-                       core::RemoteMapping{0, sz, PROT_READ | PROT_WRITE, MAP_NORESERVE},
-                       absl::StrFormat("mmap(%d bytes of scratch) in pid %d", sz, proc_.pid())));
+      core::ptrace::RemoteMmap(
+          proc_, tid, core::ptrace::RemoteMapping{0, sz, PROT_READ | PROT_WRITE, MAP_NORESERVE},
+          absl::StrFormat("mmap(%d bytes of scratch) in pid %d", sz, proc_.pid())));
   scratch_.push_back({r.value, sz, true});
   return static_cast<int>(scratch_.size() - 1);
 }
 
-void PageBackend::UnmapScratch(core::Process& proc, pid_t tid) {
+void PageBackend::UnmapScratch(core::ptrace::Process& proc, pid_t tid) {
   const bool child = &proc != &proc_;
   for (auto it = scratch_.begin(); it != scratch_.end();) {
     if (it->busy && !child) {
       ++it;  // a call still uses it: unmapped with its exit... or left (see Disarm)
       continue;
     }
-    (void)core::RemoteMunmap(proc, tid, core::RemoteAddr{it->addr}, it->size);
+    (void)core::ptrace::RemoteMunmap(proc, tid, core::RemoteAddr{it->addr}, it->size);
     it = child ? it + 1 : scratch_.erase(it);
   }
 }
@@ -719,7 +722,7 @@ absl::Status PageBackend::FinishBounce(pid_t tid, Call& c, int64_t ret, bool cop
   return proc_.SetRegs(tid, regs);
 }
 
-absl::Status PageBackend::OnSyscallStop(pid_t tid, const core::SyscallStop& st,
+absl::Status PageBackend::OnSyscallStop(pid_t tid, const core::ptrace::SyscallStop& st,
                                         bool world_stopped) {
   kstats_.syscall_stops = proc_.syscall_stop_count();
   absl::Status s = ClosePending(tid);
@@ -734,7 +737,8 @@ absl::Status PageBackend::OnSyscallStop(pid_t tid, const core::SyscallStop& st,
   return s;
 }
 
-absl::Status PageBackend::OnEntry(pid_t tid, const core::SyscallStop& st, bool world_stopped) {
+absl::Status PageBackend::OnEntry(pid_t tid, const core::ptrace::SyscallStop& st,
+                                  bool world_stopped) {
   if (auto it = calls_.find(tid); it != calls_.end()) {
     // What a call that ended with a restart code still held (the restart, or whatever the
     // thread does next, starts afresh).
@@ -800,11 +804,11 @@ absl::Status PageBackend::OnEntry(pid_t tid, const core::SyscallStop& st, bool w
 }
 
 absl::Status PageBackend::RunOpen(pid_t tid, Call& c, bool world_stopped) {
-  KW_ASSIGN_OR_RETURN(const core::SyscallOutcome out, proc_.FinishSyscall(tid, kAloneMax));
+  KW_ASSIGN_OR_RETURN(const core::ptrace::SyscallOutcome out, proc_.FinishSyscall(tid, kAloneMax));
   switch (out.kind) {
-    case core::SyscallOutcome::Kind::kReturned:
+    case core::ptrace::SyscallOutcome::Kind::kReturned:
       return ExitCall(tid, c, out.exit, world_stopped);
-    case core::SyscallOutcome::Kind::kBlocked: {
+    case core::ptrace::SyscallOutcome::Kind::kBlocked: {
       if (c.model.start_only && !c.retried) {
         // The call used its memory before it went to sleep (futex wait): protect again now,
         // through a thread that is stopped (or the next one to pass a syscall stop).
@@ -816,7 +820,7 @@ absl::Status PageBackend::RunOpen(pid_t tid, Call& c, bool world_stopped) {
       }
       return absl::OkStatus();
     }
-    case core::SyscallOutcome::Kind::kGone: {
+    case core::ptrace::SyscallOutcome::Kind::kGone: {
       Call gone = std::move(c);
       calls_.erase(tid);
       const pid_t other = proc_.AnyStoppedThread();
@@ -873,7 +877,8 @@ absl::Status PageBackend::RunAgainAfterEfault(pid_t tid, Call& c, bool world_sto
   return s;
 }
 
-absl::Status PageBackend::OnExit(pid_t tid, const core::SyscallStop& st, bool world_stopped) {
+absl::Status PageBackend::OnExit(pid_t tid, const core::ptrace::SyscallStop& st,
+                                 bool world_stopped) {
   auto it = calls_.find(tid);
   if (it == calls_.end()) {
     // A call kwatch did not look after: only an EFAULT on a protected page concerns it
@@ -892,7 +897,7 @@ absl::Status PageBackend::OnExit(pid_t tid, const core::SyscallStop& st, bool wo
   return ExitCall(tid, it->second, st, world_stopped);
 }
 
-absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::SyscallStop& st,
+absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::ptrace::SyscallStop& st,
                                    bool world_stopped) {
   const int64_t ret = st.ret;
   if (ret == -EFAULT && !c.retried && (armed_ || disarming_) && c.nr != SYS_rt_sigreturn) {

@@ -39,9 +39,9 @@ namespace kwatch::watch {
 //     threads then are not seen;
 // (3) a call that still fails with EFAULT on a protected page (a pointer kwatch did not
 //     know, such as one inside a structure) is run again with the pages opened.
-class PageBackend : public WatchBackend, public core::SignalInterceptor {
+class PageBackend : public WatchBackend, public core::ptrace::SignalInterceptor {
  public:
-  PageBackend(core::Process& proc, const std::vector<Watch>& watches)
+  PageBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches)
       : proc_(proc), watches_(watches) {}
   ~PageBackend() override;
   PageBackend(const PageBackend&) = delete;
@@ -64,14 +64,15 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
   void SetRegisterWatches(const std::vector<Watch>* watches) { register_watches_ = watches; }
 
   // A forked child inherits the protected pages: give it back their original protections.
-  absl::Status OnFork(core::Process& child) override;
+  absl::Status OnFork(core::ptrace::Process& child) override;
   // -f: the same cleanup for a followed child, done at its fork event (the pages and scratch
   // mappings it inherited are exactly the parent's then); its session arms it afresh. The
   // outcome waits in TakeForkCleanup.
-  void OnFollowedFork(core::Process& child, pid_t parent_tid) override;
+  void OnFollowedFork(core::ptrace::Process& child, pid_t parent_tid) override;
   // The outcome of cleaning followed child `pid` at its fork, once (OK when nothing was done).
   absl::Status TakeForkCleanup(pid_t pid);
-  absl::Status OnSyscallStop(pid_t tid, const core::SyscallStop& stop, bool world_stopped) override;
+  absl::Status OnSyscallStop(pid_t tid, const core::ptrace::SyscallStop& stop,
+                             bool world_stopped) override;
 
   // What the kernel did with the protected pages inside system calls.
   const KernelAccessStats& kernel_stats() const { return kstats_; }
@@ -91,7 +92,7 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
 
  private:
   absl::Status Protect(pid_t tid, uint64_t page, int prot);
-  static absl::Status ProtectIn(core::Process& proc, pid_t tid, uint64_t page, int prot);
+  static absl::Status ProtectIn(core::ptrace::Process& proc, pid_t tid, uint64_t page, int prot);
   absl::Status ReadValue(uint64_t addr, uint32_t size, uint64_t& out) const;
   // Which watches the instruction touches (reading their values before the access), and
   // the protected pages its operands lie on.
@@ -102,10 +103,10 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
     uint32_t size;
     uint64_t old_value;
   };
-  void Match(const absl::StatusOr<core::DecodedAccess>& decoded, uint64_t fault,
+  void Match(const absl::StatusOr<core::x86::DecodedAccess>& decoded, uint64_t fault,
              std::vector<Hit>& hits, std::vector<uint64_t>& touched) const;
   // The hits of `decoded`'s operands on `ws` (every operand's bytes inside each watch).
-  void MatchWatches(const std::vector<Watch>& ws, const core::DecodedAccess& decoded,
+  void MatchWatches(const std::vector<Watch>& ws, const core::x86::DecodedAccess& decoded,
                     std::vector<Hit>& hits) const;
   const Watch& WatchById(uint32_t id) const;
   void Record(pid_t tid, uint64_t rip, const std::vector<Hit>& hits);
@@ -129,10 +130,11 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
     bool unseen = false;         // looked after only from its EFAULT exit on
     bool restarting = false;     // ended with a restart code: its holds end at the next entry
   };
-  absl::Status OnEntry(pid_t tid, const core::SyscallStop& st, bool world_stopped);
-  absl::Status OnExit(pid_t tid, const core::SyscallStop& st, bool world_stopped);
+  absl::Status OnEntry(pid_t tid, const core::ptrace::SyscallStop& st, bool world_stopped);
+  absl::Status OnExit(pid_t tid, const core::ptrace::SyscallStop& st, bool world_stopped);
   // The call's exit: events, bounce copied back, holds released. `st` is its exit stop.
-  absl::Status ExitCall(pid_t tid, Call& c, const core::SyscallStop& st, bool world_stopped);
+  absl::Status ExitCall(pid_t tid, Call& c, const core::ptrace::SyscallStop& st,
+                        bool world_stopped);
   // Runs the rest of the call with its pages open and the others stopped.
   absl::Status RunOpen(pid_t tid, Call& c, bool world_stopped);
   absl::Status RunAgainAfterEfault(pid_t tid, Call& c, bool world_stopped);
@@ -158,11 +160,11 @@ class PageBackend : public WatchBackend, public core::SignalInterceptor {
     bool busy = false;
   };
   absl::StatusOr<int> TakeScratch(pid_t tid, uint64_t size);
-  void UnmapScratch(core::Process& proc, pid_t tid);
+  void UnmapScratch(core::ptrace::Process& proc, pid_t tid);
 
-  core::Process& proc_;
+  core::ptrace::Process& proc_;
   // Restores the protections of pages_ if kwatch dies without doing it (core/guardian.h).
-  std::unique_ptr<core::Guardian> guardian_;
+  std::unique_ptr<core::ptrace::Guardian> guardian_;
   const std::vector<Watch>& watches_;
   const std::vector<Watch>* register_watches_ = nullptr;
   std::map<uint64_t, Page> pages_;

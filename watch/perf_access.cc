@@ -14,17 +14,18 @@ const TrapDecoder::Entry& TrapDecoder::EntryFor(core::RemoteAddr trap_ip) {
   }
   ++stats_.decodes;
   Entry& e = it->second;
-  const core::AccessSite& site = symbolizer_.SiteForTrap(trap_ip);
+  const core::symbols::AccessSite& site = symbolizer_.SiteForTrap(trap_ip);
   e.ip = site.ip;
   e.exact_ip = site.exact && site.ip != trap_ip;
   e.writes = site.exact && site.writes;
   if (e.exact_ip) {
     const size_t n = std::min<size_t>(trap_ip - site.ip, site.code.size());
-    if (auto plan = core::PlanAccess(std::span<const uint8_t>(site.code.data(), n), site.ip.value);
+    if (auto plan =
+            core::x86::PlanAccess(std::span<const uint8_t>(site.code.data(), n), site.ip.value);
         plan.ok() && plan->length == n) {
       e.plan = *plan;
-      e.needs_regs = e.plan.address == core::AccessPlan::Address::kFromRegisters ||
-                     e.plan.value == core::AccessPlan::Value::kRegister;
+      e.needs_regs = e.plan.address == core::x86::AccessPlan::Address::kFromRegisters ||
+                     e.plan.value == core::x86::AccessPlan::Value::kRegister;
     }
   }
   return e;
@@ -45,7 +46,7 @@ SampledAccess TrapDecoder::Resolve(const PerfSample& sample) {
       LoadPerfUserRegs(sample.user_regs, regs_mask_, regs) && regs.rip == sample.ip) {
     after = &regs;
   }
-  out.access = core::EvaluateAccess(e.plan, after);
+  out.access = core::x86::EvaluateAccess(e.plan, after);
   stats_.exact_addresses += out.access.addr_known ? 1 : 0;
   stats_.exact_values += out.access.value_known ? 1 : 0;
   return out;

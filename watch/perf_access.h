@@ -17,7 +17,7 @@ struct SampledAccess {
   bool writes = false;    // it writes memory (how read-write slots tell writes from reads)
   // Exact address, size and value of the access, as far as the instruction and the sampled
   // registers tell (core/access_regs.h).
-  core::RegisterAccess access;
+  core::x86::RegisterAccess access;
 };
 
 // How samples resolved, for people and benchmarks.
@@ -36,7 +36,7 @@ struct TrapDecodeStats {
 class TrapDecoder {
  public:
   // `regs_mask`: the sample_regs_user mask of the samples' user registers (0: none).
-  TrapDecoder(core::Symbolizer& symbolizer, uint64_t regs_mask)
+  TrapDecoder(core::symbols::Symbolizer& symbolizer, uint64_t regs_mask)
       : symbolizer_(symbolizer), regs_mask_(regs_mask) {}
 
   SampledAccess Resolve(const PerfSample& sample);
@@ -49,11 +49,11 @@ class TrapDecoder {
     bool exact_ip = false;
     bool writes = false;
     bool needs_regs = false;  // the plan reads registers
-    core::AccessPlan plan;
+    core::x86::AccessPlan plan;
   };
   const Entry& EntryFor(core::RemoteAddr trap_ip);
 
-  core::Symbolizer& symbolizer_;
+  core::symbols::Symbolizer& symbolizer_;
   uint64_t regs_mask_;
   absl::flat_hash_map<uint64_t, Entry> cache_;  // by trap address
   TrapDecodeStats stats_;

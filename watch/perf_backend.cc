@@ -203,7 +203,7 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
         } else {
           ev.kind = a.writes ? core::AccessKind::kWrite : core::AccessKind::kRead;
         }
-        const core::RegisterAccess& r = a.access;
+        const core::x86::RegisterAccess& r = a.access;
         // The hardware says the access touched the chunk: bytes that miss it mean the
         // decoding was wrong for this trap, and only the chunk is known.
         if (r.addr_known && r.size > 0 && r.addr < hi && r.addr + r.size > lo) {

@@ -29,8 +29,9 @@ namespace kwatch::watch {
 // that leaves (multiplex rotation, preemption) is closed, after its ring is drained.
 class PerfBackend : public SlotBackend {
  public:
-  PerfBackend(core::Process& proc, const std::vector<Watch>& watches, core::Symbolizer& symbolizer,
-              const SessionOptions& opts, std::map<drmgr::RequestId, uint32_t> owners)
+  PerfBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches,
+              core::symbols::Symbolizer& symbolizer, const SessionOptions& opts,
+              std::map<drmgr::RequestId, uint32_t> owners)
       : SlotBackend(std::move(owners)),
         proc_(proc),
         watches_(watches),
@@ -70,7 +71,7 @@ class PerfBackend : public SlotBackend {
   // Closes a slot, keeping what its rings held for the next Collect.
   void Close(Slot& slot);
 
-  core::Process& proc_;
+  core::ptrace::Process& proc_;
   const std::vector<Watch>& watches_;
   TrapDecoder decoder_;
   SessionOptions opts_;

@@ -29,7 +29,7 @@ struct ProbeTally {
 };
 
 // The probe hits of `reader` within `slice`, by probe id (probes without hits are absent).
-absl::StatusOr<std::map<uint32_t, ProbeTally>> TallyHits(const core::TraceReader& reader,
+absl::StatusOr<std::map<uint32_t, ProbeTally>> TallyHits(const core::store::TraceReader& reader,
                                                          const RecordingSlice& slice);
 
 // The `n` most frequent values of an argument, most first (equal counts in value order).

@@ -13,9 +13,9 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   // Signals are blocked before the launch, so that no SIGCHLD is lost.
   KW_ASSIGN_OR_RETURN(s.sigfd, BlockSessionSignals());
   if (opts.follow_forks) {
-    s.group = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
+    s.group = std::make_unique<core::ptrace::ProcessGroup>(/*follow_forks=*/true);
   }
-  KW_ASSIGN_OR_RETURN(s.proc, core::Process::Start(opts.pid, opts.command, opts.launch));
+  KW_ASSIGN_OR_RETURN(s.proc, core::ptrace::Process::Start(opts.pid, opts.command, opts.launch));
   if (s.group != nullptr) {
     s.group->Add(*s.proc);
   }

@@ -20,7 +20,7 @@ namespace kwatch::watch {
 struct ProcessSetupOptions {
   std::optional<pid_t> pid;          // attach to this process, or
   std::vector<std::string> command;  // launch this one (with `launch`)
-  core::LaunchOptions launch;
+  core::ptrace::LaunchOptions launch;
   bool follow_forks = false;  // -f: the target and its children share one tracer
   std::vector<WatchRequest> requests;
   SessionOptions session;  // exact_values follows from `condition`
@@ -32,8 +32,8 @@ struct ProcessSetupOptions {
 // own code yet; an attached one is detached and runs on).
 struct ProcessSetup {
   core::UniqueFd sigfd;  // the session's signals (BlockSessionSignals, before the launch)
-  std::unique_ptr<core::ProcessGroup> group;  // -f only
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::ProcessGroup> group;  // -f only
+  std::unique_ptr<core::ptrace::Process> proc;
   std::unique_ptr<WatchSession> session;
   std::vector<Condition> conditions;  // one per watch (by id), typed by its watch; or none
   SessionOptions session_options;     // as the session was created with

@@ -31,8 +31,8 @@ uint64_t SecondsToNs(double s) {
 
 }  // namespace
 
-core::WatchRecord WatchRecordFor(const Watch& w, BackendKind backend) {
-  core::WatchRecord r;
+core::store::WatchRecord WatchRecordFor(const Watch& w, BackendKind backend) {
+  core::store::WatchRecord r;
   r.id = w.id;
   r.expr = w.target.display;
   r.address = w.target.addr;
@@ -49,8 +49,8 @@ core::WatchRecord WatchRecordFor(const Watch& w, BackendKind backend) {
   return r;
 }
 
-WatchedObject ObjectFromRecord(const core::WatchRecord& w) {
-  WatchedObject o;
+profile::WatchedObject ObjectFromRecord(const core::store::WatchRecord& w) {
+  profile::WatchedObject o;
   o.id = w.id;
   o.expr = w.expr;
   o.addr = w.address;
@@ -60,9 +60,9 @@ WatchedObject ObjectFromRecord(const core::WatchRecord& w) {
   return o;
 }
 
-core::SiteRecord SiteRecordFor(core::Symbolizer& symbolizer, core::RemoteAddr ip) {
-  const core::CodeLocation& loc = symbolizer.Locate(ip);
-  core::SiteRecord s;
+core::store::SiteRecord SiteRecordFor(core::symbols::Symbolizer& symbolizer, core::RemoteAddr ip) {
+  const core::symbols::CodeLocation& loc = symbolizer.Locate(ip);
+  core::store::SiteRecord s;
   s.ip = ip;
   s.function = loc.function;
   s.offset = loc.offset;
@@ -71,20 +71,19 @@ core::SiteRecord SiteRecordFor(core::Symbolizer& symbolizer, core::RemoteAddr ip
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateWatchRecording(const RecordingSpec& spec,
-                                                                        const WatchSession& session,
-                                                                        pid_t pid) {
-  core::SessionRecord rec = core::SessionRecordForThisHost();
+absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
+    const RecordingSpec& spec, const WatchSession& session, pid_t pid) {
+  core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.command_line = spec.command_line;
   rec.pid = pid;
   rec.kwatch_version = spec.kwatch_version;
   rec.mode = "watch";
   rec.backend = std::string(BackendName(session.backend()));
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::TraceWriter> writer,
-                      core::TraceWriter::Create(spec.path, rec));
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> writer,
+                      core::store::TraceWriter::Create(spec.path, rec));
   for (const Watch& wt : session.watches()) {
     const WatchPlacement placed = session.placement(wt.id);
-    core::WatchRecord watch_record = WatchRecordFor(wt, placed.backend);
+    core::store::WatchRecord watch_record = WatchRecordFor(wt, placed.backend);
     if (session.allocator() != nullptr) {
       // drmgr's decision: registers, split, page protection, multiplexed.
       watch_record.coverage = placed.detail;
@@ -94,8 +93,8 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateWatchRecording(const Re
   return writer;
 }
 
-RecordingOutcome FinishRecording(core::TraceWriter& writer, const absl::Status& record_error,
-                                 const core::SessionEnd& end) {
+RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::Status& record_error,
+                                 const core::store::SessionEnd& end) {
   RecordingOutcome out;
   if (!record_error.ok()) {
     out.error = record_error;
@@ -115,8 +114,9 @@ RecordingOutcome FinishRecording(core::TraceWriter& writer, const absl::Status& 
   return out;
 }
 
-ProfileOptions ReportProfileOptions(const core::TraceReader& reader, double bucket_ms) {
-  ProfileOptions popts;
+profile::ProfileOptions ReportProfileOptions(const core::store::TraceReader& reader,
+                                             double bucket_ms) {
+  profile::ProfileOptions popts;
   if (bucket_ms > 0) {
     popts.bucket_ns = static_cast<uint64_t>(bucket_ms * 1e6);
     // A fixed width keeps the newest columns: make room for the whole session.
@@ -133,17 +133,17 @@ ProfileOptions ReportProfileOptions(const core::TraceReader& reader, double buck
   return popts;
 }
 
-absl::StatusOr<StorageProfile> ProfileFromRecording(const core::TraceReader& reader,
-                                                    const RecordingSlice& slice,
-                                                    ProfileOptions opts) {
-  std::vector<WatchedObject> objects;
+absl::StatusOr<profile::StorageProfile> ProfileFromRecording(const core::store::TraceReader& reader,
+                                                             const RecordingSlice& slice,
+                                                             profile::ProfileOptions opts) {
+  std::vector<profile::WatchedObject> objects;
   objects.reserve(reader.watches().size());
-  for (const core::WatchRecord& w : reader.watches()) {
+  for (const core::store::WatchRecord& w : reader.watches()) {
     objects.push_back(ObjectFromRecord(w));
   }
   const uint64_t start = reader.session().start_mono_ns;
   opts.start_ns = start;
-  core::EventFilter filter;
+  core::store::EventFilter filter;
   if (slice.from_s.has_value()) {
     filter.from_ns = start + SecondsToNs(*slice.from_s);
   }
@@ -151,7 +151,7 @@ absl::StatusOr<StorageProfile> ProfileFromRecording(const core::TraceReader& rea
     filter.to_ns = start + SecondsToNs(*slice.to_s);
   }
   filter.tid = slice.tid;
-  StorageProfile profile(std::move(objects), opts);
+  profile::StorageProfile profile(std::move(objects), opts);
   absl::Status s = reader.ForEachEvent(filter, [&](const core::AccessEvent& ev) {
     profile.Add(ev);
     return true;

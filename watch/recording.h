@@ -21,14 +21,14 @@ namespace kwatch::watch {
 
 // The recording's row for a session watch: expression, resolved range, kind letters ("r",
 // "w", "rw", "x"), the backend that served it and its layout.
-core::WatchRecord WatchRecordFor(const Watch& w, BackendKind backend);
+core::store::WatchRecord WatchRecordFor(const Watch& w, BackendKind backend);
 
 // The profile's object for a recorded watch (the inverse of WatchRecordFor, as far as the
 // profile needs).
-WatchedObject ObjectFromRecord(const core::WatchRecord& w);
+profile::WatchedObject ObjectFromRecord(const core::store::WatchRecord& w);
 
 // A code address symbolized for the recording: function+offset and file:line.
-core::SiteRecord SiteRecordFor(core::Symbolizer& symbolizer, core::RemoteAddr ip);
+core::store::SiteRecord SiteRecordFor(core::symbols::Symbolizer& symbolizer, core::RemoteAddr ip);
 
 // The recording a command makes (-o): where, and what the session's row says of the command.
 struct RecordingSpec {
@@ -40,9 +40,8 @@ struct RecordingSpec {
 // Creates the recording of a process watch session at spec.path (mode "watch", the session's
 // backend), with one watch row per watch of `session` on process `pid` (drmgr's placement as
 // its coverage when drmgr placed the watches). Errors: the writer's.
-absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateWatchRecording(const RecordingSpec& spec,
-                                                                        const WatchSession& session,
-                                                                        pid_t pid);
+absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
+    const RecordingSpec& spec, const WatchSession& session, pid_t pid);
 
 // How a recording ended (FinishRecording), for the command to say.
 struct RecordingOutcome {
@@ -60,8 +59,8 @@ struct RecordingOutcome {
 
 // Ends a recording: after a session whose recording did not fail (`record_error` OK), stores
 // `end` (Finish); else leaves it as it is, cut short, and tells where its committed events are.
-RecordingOutcome FinishRecording(core::TraceWriter& writer, const absl::Status& record_error,
-                                 const core::SessionEnd& end);
+RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::Status& record_error,
+                                 const core::store::SessionEnd& end);
 
 // What part of a recording to profile. Times are seconds from the session's start.
 struct RecordingSlice {
@@ -73,13 +72,14 @@ struct RecordingSlice {
 // Replays the events of `reader` (restricted to `slice`) into a profile of its watches,
 // with time columns starting at the session's start. Streams: memory does not grow with the
 // number of events.
-absl::StatusOr<StorageProfile> ProfileFromRecording(const core::TraceReader& reader,
-                                                    const RecordingSlice& slice,
-                                                    ProfileOptions opts = {});
+absl::StatusOr<profile::StorageProfile> ProfileFromRecording(const core::store::TraceReader& reader,
+                                                             const RecordingSlice& slice,
+                                                             profile::ProfileOptions opts = {});
 
 // The profile options of a report on `reader`: time columns `bucket_ms` wide keeping the whole
 // session (at most 4096 columns), or with `bucket_ms` 0 an automatic width starting at the
 // session's length / 120 (at least 1 us); a recording cut short keeps the defaults.
-ProfileOptions ReportProfileOptions(const core::TraceReader& reader, double bucket_ms);
+profile::ProfileOptions ReportProfileOptions(const core::store::TraceReader& reader,
+                                             double bucket_ms);
 
 }  // namespace kwatch::watch

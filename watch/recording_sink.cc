@@ -38,7 +38,7 @@ absl::Status AccessRecordingSink::OnDrained() {
 
 void AccessRecordingSink::OnSummary(const AccessSummary& summary) {
   const RunInfo& info = summary.info;
-  core::SessionEnd end;
+  core::store::SessionEnd end;
   if (info.exit.has_value()) {
     end.exit_status = info.exit->ShellStatus();
   }

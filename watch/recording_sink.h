@@ -20,7 +20,7 @@ namespace kwatch::watch {
 class AccessRecordingSink final : public AccessSink {
  public:
   using EndFn = std::function<void(const RecordingOutcome&)>;
-  AccessRecordingSink(core::TraceWriter& writer, AccessSink& next, EndFn on_end)
+  AccessRecordingSink(core::store::TraceWriter& writer, AccessSink& next, EndFn on_end)
       : writer_(writer), next_(next), on_end_(std::move(on_end)) {}
 
   // Whether -o was not honoured: a failure while recording, or at its end.
@@ -34,7 +34,7 @@ class AccessRecordingSink final : public AccessSink {
   void OnSummary(const AccessSummary& summary) override;
 
  private:
-  core::TraceWriter& writer_;
+  core::store::TraceWriter& writer_;
   AccessSink& next_;
   EndFn on_end_;
   absl::Status error_;  // the first failure while recording

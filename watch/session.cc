@@ -40,12 +40,14 @@ absl::string_view BackendName(BackendKind kind) {
   return "?";
 }
 
-WatchSession::WatchSession(core::Process& proc, std::shared_ptr<core::Symbols> symbols,
-                           std::shared_ptr<core::Symbolizer> symbolizer, std::vector<Watch> watches)
+WatchSession::WatchSession(core::ptrace::Process& proc,
+                           std::shared_ptr<core::symbols::Symbols> symbols,
+                           std::shared_ptr<core::symbols::Symbolizer> symbolizer,
+                           std::vector<Watch> watches)
     : proc_(proc),
       symbols_(std::move(symbols)),
       symbolizer_(symbolizer != nullptr ? std::move(symbolizer)
-                                        : std::make_shared<core::Symbolizer>(*symbols_)),
+                                        : std::make_shared<core::symbols::Symbolizer>(*symbols_)),
       watches_(std::move(watches)) {}
 
 WatchSession::~WatchSession() {
@@ -112,7 +114,7 @@ absl::string_view OvercommitName(Overcommit o) {
 }
 
 absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
-    core::Process& proc, std::vector<WatchRequest> requests, const SessionOptions& opts) {
+    core::ptrace::Process& proc, std::vector<WatchRequest> requests, const SessionOptions& opts) {
   if (requests.empty()) {
     return absl::InvalidArgumentError("nothing to watch: give at least one expression");
   }
@@ -145,14 +147,13 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
         " needs the accessing thread stopped at the access, and perf stream mode reads values "
         "later, at drain time: use --stop (debug registers through ptrace) or --backend page"));
   }
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Symbols> symbols,
-                      core::Symbols::ForProcess(proc.pid()));
-  const core::MemoryReader reader = [&proc](core::RemoteAddr addr, std::span<uint8_t> out) {
-    return proc.ReadMemory(addr, out);
-  };
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::symbols::Symbols> symbols,
+                      core::symbols::Symbols::ForProcess(proc.pid()));
+  const core::symbols::MemoryReader reader =
+      [&proc](core::RemoteAddr addr, std::span<uint8_t> out) { return proc.ReadMemory(addr, out); };
   std::vector<Watch> watches;
   for (auto& req : requests) {
-    KW_ASSIGN_OR_RETURN(const core::Expr expr, core::ParseExpr(req.expr));
+    KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(req.expr));
     auto resolved = symbols->Resolve(expr, reader);
     if (!resolved.ok()) {
       return absl::Status(resolved.status().code(),
@@ -205,8 +206,9 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       }
     }
   }
-  auto session = std::unique_ptr<WatchSession>(new WatchSession(
-      proc, std::shared_ptr<core::Symbols>(std::move(symbols)), nullptr, std::move(watches)));
+  auto session = std::unique_ptr<WatchSession>(
+      new WatchSession(proc, std::shared_ptr<core::symbols::Symbols>(std::move(symbols)), nullptr,
+                       std::move(watches)));
   session->backend_note_ = std::move(note);
   session->opts_ = opts;
   session->kind_ = kind;
@@ -214,7 +216,7 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
 }
 
 absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::ForFork(WatchSession& parent,
-                                                                    core::Process& child) {
+                                                                    core::ptrace::Process& child) {
   // What the fork copied of kwatch's changes was undone at the fork event (OnFollowedFork):
   // protected pages. Perf and stop mode's breakpoints are never inherited across fork.
   if (parent.page_backend_ != nullptr) {
@@ -265,11 +267,11 @@ absl::Status WatchSession::Arm() {
   page_watches_.clear();
   page_backend_ = nullptr;
   if (opts_.stack_frames > 0 && unwinder_ == nullptr) {
-    KW_ASSIGN_OR_RETURN(
-        unwinder_,
-        core::Unwinder::ForProcess(proc_.pid(), [this](core::RemoteAddr a, std::span<uint8_t> o) {
-          return proc_.ReadMemory(a, o);
-        }));
+    KW_ASSIGN_OR_RETURN(unwinder_,
+                        core::symbols::Unwinder::ForProcess(
+                            proc_.pid(), [this](core::RemoteAddr a, std::span<uint8_t> o) {
+                              return proc_.ReadMemory(a, o);
+                            }));
   }
   auto hook = [this](pid_t tid) { return CaptureStack(tid); };
   // Both backends stop and resume the world while they arm: the target must not run between

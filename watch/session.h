@@ -37,7 +37,7 @@ struct WatchRequest {
 struct Watch {
   uint32_t id = 0;
   WatchRequest request;
-  core::ResolvedExpr target;
+  core::symbols::ResolvedExpr target;
 };
 
 // What a hardware session does with watches beyond the four debug registers of a thread.
@@ -81,7 +81,7 @@ class WatchSession {
   // checks that each fits the backend, and picks the backend (kAuto: hardware breakpoints
   // when this machine delivers their traps, else page protection, with a note saying why).
   // Nothing is armed yet.
-  static absl::StatusOr<std::unique_ptr<WatchSession>> Create(core::Process& proc,
+  static absl::StatusOr<std::unique_ptr<WatchSession>> Create(core::ptrace::Process& proc,
                                                               std::vector<WatchRequest> requests,
                                                               const SessionOptions& opts = {});
   // -f/--follow-forks: the session of `child`, a process `parent`'s target forked and kwatch
@@ -92,7 +92,7 @@ class WatchSession {
   // undone. Nothing is armed yet: Arm() it before the child runs, and the child's accesses
   // are exact from its first instruction.
   static absl::StatusOr<std::unique_ptr<WatchSession>> ForFork(WatchSession& parent,
-                                                               core::Process& child);
+                                                               core::ptrace::Process& child);
   ~WatchSession();
 
   // Installs the watches (all or nothing).
@@ -141,21 +141,21 @@ class WatchSession {
 
   const std::vector<Watch>& watches() const { return watches_; }
   const SessionOptions& options() const { return opts_; }
-  core::Process& process() const { return proc_; }
-  core::Symbolizer& symbolizer() { return *symbolizer_; }
-  const core::Symbols& symbols() const { return *symbols_; }
+  core::ptrace::Process& process() const { return proc_; }
+  core::symbols::Symbolizer& symbolizer() { return *symbolizer_; }
+  const core::symbols::Symbols& symbols() const { return *symbols_; }
 
  private:
-  WatchSession(core::Process& proc, std::shared_ptr<core::Symbols> symbols,
-               std::shared_ptr<core::Symbolizer> symbolizer, std::vector<Watch> watches);
+  WatchSession(core::ptrace::Process& proc, std::shared_ptr<core::symbols::Symbols> symbols,
+               std::shared_ptr<core::symbols::Symbolizer> symbolizer, std::vector<Watch> watches);
 
   // drmgr's reason with its request numbers replaced by the watches users know.
   std::string PeopleReason(const std::string& reason) const;
 
-  core::Process& proc_;
+  core::ptrace::Process& proc_;
   // Shared with the sessions of followed fork children (same image, same addresses).
-  std::shared_ptr<core::Symbols> symbols_;
-  std::shared_ptr<core::Symbolizer> symbolizer_;
+  std::shared_ptr<core::symbols::Symbols> symbols_;
+  std::shared_ptr<core::symbols::Symbolizer> symbolizer_;
   std::vector<Watch> watches_;
   SessionOptions opts_;
   BackendKind kind_ = BackendKind::kPage;  // the hardware kind, or kPage for pages only
@@ -172,7 +172,7 @@ class WatchSession {
   bool multiplexing_ = false;
   // --stack: distinct backtraces, by id - 1 (deduplicated: memory grows with distinct stacks).
   uint32_t CaptureStack(pid_t tid);
-  std::unique_ptr<core::Unwinder> unwinder_;
+  std::unique_ptr<core::symbols::Unwinder> unwinder_;
   std::vector<std::vector<core::RemoteAddr>> stacks_;
   std::map<std::vector<core::RemoteAddr>, uint32_t> stack_ids_;
   uint64_t stack_errors_ = 0;

@@ -47,8 +47,9 @@ uint64_t LittleEndian(std::span<const uint8_t> bytes) {
 
 }  // namespace
 
-StopBackend::StopBackend(core::Process& proc, const std::vector<Watch>& watches,
-                         core::Symbolizer& symbolizer, std::map<drmgr::RequestId, uint32_t> owners)
+StopBackend::StopBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches,
+                         core::symbols::Symbolizer& symbolizer,
+                         std::map<drmgr::RequestId, uint32_t> owners)
     : SlotBackend(std::move(owners)), proc_(proc), watches_(watches), symbolizer_(symbolizer) {}
 
 StopBackend::~StopBackend() {
@@ -330,7 +331,7 @@ void StopBackend::Forget() {
   proc_.RemoveInterceptor(this);
 }
 
-absl::Status StopBackend::OnFork(core::Process& /*child*/) {
+absl::Status StopBackend::OnFork(core::ptrace::Process& /*child*/) {
   // The child carries no event of kwatch's (none is inherited) and no ptrace debug register.
   return absl::OkStatus();
 }
@@ -379,7 +380,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
     return absl::OkStatus();  // a late trap of a disarmed slot: dropped
   }
   // The register whose event sent the trap; a closed or replaced one names nothing.
-  const int named = bps_.Fired(tid, core::SiPerfData(si));
+  const int named = bps_.Fired(tid, core::ptrace::SiPerfData(si));
   const Armed* first = nullptr;
   if (named >= 0 && th->second.phys[named].has_value()) {
     auto it = slots_.find(*th->second.phys[named]);
@@ -396,26 +397,26 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
   KW_RETURN_IF_ERROR(got.status());
   const user_regs_struct& regs = *got;
   const core::RemoteAddr trap_ip{regs.rip};
-  const core::AccessSite& site = symbolizer_.SiteForTrap(trap_ip);
+  const core::symbols::AccessSite& site = symbolizer_.SiteForTrap(trap_ip);
   // The accessing instruction, decoded with the registers after it ran: exact for the
   // usual stores and loads; an instruction that changes its own base register (push, pop,
   // movs) may miss its operand, and the access then counts as the whole fired chunk.
-  std::vector<core::MemoryOperand> operands;
+  std::vector<core::x86::MemoryOperand> operands;
   // A plain mov's value comes from the registers: the bytes it stored or loaded, even when
   // another thread writes the same bytes before kwatch could read them.
-  std::optional<core::RegisterAccess> from_regs;
+  std::optional<core::x86::RegisterAccess> from_regs;
   if (site.exact && site.ip < trap_ip && trap_ip - site.ip <= 15) {
     const std::span<const uint8_t> bytes(site.code.data(), trap_ip - site.ip);
-    if (auto d = core::DecodeAccess(bytes, site.ip.value, regs); d.ok()) {
+    if (auto d = core::x86::DecodeAccess(bytes, site.ip.value, regs); d.ok()) {
       operands = d->memory;
     }
     auto plan = plans_.find(site.ip.value);
     if (plan == plans_.end()) {
-      absl::StatusOr<core::AccessPlan> p = core::PlanAccess(bytes, site.ip.value);
+      absl::StatusOr<core::x86::AccessPlan> p = core::x86::PlanAccess(bytes, site.ip.value);
       plan = plans_.emplace(site.ip.value, p.ok() ? std::optional(*p) : std::nullopt).first;
     }
     if (plan->second.has_value()) {
-      const core::RegisterAccess ra = core::EvaluateAccess(*plan->second, &regs);
+      const core::x86::RegisterAccess ra = core::x86::EvaluateAccess(*plan->second, &regs);
       if (ra.addr_known && ra.value_known) {
         from_regs = ra;
       }
@@ -441,7 +442,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
     } else if (first->kind != drmgr::DrKind::kExec) {  // (its operands: another instruction's)
       const uint64_t c_lo = a.chunk.addr.value;
       const uint64_t c_hi = c_lo + a.chunk.len;
-      for (const core::MemoryOperand& m : operands) {
+      for (const core::x86::MemoryOperand& m : operands) {
         hit = hit || (m.addr < c_hi && m.addr + m.size > c_lo &&
                       (m.write || a.kind == drmgr::DrKind::kReadWrite));
       }
@@ -468,7 +469,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
       hh.slot_kind = a->kind;
       hh.chunk_lo = std::min(hh.chunk_lo, c_lo);
       hh.chunk_hi = std::max(hh.chunk_hi, c_hi);
-      for (const core::MemoryOperand& m : operands) {
+      for (const core::x86::MemoryOperand& m : operands) {
         if (m.addr < c_hi && m.addr + m.size > c_lo) {
           hh.exact = true;
           hh.lo = std::min(hh.lo, m.addr);

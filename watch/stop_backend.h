@@ -50,11 +50,11 @@ struct ThreadDebugRegs {
 //
 // Owned by the session, used from the thread that owns `proc`; registers itself as the
 // Process's signal interceptor while armed. `watches` and `symbolizer` must outlive it.
-class StopBackend : public SlotBackend, public core::SignalInterceptor {
+class StopBackend : public SlotBackend, public core::ptrace::SignalInterceptor {
  public:
   // `watches` are indexed by Watch::id; `owners` maps allocator requests to watch ids.
-  StopBackend(core::Process& proc, const std::vector<Watch>& watches, core::Symbolizer& symbolizer,
-              std::map<drmgr::RequestId, uint32_t> owners);
+  StopBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches,
+              core::symbols::Symbolizer& symbolizer, std::map<drmgr::RequestId, uint32_t> owners);
   ~StopBackend() override;
   StopBackend(const StopBackend&) = delete;
   StopBackend& operator=(const StopBackend&) = delete;
@@ -85,7 +85,7 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
   // Nothing to undo: a fork child inherits none of kwatch's breakpoints (no inherit), and
   // kwatch writes no debug register through ptrace.
-  absl::Status OnFork(core::Process& child) override;
+  absl::Status OnFork(core::ptrace::Process& child) override;
   // Places the process scope's slots in the new thread (and closes the breakpoints of
   // threads that exited meanwhile).
   absl::Status OnThreadStart(pid_t tid) override;
@@ -128,9 +128,9 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   void RefreshShadow(drmgr::RequestId id);
   absl::Status OnTrap(pid_t tid, const siginfo_t& si);
 
-  core::Process& proc_;
+  core::ptrace::Process& proc_;
   const std::vector<Watch>& watches_;
-  core::Symbolizer& symbolizer_;
+  core::symbols::Symbolizer& symbolizer_;
   bool armed_ = false;
   bool draining_ = false;           // disarmed: SIGTRAPs queued before are claimed and dropped
   std::map<SlotKey, Armed> slots_;  // applied
@@ -139,7 +139,7 @@ class StopBackend : public SlotBackend, public core::SignalInterceptor {
   std::map<drmgr::RequestId, Shadow> shadows_;
   // How each accessing instruction's value is recovered from the registers (nullopt: it does
   // not decode), by instruction address.
-  absl::flat_hash_map<uint64_t, std::optional<core::AccessPlan>> plans_;
+  absl::flat_hash_map<uint64_t, std::optional<core::x86::AccessPlan>> plans_;
   std::vector<core::AccessEvent> events_;
   uint64_t unrelated_ = 0;
   uint64_t reads_filtered_ = 0;

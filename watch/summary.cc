@@ -69,7 +69,7 @@ std::vector<std::string> KernelAccessLines(const KernelAccessStats& stats) {
 }
 
 std::vector<std::string> FieldsOverlapping(const std::string& display,
-                                           const core::TypeLayout& layout, uint64_t offset,
+                                           const core::symbols::TypeLayout& layout, uint64_t offset,
                                            uint64_t size) {
   std::vector<std::string> out;
   for (const auto& f : layout.fields) {

@@ -111,7 +111,7 @@ std::string KernelAccessJson(const KernelAccessStats& stats);
 // The leaf fields of `layout` overlapping [offset, offset+size), by their effective bytes
 // (a bitfield covers only the bytes of its bits), as display + path.
 std::vector<std::string> FieldsOverlapping(const std::string& display,
-                                           const core::TypeLayout& layout, uint64_t offset,
+                                           const core::symbols::TypeLayout& layout, uint64_t offset,
                                            uint64_t size);
 
 // The display name of the field covered by `w`'s hardware range (see Summary::FieldName).

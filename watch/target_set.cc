@@ -15,7 +15,7 @@ namespace kwatch::watch {
 
 // A process of the session: the target, or (-f) a followed child.
 struct TargetSet::Tracee {
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
   // Its watches now; nullptr when they ended (exec without -f, or not re-armed).
   std::unique_ptr<WatchSession> session;
   // Sessions of images it exec'd from (kept for their counts and, the target's first, for the
@@ -30,7 +30,7 @@ struct TargetSet::Tracee {
 };
 
 TargetSet::TargetSet(TargetSetOptions opts, const SessionOptions& session_opts,
-                     core::UniqueFd sigfd, std::unique_ptr<core::ProcessGroup> group,
+                     core::UniqueFd sigfd, std::unique_ptr<core::ptrace::ProcessGroup> group,
                      std::vector<Condition> conditions, AccessSink& sink)
     : opts_(std::move(opts)),
       session_opts_(session_opts),
@@ -43,8 +43,9 @@ TargetSet::~TargetSet() = default;
 
 absl::StatusOr<std::unique_ptr<TargetSet>> TargetSet::Create(
     const TargetSetOptions& opts, const SessionOptions& session_opts, core::UniqueFd sigfd,
-    std::unique_ptr<core::ProcessGroup> group, std::unique_ptr<core::Process> target,
-    std::unique_ptr<WatchSession> session, std::vector<Condition> conditions, AccessSink& sink) {
+    std::unique_ptr<core::ptrace::ProcessGroup> group,
+    std::unique_ptr<core::ptrace::Process> target, std::unique_ptr<WatchSession> session,
+    std::vector<Condition> conditions, AccessSink& sink) {
   std::unique_ptr<TargetSet> set(new TargetSet(opts, session_opts, std::move(sigfd),
                                                std::move(group), std::move(conditions), sink));
   set->watches_ = session->watches();
@@ -79,17 +80,17 @@ absl::Status TargetSet::Init() {
   KW_RETURN_IF_ERROR(AddFds(session));
   start_ns_ = core::MonotonicNs();
   deadline_ns_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
-  std::vector<WatchedObject> objects;
+  std::vector<profile::WatchedObject> objects;
   for (const Watch& w : watches_) {
-    objects.push_back(ObjectForWatch(w));
+    objects.push_back(profile::ObjectForWatch(w));
   }
-  ProfileOptions popts;
+  profile::ProfileOptions popts;
   popts.start_ns = start_ns_;
   profile_.emplace(std::move(objects), popts);
   return absl::OkStatus();
 }
 
-core::Process& TargetSet::target_process() const {
+core::ptrace::Process& TargetSet::target_process() const {
   return *target().proc;
 }
 
@@ -177,10 +178,10 @@ absl::Status TargetSet::PollAll() {
     if (!t.proc->alive()) {
       continue;
     }
-    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, t.proc->Poll());
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::ProcessEvent> events, t.proc->Poll());
     KW_RETURN_IF_ERROR(HandleEvents(t, events));
   }
-  const core::Process& main = *target().proc;
+  const core::ptrace::Process& main = *target().proc;
   if (!main.alive() && !AnyChildAlive()) {
     std::string reason =
         main.exit_info()->signaled
@@ -194,11 +195,12 @@ absl::Status TargetSet::PollAll() {
   return absl::OkStatus();
 }
 
-absl::Status TargetSet::HandleEvents(Tracee& t, const std::vector<core::ProcessEvent>& events) {
-  core::Process& proc = *t.proc;
-  for (const core::ProcessEvent& e : events) {
+absl::Status TargetSet::HandleEvents(Tracee& t,
+                                     const std::vector<core::ptrace::ProcessEvent>& events) {
+  core::ptrace::Process& proc = *t.proc;
+  for (const core::ptrace::ProcessEvent& e : events) {
     switch (e.kind) {
-      case core::ProcessEvent::Kind::kExited:
+      case core::ptrace::ProcessEvent::Kind::kExited:
         if (t.parent != 0) {
           DrainTracee(t);  // what its rings still hold
           AccessNote note;
@@ -209,7 +211,7 @@ absl::Status TargetSet::HandleEvents(Tracee& t, const std::vector<core::ProcessE
           sink_.OnNote(note);
         }
         break;
-      case core::ProcessEvent::Kind::kExec:
+      case core::ptrace::ProcessEvent::Kind::kExec:
         DrainAll();
         if (t.session != nullptr) {
           t.session->Forget();
@@ -231,12 +233,12 @@ absl::Status TargetSet::HandleEvents(Tracee& t, const std::vector<core::ProcessE
         }
         KW_RETURN_IF_ERROR(proc.Resume(e.tid));
         break;
-      case core::ProcessEvent::Kind::kForked:
+      case core::ptrace::ProcessEvent::Kind::kForked:
         if (e.child != 0) {
           KW_RETURN_IF_ERROR(AdoptChild(t, e.child));
         }
         break;
-      case core::ProcessEvent::Kind::kGroupStop: {
+      case core::ptrace::ProcessEvent::Kind::kGroupStop: {
         AccessNote note;
         note.kind = AccessNote::Kind::kGroupStop;
         note.pid = proc.pid();
@@ -254,7 +256,7 @@ absl::Status TargetSet::HandleEvents(Tracee& t, const std::vector<core::ProcessE
 
 absl::Status TargetSet::AdoptChild(Tracee& parent, pid_t pid) {
   const uint64_t t0 = core::MonotonicNs();
-  std::unique_ptr<core::Process> child = group_->TakeChild(pid);
+  std::unique_ptr<core::ptrace::Process> child = group_->TakeChild(pid);
   if (child == nullptr) {
     return absl::OkStatus();
   }
@@ -312,8 +314,8 @@ void TargetSet::Rearm(Tracee& t) {
     }
   }
   for (size_t i = 0; s.ok() && i < watches_.size(); ++i) {
-    const core::ResolvedExpr& was = watches_[i].target;
-    const core::ResolvedExpr& now = session->watches()[i].target;
+    const core::symbols::ResolvedExpr& was = watches_[i].target;
+    const core::symbols::ResolvedExpr& now = session->watches()[i].target;
     if (now.type_name != was.type_name || now.length != was.length) {
       s = absl::FailedPreconditionError(absl::StrFormat(
           "'%s' is %s (%d bytes) in the new image, %s (%d bytes) in the first: one summary "
@@ -421,7 +423,7 @@ absl::Status TargetSet::Release(RunInfo& info) {
   const bool kill = target().proc->launched() && opts_.kill_on_exit;
   size_t detached = 0;
   for (size_t i = 1; i < tracees_.size(); ++i) {
-    core::Process& p = *tracees_[i]->proc;
+    core::ptrace::Process& p = *tracees_[i]->proc;
     if (!p.alive()) {
       continue;
     }
@@ -438,7 +440,7 @@ absl::Status TargetSet::Release(RunInfo& info) {
     note.count = detached;
     sink_.OnNote(note);
   }
-  core::Process& main = *target().proc;
+  core::ptrace::Process& main = *target().proc;
   if (main.alive()) {
     if (kill) {
       KW_RETURN_IF_ERROR(main.Kill());
@@ -497,7 +499,7 @@ absl::StatusOr<TargetSetEnd> TargetSet::Finish() {
           c.stats().missing_new + c.stats().missing_old + c.stats().division_by_zero;
     }
   }
-  core::Process& proc = *target().proc;
+  core::ptrace::Process& proc = *target().proc;
   info.pid = proc.pid();
   info.seconds = static_cast<double>(core::MonotonicNs() - start_ns_) / 1e9;
   info.stop_reason = stop_reason_;

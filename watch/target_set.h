@@ -59,8 +59,9 @@ class TargetSet {
   // error, the processes are let go as Abandon does.
   static absl::StatusOr<std::unique_ptr<TargetSet>> Create(
       const TargetSetOptions& opts, const SessionOptions& session_opts, core::UniqueFd sigfd,
-      std::unique_ptr<core::ProcessGroup> group, std::unique_ptr<core::Process> target,
-      std::unique_ptr<WatchSession> session, std::vector<Condition> conditions, AccessSink& sink);
+      std::unique_ptr<core::ptrace::ProcessGroup> group,
+      std::unique_ptr<core::ptrace::Process> target, std::unique_ptr<WatchSession> session,
+      std::vector<Condition> conditions, AccessSink& sink);
 
   TargetSet(const TargetSet&) = delete;
   TargetSet& operator=(const TargetSet&) = delete;
@@ -83,7 +84,7 @@ class TargetSet {
 
   // CLOCK_MONOTONIC at the session's start, in ns (events carry the same clock).
   uint64_t start_ns() const { return start_ns_; }
-  core::Process& target_process() const;
+  core::ptrace::Process& target_process() const;
   // The target's watches now; nullptr once they ended (exec without -f, or not re-armed).
   const WatchSession* target_session() const;
   // The target's first session: what the summary describes.
@@ -96,7 +97,7 @@ class TargetSet {
   struct Tracee;
 
   TargetSet(TargetSetOptions opts, const SessionOptions& session_opts, core::UniqueFd sigfd,
-            std::unique_ptr<core::ProcessGroup> group, std::vector<Condition> conditions,
+            std::unique_ptr<core::ptrace::ProcessGroup> group, std::vector<Condition> conditions,
             AccessSink& sink);
 
   absl::Status Init();
@@ -107,7 +108,7 @@ class TargetSet {
   void DrainTracee(Tracee& t);
   // Polls the target and every followed child, and handles what happened to each.
   absl::Status PollAll();
-  absl::Status HandleEvents(Tracee& t, const std::vector<core::ProcessEvent>& events);
+  absl::Status HandleEvents(Tracee& t, const std::vector<core::ptrace::ProcessEvent>& events);
   // -f: takes followed child `pid`, arms its session and resumes it.
   absl::Status AdoptChild(Tracee& parent, pid_t pid);
   // -f: `t` called exec (stopped at its exec event): its watches are armed again by expression
@@ -123,14 +124,14 @@ class TargetSet {
 
   TargetSetOptions opts_;
   SessionOptions session_opts_;
-  core::UniqueFd sigfd_;                          // from Create until Init hands it to the loop
-  std::unique_ptr<core::ProcessGroup> group_;     // -f; outlives every process below
-  std::vector<std::unique_ptr<Tracee>> tracees_;  // the target first, then children by fork
-  std::vector<Condition> conditions_;             // --if, one per watch (by id), or none
+  core::UniqueFd sigfd_;  // from Create until Init hands it to the loop
+  std::unique_ptr<core::ptrace::ProcessGroup> group_;  // -f; outlives every process below
+  std::vector<std::unique_ptr<Tracee>> tracees_;       // the target first, then children by fork
+  std::vector<Condition> conditions_;                  // --if, one per watch (by id), or none
   AccessSink& sink_;
   std::vector<Watch> watches_;  // the target's first image's: what the summary counts
   std::optional<Summary> summary_;
-  std::optional<StorageProfile> profile_;
+  std::optional<profile::StorageProfile> profile_;
   std::unique_ptr<EventLoop> loop_;
   uint64_t start_ns_ = 0;
   uint64_t deadline_ns_ = 0;  // 0: none

@@ -108,17 +108,17 @@ absl::StatusOr<core::UniqueFd> OpenTrap(pid_t tid, int reg, const TrapSlot& slot
 }  // namespace
 
 uint64_t TrapSigData(int reg, uint32_t serial) {
-  return core::kKwatchSigDataMagic | (uint64_t{serial & kSerialMask} << 2) |
+  return core::ptrace::kKwatchSigDataMagic | (uint64_t{serial & kSerialMask} << 2) |
          static_cast<uint64_t>(reg & 3);
 }
 
 int TrapSigDataRegister(uint64_t sig_data) {
-  return core::IsKwatchSigData(sig_data) ? static_cast<int>(sig_data & 3) : -1;
+  return core::ptrace::IsKwatchSigData(sig_data) ? static_cast<int>(sig_data & 3) : -1;
 }
 
 bool IsTrapBreakpointSignal(const siginfo_t& si) {
-  return si.si_signo == SIGTRAP && si.si_code == core::kTrapPerf &&
-         core::IsKwatchSigData(core::SiPerfData(si));
+  return si.si_signo == SIGTRAP && si.si_code == core::ptrace::kTrapPerf &&
+         core::ptrace::IsKwatchSigData(core::ptrace::SiPerfData(si));
 }
 
 absl::Status TrapBreakpoints::Set(pid_t tid, int reg, const TrapSlot& slot) {

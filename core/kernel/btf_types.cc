@@ -260,21 +260,21 @@ std::vector<std::string> KernelBtf::MemberNamesAt(BtfTypeRef type, int depth,
 }
 
 absl::StatusOr<BtfMemberRef> KernelBtf::Walk(BtfTypeRef type,
-                                             const std::vector<ExprStep>& steps) const {
+                                             const std::vector<symbols::ExprStep>& steps) const {
   BtfMemberRef ref;
   ref.type = type;
   ref.size = TypeSize(type).value_or(0);
-  for (const ExprStep& step : steps) {
+  for (const symbols::ExprStep& step : steps) {
     const BtfTypeRef s = Strip(ref.type);
     const btf_type* t = btf__type_by_id(btf_, s.id);
     switch (step.kind) {
-      case ExprStep::Kind::kArrow:
-      case ExprStep::Kind::kDeref:
+      case symbols::ExprStep::Kind::kArrow:
+      case symbols::ExprStep::Kind::kDeref:
         return absl::InvalidArgumentError(absl::StrFormat(
             "'%s' at column %d would follow a kernel pointer: kwatch does not read kernel "
             "memory; watch the object itself (its member path with '.')",
-            step.kind == ExprStep::Kind::kArrow ? "->" : "*", step.column + 1));
-      case ExprStep::Kind::kIndex: {
+            step.kind == symbols::ExprStep::Kind::kArrow ? "->" : "*", step.column + 1));
+      case symbols::ExprStep::Kind::kIndex: {
         if (t == nullptr || !btf_is_array(t)) {
           return absl::InvalidArgumentError(
               absl::StrFormat("'[%d]' at column %d: '%s%s' is a %s, not an array", step.index,
@@ -295,7 +295,7 @@ absl::StatusOr<BtfMemberRef> KernelBtf::Walk(BtfTypeRef type,
         ref.bit_size = 0;
         break;
       }
-      case ExprStep::Kind::kMember: {
+      case symbols::ExprStep::Kind::kMember: {
         if (t == nullptr || !btf_is_composite(t)) {
           return absl::InvalidArgumentError(
               absl::StrFormat("'.%s' at column %d: %s is not a struct or union", step.member,
@@ -341,7 +341,7 @@ namespace {
 // Mirrors core/dwarf_types.cc's Flattener over BTF.
 class BtfFlattener {
  public:
-  BtfFlattener(const struct btf* b, const KernelBtf& kb, std::vector<FieldLayout>* out)
+  BtfFlattener(const struct btf* b, const KernelBtf& kb, std::vector<symbols::FieldLayout>* out)
       : btf_(b), kb_(kb), out_(out) {}
 
   bool Expandable(BtfTypeRef type) const {
@@ -355,7 +355,7 @@ class BtfFlattener {
     }
     if (btf_is_array(t)) {
       const struct btf_array* a = btf_array(t);
-      if (a->nelems == 0 || a->nelems > kMaxExpandedElements) {
+      if (a->nelems == 0 || a->nelems > symbols::kMaxExpandedElements) {
         return false;
       }
       const BtfTypeRef elem = kb_.Strip(BtfTypeRef{a->type});
@@ -387,7 +387,7 @@ class BtfFlattener {
         } else {
           n += 1 + (m.bit_size == 0 ? Count(m.type, guard + 1) : 0);
         }
-        if (n > kMaxLayoutFields) {
+        if (n > symbols::kMaxLayoutFields) {
           return n;
         }
       }
@@ -417,7 +417,7 @@ class BtfFlattener {
           }
           continue;  // unnamed bitfield padding
         }
-        FieldLayout f;
+        symbols::FieldLayout f;
         f.path = absl::StrCat(path, ".", m.name);
         f.type_name = kb_.TypeName(m.type);
         f.offset = base + m.offset;
@@ -435,7 +435,7 @@ class BtfFlattener {
       const uint64_t esize = kb_.TypeSize(elem).value_or(0);
       const std::string elem_name = kb_.TypeName(elem);
       for (uint64_t i = 0; i < a->nelems; ++i) {
-        FieldLayout f;
+        symbols::FieldLayout f;
         f.path = absl::StrCat(path, "[", i, "]");
         f.type_name = elem_name;
         f.offset = base + i * esize;
@@ -447,9 +447,9 @@ class BtfFlattener {
   }
 
  private:
-  void Add(FieldLayout f, std::optional<BtfTypeRef> type) {
+  void Add(symbols::FieldLayout f, std::optional<BtfTypeRef> type) {
     const bool expand = type.has_value() && Expandable(*type) &&
-                        out_->size() + 1 + Count(*type) <= kMaxLayoutFields;
+                        out_->size() + 1 + Count(*type) <= symbols::kMaxLayoutFields;
     f.is_leaf = !expand;
     const uint64_t offset = f.offset;
     const std::string path = f.path;
@@ -462,23 +462,23 @@ class BtfFlattener {
 
   const struct btf* btf_;
   const KernelBtf& kb_;
-  std::vector<FieldLayout>* out_;
+  std::vector<symbols::FieldLayout>* out_;
   size_t count_budget_ = kMaxAnonymousMembers;    // per top-level Count()
   size_t flatten_budget_ = kMaxAnonymousMembers;  // per layout
 };
 
 }  // namespace
 
-TypeLayout KernelBtf::Layout(BtfTypeRef type) const {
-  TypeLayout layout;
+symbols::TypeLayout KernelBtf::Layout(BtfTypeRef type) const {
+  symbols::TypeLayout layout;
   layout.type_name = TypeName(type);
   layout.size = TypeSize(type).value_or(0);
   BtfFlattener flattener(btf_, *this, &layout.fields);
-  if (flattener.Expandable(type) && flattener.Count(type) <= kMaxLayoutFields) {
+  if (flattener.Expandable(type) && flattener.Count(type) <= symbols::kMaxLayoutFields) {
     flattener.FlattenInto(type, 0, "", 0);
   }
   if (layout.fields.empty()) {
-    FieldLayout f;
+    symbols::FieldLayout f;
     f.type_name = layout.type_name;
     f.size = layout.size;
     layout.fields.push_back(std::move(f));

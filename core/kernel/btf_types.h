@@ -71,12 +71,13 @@ class KernelBtf {
   // Applies `steps` (kMember and kIndex only) starting from an object of type `type`.
   // InvalidArgument for an unknown member (listing the members), an index out of bounds,
   // '.' on a non-aggregate, or '->' / '*' (a kernel pointer would have to be read).
-  absl::StatusOr<BtfMemberRef> Walk(BtfTypeRef type, const std::vector<ExprStep>& steps) const;
+  absl::StatusOr<BtfMemberRef> Walk(BtfTypeRef type,
+                                    const std::vector<symbols::ExprStep>& steps) const;
 
   // Flattened layout, with the same rules as core::FlattenLayout for DWARF (parents before
   // members, arrays of up to kMaxExpandedElements elements, char arrays whole, at most
   // kMaxLayoutFields fields; a scalar is one field with path "").
-  TypeLayout Layout(BtfTypeRef type) const;
+  symbols::TypeLayout Layout(BtfTypeRef type) const;
 
  private:
   KernelBtf(struct btf* btf, std::string path) : btf_(btf), path_(std::move(path)) {}

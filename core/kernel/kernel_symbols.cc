@@ -220,9 +220,9 @@ absl::Status KernelSymbolResolver::LoadLines() {
       continue;
     }
     absl::Status usable = l.status.ok() ? HasLineTables(l.path) : l.status;
-    absl::StatusOr<std::unique_ptr<Symbols>> syms = absl::InternalError("unused");
+    absl::StatusOr<std::unique_ptr<symbols::Symbols>> syms = absl::InternalError("unused");
     if (usable.ok()) {
-      syms = Symbols::ForFile(l.path);
+      syms = symbols::Symbols::ForFile(l.path);
       usable = syms.status();
     }
     if (!usable.ok()) {
@@ -246,7 +246,7 @@ absl::Status KernelSymbolResolver::LoadLines() {
   return *lines_status_;
 }
 
-std::optional<SourceLine> KernelSymbolResolver::LineAt(uint64_t addr) {
+std::optional<symbols::SourceLine> KernelSymbolResolver::LineAt(uint64_t addr) {
   if (!LoadLines().ok()) {
     return std::nullopt;
   }
@@ -265,7 +265,7 @@ KernelSymbolResolver::CodeSite KernelSymbolResolver::Locate(uint64_t addr) {
   if (!text->module.empty()) {
     return site;  // lines come from vmlinux, which holds no module code
   }
-  if (std::optional<SourceLine> line = LineAt(addr); line.has_value()) {
+  if (std::optional<symbols::SourceLine> line = LineAt(addr); line.has_value()) {
     absl::string_view file = line->file;
     for (absl::string_view tree : {"/linux-", "/build/"}) {
       const size_t at = file.rfind(tree);
@@ -295,19 +295,19 @@ std::string KernelSymbolResolver::Describe(uint64_t addr) {
 }
 
 absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, std::string* banner) {
-  KW_ASSIGN_OR_RETURN(const ElfSymbolIndex index, ElfSymbolIndex::FromFile(path));
+  KW_ASSIGN_OR_RETURN(const symbols::ElfSymbolIndex index, symbols::ElfSymbolIndex::FromFile(path));
   if (std::none_of(index.sections().begin(), index.sections().end(),
-                   [](const ElfSection& s) { return s.type == SHT_SYMTAB; })) {
+                   [](const symbols::ElfSection& s) { return s.type == SHT_SYMTAB; })) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": no symbol table (.symtab): a stripped image has no symbols"));
   }
   std::vector<KernelSymbol> syms;
   syms.reserve(index.symbols().size());
-  const ElfSymbol* banner_sym = nullptr;
-  for (const ElfSymbol& sym : index.symbols()) {
+  const symbols::ElfSymbol* banner_sym = nullptr;
+  for (const symbols::ElfSymbol& sym : index.symbols()) {
     // nm's letter from the section: text, bss, data, read-only; 'a' outside any section.
     char letter = 'a';
-    if (const ElfSection* scn = index.SectionOf(sym); scn != nullptr) {
+    if (const symbols::ElfSection* scn = index.SectionOf(sym); scn != nullptr) {
       if ((scn->flags & SHF_EXECINSTR) != 0) {
         letter = 't';
       } else if (scn->type == SHT_NOBITS) {
@@ -327,7 +327,7 @@ absl::StatusOr<KernelSymbolTable> LoadVmlinuxSymbols(const std::string& path, st
     syms.push_back(KernelSymbol{std::string(sym.name), sym.addr, letter, ""});
   }
   if (banner != nullptr && banner_sym != nullptr && banner_sym->addr != 0) {
-    const ElfSection* scn = index.SectionOf(*banner_sym);
+    const symbols::ElfSection* scn = index.SectionOf(*banner_sym);
     const absl::StatusOr<std::span<const uint8_t>> bytes =
         scn != nullptr ? index.SectionBytes(*scn) : absl::NotFoundError("no section");
     if (bytes.ok() && banner_sym->addr >= scn->addr &&

@@ -97,7 +97,7 @@ class KernelSymbolResolver {
   // file:line (and the innermost inlined function) of a run-time kernel text address, from
   // that vmlinux's DWARF at the address minus the KASLR slide; nullopt without a vmlinux
   // (LoadLines says why) or when the address has no line.
-  std::optional<SourceLine> LineAt(uint64_t addr);
+  std::optional<symbols::SourceLine> LineAt(uint64_t addr);
   // A kernel code address for a recording's sites table: `function` ("name" or "name [module]",
   // "" outside any known function), `offset` from its start, and file:line as Describe shows
   // them (file relative to the kernel tree; "" and 0 without a vmlinux's lines).
@@ -139,7 +139,7 @@ class KernelSymbolResolver {
   bool listings_loaded_ = false;
   std::vector<Listing> listings_;             // in chain order
   std::optional<absl::Status> lines_status_;  // set by the first LoadLines
-  std::unique_ptr<Symbols> lines_;            // the vmlinux's DWARF, at link-time addresses
+  std::unique_ptr<symbols::Symbols> lines_;   // the vmlinux's DWARF, at link-time addresses
   std::string lines_file_;
   int64_t lines_slide_ = 0;
 };

@@ -17,7 +17,7 @@
 #include "core/probe/fetch_format.h"
 #include "core/probe/x86_regs.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using agent::KwArgHeader;
@@ -831,4 +831,4 @@ absl::StatusOr<AgentArgValues> FormatAgentRecord(std::span<const CompiledArg> ar
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

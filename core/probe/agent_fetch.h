@@ -44,7 +44,7 @@
 #include "agent/abi.h"
 #include "core/probe/fetch.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // How one argument's value comes back from a record.
 struct AgentArgPlan {
@@ -134,4 +134,4 @@ absl::StatusOr<AgentArgValues> FormatAgentRecord(std::span<const CompiledArg> ar
                                                  std::span<const uint8_t> payload,
                                                  const AgentRecordContext& ctx);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

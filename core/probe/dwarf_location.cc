@@ -15,7 +15,7 @@
 #include "core/base/status_macros.h"
 #include "core/symbols/dwarf_types.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 constexpr int kMaxFrameBaseDepth = 4;
@@ -125,7 +125,7 @@ void ScopeChildren(Dwarf_Die die, std::vector<ScopeVar>* out) {
     }
     ScopeVar v;
     v.die = child;
-    v.name = DieName(child);
+    v.name = symbols::DieName(child);
     v.is_param = tag == DW_TAG_formal_parameter;
     if (!v.name.empty()) {
       out->push_back(std::move(v));
@@ -139,7 +139,7 @@ std::optional<ScopeVar> FileScopeVariable(Dwarf_Die cu, absl::string_view name, 
     return std::nullopt;
   }
   do {
-    if (dwarf_tag(&child) != DW_TAG_variable || DieName(child) != name) {
+    if (dwarf_tag(&child) != DW_TAG_variable || symbols::DieName(child) != name) {
       continue;
     }
     Dwarf_Attribute attr;
@@ -381,4 +381,4 @@ absl::StatusOr<std::vector<DwarfOp>> CompileLocation(const PcScope& scope, const
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

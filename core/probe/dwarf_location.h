@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // One operation of a DWARF expression, copied out of libdw. DW_OP_fbreg and
 // DW_OP_call_frame_cfa never appear (they are expanded at the probe's address), and
@@ -65,4 +65,4 @@ std::optional<ScopeVar> FindVariable(const PcScope& scope, absl::string_view nam
 // uses operations kwatch does not evaluate (named in the message).
 absl::StatusOr<std::vector<DwarfOp>> CompileLocation(const PcScope& scope, const ScopeVar& var);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

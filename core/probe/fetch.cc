@@ -23,7 +23,7 @@
 #include "core/symbols/dwarf_types.h"
 #include "core/symbols/symbol_match.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 constexpr int kMaxDwarfStack = 64;
@@ -41,8 +41,8 @@ std::optional<uint64_t> UdataAttr(Dwarf_Die die, unsigned int name) {
   return value;
 }
 
-bool IsCharType(const TypeRef& type) {
-  const TypeRef s = StripType(type);
+bool IsCharType(const symbols::TypeRef& type) {
+  const symbols::TypeRef s = symbols::StripType(type);
   Dwarf_Die die = s.die;
   if (dwarf_tag(&die) != DW_TAG_base_type || UdataAttr(die, DW_AT_byte_size).value_or(0) != 1) {
     return false;
@@ -53,24 +53,24 @@ bool IsCharType(const TypeRef& type) {
 }
 
 // How perf shows a scalar DWARF type by default; an error for aggregates.
-absl::StatusOr<ArgType> DefaultType(const TypeRef& type, const std::string& what) {
-  const TypeRef s = StripType(type);
+absl::StatusOr<ArgType> DefaultType(const symbols::TypeRef& type, const std::string& what) {
+  const symbols::TypeRef s = symbols::StripType(type);
   Dwarf_Die die = s.die;
   const int tag = dwarf_tag(&die);
-  const std::string name = TypeName(type);
-  const std::optional<uint64_t> size = TypeSize(type);
+  const std::string name = symbols::TypeName(type);
+  const std::optional<uint64_t> size = symbols::TypeSize(type);
   if (tag == DW_TAG_pointer_type || tag == DW_TAG_reference_type ||
       tag == DW_TAG_rvalue_reference_type) {
     return ArgType{ArgType::Kind::kHex, 64};
   }
   if (tag == DW_TAG_array_type) {
-    const std::optional<TypeRef> elem = ArrayElement(s);
+    const std::optional<symbols::TypeRef> elem = symbols::ArrayElement(s);
     return absl::InvalidArgumentError(absl::StrCat(
         "'", what, "' is ", name, ": pick an element ('", what, "[0]')",
         elem.has_value() && IsCharType(*elem) ? absl::StrCat(" or read it as ':string'") : ""));
   }
   if (tag == DW_TAG_structure_type || tag == DW_TAG_union_type || tag == DW_TAG_class_type) {
-    const std::vector<std::string> members = MemberNames(die);
+    const std::vector<std::string> members = symbols::MemberNames(die);
     return absl::InvalidArgumentError(
         absl::StrCat("'", what, "' is ", name, ": pick a member",
                      members.empty() ? "" : absl::StrCat(" (", absl::StrJoin(members, ", "), ")")));
@@ -85,10 +85,11 @@ absl::StatusOr<ArgType> DefaultType(const TypeRef& type, const std::string& what
   if (tag == DW_TAG_base_type) {
     enc = UdataAttr(die, DW_AT_encoding).value_or(DW_ATE_signed);
   } else if (tag == DW_TAG_enumeration_type) {
-    const std::optional<Dwarf_Die> under = TypeOf(die);
+    const std::optional<Dwarf_Die> under = symbols::TypeOf(die);
     enc = DW_ATE_unsigned;
     if (under.has_value()) {
-      enc = UdataAttr(StripType(TypeRef{*under, 0}).die, DW_AT_encoding).value_or(enc);
+      enc = UdataAttr(symbols::StripType(symbols::TypeRef{*under, 0}).die, DW_AT_encoding)
+                .value_or(enc);
     }
   }
   switch (enc) {
@@ -119,21 +120,22 @@ std::string VarNames(const std::vector<ScopeVar>& vars) {
 }
 
 // A member step (`.` or, after a dereference, `->`) on a struct or union.
-absl::Status MemberStep(const ExprStep& step, const std::string& display, TypeRef* type,
-                        CompiledArg* out, std::optional<MemberInfo>* bitfield) {
-  const TypeRef s = StripType(*type);
+absl::Status MemberStep(const symbols::ExprStep& step, const std::string& display,
+                        symbols::TypeRef* type, CompiledArg* out,
+                        std::optional<symbols::MemberInfo>* bitfield) {
+  const symbols::TypeRef s = symbols::StripType(*type);
   Dwarf_Die die = s.die;
   const int tag = dwarf_tag(&die);
   if (tag != DW_TAG_structure_type && tag != DW_TAG_union_type && tag != DW_TAG_class_type) {
-    return absl::InvalidArgumentError(absl::StrCat("'", display, "' is ", TypeName(*type),
+    return absl::InvalidArgumentError(absl::StrCat("'", display, "' is ", symbols::TypeName(*type),
                                                    ", not a struct or union: it has no member '",
                                                    step.member, "'"));
   }
-  const std::optional<MemberInfo> m = FindMember(die, step.member);
+  const std::optional<symbols::MemberInfo> m = symbols::FindMember(die, step.member);
   if (!m.has_value() || !m->has_type) {
-    const std::vector<std::string> names = MemberNames(die);
-    std::string msg = absl::StrCat(TypeName(*type), " has no member '", step.member, "'");
-    const std::vector<std::string> near = NearMatches(step.member, names, 1);
+    const std::vector<std::string> names = symbols::MemberNames(die);
+    std::string msg = absl::StrCat(symbols::TypeName(*type), " has no member '", step.member, "'");
+    const std::vector<std::string> near = symbols::NearMatches(step.member, names, 1);
     if (!near.empty()) {
       absl::StrAppend(&msg, "; did you mean '", near[0], "'?");
     }
@@ -149,20 +151,20 @@ absl::Status MemberStep(const ExprStep& step, const std::string& display, TypeRe
 }
 
 // Applies the DWARF steps of `spec` from the variable's place.
-absl::Status VariableSteps(const ProbeArgSpec& spec, TypeRef* type, CompiledArg* out,
-                           std::optional<MemberInfo>* bitfield) {
+absl::Status VariableSteps(const ProbeArgSpec& spec, symbols::TypeRef* type, CompiledArg* out,
+                           std::optional<symbols::MemberInfo>* bitfield) {
   std::string display = spec.variable.base;
-  for (const ExprStep& step : spec.variable.steps) {
+  for (const symbols::ExprStep& step : spec.variable.steps) {
     if (bitfield->has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", display, "' is a bitfield: it has no members or elements"));
     }
-    const TypeRef s = StripType(*type);
+    const symbols::TypeRef s = symbols::StripType(*type);
     Dwarf_Die die = s.die;
     const int tag = dwarf_tag(&die);
-    const std::string type_name = TypeName(*type);
+    const std::string type_name = symbols::TypeName(*type);
     switch (step.kind) {
-      case ExprStep::Kind::kMember:
+      case symbols::ExprStep::Kind::kMember:
         if (tag == DW_TAG_pointer_type) {
           return absl::InvalidArgumentError(absl::StrCat("'", display, "' is a pointer (",
                                                          type_name, "): use '", display, "->",
@@ -171,40 +173,40 @@ absl::Status VariableSteps(const ProbeArgSpec& spec, TypeRef* type, CompiledArg*
         KW_RETURN_IF_ERROR(MemberStep(step, display, type, out, bitfield));
         absl::StrAppend(&display, ".", step.member);
         break;
-      case ExprStep::Kind::kArrow: {
+      case symbols::ExprStep::Kind::kArrow: {
         if (tag != DW_TAG_pointer_type) {
           return absl::InvalidArgumentError(absl::StrCat("'", display, "' is ", type_name,
                                                          ", not a pointer: use '", display, ".",
                                                          step.member, "'"));
         }
-        const std::optional<Dwarf_Die> pointee = TypeOf(die);
+        const std::optional<Dwarf_Die> pointee = symbols::TypeOf(die);
         if (!pointee.has_value()) {
           return absl::InvalidArgumentError(
               absl::StrCat("'", display, "' is a void pointer: it has no members"));
         }
         out->steps.push_back(FetchStep{FetchStep::Kind::kDeref, 0});
-        *type = TypeRef{*pointee, 0};
+        *type = symbols::TypeRef{*pointee, 0};
         KW_RETURN_IF_ERROR(MemberStep(step, display, type, out, bitfield));
         absl::StrAppend(&display, "->", step.member);
         break;
       }
-      case ExprStep::Kind::kDeref: {
+      case symbols::ExprStep::Kind::kDeref: {
         const std::optional<Dwarf_Die> pointee =
-            tag == DW_TAG_pointer_type ? TypeOf(die) : std::nullopt;
+            tag == DW_TAG_pointer_type ? symbols::TypeOf(die) : std::nullopt;
         if (!pointee.has_value()) {
           return absl::InvalidArgumentError(
               absl::StrCat("'", display, "' is ", type_name, ": only a typed pointer takes '*'"));
         }
         out->steps.push_back(FetchStep{FetchStep::Kind::kDeref, 0});
-        *type = TypeRef{*pointee, 0};
+        *type = symbols::TypeRef{*pointee, 0};
         display = absl::StrCat("*", display);
         break;
       }
-      case ExprStep::Kind::kIndex: {
-        std::optional<TypeRef> elem;
+      case symbols::ExprStep::Kind::kIndex: {
+        std::optional<symbols::TypeRef> elem;
         if (tag == DW_TAG_array_type) {
-          elem = ArrayElement(s);
-          const auto dims = ArrayDims(die);
+          elem = symbols::ArrayElement(s);
+          const auto dims = symbols::ArrayDims(die);
           const auto dim = static_cast<size_t>(s.skip_dims);
           if (step.index < 0 || (dim < dims.size() && dims[dim].has_value() &&
                                  static_cast<uint64_t>(step.index) >= *dims[dim])) {
@@ -212,8 +214,8 @@ absl::Status VariableSteps(const ProbeArgSpec& spec, TypeRef* type, CompiledArg*
                 "index ", step.index, " is out of bounds for '", display, "' (", type_name, ")"));
           }
         } else if (tag == DW_TAG_pointer_type) {
-          if (const std::optional<Dwarf_Die> p = TypeOf(die); p.has_value()) {
-            elem = TypeRef{*p, 0};
+          if (const std::optional<Dwarf_Die> p = symbols::TypeOf(die); p.has_value()) {
+            elem = symbols::TypeRef{*p, 0};
           }
           out->steps.push_back(FetchStep{FetchStep::Kind::kDeref, 0});
         } else {
@@ -222,7 +224,7 @@ absl::Status VariableSteps(const ProbeArgSpec& spec, TypeRef* type, CompiledArg*
                            ", not an array or a pointer: it takes no [index]"));
         }
         const std::optional<uint64_t> esize =
-            elem.has_value() ? TypeSize(*elem) : std::optional<uint64_t>();
+            elem.has_value() ? symbols::TypeSize(*elem) : std::optional<uint64_t>();
         if (!esize.has_value() || *esize == 0) {
           return absl::InvalidArgumentError(
               absl::StrCat("the elements of '", display, "' (", type_name, ") have no size"));
@@ -246,24 +248,24 @@ absl::Status VariableSteps(const ProbeArgSpec& spec, TypeRef* type, CompiledArg*
 }
 
 // The final read of a DWARF argument of type `type`.
-absl::Status DwarfFinal(const ProbeArgSpec& spec, const TypeRef& type,
-                        const std::optional<MemberInfo>& bitfield, CompiledArg* out) {
+absl::Status DwarfFinal(const ProbeArgSpec& spec, const symbols::TypeRef& type,
+                        const std::optional<symbols::MemberInfo>& bitfield, CompiledArg* out) {
   const std::string what = spec.text;
-  const TypeRef s = StripType(type);
+  const symbols::TypeRef s = symbols::StripType(type);
   Dwarf_Die die = s.die;
   const int tag = dwarf_tag(&die);
   if (spec.type.has_value() && spec.type->kind == ArgType::Kind::kString) {
-    std::optional<TypeRef> elem;
+    std::optional<symbols::TypeRef> elem;
     if (tag == DW_TAG_pointer_type) {
-      if (const std::optional<Dwarf_Die> p = TypeOf(die); p.has_value()) {
-        elem = TypeRef{*p, 0};
+      if (const std::optional<Dwarf_Die> p = symbols::TypeOf(die); p.has_value()) {
+        elem = symbols::TypeRef{*p, 0};
       }
       out->steps.push_back(FetchStep{FetchStep::Kind::kDeref, 0});
     } else if (tag == DW_TAG_array_type) {
-      elem = ArrayElement(s);
+      elem = symbols::ArrayElement(s);
     }
     if (!elem.has_value() || !IsCharType(*elem)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", what, "' is ", TypeName(type),
+      return absl::InvalidArgumentError(absl::StrCat("'", what, "' is ", symbols::TypeName(type),
                                                      ": ':string' needs a char pointer or array"));
     }
     out->type = *spec.type;
@@ -325,7 +327,7 @@ absl::Status Compiler::AddVariable(const ProbeArgSpec& spec, CompiledArg arg) {
       names.push_back(v.name);
     }
     std::string msg = absl::StrCat("no variable '", spec.variable.base, "' at ", scope->where);
-    if (const std::vector<std::string> near = NearMatches(spec.variable.base, names, 1);
+    if (const std::vector<std::string> near = symbols::NearMatches(spec.variable.base, names, 1);
         !near.empty()) {
       absl::StrAppend(&msg, "; did you mean '", near[0], "'?");
     }
@@ -335,13 +337,13 @@ absl::Status Compiler::AddVariable(const ProbeArgSpec& spec, CompiledArg arg) {
   }
   KW_ASSIGN_OR_RETURN(arg.location, CompileLocation(*scope, *var));
   arg.base = CompiledArg::Base::kLocation;
-  const std::optional<Dwarf_Die> type_die = TypeOf(var->die);
+  const std::optional<Dwarf_Die> type_die = symbols::TypeOf(var->die);
   if (!type_die.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("'", spec.variable.base, "' has no type in the debug info"));
   }
-  TypeRef type{*type_die, 0};
-  std::optional<MemberInfo> bitfield;
+  symbols::TypeRef type{*type_die, 0};
+  std::optional<symbols::MemberInfo> bitfield;
   if (!spec.derefs.empty()) {
     // +OFF(var): the variable's value is an address.
     AddDerefs(spec.derefs, &arg);
@@ -475,8 +477,9 @@ absl::Status Compiler::Add(const ProbeArgSpec& spec) {
         // The function's return type, when DWARF gives a scalar one.
         if (const absl::StatusOr<const PcScope*> scope = Scope();
             scope.ok() && (*scope)->subprogram.has_value()) {
-          if (const std::optional<Dwarf_Die> t = TypeOf(*(*scope)->subprogram); t.has_value()) {
-            if (absl::StatusOr<ArgType> type = DefaultType(TypeRef{*t, 0}, "$retval");
+          if (const std::optional<Dwarf_Die> t = symbols::TypeOf(*(*scope)->subprogram);
+              t.has_value()) {
+            if (absl::StatusOr<ArgType> type = DefaultType(symbols::TypeRef{*t, 0}, "$retval");
                 type.ok() && type->kind != ArgType::Kind::kFloat) {
               arg.type = *type;
               arg.size = type->bits / 8;
@@ -866,7 +869,7 @@ absl::StatusOr<std::string> EvaluateImpl(const CompiledArg& arg, const FetchCont
         return absl::FailedPreconditionError("$comm needs the thread id");
       }
       KW_ASSIGN_OR_RETURN(std::string comm,
-                          ReadSmallFile(absl::StrCat("/proc/", ctx.tid, "/comm")));
+                          ptrace::ReadSmallFile(absl::StrCat("/proc/", ctx.tid, "/comm")));
       return QuoteFetchString(absl::StripTrailingAsciiWhitespace(comm), false);
     }
   }
@@ -970,4 +973,4 @@ std::string EvaluateAll(const std::vector<CompiledArg>& args, const FetchContext
   return absl::StrJoin(parts, " ");
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -25,7 +25,7 @@
 #include "core/probe/probe_target.h"
 #include "core/symbols/symbols.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // Longest string an argument shows, in bytes (longer ones are cut and marked).
 inline constexpr size_t kMaxFetchString = 256;
@@ -69,7 +69,7 @@ struct FetchContext {
   // Run-time address of the file minus its link-time address (ProbeTarget::LoadBias).
   uint64_t load_bias = 0;
   // Target memory; absolute run-time addresses.
-  MemoryReader read;
+  symbols::MemoryReader read;
   // The hit is a function return ($retval allowed).
   bool at_return = false;
   // Floating-point registers, for variables DWARF places in %xmm (optional).
@@ -113,4 +113,4 @@ absl::StatusOr<std::string> EvaluateSampled(const CompiledArg& arg, FetchContext
 // "name=value name=value" for all of `args` (an error becomes "name=<error: ...>").
 std::string EvaluateAll(const std::vector<CompiledArg>& args, const FetchContext& ctx);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

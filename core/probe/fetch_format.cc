@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 std::string QuoteFetchString(absl::string_view s, bool cut) {
   std::string out = "\"";
@@ -116,4 +116,4 @@ std::string FetchErrorText(const absl::Status& status) {
   return absl::StrCat("<error: ", status.message(), ">");
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

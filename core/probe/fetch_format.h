@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "core/probe/fetch.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // What an argument shows when the memory it needs cannot be read, as perf shows it.
 inline constexpr absl::string_view kFetchFault = "(fault)";
@@ -49,4 +49,4 @@ absl::StatusOr<std::string> FormatFetchBytes(const CompiledArg& arg, std::span<c
 // The text an argument shows for an evaluation that failed: "<error: MESSAGE>".
 std::string FetchErrorText(const absl::Status& status);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -5,7 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "core/x86/zydis_context.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 namespace {
 
@@ -26,16 +26,16 @@ uint64_t Mask(uint32_t bits) {
 
 // A 32- or 64-bit GPR (classification guarantees it for the kinds that use this).
 absl::StatusOr<uint64_t> ReadReg(const user_regs_struct& regs, ZydisRegister reg) {
-  const std::optional<GprSlot> slot = ResolveGpr(reg);
+  const std::optional<x86::GprSlot> slot = x86::ResolveGpr(reg);
   if (!slot.has_value()) {
     return absl::InternalError("not a general-purpose register");
   }
-  return ReadGpr(regs, *slot);
+  return x86::ReadGpr(regs, *slot);
 }
 
 // x86-64 rules: a 32-bit destination zero-extends into the 64-bit register.
 absl::Status WriteReg(user_regs_struct& regs, ZydisRegister reg, uint64_t value) {
-  const std::optional<GprSlot> slot = ResolveGpr(reg);
+  const std::optional<x86::GprSlot> slot = x86::ResolveGpr(reg);
   if (!slot.has_value() || slot->shift != 0) {
     return absl::InternalError("not a 32- or 64-bit general-purpose register");
   }
@@ -77,7 +77,7 @@ uint64_t ArithFlags(uint64_t eflags, uint64_t a, uint64_t b, uint64_t r, uint32_
 absl::StatusOr<uint64_t> MemoryOperandAddress(const ProbedInsn& insn, const ZydisDecodedOperand& op,
                                               const user_regs_struct& regs) {
   ZydisRegisterContext ctx{};
-  FillZydisContext(regs, ctx);
+  x86::FillZydisContext(regs, ctx);
   uint64_t ea = 0;
   if (!ZYAN_SUCCESS(ZydisCalcAbsoluteAddressEx(&insn.insn, &op, insn.addr.value, &ctx, &ea))) {
     return absl::InternalError(
@@ -91,7 +91,7 @@ absl::StatusOr<uint64_t> MemoryOperandAddress(const ProbedInsn& insn, const Zydi
   return ea;
 }
 
-absl::StatusOr<uint64_t> Read64(const EmulatorMemory& mem, uint64_t addr) {
+absl::StatusOr<uint64_t> Read64(const x86::EmulatorMemory& mem, uint64_t addr) {
   uint8_t b[8] = {};
   const absl::Status s = mem.read(addr, std::span<uint8_t>(b, 8));
   if (!s.ok()) {
@@ -104,7 +104,7 @@ absl::StatusOr<uint64_t> Read64(const EmulatorMemory& mem, uint64_t addr) {
   return v;
 }
 
-absl::Status Write64(const EmulatorMemory& mem, uint64_t addr, uint64_t v) {
+absl::Status Write64(const x86::EmulatorMemory& mem, uint64_t addr, uint64_t v) {
   uint8_t b[8] = {};
   for (int i = 0; i < 8; ++i) {
     b[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -114,7 +114,7 @@ absl::Status Write64(const EmulatorMemory& mem, uint64_t addr, uint64_t v) {
 
 // The target of an indirect branch: a register's value or the 8 bytes at a memory operand.
 absl::StatusOr<uint64_t> IndirectTarget(const ProbedInsn& insn, const user_regs_struct& regs,
-                                        const EmulatorMemory& mem) {
+                                        const x86::EmulatorMemory& mem) {
   const ZydisDecodedOperand& op = insn.operands[0];
   if (op.type == ZYDIS_OPERAND_TYPE_REGISTER) {
     return ReadReg(regs, op.reg.value);
@@ -192,7 +192,7 @@ bool ConditionHolds(const ProbedInsn& insn, const user_regs_struct& regs) {
 }
 
 absl::Status EmulateProbedInsn(const ProbedInsn& insn, user_regs_struct& regs,
-                               const EmulatorMemory& mem) {
+                               const x86::EmulatorMemory& mem) {
   if (!insn.can_emulate) {
     return absl::FailedPreconditionError(
         absl::StrFormat("'%s' at 0x%x cannot be emulated", insn.text, insn.addr.value));
@@ -331,4 +331,4 @@ absl::Status EmulateProbedInsn(const ProbedInsn& insn, user_regs_struct& regs,
   return absl::OkStatus();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -9,7 +9,7 @@
 #include "core/probe/insn_fixup.h"
 #include "core/x86/x86_emulate.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // Applies `insn` (insn.can_emulate; insn.addr == regs.rip) to `regs`:
 //  - nop/endbr: nothing; mov/lea/add/sub: the destination register (32-bit destinations
@@ -21,10 +21,10 @@ namespace kwatch::core {
 // Then rip is where the CPU would go next. On error (a memory callback failed; a Status
 // naming the access) `regs` is unchanged and nothing was written.
 absl::Status EmulateProbedInsn(const ProbedInsn& insn, user_regs_struct& regs,
-                               const EmulatorMemory& mem);
+                               const x86::EmulatorMemory& mem);
 
 // Whether the conditional branch `insn` (InsnKind::kJcc) is taken with `regs` (loop* as if
 // rcx had already been decremented). Exposed for tests.
 bool ConditionHolds(const ProbedInsn& insn, const user_regs_struct& regs);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -9,7 +9,7 @@
 #include "core/x86/format.h"
 #include "core/x86/relocator.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 namespace {
 
@@ -148,7 +148,7 @@ void Classify(ProbedInsn& p) {
 }  // namespace
 
 bool RipRelativeReaches(RemoteAddr slot, uint8_t length, RemoteAddr target) {
-  return Rel32Reaches(slot + length, target);
+  return x86::Rel32Reaches(slot + length, target);
 }
 
 RemoteAddr RipRelativeTarget(const ProbedInsn& insn) {
@@ -176,13 +176,13 @@ absl::StatusOr<ProbedInsn> AnalyzeProbedInsn(std::span<const uint8_t> code, Remo
   }
   p.length = p.insn.length;
   std::copy_n(code.begin(), p.length, p.bytes.begin());
-  p.text = FormatAtt(p.insn, p.operands.data(), addr.value);
+  p.text = x86::FormatAtt(p.insn, p.operands.data(), addr.value);
   auto refuse = [&p](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrFormat("cannot probe 0x%x (%s): %s", p.addr.value, p.text, why));
   };
   const auto ops = Visible(p);
-  const std::string why = WhyCannotDisplace(p.insn, ops);
+  const std::string why = x86::WhyCannotDisplace(p.insn, ops);
   if (!why.empty()) {
     return refuse(why);
   }
@@ -236,8 +236,8 @@ absl::Status CheckInstructionBoundary(std::span<const uint8_t> function_code,
     if (off + insn.length > target) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "0x%x is not on an instruction boundary: it is inside '%s' at 0x%x (+0x%x, %d bytes)",
-          addr.value, FormatAtt(insn, ops, function_start.value + off), function_start.value + off,
-          off, insn.length));
+          addr.value, x86::FormatAtt(insn, ops, function_start.value + off),
+          function_start.value + off, off, insn.length));
     }
     off += insn.length;
   }
@@ -266,8 +266,8 @@ absl::StatusOr<std::vector<uint8_t>> BuildOutOfLineCopy(const ProbedInsn& insn, 
     out.push_back(0xcc);
     return out;
   }
-  AppendJump(out, slot, insn.addr + insn.length);
+  x86::AppendJump(out, slot, insn.addr + insn.length);
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

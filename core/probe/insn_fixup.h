@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "core/base/remote_addr.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // What kwatch does with a probed instruction's semantics.
 enum class InsnKind : uint8_t {
@@ -97,4 +97,4 @@ bool RipRelativeReaches(RemoteAddr slot, uint8_t length, RemoteAddr target);
 // The absolute target of the RIP-relative operand of `insn` (at insn.addr); 0 when none.
 RemoteAddr RipRelativeTarget(const ProbedInsn& insn);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

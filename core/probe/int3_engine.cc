@@ -16,7 +16,7 @@
 #include "core/base/status_macros.h"
 #include "core/probe/insn_emulate.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 namespace {
 
@@ -28,7 +28,7 @@ bool IsFaultSignal(int sig) {
 
 // Whether SIGTRAP waits in the thread's own pending set (a trap not yet taken).
 bool TrapPending(pid_t tid) {
-  const std::string pending = ProcStatusField(tid, "SigPnd");
+  const std::string pending = ptrace::ProcStatusField(tid, "SigPnd");
   uint64_t mask = 0;
   return !pending.empty() && absl::SimpleHexAtoi(pending, &mask) &&
          (mask & (1ULL << (SIGTRAP - 1))) != 0;
@@ -42,7 +42,7 @@ std::array<uint8_t, 8> Bytes64(uint64_t v) {
 
 }  // namespace
 
-Int3Engine::Int3Engine(Process& process) : process_(process) {
+Int3Engine::Int3Engine(ptrace::Process& process) : process_(process) {
   memory_.read = [this](uint64_t addr, std::span<uint8_t> out) {
     return process_.ReadMemory(RemoteAddr{addr}, out);
   };
@@ -184,8 +184,8 @@ absl::StatusOr<Int3Engine::Breakpoint*> Int3Engine::EnsureBreakpoint(
     }
     return &bp;
   }
-  KW_ASSIGN_OR_RETURN(const std::vector<MapEntry> maps, process_.Maps());
-  const std::optional<MapEntry> m = FindMapping(maps, addr);
+  KW_ASSIGN_OR_RETURN(const std::vector<ptrace::MapEntry> maps, process_.Maps());
+  const std::optional<ptrace::MapEntry> m = ptrace::FindMapping(maps, addr);
   if (!m.has_value() || !m->exec) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "cannot probe 0x%x: it is not in executable code of pid %d%s", addr.value, process_.pid(),
@@ -886,7 +886,7 @@ void Int3Engine::OnThreadExit(pid_t tid) {
   threads_.erase(it);
 }
 
-absl::Status Int3Engine::OnFork(Process& child) {
+absl::Status Int3Engine::OnFork(ptrace::Process& child) {
   // The child is a copy of the forking thread: give it the original code, its own return
   // addresses (the copies of every thread's stack are rewritten: only the forking thread's
   // matter, the others are dead memory in the child), and take it out of any copy. The XOL
@@ -919,8 +919,8 @@ absl::Status Int3Engine::OnFork(Process& child) {
   return status;
 }
 
-std::unique_ptr<Int3Engine> Int3Engine::AdoptFork(Process& child, pid_t forking_tid,
-                                                  Guardian* guardian) const {
+std::unique_ptr<Int3Engine> Int3Engine::AdoptFork(ptrace::Process& child, pid_t forking_tid,
+                                                  ptrace::Guardian* guardian) const {
   auto e = std::make_unique<Int3Engine>(child);
   e->guardian_ = guardian;
   e->xol_ = xol_;
@@ -966,7 +966,7 @@ std::unique_ptr<Int3Engine> Int3Engine::AdoptFork(Process& child, pid_t forking_
   return e;
 }
 
-void Int3Engine::OnFollowedFork(Process& child, pid_t parent_tid) {
+void Int3Engine::OnFollowedFork(ptrace::Process& child, pid_t parent_tid) {
   forked_[child.pid()] = AdoptFork(child, parent_tid, nullptr);
 }
 
@@ -980,7 +980,7 @@ std::unique_ptr<Int3Engine> Int3Engine::TakeForkedEngine(pid_t pid) {
   return e;
 }
 
-void Int3Engine::JournalInto(Guardian* guardian) {
+void Int3Engine::JournalInto(ptrace::Guardian* guardian) {
   guardian_ = guardian;
   const uint8_t int3 = kInt3;
   for (auto& [addr, bp] : breakpoints_) {
@@ -1051,4 +1051,4 @@ void Int3Engine::Unjournal(uint32_t& handle) {
   handle = int3_internal::kNoJournal;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

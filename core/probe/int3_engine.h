@@ -53,11 +53,11 @@
 #include "core/ptrace/process.h"
 #include "core/x86/x86_emulate.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
-class Int3Engine : public SignalInterceptor {
+class Int3Engine : public ptrace::SignalInterceptor {
  public:
-  explicit Int3Engine(Process& process);
+  explicit Int3Engine(ptrace::Process& process);
   ~Int3Engine() override;
   Int3Engine(const Int3Engine&) = delete;
   Int3Engine& operator=(const Int3Engine&) = delete;
@@ -103,21 +103,21 @@ class Int3Engine : public SignalInterceptor {
   // without writing anything: the same probes (ids, handlers, enabled flags), counted from
   // zero, the forking thread's return instances becoming the child's. Every patch it adopts is
   // journaled into `guardian` (may be null).
-  std::unique_ptr<Int3Engine> AdoptFork(Process& child, pid_t forking_tid,
-                                        Guardian* guardian) const;
+  std::unique_ptr<Int3Engine> AdoptFork(ptrace::Process& child, pid_t forking_tid,
+                                        ptrace::Guardian* guardian) const;
   // The engine AdoptFork made for followed child `pid` at its fork event (OnFollowedFork),
   // once; nullptr if none.
   std::unique_ptr<Int3Engine> TakeForkedEngine(pid_t pid);
   // Sets the guardian and journals into it every patch already in place (an adopted engine).
-  void JournalInto(Guardian* guardian);
+  void JournalInto(ptrace::Guardian* guardian);
 
   // Everything patched now (breakpoints, replaced return addresses).
   std::vector<PatchRecord> Patches() const;
   // Journals every patch into `guardian` (before writing it) and forgets it once restored.
   // Set before registering; nullptr stops journaling.
-  void SetGuardian(Guardian* guardian) { guardian_ = guardian; }
+  void SetGuardian(ptrace::Guardian* guardian) { guardian_ = guardian; }
   const XolAreas& xol() const { return xol_; }
-  Process& process() const { return process_; }
+  ptrace::Process& process() const { return process_; }
   // How hits were handled, for tests and benches.
   struct Counters {
     uint64_t traps = 0;        // breakpoint hits
@@ -132,8 +132,8 @@ class Int3Engine : public SignalInterceptor {
   bool Claims(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
-  absl::Status OnFork(Process& child) override;
-  void OnFollowedFork(Process& child, pid_t parent_tid) override;
+  absl::Status OnFork(ptrace::Process& child) override;
+  void OnFollowedFork(ptrace::Process& child, pid_t parent_tid) override;
 
  private:
   using Probe = int3_internal::Probe;
@@ -172,8 +172,8 @@ class Int3Engine : public SignalInterceptor {
   void Unjournal(uint32_t& handle);
   void DropImage();
 
-  Process& process_;
-  EmulatorMemory memory_;
+  ptrace::Process& process_;
+  x86::EmulatorMemory memory_;
   XolAreas xol_;
   RemoteAddr trampoline_;  // 0 until a return probe needs it
   std::map<ProbeId, Probe> probes_;
@@ -191,9 +191,9 @@ class Int3Engine : public SignalInterceptor {
   user_regs_struct cached_regs_{};
   pid_t syscall_tid_ = 0;  // thread running kwatch's remote system calls
   bool swallowed_trap_ = false;
-  Guardian* guardian_ = nullptr;
+  ptrace::Guardian* guardian_ = nullptr;
   Counters counters_;
   absl::flat_hash_map<pid_t, std::unique_ptr<Int3Engine>> forked_;  // OnFollowedFork, untaken
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -13,9 +13,11 @@
 
 #include "core/base/remote_addr.h"
 
-namespace kwatch::core {
-
+namespace kwatch::core::ptrace {
 class Process;
+}  // namespace kwatch::core::ptrace
+
+namespace kwatch::core::probe {
 
 using ProbeId = uint32_t;
 
@@ -29,9 +31,9 @@ struct ProbeContext {
   // return (rax: the return value, rip == return_address, rsp: the caller's).
   const user_regs_struct& regs;
   bool is_return = false;
-  RemoteAddr return_address;  // return probes: where the function returned to
-  RemoteAddr function;        // return probes: the function's entry
-  const Process& process;     // to read target memory (ReadMemory)
+  RemoteAddr return_address;       // return probes: where the function returned to
+  RemoteAddr function;             // return probes: the function's entry
+  const ptrace::Process& process;  // to read target memory (ReadMemory)
 };
 
 struct ProbeHandlers {
@@ -101,4 +103,4 @@ struct PatchRecord {
   pid_t tid = 0;                  // kReturnAddress: whose stack
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -12,7 +12,7 @@
 #include "core/probe/insn_fixup.h"
 #include "core/probe/int3_probe.h"
 
-namespace kwatch::core::int3_internal {
+namespace kwatch::core::probe::int3_internal {
 
 inline constexpr uint32_t kNoJournal = std::numeric_limits<uint32_t>::max();
 
@@ -67,4 +67,4 @@ struct ThreadState {
   uint32_t stale_traps = 0;         // SIGTRAPs still to come for traps RestoreAll undid
 };
 
-}  // namespace kwatch::core::int3_internal
+}  // namespace kwatch::core::probe::int3_internal

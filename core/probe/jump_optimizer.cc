@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 namespace {
 
@@ -15,7 +15,7 @@ namespace {
 struct ScannedInsn {
   RemoteAddr addr;
   uint8_t length = 0;
-  InsnFlow flow = InsnFlow::kNext;
+  x86::InsnFlow flow = x86::InsnFlow::kNext;
   std::optional<RemoteAddr> branch_target;
   std::optional<RemoteAddr> rip_target;
   bool int3 = false;
@@ -31,7 +31,7 @@ std::string Where(const FunctionCode& fn, RemoteAddr addr) {
 
 // The text of the instruction at `addr` in `code` ("?" when it does not decode).
 std::string TextAt(const FunctionCode& code, RemoteAddr addr) {
-  auto d = DecodeX86(code.bytes.subspan(addr - code.start), addr);
+  auto d = x86::DecodeX86(code.bytes.subspan(addr - code.start), addr);
   return d.ok() ? d->Text() : "?";
 }
 
@@ -45,7 +45,7 @@ Scan ScanLinear(const FunctionCode& code) {
   Scan scan;
   uint64_t off = 0;
   while (off < code.bytes.size()) {
-    auto d = DecodeX86(code.bytes.subspan(off), code.start + off);
+    auto d = x86::DecodeX86(code.bytes.subspan(off), code.start + off);
     if (!d.ok() || off + d->length > code.bytes.size()) {
       scan.bad_offset = off;
       return scan;
@@ -110,17 +110,17 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
   const FunctionCode& fn = *scans[r].code;
   const std::vector<ScannedInsn>& insns = scans[r].scan.insns;
   auto decode = [&](size_t i) {
-    return DecodeX86(fn.bytes.subspan(insns[i].addr - fn.start), insns[i].addr);
+    return x86::DecodeX86(fn.bytes.subspan(insns[i].addr - fn.start), insns[i].addr);
   };
   auto mismatch = [](absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a jump table kwatch can prove (", what, ")"));
   };
-  KW_ASSIGN_OR_RETURN(const X86Insn jmp, decode(k));
+  KW_ASSIGN_OR_RETURN(const x86::X86Insn jmp, decode(k));
   const ZydisDecodedOperand& target_op = jmp.operands[0];
   // Walks back from the jmp over the table load, then the bound check.
   size_t i = k;
-  auto prev = [&]() -> absl::StatusOr<X86Insn> {
+  auto prev = [&]() -> absl::StatusOr<x86::X86Insn> {
     if (i == 0) {
       return mismatch("the function starts before the bound check");
     }
@@ -133,13 +133,13 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
   if (IsReg64(target_op)) {
     // add %rB,%rX; movslq (%rB,%rI,4),%rX; [lea T(%rip),%rB]
     const ZydisRegister x = target_op.reg.value;
-    KW_ASSIGN_OR_RETURN(const X86Insn add, prev());
+    KW_ASSIGN_OR_RETURN(const x86::X86Insn add, prev());
     if (add.insn.mnemonic != ZYDIS_MNEMONIC_ADD || !IsReg64(add.operands[0]) ||
         !IsReg64(add.operands[1]) || add.operands[0].reg.value != x) {
       return mismatch(absl::StrCat("'", add.Text(), "' before the jmp is not add %rB,%rX"));
     }
     const ZydisRegister b = add.operands[1].reg.value;
-    KW_ASSIGN_OR_RETURN(const X86Insn load, prev());
+    KW_ASSIGN_OR_RETURN(const x86::X86Insn load, prev());
     const ZydisDecodedOperand& mem = load.operands[1];
     if (load.insn.mnemonic != ZYDIS_MNEMONIC_MOVSXD || !IsReg64(load.operands[0]) ||
         load.operands[0].reg.value != x || mem.type != ZYDIS_OPERAND_TYPE_MEMORY ||
@@ -153,7 +153,7 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
       return mismatch(absl::StrCat("'", load.Text(), "' indexes with the table's base"));
     }
     entry_size = 4;
-    KW_ASSIGN_OR_RETURN(X86Insn before, prev());
+    KW_ASSIGN_OR_RETURN(x86::X86Insn before, prev());
     if (before.insn.mnemonic == ZYDIS_MNEMONIC_LEA && IsReg64(before.operands[0]) &&
         before.operands[0].reg.value == b && before.rip_target) {
       table = before.rip_target;
@@ -171,7 +171,7 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
     return mismatch(absl::StrCat("'", jmp.Text(), "' is neither jmp *%rX nor jmp *T(,%rI,8)"));
   }
   // [mov %eI,%eI]; ja/jae; cmp $N,%rI or %eI
-  KW_ASSIGN_OR_RETURN(X86Insn insn, prev());
+  KW_ASSIGN_OR_RETURN(x86::X86Insn insn, prev());
   bool zero_extended = false;
   if (insn.insn.mnemonic == ZYDIS_MNEMONIC_MOV && IsReg(insn.operands[0]) &&
       IsReg(insn.operands[1]) && insn.operands[0].reg.value == insn.operands[1].reg.value &&
@@ -184,7 +184,7 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
   if (!above && insn.insn.mnemonic != ZYDIS_MNEMONIC_JNB) {
     return mismatch(absl::StrCat("'", insn.Text(), "' is not the bound's ja/jae"));
   }
-  KW_ASSIGN_OR_RETURN(const X86Insn cmp, prev());
+  KW_ASSIGN_OR_RETURN(const x86::X86Insn cmp, prev());
   if (cmp.insn.mnemonic != ZYDIS_MNEMONIC_CMP || !IsReg(cmp.operands[0]) ||
       Reg64(cmp.operands[0].reg.value) != index ||
       cmp.operands[1].type != ZYDIS_OPERAND_TYPE_IMMEDIATE) {
@@ -199,7 +199,7 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveTable(const std::vector<CodeScan>& 
   }
   size_t first = i;
   if (!table) {
-    KW_ASSIGN_OR_RETURN(const X86Insn lea, prev());
+    KW_ASSIGN_OR_RETURN(const x86::X86Insn lea, prev());
     const ZydisRegister b = decode(k - 1)->operands[1].reg.value;
     if (lea.insn.mnemonic != ZYDIS_MNEMONIC_LEA || !IsReg64(lea.operands[0]) ||
         lea.operands[0].reg.value != b || !lea.rip_target) {
@@ -398,15 +398,15 @@ JumpDecision PlanJumpProbe(const FunctionCode& fn, RemoteAddr probe, const JumpO
   // The range itself: control enters at its first byte only and leaves at its end (or by its
   // last instruction).
   for (auto it = first; it != last; ++it) {
-    if (it->flow == InsnFlow::kCall || it->flow == InsnFlow::kIndirectCall) {
+    if (it->flow == x86::InsnFlow::kCall || it->flow == x86::InsnFlow::kIndirectCall) {
       return refuse(JumpRefusal::kCallInside, it->addr,
                     absl::StrFormat("'%s' at %s returns to %s, inside %s: a thread in the "
                                     "callee would come back into the patched bytes",
                                     TextAt(fn, it->addr), Where(fn, it->addr),
                                     Where(fn, it->addr + it->length), range));
     }
-    if (it->flow == InsnFlow::kJump || it->flow == InsnFlow::kReturn ||
-        it->flow == InsnFlow::kIndirectJump || it->flow == InsnFlow::kStop) {
+    if (it->flow == x86::InsnFlow::kJump || it->flow == x86::InsnFlow::kReturn ||
+        it->flow == x86::InsnFlow::kIndirectJump || it->flow == x86::InsnFlow::kStop) {
       return refuse(JumpRefusal::kFlowEndsInside, it->addr,
                     absl::StrFormat("'%s' at %s does not fall through, so the code after it "
                                     "inside %s is reached from elsewhere (a jump table, a landing "
@@ -415,7 +415,7 @@ JumpDecision PlanJumpProbe(const FunctionCode& fn, RemoteAddr probe, const JumpO
     }
   }
   const std::span<const uint8_t> displaced = fn.bytes.subspan(probe - fn.start, len);
-  auto relocated = Relocate(displaced, probe, probe, options.call_mode);
+  auto relocated = x86::Relocate(displaced, probe, probe, options.call_mode);
   if (!relocated.ok()) {
     return refuse(JumpRefusal::kUnrelocatable, probe, absl::StrCat(relocated.status().message()));
   }
@@ -425,7 +425,7 @@ JumpDecision PlanJumpProbe(const FunctionCode& fn, RemoteAddr probe, const JumpO
     const std::vector<ScannedInsn>& insns = scans[r].scan.insns;
     for (size_t k = 0; k < insns.size(); ++k) {
       const ScannedInsn& s = insns[k];
-      if (s.flow != InsnFlow::kIndirectJump) {
+      if (s.flow != x86::InsnFlow::kIndirectJump) {
         continue;
       }
       absl::StatusOr<std::vector<RemoteAddr>> targets =
@@ -454,7 +454,7 @@ JumpDecision PlanJumpProbe(const FunctionCode& fn, RemoteAddr probe, const JumpO
   plan.addr = probe;
   plan.len = len;
   plan.original.assign(displaced.begin(), displaced.end());
-  for (const RelocatedInsn& ri : relocated->insns) {
+  for (const x86::RelocatedInsn& ri : relocated->insns) {
     plan.insn_text.push_back(ri.text);
   }
   plan.call_mode = options.call_mode;
@@ -473,7 +473,7 @@ absl::StatusOr<std::vector<RemoteAddr>> ProveJumpTable(const FunctionCode& fn, R
   const auto& insns = scans[0].scan.insns;
   const auto it =
       std::find_if(insns.begin(), insns.end(), [&](const ScannedInsn& s) { return s.addr == jmp; });
-  if (it == insns.end() || it->flow != InsnFlow::kIndirectJump) {
+  if (it == insns.end() || it->flow != x86::InsnFlow::kIndirectJump) {
     return absl::InvalidArgumentError(
         absl::StrFormat("0x%x is not an indirect jmp of %s", jmp.value, fn.name));
   }
@@ -492,4 +492,4 @@ absl::Status CheckThreadsOutside(const JumpPlan& plan, std::span<const ThreadRip
   return absl::OkStatus();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

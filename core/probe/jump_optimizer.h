@@ -23,7 +23,7 @@
 #include "core/base/remote_addr.h"
 #include "core/x86/relocator.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 inline constexpr uint32_t kJumpPatchBytes = 5;  // jmp rel32
 // The most bytes a jump probe displaces (agent::KwPatch holds 16).
@@ -38,7 +38,7 @@ struct FunctionCode {
 };
 
 struct JumpOptions {
-  CallMode call_mode = CallMode::kPushReturn;
+  x86::CallMode call_mode = x86::CallMode::kPushReturn;
   // Other code that may branch into the function, decoded for branches into the range as the
   // function is: its cold part (FUNC.cold), other functions of the file kwatch can see.
   std::vector<FunctionCode> other_code;
@@ -82,7 +82,7 @@ struct JumpPlan {
   uint32_t len = 0;                    // displaced bytes, kJumpPatchBytes..kMaxDisplacedBytes
   std::vector<uint8_t> original;       // the `len` bytes at addr
   std::vector<std::string> insn_text;  // the displaced instructions, AT&T
-  CallMode call_mode = CallMode::kPushReturn;
+  x86::CallMode call_mode = x86::CallMode::kPushReturn;
   std::string function;  // the function's name (messages)
   RemoteAddr function_start;
 };
@@ -120,4 +120,4 @@ struct ThreadRip {
 // FailedPrecondition naming the thread and its rip otherwise (the probe takes the INT3 path).
 absl::Status CheckThreadsOutside(const JumpPlan& plan, std::span<const ThreadRip> threads);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

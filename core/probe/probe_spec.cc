@@ -18,7 +18,7 @@
 #include "core/probe/x86_regs.h"
 #include "core/symbols/symbol_match.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 constexpr absl::string_view kTypeList = "u8 u16 u32 u64 s8 s16 s32 s64 x8 x16 x32 x64 string";
@@ -134,7 +134,7 @@ absl::Status ParseFetch(absl::string_view text, absl::string_view body, ProbeArg
     if (!reg.has_value()) {
       std::string why = absl::StrCat("unknown register '", body, "'");
       const std::vector<std::string> near =
-          NearMatches(std::string_view(name.data(), name.size()), X86RegisterNames(), 1);
+          symbols::NearMatches(std::string_view(name.data(), name.size()), X86RegisterNames(), 1);
       if (!near.empty()) {
         absl::StrAppend(&why, "; did you mean '%", near[0], "'?");
       }
@@ -232,7 +232,8 @@ absl::Status ParseFetch(absl::string_view text, absl::string_view body, ProbeArg
     return absl::OkStatus();
   }
   if (IsIdentStart(c)) {
-    absl::StatusOr<Expr> expr = ParseExpr(std::string_view(body.data(), body.size()));
+    absl::StatusOr<symbols::Expr> expr =
+        symbols::ParseExpr(std::string_view(body.data(), body.size()));
     if (!expr.ok()) {
       return ArgError(text, expr.status().message());
     }
@@ -459,4 +460,4 @@ absl::StatusOr<ProbeSpec> ParseProbeSpec(absl::string_view text) {
   return spec;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -39,7 +39,7 @@
 #include "absl/strings/string_view.h"
 #include "core/symbols/expr.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 struct ProbePoint {
   enum class Kind : uint8_t {
@@ -92,7 +92,7 @@ struct ProbeArgSpec {
   std::string symbol;           // kSymbol
   int64_t symbol_offset = 0;    // kSymbol
   uint64_t stack_index = 0;     // kStackSlot
-  Expr variable;                // kVariable: base name and steps (no '&', no address)
+  symbols::Expr variable;       // kVariable: base name and steps (no '&', no address)
   std::vector<int64_t> derefs;  // +OFF(...) wrappers, innermost first
   std::optional<ArgType> type;  // :TYPE, nullopt when not given
 
@@ -119,4 +119,4 @@ absl::StatusOr<ProbeSpec> ParseProbeSpec(absl::string_view text);
 // Parses a type name without ':' ("u32", "string"...).
 absl::StatusOr<ArgType> ParseArgType(absl::string_view text);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -36,7 +36,7 @@
 #include "core/symbols/elf_index.h"
 #include "core/x86/format.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 constexpr uint64_t kMaxDecodeBytes = 1 << 20;
@@ -175,7 +175,7 @@ int CollectFunc(Dwarf_Die* die, void* arg) {
 }  // namespace
 
 struct ProbeTarget::Impl {
-  DwflPtr dwfl;
+  symbols::DwflPtr dwfl;
   Dwfl_Module* mod = nullptr;
   Elf* elf = nullptr;
   uint64_t elf_bias = 0;  // Dwfl address = link-time vaddr + elf_bias
@@ -186,7 +186,7 @@ struct ProbeTarget::Impl {
   std::vector<FunctionInfo> functions;
   absl::flat_hash_map<std::string, std::vector<size_t>> by_name;
   absl::flat_hash_set<std::string> inline_only;
-  std::unique_ptr<ElfSymbolIndex> elf_symbols;
+  std::unique_ptr<symbols::ElfSymbolIndex> elf_symbols;
   std::vector<std::string> files;
   std::vector<LineRow> rows;  // by vaddr
 
@@ -212,8 +212,8 @@ struct ProbeTarget::Impl {
 };
 
 void ProbeTarget::Impl::IndexElf() {
-  elf_symbols = std::make_unique<ElfSymbolIndex>(ElfSymbolIndex::FromModule(mod));
-  for (const ElfSymbol& sym : elf_symbols->symbols()) {
+  elf_symbols = std::make_unique<symbols::ElfSymbolIndex>(symbols::ElfSymbolIndex::FromModule(mod));
+  for (const symbols::ElfSymbol& sym : elf_symbols->symbols()) {
     if (!sym.is_function()) {
       continue;
     }
@@ -241,7 +241,7 @@ void ProbeTarget::Impl::IndexDwarf() {
     std::vector<Dwarf_Die> dies;
     dwarf_getfuncs(cu, CollectFunc, &dies, 0);
     for (Dwarf_Die& die : dies) {
-      const std::string name = DieName(die);
+      const std::string name = symbols::DieName(die);
       if (name.empty()) {
         continue;
       }
@@ -373,7 +373,7 @@ absl::StatusOr<std::vector<const FunctionInfo*>> ProbeTarget::Impl::FindFunction
   }
   std::string msg = absl::StrCat("unknown function '", p.function, "' in ", Basename(path));
   const std::vector<std::string> near =
-      elf_symbols->NearNames(p.function, 3, kFunctionSymbols, AllFunctionNames());
+      elf_symbols->NearNames(p.function, 3, symbols::kFunctionSymbols, AllFunctionNames());
   if (!near.empty()) {
     absl::StrAppend(&msg, "; did you mean ", QuoteList(near), "?");
   }
@@ -425,12 +425,13 @@ absl::StatusOr<Insn> ProbeTarget::Impl::DecodeAt(const FunctionInfo* f, uint64_t
                           f != nullptr ? f->name : "", from + at - (f != nullptr ? f->start : 0)));
     }
     if (from + at == vaddr) {
-      return Insn{FormatAtt(insn, ops.data(), vaddr), insn.length};
+      return Insn{x86::FormatAtt(insn, ops.data(), vaddr), insn.length};
     }
     if (from + at + insn.length > vaddr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s+0x%x is inside '%s' at %s+0x%x: probe an instruction boundary", f->name,
-          vaddr - f->start, FormatAtt(insn, ops.data(), from + at), f->name, from + at - f->start));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s+0x%x is inside '%s' at %s+0x%x: probe an instruction boundary",
+                          f->name, vaddr - f->start, x86::FormatAtt(insn, ops.data(), from + at),
+                          f->name, from + at - f->start));
     }
     at += insn.length;
   }
@@ -822,8 +823,8 @@ absl::StatusOr<std::vector<VarListing>> ProbeTarget::ListVars(const ProbePoint& 
       VarInfo info;
       info.name = v.name;
       info.is_param = v.is_param;
-      const std::optional<Dwarf_Die> type = TypeOf(v.die);
-      info.type_name = type.has_value() ? TypeName(TypeRef{*type, 0}) : "void";
+      const std::optional<Dwarf_Die> type = symbols::TypeOf(v.die);
+      info.type_name = type.has_value() ? symbols::TypeName(symbols::TypeRef{*type, 0}) : "void";
       const absl::StatusOr<std::vector<DwarfOp>> loc = CompileLocation(scope, v);
       info.available = loc.ok();
       if (!loc.ok()) {
@@ -846,16 +847,17 @@ std::optional<uint64_t> ProbeTarget::FileOffset(RemoteAddr vaddr) const {
 }
 
 std::optional<RemoteAddr> ProbeTarget::SymbolAddress(absl::string_view name) const {
-  const ElfSymbol* sym = impl_->elf_symbols->Find(std::string_view(name.data(), name.size()),
-                                                  kFunctionSymbols | kDataSymbols);
+  const symbols::ElfSymbol* sym =
+      impl_->elf_symbols->Find(std::string_view(name.data(), name.size()),
+                               symbols::kFunctionSymbols | symbols::kDataSymbols);
   if (sym == nullptr) {
     return std::nullopt;
   }
   return RemoteAddr{sym->addr};
 }
 
-absl::StatusOr<uint64_t> ProbeTarget::LoadBias(const std::vector<MapEntry>& maps) const {
-  for (const MapEntry& m : maps) {
+absl::StatusOr<uint64_t> ProbeTarget::LoadBias(const std::vector<ptrace::MapEntry>& maps) const {
+  for (const ptrace::MapEntry& m : maps) {
     if (m.inode != impl_->ino || m.path.empty() || m.path[0] != '/') {
       continue;
     }
@@ -939,4 +941,4 @@ std::string FormatVarListing(absl::string_view spec, const std::vector<VarListin
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -13,7 +13,7 @@
 #include "core/probe/probe_spec.h"
 #include "core/ptrace/maps.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // A probe point resolved against one ELF file. Addresses are link-time virtual addresses
 // of the file (as nm prints them): the engine adds the load bias.
@@ -108,7 +108,7 @@ class ProbeTarget {
 
   // The load bias of this file in a process, from its maps (matched by device and inode).
   // NotFound when the file is not mapped there.
-  absl::StatusOr<uint64_t> LoadBias(const std::vector<MapEntry>& maps) const;
+  absl::StatusOr<uint64_t> LoadBias(const std::vector<ptrace::MapEntry>& maps) const;
 
   // The DWARF view of `vaddr` (for core/probe/fetch.cc). NotFound without DWARF there.
   absl::StatusOr<PcScope> ScopeAt(const ResolvedPoint& point) const;
@@ -121,4 +121,4 @@ class ProbeTarget {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 namespace {
 
@@ -49,7 +49,7 @@ static_assert(kTailFields * 8 == 96);
 
 absl::StatusOr<Trampoline> BuildTrampoline(const JumpPlan& plan, RemoteAddr at,
                                            uint32_t probe_index, RemoteAddr agent_entry) {
-  if (!Rel32Reaches(plan.addr + kJumpPatchBytes, at)) {
+  if (!x86::Rel32Reaches(plan.addr + kJumpPatchBytes, at)) {
     return absl::OutOfRangeError(
         absl::StrFormat("a trampoline at 0x%x is beyond a jmp rel32 from the probe at 0x%x",
                         at.value, plan.addr.value));
@@ -95,7 +95,7 @@ absl::StatusOr<Trampoline> BuildTrampoline(const JumpPlan& plan, RemoteAddr at,
   c.Put32(kRedZoneBytes);
 
   t.displaced_offset = c.Size();
-  auto displaced = Relocate(plan.original, plan.addr, at + t.displaced_offset, plan.call_mode);
+  auto displaced = x86::Relocate(plan.original, plan.addr, at + t.displaced_offset, plan.call_mode);
   if (!displaced.ok()) {
     return displaced.status();
   }
@@ -103,7 +103,7 @@ absl::StatusOr<Trampoline> BuildTrampoline(const JumpPlan& plan, RemoteAddr at,
   c.Out().insert(c.Out().end(), t.displaced.code.begin(), t.displaced.code.end());
   t.jump_back_offset = c.Size();
   if (t.displaced.falls_through) {
-    AppendJump(c.Out(), at, plan.addr + plan.len);
+    x86::AppendJump(c.Out(), at, plan.addr + plan.len);
   }
   while (c.Size() % 8 != 0) {
     c.Put({0xcc});
@@ -127,16 +127,17 @@ bool TrampolineFits(const JumpPlan& plan, RemoteAddr at) {
 }
 
 absl::StatusOr<std::vector<uint8_t>> BuildDisplacedCopy(const JumpPlan& plan, RemoteAddr at) {
-  KW_ASSIGN_OR_RETURN(Relocation r, Relocate(plan.original, plan.addr, at, plan.call_mode));
+  KW_ASSIGN_OR_RETURN(x86::Relocation r,
+                      x86::Relocate(plan.original, plan.addr, at, plan.call_mode));
   if (r.falls_through) {
-    AppendJump(r.code, at, plan.addr + plan.len);
+    x86::AppendJump(r.code, at, plan.addr + plan.len);
   }
   return std::move(r.code);
 }
 
 absl::StatusOr<JumpPatch> BuildJumpPatch(const JumpPlan& plan, RemoteAddr trampoline) {
   const RemoteAddr next = plan.addr + kJumpPatchBytes;
-  if (!Rel32Reaches(next, trampoline)) {
+  if (!x86::Rel32Reaches(next, trampoline)) {
     return absl::OutOfRangeError(
         absl::StrFormat("a trampoline at 0x%x is beyond a jmp rel32 from the probe at 0x%x",
                         trampoline.value, plan.addr.value));
@@ -183,4 +184,4 @@ void FillKwPatch(const JumpPatch& patch, uint32_t probe_index, agent::KwPatch& o
   out.reserved = 0;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

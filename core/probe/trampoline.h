@@ -36,7 +36,7 @@
 #include "core/probe/jump_optimizer.h"
 #include "core/x86/relocator.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // Bytes a trampoline takes at most (the controller's slot size).
 inline constexpr uint32_t kMaxTrampolineBytes = 256;
@@ -52,7 +52,7 @@ struct Trampoline {
   uint32_t jump_back_offset = 0;   // the jump back (== code end of the displaced part)
   uint32_t rip_slot_offset = 0;    // the 8-byte probe address
   uint32_t entry_slot_offset = 0;  // the 8-byte agent entry
-  Relocation displaced;
+  x86::Relocation displaced;
 
   RemoteAddr xol_addr() const { return at + displaced_offset; }
 };
@@ -103,4 +103,4 @@ std::vector<PatchStep> RemoveSteps(const JumpPatch& patch);
 // the controller publishes (release) before it writes the code.
 void FillKwPatch(const JumpPatch& patch, uint32_t probe_index, agent::KwPatch& out);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

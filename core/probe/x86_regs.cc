@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 #define KW_REG(name, field, bytes)                 \
@@ -167,4 +167,4 @@ std::string DwarfRegisterName(int regno) {
   return absl::StrCat("reg", regno);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

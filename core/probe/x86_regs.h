@@ -12,7 +12,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // A general-purpose register or a part of one, as a probe argument names it (without '%').
 struct X86Register {
@@ -43,4 +43,4 @@ std::optional<int> DwarfXmmIndex(int regno);
 // Name of a DWARF register for messages ("rdi", "xmm0", "reg57").
 std::string DwarfRegisterName(int regno);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

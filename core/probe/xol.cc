@@ -10,7 +10,7 @@
 #include "core/ptrace/process.h"
 #include "core/ptrace/remote_exec.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 namespace {
 
@@ -26,11 +26,11 @@ uint64_t Distance(uint64_t a, uint64_t b) {
 
 }  // namespace
 
-std::optional<RemoteAddr> FindXolGap(const std::vector<MapEntry>& maps, RemoteAddr near,
+std::optional<RemoteAddr> FindXolGap(const std::vector<ptrace::MapEntry>& maps, RemoteAddr near,
                                      uint64_t size, uint64_t max_distance) {
-  std::vector<MapEntry> sorted = maps;
+  std::vector<ptrace::MapEntry> sorted = maps;
   std::sort(sorted.begin(), sorted.end(),
-            [](const MapEntry& a, const MapEntry& b) { return a.start < b.start; });
+            [](const ptrace::MapEntry& a, const ptrace::MapEntry& b) { return a.start < b.start; });
   std::optional<RemoteAddr> best;
   uint64_t best_distance = 0;
   auto consider = [&](uint64_t start) {
@@ -71,10 +71,11 @@ std::optional<RemoteAddr> FindXolGap(const std::vector<MapEntry>& maps, RemoteAd
   return best;
 }
 
-absl::StatusOr<XolAreas::Area*> XolAreas::MapArea(Process& proc, pid_t tid, RemoteAddr near) {
+absl::StatusOr<XolAreas::Area*> XolAreas::MapArea(ptrace::Process& proc, pid_t tid,
+                                                  RemoteAddr near) {
   // A few tries: the maps may change between reading them and mapping (another mapping wins).
   for (int attempt = 0; attempt < 4; ++attempt) {
-    KW_ASSIGN_OR_RETURN(const std::vector<MapEntry> maps, proc.Maps());
+    KW_ASSIGN_OR_RETURN(const std::vector<ptrace::MapEntry> maps, proc.Maps());
     const std::optional<RemoteAddr> at = FindXolGap(maps, near, kXolAreaSize, kXolMaxDistance);
     if (!at.has_value()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -82,9 +83,9 @@ absl::StatusOr<XolAreas::Area*> XolAreas::MapArea(Process& proc, pid_t tid, Remo
           "out-of-line area",
           kXolAreaSize / 1024, near.value, proc.pid()));
     }
-    const absl::StatusOr<RemoteAddr> mapped = RemoteMmap(
+    const absl::StatusOr<RemoteAddr> mapped = ptrace::RemoteMmap(
         proc, tid,
-        RemoteMapping{at->value, kXolAreaSize, PROT_READ | PROT_EXEC, MAP_FIXED_NOREPLACE},
+        ptrace::RemoteMapping{at->value, kXolAreaSize, PROT_READ | PROT_EXEC, MAP_FIXED_NOREPLACE},
         absl::StrFormat("mmap(0x%x, %d, r-x) in pid %d for kwatch's out-of-line area", at->value,
                         kXolAreaSize, proc.pid()));
     if (mapped.status().code() == absl::StatusCode::kAlreadyExists) {
@@ -95,7 +96,7 @@ absl::StatusOr<XolAreas::Area*> XolAreas::MapArea(Process& proc, pid_t tid, Remo
     }
     if (*mapped != *at) {
       // A kernel without MAP_FIXED_NOREPLACE (before 4.17) takes it as a hint.
-      (void)RemoteMunmap(proc, tid, *mapped, kXolAreaSize);
+      (void)ptrace::RemoteMunmap(proc, tid, *mapped, kXolAreaSize);
       return absl::FailedPreconditionError(
           absl::StrFormat("the kernel placed kwatch's out-of-line area at 0x%x instead of 0x%x "
                           "(MAP_FIXED_NOREPLACE needs Linux 4.17)",
@@ -113,7 +114,7 @@ absl::StatusOr<XolAreas::Area*> XolAreas::MapArea(Process& proc, pid_t tid, Remo
       near.value, proc.pid()));
 }
 
-absl::StatusOr<RemoteAddr> XolAreas::AllocateSlot(Process& proc, pid_t tid, RemoteAddr near,
+absl::StatusOr<RemoteAddr> XolAreas::AllocateSlot(ptrace::Process& proc, pid_t tid, RemoteAddr near,
                                                   const std::function<bool(RemoteAddr)>& fits) {
   for (Area& a : areas_) {
     if (a.used + kXolSlotSize <= kXolAreaSize && fits(a.start + a.used)) {
@@ -133,7 +134,7 @@ absl::StatusOr<RemoteAddr> XolAreas::AllocateSlot(Process& proc, pid_t tid, Remo
   return slot;
 }
 
-absl::StatusOr<RemoteAddr> XolAreas::Trampoline(Process& proc, pid_t tid, RemoteAddr near) {
+absl::StatusOr<RemoteAddr> XolAreas::Trampoline(ptrace::Process& proc, pid_t tid, RemoteAddr near) {
   if (areas_.empty()) {
     KW_RETURN_IF_ERROR(MapArea(proc, tid, near).status());
   }
@@ -151,4 +152,4 @@ bool XolAreas::IsTrampoline(RemoteAddr addr) const {
                      [addr](const Area& a) { return a.start == addr; });
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -24,9 +24,11 @@
 #include "core/base/remote_addr.h"
 #include "core/ptrace/maps.h"
 
-namespace kwatch::core {
-
+namespace kwatch::core::ptrace {
 class Process;
+}  // namespace kwatch::core::ptrace
+
+namespace kwatch::core::probe {
 
 inline constexpr uint64_t kXolAreaSize = 64 * 1024;
 inline constexpr uint64_t kXolSlotSize = 64;
@@ -39,7 +41,7 @@ inline constexpr uint64_t kXolMaxDistance = 1ULL << 30;
 // within `max_distance` of it, from the target's current mappings: the top of a free gap
 // (just below a mapping, never just below [stack], which grows down) or its bottom (never
 // just above [heap], which grows up), a guard page away from neighbours. nullopt if none.
-std::optional<RemoteAddr> FindXolGap(const std::vector<MapEntry>& maps, RemoteAddr near,
+std::optional<RemoteAddr> FindXolGap(const std::vector<ptrace::MapEntry>& maps, RemoteAddr near,
                                      uint64_t size, uint64_t max_distance);
 
 // The XOL areas of one target image. Not thread-safe; mapping needs the world stopped.
@@ -54,11 +56,11 @@ class XolAreas {
   // new one mapped near `near` by running mmap in stopped thread `tid` of `proc` (every other
   // thread stopped too). OutOfRange when even a new area's slot does not fit; errors of the
   // remote mmap name it.
-  absl::StatusOr<RemoteAddr> AllocateSlot(Process& proc, pid_t tid, RemoteAddr near,
+  absl::StatusOr<RemoteAddr> AllocateSlot(ptrace::Process& proc, pid_t tid, RemoteAddr near,
                                           const std::function<bool(RemoteAddr)>& fits);
 
   // The trampoline of the first area, mapping one near `near` if there is none yet.
-  absl::StatusOr<RemoteAddr> Trampoline(Process& proc, pid_t tid, RemoteAddr near);
+  absl::StatusOr<RemoteAddr> Trampoline(ptrace::Process& proc, pid_t tid, RemoteAddr near);
 
   // Whether `addr` lies in an area.
   bool Contains(RemoteAddr addr) const;
@@ -69,9 +71,9 @@ class XolAreas {
   void Clear() { areas_.clear(); }
 
  private:
-  absl::StatusOr<Area*> MapArea(Process& proc, pid_t tid, RemoteAddr near);
+  absl::StatusOr<Area*> MapArea(ptrace::Process& proc, pid_t tid, RemoteAddr near);
 
   std::vector<Area> areas_;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

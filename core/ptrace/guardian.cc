@@ -24,7 +24,7 @@
 #include "core/base/syscall_status.h"
 #include "core/ptrace/maps.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 namespace {
 
@@ -442,4 +442,4 @@ absl::Status Guardian::Dismiss() {
   return absl::OkStatus();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -14,7 +14,7 @@
 #include "core/base/unique_fd.h"
 #include "core/base/unique_mmap.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // One change kwatch made to a target's memory: an INT3 over an instruction, a return address
 // replaced by a trampoline (bytes), or pages protected by page mode (protection). Lives in
@@ -107,4 +107,4 @@ struct ProtectionRestore {
 };
 ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries, int wait_ms);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // Who a launched command runs as (`-u USER`, as strace does): resolved by ResolveUser.
 struct RunAs {
@@ -27,4 +27,4 @@ struct LaunchOptions {
   std::optional<RunAs> run_as;  // the command's user, groups and group ids (else kwatch's)
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

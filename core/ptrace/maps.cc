@@ -14,7 +14,7 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 namespace {
 
@@ -155,4 +155,4 @@ std::string ProcStatusField(pid_t pid, const std::string& name) {
   return "";
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "core/base/remote_addr.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // One line of /proc/PID/maps.
 struct MapEntry {
@@ -49,4 +49,4 @@ char TaskStateLetter(pid_t pid, pid_t tid);
 // Reads NAME from /proc/PID/status ("TracerPid", "Name"...), "" if absent.
 std::string ProcStatusField(pid_t pid, const std::string& name);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -26,7 +26,7 @@
 #include "core/ptrace/thread_regs.h"
 #include "core/ptrace/trap_origin.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 using process_internal::ExitFromStatus;
@@ -698,4 +698,4 @@ void Process::RemoveInterceptor(SignalInterceptor* interceptor) {
                                              : &fan_out_;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

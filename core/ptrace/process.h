@@ -34,7 +34,7 @@
 #include "core/ptrace/signal_interceptor.h"
 #include "core/ptrace/syscall_stop.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // A target process traced by this thread through PTRACE_SEIZE (every thread, new threads
 // followed with PTRACE_O_TRACECLONE). Owns the trace: the destructor detaches from a live
@@ -254,4 +254,4 @@ class Process {
   mutable UniqueFd mem_fd_;  // /proc/PID/mem, opened on first use, reopened after exec
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

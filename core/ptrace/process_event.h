@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // How a target process ended.
 struct ExitInfo {
@@ -36,4 +36,4 @@ struct ProcessEvent {
   pid_t child = 0;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/ptrace/process.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 ProcessGroup::~ProcessGroup() {
   children_.clear();  // untaken children: their destructors detach them
@@ -63,4 +63,4 @@ Process* ProcessGroup::Owner(pid_t tid) const {
   return nullptr;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

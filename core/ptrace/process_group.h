@@ -25,7 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 class Process;
 
@@ -64,4 +64,4 @@ class ProcessGroup {
   absl::flat_hash_map<pid_t, std::unique_ptr<Process>> children_;  // forked, not taken
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

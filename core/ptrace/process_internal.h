@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "core/ptrace/process_event.h"
 
-namespace kwatch::core::process_internal {
+namespace kwatch::core::ptrace::process_internal {
 
 // A syscall stop's signal (PTRACE_O_TRACESYSGOOD).
 inline constexpr int kSyscallTrap = SIGTRAP | 0x80;
@@ -26,4 +26,4 @@ ExitInfo ExitFromStatus(int status);
 // Entry `type` (AT_ENTRY...) of /proc/PID/auxv. NotFound when the vector has none.
 absl::StatusOr<uint64_t> ReadAuxvEntry(pid_t pid, uint64_t type);
 
-}  // namespace kwatch::core::process_internal
+}  // namespace kwatch::core::ptrace::process_internal

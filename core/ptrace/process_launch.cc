@@ -27,7 +27,7 @@
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_internal.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 // TRACESYSGOOD marks syscall stops (SIGTRAP | 0x80); they only happen while kwatch asks.
@@ -546,4 +546,4 @@ std::vector<pid_t> Process::TracedThreads() const {
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -11,7 +11,7 @@
 #include "core/ptrace/process.h"
 #include "core/ptrace/thread_regs.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 absl::StatusOr<int> Process::MemFd() const {
   if (!mem_fd_) {
@@ -58,4 +58,4 @@ absl::Status Process::SetRegs(pid_t tid, const user_regs_struct& regs) const {
   return WriteGeneralRegs(tid, regs);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

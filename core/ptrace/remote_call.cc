@@ -25,7 +25,7 @@
 #include "core/base/syscall_status.h"
 #include "core/ptrace/process.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 namespace {
 
@@ -542,4 +542,4 @@ absl::Status UnmapRemote(Process& proc, pid_t tid, RemoteAddr addr, uint64_t byt
   return absl::OkStatus();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

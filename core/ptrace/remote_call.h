@@ -28,7 +28,7 @@
 #include "absl/time/time.h"
 #include "core/base/remote_addr.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 class Process;
 
@@ -92,4 +92,4 @@ absl::StatusOr<RemoteAddr> MapRemoteTrap(Process& proc, pid_t tid, uint64_t byte
 // RemoteSyscallByTrap.
 absl::Status UnmapRemote(Process& proc, pid_t tid, RemoteAddr addr, uint64_t bytes);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

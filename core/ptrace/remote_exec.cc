@@ -27,7 +27,7 @@
 #include "core/ptrace/process_internal.h"
 #include "core/ptrace/thread_regs.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<const uint64_t> args) {
   if (args.size() > 6) {
@@ -170,4 +170,4 @@ absl::Status RemoteMprotect(Process& proc, pid_t tid, RemoteAddr addr, uint64_t 
   return SyscallResult(r, call);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

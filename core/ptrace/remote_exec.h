@@ -22,7 +22,7 @@
 #include "core/base/remote_addr.h"
 #include "core/ptrace/process.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // mmap(2)'s arguments for a mapping kwatch makes in the target (always anonymous).
 struct RemoteMapping {
@@ -44,4 +44,4 @@ absl::Status RemoteMunmap(Process& proc, pid_t tid, RemoteAddr addr, uint64_t le
 absl::Status RemoteMprotect(Process& proc, pid_t tid, RemoteAddr addr, uint64_t length, int prot,
                             absl::string_view what = "");
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -2,7 +2,7 @@
 
 #include "core/base/status_macros.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 bool InterceptorFanOut::Claims(pid_t tid, const siginfo_t& si) {
   claimer_ = nullptr;
@@ -58,4 +58,4 @@ absl::Status InterceptorFanOut::OnSyscallStop(pid_t tid, const SyscallStop& stop
   return absl::OkStatus();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "core/ptrace/syscall_stop.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 class Process;
 
@@ -70,4 +70,4 @@ class InterceptorFanOut : public SignalInterceptor {
   SignalInterceptor* claimer_ = nullptr;  // of the last signal claimed
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -3,7 +3,7 @@
 #include <array>
 #include <cstdint>
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // A system-call stop of a thread resumed with PTRACE_SYSCALL (see Process::SetSyscallStops).
 struct SyscallStop {
@@ -25,4 +25,4 @@ struct SyscallOutcome {
   SyscallStop exit;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -17,7 +17,7 @@
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_internal.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 namespace {
 
@@ -356,4 +356,4 @@ absl::StatusOr<SyscallOutcome> Process::FinishSyscall(pid_t tid, absl::Duration 
   }
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/syscall_status.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 constexpr size_t kFxsaveBytes = 512;
@@ -115,4 +115,4 @@ absl::StatusOr<uint64_t> ReadDebugReg(pid_t tid, int index) {
   return static_cast<uint64_t>(value);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

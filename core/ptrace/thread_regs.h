@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 // PTRACE_GETREGS / PTRACE_SETREGS.
 absl::StatusOr<user_regs_struct> ReadGeneralRegs(pid_t tid);
@@ -36,4 +36,4 @@ absl::Status WriteExtendedRegs(pid_t tid, const ExtendedRegs& regs);
 // index. (kwatch arms breakpoints through perf events, never through these registers.)
 absl::StatusOr<uint64_t> ReadDebugReg(pid_t tid, int index);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/unique_fd.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 constexpr uint8_t kIcebpOpcode = 0xF1;
@@ -187,4 +187,4 @@ absl::string_view TrapOriginName(TrapOrigin o) {
   return "?";
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

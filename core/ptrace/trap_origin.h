@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 
 enum class TrapOrigin {
   kSentByProcess,       // kill, tgkill, raise, sigqueue (si_code <= 0)
@@ -96,6 +96,6 @@ inline bool DeliverTrap(TrapOrigin o) {
 
 absl::string_view TrapOriginName(TrapOrigin o);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace
 
 #endif  // KWATCH_CORE_TRAP_ORIGIN_H_

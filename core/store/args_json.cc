@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 void AppendQuoted(absl::string_view s, std::string* out) {
@@ -223,4 +223,4 @@ absl::StatusOr<ProbeArgs> DecodeArgsJson(absl::string_view json) {
   return args;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

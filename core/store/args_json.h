@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 using ProbeArgs = std::vector<std::pair<std::string, std::string>>;
 
@@ -20,4 +20,4 @@ std::string EncodeArgsJson(const ProbeArgs& args);
 // (\uXXXX escapes and surrogate pairs become UTF-8). Anything else is InvalidArgument.
 absl::StatusOr<ProbeArgs> DecodeArgsJson(absl::string_view json);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

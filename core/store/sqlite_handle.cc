@@ -9,7 +9,7 @@
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 void SqliteCloser::operator()(sqlite3* db) const {
   sqlite3_close_v2(db);
@@ -137,4 +137,4 @@ absl::StatusOr<int64_t> SqliteQueryInt(sqlite3* db, const char* sql, absl::strin
   return sqlite3_column_int64(stmt.get(), 0);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

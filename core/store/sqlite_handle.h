@@ -12,7 +12,7 @@
 struct sqlite3;
 struct sqlite3_stmt;
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 // Closes a connection (sqlite3_close_v2). Defined out of line.
 struct SqliteCloser {
@@ -56,4 +56,4 @@ inline uint64_t FromSqlInt(int64_t v) {
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -21,7 +21,7 @@
 #include "core/base/unique_fd.h"
 #include "core/store/args_json.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 std::string ColumnText(sqlite3_stmt* s, int i) {
@@ -279,7 +279,7 @@ absl::Status TraceReader::LoadWatches() {
     if (it == by_id.end()) {
       return NotARecording(path_, "a field of a watch that does not exist");
     }
-    FieldLayout f;
+    symbols::FieldLayout f;
     f.path = ColumnText(s, 1);
     f.type_name = ColumnText(s, 2);
     f.offset = ColumnU64(s, 3);
@@ -597,4 +597,4 @@ absl::StatusOr<uint64_t> TraceReader::CountHits(const HitFilter& filter) const {
   return CountRows("hits", "probe_id", filter.from_ns, filter.to_ns, filter.tid, filter.probe_id);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -17,7 +17,7 @@
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 // Which events to read. Times are CLOCK_MONOTONIC ns, both bounds inclusive; an unset field
 // does not filter.
@@ -126,4 +126,4 @@ class TraceReader {
   std::vector<TaskRecord> tasks_;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

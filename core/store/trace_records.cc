@@ -4,7 +4,7 @@
 
 #include <ctime>
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 uint64_t ClockNs(clockid_t clock) {
@@ -35,4 +35,4 @@ SessionRecord SessionRecordForThisHost() {
   return s;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

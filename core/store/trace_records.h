@@ -15,7 +15,7 @@
 // Plain records of a kwatch recording (`run.kwdb`), as TraceWriter stores them and
 // TraceReader returns them. The SQLite schema they map to is documented in docs/recording.md.
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 // PRAGMA application_id of every recording: 'kwdb'.
 inline constexpr int32_t kTraceApplicationId = 0x6b776462;
@@ -56,7 +56,7 @@ struct WatchRecord {
   std::string backend;    // backend that served this watch
   std::string coverage;   // how the hardware covers it, e.g. "24 bytes: 3 exact 8-byte slots"
   std::string type_name;  // C type of the object ("" if unknown)
-  std::vector<FieldLayout> fields;  // flattened layout (empty if unknown), in layout order
+  std::vector<symbols::FieldLayout> fields;  // flattened layout (empty if unknown), in layout order
 };
 
 // A code address, symbolized once. `ip` is AccessEvent::ip or HitRecord::ip.
@@ -113,4 +113,4 @@ SessionRecord SessionRecordForThisHost();
 uint64_t WallClockNs();
 uint64_t MonotonicClockNs();
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -18,7 +18,7 @@
 #include "core/store/args_json.h"
 #include "core/store/wal_checkpointer.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 // Schema version 2 (docs/recording.md). Addresses and memory values are 64-bit patterns
@@ -446,7 +446,7 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
   BindText(s, 8, w.type_name);
   rc = StepDone(s);
   for (size_t i = 0; rc == SQLITE_OK && i < w.fields.size(); ++i) {
-    const FieldLayout& f = w.fields[i];
+    const symbols::FieldLayout& f = w.fields[i];
     s = fs.get();
     sqlite3_bind_int64(s, 1, w.id);
     sqlite3_bind_int64(s, 2, static_cast<int64_t>(i));
@@ -868,4 +868,4 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   return absl::OkStatus();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -18,7 +18,7 @@
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 class WalCheckpointer;
 
@@ -173,4 +173,4 @@ class TraceWriter {
   bool hits_in_order_ = true;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

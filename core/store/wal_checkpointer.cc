@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 int WalHook(void* arg, sqlite3* /*db*/, const char* /*schema*/, int pages) {
@@ -116,4 +116,4 @@ void WalCheckpointer::Run() {
   }
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "core/store/sqlite_handle.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 
 // Checkpoints a WAL-mode database from a background thread with its own connection, so that
 // the writing thread never waits for a checkpoint's page copies and fsyncs.
@@ -69,4 +69,4 @@ class WalCheckpointer {
   std::thread thread_;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

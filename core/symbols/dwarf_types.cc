@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 constexpr int kMaxTypeDepth = 64;
@@ -596,4 +596,4 @@ TypeLayout FlattenLayout(const TypeRef& type) {
   return layout;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

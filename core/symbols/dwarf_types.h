@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "core/symbols/type_layout.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 struct DwflDeleter {
   void operator()(Dwfl* dwfl) const { dwfl_end(dwfl); }
@@ -87,4 +87,4 @@ inline constexpr uint64_t kMaxExpandedElements = 64;
 inline constexpr size_t kMaxLayoutFields = 4096;
 TypeLayout FlattenLayout(const TypeRef& type);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -12,7 +12,7 @@
 #include "core/base/syscall_status.h"
 #include "core/symbols/symbol_match.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 struct ElfSymbolIndex::OwnedElf {
   UniqueFd fd;
@@ -392,4 +392,4 @@ std::vector<std::string> ElfSymbolIndex::NearNames(std::string_view word, size_t
   return NearMatches(word, names, max);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "core/base/unique_fd.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // Kinds of symbols, as a mask for lookups (from the symbol's STT_ type).
 using SymbolKinds = uint8_t;
@@ -146,4 +146,4 @@ class ElfSymbolIndex {
   std::vector<int64_t> last_global_;      // the last global of by_addr_[0..i], or -1
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 bool IsIdentStart(char c) {
@@ -269,4 +269,4 @@ absl::StatusOr<Expr> ParseExpr(std::string_view text) {
   return Parser(absl::string_view(text.data(), text.size())).Parse();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // The watch expression language:
 //   name | &name | name.field.sub | name[3] | name[2].field | ptr->field | *ptr
@@ -36,4 +36,4 @@ struct Expr {
 // caret under the offending character, e.g. "expected a field name after '.' at column 7".
 absl::StatusOr<Expr> ParseExpr(std::string_view text);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -20,7 +20,7 @@
 #include "core/symbols/symbol_match.h"
 #include "core/symbols/type_layout.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 struct Cursor {
@@ -288,4 +288,4 @@ absl::StatusOr<ResolvedExpr> ResolveExpr(const Expr& expr, const VariableLookup&
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -16,7 +16,7 @@
 #include "core/symbols/expr.h"
 #include "core/symbols/symbols.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // A variable an expression starts from, as a symbol table found it.
 struct ExprVariable {
@@ -42,4 +42,4 @@ using VariableLookup = std::function<absl::StatusOr<ExprVariable>(const std::str
 absl::StatusOr<ResolvedExpr> ResolveExpr(const Expr& expr, const VariableLookup& lookup,
                                          const MemoryReader& read);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

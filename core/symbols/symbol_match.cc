@@ -4,7 +4,7 @@
 #include <cctype>
 #include <utility>
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 std::string Lower(std::string_view s) {
@@ -69,4 +69,4 @@ std::vector<std::string> NearMatches(std::string_view word, const std::vector<st
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // Levenshtein distance (insertions, deletions, substitutions; each costs 1).
 size_t EditDistance(std::string_view a, std::string_view b);
@@ -16,4 +16,4 @@ size_t EditDistance(std::string_view a, std::string_view b);
 std::vector<std::string> NearMatches(std::string_view word, const std::vector<std::string>& names,
                                      size_t max);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

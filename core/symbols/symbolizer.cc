@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "core/x86/format.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 // Bytes of a function decoded at most before the trap (keeps pathological symbols cheap).
@@ -68,7 +68,7 @@ AccessSite Decode(const Symbols& symbols, RemoteAddr start, RemoteAddr trap_ip) 
       site.reads = site.reads || (op.actions & ZYDIS_OPERAND_ACTION_MASK_READ) != 0;
       site.writes = site.writes || (op.actions & ZYDIS_OPERAND_ACTION_MASK_WRITE) != 0;
     }
-    site.disassembly = FormatAtt(insn, operands.data(), site.ip.value);
+    site.disassembly = x86::FormatAtt(insn, operands.data(), site.ip.value);
     return site;
   }
   return site;
@@ -131,4 +131,4 @@ std::string Symbolizer::Format(const CodeLocation& loc) {
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -9,7 +9,7 @@
 #include "core/event.h"
 #include "core/symbols/symbols.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // What the user sees for a code address.
 struct CodeLocation {
@@ -56,4 +56,4 @@ class Symbolizer {
   absl::flat_hash_map<RemoteAddr, AccessSite> sites_;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -31,7 +31,7 @@
 #include "core/symbols/expr_resolver.h"
 #include "core/symbols/symbol_match.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 absl::Status DwflError(absl::string_view call) {
@@ -785,4 +785,4 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForFile(const std::string& pat
   return std::unique_ptr<Symbols>(std::make_unique<DwflSymbols>(std::move(dwfl), path));
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -17,7 +17,7 @@
 #include "core/symbols/expr.h"
 #include "core/symbols/type_layout.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // Reads `out.size()` bytes of the target at `addr` (used to follow pointers for `->`).
 using MemoryReader = std::function<absl::Status(RemoteAddr addr, std::span<uint8_t> out)>;
@@ -95,4 +95,4 @@ class Symbols {
   }
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

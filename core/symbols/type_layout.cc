@@ -1,6 +1,6 @@
 #include "core/symbols/type_layout.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 const FieldLayout* TypeLayout::LeafAt(uint64_t offset) const {
   const FieldLayout* best = nullptr;
@@ -16,4 +16,4 @@ const FieldLayout* TypeLayout::LeafAt(uint64_t offset) const {
   return best;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // One field of a flattened type layout. Paths are relative to the watched object's display
 // name: "" for the object itself, ".hits", ".lines[3].tag", "[2]". Bitfields are their own
@@ -30,4 +30,4 @@ struct TypeLayout {
   const FieldLayout* LeafAt(uint64_t offset) const;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 absl::Status DwflError(absl::string_view call) {
@@ -209,4 +209,4 @@ absl::StatusOr<std::vector<RemoteAddr>> Unwinder::Unwind(pid_t tid, const user_r
   return frames;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -16,7 +16,7 @@
 
 struct Dwfl;
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 
 // Backtraces of threads that kwatch holds stopped (ptrace), unwound with libdw from the
 // thread's registers and the CFI (.eh_frame, or .debug_frame) of the modules mapped in the
@@ -93,4 +93,4 @@ class Unwinder {
   absl::Status read_error_;  // the last failed read, for the error message
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

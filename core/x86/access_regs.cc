@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 namespace {
 
@@ -204,4 +204,4 @@ RegisterAccess EvaluateAccess(const AccessPlan& plan, const user_regs_struct* af
   return r;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

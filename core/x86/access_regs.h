@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "core/x86/zydis_context.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 // How the memory access of one instruction is recovered from the registers *after* it ran,
 // as a data breakpoint reports it (the CPU traps after the access; a perf sample carries the
@@ -66,4 +66,4 @@ struct RegisterAccess {
 // only together with the address it belongs to.
 RegisterAccess EvaluateAccess(const AccessPlan& plan, const user_regs_struct* after);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

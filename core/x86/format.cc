@@ -3,7 +3,7 @@
 #include <array>
 #include <utility>
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 std::string FormatAtt(const ZydisDecodedInstruction& insn, const ZydisDecodedOperand* operands,
                       uint64_t ip) {
@@ -33,4 +33,4 @@ std::string FormatAtt(const ZydisDecodedInstruction& insn, const ZydisDecodedOpe
   return text.data();
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

@@ -10,7 +10,7 @@
 #include "core/base/status_macros.h"
 #include "core/x86/format.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 namespace {
 
@@ -359,4 +359,4 @@ absl::StatusOr<Relocation> Relocate(std::span<const uint8_t> code, RemoteAddr fr
   return r;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

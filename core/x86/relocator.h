@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "core/base/remote_addr.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 // How an instruction passes control on.
 enum class InsnFlow : uint8_t {
@@ -114,4 +114,4 @@ absl::StatusOr<Relocation> Relocate(std::span<const uint8_t> code, RemoteAddr fr
 // 13 + 15 bytes; a far jcc 16): callers size buffers with it.
 inline constexpr uint32_t kMaxRelocatedInsnBytes = 32;
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

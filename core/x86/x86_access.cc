@@ -5,7 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "core/x86/zydis_context.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64_t rip,
                                            const user_regs_struct& regs) {
@@ -51,4 +51,4 @@ absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64
   return out;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 // A memory operand of a decoded instruction, with its effective address computed from the
 // registers at the instruction (before it executes).
@@ -34,4 +34,4 @@ struct DecodedAccess {
 absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64_t rip,
                                            const user_regs_struct& regs);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

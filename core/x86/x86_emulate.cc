@@ -7,7 +7,7 @@
 
 #include "core/x86/zydis_context.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 namespace {
 
@@ -190,4 +190,4 @@ absl::StatusOr<std::optional<EmulatedAccess>> EmulateDataMove(std::span<const ui
   return access;
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

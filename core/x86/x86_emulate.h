@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 // Memory access callbacks of the emulator. Addresses are absolute in the target (segment base
 // included); typically backed by /proc/PID/mem, which ignores page protections. Each callback
@@ -48,4 +48,4 @@ absl::StatusOr<std::optional<EmulatedAccess>> EmulateDataMove(std::span<const ui
                                                               user_regs_struct& regs,
                                                               const EmulatorMemory& mem);
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

@@ -1,6 +1,6 @@
 #include "core/x86/zydis_context.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 namespace {
 
@@ -118,4 +118,4 @@ std::optional<GprSlot> ResolveGpr(ZydisRegister reg) {
   return GprSlot{*field, bits, high_byte ? 8U : 0U};
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

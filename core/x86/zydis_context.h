@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 
 // Fills a Zydis register context from a tracee's registers (64-bit registers, RIP, and the
 // 32-bit halves used by addr32 forms), for ZydisCalcAbsoluteAddressEx.
@@ -29,4 +29,4 @@ inline uint64_t ReadGpr(const user_regs_struct& regs, const GprSlot& slot) {
   return slot.bits >= 64 ? v : v & ((uint64_t{1} << slot.bits) - 1);
 }
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

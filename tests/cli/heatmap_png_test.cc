@@ -41,11 +41,11 @@ TEST(HeatmapPng, CellsCarryTheirCounts) {
   const int x0 = 16 + 230;
   const int y0 = 16 + 26 + 26;
   // Colours are kwatch's one heat scale (watch/profile/heat_scale.h), as in kwatch-gui.
-  using watch::HeatRgb;
-  using watch::HeatScale;
+  using watch::profile::HeatRgb;
+  using watch::profile::HeatScale;
   EXPECT_EQ(PixelAt(s, x0 + 2 * 24 + 5, y0 + 5), HeatRgb(10, 10, HeatScale::kLinear));  // max
   EXPECT_EQ(PixelAt(s, x0 + 2 * 24 + 5, y0 + 5), 0x54004au);  // the ramp's darkest colour
-  EXPECT_EQ(PixelAt(s, x0 + 0 * 24 + 5, y0 + 5), watch::kEmptyHeatRgb);                // empty
+  EXPECT_EQ(PixelAt(s, x0 + 0 * 24 + 5, y0 + 5), watch::profile::kEmptyHeatRgb);       // empty
   EXPECT_EQ(PixelAt(s, x0 + 1 * 24 + 5, y0 + 5), HeatRgb(5, 10, HeatScale::kLinear));  // 5 of 10
   EXPECT_EQ(PixelAt(s, x0 + 0 * 24 + 5, y0 + 16 + 5), HeatRgb(1, 10, HeatScale::kLinear));
   EXPECT_EQ(PixelAt(s, x0 + 3 * 24 + 5, y0 + 16 + 5), HeatRgb(10, 10, HeatScale::kLinear));

@@ -872,7 +872,7 @@ TEST_F(KernelStackWord, ValuesAtDrainComeFromTheKcoreFile) {
     EXPECT_EQ(e["value"], static_cast<int64_t>(kValue)) << e.dump();
     EXPECT_EQ(e["value_at"], "drain") << e.dump();
   }
-  auto reader = core::TraceReader::Open(file);
+  auto reader = core::store::TraceReader::Open(file);
   ASSERT_TRUE(reader.ok()) << reader.status();
   size_t recorded = 0;
   ASSERT_TRUE((*reader)

@@ -165,10 +165,10 @@ pid_t ArmedPid(const std::string& err) {
 
 // `len` bytes at `addr` in the file that `pid` maps there (from /proc/PID/maps).
 std::vector<uint8_t> FileBytes(pid_t pid, uint64_t addr, size_t len) {
-  auto maps = core::ReadMaps(pid);
+  auto maps = core::ptrace::ReadMaps(pid);
   EXPECT_TRUE(maps.ok()) << maps.status();
   std::vector<uint8_t> out(len);
-  const auto m = core::FindMapping(*maps, core::RemoteAddr{addr});
+  const auto m = core::ptrace::FindMapping(*maps, core::RemoteAddr{addr});
   EXPECT_TRUE(m.has_value() && !m->path.empty()) << "0x" << std::hex << addr;
   if (!m.has_value()) {
     return out;
@@ -501,7 +501,7 @@ class Forged {
     set_ = *std::move(set);
     std::vector<std::string> argv = {path};
     argv.insert(argv.end(), args.begin(), args.end());
-    auto p = core::Process::Launch(argv);
+    auto p = core::ptrace::Process::Launch(argv);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) {
       return;
@@ -512,10 +512,10 @@ class Forged {
     auto bias = set_.target->LoadBias(*maps);
     EXPECT_TRUE(bias.ok()) << bias.status();
     load_bias = bias.value_or(0);
-    auto syms = core::Symbols::ForProcess(proc->pid());
+    auto syms = core::symbols::Symbols::ForProcess(proc->pid());
     EXPECT_TRUE(syms.ok()) << syms.status();
     symbols_ = *std::move(syms);
-    symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+    symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
   }
   ~Forged() {
     hw.reset();
@@ -553,9 +553,9 @@ class Forged {
     for (;;) {
       auto ev = proc->Poll(true);
       ASSERT_TRUE(ev.ok()) << ev.status();
-      for (const core::ProcessEvent& e : *ev) {
-        ASSERT_NE(e.kind, core::ProcessEvent::Kind::kExited) << "target ended early";
-        if (e.kind == core::ProcessEvent::Kind::kSignal && e.signal == SIGUSR1) {
+      for (const core::ptrace::ProcessEvent& e : *ev) {
+        ASSERT_NE(e.kind, core::ptrace::ProcessEvent::Kind::kExited) << "target ended early";
+        if (e.kind == core::ptrace::ProcessEvent::Kind::kSignal && e.signal == SIGUSR1) {
           return;
         }
       }
@@ -586,14 +586,14 @@ class Forged {
   }
   const std::vector<ProbeDef>& probes() const { return set_.probes; }
 
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
   std::unique_ptr<HwProbes> hw;
   uint64_t load_bias = 0;
 
  private:
   ProbeSet set_;
-  std::unique_ptr<core::Symbols> symbols_;
-  std::unique_ptr<core::Symbolizer> symbolizer_;
+  std::unique_ptr<core::symbols::Symbols> symbols_;
+  std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
 };
 
 std::string ReadAll(int fd) {
@@ -620,7 +620,7 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
     uint64_t rip, rdi, rsi, eflags, ip;
   };
   std::vector<Seen> seen;
-  const core::MemoryReader read = [&f](core::RemoteAddr a, std::span<uint8_t> out) {
+  const core::symbols::MemoryReader read = [&f](core::RemoteAddr a, std::span<uint8_t> out) {
     return f.proc->ReadMemory(a, out);
   };
   f.Arm([&](const HwProbes::Hit& h) {
@@ -637,7 +637,7 @@ TEST(ProbeHwForged, ExecuteTrapGivesTheHitLineAndArgumentsExactly) {
   // breakpoint it no longer has (a late trap no probe explains: dropped, and not passed to the
   // program either).
   const uint64_t data = f.SigDataOf(dr);
-  EXPECT_TRUE(core::IsKwatchSigData(data));
+  EXPECT_TRUE(core::ptrace::IsKwatchSigData(data));
   for (uint64_t k = 1; k <= 4; ++k) {
     f.WaitMilestone();
     f.SetSigData(k <= 3 ? data : data ^ (uint64_t{1} << 12));
@@ -710,7 +710,7 @@ TEST(ProbeHwForged, BurstOfTrapsIsOneHitEachAndCostIsPrinted) {
     is.reserve(kTraps);
     int dr = -1;
     uint64_t handler_ns = 0;
-    const core::MemoryReader read = [&f](core::RemoteAddr a, std::span<uint8_t> out) {
+    const core::symbols::MemoryReader read = [&f](core::RemoteAddr a, std::span<uint8_t> out) {
       return f.proc->ReadMemory(a, out);
     };
     f.Arm([&](const HwProbes::Hit& h) {

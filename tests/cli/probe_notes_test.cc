@@ -140,7 +140,7 @@ TEST(ProbeNoteText, TheProcessesOfTheSession) {
 
   ProbeNote exited = Note(Kind::kChildExited);
   exited.pid = 6;
-  exited.exit = core::ExitInfo{};
+  exited.exit = core::ptrace::ExitInfo{};
   exited.exit->code = 3;
   EXPECT_EQ(ProbeNoteText(exited), "followed child 6 exited with status 3");
   exited.exit->signaled = true;

@@ -189,7 +189,7 @@ ProbeSessionEnd PtraceEnd(const std::vector<ProbeDef>& probes) {
   end.info.stop_reason = "target exited";
   end.info.seconds = 0.25;
   end.info.pid = 4243;
-  end.info.exit = core::ExitInfo{};
+  end.info.exit = core::ptrace::ExitInfo{};
   ProbeNote exec;
   exec.kind = ProbeNote::Kind::kExec;
   exec.pid = 4243;

@@ -71,7 +71,7 @@ void CheckCutRecording(const std::string& path, const std::string& kwatch_output
   const std::optional<uint64_t> said = NumberAfter(
       kwatch_output, probe ? "recording stopped with 0 events and " : "recording stopped with ");
   ASSERT_TRUE(said.has_value()) << kwatch_output;
-  auto r = core::TraceReader::Open(path);
+  auto r = core::store::TraceReader::Open(path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE((*r)->complete());
   EXPECT_TRUE(absl::StrContains((*r)->cut_reason(), "No space left on device"))

@@ -57,27 +57,27 @@ RunResult RunOrFail(const std::vector<std::string>& argv, int timeout_s = 60) {
 }
 
 // How this host reports an icebp (a check kwatch itself makes, in core/trap_origin.h).
-core::IcebpKind HostIcebp() {
-  const absl::StatusOr<core::IcebpKind> kind = core::HostIcebpKind();
+core::ptrace::IcebpKind HostIcebp() {
+  const absl::StatusOr<core::ptrace::IcebpKind> kind = core::ptrace::HostIcebpKind();
   EXPECT_TRUE(kind.ok()) << kind.status();
-  return kind.ok() ? *kind : core::IcebpKind::kTrap;
+  return kind.ok() ? *kind : core::ptrace::IcebpKind::kTrap;
 }
 
 // What tests/targets/sigtraps prints after five rounds on this host.
 std::string FiveRounds() {
-  const int icebp = HostIcebp() == core::IcebpKind::kDropped ? 0 : 5;
+  const int icebp = HostIcebp() == core::ptrace::IcebpKind::kDropped ? 0 : 5;
   return absl::StrCat("tkill=5 user=5 int3=5 icebp=", icebp, " other=0 counter=15");
 }
 
 TEST(Sigtrap, TheHostsIcebpKindIsWhatTheTargetSees) {
-  const core::IcebpKind kind = HostIcebp();
-  std::cout << "note: this host reports icebp as " << core::IcebpKindName(kind) << "\n";
-  ::testing::Test::RecordProperty("icebp", std::string(core::IcebpKindName(kind)));
+  const core::ptrace::IcebpKind kind = HostIcebp();
+  std::cout << "note: this host reports icebp as " << core::ptrace::IcebpKindName(kind) << "\n";
+  ::testing::Test::RecordProperty("icebp", std::string(core::ptrace::IcebpKindName(kind)));
   const RunResult r = RunOrFail({TargetPath("sigtraps"), "--icebp-kind"}, 10);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  const char* name = kind == core::IcebpKind::kTrap    ? "trap"
-                     : kind == core::IcebpKind::kFault ? "fault"
-                                                       : "dropped";
+  const char* name = kind == core::ptrace::IcebpKind::kTrap    ? "trap"
+                     : kind == core::ptrace::IcebpKind::kFault ? "fault"
+                                                               : "dropped";
   EXPECT_EQ(r.out, absl::StrCat("icebp: ", name, "\n"));
 }
 
@@ -92,7 +92,7 @@ TEST(Sigtrap, AloneTheTargetCatchesItsOwnTrapsAndDiesOfAForgedOne) {
 
 // Without a handler an icebp is fatal on hosts that report it, under kwatch as without it.
 TEST(Sigtrap, AnUnhandledIcebpEndsTheTargetAsWithoutKwatch) {
-  const bool dropped = HostIcebp() == core::IcebpKind::kDropped;
+  const bool dropped = HostIcebp() == core::ptrace::IcebpKind::kDropped;
   const RunResult alone = RunOrFail({TargetPath("sigtraps"), "--bare-icebp"}, 10);
   EXPECT_EQ(alone.exit_code, dropped ? 0 : 128 + SIGTRAP);
   const RunResult watched = RunOrFail(

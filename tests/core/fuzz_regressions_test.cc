@@ -49,18 +49,19 @@ std::string ReadRegression(const std::string& name) {
 TEST(FuzzRegressions, ProbeSpecDeeplyNestedDereferenceIsAnError) {
   const std::string input = ReadRegression("probe_spec/stack-overflow-nested-deref");
   ASSERT_EQ(input.size(), 9 + 20000 * 4 + 3);
-  const absl::StatusOr<ProbeSpec> spec = ParseProbeSpec(input);
+  const absl::StatusOr<probe::ProbeSpec> spec = probe::ParseProbeSpec(input);
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(), HasSubstr("more than 64 nested dereferences +OFF(...)"));
 
-  const absl::StatusOr<ProbeArgSpec> deepest = ParseProbeArg(Nested(64, "%di") + ":u32");
+  const absl::StatusOr<probe::ProbeArgSpec> deepest =
+      probe::ParseProbeArg(Nested(64, "%di") + ":u32");
   ASSERT_TRUE(deepest.ok()) << deepest.status();
-  EXPECT_EQ(deepest->kind, ProbeArgSpec::Kind::kRegister);
+  EXPECT_EQ(deepest->kind, probe::ProbeArgSpec::Kind::kRegister);
   EXPECT_EQ(deepest->reg, "di");
   EXPECT_EQ(deepest->derefs.size(), 64U);
 
-  const absl::StatusOr<ProbeArgSpec> too_deep = ParseProbeArg(Nested(65, "%di"));
+  const absl::StatusOr<probe::ProbeArgSpec> too_deep = probe::ParseProbeArg(Nested(65, "%di"));
   ASSERT_FALSE(too_deep.ok());
   EXPECT_EQ(too_deep.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_deep.status().message(), HasSubstr("more than 64 nested dereferences"));
@@ -72,14 +73,14 @@ TEST(FuzzRegressions, ProbeSpecDeeplyNestedDereferenceIsAnError) {
 TEST(FuzzRegressions, ProbeArgIndexTooLargeForItsElementsIsAnError) {
   const std::string input = ReadRegression("probe_spec/ubsan-index-times-element-size");
   EXPECT_EQ(input, "sum_item p[9223372036854775807].id");
-  auto target = ProbeTarget::Open(kwatch::testing::TargetPath("probe_args"));
+  auto target = probe::ProbeTarget::Open(kwatch::testing::TargetPath("probe_args"));
   ASSERT_TRUE(target.ok()) << target.status();
-  const absl::StatusOr<ProbeSpec> spec = ParseProbeSpec(input);
+  const absl::StatusOr<probe::ProbeSpec> spec = probe::ParseProbeSpec(input);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto points = (*target)->Resolve(spec->point);
   ASSERT_TRUE(points.ok()) << points.status();
   ASSERT_EQ(points->size(), 1U);
-  const auto args = CompileArgs(**target, points->front(), spec->args);
+  const auto args = probe::CompileArgs(**target, points->front(), spec->args);
   ASSERT_FALSE(args.ok());
   EXPECT_EQ(args.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(args.status().message(),
@@ -87,10 +88,12 @@ TEST(FuzzRegressions, ProbeArgIndexTooLargeForItsElementsIsAnError) {
                         "bytes"));
 
   // struct item is 48 bytes: INT64_MAX / 48 = 192153584101141162 still fits.
-  const auto fits = CompileArgStrings(**target, points->front(), {"p[192153584101141162].id"});
+  const auto fits =
+      probe::CompileArgStrings(**target, points->front(), {"p[192153584101141162].id"});
   ASSERT_TRUE(fits.ok()) << fits.status();
   ASSERT_EQ(fits->size(), 1U);
-  const auto too_big = CompileArgStrings(**target, points->front(), {"p[192153584101141163].id"});
+  const auto too_big =
+      probe::CompileArgStrings(**target, points->front(), {"p[192153584101141163].id"});
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -106,7 +109,7 @@ TEST(FuzzRegressions, TraceReaderSeeksOverRowidsSpanningMoreThanInt64) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << bytes;
   }
-  auto reader = TraceReader::Open(path);
+  auto reader = store::TraceReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
 
   std::vector<uint64_t> all_events;
@@ -119,7 +122,7 @@ TEST(FuzzRegressions, TraceReaderSeeksOverRowidsSpanningMoreThanInt64) {
                   .ok());
   EXPECT_THAT(all_events, ElementsAre(5, 2000));
 
-  EventFilter from;
+  store::EventFilter from;
   from.from_ns = 1000;
   std::vector<uint64_t> events;
   const absl::Status es = (*reader)->ForEachEvent(from, [&](const AccessEvent& e) {
@@ -130,10 +133,10 @@ TEST(FuzzRegressions, TraceReaderSeeksOverRowidsSpanningMoreThanInt64) {
   ASSERT_TRUE(es.ok()) << es;
   EXPECT_THAT(events, ElementsAre(2000));
 
-  HitFilter hits_from;
+  store::HitFilter hits_from;
   hits_from.from_ns = 1000;
-  std::vector<HitRecord> hits;
-  const absl::Status hs = (*reader)->ForEachHit(hits_from, [&](const HitRecord& h) {
+  std::vector<store::HitRecord> hits;
+  const absl::Status hs = (*reader)->ForEachHit(hits_from, [&](const store::HitRecord& h) {
     hits.push_back(h);
     return true;
   });
@@ -151,10 +154,10 @@ TEST(FuzzRegressions, TraceReaderSeeksOverRowidsSpanningMoreThanInt64) {
 // per line up to there (1.6 billion: `kwatch probe -L sum_item` ran for minutes and gigabytes, the
 // fuzz target timed out). Now a span over 100000 lines is FailedPrecondition.
 TEST(FuzzRegressions, ListLinesRefusesALineTableSpanningBillionsOfLines) {
-  auto target = ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) +
-                                  "/fuzz/regressions/elf/timeout-listlines-1600106623");
+  auto target = probe::ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) +
+                                         "/fuzz/regressions/elf/timeout-listlines-1600106623");
   ASSERT_TRUE(target.ok()) << target.status();
-  const absl::StatusOr<ProbePoint> point = ParseProbePoint("sum_item");
+  const absl::StatusOr<probe::ProbePoint> point = probe::ParseProbePoint("sum_item");
   ASSERT_TRUE(point.ok()) << point.status();
   const auto listing = (*target)->ListLines(*point);
   ASSERT_FALSE(listing.ok());
@@ -165,7 +168,7 @@ TEST(FuzzRegressions, ListLinesRefusesALineTableSpanningBillionsOfLines) {
 
   // The seed it came from lists sum_item's lines 4 to 8 (tiny_elf.c, built as fuzz/README.md
   // says).
-  auto seed = ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) + "/fuzz/corpus/elf/tiny");
+  auto seed = probe::ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) + "/fuzz/corpus/elf/tiny");
   ASSERT_TRUE(seed.ok()) << seed.status();
   const auto lines = (*seed)->ListLines(*point);
   ASSERT_TRUE(lines.ok()) << lines.status();
@@ -180,17 +183,18 @@ TEST(FuzzRegressions, ListLinesRefusesALineTableSpanningBillionsOfLines) {
 // name that is not there searched the anonymous member, which is the struct again, until the
 // stack overflowed (FindMember in core/dwarf_types.cc). Now the search is bounded.
 TEST(FuzzRegressions, MemberLookupThroughAnonymousMemberCycleEnds) {
-  auto target = ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) +
-                                  "/fuzz/regressions/elf/stack-overflow-anonymous-member-cycle");
+  auto target =
+      probe::ProbeTarget::Open(std::string(KWATCH_SOURCE_DIR) +
+                               "/fuzz/regressions/elf/stack-overflow-anonymous-member-cycle");
   ASSERT_TRUE(target.ok()) << target.status();
-  auto points = (*target)->Resolve(ParseProbePoint("sum_item").value());
+  auto points = (*target)->Resolve(probe::ParseProbePoint("sum_item").value());
   ASSERT_TRUE(points.ok()) << points.status();
   ASSERT_EQ(points->size(), 1U);
 
-  const auto len = CompileArgStrings(**target, points->front(), {"p->len"});
+  const auto len = probe::CompileArgStrings(**target, points->front(), {"p->len"});
   ASSERT_TRUE(len.ok()) << len.status();
   for (const char* arg : {"p->nope", "p->next->id"}) {
-    const auto compiled = CompileArgStrings(**target, points->front(), {std::string(arg)});
+    const auto compiled = probe::CompileArgStrings(**target, points->front(), {std::string(arg)});
     ASSERT_FALSE(compiled.ok()) << arg;
     EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument) << arg;
     EXPECT_THAT(std::string(compiled.status().message()), HasSubstr("has no member '")) << arg;

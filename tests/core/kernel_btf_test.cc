@@ -22,8 +22,8 @@ std::unique_ptr<KernelBtf> LoadOrDie() {
   return btf.ok() ? *std::move(btf) : nullptr;
 }
 
-const FieldLayout* Field(const TypeLayout& l, const std::string& path) {
-  for (const FieldLayout& f : l.fields) {
+const symbols::FieldLayout* Field(const symbols::TypeLayout& l, const std::string& path) {
+  for (const symbols::FieldLayout& f : l.fields) {
     if (f.path == path) {
       return &f;
     }
@@ -77,7 +77,7 @@ TEST(KernelBtfTest, ListHead) {
   ASSERT_NE(btf, nullptr);
   auto id = btf->FindType("struct list_head");
   ASSERT_TRUE(id.ok()) << id.status();
-  const TypeLayout l = btf->Layout(*id);
+  const symbols::TypeLayout l = btf->Layout(*id);
   EXPECT_EQ(l.type_name, "struct list_head");
   EXPECT_EQ(l.size, 16U);
   ASSERT_EQ(l.fields.size(), 2U);
@@ -95,7 +95,7 @@ TEST(KernelBtfTest, Timespec64) {
   ASSERT_NE(btf, nullptr);
   auto id = btf->FindType("timespec64");  // a bare name finds the struct
   ASSERT_TRUE(id.ok()) << id.status();
-  const TypeLayout l = btf->Layout(*id);
+  const symbols::TypeLayout l = btf->Layout(*id);
   EXPECT_EQ(l.type_name, "struct timespec64");
   EXPECT_EQ(l.size, 16U);
   ASSERT_EQ(l.fields.size(), 2U);
@@ -116,11 +116,11 @@ TEST(KernelBtfTest, TaskStructAgreesWithPahole) {
   ASSERT_GT(members.size(), 100U) << "pahole (Debian package dwarves) printed no members";
   auto id = btf->FindType("struct task_struct");
   ASSERT_TRUE(id.ok()) << id.status();
-  const TypeLayout l = btf->Layout(*id);
+  const symbols::TypeLayout l = btf->Layout(*id);
   EXPECT_EQ(l.size, pahole_size);
   size_t checked = 0;
   for (const auto& [name, off_size] : members) {
-    const FieldLayout* f = Field(l, "." + name);
+    const symbols::FieldLayout* f = Field(l, "." + name);
     ASSERT_NE(f, nullptr) << name;
     EXPECT_EQ(f->depth, 0) << name;
     EXPECT_EQ(f->offset, off_size.first) << name;
@@ -130,7 +130,7 @@ TEST(KernelBtfTest, TaskStructAgreesWithPahole) {
   EXPECT_EQ(checked, members.size());
 
   // 'init_task.prio'-style member paths.
-  const Expr e = *ParseExpr("init_task.prio");
+  const symbols::Expr e = *symbols::ParseExpr("init_task.prio");
   auto prio = btf->Walk(*id, e.steps);
   ASSERT_TRUE(prio.ok()) << prio.status();
   EXPECT_EQ(prio->path, ".prio");
@@ -138,12 +138,12 @@ TEST(KernelBtfTest, TaskStructAgreesWithPahole) {
   EXPECT_EQ(prio->size, 4U);
   EXPECT_EQ(prio->type_name, "int");
   // Nested: tasks.prev is 8 bytes after tasks.
-  auto prev = btf->Walk(*id, ParseExpr("init_task.tasks.prev")->steps);
+  auto prev = btf->Walk(*id, symbols::ParseExpr("init_task.tasks.prev")->steps);
   ASSERT_TRUE(prev.ok()) << prev.status();
   EXPECT_EQ(prev->offset, members.at("tasks").first + 8);
   EXPECT_EQ(prev->type_name, "struct list_head *");
   // An array element: comm[3].
-  auto comm = btf->Walk(*id, ParseExpr("init_task.comm[3]")->steps);
+  auto comm = btf->Walk(*id, symbols::ParseExpr("init_task.comm[3]")->steps);
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_EQ(comm->offset, members.at("comm").first + 3);
   EXPECT_EQ(comm->size, 1U);
@@ -154,13 +154,13 @@ TEST(KernelBtfTest, WalkErrors) {
   ASSERT_NE(btf, nullptr);
   auto id = btf->FindType("struct list_head");
   ASSERT_TRUE(id.ok());
-  auto bad = btf->Walk(*id, ParseExpr("x.nope")->steps);
+  auto bad = btf->Walk(*id, symbols::ParseExpr("x.nope")->steps);
   EXPECT_EQ(bad.status().message(),
             "struct list_head has no member 'nope' (column 2); its members: next, prev");
-  auto arrow = btf->Walk(*id, ParseExpr("x.next->prev")->steps);
+  auto arrow = btf->Walk(*id, symbols::ParseExpr("x.next->prev")->steps);
   EXPECT_THAT(std::string(arrow.status().message()), HasSubstr("would follow a kernel pointer"));
   auto ts = btf->FindType("struct timespec64");
-  auto idx = btf->Walk(*ts, ParseExpr("t.tv_sec[1]")->steps);
+  auto idx = btf->Walk(*ts, symbols::ParseExpr("t.tv_sec[1]")->steps);
   EXPECT_THAT(std::string(idx.status().message()), HasSubstr("is a time64_t, not an array"));
   EXPECT_EQ(btf->FindType("struct no_such_struct_here").status().message(),
             "no type 'struct no_such_struct_here' in the kernel's BTF (/sys/kernel/btf/vmlinux)");
@@ -192,7 +192,7 @@ TEST(KernelBtfTest, HostileBtfFromTheFuzzer) {
       names += (*btf)->TypeName(t).empty() ? 0 : 1;
       (void)(*btf)->Layout(t);
       for (const std::string& m : (*btf)->MemberNames(t)) {
-        ExprStep step;
+        symbols::ExprStep step;
         step.member = m;
         (void)(*btf)->Walk(t, {step});
       }

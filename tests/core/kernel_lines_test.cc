@@ -114,11 +114,11 @@ TEST_F(KernelLinesTest, RunTimeAddressesMapToTheImagesLines) {
     // push %rbp; mov %rsp,%rbp at -O0) the body's statement begins.
     const int body = LineOf(absl::StrCat("// line of ", fn));
     ASSERT_GT(body, 1) << fn;
-    std::optional<SourceLine> at_entry = (*r)->LineAt(run);
+    std::optional<symbols::SourceLine> at_entry = (*r)->LineAt(run);
     ASSERT_TRUE(at_entry.has_value()) << fn;
     EXPECT_TRUE(absl::EndsWith(at_entry->file, "fake_vmlinux.c")) << at_entry->file;
     EXPECT_EQ(at_entry->line, body - 1) << fn;
-    std::optional<SourceLine> in_body = (*r)->LineAt(run + 4);
+    std::optional<symbols::SourceLine> in_body = (*r)->LineAt(run + 4);
     ASSERT_TRUE(in_body.has_value()) << fn;
     EXPECT_EQ(in_body->line, body) << fn;
     // function+offset still comes from kallsyms, at the run-time address.

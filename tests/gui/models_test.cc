@@ -44,7 +44,7 @@ uint64_t U(const QVariant& v) {
   return v.value<quint64>();
 }
 
-uint32_t FieldNamed(const watch::StorageProfile& p, const std::string& path) {
+uint32_t FieldNamed(const watch::profile::StorageProfile& p, const std::string& path) {
   for (uint32_t f = 0; f < p.fields().size(); ++f) {
     if (p.fields()[f].path == path) {
       return f;
@@ -66,7 +66,7 @@ class ModelsTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { snap_.reset(); }
 
-  const watch::StorageProfile& profile() const { return *snap_->profile; }
+  const watch::profile::StorageProfile& profile() const { return *snap_->profile; }
   uint32_t Field(const std::string& name) const { return FieldNamed(profile(), "g_stats." + name); }
 
   static const Recording* rec_;
@@ -264,7 +264,7 @@ TEST(HeatColor, IsAMonotonicRampWithADistinctEmptyColour) {
       EXPECT_LE(l, prev + 1e-9) << c;
       prev = l;
       // A thin wrapper: the same colour as kwatch report's PNG.
-      EXPECT_EQ(HeatColor(c, 100, s).rgb() & 0xffffffu, watch::HeatRgb(c, 100, s)) << c;
+      EXPECT_EQ(HeatColor(c, 100, s).rgb() & 0xffffffu, watch::profile::HeatRgb(c, 100, s)) << c;
     }
   }
   EXPECT_EQ(gui::EmptyHeatColor(), QColor(236, 236, 236));

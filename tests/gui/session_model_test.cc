@@ -218,7 +218,7 @@ TEST(SessionModel, ThousandsOfFieldsLoadWithExactCounts) {
   ASSERT_THAT(rec.out, HasSubstr("done 63"));
   SessionModel session;
   ASSERT_TRUE(OpenAndWait(session, rec.path)) << session.error().toStdString();
-  const watch::StorageProfile& p = *session.main_snapshot()->profile;
+  const watch::profile::StorageProfile& p = *session.main_snapshot()->profile;
   ASSERT_EQ(p.fields().size(), 64u * 47u);
   EXPECT_EQ(p.events(), 128u);
   gui::HeatmapModel& heat = *session.heatmap();

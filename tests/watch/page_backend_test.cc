@@ -12,20 +12,20 @@ namespace kwatch::watch {
 namespace {
 
 // Protections of the mapping holding `addr` as "rwx" letters.
-std::string PermsAt(const core::Process& proc, core::RemoteAddr addr) {
+std::string PermsAt(const core::ptrace::Process& proc, core::RemoteAddr addr) {
   auto maps = proc.Maps();
   if (!maps.ok()) {
     return "?";
   }
-  const auto m = core::FindMapping(*maps, addr);
+  const auto m = core::ptrace::FindMapping(*maps, addr);
   if (!m.has_value()) {
     return "unmapped";
   }
   return std::string(m->read ? "r" : "-") + (m->write ? "w" : "-") + (m->exec ? "x" : "-");
 }
 
-std::unique_ptr<core::Process> LaunchWriter(const std::string& iters) {
-  auto p = core::Process::Launch(
+std::unique_ptr<core::ptrace::Process> LaunchWriter(const std::string& iters) {
+  auto p = core::ptrace::Process::Launch(
       {kwatch::testing::TargetPath("field_writer"), "2", iters, "--truth", "/dev/null"});
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) {
@@ -35,7 +35,7 @@ std::unique_ptr<core::Process> LaunchWriter(const std::string& iters) {
   return *std::move(p);
 }
 
-std::unique_ptr<WatchSession> PageSession(core::Process& proc, const std::string& expr,
+std::unique_ptr<WatchSession> PageSession(core::ptrace::Process& proc, const std::string& expr,
                                           drmgr::DrKind kind) {
   WatchRequest req;
   req.expr = expr;

@@ -189,7 +189,7 @@ TEST(PageSyscallModel, SummaryLinesAndJson) {
 // Launches page_syscalls with `args`, resolves `exprs` (read-write) and arms a PageBackend of
 // its own on them.
 struct Live {
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
   std::unique_ptr<WatchSession> session;  // resolves the expressions; never armed
   std::unique_ptr<PageBackend> backend;   // destroyed first (declared last)
   std::vector<core::AccessEvent> events;
@@ -199,7 +199,7 @@ struct Live {
     auto live = std::make_unique<Live>();
     std::vector<std::string> argv = {TargetPath("page_syscalls")};
     argv.insert(argv.end(), args.begin(), args.end());
-    auto p = core::Process::Launch(argv);
+    auto p = core::ptrace::Process::Launch(argv);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) {
       return nullptr;

@@ -22,22 +22,23 @@ namespace kwatch::watch {
 namespace {
 
 // One function "F" at kStart made of `code`; no lines, no types.
-class CodeSymbols : public core::Symbols {
+class CodeSymbols : public core::symbols::Symbols {
  public:
   static constexpr uint64_t kStart = 0x401000;
   explicit CodeSymbols(std::vector<uint8_t> code) : code_(std::move(code)) {}
 
-  absl::StatusOr<core::ResolvedExpr> Resolve(const core::Expr& /*expr*/,
-                                             const core::MemoryReader& /*read*/) const override {
+  absl::StatusOr<core::symbols::ResolvedExpr> Resolve(
+      const core::symbols::Expr& /*expr*/,
+      const core::symbols::MemoryReader& /*read*/) const override {
     return absl::UnimplementedError("no data symbols");
   }
-  std::optional<core::FunctionSymbol> FunctionAt(core::RemoteAddr addr) const override {
+  std::optional<core::symbols::FunctionSymbol> FunctionAt(core::RemoteAddr addr) const override {
     if (addr.value < kStart || addr.value >= kStart + code_.size()) {
       return std::nullopt;
     }
-    return core::FunctionSymbol{"F", core::RemoteAddr{kStart}, code_.size(), "fake"};
+    return core::symbols::FunctionSymbol{"F", core::RemoteAddr{kStart}, code_.size(), "fake"};
   }
-  std::optional<core::SourceLine> LineAt(core::RemoteAddr /*addr*/) const override {
+  std::optional<core::symbols::SourceLine> LineAt(core::RemoteAddr /*addr*/) const override {
     return std::nullopt;
   }
   absl::Status ReadCode(core::RemoteAddr addr, std::span<uint8_t> out) const override {
@@ -67,7 +68,7 @@ TEST(TrapDecoder, ResolvesStoresLoadsAndRefusalsFromTheRegistersAfterTheAccess) 
   const std::vector<uint8_t> code = {0x90, 0x48, 0x89, 0x37, 0x48, 0x83, 0x07, 0x01,
                                      0x48, 0x8b, 0x00, 0x0f, 0xb6, 0x4f, 0x10, 0xc3};
   CodeSymbols symbols(code);
-  core::Symbolizer symbolizer(symbols);
+  core::symbols::Symbolizer symbolizer(symbols);
   TrapDecoder decoder(symbolizer, PerfUserRegsMaskGeneral());
   constexpr uint64_t kF = CodeSymbols::kStart;
 
@@ -169,9 +170,9 @@ TEST(TrapDecoder, ARealBreakpointSampleGivesTheStoredValueAndAddress) {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGTRAP, &sa, nullptr);
 
-  auto symbols = core::Symbols::ForProcess(::getpid());
+  auto symbols = core::symbols::Symbols::ForProcess(::getpid());
   ASSERT_TRUE(symbols.ok()) << symbols.status();
-  core::Symbolizer symbolizer(**symbols);
+  core::symbols::Symbolizer symbolizer(**symbols);
   BreakpointRequest req;
   req.addr = core::RemoteAddr{reinterpret_cast<uintptr_t>(&g_stored)};
   req.len = 8;

@@ -38,20 +38,20 @@ class ProbeTallyTest : public ::testing::Test {
 
   // A probe recording of 12 s: probe 0 "req" (arg len) hit 70 times by tid 11 and 12, probe 1
   // never; with `finish` false it is cut short.
-  std::unique_ptr<core::TraceReader> Record(bool finish) {
-    core::SessionRecord rec = core::SessionRecordForThisHost();
+  std::unique_ptr<core::store::TraceReader> Record(bool finish) {
+    core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
     rec.start_mono_ns = kStart;
     rec.mode = "probe";
-    auto w = core::TraceWriter::Create(path_, rec);
+    auto w = core::store::TraceWriter::Create(path_, rec);
     EXPECT_TRUE(w.ok()) << w.status();
     for (uint32_t id : {0U, 1U}) {
-      core::ProbeRecord p;
+      core::store::ProbeRecord p;
       p.id = id;
       p.event = id == 0 ? "req" : "idle";
       EXPECT_TRUE((*w)->AddProbe(p).ok());
     }
     for (int i = 0; i < 70; ++i) {
-      core::HitRecord h;
+      core::store::HitRecord h;
       h.time_ns = kStart + static_cast<uint64_t>(i) * kSecond / 10;  // 0.0 s .. 6.9 s
       h.tid = i % 7 == 0 ? 12 : 11;
       h.probe_id = 0;
@@ -60,14 +60,14 @@ class ProbeTallyTest : public ::testing::Test {
       EXPECT_TRUE((*w)->AppendHit(h).ok());
     }
     if (finish) {
-      core::SessionEnd end;
+      core::store::SessionEnd end;
       end.end_mono_ns = kStart + 12 * kSecond;
       EXPECT_TRUE((*w)->Finish(end).ok());
     } else {
       EXPECT_TRUE((*w)->Flush().ok());
     }
     w->reset();
-    auto r = core::TraceReader::Open(path_);
+    auto r = core::store::TraceReader::Open(path_);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
   }
@@ -114,20 +114,21 @@ TEST_F(ProbeTallyTest, ReportColumns) {
   auto r = Record(true);
   ASSERT_NE(r, nullptr);
   // Automatic: the session's 12 s over about 120 columns.
-  const ProfileOptions automatic = ReportProfileOptions(*r, 0);
+  const profile::ProfileOptions automatic = ReportProfileOptions(*r, 0);
   EXPECT_EQ(automatic.bucket_ns, 0U);
   EXPECT_EQ(automatic.initial_bucket_ns, 100'000'000U);
-  EXPECT_EQ(automatic.max_buckets, ProfileOptions{}.max_buckets);
+  EXPECT_EQ(automatic.max_buckets, profile::ProfileOptions{}.max_buckets);
   // 50 ms columns: room for the whole session.
-  const ProfileOptions fixed = ReportProfileOptions(*r, 50);
+  const profile::ProfileOptions fixed = ReportProfileOptions(*r, 50);
   EXPECT_EQ(fixed.bucket_ns, 50'000'000U);
   EXPECT_EQ(fixed.max_buckets, 241U);
   EXPECT_EQ(ReportProfileOptions(*r, 0.001).max_buckets, 4096U);
   // Cut short: no length to go by.
   auto cut = Record(false);
   ASSERT_NE(cut, nullptr);
-  EXPECT_EQ(ReportProfileOptions(*cut, 0).initial_bucket_ns, ProfileOptions{}.initial_bucket_ns);
-  EXPECT_EQ(ReportProfileOptions(*cut, 50).max_buckets, ProfileOptions{}.max_buckets);
+  EXPECT_EQ(ReportProfileOptions(*cut, 0).initial_bucket_ns,
+            profile::ProfileOptions{}.initial_bucket_ns);
+  EXPECT_EQ(ReportProfileOptions(*cut, 50).max_buckets, profile::ProfileOptions{}.max_buckets);
 }
 
 }  // namespace

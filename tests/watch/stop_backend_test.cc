@@ -101,7 +101,7 @@ SlotSet EventsOf(const StopBackend& backend, pid_t tid) {
       continue;
     }
     EXPECT_EQ(::fcntl(e.fd, F_GETFD), FD_CLOEXEC) << "thread " << tid << " DR" << e.reg;
-    EXPECT_TRUE(core::IsKwatchSigData(e.sig_data));
+    EXPECT_TRUE(core::ptrace::IsKwatchSigData(e.sig_data));
     EXPECT_EQ(TrapSigDataRegister(e.sig_data), e.reg);
     EXPECT_EQ(model.addr[e.reg], e.slot.addr.value) << "thread " << tid << " DR" << e.reg;
     EXPECT_NE(model.dr7 & (uint64_t{3} << (2 * e.reg)), 0u) << "thread " << tid << " DR" << e.reg;
@@ -127,18 +127,18 @@ class Target {
   explicit Target(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {kwatch::testing::TargetPath("stop_target")};
     argv.insert(argv.end(), args.begin(), args.end());
-    auto p = core::Process::Launch(argv);
+    auto p = core::ptrace::Process::Launch(argv);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) {
       return;
     }
     proc = *std::move(p);
     EXPECT_TRUE(proc->RunToEntry().ok());  // leaves it stopped at its entry point
-    auto s = core::Symbols::ForProcess(proc->pid());
+    auto s = core::symbols::Symbols::ForProcess(proc->pid());
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) {
       symbols = *std::move(s);
-      symbolizer = std::make_unique<core::Symbolizer>(*symbols);
+      symbolizer = std::make_unique<core::symbols::Symbolizer>(*symbols);
     }
     client = alloc.AddClient(drmgr::ClientKind::kWatchpoint, "test");
     EXPECT_TRUE(proc->ResumeAll().ok());
@@ -150,14 +150,14 @@ class Target {
   }
   bool ok() const { return proc != nullptr && symbolizer != nullptr; }
 
-  core::ResolvedExpr Resolve(const std::string& text) {
-    auto e = core::ParseExpr(text);
+  core::symbols::ResolvedExpr Resolve(const std::string& text) {
+    auto e = core::symbols::ParseExpr(text);
     EXPECT_TRUE(e.ok()) << e.status();
     auto r = symbols->Resolve(*e, [this](core::RemoteAddr a, std::span<uint8_t> out) {
       return proc->ReadMemory(a, out);
     });
     EXPECT_TRUE(r.ok()) << text << ": " << r.status();
-    return r.ok() ? *r : core::ResolvedExpr{};
+    return r.ok() ? *r : core::symbols::ResolvedExpr{};
   }
 
   // Adds watch `expr` (next id) and asks drmgr for it in `scope`; returns the grant.
@@ -185,9 +185,9 @@ class Target {
     for (;;) {
       auto ev = proc->Poll(true);
       ASSERT_TRUE(ev.ok()) << ev.status();
-      for (const core::ProcessEvent& e : *ev) {
-        ASSERT_NE(e.kind, core::ProcessEvent::Kind::kExited) << "target ended early";
-        if (e.kind == core::ProcessEvent::Kind::kSignal && e.signal == SIGUSR1) {
+      for (const core::ptrace::ProcessEvent& e : *ev) {
+        ASSERT_NE(e.kind, core::ptrace::ProcessEvent::Kind::kExited) << "target ended early";
+        if (e.kind == core::ptrace::ProcessEvent::Kind::kSignal && e.signal == SIGUSR1) {
           return;
         }
       }
@@ -216,16 +216,16 @@ class Target {
       if (!ev.ok()) {
         break;
       }
-      for (const core::ProcessEvent& e : *ev) {
-        traps += e.kind == core::ProcessEvent::Kind::kSignal && e.signal == SIGTRAP ? 1 : 0;
+      for (const core::ptrace::ProcessEvent& e : *ev) {
+        traps += e.kind == core::ptrace::ProcessEvent::Kind::kSignal && e.signal == SIGTRAP ? 1 : 0;
       }
     }
     return traps;
   }
 
-  std::unique_ptr<core::Process> proc;
-  std::unique_ptr<core::Symbols> symbols;
-  std::unique_ptr<core::Symbolizer> symbolizer;
+  std::unique_ptr<core::ptrace::Process> proc;
+  std::unique_ptr<core::symbols::Symbols> symbols;
+  std::unique_ptr<core::symbols::Symbolizer> symbolizer;
   drmgr::SlotAllocator alloc;
   drmgr::ClientId client;
   std::vector<Watch> watches;
@@ -449,8 +449,8 @@ TEST(StopBackend, ForgedTrapReachesEveryHolderAndDropsUntouchedBytes) {
   ASSERT_TRUE(t.ok());
   t.WaitMilestone();
   const pid_t pid = t.proc->pid();
-  const core::ResolvedExpr a = t.Resolve("g_rec.a");
-  const core::ResolvedExpr b = t.Resolve("g_rec.b");
+  const core::symbols::ResolvedExpr a = t.Resolve("g_rec.a");
+  const core::symbols::ResolvedExpr b = t.Resolve("g_rec.b");
   for (const auto& [expr, kind] : {std::pair{"g_rec.a", drmgr::DrKind::kWrite},
                                    std::pair{"g_rec.a", drmgr::DrKind::kReadWrite},
                                    std::pair{"g_rec.b", drmgr::DrKind::kWrite}}) {
@@ -619,7 +619,7 @@ TEST(StopBackend, OneAccessHittingTwoRegistersCountsForBoth) {
   ASSERT_TRUE(t.ok());
   t.WaitMilestone();
   const pid_t pid = t.proc->pid();
-  const core::ResolvedExpr a = t.Resolve("g_rec.a");
+  const core::symbols::ResolvedExpr a = t.Resolve("g_rec.a");
   for (uint32_t half = 0; half < 2; ++half) {
     Watch w;
     w.id = half;

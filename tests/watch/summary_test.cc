@@ -9,8 +9,8 @@ namespace {
 using ::testing::ElementsAre;
 
 // struct s { long a; int b; unsigned x : 3, y : 5; char pad[3]; union { int u; char c; } un; };
-core::TypeLayout Layout() {
-  core::TypeLayout l;
+core::symbols::TypeLayout Layout() {
+  core::symbols::TypeLayout l;
   l.type_name = "struct s";
   l.size = 20;
   l.fields = {
@@ -44,7 +44,7 @@ core::AccessEvent Access(uint64_t offset, uint32_t size, core::AccessKind kind) 
 }
 
 TEST(FieldsOverlapping, BitfieldsCoverOnlyTheirBytes) {
-  const core::TypeLayout l = Layout();
+  const core::symbols::TypeLayout l = Layout();
   EXPECT_THAT(FieldsOverlapping("g", l, 12, 1), ElementsAre("g.x", "g.y"));
   EXPECT_THAT(FieldsOverlapping("g", l, 13, 1), ElementsAre());  // bits 0..7 live in byte 12
   EXPECT_THAT(FieldsOverlapping("g", l, 0, 8), ElementsAre("g.a"));
@@ -83,7 +83,7 @@ TEST(Summary, PaddingAndUnknownAccessesAreNamed) {
   std::vector<Watch> one = {MakeWatch(4)};
   one[0].target.addr = core::RemoteAddr{0x1008};
   one[0].target.display = "g.b";
-  core::TypeLayout scalar;
+  core::symbols::TypeLayout scalar;
   scalar.fields = {{"", "int", 0, 4, 0, 0, 0, true}};
   one[0].target.layout = scalar;
   Summary s2(one);

@@ -78,8 +78,8 @@ std::map<pid_t, long> ReadTruth(const std::string& path) {
 // A launched target with its page-protection session on `expr` armed, as `kwatch` sets one up.
 struct Launched {
   core::UniqueFd sigfd;
-  std::unique_ptr<core::ProcessGroup> group;
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::ProcessGroup> group;
+  std::unique_ptr<core::ptrace::Process> proc;
   std::unique_ptr<WatchSession> session;
   SessionOptions session_opts;
 };
@@ -94,10 +94,10 @@ std::optional<Launched> Launch(const std::vector<std::string>& argv, const std::
   }
   l.sigfd = *std::move(sigfd);
   if (follow_forks) {
-    l.group = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
+    l.group = std::make_unique<core::ptrace::ProcessGroup>(/*follow_forks=*/true);
   }
-  core::LaunchOptions lo;
-  auto proc = core::Process::Start(std::nullopt, argv, lo);
+  core::ptrace::LaunchOptions lo;
+  auto proc = core::ptrace::Process::Start(std::nullopt, argv, lo);
   EXPECT_TRUE(proc.ok()) << proc.status();
   if (!proc.ok()) {
     return std::nullopt;

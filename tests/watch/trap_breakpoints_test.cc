@@ -24,16 +24,16 @@ namespace {
 TEST(TrapBreakpoints, SigDataNamesTheRegisterUnderKwatchsMagic) {
   for (int reg = 0; reg < 4; ++reg) {
     const uint64_t d = TrapSigData(reg, 12345);
-    EXPECT_TRUE(core::IsKwatchSigData(d));
+    EXPECT_TRUE(core::ptrace::IsKwatchSigData(d));
     EXPECT_EQ(TrapSigDataRegister(d), reg);
     EXPECT_NE(d, TrapSigData(reg, 12346));
   }
   EXPECT_EQ(TrapSigDataRegister(0x1234), -1);
   siginfo_t si{};
   si.si_signo = SIGTRAP;
-  si.si_code = core::kTrapPerf;
+  si.si_code = core::ptrace::kTrapPerf;
   const uint64_t d = TrapSigData(2, 7);
-  std::memcpy(reinterpret_cast<char*>(&si) + core::kSiPerfDataOffset, &d, sizeof(d));
+  std::memcpy(reinterpret_cast<char*>(&si) + core::ptrace::kSiPerfDataOffset, &d, sizeof(d));
   EXPECT_TRUE(IsTrapBreakpointSignal(si));
   si.si_code = TRAP_HWBKPT;
   EXPECT_FALSE(IsTrapBreakpointSignal(si));
@@ -106,9 +106,9 @@ TEST(TrapBreakpoints, EachRegisterIsAnEventTheKernelCountsAndThatStopsTheThread)
   EXPECT_EQ(after, traps);
   KW_REQUIRE_DEBUG_TRAPS();
   ASSERT_EQ(traps, 1);
-  EXPECT_EQ(seen.si_code, core::kTrapPerf);
+  EXPECT_EQ(seen.si_code, core::ptrace::kTrapPerf);
   EXPECT_EQ(seen.si_addr, const_cast<uint64_t*>(&g_watched));
-  EXPECT_EQ(core::SiPerfData(seen), e.sig_data);
+  EXPECT_EQ(core::ptrace::SiPerfData(seen), e.sig_data);
   EXPECT_TRUE(IsTrapBreakpointSignal(seen));
 }
 

@@ -72,7 +72,7 @@ void Tick(TickProbe& t) {
   t.dir = tmpl;
   t.path = (t.dir / "uprobe_loop").string();
   std::filesystem::copy_file(TargetPath("uprobe_loop"), t.path);
-  auto syms = core::Symbols::ForFile(t.path);
+  auto syms = core::symbols::Symbols::ForFile(t.path);
   EXPECT_TRUE(syms.ok()) << syms.status();
   auto fn = (*syms)->FindFunction("tick");
   EXPECT_TRUE(fn.has_value());

@@ -56,11 +56,11 @@ bool ProcessEnded(pid_t pid) {
 
 // The inode of the file mapped at `addr` in this process (kwatch's view of the memfd).
 uint64_t InodeMappedAt(const void* addr) {
-  absl::StatusOr<std::vector<core::MapEntry>> maps = core::ReadMaps(::getpid());
+  absl::StatusOr<std::vector<core::ptrace::MapEntry>> maps = core::ptrace::ReadMaps(::getpid());
   if (!maps.ok()) {
     return 0;
   }
-  for (const core::MapEntry& m : *maps) {
+  for (const core::ptrace::MapEntry& m : *maps) {
     if (m.Contains(RemoteAddr{reinterpret_cast<uint64_t>(addr)})) {
       return m.inode;
     }
@@ -70,7 +70,7 @@ uint64_t InodeMappedAt(const void* addr) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Controller>> Controller::Load(core::Process& proc,
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Load(core::ptrace::Process& proc,
                                                              const LoadOptions& options) {
   KW_ASSIGN_OR_RETURN(LoadedAgent agent, LoadAgent(proc, options));
   return Adopt(std::move(agent), proc.pid());
@@ -104,11 +104,12 @@ Controller::~Controller() = default;
 // ---------------------------------------------------------------------------------------
 // Arming.
 
-absl::StatusOr<Controller::CodeArea*> Controller::MapArea(core::Process& proc, RemoteAddr near,
-                                                          uint64_t size) {
+absl::StatusOr<Controller::CodeArea*> Controller::MapArea(core::ptrace::Process& proc,
+                                                          RemoteAddr near, uint64_t size) {
   const uint64_t bytes = std::max(kCodeAreaSize, (size + 4095) & ~uint64_t{4095});
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
-  const std::optional<RemoteAddr> at = core::FindXolGap(maps, near, bytes, core::kXolMaxDistance);
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc.Maps());
+  const std::optional<RemoteAddr> at =
+      core::probe::FindXolGap(maps, near, bytes, core::probe::kXolMaxDistance);
   if (!at.has_value()) {
     return absl::OutOfRangeError(absl::StrFormat(
         "no room for %d bytes of code within 1 GiB of 0x%x in pid %d", bytes, near.value, pid_));
@@ -123,7 +124,8 @@ absl::StatusOr<Controller::CodeArea*> Controller::MapArea(core::Process& proc, R
                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
                                         static_cast<uint64_t>(-1),
                                         0};
-  KW_ASSIGN_OR_RETURN(const int64_t r, core::RemoteSyscallByTrap(proc, tid, SYS_mmap, args));
+  KW_ASSIGN_OR_RETURN(const int64_t r,
+                      core::ptrace::RemoteSyscallByTrap(proc, tid, SYS_mmap, args));
   if (r < 0 && r > -4096) {
     return core::SyscallError(
         static_cast<int>(-r),
@@ -139,12 +141,12 @@ absl::StatusOr<Controller::CodeArea*> Controller::MapArea(core::Process& proc, R
   return &areas_.back();
 }
 
-absl::StatusOr<RemoteAddr> Controller::PlaceCode(core::Process& proc, RemoteAddr near,
+absl::StatusOr<RemoteAddr> Controller::PlaceCode(core::ptrace::Process& proc, RemoteAddr near,
                                                  uint64_t size, const CodeBuilder& build) {
   const auto reaches = [near](RemoteAddr a, uint64_t n) {
     const uint64_t lo = std::min(a.value, near.value);
     const uint64_t hi = std::max(a.value + n, near.value);
-    return hi - lo <= core::kXolMaxDistance;
+    return hi - lo <= core::probe::kXolMaxDistance;
   };
   CodeArea* area = nullptr;
   for (CodeArea& a : areas_) {
@@ -179,7 +181,7 @@ absl::StatusOr<uint32_t> Controller::AddProbe(const ProbeEntry& entry) {
   return index;
 }
 
-absl::Status Controller::Patch(core::Process& proc, uint32_t probe_index, RemoteAddr addr,
+absl::Status Controller::Patch(core::ptrace::Process& proc, uint32_t probe_index, RemoteAddr addr,
                                std::span<const uint8_t> bytes) {
   const size_t len = bytes.size();
   const bool jump = len > 1;
@@ -244,7 +246,7 @@ absl::Status Controller::Patch(core::Process& proc, uint32_t probe_index, Remote
   return absl::OkStatus();
 }
 
-absl::Status Controller::Restore(core::Process& proc, const Applied& a) {
+absl::Status Controller::Restore(core::ptrace::Process& proc, const Applied& a) {
   if (a.original.size() > 1) {
     const uint8_t int3 = kInt3;
     KW_RETURN_IF_ERROR(proc.WriteMemory(a.addr, std::span<const uint8_t>(&int3, 1)));
@@ -256,7 +258,7 @@ absl::Status Controller::Restore(core::Process& proc, const Applied& a) {
   return absl::OkStatus();
 }
 
-absl::Status Controller::Unpatch(core::Process& proc, uint32_t probe_index) {
+absl::Status Controller::Unpatch(core::ptrace::Process& proc, uint32_t probe_index) {
   for (auto it = patches_.begin(); it != patches_.end(); ++it) {
     if (it->probe_index == probe_index) {
       KW_RETURN_IF_ERROR(Restore(proc, *it));
@@ -358,14 +360,14 @@ absl::StatusOr<Liveness> Controller::Wait(absl::Duration timeout) {
   return l;
 }
 
-std::optional<core::ExitInfo> Controller::ReapExit() {
+std::optional<core::ptrace::ExitInfo> Controller::ReapExit() {
   siginfo_t si{};
   if (::waitid(static_cast<idtype_t>(kIdPidfd), static_cast<id_t>(pidfd_.get()), &si,
                WEXITED | WNOHANG) != 0 ||
       si.si_pid == 0) {
     return std::nullopt;
   }
-  core::ExitInfo info;
+  core::ptrace::ExitInfo info;
   if (si.si_code == CLD_EXITED) {
     info.code = si.si_status;
   } else {
@@ -379,7 +381,7 @@ std::optional<core::ExitInfo> Controller::ReapExit() {
 // ---------------------------------------------------------------------------------------
 // The end.
 
-absl::Status Controller::MoveThreadsOutOfCopies(core::Process& proc) {
+absl::Status Controller::MoveThreadsOutOfCopies(core::ptrace::Process& proc) {
   for (const pid_t tid : proc.TracedThreads()) {
     auto regs = proc.GetRegs(tid);
     if (!regs.ok()) {
@@ -402,7 +404,7 @@ absl::Status Controller::MoveThreadsOutOfCopies(core::Process& proc) {
   return absl::OkStatus();
 }
 
-absl::Status Controller::End(core::Process& proc) {
+absl::Status Controller::End(core::ptrace::Process& proc) {
   if (ended_) {
     return absl::OkStatus();
   }
@@ -460,11 +462,11 @@ std::vector<FollowedProcess> Controller::Followed() const {
 }
 
 bool Controller::MapsSession(pid_t pid) const {
-  absl::StatusOr<std::vector<core::MapEntry>> maps = core::ReadMaps(pid);
+  absl::StatusOr<std::vector<core::ptrace::MapEntry>> maps = core::ptrace::ReadMaps(pid);
   if (!maps.ok()) {
     return false;
   }
-  return std::any_of(maps->begin(), maps->end(), [this](const core::MapEntry& m) {
+  return std::any_of(maps->begin(), maps->end(), [this](const core::ptrace::MapEntry& m) {
     return m.start == agent_.remote_shm && m.shared && (shm_inode_ == 0 || m.inode == shm_inode_);
   });
 }
@@ -476,8 +478,10 @@ bool Controller::HoldsLifeline(pid_t pid) const {
          S_ISFIFO(st.st_mode) && st.st_ino == lifeline_inode_;
 }
 
-absl::Status Controller::RunStopped(const std::function<absl::Status(core::Process&)>& fn) const {
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc, core::Process::Attach(pid_));
+absl::Status Controller::RunStopped(
+    const std::function<absl::Status(core::ptrace::Process&)>& fn) const {
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::ptrace::Process> proc,
+                      core::ptrace::Process::Attach(pid_));
   absl::Status status = proc->StopAll();
   if (status.ok()) {
     status = fn(*proc);
@@ -492,7 +496,8 @@ absl::Status Controller::EndDetached(const HitFn& fn) {
     if (ProcessEnded(pid_)) {
       KW_RETURN_IF_ERROR(EndGone());
     } else {
-      const absl::Status ended = RunStopped([this](core::Process& proc) { return End(proc); });
+      const absl::Status ended =
+          RunStopped([this](core::ptrace::Process& proc) { return End(proc); });
       if (ended.code() == absl::StatusCode::kNotFound) {
         KW_RETURN_IF_ERROR(EndGone());  // exited meanwhile
       } else {
@@ -542,7 +547,7 @@ absl::StatusOr<bool> Controller::RestoreFollowed(pid_t pid) {
   if (ProcessEnded(pid)) {
     return false;
   }
-  absl::StatusOr<std::unique_ptr<core::Process>> p = core::Process::Attach(pid);
+  absl::StatusOr<std::unique_ptr<core::ptrace::Process>> p = core::ptrace::Process::Attach(pid);
   if (!p.ok()) {
     if (p.status().code() == absl::StatusCode::kNotFound || ProcessEnded(pid)) {
       return false;
@@ -550,7 +555,7 @@ absl::StatusOr<bool> Controller::RestoreFollowed(pid_t pid) {
     return absl::Status(p.status().code(),
                         absl::StrCat("restoring followed child ", pid, ": ", p.status().message()));
   }
-  core::Process& proc = **p;
+  core::ptrace::Process& proc = **p;
   absl::Status status = proc.StopAll();
   const auto note = [&status](const absl::Status& s) {
     if (status.ok() && !s.ok()) {
@@ -573,7 +578,7 @@ absl::StatusOr<bool> Controller::RestoreFollowed(pid_t pid) {
   return ours;
 }
 
-absl::Status Controller::RestoreCopy(core::Process& proc, const Applied& a) {
+absl::Status Controller::RestoreCopy(core::ptrace::Process& proc, const Applied& a) {
   const size_t len = a.original.size();
   std::vector<uint8_t> now(len);
   KW_RETURN_IF_ERROR(proc.ReadMemory(a.addr, now));

@@ -74,7 +74,7 @@ using CodeBuilder = std::function<absl::StatusOr<std::vector<uint8_t>>(core::Rem
 class Controller {
  public:
   // Loads the agent into `proc` (LoadAgent) and takes its session over.
-  static absl::StatusOr<std::unique_ptr<Controller>> Load(core::Process& proc,
+  static absl::StatusOr<std::unique_ptr<Controller>> Load(core::ptrace::Process& proc,
                                                           const LoadOptions& options);
   // Takes over an agent LoadAgent loaded into process `pid`. Internal error when the pidfd
   // cannot be opened (the process is gone).
@@ -96,7 +96,7 @@ class Controller {
   // Places `size` bytes of code built by `build` for their address, in a read+execute area
   // kwatch maps within +-1 GiB of `near` (core::FindXolGap) and keeps for the image's life.
   // 16-byte aligned. OutOfRange when no area can be mapped near enough.
-  absl::StatusOr<core::RemoteAddr> PlaceCode(core::Process& proc, core::RemoteAddr near,
+  absl::StatusOr<core::RemoteAddr> PlaceCode(core::ptrace::Process& proc, core::RemoteAddr near,
                                              uint64_t size, const CodeBuilder& build);
 
   // Writes a probe into the tables (ShmTables::AddProbe) and remembers its out-of-line copy
@@ -107,10 +107,10 @@ class Controller {
   // a jmp rel32 and its fill (5..16 bytes, a jump probe), journaled first. A jump is written
   // INT3 first, then its tail, then its first byte; FailedPrecondition (naming the thread)
   // when a thread's rip is inside (addr, addr + len): use INT3 for that probe.
-  absl::Status Patch(core::Process& proc, uint32_t probe_index, core::RemoteAddr addr,
+  absl::Status Patch(core::ptrace::Process& proc, uint32_t probe_index, core::RemoteAddr addr,
                      std::span<const uint8_t> bytes);
   // Undoes the patch of one probe (jumps INT3 first) and frees its journal entry.
-  absl::Status Unpatch(core::Process& proc, uint32_t probe_index);
+  absl::Status Unpatch(core::ptrace::Process& proc, uint32_t probe_index);
   size_t patches() const { return patches_.size(); }
 
   // State Active: the agent takes hits.
@@ -128,7 +128,7 @@ class Controller {
   absl::StatusOr<Liveness> Wait(absl::Duration timeout);
   // The exit status of a launched target (kwatch's child) once it exited and was reaped
   // here; nullopt while it runs or when it is not kwatch's child.
-  std::optional<core::ExitInfo> ReapExit();
+  std::optional<core::ptrace::ExitInfo> ReapExit();
 
   // -f: the fork children registered in the process table (KwProcess), but those that left
   // (restored their own code): the target's descendants that keep the probes.
@@ -146,7 +146,7 @@ class Controller {
 
   // Runs `fn` with every thread of the target seized and stopped (a session that detached
   // and now changes probes or patches), then detaches. NotFound when the target is gone.
-  absl::Status RunStopped(const std::function<absl::Status(core::Process&)>& fn) const;
+  absl::Status RunStopped(const std::function<absl::Status(core::ptrace::Process&)>& fn) const;
 
   // ---- The end. ----
 
@@ -156,7 +156,7 @@ class Controller {
   // turn while the target is stopped (it forks no more), until the process table names no
   // child not done (a child forked meanwhile either registered or saw state Stopping and
   // restored itself).
-  absl::Status End(core::Process& proc);
+  absl::Status End(core::ptrace::Process& proc);
   // The last drain (records of hits in flight at End land after the detach) into `fn`, then
   // the lifeline closes: the agent's watchdog sees state Restored and does nothing more.
   absl::Status Finish(const HitFn& fn);
@@ -185,10 +185,10 @@ class Controller {
   };
 
   Controller(LoadedAgent agent, pid_t pid, core::UniqueFd pidfd);
-  absl::Status Restore(core::Process& proc, const Applied& a);
+  absl::Status Restore(core::ptrace::Process& proc, const Applied& a);
   // Writes the original bytes of `a` back in a followed child, if they are still the patch's
   // (or in between: the child's own restore may have begun); the journal is left alone.
-  static absl::Status RestoreCopy(core::Process& proc, const Applied& a);
+  static absl::Status RestoreCopy(core::ptrace::Process& proc, const Applied& a);
   // End once the target is gone: state Stopping, the followed children restored, the journal
   // cleared, state Restored.
   absl::Status EndGone();
@@ -198,8 +198,9 @@ class Controller {
   // Seizes followed child `pid`, restores its copy of the code, moves its threads out of the
   // out-of-line copies and lets it go. False when it is gone or no longer the agent's.
   absl::StatusOr<bool> RestoreFollowed(pid_t pid);
-  absl::Status MoveThreadsOutOfCopies(core::Process& proc);
-  absl::StatusOr<CodeArea*> MapArea(core::Process& proc, core::RemoteAddr near, uint64_t size);
+  absl::Status MoveThreadsOutOfCopies(core::ptrace::Process& proc);
+  absl::StatusOr<CodeArea*> MapArea(core::ptrace::Process& proc, core::RemoteAddr near,
+                                    uint64_t size);
 
   pid_t pid_;
   LoadedAgent agent_;

@@ -71,7 +71,7 @@ std::optional<uint32_t> RegPlusOne(ZydisRegister reg) {
   if (reg == ZYDIS_REGISTER_NONE) {
     return 0;
   }
-  const std::optional<core::GprSlot> slot = core::ResolveGpr(reg);
+  const std::optional<core::x86::GprSlot> slot = core::x86::ResolveGpr(reg);
   if (!slot.has_value() || slot->bits != 64) {
     return std::nullopt;
   }
@@ -81,7 +81,7 @@ std::optional<uint32_t> RegPlusOne(ZydisRegister reg) {
   return static_cast<uint32_t>(offset / 8 + 1);
 }
 
-uint64_t RelativeTarget(const core::ProbedInsn& insn) {
+uint64_t RelativeTarget(const core::probe::ProbedInsn& insn) {
   uint64_t target = 0;
   ZydisCalcAbsoluteAddress(&insn.insn, insn.operands.data(), insn.addr.value, &target);
   return target;
@@ -89,22 +89,22 @@ uint64_t RelativeTarget(const core::ProbedInsn& insn) {
 
 }  // namespace
 
-absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
+absl::Status PlanResume(const core::probe::ProbedInsn& insn, ProbeEntry& entry) {
   entry.insn_len = insn.length;
   const auto refuse = [&insn](const std::string& why) {
     return absl::FailedPreconditionError(
         absl::StrCat("'", insn.text, "' at ", absl::Hex(insn.addr.value), ": ", why));
   };
   switch (insn.kind) {
-    case core::InsnKind::kJmpRel:
+    case core::probe::InsnKind::kJmpRel:
       entry.resume = ka::kKwResumeJmp;
       entry.target = RelativeTarget(insn);
       return absl::OkStatus();
-    case core::InsnKind::kCallRel:
+    case core::probe::InsnKind::kCallRel:
       entry.resume = ka::kKwResumeCall;
       entry.target = RelativeTarget(insn);
       return absl::OkStatus();
-    case core::InsnKind::kJcc: {
+    case core::probe::InsnKind::kJcc: {
       const std::optional<uint32_t> cond = Condition(insn.insn.mnemonic);
       if (!cond.has_value()) {
         return refuse("a conditional branch the agent does not know");
@@ -117,7 +117,7 @@ absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
       entry.target = RelativeTarget(insn);
       return absl::OkStatus();
     }
-    case core::InsnKind::kRet:
+    case core::probe::InsnKind::kRet:
       entry.resume = ka::kKwResumeRet;
       entry.ret_imm = 0;
       for (uint8_t i = 0; i < insn.insn.operand_count_visible; ++i) {
@@ -126,11 +126,12 @@ absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
         }
       }
       return absl::OkStatus();
-    case core::InsnKind::kCallIndirect:
-    case core::InsnKind::kJmpIndirect: {
+    case core::probe::InsnKind::kCallIndirect:
+    case core::probe::InsnKind::kJmpIndirect: {
       const ZydisDecodedOperand& op = insn.operands[0];
       entry.resume = ka::kKwResumeIndirect;
-      entry.ind_flags = insn.kind == core::InsnKind::kCallIndirect ? uint32_t{ka::kKwIndCall} : 0;
+      entry.ind_flags =
+          insn.kind == core::probe::InsnKind::kCallIndirect ? uint32_t{ka::kKwIndCall} : 0;
       if (op.type == ZYDIS_OPERAND_TYPE_REGISTER) {
         const std::optional<uint32_t> base = RegPlusOne(op.reg.value);
         if (!base.has_value() || *base == 0) {
@@ -180,17 +181,18 @@ absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry) {
   }
 }
 
-absl::Status PlanInt3(Controller& controller, core::Process& proc, const core::ProbedInsn& insn,
-                      ProbeEntry& entry) {
+absl::Status PlanInt3(Controller& controller, core::ptrace::Process& proc,
+                      const core::probe::ProbedInsn& insn, ProbeEntry& entry) {
   KW_RETURN_IF_ERROR(PlanResume(insn, entry));
   if (entry.resume != ka::kKwResumeXol) {
     return absl::OkStatus();
   }
-  KW_ASSIGN_OR_RETURN(
-      const core::RemoteAddr copy,
-      controller.PlaceCode(proc, insn.addr, core::kMaxXolCopyBytes, [&insn](core::RemoteAddr at) {
-        return core::BuildOutOfLineCopy(insn, at, core::XolTail::kJumpBack);
-      }));
+  KW_ASSIGN_OR_RETURN(const core::RemoteAddr copy,
+                      controller.PlaceCode(proc, insn.addr, core::probe::kMaxXolCopyBytes,
+                                           [&insn](core::RemoteAddr at) {
+                                             return core::probe::BuildOutOfLineCopy(
+                                                 insn, at, core::probe::XolTail::kJumpBack);
+                                           }));
   entry.xol_addr = copy.value;
   return absl::OkStatus();
 }

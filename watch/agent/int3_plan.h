@@ -11,9 +11,11 @@
 #include "core/probe/insn_fixup.h"
 #include "watch/agent/tables.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 class Process;
-}
+}  // namespace kwatch::core::ptrace
+
+namespace kwatch::core {}
 
 namespace kwatch::watch::agent {
 
@@ -23,11 +25,11 @@ class Controller;
 // emulated instruction; for one that runs out of line, sets resume = kKwResumeXol and leaves
 // xol_addr to the caller. FailedPrecondition when the instruction can neither be emulated by
 // the agent nor run out of line (with insn.text).
-absl::Status PlanResume(const core::ProbedInsn& insn, ProbeEntry& entry);
+absl::Status PlanResume(const core::probe::ProbedInsn& insn, ProbeEntry& entry);
 
 // PlanResume, then for kKwResumeXol the copy placed near the instruction (every thread of
 // `proc` stopped) and entry.xol_addr set to it.
-absl::Status PlanInt3(Controller& controller, core::Process& proc, const core::ProbedInsn& insn,
-                      ProbeEntry& entry);
+absl::Status PlanInt3(Controller& controller, core::ptrace::Process& proc,
+                      const core::probe::ProbedInsn& insn, ProbeEntry& entry);
 
 }  // namespace kwatch::watch::agent

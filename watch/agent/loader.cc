@@ -75,10 +75,10 @@ std::string Canonical(const std::string& path) {
 }
 
 // A remote system call whose -errno result becomes a Status naming `what`.
-absl::StatusOr<int64_t> Sys(core::Process& proc, pid_t tid, long nr,
+absl::StatusOr<int64_t> Sys(core::ptrace::Process& proc, pid_t tid, long nr,
                             std::initializer_list<uint64_t> args, const std::string& what) {
-  auto r = core::RemoteSyscallByTrap(proc, tid, nr,
-                                     std::span<const uint64_t>(args.begin(), args.size()));
+  auto r = core::ptrace::RemoteSyscallByTrap(proc, tid, nr,
+                                             std::span<const uint64_t>(args.begin(), args.size()));
   if (!r.ok()) {
     return absl::Status(r.status().code(), absl::StrCat(what, ": ", r.status().message()));
   }
@@ -89,7 +89,7 @@ absl::StatusOr<int64_t> Sys(core::Process& proc, pid_t tid, long nr,
 }
 
 // A NUL-terminated string of the target (up to `max` bytes).
-std::string ReadRemoteString(const core::Process& proc, RemoteAddr at, size_t max = 1024) {
+std::string ReadRemoteString(const core::ptrace::Process& proc, RemoteAddr at, size_t max = 1024) {
   std::string out;
   std::array<uint8_t, 64> chunk{};
   while (out.size() < max) {
@@ -121,7 +121,7 @@ bool HoldsLoaderOrAllocatorLock(const std::string& fn) {
 
 // Whether thread `tid` of `pid` blocks `sig` (SigBlk in its status).
 bool Blocks(pid_t pid, pid_t tid, int sig) {
-  auto text = core::ReadSmallFile(absl::StrCat("/proc/", pid, "/task/", tid, "/status"));
+  auto text = core::ptrace::ReadSmallFile(absl::StrCat("/proc/", pid, "/task/", tid, "/status"));
   if (!text.ok()) {
     return false;
   }
@@ -334,11 +334,11 @@ absl::StatusOr<std::vector<pid_t>> ThreadsBlocking(pid_t pid, int sig) {
   return out;
 }
 
-absl::StatusOr<uint64_t> LoadBias(const core::Process& proc,
-                                  const std::vector<core::MapEntry>& maps,
+absl::StatusOr<uint64_t> LoadBias(const core::ptrace::Process& proc,
+                                  const std::vector<core::ptrace::MapEntry>& maps,
                                   const std::string& path) {
-  const core::MapEntry* first = nullptr;
-  for (const core::MapEntry& m : maps) {
+  const core::ptrace::MapEntry* first = nullptr;
+  for (const core::ptrace::MapEntry& m : maps) {
     if (m.path == path && m.offset == 0) {
       first = &m;
       break;
@@ -368,13 +368,13 @@ absl::StatusOr<uint64_t> LoadBias(const core::Process& proc,
   return absl::FailedPreconditionError(absl::StrCat(path, " has no PT_LOAD segment"));
 }
 
-absl::StatusOr<DlopenSite> FindDlopen(const core::Process& proc,
-                                      const std::vector<core::MapEntry>& maps) {
+absl::StatusOr<DlopenSite> FindDlopen(const core::ptrace::Process& proc,
+                                      const std::vector<core::ptrace::MapEntry>& maps) {
   const pid_t pid = proc.pid();
   std::string libc;
   bool loader = false;
   std::string other;
-  for (const core::MapEntry& m : maps) {
+  for (const core::ptrace::MapEntry& m : maps) {
     if (IsGlibc(m.path) && libc.empty()) {
       libc = m.path;
     }
@@ -427,11 +427,11 @@ absl::StatusOr<DlopenSite> FindDlopen(const core::Process& proc,
   return site;
 }
 
-absl::StatusOr<pid_t> PickLoadThread(core::Process& proc) {
+absl::StatusOr<pid_t> PickLoadThread(core::ptrace::Process& proc) {
   const pid_t pid = proc.pid();
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc.Maps());
   std::string libc;
-  for (const core::MapEntry& m : maps) {
+  for (const core::ptrace::MapEntry& m : maps) {
     if (IsGlibc(m.path)) {
       libc = m.path;
       break;
@@ -448,8 +448,8 @@ absl::StatusOr<pid_t> PickLoadThread(core::Process& proc) {
     }
   }
   KW_ASSIGN_OR_RETURN(
-      std::unique_ptr<core::Unwinder> unwinder,
-      core::Unwinder::ForProcess(
+      std::unique_ptr<core::symbols::Unwinder> unwinder,
+      core::symbols::Unwinder::ForProcess(
           pid, [&proc](RemoteAddr a, std::span<uint8_t> out) { return proc.ReadMemory(a, out); }));
   std::vector<pid_t> blocked;  // safe, and inside a system call
   std::vector<pid_t> running;  // safe, in user code
@@ -471,7 +471,7 @@ absl::StatusOr<pid_t> PickLoadThread(core::Process& proc) {
     std::string why;
     for (size_t i = 0; i < frames->size() && why.empty(); ++i) {
       const RemoteAddr pc = i == 0 ? (*frames)[i] : (*frames)[i] - 1;
-      const std::optional<core::MapEntry> m = core::FindMapping(maps, pc);
+      const std::optional<core::ptrace::MapEntry> m = core::ptrace::FindMapping(maps, pc);
       if (!m.has_value()) {
         continue;
       }
@@ -505,7 +505,7 @@ absl::StatusOr<pid_t> PickLoadThread(core::Process& proc) {
                    refused.empty() ? "no stopped thread" : absl::StrJoin(refused, "; ")));
 }
 
-absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& options) {
+absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOptions& options) {
   const absl::Time start = absl::Now();
   const pid_t pid = proc.pid();
   if (!proc.alive()) {
@@ -524,7 +524,7 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
   KW_ASSIGN_OR_RETURN(agent.layout, ComputeLayout(options.shm));
   const ShmLayout& layout = agent.layout;
   KW_RETURN_IF_ERROR(proc.StopAll());
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc.Maps());
   KW_ASSIGN_OR_RETURN(const DlopenSite site, FindDlopen(proc, maps));
   KW_ASSIGN_OR_RETURN(const ElfExports agent_exports, ElfExports::Read(agent.path));
   const std::optional<uint64_t> init_symbol = agent_exports.Find("kwatch_agent_init");
@@ -583,9 +583,9 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
   // A page for the return trap, the memfd's name and the library's path.
   const uint64_t scratch_size = (kPathAt + agent.path.size() + 1 + 4095) & ~uint64_t{4095};
   KW_LOAD_STEP(const RemoteAddr scratch, "mapping a scratch page",
-               core::MapRemoteTrap(proc, tid, scratch_size));
+               core::ptrace::MapRemoteTrap(proc, tid, scratch_size));
   undo.Add("munmap(scratch)", [&proc, tid, scratch, scratch_size] {
-    return core::UnmapRemote(proc, tid, scratch, scratch_size);
+    return core::ptrace::UnmapRemote(proc, tid, scratch, scratch_size);
   });
   {
     const std::string name = "kwatch-agent";
@@ -621,7 +621,7 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
                    absl::StrCat("mmap(", layout.total_size, ", MAP_SHARED, memfd)")));
   agent.remote_shm = RemoteAddr{static_cast<uint64_t>(mapped)};
   undo.Add("munmap(shared memory)", [&proc, tid, &agent, &layout] {
-    return core::UnmapRemote(proc, tid, agent.remote_shm, layout.total_size);
+    return core::ptrace::UnmapRemote(proc, tid, agent.remote_shm, layout.total_size);
   });
   {
     const std::string fd_path = absl::StrCat("/proc/", pid, "/fd/", memfd);
@@ -706,7 +706,7 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
   agent.timings.setup = absl::Now() - setup_start;
 
   // dlopen.
-  const core::RemoteCallOptions call{
+  const core::ptrace::RemoteCallOptions call{
       .return_trap = scratch,
       .resume_others = !options.keep_others_stopped && proc.TracedThreads().size() > 1,
       .timeout = options.timeout};
@@ -716,13 +716,13 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
     const std::array<uint64_t, 2> args = {
         (scratch + kPathAt).value,
         static_cast<uint64_t>(RTLD_NOW) | (site.libc_dlopen_mode ? kRtldDlopen : 0)};
-    KW_LOAD_STEP(const core::RemoteCallResult opened, dlopen_what,
-                 core::RemoteCall(proc, tid, site.dlopen, args, call));
+    KW_LOAD_STEP(const core::ptrace::RemoteCallResult opened, dlopen_what,
+                 core::ptrace::RemoteCall(proc, tid, site.dlopen, args, call));
     agent.timings.dlopen = opened.elapsed;
     if (opened.value == 0) {
       std::string why = "it returned NULL";
       if (site.dlerror.value != 0) {
-        auto err = core::RemoteCall(proc, tid, site.dlerror, {}, call);
+        auto err = core::ptrace::RemoteCall(proc, tid, site.dlerror, {}, call);
         if (err.ok() && err->value != 0) {
           why = ReadRemoteString(proc, RemoteAddr{err->value});
         }
@@ -734,16 +734,16 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
   if (site.dlclose.value != 0) {
     undo.Add("dlclose", [&proc, tid, &site, &agent, call] {
       const std::array<uint64_t, 1> handle = {agent.handle};
-      return core::RemoteCall(proc, tid, site.dlclose, handle, call).status();
+      return core::ptrace::RemoteCall(proc, tid, site.dlclose, handle, call).status();
     });
   }
 
   // kwatch_agent_init, from the library's symbols and where it was mapped.
-  KW_LOAD_STEP(const std::vector<core::MapEntry> after, "reading the maps", proc.Maps());
+  KW_LOAD_STEP(const std::vector<core::ptrace::MapEntry> after, "reading the maps", proc.Maps());
   const std::string mapped_path = Canonical(agent.path);
   KW_LOAD_STEP(const uint64_t bias, "finding the agent's load address",
                LoadBias(proc, after, mapped_path));
-  for (const core::MapEntry& m : after) {
+  for (const core::ptrace::MapEntry& m : after) {
     if (m.path == mapped_path && m.offset == 0) {
       agent.agent_base = m.start;
       break;
@@ -752,8 +752,8 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
   const RemoteAddr init{*init_symbol + bias};
   {
     const std::array<uint64_t, 2> args = {agent.remote_shm.value, layout.total_size};
-    KW_LOAD_STEP(const core::RemoteCallResult inited, "kwatch_agent_init",
-                 core::RemoteCall(proc, tid, init, args, call));
+    KW_LOAD_STEP(const core::ptrace::RemoteCallResult inited, "kwatch_agent_init",
+                 core::ptrace::RemoteCall(proc, tid, init, args, call));
     agent.timings.init = inited.elapsed;
     const auto rc = static_cast<int32_t>(static_cast<uint32_t>(inited.value));
     if (rc != 0) {
@@ -780,7 +780,7 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& op
 
   // Loaded: only the scratch page goes.
   undo.DropAll();
-  if (absl::Status s = core::UnmapRemote(proc, tid, scratch, scratch_size); !s.ok()) {
+  if (absl::Status s = core::ptrace::UnmapRemote(proc, tid, scratch, scratch_size); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("loading the agent into pid ", pid,
                                                ": unmapping the scratch page: ", s.message()));
   }

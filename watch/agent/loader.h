@@ -30,9 +30,11 @@
 #include "core/ptrace/maps.h"
 #include "watch/agent/shm_layout.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 class Process;
-}
+}  // namespace kwatch::core::ptrace
+
+namespace kwatch::core {}
 
 namespace kwatch::watch::agent {
 
@@ -56,14 +58,15 @@ struct DlopenSite {
 // Finds dlopen (absolute) in the glibc mapped in `proc` (from `maps`). FailedPrecondition
 // naming why there is none: a statically linked program (no dynamic loader), musl or another
 // libc, a glibc exporting neither dlopen nor __libc_dlopen_mode.
-absl::StatusOr<DlopenSite> FindDlopen(const core::Process& proc,
-                                      const std::vector<core::MapEntry>& maps);
+absl::StatusOr<DlopenSite> FindDlopen(const core::ptrace::Process& proc,
+                                      const std::vector<core::ptrace::MapEntry>& maps);
 
 // The load bias of the ELF file mapped at `path` in the target (run-time address = link-time
 // address + bias), from the mapping of its first page and its program headers read in the
 // target. NotFound when `path` is not mapped.
-absl::StatusOr<uint64_t> LoadBias(const core::Process& proc,
-                                  const std::vector<core::MapEntry>& maps, const std::string& path);
+absl::StatusOr<uint64_t> LoadBias(const core::ptrace::Process& proc,
+                                  const std::vector<core::ptrace::MapEntry>& maps,
+                                  const std::string& path);
 
 // The threads of `pid` that block `sig` now (SigBlk), in tid order: a thread blocking SIGTRAP
 // when it meets an in-process INT3 would die of it (the kernel forces the signal and resets
@@ -73,7 +76,7 @@ absl::StatusOr<std::vector<pid_t>> ThreadsBlocking(pid_t pid, int sig);
 // A thread of an attached target in which a remote dlopen is safe: no frame of its stack in
 // ld.so or in libc's allocator, SIGTRAP not blocked; threads blocked in a system call first.
 // Every thread must be stopped. FailedPrecondition says why each thread was refused.
-absl::StatusOr<pid_t> PickLoadThread(core::Process& proc);
+absl::StatusOr<pid_t> PickLoadThread(core::ptrace::Process& proc);
 
 struct LoadOptions {
   std::string agent_path{};  // "" : FindAgentLibrary()
@@ -114,6 +117,6 @@ struct LoadedAgent {
 // success the threads are stopped as before and the control block says Init, with the
 // agent's fields filled. Errors name the step ("dlopen(PATH) in pid N: <dlerror>",
 // "kwatch_agent_init returned -EPROTO: ...") after undoing what was done.
-absl::StatusOr<LoadedAgent> LoadAgent(core::Process& proc, const LoadOptions& options);
+absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOptions& options);
 
 }  // namespace kwatch::watch::agent

@@ -17,7 +17,7 @@ uint64_t ReadTsc() {
 }
 
 bool HasInvariantTsc() {
-  auto text = core::ReadSmallFile("/proc/cpuinfo");
+  auto text = core::ptrace::ReadSmallFile("/proc/cpuinfo");
   return text.ok() && absl::StrContains(*text, " constant_tsc") &&
          absl::StrContains(*text, " nonstop_tsc");
 }

@@ -37,7 +37,7 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
                                                      const KernelExprOptions& opts,
                                                      core::kernel::KernelSymbolResolver& symbols,
                                                      const core::kernel::KernelBtf* btf) {
-  KW_ASSIGN_OR_RETURN(const core::Expr expr, core::ParseExpr(text));
+  KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(text));
   ResolvedKernelExpr out;
   KernelWatch& w = out.watch;
   w.expr = text;
@@ -88,7 +88,7 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
   } else if (sym.from_vmlinux) {
     // The vmlinux's DWARF (libdw) knows every variable's type: resolve the whole expression at
     // link-time addresses, then move it by the slide.
-    KW_ASSIGN_OR_RETURN(auto dwarf, core::Symbols::ForFile(sym.file));
+    KW_ASSIGN_OR_RETURN(auto dwarf, core::symbols::Symbols::ForFile(sym.file));
     const auto no_memory = [](core::RemoteAddr, std::span<uint8_t>) {
       return absl::InvalidArgumentError(
           "kwatch does not read kernel memory ('->' on a kernel pointer)");
@@ -132,9 +132,9 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
 }
 
 absl::StatusOr<KernelWatch> ResolveProcessExpr(const std::string& text, std::optional<uint64_t> len,
-                                               const core::Symbols& syms,
-                                               const core::MemoryReader& read) {
-  KW_ASSIGN_OR_RETURN(const core::Expr expr, core::ParseExpr(text));
+                                               const core::symbols::Symbols& syms,
+                                               const core::symbols::MemoryReader& read) {
+  KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(text));
   KernelWatch w;
   w.expr = text;
   if (expr.address.has_value()) {
@@ -142,7 +142,7 @@ absl::StatusOr<KernelWatch> ResolveProcessExpr(const std::string& text, std::opt
     w.display = absl::StrFormat("0x%x", w.addr);
     w.len = static_cast<uint32_t>(len.value_or(expr.length.value_or(8)));
   } else {
-    KW_ASSIGN_OR_RETURN(const core::ResolvedExpr r, syms.Resolve(expr, read));
+    KW_ASSIGN_OR_RETURN(const core::symbols::ResolvedExpr r, syms.Resolve(expr, read));
     w.addr = r.addr.value;
     w.display = r.display;
     w.type_name = r.type_name;

@@ -55,7 +55,7 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
 // process's memory with `read` ("p->x"); its length is `len` when given, else the type's.
 // The watch's source is "the target's symbols". Errors: the expression's and the resolver's.
 absl::StatusOr<KernelWatch> ResolveProcessExpr(const std::string& text, std::optional<uint64_t> len,
-                                               const core::Symbols& syms,
-                                               const core::MemoryReader& read);
+                                               const core::symbols::Symbols& syms,
+                                               const core::symbols::MemoryReader& read);
 
 }  // namespace kwatch::watch::kernel

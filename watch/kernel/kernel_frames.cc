@@ -7,7 +7,8 @@
 namespace kwatch::watch::kernel {
 
 std::vector<KernelFrame> KernelFrames(core::kernel::KernelSymbolResolver& symbols,
-                                      const core::Symbols* user_syms, const PerfCallchain& chain) {
+                                      const core::symbols::Symbols* user_syms,
+                                      const PerfCallchain& chain) {
   std::vector<KernelFrame> out;
   for (const uint64_t ip : chain.kernel) {
     out.push_back({ip, false, symbols.Describe(ip)});

@@ -22,6 +22,7 @@ struct KernelFrame {
 // (file.c:LINE)", the file's base name; --kernel-accesses knows the process) and as addresses
 // otherwise (kernel watches' tasks are anyone's), or outside any known function.
 std::vector<KernelFrame> KernelFrames(core::kernel::KernelSymbolResolver& symbols,
-                                      const core::Symbols* user_syms, const PerfCallchain& chain);
+                                      const core::symbols::Symbols* user_syms,
+                                      const PerfCallchain& chain);
 
 }  // namespace kwatch::watch::kernel

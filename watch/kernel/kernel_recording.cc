@@ -10,18 +10,18 @@
 
 namespace kwatch::watch::kernel {
 
-absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateKernelRecording(
+absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateKernelRecording(
     const RecordingSpec& spec, pid_t pid, std::span<const KernelWatch> watches) {
-  core::SessionRecord rec = core::SessionRecordForThisHost();
+  core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.command_line = spec.command_line;
   rec.pid = pid;
   rec.kwatch_version = spec.kwatch_version;
   rec.mode = pid == 0 ? "kernel" : "kernel-accesses";
   rec.backend = "perf";
-  KW_ASSIGN_OR_RETURN(auto writer, core::TraceWriter::Create(spec.path, rec));
+  KW_ASSIGN_OR_RETURN(auto writer, core::store::TraceWriter::Create(spec.path, rec));
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
-    core::WatchRecord wr;
+    core::store::WatchRecord wr;
     wr.id = static_cast<uint32_t>(i);
     wr.expr = w.display;
     wr.address = core::RemoteAddr{w.addr};
@@ -38,13 +38,13 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateKernelRecording(
   return writer;
 }
 
-absl::Status RecordKernelEvent(core::TraceWriter& writer,
+absl::Status RecordKernelEvent(core::store::TraceWriter& writer,
                                core::kernel::KernelSymbolResolver& symbols, TaskNames& names,
                                const KernelWatch& w, const KernelEvent& ev) {
   const core::RemoteAddr ip{ev.s.ip};
   if (!writer.HasSite(ip)) {
     core::kernel::KernelSymbolResolver::CodeSite site = symbols.Locate(ev.s.ip);
-    core::SiteRecord rec;
+    core::store::SiteRecord rec;
     rec.ip = ip;
     rec.function = std::move(site.function);
     rec.offset = site.offset;
@@ -52,9 +52,9 @@ absl::Status RecordKernelEvent(core::TraceWriter& writer,
     rec.line = site.line;
     KW_RETURN_IF_ERROR(writer.AddSite(rec));
   }
-  KW_RETURN_IF_ERROR(
-      writer.AddTask(core::TaskRecord{static_cast<pid_t>(ev.s.pid), static_cast<pid_t>(ev.s.tid),
-                                      names.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu)}));
+  KW_RETURN_IF_ERROR(writer.AddTask(
+      core::store::TaskRecord{static_cast<pid_t>(ev.s.pid), static_cast<pid_t>(ev.s.tid),
+                              names.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu)}));
   core::AccessEvent e;
   e.time_ns = ev.s.time;
   e.pid = static_cast<pid_t>(ev.s.pid);
@@ -92,7 +92,7 @@ absl::Status KernelRecordingSink::OnStepEnd() {
 }
 
 RecordingOutcome KernelRecordingSink::Finish(const KernelSessionEnd& end) {
-  core::SessionEnd record;
+  core::store::SessionEnd record;
   record.exit_status = end.exit_status;
   record.exit_reason = end.stop_reason;
   record.lost_count = end.lost;

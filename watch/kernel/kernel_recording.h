@@ -20,7 +20,7 @@ namespace kwatch::watch::kernel {
 // kernel watches, `pid` 0, or "kernel-accesses" for the process `pid`), with one write watch
 // row per watch, its coverage the CPUs it holds registers on (kernel watches). Errors: the
 // writer's.
-absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateKernelRecording(
+absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateKernelRecording(
     const RecordingSpec& spec, pid_t pid, std::span<const KernelWatch> watches);
 
 // Appends one event of watch `w` (event.watch) to the recording, with its site (once per IP:
@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<core::TraceWriter>> CreateKernelRecording(
 // not read kernel code to find the instruction before it. It is stored as a write of the
 // watched range (recordings take kernel --write watches only) with the value read at drain
 // time, when there is one (not exact).
-absl::Status RecordKernelEvent(core::TraceWriter& writer,
+absl::Status RecordKernelEvent(core::store::TraceWriter& writer,
                                core::kernel::KernelSymbolResolver& symbols, TaskNames& names,
                                const KernelWatch& w, const KernelEvent& ev);
 
@@ -39,7 +39,7 @@ absl::Status RecordKernelEvent(core::TraceWriter& writer,
 // the session's end. The writer, resolver, names and next sink outlive it; not thread-safe.
 class KernelRecordingSink final : public KernelEventSink {
  public:
-  KernelRecordingSink(core::TraceWriter& writer, core::kernel::KernelSymbolResolver& symbols,
+  KernelRecordingSink(core::store::TraceWriter& writer, core::kernel::KernelSymbolResolver& symbols,
                       TaskNames& names, KernelEventSink& next)
       : writer_(writer), symbols_(symbols), names_(names), next_(next) {}
 
@@ -55,7 +55,7 @@ class KernelRecordingSink final : public KernelEventSink {
   RecordingOutcome Finish(const KernelSessionEnd& end);
 
  private:
-  core::TraceWriter& writer_;
+  core::store::TraceWriter& writer_;
   core::kernel::KernelSymbolResolver& symbols_;
   TaskNames& names_;
   KernelEventSink& next_;

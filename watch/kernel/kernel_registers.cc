@@ -46,14 +46,14 @@ absl::StatusOr<std::unique_ptr<KernelSlots>> ArmKernelWatches(drmgr::DrKind kind
 absl::StatusOr<std::unique_ptr<KernelSlots>> ArmKernelAccesses(drmgr::DrKind kind,
                                                                uint16_t callchain_frames,
                                                                std::span<const KernelWatch> watches,
-                                                               core::Process& proc) {
+                                                               core::ptrace::Process& proc) {
   BreakpointRequest opened;
   opened.kind = kind;
   opened.inherit = true;
   opened.exclude_kernel = false;
   opened.exclude_user = true;
   opened.callchain_frames = callchain_frames;
-  core::Process* p = &proc;
+  core::ptrace::Process* p = &proc;
   auto slots = std::make_unique<KernelSlots>(opened, Labels(watches), proc.pid(),
                                              [p] { return p->TracedThreads(); });
   for (size_t i = 0; i < watches.size(); ++i) {

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<KernelSlots>> ArmKernelWatches(drmgr::DrKind kind
 absl::StatusOr<std::unique_ptr<KernelSlots>> ArmKernelAccesses(drmgr::DrKind kind,
                                                                uint16_t callchain_frames,
                                                                std::span<const KernelWatch> watches,
-                                                               core::Process& proc);
+                                                               core::ptrace::Process& proc);
 
 // The KernelRegisters of a session, as drmgr hands them out (KernelSlots), published for
 // `kwatch slots` whenever they change (drmgr/slot_registry.h: kernel watches as target 0 with

@@ -29,8 +29,8 @@ void Erase(std::vector<int>& v, int x) {
 KernelWatchSession::KernelWatchSession(const KernelSessionOptions& opts,
                                        std::vector<KernelWatch> watches,
                                        std::unique_ptr<KernelRegisters> registers,
-                                       std::unique_ptr<DrainValues> values, core::Process* target,
-                                       KernelEventSink& sink)
+                                       std::unique_ptr<DrainValues> values,
+                                       core::ptrace::Process* target, KernelEventSink& sink)
     : opts_(opts),
       watches_(std::move(watches)),
       registers_(std::move(registers)),
@@ -41,7 +41,7 @@ KernelWatchSession::KernelWatchSession(const KernelSessionOptions& opts,
 absl::StatusOr<std::unique_ptr<KernelWatchSession>> KernelWatchSession::Create(
     const KernelSessionOptions& opts, std::vector<KernelWatch> watches,
     std::unique_ptr<KernelRegisters> registers, std::unique_ptr<DrainValues> values,
-    core::Process* target, KernelEventSink& sink) {
+    core::ptrace::Process* target, KernelEventSink& sink) {
   std::unique_ptr<KernelWatchSession> s(new KernelWatchSession(
       opts, std::move(watches), std::move(registers), std::move(values), target, sink));
   KW_RETURN_IF_ERROR(s->Init());
@@ -234,15 +234,15 @@ absl::Status KernelWatchSession::PollTarget() {
   if (target_ == nullptr || !target_->alive()) {
     return absl::OkStatus();
   }
-  KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> pevs, target_->Poll());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::ProcessEvent> pevs, target_->Poll());
   for (const auto& e : pevs) {
-    if (e.kind == core::ProcessEvent::Kind::kExited) {
+    if (e.kind == core::ptrace::ProcessEvent::Kind::kExited) {
       return absl::CancelledError(
           target_->exit_info()->signaled
               ? absl::StrCat("target killed by ", sigabbrev_np(target_->exit_info()->signal))
               : std::string("target exited"));
     }
-    if (e.kind == core::ProcessEvent::Kind::kExec) {
+    if (e.kind == core::ptrace::ProcessEvent::Kind::kExec) {
       KW_RETURN_IF_ERROR(target_->Resume(e.tid));
       return absl::CancelledError(
           "target called exec (the watched addresses mean nothing in the new image)");

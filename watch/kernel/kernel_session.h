@@ -91,7 +91,7 @@ class KernelWatchSession {
   static absl::StatusOr<std::unique_ptr<KernelWatchSession>> Create(
       const KernelSessionOptions& opts, std::vector<KernelWatch> watches,
       std::unique_ptr<KernelRegisters> registers, std::unique_ptr<DrainValues> values,
-      core::Process* target, KernelEventSink& sink);
+      core::ptrace::Process* target, KernelEventSink& sink);
 
   KernelWatchSession(const KernelWatchSession&) = delete;
   KernelWatchSession& operator=(const KernelWatchSession&) = delete;
@@ -115,7 +115,7 @@ class KernelWatchSession {
  private:
   KernelWatchSession(const KernelSessionOptions& opts, std::vector<KernelWatch> watches,
                      std::unique_ptr<KernelRegisters> registers,
-                     std::unique_ptr<DrainValues> values, core::Process* target,
+                     std::unique_ptr<DrainValues> values, core::ptrace::Process* target,
                      KernelEventSink& sink);
 
   absl::Status Init();
@@ -135,7 +135,7 @@ class KernelWatchSession {
   std::vector<KernelWatch> watches_;
   std::unique_ptr<KernelRegisters> registers_;
   std::unique_ptr<DrainValues> values_;
-  core::Process* target_;
+  core::ptrace::Process* target_;
   KernelEventSink& sink_;
 
   std::unique_ptr<EventLoop> loop_;           // with the signalfd

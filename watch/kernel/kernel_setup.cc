@@ -149,13 +149,12 @@ absl::StatusOr<KernelSetup> SetUpKernelAccesses(const KernelSetupOptions& opts,
   KernelSetup s;
   s.kind = opts.kind;
   KW_ASSIGN_OR_RETURN(s.symbols, core::kernel::KernelSymbolResolver::Create({}));
-  KW_ASSIGN_OR_RETURN(s.proc, core::Process::Start(opts.pid, opts.command, opts.launch));
+  KW_ASSIGN_OR_RETURN(s.proc, core::ptrace::Process::Start(opts.pid, opts.command, opts.launch));
   absl::Cleanup abandon = [&s] { s.proc->Abandon(); };
-  KW_ASSIGN_OR_RETURN(s.user_syms, core::Symbols::ForProcess(s.proc->pid()));
-  core::Process& proc = *s.proc;
-  const core::MemoryReader reader = [&proc](core::RemoteAddr addr, std::span<uint8_t> out) {
-    return proc.ReadMemory(addr, out);
-  };
+  KW_ASSIGN_OR_RETURN(s.user_syms, core::symbols::Symbols::ForProcess(s.proc->pid()));
+  core::ptrace::Process& proc = *s.proc;
+  const core::symbols::MemoryReader reader =
+      [&proc](core::RemoteAddr addr, std::span<uint8_t> out) { return proc.ReadMemory(addr, out); };
   for (const std::string& text : opts.exprs) {
     KW_ASSIGN_OR_RETURN(KernelWatch w, ResolveProcessExpr(text, opts.len, *s.user_syms, reader));
     s.watches.push_back(std::move(w));

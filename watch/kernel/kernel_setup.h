@@ -36,15 +36,15 @@ struct KernelSetupOptions {
   // --kernel-accesses: the process (attached, or launched with `launch`).
   std::optional<pid_t> pid;
   std::vector<std::string> command;
-  core::LaunchOptions launch;
+  core::ptrace::LaunchOptions launch;
 };
 
 // A kernel session's pieces, armed and ready for KernelWatchSession::Create.
 struct KernelSetup {
   // --kernel-accesses: the process and its symbols (null for kernel watches). Declared first:
   // the slots opened on the process's threads are destroyed before it.
-  std::unique_ptr<core::Process> proc;
-  std::unique_ptr<core::Symbols> user_syms;
+  std::unique_ptr<core::ptrace::Process> proc;
+  std::unique_ptr<core::symbols::Symbols> user_syms;
   std::vector<KernelWatch> watches;
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   std::string armed;  // "armed 1 kernel watch on 4 CPUs (one breakpoint per CPU), ..."

@@ -139,7 +139,7 @@ class AgentSession : public ProbeSessionBase {
   struct Placed {
     const ProbeDef* def = nullptr;
     uint32_t index = 0;  // in the agent's probe table
-    core::AgentFetchProgram program;
+    core::probe::AgentFetchProgram program;
     ProbePath path;
     uint64_t after_stop = 0;    // records drained once the session was stopping
     uint64_t lost_at_stop = 0;  // KwProbe::lost when the session got its stop reason
@@ -173,10 +173,11 @@ class AgentSession : public ProbeSessionBase {
   absl::StatusOr<bool> PlaceFirst(const wa::ProbeEntry& entry,
                                   const std::vector<core::RemoteAddr>& all, Placed& placed);
   // The jump optimizer's decision for a probe at `addr`.
-  core::JumpDecision PlanJump(core::RemoteAddr addr, const std::vector<core::RemoteAddr>& all);
+  core::probe::JumpDecision PlanJump(core::RemoteAddr addr,
+                                     const std::vector<core::RemoteAddr>& all);
   // Tries the jump path; false (with `why`) when the probe must take the INT3 path.
-  absl::StatusOr<bool> PlaceJump(const core::JumpPlan& plan, wa::ProbeEntry entry, Placed& placed,
-                                 std::string& why);
+  absl::StatusOr<bool> PlaceJump(const core::probe::JumpPlan& plan, wa::ProbeEntry entry,
+                                 Placed& placed, std::string& why);
   absl::Status PlaceInt3(wa::ProbeEntry entry, Placed& placed);
 
   // Drains every ring and delivers the records in time order.
@@ -186,10 +187,10 @@ class AgentSession : public ProbeSessionBase {
   void OnRecord(const Drained& d);
 
   AgentSessionOptions agent_opts_;
-  std::unique_ptr<core::Process> proc_;  // while the target is traced (arming)
+  std::unique_ptr<core::ptrace::Process> proc_;  // while the target is traced (arming)
   std::unique_ptr<wa::Controller> ctl_;
-  std::unique_ptr<core::Symbols> symbols_;
-  std::unique_ptr<core::Symbolizer> symbolizer_;
+  std::unique_ptr<core::symbols::Symbols> symbols_;
+  std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
   pid_t pid_ = 0;
   uint64_t bias_ = 0;
   bool launched_ = false;
@@ -198,7 +199,7 @@ class AgentSession : public ProbeSessionBase {
   bool target_exited_ = false;  // the target itself ended
   bool agent_gone_ = false;     // the target exec'd: the agent went with the old image
   bool target_execd_ = false;   // -f: the target exec'd (said) while followed children ran
-  std::optional<core::ExitInfo> exit_;
+  std::optional<core::ptrace::ExitInfo> exit_;
   std::vector<Placed> placed_;
   std::map<uint32_t, size_t> by_index_;  // agent probe index -> placed_
   // The first probe placed at each address: the ones after it join its chain.
@@ -230,14 +231,14 @@ absl::Status AgentSession::LoadAgent() {
         absl::StrCat("the in-process agent cannot serve ",
                      pid_ > 0 ? absl::StrCat("pid ", pid_) : std::string("the target"), ": ", why));
   };
-  core::LaunchOptions lo;
+  core::ptrace::LaunchOptions lo;
   lo.run_as = opts().user;
   lo.kill_on_exit = opts().kill_on_exit;
-  KW_ASSIGN_OR_RETURN(proc_, core::Process::Start(opts().pid, opts().command, lo));
+  KW_ASSIGN_OR_RETURN(proc_, core::ptrace::Process::Start(opts().pid, opts().command, lo));
   pid_ = proc_->pid();
   launched_ = !opts().pid.has_value();
   KW_RETURN_IF_ERROR(proc_->StopAll());
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_->Maps());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc_->Maps());
   absl::StatusOr<uint64_t> bias = set().target->LoadBias(maps);
   if (!bias.ok()) {
     return absl::NotFoundError(absl::StrCat(set().path, " is not mapped in process ", pid_, ": ",
@@ -269,14 +270,14 @@ absl::Status AgentSession::LoadAgent() {
   return absl::OkStatus();
 }
 
-core::JumpDecision AgentSession::PlanJump(core::RemoteAddr addr,
-                                          const std::vector<core::RemoteAddr>& all) {
-  core::JumpDecision none;
+core::probe::JumpDecision AgentSession::PlanJump(core::RemoteAddr addr,
+                                                 const std::vector<core::RemoteAddr>& all) {
+  core::probe::JumpDecision none;
   none.reason = "no function symbol with a size around it";
   if (symbols_ == nullptr) {
     return none;
   }
-  const std::optional<core::FunctionSymbol> fn = symbols_->FunctionAt(addr);
+  const std::optional<core::symbols::FunctionSymbol> fn = symbols_->FunctionAt(addr);
   if (!fn.has_value() || fn->size == 0) {
     return none;
   }
@@ -285,14 +286,15 @@ core::JumpDecision AgentSession::PlanJump(core::RemoteAddr addr,
     none.reason = absl::StrCat("the code of ", fn->name, " cannot be read: ", s.message());
     return none;
   }
-  core::JumpOptions jo;
+  core::probe::JumpOptions jo;
   // The function's cold part (gcc's FUNC.cold) may branch back into it.
   std::vector<uint8_t> cold_bytes;
-  if (std::optional<core::FunctionSymbol> cold = symbols_->FindFunction(fn->name + ".cold");
+  if (std::optional<core::symbols::FunctionSymbol> cold =
+          symbols_->FindFunction(fn->name + ".cold");
       cold.has_value() && cold->size > 0) {
     cold_bytes.resize(cold->size);
     if (symbols_->ReadCode(cold->start, cold_bytes).ok()) {
-      jo.other_code.push_back(core::FunctionCode{cold->name, cold->start, cold_bytes});
+      jo.other_code.push_back(core::probe::FunctionCode{cold->name, cold->start, cold_bytes});
     }
   }
   for (core::RemoteAddr a : all) {
@@ -300,15 +302,17 @@ core::JumpDecision AgentSession::PlanJump(core::RemoteAddr addr,
       jo.other_probes.push_back(a);
     }
   }
-  const core::Symbols* syms = symbols_.get();
+  const core::symbols::Symbols* syms = symbols_.get();
   jo.read_image = [syms](core::RemoteAddr a, std::span<uint8_t> out) {
     return syms->ReadCode(a, out);
   };
-  return core::PlanJumpProbe(core::FunctionCode{fn->name, fn->start, bytes}, addr, jo);
+  return core::probe::PlanJumpProbe(core::probe::FunctionCode{fn->name, fn->start, bytes}, addr,
+                                    jo);
 }
 
-absl::StatusOr<bool> AgentSession::PlaceJump(const core::JumpPlan& plan, wa::ProbeEntry entry,
-                                             Placed& placed, std::string& why) {
+absl::StatusOr<bool> AgentSession::PlaceJump(const core::probe::JumpPlan& plan,
+                                             wa::ProbeEntry entry, Placed& placed,
+                                             std::string& why) {
   const core::RemoteAddr jump_entry{ctl_->tables().control().jump_entry};
   if ((ctl_->tables().control().agent_features & ka::kKwFeatureJump) == 0 ||
       jump_entry.value == 0) {
@@ -318,17 +322,18 @@ absl::StatusOr<bool> AgentSession::PlaceJump(const core::JumpPlan& plan, wa::Pro
   entry.flags |= ka::kKwProbeJump;
   entry.resume = ka::kKwResumeXol;
   KW_ASSIGN_OR_RETURN(const uint32_t index, ctl_->AddProbe(entry));
-  std::optional<core::Trampoline> built;
-  absl::StatusOr<core::RemoteAddr> at =
-      ctl_->PlaceCode(*proc_, entry.addr, core::kMaxTrampolineBytes,
-                      [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
-                        KW_ASSIGN_OR_RETURN(core::Trampoline t,
-                                            core::BuildTrampoline(plan, where, index, jump_entry));
-                        built = t;
-                        return t.code;
-                      });
-  absl::StatusOr<core::JumpPatch> patch =
-      at.ok() ? core::BuildJumpPatch(plan, *at) : absl::StatusOr<core::JumpPatch>(at.status());
+  std::optional<core::probe::Trampoline> built;
+  absl::StatusOr<core::RemoteAddr> at = ctl_->PlaceCode(
+      *proc_, entry.addr, core::probe::kMaxTrampolineBytes,
+      [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
+        KW_ASSIGN_OR_RETURN(core::probe::Trampoline t,
+                            core::probe::BuildTrampoline(plan, where, index, jump_entry));
+        built = t;
+        return t.code;
+      });
+  absl::StatusOr<core::probe::JumpPatch> patch =
+      at.ok() ? core::probe::BuildJumpPatch(plan, *at)
+              : absl::StatusOr<core::probe::JumpPatch>(at.status());
   absl::Status patched = patch.status();
   if (patched.ok()) {
     ctl_->tables().probe(index).xol_addr = built->xol_addr().value;
@@ -348,7 +353,8 @@ absl::StatusOr<bool> AgentSession::PlaceJump(const core::JumpPlan& plan, wa::Pro
 absl::Status AgentSession::PlaceInt3(wa::ProbeEntry entry, Placed& placed) {
   std::vector<uint8_t> code(kInsnBytes);
   KW_RETURN_IF_ERROR(proc_->ReadMemory(entry.addr, code));
-  KW_ASSIGN_OR_RETURN(const core::ProbedInsn insn, core::AnalyzeProbedInsn(code, entry.addr));
+  KW_ASSIGN_OR_RETURN(const core::probe::ProbedInsn insn,
+                      core::probe::AnalyzeProbedInsn(code, entry.addr));
   KW_RETURN_IF_ERROR(wa::PlanInt3(*ctl_, *proc_, insn, entry));
   KW_ASSIGN_OR_RETURN(placed.index, ctl_->AddProbe(entry));
   const uint8_t int3 = 0xcc;
@@ -364,8 +370,8 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
   };
   Placed placed;
   placed.def = &def;
-  absl::StatusOr<core::AgentFetchProgram> program = core::CompileAgentFetch(
-      def.args, bias_, core::AgentFetchOptions{.stack_bytes = opts().stack_bytes});
+  absl::StatusOr<core::probe::AgentFetchProgram> program = core::probe::CompileAgentFetch(
+      def.args, bias_, core::probe::AgentFetchOptions{.stack_bytes = opts().stack_bytes});
   if (!program.ok()) {
     return fail(program.status());
   }
@@ -420,7 +426,7 @@ absl::StatusOr<bool> AgentSession::PlaceFirst(const wa::ProbeEntry& entry,
   if (!agent_opts_.allow_jump) {
     why = "--no-jump";
   } else {
-    const core::JumpDecision d = PlanJump(entry.addr, all);
+    const core::probe::JumpDecision d = PlanJump(entry.addr, all);
     if (d.plan.has_value()) {
       absl::StatusOr<bool> j = PlaceJump(*d.plan, entry, placed, why);
       if (!j.ok()) {
@@ -454,9 +460,9 @@ absl::Status AgentSession::PlaceAll() {
 
 absl::Status AgentSession::Start() {
   KW_RETURN_IF_ERROR(LoadAgent());
-  if (auto syms = core::Symbols::ForProcess(pid_); syms.ok()) {
+  if (auto syms = core::symbols::Symbols::ForProcess(pid_); syms.ok()) {
     symbols_ = *std::move(syms);
-    symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+    symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
   }
   KW_RETURN_IF_ERROR(hooks().open_recording(pid_, bias_));
   KW_RETURN_IF_ERROR(PlaceAll());
@@ -561,17 +567,17 @@ void AgentSession::OnRecord(const Drained& d) {
   hit.probe = p.def;
   hit.ip = core::RemoteAddr{d.ip};
   hit.return_address = core::RemoteAddr{d.return_address};
-  core::AgentRecordContext ctx;
+  core::probe::AgentRecordContext ctx;
   ctx.load_bias = bias_;
   ctx.at_return = d.type == ka::kKwRecordReturn;
   ctx.tid = d.tid;
-  absl::StatusOr<core::AgentArgValues> v =
-      core::FormatAgentRecord(p.def->args, p.program, d.payload, ctx);
+  absl::StatusOr<core::probe::AgentArgValues> v =
+      core::probe::FormatAgentRecord(p.def->args, p.program, d.payload, ctx);
   if (v.ok()) {
     hit.args = std::move(v->args);
   } else {
-    for (const core::CompiledArg& a : p.def->args) {
-      hit.args.emplace_back(a.name, core::FetchErrorText(v.status()));
+    for (const core::probe::CompiledArg& a : p.def->args) {
+      hit.args.emplace_back(a.name, core::probe::FetchErrorText(v.status()));
     }
   }
   Deliver(hit);
@@ -579,7 +585,7 @@ void AgentSession::OnRecord(const Drained& d) {
 
 // The exit status of `pid` while it is a zombie no one reaped yet (exit_code, the 52nd
 // field of /proc/PID/stat, in waitpid's form); nullopt once it is gone or before it ended.
-std::optional<core::ExitInfo> ZombieExit(pid_t pid) {
+std::optional<core::ptrace::ExitInfo> ZombieExit(pid_t pid) {
   std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "re");
   if (f == nullptr) {
     return std::nullopt;
@@ -599,7 +605,7 @@ std::optional<core::ExitInfo> ZombieExit(pid_t pid) {
   if (fields.size() < 50 || fields[0] != "Z" || !absl::SimpleAtoi(fields[49], &status)) {
     return std::nullopt;
   }
-  core::ExitInfo e;
+  core::ptrace::ExitInfo e;
   if (WIFSIGNALED(status)) {
     e.signaled = true;
     e.signal = WTERMSIG(status);

@@ -6,10 +6,10 @@
 
 namespace kwatch::watch::probe {
 
-absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& probes,
+absl::Status AddProbes(core::store::TraceWriter& writer, const std::vector<ProbeDef>& probes,
                        uint64_t load_bias) {
   for (const ProbeDef& p : probes) {
-    core::ProbeRecord r;
+    core::store::ProbeRecord r;
     r.id = p.id;
     r.event = p.point.event;
     r.spec = p.spec;
@@ -31,7 +31,7 @@ bool HitRecorder::Add(const ProbeHit& hit) {
   }
   absl::Status s;
   if (!writer_.HasSite(hit.ip)) {
-    core::SiteRecord site;
+    core::store::SiteRecord site;
     site.ip = hit.ip;
     site.function = hit.probe->point.function;
     site.offset = hit.probe->point.offset;
@@ -41,7 +41,7 @@ bool HitRecorder::Add(const ProbeHit& hit) {
     s = writer_.AddSite(site);
   }
   if (s.ok()) {
-    core::HitRecord r;
+    core::store::HitRecord r;
     r.time_ns = hit.time_ns;
     r.pid = hit.pid;
     r.tid = hit.tid;

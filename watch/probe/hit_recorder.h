@@ -16,7 +16,7 @@ namespace kwatch::watch::probe {
 
 // Stores the probes in a recording (one ProbeRecord per ProbeDef; addresses absolute when
 // `load_bias` is known, link-time when it is 0).
-absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& probes,
+absl::Status AddProbes(core::store::TraceWriter& writer, const std::vector<ProbeDef>& probes,
                        uint64_t load_bias);
 
 // A HitSink that records each hit it is given (its site once, the first time an address is
@@ -26,7 +26,7 @@ absl::Status AddProbes(core::TraceWriter& writer, const std::vector<ProbeDef>& p
 // recorder. Not thread-safe.
 class HitRecorder final : public HitSink {
  public:
-  explicit HitRecorder(core::TraceWriter& writer) : writer_(writer) {}
+  explicit HitRecorder(core::store::TraceWriter& writer) : writer_(writer) {}
 
   bool Add(const ProbeHit& hit) override;
   // Commits the hits recorded since the last Flush.
@@ -37,7 +37,7 @@ class HitRecorder final : public HitSink {
   const absl::Status& error() const { return error_; }
 
  private:
-  core::TraceWriter& writer_;
+  core::store::TraceWriter& writer_;
   absl::Status error_;
 };
 

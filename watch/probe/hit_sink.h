@@ -29,7 +29,7 @@ struct ProbeHit {
   const ProbeDef* probe = nullptr;
   core::RemoteAddr ip;              // the probed instruction (absolute)
   core::RemoteAddr return_address;  // return probes: where the function returned to
-  core::ProbeArgs args;             // name -> value as perf formats it
+  core::store::ProbeArgs args;      // name -> value as perf formats it
 };
 
 // Counters a backend knows about a probe at the end of the session.
@@ -52,7 +52,7 @@ struct ProbeRunInfo {
   std::string stop_reason;  // "target exited", "--count 10 reached", "interrupted by INT"
   double seconds = 0;
   pid_t pid = 0;  // 0: every process (uprobe, global)
-  std::optional<core::ExitInfo> exit;
+  std::optional<core::ptrace::ExitInfo> exit;
   std::vector<ProbeNote> notes;  // what the user should know (uprobe limits, exec...)
 };
 

@@ -169,7 +169,7 @@ absl::Status CheckHwProbes(const std::vector<ProbeDef>& probes) {
 
 // ---- HwProbes ----
 
-HwProbes::HwProbes(core::Process& proc, core::Symbolizer& symbolizer,
+HwProbes::HwProbes(core::ptrace::Process& proc, core::symbols::Symbolizer& symbolizer,
                    const std::vector<ProbeDef>& probes, uint64_t load_bias, HitFn on_hit)
     : proc_(proc),
       symbolizer_(symbolizer),
@@ -320,7 +320,7 @@ absl::Status HwProbes::Deliver(pid_t tid) {
 }
 
 ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
-                       const core::MemoryReader& read) {
+                       const core::symbols::MemoryReader& read) {
   ProbeHit hit;
   hit.time_ns = h.time_ns;
   hit.pid = pid;
@@ -328,7 +328,7 @@ ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
   hit.probe = h.probe;
   hit.ip = h.ip;
   // As watch/probe/ptrace_session.cc evaluates an entry probe's arguments.
-  core::FetchContext fc;
+  core::probe::FetchContext fc;
   fc.regs = h.regs;
   fc.load_bias = load_bias;
   fc.read = read;
@@ -339,8 +339,8 @@ ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
     fc.fpregs = &fp;
   }
   hit.args.reserve(h.probe->args.size());
-  for (const core::CompiledArg& a : h.probe->args) {
-    absl::StatusOr<std::string> v = core::Evaluate(a, fc);
+  for (const core::probe::CompiledArg& a : h.probe->args) {
+    absl::StatusOr<std::string> v = core::probe::Evaluate(a, fc);
     hit.args.emplace_back(
         a.name, v.ok() ? *std::move(v) : absl::StrCat("<error: ", v.status().message(), ">"));
   }

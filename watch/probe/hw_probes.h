@@ -58,7 +58,7 @@ absl::Status CheckHwProbes(const std::vector<ProbeDef>& probes);
 //
 // Registers itself as the process's first signal interceptor at Arm (before the applier);
 // `proc`, `symbolizer` and `probes` must outlive it. Used on the thread that owns `proc`.
-class HwProbes : public core::SignalInterceptor {
+class HwProbes : public core::ptrace::SignalInterceptor {
  public:
   struct Hit {
     const ProbeDef* probe = nullptr;
@@ -69,8 +69,8 @@ class HwProbes : public core::SignalInterceptor {
   };
   using HitFn = std::function<void(const Hit&)>;
 
-  HwProbes(core::Process& proc, core::Symbolizer& symbolizer, const std::vector<ProbeDef>& probes,
-           uint64_t load_bias, HitFn on_hit);
+  HwProbes(core::ptrace::Process& proc, core::symbols::Symbolizer& symbolizer,
+           const std::vector<ProbeDef>& probes, uint64_t load_bias, HitFn on_hit);
   ~HwProbes() override;
   HwProbes(const HwProbes&) = delete;
   HwProbes& operator=(const HwProbes&) = delete;
@@ -103,8 +103,8 @@ class HwProbes : public core::SignalInterceptor {
  private:
   absl::Status Deliver(pid_t tid);
 
-  core::Process& proc_;
-  core::Symbolizer& symbolizer_;
+  core::ptrace::Process& proc_;
+  core::symbols::Symbolizer& symbolizer_;
   const std::vector<ProbeDef>& probes_;
   uint64_t bias_;
   HitFn on_hit_;
@@ -121,6 +121,6 @@ class HwProbes : public core::SignalInterceptor {
 // against the stopped thread's registers (and its floating-point registers when an argument
 // needs them) and memory, read through `read`.
 ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
-                       const core::MemoryReader& read);
+                       const core::symbols::MemoryReader& read);
 
 }  // namespace kwatch::watch::probe

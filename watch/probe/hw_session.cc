@@ -52,11 +52,11 @@ class HwSession : public ProbeSessionBase {
   // Where each probe is in the registers, as notes.
   std::vector<ProbeNote> Placements() const;
 
-  std::unique_ptr<core::Process> proc_;
-  std::unique_ptr<core::Symbols> symbols_;
-  std::unique_ptr<core::Symbolizer> symbolizer_;
+  std::unique_ptr<core::ptrace::Process> proc_;
+  std::unique_ptr<core::symbols::Symbols> symbols_;
+  std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
   std::unique_ptr<HwProbes> hw_;
-  core::MemoryReader read_;
+  core::symbols::MemoryReader read_;
   uint64_t bias_ = 0;
   // Hits after --count or a stop, while the registers were still armed, per probe id.
   std::map<uint32_t, uint64_t> misses_of_;
@@ -75,11 +75,11 @@ void HwSession::OnHit(const HwProbes::Hit& h) {
 }
 
 absl::Status HwSession::Start() {
-  core::LaunchOptions lo;
+  core::ptrace::LaunchOptions lo;
   lo.run_as = opts().user;
   lo.kill_on_exit = opts().kill_on_exit;
-  KW_ASSIGN_OR_RETURN(proc_, core::Process::Start(opts().pid, opts().command, lo));
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_->Maps());
+  KW_ASSIGN_OR_RETURN(proc_, core::ptrace::Process::Start(opts().pid, opts().command, lo));
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc_->Maps());
   absl::StatusOr<uint64_t> bias = set().target->LoadBias(maps);
   if (!bias.ok()) {
     return absl::NotFoundError(
@@ -92,17 +92,18 @@ absl::Status HwSession::Start() {
   // engine does.
   for (const ProbeDef& p : set().probes) {
     const uint64_t addr = p.point.vaddr.value + bias_;
-    const std::optional<core::MapEntry> m = core::FindMapping(maps, core::RemoteAddr{addr});
+    const std::optional<core::ptrace::MapEntry> m =
+        core::ptrace::FindMapping(maps, core::RemoteAddr{addr});
     if (!m.has_value() || !m->exec) {
       return absl::InvalidArgumentError(
           absl::StrFormat("probe %s (%s): 0x%x is not in executable code of pid %d", HwProbeName(p),
                           p.Location(), addr, proc_->pid()));
     }
   }
-  const core::Process* proc = proc_.get();
+  const core::ptrace::Process* proc = proc_.get();
   read_ = [proc](core::RemoteAddr a, std::span<uint8_t> out) { return proc->ReadMemory(a, out); };
-  KW_ASSIGN_OR_RETURN(symbols_, core::Symbols::ForProcess(proc_->pid()));
-  symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+  KW_ASSIGN_OR_RETURN(symbols_, core::symbols::Symbols::ForProcess(proc_->pid()));
+  symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
   KW_RETURN_IF_ERROR(hooks().open_recording(proc_->pid(), bias_));
   return Arm();
 }
@@ -185,13 +186,13 @@ absl::Status HwSession::Arm() {
 }
 
 absl::Status HwSession::PollTarget() {
-  KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_->Poll());
-  for (const core::ProcessEvent& e : events) {
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::ProcessEvent> events, proc_->Poll());
+  for (const core::ptrace::ProcessEvent& e : events) {
     switch (e.kind) {
-      case core::ProcessEvent::Kind::kExited:
+      case core::ptrace::ProcessEvent::Kind::kExited:
         Stop(TargetEnded(proc_->exit_info()));
         break;
-      case core::ProcessEvent::Kind::kExec: {
+      case core::ptrace::ProcessEvent::Kind::kExec: {
         hw_->Forget();
         ProbeNote n;
         n.kind = ProbeNote::Kind::kExec;
@@ -200,7 +201,7 @@ absl::Status HwSession::PollTarget() {
         KW_RETURN_IF_ERROR(proc_->Resume(e.tid));
         break;
       }
-      case core::ProcessEvent::Kind::kGroupStop: {
+      case core::ptrace::ProcessEvent::Kind::kGroupStop: {
         ProbeNote n;
         n.kind = ProbeNote::Kind::kGroupStop;
         n.pid = proc_->pid();

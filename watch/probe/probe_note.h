@@ -76,7 +76,7 @@ struct ProbeNote {
   pid_t parent = 0;
   bool child = false;
   int signal = 0;
-  std::optional<core::ExitInfo> exit;
+  std::optional<core::ptrace::ExitInfo> exit;
   uint64_t count = 0;
   std::string path;
   std::string why;

@@ -22,18 +22,18 @@
 namespace kwatch::watch::probe {
 
 struct ProbeSessionOptions {
-  std::optional<pid_t> pid;          // attach to this process
-  std::vector<std::string> command;  // else launch this command
-  std::optional<core::RunAs> user;   // run the command as this user
-  uint64_t count = 0;                // stop after this many hits (0: no limit)
-  double duration = 0;               // stop after this many seconds (0: no limit)
-  bool kill_on_exit = false;         // the end kills a launched target (else lets it go)
-  bool follow_forks = false;         // ptrace: children the target forks are probed too
-  bool quiet = false;                // no notes about followed children
-  uint32_t maxactive = 0;            // ptrace return probes, 0: engine default
-  uint32_t stack_bytes = 512;        // uprobe: user stack sampled per hit
-  uint32_t ring_pages = 1024;        // uprobe: data pages of each per-CPU ring, per probe
-  std::string command_line;          // hw: how `kwatch slots` names the session
+  std::optional<pid_t> pid;                 // attach to this process
+  std::vector<std::string> command;         // else launch this command
+  std::optional<core::ptrace::RunAs> user;  // run the command as this user
+  uint64_t count = 0;                       // stop after this many hits (0: no limit)
+  double duration = 0;                      // stop after this many seconds (0: no limit)
+  bool kill_on_exit = false;                // the end kills a launched target (else lets it go)
+  bool follow_forks = false;                // ptrace: children the target forks are probed too
+  bool quiet = false;                       // no notes about followed children
+  uint32_t maxactive = 0;                   // ptrace return probes, 0: engine default
+  uint32_t stack_bytes = 512;               // uprobe: user stack sampled per hit
+  uint32_t ring_pages = 1024;               // uprobe: data pages of each per-CPU ring, per probe
+  std::string command_line;                 // hw: how `kwatch slots` names the session
 };
 
 // What a session knows when its probes are about to go live (the sink's OnStart follows).

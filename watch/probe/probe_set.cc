@@ -50,8 +50,8 @@ bool IsXmm(uint64_t regno) {
   return regno >= 17 && regno <= 32;
 }
 
-bool UsesXmm(const core::CompiledArg& arg) {
-  return std::any_of(arg.location.begin(), arg.location.end(), [](const core::DwarfOp& op) {
+bool UsesXmm(const core::probe::CompiledArg& arg) {
+  return std::any_of(arg.location.begin(), arg.location.end(), [](const core::probe::DwarfOp& op) {
     return (op.atom >= DW_OP_reg0 && op.atom <= DW_OP_reg31 && IsXmm(op.atom - DW_OP_reg0)) ||
            (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31 && IsXmm(op.atom - DW_OP_breg0)) ||
            ((op.atom == DW_OP_regx || op.atom == DW_OP_bregx) && IsXmm(op.number));
@@ -105,7 +105,7 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
                                        const std::vector<std::string>& specs) {
   ProbeSet set;
   set.path = path;
-  KW_ASSIGN_OR_RETURN(set.target, core::ProbeTarget::Open(path));
+  KW_ASSIGN_OR_RETURN(set.target, core::probe::ProbeTarget::Open(path));
   uint32_t next_id = 1;
   for (const std::string& spec : specs) {
     const std::vector<Word> words = Words(spec);
@@ -114,30 +114,31 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
           "empty probe spec: give a point (FUNC, FUNC+OFF, FUNC%return, SRC:LINE, 0xADDR) and "
           "optional arguments, e.g. 'tick i r->len'");
     }
-    core::ProbeSpec parsed;
-    absl::StatusOr<core::ProbePoint> point = core::ParseProbePoint(words[0].text);
+    core::probe::ProbeSpec parsed;
+    absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(words[0].text);
     if (!point.ok()) {
       return AtWord(point.status(), spec, words[0]);
     }
     parsed.point = *std::move(point);
     for (size_t i = 1; i < words.size(); ++i) {
-      absl::StatusOr<core::ProbeArgSpec> arg = core::ParseProbeArg(words[i].text);
+      absl::StatusOr<core::probe::ProbeArgSpec> arg = core::probe::ParseProbeArg(words[i].text);
       if (!arg.ok()) {
         return AtWord(arg.status(), spec, words[i]);
       }
       parsed.args.push_back(*std::move(arg));
     }
-    absl::StatusOr<std::vector<core::ResolvedPoint>> points = set.target->Resolve(parsed.point);
+    absl::StatusOr<std::vector<core::probe::ResolvedPoint>> points =
+        set.target->Resolve(parsed.point);
     if (!points.ok()) {
       return AtWord(points.status(), spec, words[0]);
     }
-    for (const core::ResolvedPoint& p : *points) {
-      absl::StatusOr<std::vector<core::CompiledArg>> args =
-          core::CompileArgs(*set.target, p, parsed.args);
+    for (const core::probe::ResolvedPoint& p : *points) {
+      absl::StatusOr<std::vector<core::probe::CompiledArg>> args =
+          core::probe::CompileArgs(*set.target, p, parsed.args);
       if (!args.ok()) {
         // Point at the first argument that fails on its own (else at the whole list).
         for (size_t i = 0; i < parsed.args.size(); ++i) {
-          if (!core::CompileArgs(*set.target, p, {parsed.args[i]}).ok()) {
+          if (!core::probe::CompileArgs(*set.target, p, {parsed.args[i]}).ok()) {
             return AtWord(args.status(), spec, words[i + 1]);
           }
         }
@@ -149,7 +150,7 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
       def.spec = spec;
       def.point = p;
       def.args = *std::move(args);
-      for (const core::CompiledArg& a : def.args) {
+      for (const core::probe::CompiledArg& a : def.args) {
         def.needs_fpregs |= UsesXmm(a);
       }
       set.probes.push_back(std::move(def));

@@ -21,8 +21,8 @@ namespace kwatch::watch::probe {
 struct ProbeDef {
   uint32_t id = 0;   // 1, 2, ...: the probe's id in recordings
   std::string spec;  // the spec as written ("tick i r->len")
-  core::ResolvedPoint point;
-  std::vector<core::CompiledArg> args;
+  core::probe::ResolvedPoint point;
+  std::vector<core::probe::CompiledArg> args;
   bool needs_fpregs = false;  // an argument lives in an %xmm register
 
   // "tick+0x0", "tick%return", "0x1149" (raw addresses outside any function).
@@ -33,7 +33,7 @@ struct ProbeDef {
 
 struct ProbeSet {
   std::string path;  // the ELF file the specs refer to
-  std::unique_ptr<core::ProbeTarget> target;
+  std::unique_ptr<core::probe::ProbeTarget> target;
   std::vector<ProbeDef> probes;
 };
 

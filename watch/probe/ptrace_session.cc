@@ -51,41 +51,42 @@ class PtraceSession : public ProbeSessionBase {
   void OnStop() override;
   // A process of the session (the target or a followed child) and its engine.
   struct Tracee {
-    std::unique_ptr<core::Process> proc;
-    std::unique_ptr<core::Guardian> guardian;
-    std::unique_ptr<core::Int3Engine> engine;
+    std::unique_ptr<core::ptrace::Process> proc;
+    std::unique_ptr<core::ptrace::Guardian> guardian;
+    std::unique_ptr<core::probe::Int3Engine> engine;
     pid_t parent = 0;
     uint64_t adopt_ns = 0;  // fork event seen -> child resumed with its probes
   };
-  absl::Status HandleEvents(core::Process& proc, core::Int3Engine& engine,
-                            const std::vector<core::ProcessEvent>& events);
+  absl::Status HandleEvents(core::ptrace::Process& proc, core::probe::Int3Engine& engine,
+                            const std::vector<core::ptrace::ProcessEvent>& events);
   // -f: takes the followed child `pid` forked by thread `tid` of `parent` and resumes it
   // with an engine adopting the parent's probes.
-  absl::Status AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t pid);
+  absl::Status AdoptChild(core::probe::Int3Engine& parent, pid_t tid, pid_t pid);
   bool AnyChildAlive() const;
   // Engines of every process, the target's first.
-  std::vector<core::Int3Engine*> Engines() const;
+  std::vector<core::probe::Int3Engine*> Engines() const;
   // Restores the target and lets it go (detach, or kill with --kill-on-exit).
   absl::Status Release();
-  void OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uint64_t bias);
+  void OnHit(const ProbeDef& def, const core::probe::ProbeContext& ctx, uint64_t bias);
   // Registers every probe in `engine` (world stopped by the caller) at the addresses of an
   // image loaded at `bias`; adds the ids to the engine's sets.
-  absl::Status RegisterAll(core::Int3Engine& engine, uint64_t bias);
+  absl::Status RegisterAll(core::probe::Int3Engine& engine, uint64_t bias);
   // -f: after `proc` exec'd, probes its new image again if the probed file is mapped in it.
   // `proc` is stopped at its exec event and held stopped by the caller (StopWorld).
-  void Rearm(core::Process& proc, core::Int3Engine& engine);
+  void Rearm(core::ptrace::Process& proc, core::probe::Int3Engine& engine);
 
-  std::unique_ptr<core::ProcessGroup> group_;  // -f; outlives every process below
-  std::unique_ptr<core::Process> proc_;
-  std::unique_ptr<core::Guardian> guardian_;
-  std::unique_ptr<core::Int3Engine> engine_;
-  std::unique_ptr<core::Symbols> symbols_;
-  std::unique_ptr<core::Symbolizer> symbolizer_;
-  core::MemoryReader read_;
+  std::unique_ptr<core::ptrace::ProcessGroup> group_;  // -f; outlives every process below
+  std::unique_ptr<core::ptrace::Process> proc_;
+  std::unique_ptr<core::ptrace::Guardian> guardian_;
+  std::unique_ptr<core::probe::Int3Engine> engine_;
+  std::unique_ptr<core::symbols::Symbols> symbols_;
+  std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
+  core::symbols::MemoryReader read_;
   uint64_t bias_ = 0;
-  std::map<uint32_t, core::ProbeId> ids_;  // ProbeDef::id -> engine id
+  std::map<uint32_t, core::probe::ProbeId> ids_;  // ProbeDef::id -> engine id
   // Every engine's probe ids (ProbeDef::id -> engine id), one set per image it probed.
-  std::map<const core::Int3Engine*, std::vector<std::map<uint32_t, core::ProbeId>>> id_sets_;
+  std::map<const core::probe::Int3Engine*, std::vector<std::map<uint32_t, core::probe::ProbeId>>>
+      id_sets_;
   bool probes_disabled_ = false;
   std::vector<std::unique_ptr<Tracee>> children_;  // -f: followed children, in fork order
 };
@@ -93,7 +94,7 @@ class PtraceSession : public ProbeSessionBase {
 void PtraceSession::OnStop() {
   if (engine_ != nullptr && !probes_disabled_) {
     probes_disabled_ = true;
-    for (core::Int3Engine* e : Engines()) {
+    for (core::probe::Int3Engine* e : Engines()) {
       for (const auto& set : id_sets_[e]) {
         for (const auto& [def_id, id] : set) {
           (void)e->Disable(id);
@@ -103,7 +104,8 @@ void PtraceSession::OnStop() {
   }
 }
 
-void PtraceSession::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, uint64_t bias) {
+void PtraceSession::OnHit(const ProbeDef& def, const core::probe::ProbeContext& ctx,
+                          uint64_t bias) {
   // While the target hits probes back to back, Process::Poll keeps handling its stops and does
   // not return to the loop.
   if (DutiesDuringHit(ctx.time_ns)) {
@@ -122,12 +124,12 @@ void PtraceSession::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, ui
   hit.probe = &def;
   hit.ip = ctx.addr;
   hit.return_address = ctx.return_address;
-  core::FetchContext fc;
+  core::probe::FetchContext fc;
   fc.regs = &ctx.regs;
   fc.load_bias = bias;
   fc.read = read_;
   if (&ctx.process != proc_.get()) {  // a followed child
-    const core::Process& p = ctx.process;
+    const core::ptrace::Process& p = ctx.process;
     fc.read = [&p](core::RemoteAddr a, std::span<uint8_t> out) { return p.ReadMemory(a, out); };
   }
   fc.at_return = ctx.is_return;
@@ -137,8 +139,8 @@ void PtraceSession::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, ui
     fc.fpregs = &fp;
   }
   hit.args.reserve(def.args.size());
-  for (const core::CompiledArg& a : def.args) {
-    absl::StatusOr<std::string> v = core::Evaluate(a, fc);
+  for (const core::probe::CompiledArg& a : def.args) {
+    absl::StatusOr<std::string> v = core::probe::Evaluate(a, fc);
     hit.args.emplace_back(
         a.name, v.ok() ? *std::move(v) : absl::StrCat("<error: ", v.status().message(), ">"));
   }
@@ -146,15 +148,15 @@ void PtraceSession::OnHit(const ProbeDef& def, const core::ProbeContext& ctx, ui
 }
 
 absl::Status PtraceSession::Start() {
-  core::LaunchOptions lo;
+  core::ptrace::LaunchOptions lo;
   lo.run_as = opts().user;
   lo.kill_on_exit = opts().kill_on_exit;
-  KW_ASSIGN_OR_RETURN(proc_, core::Process::Start(opts().pid, opts().command, lo));
+  KW_ASSIGN_OR_RETURN(proc_, core::ptrace::Process::Start(opts().pid, opts().command, lo));
   if (opts().follow_forks) {
-    group_ = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
+    group_ = std::make_unique<core::ptrace::ProcessGroup>(/*follow_forks=*/true);
     group_->Add(*proc_);
   }
-  KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc_->Maps());
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc_->Maps());
   absl::StatusOr<uint64_t> bias = set().target->LoadBias(maps);
   if (!bias.ok()) {
     return absl::NotFoundError(absl::StrCat(
@@ -164,28 +166,28 @@ absl::Status PtraceSession::Start() {
         bias.status().message()));
   }
   bias_ = *bias;
-  const core::Process* p = proc_.get();
+  const core::ptrace::Process* p = proc_.get();
   read_ = [p](core::RemoteAddr a, std::span<uint8_t> out) { return p->ReadMemory(a, out); };
-  if (auto syms = core::Symbols::ForProcess(proc_->pid()); syms.ok()) {
+  if (auto syms = core::symbols::Symbols::ForProcess(proc_->pid()); syms.ok()) {
     symbols_ = *std::move(syms);
-    symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+    symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
   }
-  KW_ASSIGN_OR_RETURN(guardian_, core::Guardian::Start(proc_->pid()));
-  engine_ = std::make_unique<core::Int3Engine>(*proc_);
+  KW_ASSIGN_OR_RETURN(guardian_, core::ptrace::Guardian::Start(proc_->pid()));
+  engine_ = std::make_unique<core::probe::Int3Engine>(*proc_);
   engine_->SetGuardian(guardian_.get());
   KW_RETURN_IF_ERROR(hooks().open_recording(proc_->pid(), bias_));
   return Arm();
 }
 
-absl::Status PtraceSession::RegisterAll(core::Int3Engine& engine, uint64_t bias) {
-  std::map<uint32_t, core::ProbeId> ids;
+absl::Status PtraceSession::RegisterAll(core::probe::Int3Engine& engine, uint64_t bias) {
+  std::map<uint32_t, core::probe::ProbeId> ids;
   for (const ProbeDef& def : set().probes) {
     const core::RemoteAddr addr{def.point.vaddr.value + bias};
-    core::ProbeHandlers h;
-    h.pre = [this, &def, bias](const core::ProbeContext& ctx) { OnHit(def, ctx, bias); };
-    absl::StatusOr<core::ProbeId> id;
+    core::probe::ProbeHandlers h;
+    h.pre = [this, &def, bias](const core::probe::ProbeContext& ctx) { OnHit(def, ctx, bias); };
+    absl::StatusOr<core::probe::ProbeId> id;
     if (def.point.is_return) {
-      core::ReturnProbeOptions ro;
+      core::probe::ReturnProbeOptions ro;
       ro.maxactive = opts().maxactive;
       id = engine.RegisterReturn(addr, std::move(h), ro);
     } else {
@@ -202,9 +204,9 @@ absl::Status PtraceSession::RegisterAll(core::Int3Engine& engine, uint64_t bias)
   return absl::OkStatus();
 }
 
-void PtraceSession::Rearm(core::Process& proc, core::Int3Engine& engine) {
+void PtraceSession::Rearm(core::ptrace::Process& proc, core::probe::Int3Engine& engine) {
   const auto bias_in_image = [this, &proc]() -> absl::StatusOr<uint64_t> {
-    KW_ASSIGN_OR_RETURN(const std::vector<core::MapEntry> maps, proc.Maps());
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc.Maps());
     return set().target->LoadBias(maps);
   };
   ProbeNote n;
@@ -270,7 +272,7 @@ absl::Status PtraceSession::Arm() {
 
 absl::Status PtraceSession::PollTarget() {
   if (proc_->alive()) {
-    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, proc_->Poll());
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::ProcessEvent> events, proc_->Poll());
     KW_RETURN_IF_ERROR(HandleEvents(*proc_, *engine_, events));
   }
   // Children adopted meanwhile are polled in the same round (the vector may grow).
@@ -279,7 +281,7 @@ absl::Status PtraceSession::PollTarget() {
     if (!t.proc->alive()) {
       continue;
     }
-    KW_ASSIGN_OR_RETURN(const std::vector<core::ProcessEvent> events, t.proc->Poll());
+    KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::ProcessEvent> events, t.proc->Poll());
     KW_RETURN_IF_ERROR(HandleEvents(*t.proc, *t.engine, events));
   }
   if (group_ != nullptr && !proc_->alive() && !AnyChildAlive()) {
@@ -297,8 +299,8 @@ bool PtraceSession::AnyChildAlive() const {
   return false;
 }
 
-std::vector<core::Int3Engine*> PtraceSession::Engines() const {
-  std::vector<core::Int3Engine*> out;
+std::vector<core::probe::Int3Engine*> PtraceSession::Engines() const {
+  std::vector<core::probe::Int3Engine*> out;
   if (engine_ != nullptr) {
     out.push_back(engine_.get());
   }
@@ -308,9 +310,9 @@ std::vector<core::Int3Engine*> PtraceSession::Engines() const {
   return out;
 }
 
-absl::Status PtraceSession::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_t pid) {
+absl::Status PtraceSession::AdoptChild(core::probe::Int3Engine& parent, pid_t tid, pid_t pid) {
   const uint64_t t0 = core::MonotonicNs();
-  std::unique_ptr<core::Process> child = group_->TakeChild(pid);
+  std::unique_ptr<core::ptrace::Process> child = group_->TakeChild(pid);
   if (child == nullptr) {
     return absl::OkStatus();
   }
@@ -318,7 +320,7 @@ absl::Status PtraceSession::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_
   t->parent = parent.process().pid();
   t->proc = std::move(child);
   const uint64_t g0 = core::MonotonicNs();
-  absl::StatusOr<std::unique_ptr<core::Guardian>> g = core::Guardian::Start(pid);
+  absl::StatusOr<std::unique_ptr<core::ptrace::Guardian>> g = core::ptrace::Guardian::Start(pid);
   const uint64_t guardian_ns = core::MonotonicNs() - g0;
   if (g.ok()) {
     t->guardian = *std::move(g);
@@ -354,12 +356,13 @@ absl::Status PtraceSession::AdoptChild(core::Int3Engine& parent, pid_t tid, pid_
   return absl::OkStatus();
 }
 
-absl::Status PtraceSession::HandleEvents(core::Process& proc, core::Int3Engine& engine,
-                                         const std::vector<core::ProcessEvent>& events) {
+absl::Status PtraceSession::HandleEvents(core::ptrace::Process& proc,
+                                         core::probe::Int3Engine& engine,
+                                         const std::vector<core::ptrace::ProcessEvent>& events) {
   const bool main = &proc == proc_.get();
-  for (const core::ProcessEvent& e : events) {
+  for (const core::ptrace::ProcessEvent& e : events) {
     switch (e.kind) {
-      case core::ProcessEvent::Kind::kExited:
+      case core::ptrace::ProcessEvent::Kind::kExited:
         if (main && group_ == nullptr) {
           Stop(TargetEnded(proc.exit_info()));
         } else if (!main && !opts().quiet) {
@@ -371,7 +374,7 @@ absl::Status PtraceSession::HandleEvents(core::Process& proc, core::Int3Engine& 
           Note(n);
         }
         break;
-      case core::ProcessEvent::Kind::kExec: {
+      case core::ptrace::ProcessEvent::Kind::kExec: {
         engine.OnExec();
         if (group_ != nullptr && !stopping()) {
           // The new image stays stopped at its exec event until its probes are in, and is
@@ -391,15 +394,15 @@ absl::Status PtraceSession::HandleEvents(core::Process& proc, core::Int3Engine& 
         KW_RETURN_IF_ERROR(proc.Resume(e.tid));
         break;
       }
-      case core::ProcessEvent::Kind::kThreadExited:
+      case core::ptrace::ProcessEvent::Kind::kThreadExited:
         engine.OnThreadExit(e.tid);
         break;
-      case core::ProcessEvent::Kind::kForked:
+      case core::ptrace::ProcessEvent::Kind::kForked:
         if (e.child != 0) {
           KW_RETURN_IF_ERROR(AdoptChild(engine, e.tid, e.child));
         }
         break;
-      case core::ProcessEvent::Kind::kGroupStop: {
+      case core::ptrace::ProcessEvent::Kind::kGroupStop: {
         ProbeNote n;
         n.kind = ProbeNote::Kind::kGroupStop;
         n.pid = proc.pid();
@@ -505,10 +508,10 @@ absl::StatusOr<ProbeSessionEnd> PtraceSession::Finish() {
     return failed();
   }
   std::map<uint32_t, ProbeEndStats> stats;
-  for (const core::Int3Engine* eng : Engines()) {  // every process and image counts
+  for (const core::probe::Int3Engine* eng : Engines()) {  // every process and image counts
     for (const auto& set : id_sets_[eng]) {
       for (const auto& [def_id, id] : set) {
-        if (absl::StatusOr<core::ProbeStats> st = eng->Stats(id); st.ok()) {
+        if (absl::StatusOr<core::probe::ProbeStats> st = eng->Stats(id); st.ok()) {
           ProbeEndStats& e = stats[def_id];
           e.misses += st->misses;
           e.nmissed += st->nmissed;

@@ -73,18 +73,20 @@ void ProbeSessionBase::NoteAndKeep(const ProbeNote& note) {
   sink_->OnNote(note);
 }
 
-std::string ProbeSessionBase::TargetEnded(const std::optional<core::ExitInfo>& exit) {
+std::string ProbeSessionBase::TargetEnded(const std::optional<core::ptrace::ExitInfo>& exit) {
   return exit.has_value() && exit->signaled
              ? absl::StrCat("target killed by ", sigabbrev_np(exit->signal))
              : std::string("target exited");
 }
 
-std::string ProbeSessionBase::NameCode(core::Symbolizer* symbolizer, core::RemoteAddr addr) {
+std::string ProbeSessionBase::NameCode(core::symbols::Symbolizer* symbolizer,
+                                       core::RemoteAddr addr) {
   if (symbolizer == nullptr) {
     return absl::StrFormat("0x%x", addr.value);
   }
-  const core::CodeLocation& loc = symbolizer->Locate(addr);
-  return loc.function.empty() ? absl::StrFormat("0x%x", addr.value) : core::Symbolizer::Format(loc);
+  const core::symbols::CodeLocation& loc = symbolizer->Locate(addr);
+  return loc.function.empty() ? absl::StrFormat("0x%x", addr.value)
+                              : core::symbols::Symbolizer::Format(loc);
 }
 
 absl::Status ProbeSessionBase::Fail(absl::Status s) {

@@ -129,9 +129,9 @@ class ProbeSessionBase : public ProbeSession {
   std::vector<ProbeNote>& kept_notes() { return notes_; }
 
   // The stop reason for the target's end: "target exited", "target killed by SEGV".
-  static std::string TargetEnded(const std::optional<core::ExitInfo>& exit);
+  static std::string TargetEnded(const std::optional<core::ptrace::ExitInfo>& exit);
   // Names a code address ("run+0x2a (prog.c:12)"), or its hex without a symbol.
-  static std::string NameCode(core::Symbolizer* symbolizer, core::RemoteAddr addr);
+  static std::string NameCode(core::symbols::Symbolizer* symbolizer, core::RemoteAddr addr);
 
  private:
   // What Step does when a round fails: remembers and returns the error.

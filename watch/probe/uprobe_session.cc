@@ -41,8 +41,8 @@ namespace {
 // CPU while the rings are read).
 constexpr uint64_t kOrderSlackNs = 2'000'000;
 
-core::ExitInfo ExitFromWaitStatus(int status) {
-  core::ExitInfo e;
+core::ptrace::ExitInfo ExitFromWaitStatus(int status) {
+  core::ptrace::ExitInfo e;
   if (WIFSIGNALED(status)) {
     e.signaled = true;
     e.signal = WTERMSIG(status);
@@ -83,12 +83,12 @@ class UprobeSession : public ProbeSessionBase {
 
   pid_t pid_ = -1;  // -1: every process
   bool launched_ = false;
-  std::optional<core::ExitInfo> exit_;
+  std::optional<core::ptrace::ExitInfo> exit_;
   bool target_gone_ = false;
   core::UniqueFd pidfd_;
   std::vector<std::unique_ptr<watch::UprobeEvent>> events_;  // parallel to set().probes
-  std::unique_ptr<core::Symbols> symbols_;
-  std::unique_ptr<core::Symbolizer> symbolizer_;
+  std::unique_ptr<core::symbols::Symbols> symbols_;
+  std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
   absl::flat_hash_map<pid_t, uint64_t> bias_;  // load bias of the file per process
   uint64_t not_sampled_ = 0;
   uint64_t other_processes_ = 0;   // hits of other processes running the file (dropped)
@@ -103,7 +103,7 @@ uint64_t UprobeSession::BiasOf(pid_t pid, const ProbeDef& def, const watch::Upro
   uint64_t bias = 0;
   if (!def.point.is_return) {
     bias = h.ip.value - def.point.vaddr.value;  // an entry's ip is the probed instruction
-  } else if (auto maps = core::ReadMaps(pid); maps.ok()) {
+  } else if (auto maps = core::ptrace::ReadMaps(pid); maps.ok()) {
     if (auto b = set().target->LoadBias(*maps); b.ok()) {
       bias = *b;
     }
@@ -125,16 +125,17 @@ ProbeHit UprobeSession::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) 
     hit.return_address = h.ip;  // the kernel samples the return address as the ip
   }
   // Memory is what the kernel copied from the stack pointer up; nothing else is known.
-  core::FetchContext fc;
+  core::probe::FetchContext fc;
   fc.regs = &h.regs;
   fc.load_bias = bias;
   fc.at_return = def.point.is_return;
   fc.tid = h.tid;
-  for (const core::CompiledArg& a : def.args) {
+  for (const core::probe::CompiledArg& a : def.args) {
     bool outside = false;
-    absl::StatusOr<std::string> v = core::EvaluateSampled(a, fc, h.regs.rsp, h.stack, &outside);
+    absl::StatusOr<std::string> v =
+        core::probe::EvaluateSampled(a, fc, h.regs.rsp, h.stack, &outside);
     not_sampled_ += outside ? 1 : 0;
-    hit.args.emplace_back(a.name, v.ok() ? *std::move(v) : core::FetchErrorText(v.status()));
+    hit.args.emplace_back(a.name, v.ok() ? *std::move(v) : core::probe::FetchErrorText(v.status()));
   }
   return hit;
 }
@@ -190,7 +191,7 @@ void UprobeSession::CheckExit() {
 }
 
 absl::Status UprobeSession::Start() {
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
   if (opts().pid.has_value()) {
     pid_ = *opts().pid;
     if (::kill(pid_, 0) != 0 && errno == ESRCH) {
@@ -199,10 +200,10 @@ absl::Status UprobeSession::Start() {
   } else if (!opts().command.empty()) {
     // Launched stopped right after exec, so that the events exist before its first
     // instruction; then let go: the uprobe backend needs no tracer.
-    core::LaunchOptions lo;
+    core::ptrace::LaunchOptions lo;
     lo.run_as = opts().user;
     lo.kill_on_exit = false;
-    KW_ASSIGN_OR_RETURN(proc, core::Process::Launch(opts().command, lo));
+    KW_ASSIGN_OR_RETURN(proc, core::ptrace::Process::Launch(opts().command, lo));
     pid_ = proc->pid();
     launched_ = true;
   }
@@ -251,11 +252,11 @@ absl::Status UprobeSession::Start() {
   uint64_t bias = 0;
   if (pid_ > 0) {
     // Return addresses are named from the process's modules as mapped now.
-    if (auto syms = core::Symbols::ForProcess(pid_); syms.ok()) {
+    if (auto syms = core::symbols::Symbols::ForProcess(pid_); syms.ok()) {
       symbols_ = *std::move(syms);
-      symbolizer_ = std::make_unique<core::Symbolizer>(*symbols_);
+      symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
     }
-    if (auto maps = core::ReadMaps(pid_); maps.ok()) {
+    if (auto maps = core::ptrace::ReadMaps(pid_); maps.ok()) {
       if (auto b = set().target->LoadBias(*maps); b.ok()) {
         bias = *b;
         bias_[pid_] = bias;

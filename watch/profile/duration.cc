@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 std::string FormatDuration(uint64_t ns) {
   struct Unit {
@@ -29,4 +29,4 @@ std::string FormatDuration(uint64_t ns) {
   return absl::StrCat(ns, " ns");
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

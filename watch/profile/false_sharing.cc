@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 void RecordLineWrite(CacheLine& line, uint32_t thread, uint64_t mask, const uint32_t* positions,
                      uint32_t n_positions, core::RemoteAddr ip, uint64_t t_ns, uint64_t window_ns,
@@ -104,4 +104,4 @@ std::vector<FalseSharingFinding> FindFalseSharing(const std::vector<CacheLine>& 
   return out;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

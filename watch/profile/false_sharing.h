@@ -9,7 +9,7 @@
 #include "core/base/remote_addr.h"
 #include "watch/profile/site_table.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 inline constexpr uint64_t kCacheLineBytes = 64;
 
@@ -84,4 +84,4 @@ struct FalseSharingFinding {
 std::vector<FalseSharingFinding> FindFalseSharing(const std::vector<CacheLine>& lines,
                                                   uint64_t min_transfers, size_t top_sites);
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

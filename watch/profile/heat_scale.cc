@@ -4,7 +4,7 @@
 #include <array>
 #include <cmath>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 namespace {
 
@@ -105,4 +105,4 @@ int HeatLevel(const HeatLevels& levels, uint64_t count) {
   return static_cast<int>(levels.upper.size());
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

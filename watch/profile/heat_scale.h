@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // kwatch's one heat scale: how an access count in a heatmap cell becomes a position on the
 // colour ramp, a colour (PNG, GUI) and a level (the text report's shading blocks). Pure
@@ -46,4 +46,4 @@ HeatLevels MakeHeatLevels(uint64_t max, int levels, HeatScale scale);
 // 0 for count 0, else in [1, upper.size()].
 int HeatLevel(const HeatLevels& levels, uint64_t count);
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

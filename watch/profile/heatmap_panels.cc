@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 std::vector<HeatmapPanel> HeatmapPanels(const StorageProfile& profile,
                                         const std::string& field_filter) {
@@ -42,4 +42,4 @@ std::vector<HeatmapPanel> HeatmapPanels(const StorageProfile& profile,
   return panels;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

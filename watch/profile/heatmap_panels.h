@@ -7,7 +7,7 @@
 
 #include "watch/profile/storage_profile.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // One heatmap panel of a storage profile (an image's, as `kwatch report --png` draws it):
 // fields (rows, in layout order) x time buckets (columns).
@@ -27,4 +27,4 @@ struct HeatmapPanel {
 std::vector<HeatmapPanel> HeatmapPanels(const StorageProfile& profile,
                                         const std::string& field_filter);
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -11,8 +11,10 @@
 #include "watch/profile/site_table.h"
 
 namespace kwatch::watch {
-
 struct Watch;
+}  // namespace kwatch::watch
+
+namespace kwatch::watch::profile {
 
 // A watched object, as the profile sees it (plain data).
 struct WatchedObject {
@@ -23,7 +25,7 @@ struct WatchedObject {
   std::string type_name;  // C spelling, "" if unknown
   // Flattened layout in layout order (core::TypeLayout::fields); only leaves count. Empty (or
   // no leaf): the whole object is one field named `expr`.
-  std::vector<core::FieldLayout> fields;
+  std::vector<core::symbols::FieldLayout> fields;
 };
 
 // The object a session watch describes.
@@ -74,4 +76,4 @@ struct ThreadInfo {
   uint64_t execs = 0;
 };
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -19,7 +19,7 @@
 #include "watch/profile/heat_scale.h"
 #include "watch/profile/report_rows.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using Json = nlohmann::json;
@@ -614,4 +614,4 @@ std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
   return out;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

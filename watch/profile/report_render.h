@@ -13,7 +13,7 @@
 #include "core/base/remote_addr.h"
 #include "watch/profile/storage_profile.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // What the report shows for an accessing instruction: "add_hits+0x12 (field_writer.c:41)".
 struct SiteName {
@@ -82,4 +82,4 @@ std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
 // else 100. Reports fit their heatmaps to it.
 int TerminalWidth(FILE* out);
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

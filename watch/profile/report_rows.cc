@@ -5,7 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 ThreadSelection::ThreadSelection(const StorageProfile& profile, const std::vector<pid_t>& tids)
     : p_(profile), filtered_(!tids.empty()), on_(profile.threads().size(), tids.empty()) {
@@ -143,4 +143,4 @@ ReportRows BuildReportRows(const StorageProfile& profile, const ReportSelection&
   return rows;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -11,7 +11,7 @@
 #include "watch/profile/profile_types.h"
 #include "watch/profile/storage_profile.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // The report model: what a storage-profile report shows, computed once from a profile and a
 // selection, and rendered by the front ends (cli: text, JSON, CSV; gui: its models) without
@@ -98,4 +98,4 @@ struct ReportRows {
 // Builds the rows. O(fields x (threads + columns)) plus the profile's false-sharing scan.
 ReportRows BuildReportRows(const StorageProfile& profile, const ReportSelection& sel);
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

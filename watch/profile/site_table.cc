@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 void SiteTable::Allocate() {
   const size_t n = std::bit_ceil(static_cast<size_t>(capacity_) * 2);
@@ -32,4 +32,4 @@ std::vector<SiteCount> SiteTable::Ranked() const {
   return out;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

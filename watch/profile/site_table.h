@@ -5,7 +5,7 @@
 
 #include "core/base/remote_addr.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // Read and write counts.
 struct RwCounts {
@@ -102,4 +102,4 @@ class SiteTable {
   RwCounts other_;
 };
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -6,7 +6,7 @@
 #include "core/base/status_macros.h"
 #include "watch/session.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 constexpr size_t kMaxShapes = 65536;
@@ -50,7 +50,7 @@ StorageProfile::StorageProfile(std::vector<WatchedObject> objects, const Profile
     const WatchedObject& o = objects_[i];
     KW_CHECK(object_by_id_[o.id] == kNone);  // ids are unique
     object_by_id_[o.id] = i;
-    for (const core::FieldLayout& f : o.fields) {
+    for (const core::symbols::FieldLayout& f : o.fields) {
       if (!f.is_leaf) {
         continue;
       }
@@ -336,4 +336,4 @@ std::vector<FalseSharingFinding> StorageProfile::FalseSharing(size_t top_sites) 
   return out;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -17,7 +17,7 @@
 #include "watch/profile/time_bins.h"
 #include "watch/profile/value_history.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // Storage profile of a set of watched objects, fed one AccessEvent at a time: which fields
 // and bytes are read and written, when (time columns), by which instructions and threads,
@@ -172,4 +172,4 @@ class StorageProfile {
   uint64_t events_ = 0, ignored_ = 0, first_ns_ = 0, last_ns_ = 0;
 };
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

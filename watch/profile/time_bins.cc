@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 TimeBins::TimeBins(uint64_t origin_ns, uint64_t fixed_width_ns, uint64_t initial_width_ns,
                    uint32_t max_columns)
@@ -77,4 +77,4 @@ void TimeBins::Slide(uint64_t bucket) {
   cur_len_ = 0;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -5,7 +5,7 @@
 
 #include "absl/types/span.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // Rows of counters over one shared time axis (columns of equal width, starting at an origin).
 //
@@ -83,4 +83,4 @@ class TimeBins {
   uint32_t cur_col_ = 0;
 };
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -1,6 +1,6 @@
 #include "watch/profile/value_history.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 std::vector<ValueSample> ValueRing::Samples() const {
   std::vector<ValueSample> out;
@@ -22,4 +22,4 @@ std::vector<ValueSample> ValueRing::Samples() const {
   return out;
 }
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -9,7 +9,7 @@
 #include "core/base/remote_addr.h"
 #include "core/event.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 
 // One value of a field seen by an access (read: the value read; write: the value written).
 struct ValueSample {
@@ -76,4 +76,4 @@ class ValueRing {
   std::vector<Packed> samples_;
 };
 
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

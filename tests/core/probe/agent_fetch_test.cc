@@ -27,7 +27,7 @@
 #include "tests/core/probe/agent_interpreter.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::kwatch::testing::AgentInterpreter;
@@ -651,7 +651,7 @@ class AgentFetchLive : public ::testing::Test {
     target_ = *std::move(target);
     std::vector<std::string> argv = {path_};
     argv.insert(argv.end(), args.begin(), args.end());
-    auto proc = Process::Launch(argv);
+    auto proc = ptrace::Process::Launch(argv);
     ASSERT_TRUE(proc.ok()) << proc.status();
     proc_ = *std::move(proc);
     ASSERT_TRUE(proc_->RunToEntry().ok());
@@ -772,10 +772,10 @@ class AgentFetchLive : public ::testing::Test {
     fc.tid = ctx.tid;
     evaluated_.push_back(absl::StrCat(p.point.event, " ", EvaluateAll(p.args, fc)));
 
-    absl::StatusOr<std::vector<MapEntry>> maps = proc_->Maps();
+    absl::StatusOr<std::vector<ptrace::MapEntry>> maps = proc_->Maps();
     EXPECT_TRUE(maps.ok()) << maps.status();
     const auto readable = [&maps](uint64_t a, size_t n) {
-      for (const MapEntry& m : *maps) {
+      for (const ptrace::MapEntry& m : *maps) {
         if (m.read && a >= m.start.value && a + n <= m.end.value) {
           return true;
         }
@@ -805,7 +805,7 @@ class AgentFetchLive : public ::testing::Test {
   }
 
   std::string path_;
-  std::unique_ptr<Process> proc_;
+  std::unique_ptr<ptrace::Process> proc_;
   std::unique_ptr<Int3Engine> engine_;
   uint64_t bias_ = 0;
   std::vector<std::unique_ptr<Probe>> probes_;
@@ -977,4 +977,4 @@ TEST_F(AgentFetchLive, UprobeLoopArguments) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

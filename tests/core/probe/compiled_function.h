@@ -17,14 +17,14 @@
 #include "core/x86/relocator.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 
 // One function of a jump_funcs binary; fails the test (and returns null) when it is missing.
 class CompiledFunction {
  public:
   static std::unique_ptr<CompiledFunction> Load(const std::string& binary,
                                                 const std::string& name) {
-    auto symbols = Symbols::ForFile(testing::TargetPath(binary));
+    auto symbols = symbols::Symbols::ForFile(testing::TargetPath(binary));
     EXPECT_TRUE(symbols.ok()) << symbols.status();
     if (!symbols.ok()) {
       return nullptr;
@@ -45,7 +45,7 @@ class CompiledFunction {
 
   // JumpOptions::read_image over the binary's file image.
   std::function<absl::Status(RemoteAddr, std::span<uint8_t>)> ReadImage() const {
-    const Symbols* symbols = symbols_.get();
+    const symbols::Symbols* symbols = symbols_.get();
     return
         [symbols](RemoteAddr addr, std::span<uint8_t> out) { return symbols->ReadCode(addr, out); };
   }
@@ -53,10 +53,10 @@ class CompiledFunction {
   const FunctionCode& code() const { return code_; }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
   // The function's instructions, decoded linearly.
-  std::vector<X86Insn> Insns() const {
-    std::vector<X86Insn> out;
+  std::vector<x86::X86Insn> Insns() const {
+    std::vector<x86::X86Insn> out;
     for (uint64_t off = 0; off < bytes_.size();) {
-      auto d = DecodeX86(std::span(bytes_).subspan(off), code_.start + off);
+      auto d = x86::DecodeX86(std::span(bytes_).subspan(off), code_.start + off);
       EXPECT_TRUE(d.ok()) << d.status();
       if (!d.ok()) {
         break;
@@ -69,9 +69,9 @@ class CompiledFunction {
 
  private:
   CompiledFunction() = default;
-  std::unique_ptr<Symbols> symbols_;
+  std::unique_ptr<symbols::Symbols> symbols_;
   std::vector<uint8_t> bytes_;
   FunctionCode code_;
 };
 
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

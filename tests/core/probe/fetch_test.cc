@@ -21,7 +21,7 @@
 #include "core/ptrace/process.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -50,13 +50,13 @@ int FixtureLine(const std::string& marker) {
 // the breakpoint byte is restored, the instruction single-stepped, the byte put back).
 // Return probes put a breakpoint on the return address read at the function's entry.
 // Each hit appends "EVENT ARGS" as EvaluateAll formats them.
-class ProbeRun : public SignalInterceptor {
+class ProbeRun : public ptrace::SignalInterceptor {
  public:
   void SetUp() {
     auto target = ProbeTarget::Open(FixturePath());
     ASSERT_TRUE(target.ok()) << target.status();
     target_ = *std::move(target);
-    auto proc = Process::Launch({FixturePath()});
+    auto proc = ptrace::Process::Launch({FixturePath()});
     ASSERT_TRUE(proc.ok()) << proc.status();
     proc_ = *std::move(proc);
     ASSERT_TRUE(proc_->RunToEntry().ok());
@@ -190,7 +190,7 @@ class ProbeRun : public SignalInterceptor {
   }
 
   std::unique_ptr<ProbeTarget> target_;
-  std::unique_ptr<Process> proc_;
+  std::unique_ptr<ptrace::Process> proc_;
   uint64_t bias_ = 0;
   std::vector<Probe> probes_;
   std::map<uint64_t, uint8_t> saved_;
@@ -433,4 +433,4 @@ TEST_F(FetchCompile, ParamsAndVarsExpand) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 constexpr RemoteAddr kAt{0x401000};
@@ -24,8 +24,8 @@ ProbedInsn Analyze(std::vector<uint8_t> code, RemoteAddr at = kAt) {
 struct FakeMemory {
   std::map<uint64_t, uint8_t> bytes;
   bool fail = false;
-  EmulatorMemory Callbacks() {
-    EmulatorMemory m;
+  x86::EmulatorMemory Callbacks() {
+    x86::EmulatorMemory m;
     m.read = [this](uint64_t addr, std::span<uint8_t> out) {
       if (fail) {
         return absl::InternalError("read fault");
@@ -324,4 +324,4 @@ TEST(InsnEmulate, FailedAccessLeavesRegistersUnchanged) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -8,7 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::HasSubstr;
@@ -194,4 +194,4 @@ TEST(InsnFixup, InstructionBoundaries) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -23,7 +23,7 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -57,7 +57,7 @@ class Int3EngineTest : public ::testing::Test {
     std::vector<std::string> argv = {kwatch::testing::TargetPath("probe_engine")};
     argv.insert(argv.end(), args.begin(), args.end());
     argv.insert(argv.end(), {"--out", out_});
-    auto p = Process::Launch(argv);
+    auto p = ptrace::Process::Launch(argv);
     ASSERT_TRUE(p.ok()) << p.status();
     proc_ = std::move(*p);
     ASSERT_TRUE(proc_->RunToEntry().ok());
@@ -70,7 +70,7 @@ class Int3EngineTest : public ::testing::Test {
   void Go() { ASSERT_TRUE(engine_->ResumeWorld().ok()); }
 
   void LoadSymbols() {
-    auto s = Symbols::ForProcess(proc_->pid());
+    auto s = symbols::Symbols::ForProcess(proc_->pid());
     ASSERT_TRUE(s.ok()) << s.status();
     syms_ = std::move(*s);
   }
@@ -103,8 +103,8 @@ class Int3EngineTest : public ::testing::Test {
   void PollOnce() {
     auto events = proc_->Poll(/*block=*/true);
     ASSERT_TRUE(events.ok()) << events.status();
-    for (const ProcessEvent& e : *events) {
-      if (e.kind == ProcessEvent::Kind::kExec) {
+    for (const ptrace::ProcessEvent& e : *events) {
+      if (e.kind == ptrace::ProcessEvent::Kind::kExec) {
         ++execs_;
         engine_->OnExec();
         if (on_exec_) {
@@ -114,7 +114,7 @@ class Int3EngineTest : public ::testing::Test {
         } else {
           ASSERT_TRUE(proc_->Resume(e.tid).ok());
         }
-      } else if (e.kind == ProcessEvent::Kind::kThreadExited) {
+      } else if (e.kind == ptrace::ProcessEvent::Kind::kThreadExited) {
         engine_->OnThreadExit(e.tid);
       }
     }
@@ -159,8 +159,8 @@ class Int3EngineTest : public ::testing::Test {
     EXPECT_EQ(proc_->exit_info()->code, 0);
   }
 
-  std::unique_ptr<Process> proc_;
-  std::unique_ptr<Symbols> syms_;
+  std::unique_ptr<ptrace::Process> proc_;
+  std::unique_ptr<symbols::Symbols> syms_;
   std::unique_ptr<Int3Engine> engine_;
   std::string out_;
   int execs_ = 0;
@@ -296,7 +296,7 @@ TEST_F(Int3EngineTest, RunsRipRelativeInstructionsOutOfLine) {
   const std::string expected = Unprobed({"basic"});
   Launch({"basic"});
   const RemoteAddr rip_inc = Fn("rip_inc");
-  auto counter = syms_->Resolve(*ParseExpr("rip_counter"), nullptr);
+  auto counter = syms_->Resolve(*symbols::ParseExpr("rip_counter"), nullptr);
   ASSERT_TRUE(counter.ok()) << counter.status();
   std::vector<int32_t> seen;
   const ProbeId id =
@@ -463,7 +463,7 @@ TEST_F(Int3EngineTest, RefusesUnsafeAddressesSayingWhy) {
   ASSERT_FALSE(mid.ok());
   EXPECT_THAT(std::string(mid.status().message()), HasSubstr("not on an instruction boundary"));
   // Data is not code.
-  auto counter = syms_->Resolve(*ParseExpr("rip_counter"), nullptr);
+  auto counter = syms_->Resolve(*symbols::ParseExpr("rip_counter"), nullptr);
   ASSERT_TRUE(counter.ok());
   auto data = engine_->Register(counter->addr, {});
   ASSERT_FALSE(data.ok());
@@ -596,7 +596,8 @@ TEST_F(Int3EngineTest, FaultHandlersSeeFaultsOfTheCopy) {
 }
 
 // Reads [addr, addr + n) of the running target and of the ELF file.
-void ExpectCodeMatchesFile(const Process& proc, const Symbols& syms, RemoteAddr addr, size_t n) {
+void ExpectCodeMatchesFile(const ptrace::Process& proc, const symbols::Symbols& syms,
+                           RemoteAddr addr, size_t n) {
   std::vector<uint8_t> mem(n);
   std::vector<uint8_t> file(n);
   ASSERT_TRUE(proc.ReadMemory(addr, mem).ok());
@@ -693,9 +694,9 @@ TEST(Int3EngineAttach, ProbesAnAttachedProcessAndLeavesItWorking) {
   usleep(100000);  // let it start its loop
   uint64_t hits = 0;
   {
-    auto proc = Process::Attach((*target)->pid());
+    auto proc = ptrace::Process::Attach((*target)->pid());
     ASSERT_TRUE(proc.ok()) << proc.status();
-    auto syms = Symbols::ForProcess((*target)->pid());
+    auto syms = symbols::Symbols::ForProcess((*target)->pid());
     ASSERT_TRUE(syms.ok());
     Int3Engine engine(**proc);
     auto work = engine.Register((*syms)->FindFunction("work")->start, {});
@@ -719,4 +720,4 @@ TEST(Int3EngineAttach, ProbesAnAttachedProcessAndLeavesItWorking) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

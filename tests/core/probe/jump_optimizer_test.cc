@@ -17,7 +17,7 @@
 #include "core/x86/relocator.h"
 #include "tests/core/probe/compiled_function.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -157,7 +157,7 @@ TEST(JumpOptimizer, RefusesCallsThatReturnIntoTheRange) {
               HasSubstr("'call %rax' at f+0x0 (0x401000) returns to f+0x2 (0x401002), inside"));
   // Whatever the call mode: a thread in the callee has that return address already.
   JumpOptions from_copy;
-  from_copy.call_mode = CallMode::kCallFromCopy;
+  from_copy.call_mode = x86::CallMode::kCallFromCopy;
   Refused(f, 0, JumpRefusal::kCallInside, from_copy);
   // A call that ends the range returns to original code.
   const Bytes g = {0x31, 0xc0, 0xe8, 0x00, 0x00, 0x00, 0x00, 0xc3};  // xor; call next; ret
@@ -337,13 +337,13 @@ class JumpOptimizerCompiled : public ::testing::TestWithParam<std::string> {};
 TEST_P(JumpOptimizerCompiled, RefusesAProbeWhereALoopBranchLands) {
   const auto f = CompiledFunction::Load(GetParam(), "jf_loop");
   ASSERT_NE(f, nullptr);
-  const std::vector<X86Insn> insns = f->Insns();
+  const std::vector<x86::X86Insn> insns = f->Insns();
   // The loop's head H (the target of a backward branch) and the instruction just before it:
   // shorter than 5 bytes, a jump probe there covers H.
   int checked = 0;
   for (size_t i = 0; i < insns.size(); ++i) {
-    const X86Insn& back = insns[i];
-    if (back.flow != InsnFlow::kCondJump || !back.branch_target ||
+    const x86::X86Insn& back = insns[i];
+    if (back.flow != x86::InsnFlow::kCondJump || !back.branch_target ||
         *back.branch_target >= back.addr) {
       continue;
     }
@@ -357,8 +357,8 @@ TEST_P(JumpOptimizerCompiled, RefusesAProbeWhereALoopBranchLands) {
       ASSERT_FALSE(d.plan.has_value()) << "accepted " << std::hex << probe.value;
       EXPECT_EQ(d.refusal, JumpRefusal::kBranchIntoRange) << d.reason;
       // The culprit is a branch (this back edge or another) to the loop's head.
-      auto culprit =
-          DecodeX86(std::span(f->code().bytes).subspan(d.culprit - f->code().start), d.culprit);
+      auto culprit = x86::DecodeX86(std::span(f->code().bytes).subspan(d.culprit - f->code().start),
+                                    d.culprit);
       ASSERT_TRUE(culprit.ok());
       EXPECT_EQ(culprit->branch_target, head) << d.reason;
       EXPECT_THAT(d.reason,
@@ -392,8 +392,8 @@ TEST_P(JumpOptimizerCompiled, ProvesOrRefusesASwitchWithAJumpTable) {
   options.other_code.push_back(cold->code());
   // -O2: cmp/ja/lea/movslq/add/jmp *%rax over a table of 8 relative entries.
   std::optional<RemoteAddr> jmp;
-  for (const X86Insn& insn : f->Insns()) {
-    if (insn.flow == InsnFlow::kIndirectJump) {
+  for (const x86::X86Insn& insn : f->Insns()) {
+    if (insn.flow == x86::InsnFlow::kIndirectJump) {
       jmp = insn.addr;
     }
   }
@@ -404,7 +404,7 @@ TEST_P(JumpOptimizerCompiled, ProvesOrRefusesASwitchWithAJumpTable) {
   const JumpDecision entry = PlanJumpProbe(f->code(), f->code().start, options);
   EXPECT_TRUE(entry.plan.has_value()) << entry.reason;
   // A probe just before a case whose label it would cover is refused, naming the table.
-  const std::vector<X86Insn> insns = f->Insns();
+  const std::vector<x86::X86Insn> insns = f->Insns();
   int covered = 0;
   for (size_t j = 1; j < insns.size(); ++j) {
     if (std::find(targets->begin(), targets->end(), insns[j].addr) == targets->end() ||
@@ -424,8 +424,8 @@ TEST_P(JumpOptimizerCompiled, RefusesAnIndirectCallInsideTheRange) {
   const auto f = CompiledFunction::Load(GetParam(), "jf_indirect");
   ASSERT_NE(f, nullptr);
   int calls = 0;
-  for (const X86Insn& insn : f->Insns()) {
-    if (insn.flow == InsnFlow::kIndirectCall && insn.length < kJumpPatchBytes) {
+  for (const x86::X86Insn& insn : f->Insns()) {
+    if (insn.flow == x86::InsnFlow::kIndirectCall && insn.length < kJumpPatchBytes) {
       const JumpDecision d = PlanJumpProbe(f->code(), insn.addr);
       EXPECT_EQ(d.refusal, JumpRefusal::kCallInside) << d.reason;
       EXPECT_THAT(d.reason, HasSubstr("'call %r"));
@@ -440,8 +440,8 @@ TEST_P(JumpOptimizerCompiled, AcceptsDirectCallsAndRipRelativeOperands) {
   ASSERT_NE(f, nullptr);
   int calls = 0;
   int rip_relative = 0;
-  for (const X86Insn& insn : f->Insns()) {
-    if (insn.flow == InsnFlow::kCall) {
+  for (const x86::X86Insn& insn : f->Insns()) {
+    if (insn.flow == x86::InsnFlow::kCall) {
       const JumpDecision d = PlanJumpProbe(f->code(), insn.addr);
       ASSERT_TRUE(d.plan.has_value()) << d.reason;
       EXPECT_EQ(d.plan->len, 5U);
@@ -454,7 +454,7 @@ TEST_P(JumpOptimizerCompiled, AcceptsDirectCallsAndRipRelativeOperands) {
       // Its trampoline 1 MiB away reads the same global.
       auto t = BuildTrampoline(*d.plan, insn.addr + (1 << 20), 0, RemoteAddr{0x7f0000001000});
       ASSERT_TRUE(t.ok()) << t.status();
-      auto moved = DecodeX86(std::span(t->code).subspan(t->displaced_offset), t->xol_addr());
+      auto moved = x86::DecodeX86(std::span(t->code).subspan(t->displaced_offset), t->xol_addr());
       ASSERT_TRUE(moved.ok());
       EXPECT_EQ(moved->rip_target, insn.rip_target);
       ++rip_relative;
@@ -470,7 +470,7 @@ TEST_P(JumpOptimizerCompiled, EveryBoundaryDecidesAndAcceptedPlansBuild) {
     const auto f = CompiledFunction::Load(GetParam(), name);
     ASSERT_NE(f, nullptr);
     int accepted = 0;
-    for (const X86Insn& insn : f->Insns()) {
+    for (const x86::X86Insn& insn : f->Insns()) {
       const JumpDecision d = PlanJumpProbe(f->code(), insn.addr);
       if (!d.plan) {
         EXPECT_NE(d.refusal, JumpRefusal::kNone);
@@ -494,4 +494,4 @@ INSTANTIATE_TEST_SUITE_P(Levels, JumpOptimizerCompiled,
                          ::testing::Values("jump_funcs_O0", "jump_funcs_O2"));
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -5,7 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -237,14 +237,14 @@ TEST(ProbeSpecArg, DwarfExpressions) {
   EXPECT_EQ(v.kind, ProbeArgSpec::Kind::kVariable);
   EXPECT_EQ(v.variable.base, "p");
   ASSERT_EQ(v.variable.steps.size(), 3u);
-  EXPECT_EQ(v.variable.steps[0].kind, ExprStep::Kind::kArrow);
+  EXPECT_EQ(v.variable.steps[0].kind, symbols::ExprStep::Kind::kArrow);
   EXPECT_EQ(v.variable.steps[0].member, "next");
-  EXPECT_EQ(v.variable.steps[1].kind, ExprStep::Kind::kArrow);
-  EXPECT_EQ(v.variable.steps[2].kind, ExprStep::Kind::kIndex);
+  EXPECT_EQ(v.variable.steps[1].kind, symbols::ExprStep::Kind::kArrow);
+  EXPECT_EQ(v.variable.steps[2].kind, symbols::ExprStep::Kind::kIndex);
   EXPECT_EQ(v.variable.steps[2].index, 2);
   const ProbeArgSpec dot = Arg("local.label:string");
   EXPECT_EQ(dot.variable.base, "local");
-  EXPECT_EQ(dot.variable.steps[0].kind, ExprStep::Kind::kMember);
+  EXPECT_EQ(dot.variable.steps[0].kind, symbols::ExprStep::Kind::kMember);
   EXPECT_EQ(dot.type->kind, ArgType::Kind::kString);
   EXPECT_EQ(ArgError("p->"),
             "bad argument 'p->': expected a member name after '->' at column 4\n  p->\n     ^");
@@ -271,4 +271,4 @@ TEST(ProbeSpec, PointAndArguments) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -20,7 +20,7 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -225,7 +225,7 @@ TEST_F(ProbeTargetTest, ReturnProbesAndEventNames) {
 TEST_F(ProbeTargetTest, RelativeAndAbsoluteLines) {
   const int body = FixtureLine("PROBE: loop body");
   const int decl = FixtureLine("long loop_lines(int n)");
-  auto symbols = Symbols::ForFile(FixturePath());
+  auto symbols = symbols::Symbols::ForFile(FixturePath());
   ASSERT_TRUE(symbols.ok());
   auto rows = (*symbols)->AddressesOfLine("probe_args.c", body);
   ASSERT_TRUE(rows.ok()) << rows.status();
@@ -365,7 +365,7 @@ TEST_F(ProbeTargetTest, SymbolsAndLoadBias) {
   ASSERT_EQ(stat(FixturePath().c_str(), &st), 0);
   const GElf_Phdr& text = *std::find_if(elf_.loads.begin(), elf_.loads.end(),
                                         [](const GElf_Phdr& p) { return (p.p_flags & PF_X) != 0; });
-  MapEntry m;
+  ptrace::MapEntry m;
   m.start = RemoteAddr{0x555555554000 + (text.p_vaddr & ~0xfffULL)};
   m.end = m.start + 0x1000;
   m.exec = true;
@@ -391,4 +391,4 @@ TEST(ProbeTargetOpen, ErrorsNameTheFile) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

@@ -24,7 +24,7 @@
 #include "core/x86/relocator.h"
 #include "tests/core/probe/compiled_function.h"
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -42,7 +42,7 @@ Bytes Prologue() {
   return {0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0x48, 0x89, 0xf8, 0xc9, 0xc3};
 }
 
-JumpPlan PlanAt(const Bytes& code, RemoteAddr start, uint64_t offset, CallMode mode) {
+JumpPlan PlanAt(const Bytes& code, RemoteAddr start, uint64_t offset, x86::CallMode mode) {
   JumpOptions options;
   options.call_mode = mode;
   const JumpDecision d = PlanJumpProbe(FunctionCode{"f", start, code}, start + offset, options);
@@ -50,7 +50,8 @@ JumpPlan PlanAt(const Bytes& code, RemoteAddr start, uint64_t offset, CallMode m
   return d.plan.value_or(JumpPlan{});
 }
 
-JumpPlan Plan(const Bytes& code, uint64_t offset = 0, CallMode mode = CallMode::kPushReturn) {
+JumpPlan Plan(const Bytes& code, uint64_t offset = 0,
+              x86::CallMode mode = x86::CallMode::kPushReturn) {
   return PlanAt(code, kF, offset, mode);
 }
 
@@ -58,7 +59,7 @@ JumpPlan Plan(const Bytes& code, uint64_t offset = 0, CallMode mode = CallMode::
 std::vector<std::string> Listing(const Trampoline& t) {
   std::vector<std::string> out;
   for (uint32_t off = 0; off < t.rip_slot_offset;) {
-    auto d = DecodeX86(std::span(t.code).subspan(off), t.at + off);
+    auto d = x86::DecodeX86(std::span(t.code).subspan(off), t.at + off);
     if (!d.ok() || d->insn.mnemonic == ZYDIS_MNEMONIC_INT3) {
       break;
     }
@@ -181,7 +182,7 @@ TEST(Trampoline, RefusesPlacesOutOfReach) {
   // A RIP-relative operand whose target a trampoline 1.5 GiB the other way cannot reach.
   // mov 0x7fff0000(%rip),%rax: its target is ~2 GiB above the probe.
   const Bytes rip = {0x48, 0x8b, 0x05, 0x00, 0x00, 0xff, 0x7f, 0xc3};
-  const JumpPlan q = PlanAt(rip, RemoteAddr{0x100000000}, 0, CallMode::kPushReturn);
+  const JumpPlan q = PlanAt(rip, RemoteAddr{0x100000000}, 0, x86::CallMode::kPushReturn);
   EXPECT_TRUE(TrampolineFits(q, RemoteAddr{0x100000000 + (1ULL << 20)}));
   const RemoteAddr below{0x100000000 - (3ULL << 29)};
   EXPECT_FALSE(TrampolineFits(q, below));
@@ -381,9 +382,9 @@ class JumpExecution : public ::testing::TestWithParam<std::string> {};
 
 // Stack bytes the function pushed before `probe` (push/pop only: the leaves here have no other
 // %rsp writer before their return); nullopt when something else writes %rsp.
-std::optional<uint64_t> PushedBefore(const std::vector<X86Insn>& insns, RemoteAddr probe) {
+std::optional<uint64_t> PushedBefore(const std::vector<x86::X86Insn>& insns, RemoteAddr probe) {
   uint64_t pushed = 0;
-  for (const X86Insn& insn : insns) {
+  for (const x86::X86Insn& insn : insns) {
     if (insn.addr >= probe) {
       break;
     }
@@ -421,16 +422,16 @@ TEST_P(JumpExecution, EveryAcceptedProbeOfTheLeavesRunsExactly) {
     // The copy: a leaf without RIP-relative operands or branches out of itself runs anywhere.
     const FunctionCode copy{leaf.name, fn_at, f->bytes()};
     WriteAt(fn_at, f->bytes());
-    std::vector<X86Insn> insns;
-    for (const X86Insn& insn : f->Insns()) {
-      auto moved = DecodeX86(ReadAt(fn_at + (insn.addr - f->code().start), insn.length),
-                             fn_at + (insn.addr - f->code().start));
+    std::vector<x86::X86Insn> insns;
+    for (const x86::X86Insn& insn : f->Insns()) {
+      auto moved = x86::DecodeX86(ReadAt(fn_at + (insn.addr - f->code().start), insn.length),
+                                  fn_at + (insn.addr - f->code().start));
       ASSERT_TRUE(moved.ok());
       ASSERT_FALSE(moved->rip_target.has_value()) << leaf.name << ": " << moved->Text();
-      ASSERT_NE(moved->flow, InsnFlow::kCall) << leaf.name;
+      ASSERT_NE(moved->flow, x86::InsnFlow::kCall) << leaf.name;
       insns.push_back(*moved);
     }
-    for (const X86Insn& at : insns) {
+    for (const x86::X86Insn& at : insns) {
       // The entry point of every function; every point of the straight-line ones.
       if (!leaf.straight && at.addr != fn_at) {
         continue;
@@ -554,7 +555,7 @@ class HandMade : public ::testing::Test {
     WriteAt(area_.Addr(kStubAt), Stub());
   }
   // Installs `code` at kCodeAt with a jump probe at its start; returns the trampoline.
-  Trampoline Install(const Bytes& code, CallMode mode) {
+  Trampoline Install(const Bytes& code, x86::CallMode mode) {
     const RemoteAddr fn_at = area_.Addr(kCodeAt);
     WriteAt(fn_at, code);
     JumpOptions options;
@@ -602,7 +603,7 @@ Bytes CallsItsNeighbour() {
 }
 
 TEST_F(HandMade, APushReturnCallReturnsToTheOriginalSuccessor) {
-  const Trampoline t = Install(CallsItsNeighbour(), CallMode::kPushReturn);
+  const Trampoline t = Install(CallsItsNeighbour(), x86::CallMode::kPushReturn);
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(static_cast<uint64_t>(Call(i, i)), area_.Addr(kCodeAt + 5).value);
   }
@@ -611,7 +612,7 @@ TEST_F(HandMade, APushReturnCallReturnsToTheOriginalSuccessor) {
 }
 
 TEST_F(HandMade, ACallFromTheCopyReturnsIntoTheTrampoline) {
-  const Trampoline t = Install(CallsItsNeighbour(), CallMode::kCallFromCopy);
+  const Trampoline t = Install(CallsItsNeighbour(), x86::CallMode::kCallFromCopy);
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(static_cast<uint64_t>(Call(i, i)), t.xol_addr().value + 5);
   }
@@ -626,7 +627,7 @@ TEST_F(HandMade, RipRelativeOperandsReadTheSameData) {
   Bytes g = {0x48, 0x8b, 0x05, 0, 0, 0, 0, 0x48, 0x01, 0xf8, 0xc3};
   const auto disp = static_cast<int32_t>(data.value - area_.Addr(kCodeAt + 7).value);
   std::memcpy(g.data() + 3, &disp, sizeof(disp));
-  Install(g, CallMode::kPushReturn);
+  Install(g, x86::CallMode::kPushReturn);
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(static_cast<uint64_t>(Call(i, 0)), value + i);
   }
@@ -637,7 +638,7 @@ TEST_F(HandMade, ConditionalJumpsTakeBothWays) {
   // g: test %rdi,%rdi; je L (rel8); mov $1,%eax; ret; L: mov $2,%eax; ret
   const Bytes g = {0x48, 0x85, 0xff, 0x74, 0x06, 0xb8, 0x01, 0x00, 0x00,
                    0x00, 0xc3, 0xb8, 0x02, 0x00, 0x00, 0x00, 0xc3};
-  Install(g, CallMode::kPushReturn);
+  Install(g, x86::CallMode::kPushReturn);
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(Call(i % 2, 0), i % 2 == 0 ? 2 : 1);
   }
@@ -645,4 +646,4 @@ TEST_F(HandMade, ConditionalJumpsTakeBothWays) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

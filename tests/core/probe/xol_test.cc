@@ -2,11 +2,11 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::probe {
 namespace {
 
-MapEntry Map(uint64_t start, uint64_t end, const std::string& path, bool exec = false) {
-  MapEntry m;
+ptrace::MapEntry Map(uint64_t start, uint64_t end, const std::string& path, bool exec = false) {
+  ptrace::MapEntry m;
   m.start = RemoteAddr{start};
   m.end = RemoteAddr{end};
   m.read = true;
@@ -16,7 +16,7 @@ MapEntry Map(uint64_t start, uint64_t end, const std::string& path, bool exec = 
 }
 
 // A PIE program's layout: the executable, its heap, libraries high up, the stack on top.
-std::vector<MapEntry> Layout() {
+std::vector<ptrace::MapEntry> Layout() {
   return {
       Map(0x555555554000, 0x555555555000, "/bin/prog"),
       Map(0x555555555000, 0x555555556000, "/bin/prog", true),
@@ -38,7 +38,7 @@ TEST(XolGap, GoesJustBelowTheExecutable) {
 TEST(XolGap, LeavesRoomAboveTheHeap) {
   // Only the executable's first page below is taken: the gap above [heap] is closer to a
   // probe at the end of the heap region, yet the area keeps 1 GiB away from the heap's top.
-  std::vector<MapEntry> maps = Layout();
+  std::vector<ptrace::MapEntry> maps = Layout();
   maps.insert(maps.begin(), Map(0x100000, 0x555555554000, "filler"));
   const auto at = FindXolGap(maps, RemoteAddr{0x555555578000}, kXolAreaSize, 2 * kXolMaxDistance);
   ASSERT_TRUE(at.has_value());
@@ -58,7 +58,7 @@ TEST(XolGap, NearLibrariesAndNeverUnderTheStack) {
 }
 
 TEST(XolGap, NothingWithinReach) {
-  std::vector<MapEntry> maps = {Map(0x100000, 0x7ffffff00000, "everything", true)};
+  std::vector<ptrace::MapEntry> maps = {Map(0x100000, 0x7ffffff00000, "everything", true)};
   EXPECT_FALSE(
       FindXolGap(maps, RemoteAddr{0x555555555000}, kXolAreaSize, kXolMaxDistance).has_value());
   // A gap exists, but 4 GiB away.
@@ -69,4 +69,4 @@ TEST(XolGap, NothingWithinReach) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::probe

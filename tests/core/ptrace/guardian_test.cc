@@ -19,7 +19,7 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 using ::kwatch::testing::TargetPath;
@@ -37,7 +37,7 @@ Fixture LaunchFixture() {
   EXPECT_TRUE(proc.ok()) << proc.status();
   f.proc = std::move(*proc);
   EXPECT_TRUE(f.proc->RunToEntry().ok());
-  auto syms = Symbols::ForProcess(f.proc->pid());
+  auto syms = symbols::Symbols::ForProcess(f.proc->pid());
   EXPECT_TRUE(syms.ok());
   auto fn = (*syms)->FindFunction("tick");
   EXPECT_TRUE(fn.has_value());
@@ -263,7 +263,7 @@ TEST(GuardianProtections, ATracedProcessIsWaitedForThenTheCallIsNamed) {
   ReadOnlyChild c = StartReadOnlyChild();
   ASSERT_GT(c.pid, 0);
   // kwatch still holding the target: the guardian waits, then gives up naming the call.
-  ASSERT_EQ(ptrace(PTRACE_SEIZE, c.pid, nullptr, nullptr), 0);
+  ASSERT_EQ(::ptrace(PTRACE_SEIZE, c.pid, nullptr, nullptr), 0);
   std::array<PatchEntry, 1> entries{};
   entries[0].state.store(2);
   entries[0].addr = c.page;
@@ -275,9 +275,9 @@ TEST(GuardianProtections, ATracedProcessIsWaitedForThenTheCallIsNamed) {
   EXPECT_STREQ(r.error, "ptrace(PTRACE_SEIZE): Operation not permitted");
   EXPECT_EQ(PermsAt(c.pid, c.page), "r--p");
   // Once the tracer lets go, the same journal restores the page.
-  ASSERT_EQ(ptrace(PTRACE_INTERRUPT, c.pid, nullptr, nullptr), 0);
+  ASSERT_EQ(::ptrace(PTRACE_INTERRUPT, c.pid, nullptr, nullptr), 0);
   ASSERT_EQ(waitpid(c.pid, nullptr, __WALL), c.pid);
-  ASSERT_EQ(ptrace(PTRACE_DETACH, c.pid, nullptr, nullptr), 0);
+  ASSERT_EQ(::ptrace(PTRACE_DETACH, c.pid, nullptr, nullptr), 0);
   r = RestoreProtections(c.pid, entries, 1000);
   EXPECT_EQ(r.restored, 1u);
   EXPECT_EQ(PermsAt(c.pid, c.page), "rw-p");
@@ -292,4 +292,4 @@ TEST(GuardianProtections, WithoutTheRestoreTheChildDies) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

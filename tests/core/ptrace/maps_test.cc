@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 TEST(ParseMaps, ParsesEveryColumn) {
@@ -58,4 +58,4 @@ TEST(ReadMaps, GoneProcessIsNotFound) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -15,7 +15,7 @@
 
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 using ::testing::HasSubstr;
@@ -157,4 +157,4 @@ TEST(ProcessSyscalls, ACallRunInAThreadInterruptedInABlockingCallKeepsItsRestart
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -19,14 +19,14 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 using ::testing::HasSubstr;
 
 // The address of function `name` of the target (its executable's symbols).
 RemoteAddr Fn(const Process& proc, const std::string& name) {
-  auto symbols = Symbols::ForProcess(proc.pid());
+  auto symbols = symbols::Symbols::ForProcess(proc.pid());
   if (!symbols.ok()) {
     ADD_FAILURE() << symbols.status();
     return RemoteAddr{};
@@ -355,4 +355,4 @@ TEST(RemoteCall, AThreadThatEndsDuringTheCallIsReported) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

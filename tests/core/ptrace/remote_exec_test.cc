@@ -22,7 +22,7 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 using ::testing::HasSubstr;
@@ -66,13 +66,13 @@ class RemoteExecTest : public ::testing::Test {
     auto proc = Process::Attach(target_->pid());
     ASSERT_TRUE(proc.ok()) << proc.status();
     proc_ = *std::move(proc);
-    auto symbols = Symbols::ForProcess(target_->pid());
+    auto symbols = symbols::Symbols::ForProcess(target_->pid());
     ASSERT_TRUE(symbols.ok()) << symbols.status();
     symbols_ = *std::move(symbols);
   }
 
   RemoteAddr Function(const std::string& name) {
-    const std::optional<FunctionSymbol> f = symbols_->FindFunction(name);
+    const std::optional<symbols::FunctionSymbol> f = symbols_->FindFunction(name);
     EXPECT_TRUE(f.has_value()) << name;
     return f.has_value() ? f->start : RemoteAddr{0};
   }
@@ -112,7 +112,7 @@ class RemoteExecTest : public ::testing::Test {
   RemoteAddr trap_{};
   std::unique_ptr<::kwatch::testing::Spawned> target_;
   std::unique_ptr<Process> proc_;
-  std::unique_ptr<Symbols> symbols_;
+  std::unique_ptr<symbols::Symbols> symbols_;
 };
 
 TEST_F(RemoteExecTest, ReturnsTheFunctionsResultAndRestoresTheThreadExactly) {
@@ -226,4 +226,4 @@ TEST_F(RemoteExecTest, DebugRegistersAsPtraceShowsThem) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

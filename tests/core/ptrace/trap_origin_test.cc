@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::ptrace {
 namespace {
 
 TrapOrigin Classify(int code, std::optional<uint8_t> before = std::nullopt, uint64_t dr6 = 0) {
@@ -104,4 +104,4 @@ TEST(TrapOrigin, PerfDataIsReadWhereTheKernelPutsIt) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::ptrace

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 TEST(ArgsJsonTest, EncodesInOrderWithEscapes) {
@@ -42,4 +42,4 @@ TEST(ArgsJsonTest, RejectsWhatIsNotAFlatObjectOfStrings) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -28,7 +28,7 @@
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
@@ -206,20 +206,20 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
   w0.backend = "perf";
   w0.coverage = "16 bytes at 0x555555558010: 2 exact 8-byte slots";
   w0.type_name = "struct stats";
-  FieldLayout f0;
+  symbols::FieldLayout f0;
   f0.path = ".hits";
   f0.type_name = "unsigned long";
   f0.offset = 0;
   f0.size = 8;
   f0.depth = 0;
   f0.is_leaf = true;
-  FieldLayout f1;
+  symbols::FieldLayout f1;
   f1.path = ".flags";
   f1.type_name = "struct flags";
   f1.offset = 8;
   f1.size = 8;
   f1.is_leaf = false;
-  FieldLayout f2;
+  symbols::FieldLayout f2;
   f2.path = ".flags.dirty";
   f2.type_name = "unsigned int";
   f2.offset = 8;
@@ -1085,4 +1085,4 @@ TEST(TraceStoreTest, WalStaysBoundedWhileRecording) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

@@ -21,7 +21,7 @@
 #include "tests/core/store/private_tmpfs.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::store {
 namespace {
 
 SessionRecord Session() {
@@ -198,4 +198,4 @@ TEST(TraceWriterVanished, RenamedDirectoryStopsAndNamesTheNewPath) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::store

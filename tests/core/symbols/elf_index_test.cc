@@ -25,7 +25,7 @@
 #include "core/symbols/dwarf_types.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 using ::testing::ElementsAre;
@@ -434,4 +434,4 @@ TEST(ElfIndexTest, FileErrorsNameTheFile) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

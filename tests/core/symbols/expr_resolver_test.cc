@@ -22,7 +22,7 @@
 #include "core/symbols/expr.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 struct Inner {
@@ -299,4 +299,4 @@ TEST_F(ExprResolverTest, ErrorsNameTheExpressionSoFar) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

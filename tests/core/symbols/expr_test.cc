@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 using ::testing::HasSubstr;
@@ -151,4 +151,4 @@ TEST(ParseExprTest, ErrorColumns) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 using ::testing::ElementsAre;
@@ -40,4 +40,4 @@ TEST(NearMatchesTest, LimitAndNoSelfOrDuplicates) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

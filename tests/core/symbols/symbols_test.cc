@@ -15,7 +15,7 @@
 #include "core/symbols/expr.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 using ::testing::EndsWith;
@@ -733,4 +733,4 @@ TEST(SymbolsProcessTest, NoSuchProcess) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

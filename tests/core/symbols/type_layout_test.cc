@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 FieldLayout Field(const char* path, uint64_t offset, uint64_t size, int depth, bool leaf,
@@ -69,4 +69,4 @@ TEST(TypeLayoutTest, ScalarLayout) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -17,7 +17,7 @@
 #include "core/symbols/symbols.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::symbols {
 namespace {
 
 using ::testing::_;
@@ -33,9 +33,9 @@ struct Capture {
 
 // Unwinds the thread that stopped: at the fixture's INT3 (trap mode, claimed so that the
 // target goes on without the signal) or at the entry of its pause() call (pause mode).
-class Catcher : public SignalInterceptor {
+class Catcher : public ptrace::SignalInterceptor {
  public:
-  Catcher(Process& proc, Unwinder& unwinder) : proc_(proc), unwinder_(unwinder) {}
+  Catcher(ptrace::Process& proc, Unwinder& unwinder) : proc_(proc), unwinder_(unwinder) {}
 
   bool Claims(pid_t /*tid*/, const siginfo_t& si) override {
     return si.si_signo == SIGTRAP && si.si_code == SI_KERNEL;
@@ -45,7 +45,7 @@ class Catcher : public SignalInterceptor {
     KW_RETURN_IF_ERROR(Take(tid));
     return true;
   }
-  absl::Status OnSyscallStop(pid_t tid, const SyscallStop& stop, bool /*world*/) override {
+  absl::Status OnSyscallStop(pid_t tid, const ptrace::SyscallStop& stop, bool /*world*/) override {
     if (stop.entry && stop.nr == SYS_pause) {
       return Take(tid);
     }
@@ -64,7 +64,7 @@ class Catcher : public SignalInterceptor {
     return absl::OkStatus();
   }
 
-  Process& proc_;
+  ptrace::Process& proc_;
   Unwinder& unwinder_;
 };
 
@@ -72,7 +72,7 @@ class UnwindTest : public ::testing::Test {
  protected:
   // Launches unwind_levels MODE up to its entry point (libraries mapped).
   void Start(const std::string& mode) {
-    auto p = Process::Launch({kwatch::testing::TargetPath("unwind_levels"), mode});
+    auto p = ptrace::Process::Launch({kwatch::testing::TargetPath("unwind_levels"), mode});
     ASSERT_TRUE(p.ok()) << p.status();
     proc_ = *std::move(p);
     ASSERT_TRUE(proc_->RunToEntry().ok());
@@ -80,7 +80,7 @@ class UnwindTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     symbols_ = *std::move(s);
     symbolizer_ = std::make_unique<Symbolizer>(*symbols_);
-    const Process* proc = proc_.get();
+    const ptrace::Process* proc = proc_.get();
     std::vector<Read>* reads = &reads_;
     auto u =
         Unwinder::ForProcess(proc_->pid(), [proc, reads](RemoteAddr addr, std::span<uint8_t> out) {
@@ -119,7 +119,7 @@ class UnwindTest : public ::testing::Test {
   };
 
   std::vector<Read> reads_;
-  std::unique_ptr<Process> proc_;
+  std::unique_ptr<ptrace::Process> proc_;
   std::unique_ptr<Symbols> symbols_;
   std::unique_ptr<Symbolizer> symbolizer_;
   std::unique_ptr<Unwinder> unwinder_;
@@ -233,4 +233,4 @@ TEST(UnwinderErrors, NoSuchProcess) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::symbols

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 namespace {
 
 constexpr uint64_t kIp = 0x401000;
@@ -265,4 +265,4 @@ TEST(AccessRegs, BytesThatDoNotDecodeAreAnError) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

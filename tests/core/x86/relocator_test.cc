@@ -6,7 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 namespace {
 
 using ::testing::ElementsAreArray;
@@ -237,4 +237,4 @@ TEST(Relocator, AppendJumpPicksTheForm) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

@@ -22,7 +22,7 @@
 #include "core/base/unique_fd.h"
 #include "tests/test_util.h"
 
-namespace kwatch::core {
+namespace kwatch::core::x86 {
 namespace {
 
 // Byte sequences below were assembled with GNU as and checked with objdump; the comment on
@@ -610,4 +610,4 @@ TEST(EmulateDataMoveLive, EmulatesFaultsOnProtectedPage) {
 }
 
 }  // namespace
-}  // namespace kwatch::core
+}  // namespace kwatch::core::x86

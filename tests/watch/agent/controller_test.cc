@@ -41,7 +41,7 @@ std::string ReadFile(const std::string& path) {
 }
 
 RemoteAddr Fn(pid_t pid, const std::string& name) {
-  auto symbols = core::Symbols::ForProcess(pid);
+  auto symbols = core::symbols::Symbols::ForProcess(pid);
   if (!symbols.ok()) {
     ADD_FAILURE() << symbols.status();
     return RemoteAddr{};
@@ -54,7 +54,7 @@ RemoteAddr Fn(pid_t pid, const std::string& name) {
   return f->start;
 }
 
-std::vector<uint8_t> Bytes(const core::Process& proc, RemoteAddr at, size_t n) {
+std::vector<uint8_t> Bytes(const core::ptrace::Process& proc, RemoteAddr at, size_t n) {
   std::vector<uint8_t> out(n);
   EXPECT_TRUE(proc.ReadMemory(at, out).ok());
   return out;
@@ -77,7 +77,7 @@ std::vector<uint8_t> Jump(RemoteAddr from, RemoteAddr to, size_t len) {
 }
 
 struct Session {
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
   std::unique_ptr<Controller> ctl;
   std::string out;
 };
@@ -90,7 +90,7 @@ Session LaunchAndLoad(const std::string& tag, const std::vector<std::string>& ar
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back("--out");
   argv.push_back(s.out);
-  auto p = core::Process::Start(std::nullopt, argv, {});
+  auto p = core::ptrace::Process::Start(std::nullopt, argv, {});
   if (!p.ok()) {
     ADD_FAILURE() << p.status();
     return s;
@@ -108,7 +108,7 @@ Session LaunchAndLoad(const std::string& tag, const std::vector<std::string>& ar
 TEST(Controller, PatchesJournalFirstAndEndPutsEveryByteBack) {
   Session s = LaunchAndLoad("patch", {"count", "3"});
   ASSERT_NE(s.ctl, nullptr);
-  core::Process& proc = *s.proc;
+  core::ptrace::Process& proc = *s.proc;
   Controller& ctl = *s.ctl;
   const RemoteAddr add6 = Fn(proc.pid(), "add6");
   const RemoteAddr spin = Fn(proc.pid(), "spin");
@@ -197,9 +197,9 @@ TEST(Controller, AJumpOverAThreadParkedInsideItsRangeIsRefused) {
       kwatch::testing::Spawned::Start({kwatch::testing::TargetPath("remote_call"), "hold"});
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
-  auto p = core::Process::Attach((*target)->pid());
+  auto p = core::ptrace::Process::Attach((*target)->pid());
   ASSERT_TRUE(p.ok());
-  core::Process& proc = **p;
+  core::ptrace::Process& proc = **p;
   ASSERT_TRUE(proc.StopAll().ok());
   const RemoteAddr spin = Fn(proc.pid(), "hold_spin");
   // Until the thread is stopped past the loop's first instruction, inside its 11 bytes.
@@ -289,7 +289,7 @@ TEST(Controller, DrainsWhatTheAgentWritesWhereTheAgentFindsItsRings) {
 TEST(Controller, SeesTheAgentGoneAndTheTargetExitAfterDetaching) {
   Session s = LaunchAndLoad("live", {"signals"});
   ASSERT_NE(s.ctl, nullptr);
-  core::Process& proc = *s.proc;
+  core::ptrace::Process& proc = *s.proc;
   Controller& ctl = *s.ctl;
   const RemoteAddr add6 = Fn(proc.pid(), "add6");
   const std::vector<uint8_t> code = Bytes(proc, add6, 1);
@@ -310,14 +310,14 @@ TEST(Controller, SeesTheAgentGoneAndTheTargetExitAfterDetaching) {
   const RemoteAddr spin = Fn(ctl.pid(), "spin");
   auto second = ctl.AddProbe(ProbeEntry{.id = 2, .addr = spin, .insn_len = 1});
   ASSERT_TRUE(second.ok());
-  ASSERT_TRUE(ctl.RunStopped([&](core::Process& p) {
+  ASSERT_TRUE(ctl.RunStopped([&](core::ptrace::Process& p) {
                    return ctl.Patch(p, *second, spin, std::span<const uint8_t>(&cc, 1));
                  })
                   .ok());
   EXPECT_EQ(ctl.patches(), 2u);
   ASSERT_TRUE(ctl.EndDetached([](const AgentHit&) {}).ok());
   // The byte is back (read through a fresh seize, then let go).
-  ASSERT_TRUE(ctl.RunStopped([&](core::Process& p) {
+  ASSERT_TRUE(ctl.RunStopped([&](core::ptrace::Process& p) {
                    EXPECT_EQ(Bytes(p, add6, 1), code);
                    EXPECT_NE(Bytes(p, spin, 1)[0], 0xcc);
                    return absl::OkStatus();
@@ -339,20 +339,20 @@ TEST(Controller, SeesTheAgentGoneAndTheTargetExitAfterDetaching) {
 TEST(Controller, TheLifelineReportsTheAgentsEndBeforeTheTargets) {
   Session s = LaunchAndLoad("lifeline", {"signals"});
   ASSERT_NE(s.ctl, nullptr);
-  core::Process& proc = *s.proc;
+  core::ptrace::Process& proc = *s.proc;
   // The stub closes its read end, as an agent's process that ended or exec'd would.
-  auto trap = core::MapRemoteTrap(proc, proc.pid(), 4096);
+  auto trap = core::ptrace::MapRemoteTrap(proc, proc.pid(), 4096);
   ASSERT_TRUE(trap.ok());
   auto maps = proc.Maps();
   ASSERT_TRUE(maps.ok());
-  auto symbols = core::Symbols::ForFile(StubAgent());
+  auto symbols = core::symbols::Symbols::ForFile(StubAgent());
   ASSERT_TRUE(symbols.ok());
   auto close_fn = (*symbols)->FindFunction("stub_close_lifeline");
   ASSERT_TRUE(close_fn.has_value());
   auto bias = LoadBias(proc, *maps, std::filesystem::canonical(StubAgent()).string());
   ASSERT_TRUE(bias.ok()) << bias.status();
-  auto r = core::RemoteCall(proc, proc.pid(), close_fn->start + *bias, {},
-                            core::RemoteCallOptions{.return_trap = *trap});
+  auto r = core::ptrace::RemoteCall(proc, proc.pid(), close_fn->start + *bias, {},
+                                    core::ptrace::RemoteCallOptions{.return_trap = *trap});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->value, 0u);
   auto live = s.ctl->Wait(absl::ZeroDuration());

@@ -15,7 +15,7 @@ namespace ka = kwatch::agent;
 constexpr uint64_t kAt = 0x401000;
 
 ProbeEntry Plan(std::vector<uint8_t> bytes) {
-  auto insn = core::AnalyzeProbedInsn(bytes, core::RemoteAddr{kAt});
+  auto insn = core::probe::AnalyzeProbedInsn(bytes, core::RemoteAddr{kAt});
   EXPECT_TRUE(insn.ok()) << insn.status();
   ProbeEntry e;
   if (insn.ok()) {

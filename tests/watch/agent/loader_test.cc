@@ -59,9 +59,9 @@ std::set<std::string> Fds(pid_t pid) {
 // The mappings of `pid` as "perms path", the heap left out (dlopen may grow it).
 std::multiset<std::string> Mappings(pid_t pid) {
   std::multiset<std::string> out;
-  auto maps = core::ReadMaps(pid);
+  auto maps = core::ptrace::ReadMaps(pid);
   EXPECT_TRUE(maps.ok());
-  for (const core::MapEntry& m : *maps) {
+  for (const core::ptrace::MapEntry& m : *maps) {
     if (m.path == "[heap]") {
       continue;
     }
@@ -71,15 +71,15 @@ std::multiset<std::string> Mappings(pid_t pid) {
   return out;
 }
 
-void RunToExit(core::Process& p) {
+void RunToExit(core::ptrace::Process& p) {
   while (p.alive()) {
     auto events = p.Poll(/*block=*/true);
     ASSERT_TRUE(events.ok()) << events.status();
   }
 }
 
-std::unique_ptr<core::Process> LaunchAtEntry(const std::vector<std::string>& argv) {
-  auto p = core::Process::Start(std::nullopt, argv, {});
+std::unique_ptr<core::ptrace::Process> LaunchAtEntry(const std::vector<std::string>& argv) {
+  auto p = core::ptrace::Process::Start(std::nullopt, argv, {});
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? std::move(*p) : nullptr;
 }
@@ -137,7 +137,7 @@ TEST(FindDlopen, InGlibcAndRefusedInAStaticProgram) {
   ASSERT_TRUE(site.ok()) << site.status();
   EXPECT_THAT(site->libc, HasSubstr("libc.so.6"));
   EXPECT_FALSE(site->libc_dlopen_mode);
-  auto m = core::FindMapping(*maps, site->dlopen);
+  auto m = core::ptrace::FindMapping(*maps, site->dlopen);
   ASSERT_TRUE(m.has_value());
   EXPECT_TRUE(m->exec);
   EXPECT_EQ(m->path, site->libc);
@@ -190,12 +190,12 @@ TEST(LoadAgent, AtTheEntryPointMapsTheMemoryTakesTheLifelineAndCallsInit) {
   EXPECT_EQ(c->agent_base, agent->agent_base.value);
   auto maps = proc->Maps();
   ASSERT_TRUE(maps.ok());
-  auto stub = core::FindMapping(*maps, core::RemoteAddr{c->jump_entry});
+  auto stub = core::ptrace::FindMapping(*maps, core::RemoteAddr{c->jump_entry});
   ASSERT_TRUE(stub.has_value());
   EXPECT_EQ(stub->path, std::filesystem::canonical(StubAgent()).string());
   // The target's mapping of the memfd is kwatch's: what one writes the other reads.
   bool shared = false;
-  for (const core::MapEntry& m : *maps) {
+  for (const core::ptrace::MapEntry& m : *maps) {
     if (m.start == agent->remote_shm) {
       shared = m.shared && m.write && m.path == "/memfd:kwatch-agent (deleted)" &&
                m.end - m.start == agent->layout.total_size;
@@ -286,7 +286,7 @@ TEST(LoadAgent, IntoAnAttachedFourThreadProgram) {
       kwatch::testing::Spawned::Start({kwatch::testing::TargetPath("remote_call"), "threads", "3"});
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
-  auto proc = core::Process::Attach((*target)->pid());
+  auto proc = core::ptrace::Process::Attach((*target)->pid());
   ASSERT_TRUE(proc.ok()) << proc.status();
   ASSERT_TRUE((*proc)->StopAll().ok());
   EXPECT_EQ((*proc)->TracedThreads().size(), 4u);
@@ -326,7 +326,7 @@ TEST(PickLoadThread, RefusesAThreadInsideTheLoaderAndTakesAnother) {
         {kwatch::testing::TargetPath("remote_call"), "dliter", std::to_string(workers)});
     ASSERT_TRUE(target.ok());
     ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
-    auto proc = core::Process::Attach((*target)->pid());
+    auto proc = core::ptrace::Process::Attach((*target)->pid());
     ASSERT_TRUE(proc.ok()) << proc.status();
     ASSERT_TRUE((*proc)->StopAll().ok());
     auto picked = PickLoadThread(**proc);

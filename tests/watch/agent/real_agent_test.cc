@@ -47,7 +47,7 @@ LoadOptions RealAgent() {
 }
 
 RemoteAddr Fn(pid_t pid, const std::string& name) {
-  auto symbols = core::Symbols::ForProcess(pid);
+  auto symbols = core::symbols::Symbols::ForProcess(pid);
   EXPECT_TRUE(symbols.ok());
   auto f = (*symbols)->FindFunction(name);
   EXPECT_TRUE(f.has_value()) << name;
@@ -55,12 +55,12 @@ RemoteAddr Fn(pid_t pid, const std::string& name) {
 }
 
 // An INT3 probe on add6's first instruction recording %rdi.
-absl::StatusOr<uint32_t> ProbeAdd6(Controller& ctl, core::Process& proc, RemoteAddr add6) {
+absl::StatusOr<uint32_t> ProbeAdd6(Controller& ctl, core::ptrace::Process& proc, RemoteAddr add6) {
   std::vector<uint8_t> code(15);
   if (absl::Status s = proc.ReadMemory(add6, code); !s.ok()) {
     return s;
   }
-  auto insn = core::AnalyzeProbedInsn(code, add6);
+  auto insn = core::probe::AnalyzeProbedInsn(code, add6);
   if (!insn.ok()) {
     return insn.status();
   }
@@ -94,7 +94,7 @@ void WaitForReady(const std::string& out) {
 }
 
 struct Launched {
-  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<core::ptrace::Process> proc;
   std::string out;
 };
 
@@ -102,7 +102,7 @@ Launched LaunchCalls(const std::string& tag, int n) {
   Launched l;
   l.out = ::testing::TempDir() + "real_agent_" + tag + "_" + std::to_string(::getpid());
   std::remove(l.out.c_str());
-  auto p = core::Process::Start(
+  auto p = core::ptrace::Process::Start(
       std::nullopt,
       {kwatch::testing::TargetPath("remote_call"), "calls", std::to_string(n), "--out", l.out}, {});
   EXPECT_TRUE(p.ok()) << p.status();
@@ -216,7 +216,7 @@ TEST(RealAgent, LoadedIntoAnAttachedFourThreadProgram) {
       kwatch::testing::Spawned::Start({kwatch::testing::TargetPath("remote_call"), "threads", "3"});
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
-  auto proc = core::Process::Attach((*target)->pid());
+  auto proc = core::ptrace::Process::Attach((*target)->pid());
   ASSERT_TRUE(proc.ok());
   ASSERT_TRUE((*proc)->StopAll().ok());
   auto ctl = Controller::Load(**proc, RealAgent());

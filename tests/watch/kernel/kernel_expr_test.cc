@@ -224,7 +224,7 @@ TEST_F(KernelExprTest, TypeFromBtf) {
   ASSERT_TRUE(btf.ok()) << "this machine has /sys/kernel/btf/vmlinux: " << btf.status();
   auto task = (*btf)->FindType("struct task_struct");
   ASSERT_TRUE(task.ok()) << task.status();
-  auto prio = (*btf)->Walk(*task, core::ParseExpr("t.prio")->steps);
+  auto prio = (*btf)->Walk(*task, core::symbols::ParseExpr("t.prio")->steps);
   ASSERT_TRUE(prio.ok()) << prio.status();
   auto r = Resolve("jiffies.prio", Opts(std::nullopt, "struct task_struct"), btf->get());
   ASSERT_TRUE(r.ok()) << r.status();
@@ -241,9 +241,9 @@ TEST_F(KernelExprTest, TypeFromBtf) {
 }
 
 TEST(ResolveProcessExprTest, SymbolsOfTheProcess) {
-  auto syms = core::Symbols::ForProcess(getpid());
+  auto syms = core::symbols::Symbols::ForProcess(getpid());
   ASSERT_TRUE(syms.ok()) << syms.status();
-  const core::MemoryReader read = [](core::RemoteAddr addr, std::span<uint8_t> out) {
+  const core::symbols::MemoryReader read = [](core::RemoteAddr addr, std::span<uint8_t> out) {
     // NOLINTNEXTLINE(performance-no-int-to-ptr): this process's own memory
     std::copy_n(reinterpret_cast<const uint8_t*>(addr.value), out.size(), out.begin());
     return absl::OkStatus();

@@ -27,7 +27,7 @@ TEST(KernelFramesTest, KernelThenUserFrames) {
   ASSERT_TRUE(ksyms.ok()) << ksyms.status();
   const core::kernel::KernelSymbol* schedule = (*ksyms)->kallsyms().Find("schedule");
   ASSERT_NE(schedule, nullptr);
-  auto usyms = core::Symbols::ForProcess(getpid());
+  auto usyms = core::symbols::Symbols::ForProcess(getpid());
   ASSERT_TRUE(usyms.ok()) << usyms.status();
   const auto marker = reinterpret_cast<uintptr_t>(&KwFramesMarker);
   auto line = (*usyms)->LineAt(core::RemoteAddr{marker + 1});

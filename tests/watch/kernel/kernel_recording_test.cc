@@ -120,7 +120,7 @@ TEST_F(KernelRecordingTest, EventsSitesTasksAndTheEnd) {
   EXPECT_EQ(outcome.warning, "");
   EXPECT_EQ(outcome.kept_at, "");
 
-  auto r = core::TraceReader::Open(Spec().path);
+  auto r = core::store::TraceReader::Open(Spec().path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE((*r)->complete());
   EXPECT_EQ((*r)->session().mode, "kernel");
@@ -177,7 +177,7 @@ TEST_F(KernelRecordingTest, KernelAccessesRecording) {
   const RecordingOutcome outcome = FinishRecording(**writer, absl::OkStatus(), {});
   EXPECT_TRUE(outcome.complete);
   EXPECT_EQ(outcome.events, 0U);
-  auto r = core::TraceReader::Open(Spec().path);
+  auto r = core::store::TraceReader::Open(Spec().path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)->session().mode, "kernel-accesses");
   EXPECT_EQ((*r)->session().pid, 4242);

@@ -46,7 +46,7 @@ std::vector<ProbeDef> TwoProbes() {
   return probes;
 }
 
-ProbeHit Hit(const ProbeDef& p, uint64_t time_ns, uint64_t ip, core::ProbeArgs args) {
+ProbeHit Hit(const ProbeDef& p, uint64_t time_ns, uint64_t ip, core::store::ProbeArgs args) {
   ProbeHit h;
   h.time_ns = time_ns;
   h.pid = 4242;
@@ -203,10 +203,11 @@ TEST(HitRecorder, RecordsTheProbesEachSiteOnceAndEveryHit) {
   const std::vector<ProbeDef> probes = TwoProbes();
   TempDir dir;
   const std::string path = dir.File("run.kwdb");
-  core::SessionRecord rec = core::SessionRecordForThisHost();
+  core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.mode = "probe";
   rec.backend = "ptrace";
-  absl::StatusOr<std::unique_ptr<core::TraceWriter>> writer = core::TraceWriter::Create(path, rec);
+  absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> writer =
+      core::store::TraceWriter::Create(path, rec);
   ASSERT_TRUE(writer.ok()) << writer.status();
   constexpr uint64_t kBias = 0x555555554000;
   ASSERT_TRUE(AddProbes(**writer, probes, kBias).ok());
@@ -222,14 +223,15 @@ TEST(HitRecorder, RecordsTheProbesEachSiteOnceAndEveryHit) {
   recorder.Flush();
   EXPECT_TRUE(recorder.status().ok()) << recorder.status();
   EXPECT_TRUE(recorder.error().ok());
-  core::SessionEnd end;
+  core::store::SessionEnd end;
   end.exit_reason = "target exited";
   ASSERT_TRUE((*writer)->Finish(end).ok());
   writer->reset();
 
-  absl::StatusOr<std::unique_ptr<core::TraceReader>> reader = core::TraceReader::Open(path);
+  absl::StatusOr<std::unique_ptr<core::store::TraceReader>> reader =
+      core::store::TraceReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
-  const std::vector<core::ProbeRecord>& recorded = (*reader)->probes();
+  const std::vector<core::store::ProbeRecord>& recorded = (*reader)->probes();
   ASSERT_EQ(recorded.size(), 2u);
   EXPECT_EQ(recorded[0].id, 1u);
   EXPECT_EQ(recorded[0].event, "tick");
@@ -243,24 +245,24 @@ TEST(HitRecorder, RecordsTheProbesEachSiteOnceAndEveryHit) {
   EXPECT_TRUE(recorded[1].is_return);
   // One site for the one address hit three times.
   ASSERT_EQ((*reader)->sites().size(), 1u);
-  const core::SiteRecord& site = (*reader)->sites()[0];
+  const core::store::SiteRecord& site = (*reader)->sites()[0];
   EXPECT_EQ(site.ip.value, ip);
   EXPECT_EQ(site.function, "tick");
   EXPECT_EQ(site.offset, 0u);
   EXPECT_EQ(site.file, "/src/uprobe_loop.c");
   EXPECT_EQ(site.line, 17);
   EXPECT_EQ(site.disassembly, "endbr64");
-  std::vector<core::HitRecord> back;
+  std::vector<core::store::HitRecord> back;
   ASSERT_TRUE((*reader)
                   ->ForEachHit({},
-                               [&back](const core::HitRecord& h) {
+                               [&back](const core::store::HitRecord& h) {
                                  back.push_back(h);
                                  return true;
                                })
                   .ok());
   ASSERT_EQ(back.size(), 3u);
   for (size_t i = 0; i < hits.size(); ++i) {
-    core::HitRecord want;
+    core::store::HitRecord want;
     want.time_ns = hits[i].time_ns;
     want.pid = 4242;
     want.tid = 4243;
@@ -277,8 +279,8 @@ TEST(HitRecorder, AFailureIsStickyAndBecomesTheStopReason) {
   const std::vector<ProbeDef> probes = TwoProbes();
   TempDir dir;
   const std::string path = dir.File("gone.kwdb");
-  absl::StatusOr<std::unique_ptr<core::TraceWriter>> writer =
-      core::TraceWriter::Create(path, core::SessionRecordForThisHost());
+  absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> writer =
+      core::store::TraceWriter::Create(path, core::store::SessionRecordForThisHost());
   ASSERT_TRUE(writer.ok()) << writer.status();
   ASSERT_TRUE(AddProbes(**writer, probes, 0).ok());
   HitRecorder recorder(**writer);

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 TEST(FormatDuration, LargestUnitAtMostThreeDecimals) {
@@ -17,4 +17,4 @@ TEST(FormatDuration, LargestUnitAtMostThreeDecimals) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -6,7 +6,7 @@
 #include "tests/watch/profile/profile_test_util.h"
 #include "watch/profile/storage_profile.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using ::testing::ElementsAre;
@@ -189,4 +189,4 @@ TEST(FalseSharing, LinesAreSharedAcrossObjects) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 // HSL lightness of 0xRRGGBB (0..255), as QColor::lightness, for monotonicity checks. Channels
@@ -137,4 +137,4 @@ TEST(HeatScale, LevelsQuantizeThePosition) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

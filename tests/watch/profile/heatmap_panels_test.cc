@@ -9,7 +9,7 @@
 
 #include "tests/watch/profile/profile_test_util.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using ::testing::ElementsAre;
@@ -94,4 +94,4 @@ TEST(HeatmapPanelsTest, AProfileWithoutEventsHasOneEmptyColumn) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

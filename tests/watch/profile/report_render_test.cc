@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_split.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using ::testing::HasSubstr;
@@ -278,4 +278,4 @@ TEST(ProfileReport, ColourHeatmapAndNarrowWidth) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -9,7 +9,7 @@
 
 #include "tests/watch/profile/profile_test_util.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using testing::Read;
@@ -158,4 +158,4 @@ TEST(ReportRows, FalseSharingKeptWhenASelectedThreadTookPart) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 TEST(SiteTable, ExactUpToCapacityThenOther) {
@@ -41,4 +41,4 @@ TEST(SiteTable, ZeroCapacityCountsEverythingAsOther) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

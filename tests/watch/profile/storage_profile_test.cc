@@ -7,7 +7,7 @@
 
 #include "tests/watch/profile/profile_test_util.h"
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using ::testing::ElementsAre;
@@ -340,4 +340,4 @@ TEST(StorageProfile, ManyAccessShapesStayExactPastTheShapeCache) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile

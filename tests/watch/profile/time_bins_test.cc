@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace kwatch::watch {
+namespace kwatch::watch::profile {
 namespace {
 
 using ::testing::ElementsAre;
@@ -67,4 +67,4 @@ TEST(TimeBins, FixedWidthSlidesByAtLeastHalf) {
 }
 
 }  // namespace
-}  // namespace kwatch::watch
+}  // namespace kwatch::watch::profile
