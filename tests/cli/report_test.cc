@@ -314,8 +314,8 @@ TEST(Recording, CutShortBySigkillStillReports) {
 // it at FILE.new-PID); a session that ends normally replaces it.
 TEST(Recording, AnExistingRecordingIsReplacedOnlyByACompleteOne) {
   const std::string db = TempFile("replaced.kwdb");
-  const RunResult first = RunKwatch({"-q", "--write", "g_stats.hits", "-o", db, "--",
-                                     TargetPath("field_writer"), "1", "300"});
+  const RunResult first = RunKwatch(
+      {"-q", "--write", "g_stats.hits", "-o", db, "--", TargetPath("field_writer"), "1", "300"});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const json before = ReportJson({db});
   const uint64_t events = before["session"]["events"];
@@ -343,8 +343,8 @@ TEST(Recording, AnExistingRecordingIsReplacedOnlyByACompleteOne) {
   EXPECT_EQ(partial.exit_code, 0) << partial.err;
   EXPECT_THAT(partial.err, HasSubstr("was cut short"));
 
-  const RunResult third = RunKwatch({"-q", "--write", "g_stats.hits", "-o", db, "--",
-                                     TargetPath("field_writer"), "1", "50"});
+  const RunResult third = RunKwatch(
+      {"-q", "--write", "g_stats.hits", "-o", db, "--", TargetPath("field_writer"), "1", "50"});
   ASSERT_EQ(third.exit_code, 0) << third.err;
   const json replaced = ReportJson({db});
   EXPECT_EQ(replaced["session"]["complete"], true);
