@@ -60,7 +60,7 @@ void Loader::Drain() {
       result.snapshot = std::move(*snap);
     } else {
       result.code = snap.status().code();
-      result.error = QString::fromStdString(std::string(snap.status().message()));
+      result.error = QString::fromStdString(std::string{snap.status().message()});
     }
     Q_EMIT Finished(std::move(result));
   }
