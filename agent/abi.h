@@ -9,7 +9,9 @@
 // written by one side only (said per field); the other side reads it with acquire loads.
 // Layout (offsets in KwControl, each 64-byte aligned):
 //   KwControl | KwProbe[probe_capacity] | KwProbeSlot[hash_capacity] | fetch code pool |
-//   KwThread[thread_capacity] | KwRing[ring_count] (each header + ring_bytes of records)
+//   KwPatch[patch_capacity] | KwProcess[process_capacity] | KwThread[thread_capacity] |
+//   KwRing[ring_count] (each header + ring_bytes of records)
+// (the order is kwatch's choice: the agent only follows the offsets)
 //
 // Compiled into both kwatch (C++20, libstdc++) and the agent (C++20, no exceptions, no RTTI,
 // -mgeneral-regs-only, libc only): header-only, standard layout, lock-free atomics only.
@@ -23,7 +25,7 @@
 namespace kwatch::agent {
 
 inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
-inline constexpr uint32_t kKwAbiVersion = 3;
+inline constexpr uint32_t kKwAbiVersion = 4;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -43,7 +45,9 @@ enum KwState : uint32_t {
 
 // KwControl::flags (kwatch writes).
 enum KwControlFlags : uint32_t {
-  kKwFollowForks = 1U << 0,  // a forked child keeps its probes (else it restores its code)
+  // A forked child keeps its probes if it gets a KwProcess entry (else it restores its
+  // copy of the code).
+  kKwFollowForks = 1U << 0,
 };
 
 struct alignas(64) KwControl {
@@ -103,6 +107,14 @@ struct alignas(64) KwControl {
   // Why kwatch_agent_init failed (KwInitError, the agent writes; kKwInitOk on success).
   uint32_t init_error;
   uint32_t reserved0;
+
+  // The processes that keep the probes besides the target (kKwFollowForks): each fork child
+  // claims an entry (KwProcess) before it decides (docs/agent.md "fork"). 0 entries: no
+  // child can be followed (each restores its copy of the code).
+  uint64_t processes_offset;  // KwProcess[process_capacity]
+  uint32_t process_capacity;
+  uint32_t reserved1;
+  std::atomic<uint64_t> forks_followed;  // fork children that kept their probes (the agent)
 };
 
 // KwControl::init_error: the step of kwatch_agent_init that failed (its return value is the
@@ -153,6 +165,29 @@ struct alignas(64) KwPatch {
   uint32_t probe_index;  // the KwProbe it belongs to
   uint32_t reserved;
 };
+
+// ---------------------------------------------------------------------------------------
+// Followed processes (kKwFollowForks).
+//
+// A fork child claims a free entry (CAS on pid from 0, sequentially consistent) before it
+// reads KwControl::state, and kwatch sets state Stopping before it reads the table for the
+// last time: a child either sees Stopping (and restores its own copy of the code) or is seen
+// by kwatch (which restores it), or both (the restore is idempotent). The entry stays until
+// kwatch frees it (state 0 first, then pid 0, release) once it saw the process end.
+
+enum KwProcessState : uint32_t {
+  kKwProcessClaimed = 0,   // the child is deciding: kwatch treats it as followed
+  kKwProcessFollowed = 1,  // the child keeps its probes, records and its own watchdog
+  kKwProcessLeft = 2,      // the child restored its own copy of the code (state was Stopping)
+};
+
+struct KwProcess {
+  std::atomic<int32_t> pid;     // 0: free (the agent claims with a CAS)
+  int32_t parent;               // the process it forked from
+  std::atomic<uint32_t> state;  // KwProcessState (the agent; kwatch zeroes it when freeing)
+  uint32_t reserved;
+};
+static_assert(sizeof(KwProcess) == 16);
 
 // ---------------------------------------------------------------------------------------
 // Probes.

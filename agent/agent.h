@@ -33,6 +33,7 @@ struct Session {
   KwThread* threads = nullptr;
   uint8_t* rings = nullptr;
   KwPatch* patches = nullptr;
+  KwProcess* processes = nullptr;
   uint32_t probe_capacity = 0;
   uint32_t hash_capacity = 0;
   uint32_t hash_shift = 0;
@@ -40,6 +41,7 @@ struct Session {
   uint32_t thread_capacity = 0;
   uint32_t ring_bytes = 0;
   uint32_t patch_capacity = 0;
+  uint32_t process_capacity = 0;
   uint64_t ring_stride = 0;  // sizeof(KwRing) + ring_bytes
   // The lifeline's read end while the agent holds it (-1 once closed: the watchdog saw EOF,
   // or a fork child that restored its code).

@@ -71,6 +71,9 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   if (!Fits(size, c.patches_offset, c.patch_capacity, sizeof(KwPatch))) {
     return false;
   }
+  if (!Fits(size, c.processes_offset, c.process_capacity, sizeof(KwProcess))) {
+    return false;
+  }
   auto* base = reinterpret_cast<uint8_t*>(const_cast<KwControl*>(&c));
   s.base = base;
   s.size = size;
@@ -81,6 +84,7 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   s.threads = reinterpret_cast<KwThread*>(base + c.threads_offset);
   s.rings = base + c.rings_offset;
   s.patches = reinterpret_cast<KwPatch*>(base + c.patches_offset);
+  s.processes = reinterpret_cast<KwProcess*>(base + c.processes_offset);
   s.probe_capacity = c.probe_capacity;
   s.hash_capacity = c.hash_capacity;
   s.hash_shift = 64 - static_cast<uint32_t>(__builtin_ctzll(c.hash_capacity));
@@ -88,6 +92,7 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   s.thread_capacity = c.thread_capacity;
   s.ring_bytes = c.ring_bytes;
   s.patch_capacity = c.patch_capacity;
+  s.process_capacity = c.process_capacity;
   s.ring_stride = sizeof(KwRing) + uint64_t{c.ring_bytes};
   return true;
 }

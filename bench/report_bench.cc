@@ -19,11 +19,11 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
-#include "cli/profile_report.h"
 #include "core/event.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
+#include "watch/profile/report_render.h"
 #include "watch/recording.h"
 
 namespace kwatch {
@@ -143,14 +143,14 @@ const Recording& TheRecording() {
   return *r;
 }
 
-cli::SiteNamer NamerFor(const core::TraceReader& r) {
+watch::SiteNamer NamerFor(const core::TraceReader& r) {
   return [&r](core::RemoteAddr ip) {
     for (const core::SiteRecord& s : r.sites()) {
       if (s.ip == ip) {
-        return cli::SiteName{s.function, s.offset, s.file, s.line};
+        return watch::SiteName{s.function, s.offset, s.file, s.line};
       }
     }
-    return cli::SiteName{};
+    return watch::SiteName{};
   };
 }
 
@@ -170,11 +170,11 @@ void Report(benchmark::State& state, bool json) {
       state.SkipWithError(std::string(profile.status().message()).c_str());
       return;
     }
-    cli::ReportRenderOptions ropts;
+    watch::ReportRenderOptions ropts;
     if (json) {
-      bytes = cli::RenderJson(*profile, NamerFor(**reader), ropts).dump().size();
+      bytes = watch::RenderJson(*profile, NamerFor(**reader), ropts).dump().size();
     } else {
-      bytes = cli::RenderText(*profile, NamerFor(**reader), ropts).size();
+      bytes = watch::RenderText(*profile, NamerFor(**reader), ropts).size();
     }
     benchmark::DoNotOptimize(bytes);
   }

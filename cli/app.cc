@@ -29,9 +29,7 @@
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
-#include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
-#include "core/ptrace/process_group.h"
 #include "core/store/trace_writer.h"
 #include "core/symbols/expr.h"
 #include "core/symbols/symbols.h"
@@ -40,6 +38,7 @@
 #include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
+#include "watch/process_setup.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/recording.h"
 #include "watch/recording_sink.h"
@@ -170,24 +169,12 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
 }
 
 absl::StatusOr<int> RunWatch(const Options& opts) {
-  // Signals are blocked before the launch, so that no SIGCHLD is lost.
-  KW_ASSIGN_OR_RETURN(core::UniqueFd sigfd, watch::BlockSessionSignals());
-
-  // -f: the target and the children it forks share one tracer (core/process_group.h).
-  std::unique_ptr<core::ProcessGroup> group;
-  if (opts.follow_forks) {
-    group = std::make_unique<core::ProcessGroup>(/*follow_forks=*/true);
-  }
-  core::LaunchOptions lo;
-  lo.kill_on_exit = opts.kill_on_exit;
-  lo.run_as = opts.run_as;
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc,
-                      core::Process::Start(opts.pid, opts.command, lo));
-  if (group != nullptr) {
-    group->Add(*proc);
-  }
-
-  std::vector<watch::WatchRequest> requests;
+  watch::ProcessSetupOptions po;
+  po.pid = opts.pid;
+  po.command = opts.command;
+  po.launch.kill_on_exit = opts.kill_on_exit;
+  po.launch.run_as = opts.run_as;
+  po.follow_forks = opts.follow_forks;
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   if (opts.rw || opts.read) {
     kind = drmgr::DrKind::kReadWrite;
@@ -200,18 +187,9 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     r.kind = kind;
     r.reads_only = opts.read;
     r.length = opts.len;
-    requests.push_back(std::move(r));
+    po.requests.push_back(std::move(r));
   }
-  auto fail = [&](absl::Status s) -> absl::Status {
-    // A launched target never ran its own code yet: do not leave it behind.
-    if (proc->launched()) {
-      (void)proc->Kill();
-    } else {
-      (void)proc->Detach();
-    }
-    return s;
-  };
-  watch::SessionOptions so;
+  watch::SessionOptions& so = po.session;
   so.backend = opts.backend == "perf"   ? watch::BackendKind::kPerf
                : opts.backend == "page" ? watch::BackendKind::kPage
                : opts.backend == "stop" ? watch::BackendKind::kStop
@@ -224,40 +202,16 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
                                                  : watch::Overcommit::kPages;
   so.mux_interval = absl::Milliseconds(opts.mux_interval_ms);
   so.stack_frames = opts.stack ? opts.stack_depth : 0;
-  if (!opts.condition.empty()) {
-    // Parsed once up front for its errors and for whether it needs exact values.
-    auto c = watch::Condition::Parse(opts.condition);
-    if (!c.ok()) {
-      return fail(c.status());
-    }
-    so.exact_values = c->uses_new() || c->uses_old();
-  }
-  auto session = watch::WatchSession::Create(*proc, std::move(requests), so);
-  if (!session.ok()) {
-    return fail(session.status());
-  }
-  if (absl::Status s = (*session)->Arm(); !s.ok()) {
-    return fail(s);
-  }
+  po.condition = opts.condition;
+  KW_ASSIGN_OR_RETURN(watch::ProcessSetup setup, watch::SetUpProcessWatch(std::move(po)));
   std::unique_ptr<core::TraceWriter> writer;
   if (!opts.output.empty()) {
-    auto w = watch::CreateWatchRecording(RecordingSpecFor(opts), **session, proc->pid());
+    auto w = watch::CreateWatchRecording(RecordingSpecFor(opts), *setup.session, setup.proc->pid());
     if (!w.ok()) {
-      return fail(w.status());
+      setup.Abandon();
+      return w.status();
     }
     writer = *std::move(w);
-  }
-  std::vector<watch::Condition> conditions;
-  if (!opts.condition.empty()) {
-    for (const watch::Watch& wt : (*session)->watches()) {
-      watch::ConditionOptions co;
-      co.signed_values = watch::IsSignedType(wt.target.type_name);
-      auto c = watch::Condition::Parse(opts.condition, co);
-      if (!c.ok()) {
-        return fail(c.status());
-      }
-      conditions.push_back(*std::move(c));
-    }
   }
   std::unique_ptr<AccessPrinter> printer;
   if (opts.json) {
@@ -280,8 +234,9 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   to.condition = opts.condition;
   KW_ASSIGN_OR_RETURN(
       std::unique_ptr<watch::TargetSet> set,
-      watch::TargetSet::Create(to, so, std::move(sigfd), std::move(group), std::move(proc),
-                               *std::move(session), std::move(conditions), sink));
+      watch::TargetSet::Create(to, setup.session_options, std::move(setup.sigfd),
+                               std::move(setup.group), std::move(setup.proc),
+                               std::move(setup.session), std::move(setup.conditions), sink));
   auto code = RunTargetSet(opts, *set, *printer);
   if (!code.ok()) {
     set->Abandon();

@@ -16,7 +16,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -24,23 +23,19 @@
 #include "cli/output.h"
 #include "cli/watch_recording.h"
 #include "core/base/status_macros.h"
-#include "core/kernel/btf_types.h"
 #include "core/kernel/kernel_symbols.h"
 #include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
 #include "core/symbols/symbols.h"
 #include "drmgr/debug_regs.h"
-#include "watch/kernel/capability.h"
-#include "watch/kernel/drain_values.h"
 #include "watch/kernel/kernel_event.h"
-#include "watch/kernel/kernel_expr.h"
 #include "watch/kernel/kernel_frames.h"
 #include "watch/kernel/kernel_recording.h"
 #include "watch/kernel/kernel_registers.h"
 #include "watch/kernel/kernel_session.h"
+#include "watch/kernel/kernel_setup.h"
 #include "watch/kernel/kernel_slots.h"
 #include "watch/kernel/task_names.h"
-#include "watch/perf_util.h"
 
 namespace kwatch::cli {
 
@@ -48,11 +43,11 @@ namespace {
 
 using Options = WatchOptions;
 
-using watch::kernel::DrainValues;
 using watch::kernel::KernelEvent;
 using watch::kernel::KernelEventSink;
 using watch::kernel::KernelFrame;
 using watch::kernel::KernelNote;
+using watch::kernel::KernelSetup;
 using watch::kernel::KernelSummary;
 using watch::kernel::KernelWatch;
 using watch::kernel::KernelWatchSession;
@@ -66,30 +61,6 @@ void Error(const absl::Status& s) {
 
 // ---------------------------------------------------------------------------------------------
 // Kernel watches: no -p and no command. One CPU-wide breakpoint per online CPU (pid -1).
-
-// The note that watch `i`'s value cannot be read (said once per watch).
-std::string ValueUnreadableText(size_t i, const KernelWatch& w, const absl::Status& why) {
-  return absl::StrFormat("kwatch: note: watch #%d %s shows no value: %s\n", i + 1, w.display,
-                         why.message());
-}
-
-// ", callchains of up to N frames (--stack)" for the armed line of a kernel session, or "".
-std::string StackNote(const Options& opts) {
-  return opts.stack ? absl::StrFormat(", callchains of up to %d frames (--stack)", opts.stack_depth)
-                    : std::string();
-}
-
-// Loads the kernel's line tables when a vmlinux with DWARF is at hand (--vmlinux, or perf's
-// places), so that kernel code shows as func+off (file:line); says so when --vmlinux was
-// given and cannot serve, and when --stack would show function+offset only.
-void KernelLinesNote(const Options& opts, core::kernel::KernelSymbolResolver& symbols) {
-  const absl::Status st = symbols.LoadLines();
-  if (st.ok()) {
-    std::fprintf(stderr, "kwatch: kernel source lines from %s\n", symbols.lines_file().c_str());
-  } else if (!opts.vmlinux.empty() || opts.stack) {
-    absl::FPrintF(stderr, "kwatch: note: %s\n", st.message());
-  }
-}
 
 // The per-site table of watch `i` (text summary), "" when it saw no event:
 //   kernel sites of watch #1 buf (the IP the CPU reported: after the access):
@@ -167,9 +138,12 @@ class KernelPrinter : public KernelEventSink {
   void OnNote(const KernelNote& note) override {
     switch (note.kind) {
       case KernelNote::Kind::kValueUnreadable:
-        std::fputs(
-            ValueUnreadableText(note.watch, session_->watches()[note.watch], note.why).c_str(),
-            stderr);
+        std::fputs(absl::StrCat("kwatch: ",
+                                watch::kernel::ValueUnreadableNote(
+                                    note.watch, session_->watches()[note.watch], note.why),
+                                "\n")
+                       .c_str(),
+                   stderr);
         break;
       case KernelNote::Kind::kCpuOffline:
         std::fprintf(stderr,
@@ -381,36 +355,29 @@ void SayUnpublished(const absl::Status& st) {
                 st.message());
 }
 
-// What a kernel session runs on, set up by RunKernelWatch or RunKernelAccesses.
-struct KernelRun {
-  std::vector<KernelWatch> watches;
-  drmgr::DrKind kind = drmgr::DrKind::kWrite;
-  std::string armed;  // the "armed ..." line
-  std::unique_ptr<watch::kernel::KernelSlots> slots;
-  std::unique_ptr<DrainValues> values;       // kernel memory for values at drain time, or null
-  core::Process* proc = nullptr;             // --kernel-accesses: the process
-  const core::Symbols* user_syms = nullptr;  // ... and its symbols
-  core::TraceWriter* writer = nullptr;       // -o
-};
-
-// Runs a kernel session (kernel watches, or --kernel-accesses of `run.proc`) to its end:
+// Runs a kernel session (kernel watches, or --kernel-accesses of `setup.proc`) to its end:
 // prints each event with its CPU, task and kernel function+offset, then the summary. Returns
 // kwatch's exit status.
-absl::StatusOr<int> RunKernelSession(const Options& opts, KernelRun run,
-                                     core::kernel::KernelSymbolResolver& symbols) {
-  const pid_t pid = run.proc != nullptr ? run.proc->pid() : 0;
+absl::StatusOr<int> RunKernelSession(const Options& opts, KernelSetup& setup) {
+  core::kernel::KernelSymbolResolver& symbols = *setup.symbols;
+  const pid_t pid = setup.proc != nullptr ? setup.proc->pid() : 0;
+  std::unique_ptr<core::TraceWriter> writer;
+  if (!opts.output.empty()) {
+    KW_ASSIGN_OR_RETURN(
+        writer, watch::kernel::CreateKernelRecording(RecordingSpecFor(opts), pid, setup.watches));
+  }
   TaskNames comms;
   std::unique_ptr<KernelPrinter> printer;
   if (opts.json) {
-    printer =
-        std::make_unique<KernelJsonPrinter>(opts, run.kind, pid, symbols, comms, run.user_syms);
+    printer = std::make_unique<KernelJsonPrinter>(opts, setup.kind, pid, symbols, comms,
+                                                  setup.user_syms.get());
   } else {
-    printer =
-        std::make_unique<KernelTextPrinter>(opts, run.kind, pid, symbols, comms, run.user_syms);
+    printer = std::make_unique<KernelTextPrinter>(opts, setup.kind, pid, symbols, comms,
+                                                  setup.user_syms.get());
   }
   std::optional<watch::kernel::KernelRecordingSink> recorder;
-  if (run.writer != nullptr) {
-    recorder.emplace(*run.writer, symbols, comms, *printer);
+  if (writer != nullptr) {
+    recorder.emplace(*writer, symbols, comms, *printer);
   }
   KernelEventSink& sink = recorder.has_value() ? static_cast<KernelEventSink&>(*recorder)
                                                : static_cast<KernelEventSink&>(*printer);
@@ -419,13 +386,13 @@ absl::StatusOr<int> RunKernelSession(const Options& opts, KernelRun run,
   so.duration = opts.duration;
   so.callchains = opts.stack;
   so.kill_on_exit = opts.kill_on_exit;
-  KW_ASSIGN_OR_RETURN(
-      std::unique_ptr<KernelWatchSession> session,
-      KernelWatchSession::Create(so, std::move(run.watches),
-                                 std::make_unique<watch::kernel::PublishedRegisters>(
-                                     std::move(run.slots), pid, opts.command_line, SayUnpublished),
-                                 std::move(run.values), run.proc, sink));
-  std::fprintf(stderr, "kwatch: %s\n", run.armed.c_str());
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<KernelWatchSession> session,
+                      KernelWatchSession::Create(
+                          so, std::move(setup.watches),
+                          std::make_unique<watch::kernel::PublishedRegisters>(
+                              std::move(setup.slots), pid, opts.command_line, SayUnpublished),
+                          std::move(setup.values), setup.proc.get(), sink));
+  std::fprintf(stderr, "kwatch: %s\n", setup.armed.c_str());
   std::fflush(stderr);
   printer->Start(*session);
   while (true) {
@@ -441,8 +408,9 @@ absl::StatusOr<int> RunKernelSession(const Options& opts, KernelRun run,
   return end.exit_status.value_or(0);
 }
 
-// Blocks the signals that go to the session's signalfd, before the recording's checkpoint
-// thread starts, so that it inherits the mask (else a Ctrl-C there would kill kwatch).
+// Blocks the signals that go to the session's signalfd: before a launch (no SIGCHLD is lost)
+// and before the recording's checkpoint thread starts, so that it inherits the mask (else a
+// Ctrl-C there would kill kwatch).
 void BlockSessionSignals() {
   sigset_t mask;
   sigemptyset(&mask);
@@ -452,204 +420,47 @@ void BlockSessionSignals() {
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
 }
 
-// The drain-time values of `watches` (kcore), with the notes that say where they come from
-// or why there are none. Nothing is opened with -q and no -o (no event is shown or recorded).
-absl::StatusOr<std::unique_ptr<DrainValues>> OpenValues(const Options& opts,
-                                                        const std::vector<KernelWatch>& watches) {
-  auto opened =
-      watch::kernel::OpenDrainValues(opts.kcore, !opts.quiet || !opts.output.empty(), watches);
-  if (!opened.ok()) {
-    return absl::Status(opened.status().code(),
-                        absl::StrCat("--kcore ", opts.kcore, ": ", opened.status().message()));
-  }
-  if (!opened->why_none.ok()) {
-    absl::FPrintF(stderr, "kwatch: note: kernel events show no value: %s\n",
-                  opened->why_none.message());
-  } else if (!opened->source.empty()) {
-    absl::FPrintF(stderr,
-                  "kwatch: values from %s, read when kwatch drains the events (~V), not at the "
-                  "access\n",
-                  opened->source);
-  }
-  for (const auto& [i, why] : opened->unreadable) {
-    std::fputs(ValueUnreadableText(i, watches[i], why).c_str(), stderr);
-  }
-  return std::move(opened->values);
+watch::kernel::KernelSetupOptions SetupOptionsFor(const Options& opts) {
+  watch::kernel::KernelSetupOptions so;
+  so.exprs = opts.exprs;
+  so.kind = opts.rw || opts.read ? drmgr::DrKind::kReadWrite
+            : opts.exec          ? drmgr::DrKind::kExec
+                                 : drmgr::DrKind::kWrite;
+  so.len = opts.len;
+  so.type = opts.kernel_type;
+  so.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
+  so.system_map = opts.system_map;
+  so.vmlinux = opts.vmlinux;
+  so.kcore = opts.kcore;
+  so.values_needed = !opts.quiet || !opts.output.empty();
+  so.pid = opts.pid;
+  so.command = opts.command;
+  so.launch.kill_on_exit = opts.kill_on_exit;
+  so.launch.run_as = opts.run_as;
+  return so;
 }
 
-// Resolves a kernel watch's expression and says what it found (stderr): the notes on its
-// length and section, then "jiffies: 8 bytes at 0x..., from System.map FILE (KASLR slide ...)".
-absl::StatusOr<KernelWatch> ResolveAndSay(const std::string& text, const Options& opts,
-                                          core::kernel::KernelSymbolResolver& symbols,
-                                          const core::kernel::KernelBtf* btf) {
-  watch::kernel::KernelExprOptions eo;
-  eo.len = opts.len;
-  eo.type = opts.kernel_type;
-  eo.exec = opts.exec;
-  KW_ASSIGN_OR_RETURN(watch::kernel::ResolvedKernelExpr r,
-                      watch::kernel::ResolveKernelExpr(text, eo, symbols, btf));
-  KernelWatch& w = r.watch;
-  if (r.length_guessed) {
-    std::fprintf(stderr,
-                 "kwatch: note: no type for '%s' (System.map and kallsyms carry none, and the "
-                 "kernel's BTF describes only per-CPU variables): watching %u bytes; give "
-                 "--len N or --type TYPE\n",
-                 w.display.c_str(), w.len);
-  }
-  if (r.read_only_section && !opts.exec && !opts.rw && !opts.read) {
-    std::fprintf(stderr,
-                 "kwatch: warning: '%s' is in a read-only kernel section (type '%c' in %s): "
-                 "nothing writes there, so --write will see no event\n",
-                 r.symbol.c_str(), r.symbol_type, w.source.c_str());
-  }
-  std::fprintf(stderr, "kwatch: %s: %u byte%s at 0x%llx%s%s, from %s%s\n", w.display.c_str(), w.len,
-               w.len == 1 ? "" : "s", static_cast<unsigned long long>(w.addr),
-               w.type_name.empty() ? "" : ", ", w.type_name.c_str(), w.source.c_str(),
-               w.slide != 0 || absl::StartsWith(w.source, "System.map") ||
-                       absl::StartsWith(w.source, "vmlinux")
-                   ? absl::StrFormat(" (KASLR slide %s0x%x)", w.slide < 0 ? "-" : "+",
-                                     w.slide < 0 ? -static_cast<uint64_t>(w.slide)
-                                                 : static_cast<uint64_t>(w.slide))
-                         .c_str()
-                   : "");
-  return std::move(w);
-}
-
-uint16_t CallchainFrames(const Options& opts) {
-  return opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
+void Say(const std::string& line) {
+  std::fprintf(stderr, "kwatch: %s\n", line.c_str());
 }
 
 absl::StatusOr<int> RunKernelWatch(const Options& opts) {
-  if (!watch::kernel::HasPerfmonCapability()) {
-    return absl::PermissionDeniedError(
-        "watching the kernel needs root, or CAP_PERFMON (Linux >= 5.8) or CAP_SYS_ADMIN (also "
-        "CAP_SYSLOG to read kernel addresses in /proc/kallsyms): run it with sudo, or `sudo "
-        "setcap cap_perfmon,cap_syslog+ep $(command -v kwatch)`");
-  }
-  core::kernel::KernelSymbolSources src;
-  src.system_map = opts.system_map;
-  src.vmlinux = opts.vmlinux;
-  KW_ASSIGN_OR_RETURN(auto symbols, core::kernel::KernelSymbolResolver::Create(src));
-  std::unique_ptr<core::kernel::KernelBtf> btf;
-  if (auto b = core::kernel::KernelBtf::Load(); b.ok()) {
-    btf = *std::move(b);
-  } else if (!opts.kernel_type.empty()) {
-    return b.status();
-  }
-
-  drmgr::DrKind kind = drmgr::DrKind::kWrite;
-  if (opts.rw || opts.read) {
-    kind = drmgr::DrKind::kReadWrite;
-  } else if (opts.exec) {
-    kind = drmgr::DrKind::kExec;
-  }
-  const std::vector<int> cpus = watch::OnlineCpus();
-  std::vector<KernelWatch> watches;
-  for (const std::string& e : opts.exprs) {
-    KW_ASSIGN_OR_RETURN(KernelWatch w, ResolveAndSay(e, opts, *symbols, btf.get()));
-    watches.push_back(std::move(w));
-  }
-  // drmgr decides who holds which register of each CPU; its slots are opened as CPU-wide
-  // breakpoints (watch/kernel/kernel_slots.h).
-  KW_ASSIGN_OR_RETURN(auto slots,
-                      watch::kernel::ArmKernelWatches(kind, CallchainFrames(opts), watches, cpus));
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<DrainValues> values, OpenValues(opts, watches));
-  KernelLinesNote(opts, *symbols);
+  KW_ASSIGN_OR_RETURN(KernelSetup setup,
+                      watch::kernel::SetUpKernelWatches(SetupOptionsFor(opts), Say));
   BlockSessionSignals();
-  std::unique_ptr<core::TraceWriter> writer;
-  if (!opts.output.empty()) {
-    KW_ASSIGN_OR_RETURN(writer,
-                        watch::kernel::CreateKernelRecording(RecordingSpecFor(opts), 0, watches));
-  }
-  KernelRun run;
-  run.kind = kind;
-  run.armed = absl::StrFormat(
-      "armed %d kernel watch%s on %d CPUs (one breakpoint per CPU), perf breakpoint stream "
-      "mode%s",
-      watches.size(), watches.size() == 1 ? "" : "es", cpus.size(), StackNote(opts));
-  run.watches = std::move(watches);
-  run.slots = std::move(slots);
-  run.values = std::move(values);
-  run.writer = writer.get();
-  return RunKernelSession(opts, std::move(run), *symbols);
+  return RunKernelSession(opts, setup);
 }
 
 // --kernel-accesses: user addresses of a process watched for the accesses the kernel makes
 // on the process's behalf (exclude_user: copy_to_user into a read(2) buffer, futex words...),
 // on every thread (inherited by new ones), each event with its kernel function+offset.
 absl::StatusOr<int> RunKernelAccesses(const Options& opts) {
-  if (!watch::kernel::HasPerfmonCapability()) {
-    return absl::PermissionDeniedError(
-        "--kernel-accesses watches kernel code: it needs root, or CAP_PERFMON (Linux >= 5.8) "
-        "or CAP_SYS_ADMIN (also CAP_SYSLOG to read kernel addresses in /proc/kallsyms)");
-  }
-  KW_ASSIGN_OR_RETURN(auto ksyms, core::kernel::KernelSymbolResolver::Create({}));
   BlockSessionSignals();
-  core::LaunchOptions lo;
-  lo.kill_on_exit = opts.kill_on_exit;
-  lo.run_as = opts.run_as;
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::Process> proc,
-                      core::Process::Start(opts.pid, opts.command, lo));
-  auto fail = [&](absl::Status st) -> absl::Status {
-    if (proc->launched()) {
-      (void)proc->Kill();
-    } else {
-      (void)proc->Detach();
-    }
-    return st;
-  };
-  auto syms = core::Symbols::ForProcess(proc->pid());
-  if (!syms.ok()) {
-    return fail(syms.status());
-  }
-  const core::MemoryReader reader = [&proc](core::RemoteAddr addr, std::span<uint8_t> out) {
-    return proc->ReadMemory(addr, out);
-  };
-  const drmgr::DrKind kind = opts.rw ? drmgr::DrKind::kReadWrite : drmgr::DrKind::kWrite;
-  std::vector<KernelWatch> watches;
-  for (const std::string& text : opts.exprs) {
-    auto w = watch::kernel::ResolveProcessExpr(text, opts.len, **syms, reader);
-    if (!w.ok()) {
-      return fail(w.status());
-    }
-    watches.push_back(*std::move(w));
-  }
-  if (absl::Status st = proc->StopAll(); !st.ok()) {
-    return fail(st);
-  }
-  // drmgr decides which registers of the process's threads the watches hold (process scope,
-  // as process sessions ask it); each slot is opened on every thread, inherited by new ones.
-  auto slots = watch::kernel::ArmKernelAccesses(kind, CallchainFrames(opts), watches, *proc);
-  if (!slots.ok()) {
-    return fail(slots.status());
-  }
-  if (absl::Status st = proc->ResumeAll(); !st.ok()) {
-    return fail(st);
-  }
-  KernelLinesNote(opts, *ksyms);
-  std::unique_ptr<core::TraceWriter> writer;
-  if (!opts.output.empty()) {
-    auto w = watch::kernel::CreateKernelRecording(RecordingSpecFor(opts), proc->pid(), watches);
-    if (!w.ok()) {
-      return fail(w.status());
-    }
-    writer = *std::move(w);
-  }
-  const std::string prog = proc->argv().empty() ? "?" : proc->argv()[0];
-  KernelRun run;
-  run.kind = kind;
-  run.armed = absl::StrFormat(
-      "armed %d watch%s on pid %d (%s) for the kernel's accesses only (exclude_user), perf "
-      "breakpoint stream mode%s",
-      watches.size(), watches.size() == 1 ? "" : "es", proc->pid(), prog, StackNote(opts));
-  run.watches = std::move(watches);
-  run.slots = *std::move(slots);
-  run.proc = proc.get();
-  run.user_syms = syms->get();
-  run.writer = writer.get();
-  auto code = RunKernelSession(opts, std::move(run), *ksyms);
+  KW_ASSIGN_OR_RETURN(KernelSetup setup,
+                      watch::kernel::SetUpKernelAccesses(SetupOptionsFor(opts), Say));
+  auto code = RunKernelSession(opts, setup);
   if (!code.ok()) {
-    return fail(code.status());
+    setup.proc->Abandon();
   }
   return code;
 }

@@ -10,8 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "cli/profile_report.h"
 #include "core/symbols/symbolizer.h"
+#include "watch/profile/report_render.h"
 
 namespace kwatch::cli {
 
@@ -53,10 +53,10 @@ std::vector<std::pair<K, watch::KindCounts>> Ranked(
 constexpr size_t kTopSites = 10;
 
 // Names sites with the symbols of `session`'s process.
-SiteNamer SiteNamerFor(watch::WatchSession& session) {
+watch::SiteNamer SiteNamerFor(watch::WatchSession& session) {
   return [&session](core::RemoteAddr ip) {
     const core::CodeLocation& loc = session.symbolizer().Locate(ip);
-    return SiteName{loc.function, loc.offset, loc.file, loc.line};
+    return watch::SiteName{loc.function, loc.offset, loc.file, loc.line};
   };
 }
 
@@ -138,10 +138,10 @@ void AccessPrinter::Start(const watch::WatchSession& session, uint64_t start_ns,
   }
 }
 
-ReportRenderOptions AccessPrinter::SummaryStart() {
+watch::ReportRenderOptions AccessPrinter::SummaryStart() {
   std::fflush(out_);
-  ReportRenderOptions ropts;
-  ropts.width = TerminalWidth(out_);
+  watch::ReportRenderOptions ropts;
+  ropts.width = watch::TerminalWidth(out_);
   return ropts;
 }
 
@@ -280,7 +280,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
   watch::WatchSession& session = all.session;
   const watch::Summary& summary = all.summary;
   const RunInfo& info = all.info;
-  const ReportRenderOptions ropts = SummaryStart();
+  const watch::ReportRenderOptions ropts = SummaryStart();
   std::string s = absl::StrFormat(
       "{\"type\":\"summary\",\"events\":%d,\"lost\":%d,\"filtered\":%d,\"unrelated\":%d,"
       "\"spurious_traps\":%d,\"seconds\":%.6f,\"backend\":\"%s\",\"stop_reason\":%s,\"pid\":%d",
@@ -382,7 +382,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     s += "]";
   }
   s += ",\"profile\":";
-  s += RenderJson(all.profile, SiteNamerFor(session), ropts).dump();
+  s += watch::RenderJson(all.profile, SiteNamerFor(session), ropts).dump();
   s += "}\n";
   std::fputs(s.c_str(), out_);
   std::fflush(out_);
@@ -392,7 +392,7 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
   watch::WatchSession& session = all.session;
   const watch::Summary& summary = all.summary;
   const RunInfo& info = all.info;
-  const ReportRenderOptions ropts = SummaryStart();
+  const watch::ReportRenderOptions ropts = SummaryStart();
   FILE* out = out_;
   absl::FPrintF(out, "\n== kwatch summary: %d events in %.3f s, %d lost", summary.events(),
                 info.seconds, info.lost);
@@ -434,7 +434,7 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
     absl::FPrintF(out, "%d debug register%s held outside kwatch (see `kwatch slots -p %d`)\n", ext,
                   ext == 1 ? " was" : "s were", info.pid);
   }
-  absl::FPrintF(out, "\n%s", RenderText(all.profile, SiteNamerFor(session), ropts));
+  absl::FPrintF(out, "\n%s", watch::RenderText(all.profile, SiteNamerFor(session), ropts));
   if (const watch::KernelAccessStats* k = session.kernel_access(); k != nullptr && !k->empty()) {
     absl::FPrintF(out, "\n");
     for (const std::string& line : watch::KernelAccessLines(*k)) {

@@ -7,10 +7,10 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
-#include "cli/profile_report.h"
 #include "core/event.h"
 #include "core/ptrace/process.h"
 #include "watch/access_sink.h"
+#include "watch/profile/report_render.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"
@@ -43,7 +43,7 @@ class AccessPrinter : public watch::AccessSink {
  protected:
   virtual void PrintHeader(const watch::WatchSession& session) = 0;
   // Where both summaries start: the events flushed, the profile's rendering fit to `out_`.
-  ReportRenderOptions SummaryStart();
+  watch::ReportRenderOptions SummaryStart();
   // Seconds from the session's start to an event's time.
   double Seconds(uint64_t time_ns) const {
     return static_cast<double>(time_ns - std::min(time_ns, start_ns_)) / 1e9;

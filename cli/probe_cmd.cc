@@ -228,10 +228,12 @@ int ProbeMain(const std::vector<std::string>& argv) {
         return "";
       })
       ->capture_default_str();
-  app.add_flag("-f,--follow-forks", opts.follow_forks,
-               "Probe the children the target forks too (ptrace backend), as strace -f; their "
-               "hits carry their pid. Without -f a child gets the original code back and runs "
-               "unprobed");
+  app.add_flag(
+      "-f,--follow-forks", opts.follow_forks,
+      "Probe the children the target forks too, as strace -f; their hits carry their "
+      "pid. Without -f a child gets the original code back and runs unprobed. After an "
+      "exec the ptrace backend probes the new image again, the agent does not (so -f with the "
+      "default backend uses ptrace; --backend agent -f asks for the agent)");
   app.add_flag("--hw", opts.hw,
                "Probe with execute breakpoints in the debug registers (DR0-DR3, through "
                "ptrace) instead of INT3: the program's code is never modified. At most 4 "

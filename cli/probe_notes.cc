@@ -88,11 +88,20 @@ std::string ProbeNoteText(const ProbeNote& n) {
       return absl::StrFormat("%s %d stopped by %s (job control); still probing", Who(n), n.pid,
                              sigabbrev_np(n.signal));
     case Kind::kChildFollowed:
+      if (n.backend == "agent") {
+        return absl::StrFormat(
+            "following child %d of %d (the agent in it kept the probes, with a watchdog of its "
+            "own)",
+            n.pid, n.parent);
+      }
       return absl::StrFormat(
           "following child %d of %d (probes adopted in %.0f us, %.0f us of it starting its "
           "guardian)",
           n.pid, n.parent, n.us, n.guardian_us);
     case Kind::kChildExited: {
+      if (!n.exit.has_value()) {
+        return absl::StrFormat("followed child %d ended", n.pid);
+      }
       const core::ExitInfo e = n.exit.value_or(core::ExitInfo{});
       return absl::StrFormat("followed child %d %s %d", n.pid,
                              e.signaled ? "killed by signal" : "exited with status",

@@ -89,6 +89,23 @@ ProbeEndStats StatsOf(const ProbeSummary& s, uint32_t id) {
   return it == s.end.stats.end() ? ProbeEndStats{} : it->second;
 }
 
+// A probe's hits: what the backend counted itself (the agent's own count, every hit even
+// when its record was lost), else the hits delivered to the tally.
+uint64_t HitsOf(const ProbeSummary& s, uint32_t id) {
+  return StatsOf(s, id).counted.value_or(s.tally.hits(id));
+}
+
+// Every probe's hits (HitsOf), the summary's total.
+uint64_t TotalHits(const ProbeSummary& s) {
+  bool counted = false;
+  uint64_t total = 0;
+  for (const ProbeDef& p : s.probes) {
+    counted = counted || StatsOf(s, p.id).counted.has_value();
+    total += HitsOf(s, p.id);
+  }
+  return counted ? total : s.tally.taken();
+}
+
 // The path a probe took: the agent's per probe, else the backend's ("ptrace", "uprobe", "hw").
 watch::probe::ProbePath PathOf(const ProbeSummary& s, uint32_t id) {
   auto it = s.end.paths.find(id);
@@ -217,9 +234,9 @@ std::string ProbeTextPrinter::Line(const ProbeHit& hit) const {
 void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
   const ProbeRunInfo& info = s.end.info;
   const bool ptrace = info.backend == "ptrace";
-  absl::FPrintF(out, "\n== kwatch probe summary: %d hit%s in %.3f s, %s backend (%s) ==\n",
-                s.tally.taken(), s.tally.taken() == 1 ? "" : "s", info.seconds, info.backend,
-                info.stop_reason);
+  const uint64_t total = TotalHits(s);
+  absl::FPrintF(out, "\n== kwatch probe summary: %d hit%s in %.3f s, %s backend (%s) ==\n", total,
+                total == 1 ? "" : "s", info.seconds, info.backend, info.stop_reason);
   const bool agent = info.backend == "agent";
   if (agent) {
     absl::FPrintF(out, "%-20s %-24s %-22s %10s %8s %8s %8s %s\n", "EVENT", "LOCATION", "SOURCE",
@@ -237,7 +254,7 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
     if (agent) {
       const watch::probe::ProbePath path = PathOf(s, p.id);
       absl::FPrintF(out, "%-20s %-24s %-22s %10d %8d %8s %8d %s\n", p.point.event, p.Location(),
-                    source, s.tally.hits(p.id), st.misses,
+                    source, HitsOf(s, p.id), st.misses,
                     p.point.is_return ? absl::StrCat(st.nmissed) : std::string("-"), st.lost,
                     path.path);
       if (!path.why.empty()) {
@@ -310,7 +327,7 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
   const ProbeRunInfo& info = s.end.info;
   const std::optional<watch::probe::ProbeSessionEnd::Hw>& hw = s.end.hw;
   nlohmann::ordered_json j = {
-      {"type", "summary"},       {"backend", info.backend},         {"hits", s.tally.taken()},
+      {"type", "summary"},       {"backend", info.backend},         {"hits", TotalHits(s)},
       {"seconds", info.seconds}, {"stop_reason", info.stop_reason}, {"pid", info.pid}};
   if (info.exit.has_value()) {
     j["exit_code"] = info.exit->signaled ? -1 : info.exit->code;
@@ -332,7 +349,7 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                                  {"line", p.point.line},
                                  {"is_return", p.point.is_return},
                                  {"address", Hex(p.point.vaddr.value)},
-                                 {"hits", s.tally.hits(p.id)},
+                                 {"hits", HitsOf(s, p.id)},
                                  {"misses", st.misses},
                                  {"nmissed", st.nmissed},
                                  {"abandoned", st.abandoned},

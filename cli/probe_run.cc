@@ -201,6 +201,15 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                         : opts.hw                  ? "hw"
                         : opts.backend == "ptrace" ? "ptrace"
                                                    : "agent";
+  if (backend == "agent" && opts.backend == "auto" && opts.follow_forks) {
+    // The agent follows forks but not an exec: a child that execs would run its new image
+    // unprobed, where ptrace probes it again by the same specs.
+    std::fprintf(stderr,
+                 "kwatch: note: -f uses the ptrace backend, which probes a child's new image "
+                 "after an exec; `--backend agent -f` follows forks in the target itself (faster, "
+                 "but an exec'd process is not probed again)\n");
+    backend = "ptrace";
+  }
   auto out = std::make_unique<SessionOutput>(opts, set, backend);
   absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> started =
       StartSession(backend, opts, set, std::move(sigfd), *out);

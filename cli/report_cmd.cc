@@ -17,10 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/heatmap_png.h"
-#include "cli/profile_report.h"
 #include "core/store/trace_reader.h"
 #include "watch/probe_tally.h"
 #include "watch/profile/heatmap_panels.h"
+#include "watch/profile/report_render.h"
 #include "watch/recording.h"
 
 namespace kwatch::cli {
@@ -228,8 +228,8 @@ int ReportMain(const std::vector<std::string>& args) {
   for (const core::SiteRecord& s : r.sites()) {
     sites[s.ip.value] = &s;
   }
-  SiteNamer namer = [&](core::RemoteAddr ip) {
-    SiteName n;
+  watch::SiteNamer namer = [&](core::RemoteAddr ip) {
+    watch::SiteName n;
     auto it = sites.find(ip.value);
     if (it != sites.end()) {
       n.function = it->second->function;
@@ -239,10 +239,10 @@ int ReportMain(const std::vector<std::string>& args) {
     }
     return n;
   };
-  ReportRenderOptions ropts;
+  watch::ReportRenderOptions ropts;
   ropts.field_filter = o.field;
   ropts.log_scale = o.log_scale;
-  ropts.width = TerminalWidth(stdout);
+  ropts.width = watch::TerminalWidth(stdout);
   ropts.color = o.color == "always" || (o.color == "auto" && isatty(STDOUT_FILENO) != 0);
   for (const core::TaskRecord& t : r.tasks()) {
     ropts.task_names[t.tid].push_back(t.comm);
@@ -254,16 +254,16 @@ int ReportMain(const std::vector<std::string>& args) {
                  o.file.c_str());
   }
   if (o.format == "json") {
-    nlohmann::json j = RenderJson(*profile, namer, ropts);
+    nlohmann::json j = watch::RenderJson(*profile, namer, ropts);
     j["session"] = SessionJson(r, profile->events(), hits);
     j["probes"] = ProbesJson(r, tallies);
     std::printf("%s\n", j.dump(2).c_str());
   } else if (o.format == "csv") {
-    std::fputs(RenderCsv(*profile, namer, ropts).c_str(), stdout);
+    std::fputs(watch::RenderCsv(*profile, namer, ropts).c_str(), stdout);
   } else {
     PrintSessionText(r, profile->events(), hits);
     if (!r.watches().empty()) {
-      std::fputs(RenderText(*profile, namer, ropts).c_str(), stdout);
+      std::fputs(watch::RenderText(*profile, namer, ropts).c_str(), stdout);
     }
     if (!r.probes().empty()) {
       PrintProbesText(r, tallies);

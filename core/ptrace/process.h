@@ -69,6 +69,9 @@ class Process {
   absl::Status Detach();
   // Sends SIGKILL and reaps the target.
   absl::Status Kill();
+  // For a session that fails before it starts: kills a launched target (it has not run its
+  // own code yet, so nothing of it is lost) and detaches from an attached one (it runs on).
+  void Abandon();
   // Threads now (from /proc/PID/task) and as kwatch tracks them.
   absl::StatusOr<std::vector<pid_t>> ListThreads() const;
   std::vector<pid_t> TracedThreads() const;

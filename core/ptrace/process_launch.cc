@@ -487,6 +487,14 @@ absl::Status Process::FlushClaimedSignals() {
   return absl::OkStatus();
 }
 
+void Process::Abandon() {
+  if (launched_) {
+    (void)Kill();
+  } else {
+    (void)Detach();
+  }
+}
+
 absl::Status Process::Kill() {
   if (!alive()) {
     return absl::OkStatus();

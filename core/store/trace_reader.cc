@@ -558,24 +558,30 @@ absl::Status TraceReader::ForEachHit(const HitFilter& filter,
   return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
 }
 
-absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) const {
-  std::string sql = "SELECT count(*) FROM events";
-  const bool filtered = filter.from_ns || filter.to_ns || filter.tid || filter.watch_id;
+absl::StatusOr<uint64_t> TraceReader::CountRows(absl::string_view table,
+                                                absl::string_view id_column,
+                                                const std::optional<uint64_t>& from_ns,
+                                                const std::optional<uint64_t>& to_ns,
+                                                const std::optional<pid_t>& tid,
+                                                const std::optional<uint32_t>& id) const {
+  std::string sql = absl::StrCat("SELECT count(*) FROM ", table);
+  const bool filtered = from_ns || to_ns || tid || id;
   if (filtered) {
-    sql +=
-        " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
-        "(?4 IS NULL OR watch_id = ?4)";
+    absl::StrAppend(&sql,
+                    " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
+                    "(?4 IS NULL OR ",
+                    id_column, " = ?4)");
   }
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
   sqlite3_stmt* s = stmt.get();
   if (filtered) {
-    sqlite3_bind_int64(s, 1, FromBound(filter.from_ns));
-    sqlite3_bind_int64(s, 2, ToBound(filter.to_ns));
-    if (filter.tid) {
-      sqlite3_bind_int64(s, 3, *filter.tid);
+    sqlite3_bind_int64(s, 1, FromBound(from_ns));
+    sqlite3_bind_int64(s, 2, ToBound(to_ns));
+    if (tid) {
+      sqlite3_bind_int64(s, 3, *tid);
     }
-    if (filter.watch_id) {
-      sqlite3_bind_int64(s, 4, *filter.watch_id);
+    if (id) {
+      sqlite3_bind_int64(s, 4, *id);
     }
   }
   const int rc = sqlite3_step(s);
@@ -585,31 +591,12 @@ absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) con
   return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
 }
 
+absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) const {
+  return CountRows("events", "watch_id", filter.from_ns, filter.to_ns, filter.tid, filter.watch_id);
+}
+
 absl::StatusOr<uint64_t> TraceReader::CountHits(const HitFilter& filter) const {
-  std::string sql = "SELECT count(*) FROM hits";
-  const bool filtered = filter.from_ns || filter.to_ns || filter.tid || filter.probe_id;
-  if (filtered) {
-    sql +=
-        " WHERE time_ns BETWEEN ?1 AND ?2 AND (?3 IS NULL OR tid = ?3) AND "
-        "(?4 IS NULL OR probe_id = ?4)";
-  }
-  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
-  sqlite3_stmt* s = stmt.get();
-  if (filtered) {
-    sqlite3_bind_int64(s, 1, FromBound(filter.from_ns));
-    sqlite3_bind_int64(s, 2, ToBound(filter.to_ns));
-    if (filter.tid) {
-      sqlite3_bind_int64(s, 3, *filter.tid);
-    }
-    if (filter.probe_id) {
-      sqlite3_bind_int64(s, 4, *filter.probe_id);
-    }
-  }
-  const int rc = sqlite3_step(s);
-  if (rc != SQLITE_ROW) {
-    return ReadError(rc);
-  }
-  return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
+  return CountRows("hits", "probe_id", filter.from_ns, filter.to_ns, filter.tid, filter.probe_id);
 }
 
 }  // namespace kwatch::core

@@ -11,6 +11,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/base/remote_addr.h"
 #include "core/event.h"
 #include "core/store/sqlite_handle.h"
@@ -104,6 +105,13 @@ class TraceReader {
   // The smallest rowid from which a scan of `table` (in time order by rowid) meets from_ns.
   absl::StatusOr<int64_t> FirstRowidAtOrAfter(const char* table, uint64_t from_ns) const;
   absl::StatusOr<SqliteStmtPtr> Prepare(const std::string& sql) const;
+  // count(*) of `table` ("events", "hits") within the filter's bounds, `id_column` holding
+  // the watch or probe id.
+  absl::StatusOr<uint64_t> CountRows(absl::string_view table, absl::string_view id_column,
+                                     const std::optional<uint64_t>& from_ns,
+                                     const std::optional<uint64_t>& to_ns,
+                                     const std::optional<pid_t>& tid,
+                                     const std::optional<uint32_t>& id) const;
 
   std::string path_;
   SqlitePtr db_;

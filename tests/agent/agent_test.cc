@@ -307,6 +307,11 @@ TEST(Agent, ForkChildFollowedKeepsItsProbes) {
   EXPECT_EQ(kv["parent_returns"], "1");
   EXPECT_EQ(kv["child_returns"], "1");
   EXPECT_EQ(kv["child_slots"], "1");
+  EXPECT_EQ(kv["forks_followed"], "1");
+  EXPECT_EQ(kv["process_entries"], "1");  // kwatch learns of the child there
+  EXPECT_EQ(kv["entry_is_child"], "1");
+  EXPECT_EQ(kv["entry_parent_is_us"], "1");
+  EXPECT_EQ(kv["entry_state"], "1");  // kKwProcessFollowed
 }
 
 TEST(Agent, ForkChildNotFollowedRestoresItsCode) {
@@ -321,6 +326,8 @@ TEST(Agent, ForkChildNotFollowedRestoresItsCode) {
   EXPECT_EQ(kv["parent_returns"], "1");
   EXPECT_EQ(kv["child_returns"], "0");
   EXPECT_EQ(kv["parent_code_patched"], "1");
+  EXPECT_EQ(kv["forks_followed"], "0");
+  EXPECT_EQ(kv["process_entries"], "0");
 }
 
 TEST(Agent, InitRefusesWithItsReasonAndStartsAgainAfterARestore) {

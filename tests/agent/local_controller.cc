@@ -60,6 +60,8 @@ std::unique_ptr<LocalController> LocalController::Create(const Layout& layout) {
   off = Align64(off + uint64_t{layout.threads} * (sizeof(KwRing) + layout.ring_bytes));
   const uint64_t patches = off;
   off = Align64(off + uint64_t{layout.patches} * sizeof(KwPatch));
+  const uint64_t processes = off;
+  off = Align64(off + uint64_t{layout.processes} * sizeof(KwProcess));
   c->size_ = off;
   c->memfd_ = memfd_create("kwatch-agent-test", MFD_CLOEXEC);
   if (c->memfd_ < 0) {
@@ -96,6 +98,8 @@ std::unique_ptr<LocalController> LocalController::Create(const Layout& layout) {
   k.ring_bytes = layout.ring_bytes;
   k.patches_offset = patches;
   k.patch_capacity = layout.patches;
+  k.processes_offset = processes;
+  k.process_capacity = layout.processes;
   std::array<int, 2> fds{};
   if (pipe2(fds.data(), O_CLOEXEC) != 0) {
     Die("pipe2");
@@ -143,6 +147,10 @@ KwThread& LocalController::thread(uint32_t index) {
 KwRing& LocalController::ring(uint32_t index) {
   return *reinterpret_cast<KwRing*>(base_ + ctl_->rings_offset +
                                     index * (sizeof(KwRing) + ctl_->ring_bytes));
+}
+
+KwProcess& LocalController::process(uint32_t index) {
+  return reinterpret_cast<KwProcess*>(base_ + ctl_->processes_offset)[index];
 }
 
 void LocalController::HashInsert(uint64_t addr, uint32_t index) {

@@ -26,7 +26,8 @@ struct Layout {
   uint32_t threads = 16;
   uint32_t ring_bytes = 1 << 16;  // power of two
   uint32_t patches = 64;
-  uint32_t flags = 0;  // KwControlFlags
+  uint32_t processes = 16;  // KwProcess entries (fork children followed)
+  uint32_t flags = 0;       // KwControlFlags
 };
 
 // A probe as kwatch would describe it (resume fields as in KwProbe).
@@ -79,6 +80,7 @@ class LocalController {
   KwProbe& probe(uint32_t index);
   KwThread& thread(uint32_t index);
   KwRing& ring(uint32_t index);
+  KwProcess& process(uint32_t index);
   uint64_t agent_view() const { return agent_base_; }
   uint64_t size() const { return size_; }
 

@@ -1,6 +1,7 @@
 // End-to-end tests of -f/--follow-forks: `kwatch probe -f` on tests/targets/fork_tree.c,
 // whose every process calls probed(tag) a known number of times (tag 0: the target, k: its
-// k-th child, 100: the grandchild).
+// k-th child, 100: the grandchild). Each on the ptrace backend and on the in-process agent
+// (its jump path and its INT3 path): the same exact counts.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -37,6 +39,7 @@ using ::kwatch::testing::Spawned;
 using ::kwatch::testing::SubreaperScope;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using json = nlohmann::json;
 
 struct Hits {
@@ -82,8 +85,34 @@ std::string ProcStatusTracer(pid_t pid) {
   return "";
 }
 
-TEST(FollowForks, ProbeCountsEveryProcessExactlyAndLabelsHitsWithTheirPid) {
-  const RunResult r = KwatchProbe(
+// The backends under test: "ptrace", "agent" (jump probes where possible), "agent --no-jump".
+class FollowForks : public ::testing::TestWithParam<std::string> {
+ protected:
+  // `kwatch probe --backend B ARGS...`.
+  RunResult Probe(const std::vector<std::string>& args) const {
+    return KwatchProbe(WithBackend(args));
+  }
+  std::vector<std::string> WithBackend(const std::vector<std::string>& args) const {
+    std::vector<std::string> all = {"--backend"};
+    for (absl::string_view w : absl::StrSplit(GetParam(), ' ')) {
+      all.emplace_back(w);
+    }
+    all.insert(all.end(), args.begin(), args.end());
+    return all;
+  }
+  bool agent() const { return absl::StartsWith(GetParam(), "agent"); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, FollowForks,
+                         ::testing::Values("ptrace", "agent", "agent --no-jump"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "ptrace"  ? std::string("Ptrace")
+                                  : info.param == "agent" ? std::string("Agent")
+                                                          : std::string("AgentInt3");
+                         });
+
+TEST_P(FollowForks, ProbeCountsEveryProcessExactlyAndLabelsHitsWithTheirPid) {
+  const RunResult r = Probe(
       {"--json", "-f", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
   ASSERT_EQ(r.exit_code, 3) << r.err;  // the target's own status
   const Hits h = ParseHits(r.out);
@@ -124,7 +153,13 @@ TEST(FollowForks, ProbeCountsEveryProcessExactlyAndLabelsHitsWithTheirPid) {
   EXPECT_EQ(h.summary["probes"][0]["hits"], 72);
   EXPECT_EQ(h.summary["probes"][1]["hits"], 6);
   EXPECT_THAT(h.summary["notes"].dump(), HasSubstr("followed 4 forked children"));
+  EXPECT_THAT(h.summary["notes"].dump(), Not(HasSubstr("not followed")));
   EXPECT_EQ(h.summary["stop_reason"], "target and its followed children exited");
+  EXPECT_EQ(h.summary["backend"], agent() ? "agent" : "ptrace");
+  for (const json& p : h.summary["probes"]) {
+    EXPECT_EQ(p["lost"], 0) << p.dump();
+    EXPECT_EQ(p["misses"], 0) << p.dump();
+  }
   // The processes' own output and statuses are unchanged.
   EXPECT_THAT(r.out, HasSubstr("grandchild sum=707\n"));
   EXPECT_THAT(r.out, HasSubstr("grandchild exited 7\n"));
@@ -135,8 +170,8 @@ TEST(FollowForks, ProbeCountsEveryProcessExactlyAndLabelsHitsWithTheirPid) {
   EXPECT_THAT(r.out, HasSubstr("main sum=5\n"));
 }
 
-TEST(FollowForks, TextLinesOfChildrenShowPidSlashTid) {
-  const RunResult r = KwatchProbe({"-f", "probed tag", "--", TargetPath("fork_tree"), "1"});
+TEST_P(FollowForks, TextLinesOfChildrenShowPidSlashTid) {
+  const RunResult r = Probe({"-f", "probed tag", "--", TargetPath("fork_tree"), "1"});
   ASSERT_EQ(r.exit_code, 3) << r.err;
   const std::regex child_line(R"(\n[0-9.]+ +([0-9]+)/\1 +probed .* tag=1\n)");
   const std::regex main_line(R"(\n[0-9.]+ +[0-9]+ +probed .* tag=0\n)");
@@ -144,9 +179,24 @@ TEST(FollowForks, TextLinesOfChildrenShowPidSlashTid) {
   EXPECT_TRUE(std::regex_search(r.out, main_line)) << r.out;
 }
 
-TEST(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
-  const RunResult r = KwatchProbe(
-      {"--json", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
+// -f with the default backend: ptrace (it probes a process's new image after an exec, the
+// agent does not), said in a note; the counts are those of every backend above.
+TEST(FollowForksDefault, UsesThePtraceBackendAndSaysWhy) {
+  const RunResult r =
+      KwatchProbe({"--json", "-f", "probed tag", "--", TargetPath("fork_tree"), "1"});
+  ASSERT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("kwatch: note: -f uses the ptrace backend, which probes a "
+                               "child's new image after an exec; `--backend agent -f` follows "
+                               "forks in the target itself"));
+  const Hits h = ParseHits(r.out);
+  EXPECT_EQ(h.summary["backend"], "ptrace");
+  const auto by_tag = ProbedByTag(h);
+  ASSERT_TRUE(by_tag.contains(0) && by_tag.contains(1)) << r.out;
+}
+
+TEST_P(FollowForks, WithoutFollowChildrenAreNotProbedAndRunUnchanged) {
+  const RunResult r =
+      Probe({"--json", "probed tag", "forker%return $retval", "--", TargetPath("fork_tree"), "3"});
   ASSERT_EQ(r.exit_code, 3) << r.err;
   const Hits h = ParseHits(r.out);
   const auto by_tag = ProbedByTag(h);
@@ -173,9 +223,10 @@ std::vector<long> ArgsOf(const Hits& h, const std::string& event, const std::str
 }
 
 TEST(FollowForks, ExecReArmsTheProbesInTheNewImage) {
-  // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times.
-  const RunResult r =
-      KwatchProbe({"--json", "-f", "work i", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  // probe_engine exec 5 3: work() 5 times, then exec itself and work() 3 more times. The
+  // ptrace backend sees the exec and probes the new image before it runs.
+  const RunResult r = KwatchProbe({"--json", "--backend", "ptrace", "-f", "work i", "--",
+                                   TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Hits h = ParseHits(r.out);
   EXPECT_EQ(h.all.size(), 8u) << r.out;
@@ -191,8 +242,8 @@ TEST(FollowForks, ExecReArmsAProbeWhoseInstructionRunsOutOfLine) {
   // deref's first instruction is a load, run from an out-of-line copy: kwatch maps the new
   // image's area with a system call run in the target at its exec stop. Only the new image
   // calls deref (3 times).
-  const RunResult r = KwatchProbe(
-      {"--json", "-f", "deref", "work", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  const RunResult r = KwatchProbe({"--json", "--backend", "ptrace", "-f", "deref", "work", "--",
+                                   TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Hits h = ParseHits(r.out);
   EXPECT_EQ(h.summary["probes"][0]["hits"], 3) << r.out;
@@ -219,8 +270,8 @@ TEST(FollowForks, ExecReArmsALibraryProbeAtTheNewImagesEntryPoint) {
   // it. strtol: atol twice before the exec, then 4 loop tests (i < atol(argv[2])) after it.
   const std::string libc = LibcPath();
   ASSERT_FALSE(libc.empty());
-  const RunResult r = KwatchProbe(
-      {"--json", "-f", "-x", libc, "strtol", "--", TargetPath("probe_engine"), "exec", "5", "3"});
+  const RunResult r = KwatchProbe({"--json", "--backend", "ptrace", "-f", "-x", libc, "strtol",
+                                   "--", TargetPath("probe_engine"), "exec", "5", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Hits h = ParseHits(r.out);
   EXPECT_EQ(h.summary["probes"][0]["hits"], 6) << r.out;
@@ -229,13 +280,29 @@ TEST(FollowForks, ExecReArmsALibraryProbeAtTheNewImagesEntryPoint) {
   EXPECT_THAT(r.out, HasSubstr("after exec sum 12"));
 }
 
+// The agent does not follow an exec: the new image runs unprobed, with its output unchanged.
+TEST(FollowForks, AgentEndsTheProbesAtAnExec) {
+  const RunResult r = KwatchProbe({"--json", "--backend", "agent", "-f", "work i", "--",
+                                   TargetPath("probe_engine"), "exec", "5", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Hits h = ParseHits(r.out);
+  EXPECT_THAT(ArgsOf(h, "work", "i"), ::testing::ElementsAre(0, 1, 2, 3, 4)) << r.out;
+  EXPECT_EQ(h.summary["probes"][0]["hits"], 5);
+  EXPECT_THAT(r.out, HasSubstr("before exec sum 35"));
+  EXPECT_THAT(r.out, HasSubstr("after exec sum 12"));
+}
+
 // Ctrl-C while followed children run: every process gets its code back and keeps running.
-TEST(FollowForks, InterruptedKwatchLeavesNoInt3InFollowedChildren) {
+TEST_P(FollowForks, InterruptedKwatchLeavesNoPatchInFollowedChildren) {
   SubreaperScope reaper;
   const std::string go = absl::StrCat(::testing::TempDir(), "/go-follow-", getpid());
   std::filesystem::remove(go);
-  auto k = Spawned::Start({KwatchPath(), "probe", "--json", "-f", "probed tag", "--",
-                           TargetPath("fork_tree"), "2", go});
+  std::vector<std::string> argv = {KwatchPath(), "probe"};
+  for (std::string& a :
+       WithBackend({"--json", "-f", "probed tag", "--", TargetPath("fork_tree"), "2", go})) {
+    argv.push_back(std::move(a));
+  }
+  auto k = Spawned::Start(argv);
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE((*k)->WaitForStdout("ready 1 ").ok()) << (*k)->out();
   ASSERT_TRUE((*k)->WaitForStdout("ready 2 ").ok()) << (*k)->out();
@@ -269,6 +336,7 @@ TEST(FollowForks, InterruptedKwatchLeavesNoInt3InFollowedChildren) {
     ASSERT_EQ(pread(fd, &byte, 1, static_cast<off_t>(addr)), 1);
     close(fd);
     EXPECT_NE(byte, 0xcc) << "INT3 left at probed in child " << tag;
+    EXPECT_NE(byte, 0xe9) << "jmp left at probed in child " << tag;
     EXPECT_EQ(ProcStatusTracer(pid), "0") << "child " << tag << " still traced";
   }
   std::ofstream(go).put('1');

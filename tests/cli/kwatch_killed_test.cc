@@ -13,6 +13,7 @@
 // thread (with the old registers: every call after kwatch's death). The slow loop sleeps
 // between calls and has no handler: it must simply run to its end.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -35,6 +37,7 @@ namespace {
 
 using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::Spawned;
+using ::kwatch::testing::SubreaperScope;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -188,6 +191,129 @@ TEST(AgentKilled, TargetInATightLoopRunsToItsEndWhenKwatchIsKilled) {
                    {2, 2'000'000, 0, true, 0}, "\"args\":{\"i\":2000}");
     KillMidSession({"probe", "--backend", "agent", "--no-jump", "--json", "kill_tick i"},
                    {2, 50'000, 0, true, 0}, "\"args\":{\"i\":2000}");
+    if (::testing::Test::HasFailure()) {
+      break;
+    }
+  }
+}
+
+// -f with the agent (docs/agent.md "fork"): kill_target forks once it may go, and parent and
+// child each run two threads calling kill_tick in a tight loop; kwatch follows the child (its
+// hits come labelled with its pid) and is SIGKILLed while both hit the probe. Each process's
+// own watchdog puts its copy of the code back: both run to their normal end, and neither
+// receives a SIGTRAP. Jump and INT3 paths, 5 runs each.
+void KillFollowedMidSession(bool jump) {
+  const SubreaperScope reaper;
+  const TempDir dir;
+  const Loop loop{2, jump ? 20'000'000 : 200'000, 0, true, 0};
+  auto t = Spawned::Start({TargetPath("kill_target"), absl::StrCat(loop.threads),
+                           absl::StrCat(loop.calls), "0", dir.go(), "traps", "fork"});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->WaitForStdout("ready").ok());
+  std::vector<std::string> argv = {KwatchPath(), "probe", "--backend", "agent", "-f", "--json"};
+  if (!jump) {
+    argv.emplace_back("--no-jump");
+  }
+  argv.insert(argv.end(), {"kill_tick i", "-p", absl::StrCat((*t)->pid())});
+  auto k = Spawned::Start(argv);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  std::ofstream(dir.go()).put('1');
+  // The child is followed ("kwatch: following child C of P ...") and hits too: a hit of its
+  // is out.
+  ASSERT_TRUE((*k)->WaitForStderr("following child ").ok()) << (*k)->err();
+  pid_t child = 0;
+  {
+    absl::string_view err = (*k)->err();
+    err.remove_prefix(err.find("following child ") + 16);
+    ASSERT_TRUE(absl::SimpleAtoi(err.substr(0, err.find(' ')), &child)) << (*k)->err();
+  }
+  ASSERT_TRUE((*k)->WaitForStdout(absl::StrCat("\"pid\":", child, ","), 60).ok())
+      << "no hit of the followed child " << child;
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  auto kr = (*k)->Finish();
+  ASSERT_TRUE(kr.ok()) << kr.status();
+  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err;
+  auto tr = (*t)->Finish(120);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  EXPECT_EQ(tr->exit_code, 0) << "the target died after kwatch was killed (133: SIGTRAP)";
+  const long calls = loop.threads * loop.calls;
+  const long sum = calls * loop.calls;
+  EXPECT_THAT(tr->out,
+              HasSubstr(absl::StrCat("\ndone calls=", calls, " sum=", sum, "\ntraps=0\n")));
+  EXPECT_THAT(tr->out,
+              HasSubstr(absl::StrCat("child done calls=", calls, " sum=", sum, " traps=0\n")));
+  EXPECT_THAT(tr->out, HasSubstr("child exited 0 signal 0\n"));
+}
+
+TEST(AgentKilled, FollowedChildAndParentRunToTheirEndWhenKwatchIsKilled) {
+  for (int run = 0; run < 5; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    KillFollowedMidSession(/*jump=*/true);
+    KillFollowedMidSession(/*jump=*/false);
+    if (::testing::Test::HasFailure()) {
+      break;
+    }
+  }
+}
+
+// As KillMidSession, with kwatch launching the target (`kwatch ARGS -- kill_target ...`): the
+// target shares kwatch's output and becomes an orphan when kwatch dies; this test reaps it
+// (SubreaperScope) and checks its exit status and its own lines among kwatch's.
+void KillLaunchedMidSession(const std::vector<std::string>& args, const Loop& loop,
+                            const std::string& seen) {
+  const SubreaperScope reaper;
+  const TempDir dir;
+  std::vector<std::string> argv = {KwatchPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--", TargetPath("kill_target"), absl::StrCat(loop.threads),
+                           absl::StrCat(loop.calls), absl::StrCat(loop.usec), dir.go()});
+  if (loop.catch_traps) {
+    argv.emplace_back("traps");
+  }
+  auto k = Spawned::Start(argv);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  // "kwatch: armed 1 probe on pid N (PATH), ..."
+  pid_t target = 0;
+  {
+    absl::string_view err = (*k)->err();
+    const size_t at = err.find(" on pid ");
+    ASSERT_NE(at, absl::string_view::npos) << err;
+    err.remove_prefix(at + 8);
+    ASSERT_TRUE(absl::SimpleAtoi(err.substr(0, err.find(' ')), &target)) << (*k)->err();
+  }
+  std::ofstream(dir.go()).put('1');
+  const bool hitting = (*k)->WaitForStdout(seen, 20).ok();
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  // The target holds kwatch's pipes: Finish reads until it ends too.
+  auto kr = (*k)->Finish(60);
+  ASSERT_TRUE(kr.ok()) << kr.status();
+  EXPECT_EQ(kr->exit_code, 128 + SIGKILL) << kr->err;
+  int status = 0;
+  ASSERT_EQ(::waitpid(target, &status, 0), target) << "the target was not reaped here";
+  ASSERT_TRUE(hitting) << "kwatch printed no `" << seen << "` before it was killed:\n" << kr->err;
+  ASSERT_TRUE(WIFEXITED(status)) << "the target died after kwatch was killed, signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const std::string done = absl::StrCat("\ndone calls=", loop.threads * loop.calls,
+                                        " sum=", loop.threads * loop.calls * loop.calls, "\n");
+  EXPECT_THAT(kr->out, HasSubstr(done));
+  if (loop.catch_traps) {
+    EXPECT_THAT(kr->out, HasSubstr(absl::StrCat(done, "traps=0\n")))
+        << "the target's own SIGTRAP handler received traps";
+  }
+}
+
+// Launched targets: kwatch dies after the target's 2000th reported call; the target runs on
+// (kwatch does not kill a launched target unless --kill-on-exit) and ends normally.
+TEST(AgentKilled, LaunchedTargetRunsToItsEndWhenKwatchIsKilled) {
+  for (int run = 0; run < 20; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    KillLaunchedMidSession({"probe", "--backend", "agent", "--json", "kill_tick i"},
+                           {2, 2'000'000, 0, true, 0}, "\"args\":{\"i\":2000}");
+    KillLaunchedMidSession({"probe", "--backend", "agent", "--no-jump", "--json", "kill_tick i"},
+                           {2, 50'000, 0, true, 0}, "\"args\":{\"i\":2000}");
     if (::testing::Test::HasFailure()) {
       break;
     }

@@ -133,6 +133,10 @@ TEST(ProbeNoteText, TheProcessesOfTheSession) {
   EXPECT_EQ(ProbeNoteText(followed),
             "following child 6 of 5 (probes adopted in 812 us, 641 us of it starting its "
             "guardian)");
+  followed.backend = "agent";
+  EXPECT_EQ(ProbeNoteText(followed),
+            "following child 6 of 5 (the agent in it kept the probes, with a watchdog of its "
+            "own)");
 
   ProbeNote exited = Note(Kind::kChildExited);
   exited.pid = 6;
@@ -142,6 +146,8 @@ TEST(ProbeNoteText, TheProcessesOfTheSession) {
   exited.exit->signaled = true;
   exited.exit->signal = SIGKILL;
   EXPECT_EQ(ProbeNoteText(exited), "followed child 6 killed by signal 9");
+  exited.exit.reset();  // the agent: its parent reaped it before kwatch could read its status
+  EXPECT_EQ(ProbeNoteText(exited), "followed child 6 ended");
 
   ProbeNote stopping = Note(Kind::kStopping);
   stopping.why = "interrupted by INT";

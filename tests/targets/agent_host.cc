@@ -38,6 +38,7 @@ namespace {
 
 using kwatch::agent::KwControl;
 using kwatch::agent::KwProbe;
+using kwatch::agent::KwProcess;
 using kwatch::agent::KwRecord;
 using kwatch::agent::testing::Arg;
 using kwatch::agent::testing::Hit;
@@ -1036,6 +1037,20 @@ int Fork(bool follow, int n) {
   Say("child_returns", child_returns);
   Say("child_slots", child_slots);
   Say("parent_code_patched", *reinterpret_cast<const uint8_t*>(Addr(&kwt_args)) == 0xCC ? 1 : 0);
+  Say("forks_followed", c->ctl().forks_followed.load());
+  // The process table: the child's entry (followed), or none (not followed).
+  uint64_t entries = 0;
+  for (uint32_t i = 0; i < l.processes; ++i) {
+    const KwProcess& p = c->process(i);
+    if (p.pid.load() == 0) {
+      continue;
+    }
+    ++entries;
+    Say("entry_is_child", p.pid.load() == static_cast<int32_t>(child) ? 1 : 0);
+    Say("entry_parent_is_us", p.parent == getpid() ? 1 : 0);
+    Say("entry_state", p.state.load());
+  }
+  Say("process_entries", entries);
   return 0;
 }
 

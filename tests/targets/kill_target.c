@@ -10,6 +10,11 @@
 //
 // With `traps` it catches SIGTRAP instead of dying of it, and then also prints
 // "traps=K" (the SIGTRAPs it received).
+//
+// With `fork` (after `traps` if both), it forks once GOFILE exists, before starting its
+// threads: the child runs the same loop, prints "child done calls=C sum=S traps=K" and exits
+// 0; the parent runs its loop, prints its lines, waits for the child and prints
+// "child exited E signal G" (E its exit status, G the signal that ended it, else 0).
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -17,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 volatile uint64_t g_val;
@@ -48,11 +54,23 @@ static void* worker(void* arg) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 5 && !(argc == 6 && strcmp(argv[5], "traps") == 0)) {
-    fprintf(stderr, "usage: kill_target THREADS N USEC GOFILE [traps]\n");
+  int catch_traps = 0;
+  int do_fork = 0;
+  int bad = argc < 5;
+  for (int i = 5; i < argc; i++) {
+    if (strcmp(argv[i], "traps") == 0 && !catch_traps && !do_fork) {
+      catch_traps = 1;
+    } else if (strcmp(argv[i], "fork") == 0 && !do_fork) {
+      do_fork = 1;
+    } else {
+      bad = 1;
+    }
+  }
+  if (bad) {
+    fprintf(stderr, "usage: kill_target THREADS N USEC GOFILE [traps] [fork]\n");
     return 2;
   }
-  if (argc == 6) {
+  if (catch_traps) {
     signal(SIGTRAP, on_trap);
   }
   const int threads = atoi(argv[1]);
@@ -62,6 +80,15 @@ int main(int argc, char** argv) {
   fflush(stdout);
   for (int waited = 0; access(argv[4], F_OK) != 0 && waited < 6000; waited++) {
     usleep(10000);
+  }
+  pid_t child = -1;
+  if (do_fork) {
+    fflush(stdout);
+    child = fork();
+    if (child < 0) {
+      perror("fork");
+      return 2;
+    }
   }
   pthread_t* th = calloc((size_t)threads, sizeof(pthread_t));
   long* sums = calloc((size_t)threads, sizeof(long));
@@ -73,11 +100,23 @@ int main(int argc, char** argv) {
     pthread_join(th[k], NULL);
     sum += sums[k];
   }
-  printf("done calls=%ld sum=%ld\n", (long)threads * g_n, sum);
-  if (argc == 6) {
-    printf("traps=%d\n", (int)g_traps);
-  }
   free(th);
   free(sums);
+  if (child == 0) {
+    printf("child done calls=%ld sum=%ld traps=%d\n", (long)threads * g_n, sum, (int)g_traps);
+    fflush(stdout);
+    _exit(0);
+  }
+  printf("done calls=%ld sum=%ld\n", (long)threads * g_n, sum);
+  if (catch_traps) {
+    printf("traps=%d\n", (int)g_traps);
+  }
+  if (child > 0) {
+    fflush(stdout);
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child exited %d signal %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+           WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  }
   return 0;
 }

@@ -188,9 +188,27 @@ static void block_usr1(void) {
   pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
+// Workers past their start: a new thread runs with every signal blocked until its start
+// routine sets its own mask, so "ready" waits for all of them to be here.
+static int workers_started;
+
+static void worker_started(void) {
+  __atomic_add_fetch(&workers_started, 1, __ATOMIC_SEQ_CST);
+}
+
+static void start_workers(pthread_t* t, int n, void* (*fn)(void*)) {
+  for (int i = 0; i < n; ++i) {
+    pthread_create(&t[i], NULL, fn, NULL);
+  }
+  while (__atomic_load_n(&workers_started, __ATOMIC_SEQ_CST) < n) {
+    usleep(100);
+  }
+}
+
 static void* allocator(void* arg) {
   (void)arg;
   block_usr1();
+  worker_started();
   unsigned n = 0;
   while (!stop_workers) {
     void* volatile p = malloc(16 + (n++ % 64) * 8);
@@ -203,6 +221,7 @@ static void* allocator(void* arg) {
 static void* sleeper(void* arg) {
   (void)arg;
   block_usr1();
+  worker_started();
   while (!stop_workers) {
     usleep(1000);
   }
@@ -302,9 +321,7 @@ int main(int argc, char** argv) {
     const int n = argc > 2 ? atoi(argv[2]) : 3;
     signal(SIGUSR1, on_usr1);
     pthread_t t[64];
-    for (int i = 0; i < n && i < 64; ++i) {
-      pthread_create(&t[i], NULL, allocator, NULL);
-    }
+    start_workers(t, n < 64 ? n : 64, allocator);
     printf("ready\n");
     while (usr1_count == 0) {
       pause();
@@ -334,9 +351,7 @@ int main(int argc, char** argv) {
     const int n = argc > 2 ? atoi(argv[2]) : 1;
     signal(SIGUSR1, on_usr1);
     pthread_t t[64];
-    for (int i = 0; i < n && i < 64; ++i) {
-      pthread_create(&t[i], NULL, sleeper, NULL);
-    }
+    start_workers(t, n < 64 ? n : 64, sleeper);
     dl_iterate_phdr(wait_in_callback, NULL);
     stop_workers = 1;
     for (int i = 0; i < n && i < 64; ++i) {

@@ -9,14 +9,18 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/probe/xol.h"
+#include "core/ptrace/maps.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/remote_call.h"
 
@@ -31,6 +35,38 @@ constexpr uint64_t kCodeAreaSize = uint64_t{64} * 1024;
 constexpr uint64_t kCodeAlign = 16;
 constexpr uint8_t kInt3 = 0xcc;
 constexpr int kIdPidfd = 3;  // P_PIDFD (linux/wait.h; glibc 2.36 does not name it)
+
+// Whether process `pid` has ended: gone, or a zombie (its state in /proc/PID/stat).
+bool ProcessEnded(pid_t pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "re");
+  if (f == nullptr) {
+    return true;
+  }
+  std::array<char, 512> buf{};
+  const size_t n = std::fread(buf.data(), 1, buf.size() - 1, f);
+  std::fclose(f);
+  const absl::string_view text(buf.data(), n);
+  const size_t paren = text.rfind(')');
+  if (paren == absl::string_view::npos || paren + 2 >= text.size()) {
+    return true;
+  }
+  const char state = text[paren + 2];
+  return state == 'Z' || state == 'X' || state == 'x';
+}
+
+// The inode of the file mapped at `addr` in this process (kwatch's view of the memfd).
+uint64_t InodeMappedAt(const void* addr) {
+  absl::StatusOr<std::vector<core::MapEntry>> maps = core::ReadMaps(::getpid());
+  if (!maps.ok()) {
+    return 0;
+  }
+  for (const core::MapEntry& m : *maps) {
+    if (m.Contains(RemoteAddr{reinterpret_cast<uint64_t>(addr)})) {
+      return m.inode;
+    }
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -55,7 +91,13 @@ Controller::Controller(LoadedAgent agent, pid_t pid, core::UniqueFd pidfd)
       tables_(std::span<uint8_t>(static_cast<uint8_t*>(agent_.shm.get()), agent_.shm.size()),
               agent_.layout),
       pidfd_(std::move(pidfd)),
-      last_lost_(agent_.layout.thread_capacity, 0) {}
+      last_lost_(agent_.layout.thread_capacity, 0),
+      shm_inode_(InodeMappedAt(agent_.shm.get())) {
+  struct stat st {};
+  if (agent_.lifeline.valid() && ::fstat(agent_.lifeline.get(), &st) == 0) {
+    lifeline_inode_ = st.st_ino;
+  }
+}
 
 Controller::~Controller() = default;
 
@@ -243,9 +285,11 @@ absl::StatusOr<DrainStats> Controller::Drain(const HitFn& fn) {
         ring.lost.load(std::memory_order_relaxed) == last_lost_[i]) {
       continue;
     }
+    const pid_t pid = ring.tid.load(std::memory_order_acquire) != 0 ? ring.pid : 0;
     auto stats = DrainRing(ring, bytes, last_lost_[i],
                            [&](const ka::KwRecord& record, std::span<const uint8_t> payload) {
                              fn(AgentHit{.ring = i,
+                                         .pid = pid != 0 ? pid : pid_,
                                          .record = record,
                                          .payload = payload,
                                          .time_ns = clock_.ToMonotonicNs(record.tsc)});
@@ -281,6 +325,7 @@ absl::Status Controller::ReapThreadSlots(const HitFn& fn) {
     auto stats = DrainRing(tables_.ring(i), agent_.layout.ring_bytes, last_lost_[i],
                            [&](const ka::KwRecord& record, std::span<const uint8_t> payload) {
                              fn(AgentHit{.ring = i,
+                                         .pid = owner,
                                          .record = record,
                                          .payload = payload,
                                          .time_ns = clock_.ToMonotonicNs(record.tsc)});
@@ -363,8 +408,7 @@ absl::Status Controller::End(core::Process& proc) {
   }
   ended_ = true;
   if (!proc.alive()) {
-    patches_.clear();  // the image is gone
-    return absl::OkStatus();
+    return EndGone();  // the image is gone; followed children may carry the code
   }
   absl::Status status = absl::OkStatus();
   const auto note = [&status](const absl::Status& s) {
@@ -374,11 +418,20 @@ absl::Status Controller::End(core::Process& proc) {
   };
   note(proc.StopAll());
   tables_.SetState(ka::kKwStateStopping);
-  for (size_t i = patches_.size(); i-- > 0;) {
-    note(Restore(proc, patches_[i]));
+  note(EndFollowed());
+  if (MapsSession(pid_)) {
+    for (size_t i = patches_.size(); i-- > 0;) {
+      note(Restore(proc, patches_[i]));
+    }
+    note(MoveThreadsOutOfCopies(proc));
+  } else {
+    // The target exec'd (its followed children held the session): its new image is not
+    // kwatch's to write.
+    for (const Applied& a : patches_) {
+      tables_.Unjournal(a.journal);
+    }
   }
   patches_.clear();
-  note(MoveThreadsOutOfCopies(proc));
   tables_.SetState(ka::kKwStateRestored);
   return status;
 }
@@ -387,6 +440,40 @@ absl::Status Controller::Finish(const HitFn& fn) {
   absl::Status drained = Drain(fn).status();
   agent_.lifeline.Reset();  // the agent's watchdog reads EOF, sees Restored, and ends
   return drained;
+}
+
+std::vector<FollowedProcess> Controller::Followed() const {
+  std::vector<FollowedProcess> out;
+  for (uint32_t i = 0; i < agent_.layout.process_capacity; ++i) {
+    const ka::KwProcess& p = tables_.process(i);
+    const int32_t pid = p.pid.load(std::memory_order_seq_cst);
+    if (pid == 0) {
+      continue;
+    }
+    const uint32_t state = p.state.load(std::memory_order_acquire);
+    if (state == ka::kKwProcessLeft) {
+      continue;
+    }
+    out.push_back(FollowedProcess{.entry = i, .pid = pid, .parent = p.parent, .state = state});
+  }
+  return out;
+}
+
+bool Controller::MapsSession(pid_t pid) const {
+  absl::StatusOr<std::vector<core::MapEntry>> maps = core::ReadMaps(pid);
+  if (!maps.ok()) {
+    return false;
+  }
+  return std::any_of(maps->begin(), maps->end(), [this](const core::MapEntry& m) {
+    return m.start == agent_.remote_shm && m.shared && (shm_inode_ == 0 || m.inode == shm_inode_);
+  });
+}
+
+bool Controller::HoldsLifeline(pid_t pid) const {
+  struct stat st {};
+  return agent_.remote_lifeline >= 0 &&
+         ::stat(absl::StrCat("/proc/", pid, "/fd/", agent_.remote_lifeline).c_str(), &st) == 0 &&
+         S_ISFIFO(st.st_mode) && st.st_ino == lifeline_inode_;
 }
 
 absl::Status Controller::RunStopped(const std::function<absl::Status(core::Process&)>& fn) const {
@@ -402,15 +489,115 @@ absl::Status Controller::RunStopped(const std::function<absl::Status(core::Proce
 
 absl::Status Controller::EndDetached(const HitFn& fn) {
   if (!ended_) {
-    const absl::Status ended = RunStopped([this](core::Process& proc) { return End(proc); });
-    if (ended.code() == absl::StatusCode::kNotFound) {
-      ended_ = true;  // exited meanwhile: nothing to restore
-      patches_.clear();
+    if (ProcessEnded(pid_)) {
+      KW_RETURN_IF_ERROR(EndGone());
     } else {
-      KW_RETURN_IF_ERROR(ended);
+      const absl::Status ended = RunStopped([this](core::Process& proc) { return End(proc); });
+      if (ended.code() == absl::StatusCode::kNotFound) {
+        KW_RETURN_IF_ERROR(EndGone());  // exited meanwhile
+      } else {
+        KW_RETURN_IF_ERROR(ended);
+      }
     }
   }
   return Finish(fn);
+}
+
+absl::Status Controller::EndGone() {
+  ended_ = true;
+  tables_.SetState(ka::kKwStateStopping);
+  absl::Status status = EndFollowed();
+  for (const Applied& a : patches_) {
+    tables_.Unjournal(a.journal);
+  }
+  patches_.clear();
+  tables_.SetState(ka::kKwStateRestored);
+  return status;
+}
+
+absl::Status Controller::EndFollowed() {
+  absl::Status status = absl::OkStatus();
+  std::set<pid_t> done;
+  for (bool more = true; more;) {
+    more = false;
+    for (const FollowedProcess& f : Followed()) {
+      if (!done.insert(f.pid).second) {
+        continue;
+      }
+      more = true;
+      absl::StatusOr<bool> restored = RestoreFollowed(f.pid);
+      if (!restored.ok()) {
+        if (status.ok()) {
+          status = restored.status();
+        }
+      } else if (*restored) {
+        released_children_.push_back(f.pid);
+      }
+    }
+  }
+  return status;
+}
+
+absl::StatusOr<bool> Controller::RestoreFollowed(pid_t pid) {
+  if (ProcessEnded(pid)) {
+    return false;
+  }
+  absl::StatusOr<std::unique_ptr<core::Process>> p = core::Process::Attach(pid);
+  if (!p.ok()) {
+    if (p.status().code() == absl::StatusCode::kNotFound || ProcessEnded(pid)) {
+      return false;
+    }
+    return absl::Status(p.status().code(),
+                        absl::StrCat("restoring followed child ", pid, ": ", p.status().message()));
+  }
+  core::Process& proc = **p;
+  absl::Status status = proc.StopAll();
+  const auto note = [&status](const absl::Status& s) {
+    if (status.ok() && !s.ok()) {
+      status = s;
+    }
+  };
+  // An exec'd child runs another image now: nothing of the session is in it.
+  const bool ours = status.ok() && MapsSession(pid);
+  if (ours) {
+    for (size_t i = patches_.size(); i-- > 0;) {
+      note(RestoreCopy(proc, patches_[i]));
+    }
+    note(MoveThreadsOutOfCopies(proc));
+  }
+  note(proc.Detach());
+  if (!status.ok() && ProcessEnded(pid)) {
+    return false;  // it ended meanwhile
+  }
+  KW_RETURN_IF_ERROR(status);
+  return ours;
+}
+
+absl::Status Controller::RestoreCopy(core::Process& proc, const Applied& a) {
+  const size_t len = a.original.size();
+  std::vector<uint8_t> now(len);
+  KW_RETURN_IF_ERROR(proc.ReadMemory(a.addr, now));
+  if (now == a.original) {
+    return absl::OkStatus();
+  }
+  // The patch's bytes, or in between (the child's own restore begun): each byte original or
+  // patched, the first also 0xCC. Anything else is someone else's code now.
+  bool ours = now[0] == kInt3 || now[0] == a.original[0] || now[0] == a.patched[0];
+  for (size_t k = 1; k < len; ++k) {
+    ours = ours && (now[k] == a.original[k] || now[k] == a.patched[k]);
+  }
+  if (!ours) {
+    return absl::OkStatus();
+  }
+  const std::span<const uint8_t> original(a.original);
+  if (len > 1) {
+    if (now[0] != kInt3) {
+      const uint8_t int3 = kInt3;
+      KW_RETURN_IF_ERROR(proc.WriteMemory(a.addr, std::span<const uint8_t>(&int3, 1)));
+    }
+    KW_RETURN_IF_ERROR(proc.WriteMemory(a.addr + 1, original.subspan(1)));
+  }
+  return proc.WriteMemory(a.addr, original.first(1));
 }
 
 }  // namespace kwatch::watch::agent

@@ -47,6 +47,7 @@ namespace kwatch::watch::agent {
 // One record drained from a ring.
 struct AgentHit {
   uint32_t ring = 0;  // the thread slot it came from
+  pid_t pid = 0;      // the process of the ring's thread (a followed child differs)
   kwatch::agent::KwRecord record{};
   std::span<const uint8_t> payload{};  // valid during the callback only
   uint64_t time_ns = 0;                // CLOCK_MONOTONIC of record.tsc
@@ -56,6 +57,15 @@ using HitFn = std::function<void(const AgentHit&)>;
 struct Liveness {
   bool agent_gone = false;     // POLLERR on the lifeline's write end
   bool target_exited = false;  // the pidfd is readable
+};
+
+// A fork child that kept its probes (-f), as its agent registered it (agent/abi.h
+// "Followed processes").
+struct FollowedProcess {
+  uint32_t entry = 0;  // its KwProcess
+  pid_t pid = 0;
+  pid_t parent = 0;
+  uint32_t state = 0;  // KwProcessState
 };
 
 // Builds code for the address it will run at (an XOL copy, a trampoline).
@@ -120,6 +130,20 @@ class Controller {
   // here; nullopt while it runs or when it is not kwatch's child.
   std::optional<core::ExitInfo> ReapExit();
 
+  // -f: the fork children registered in the process table (KwProcess), but those that left
+  // (restored their own code): the target's descendants that keep the probes.
+  std::vector<FollowedProcess> Followed() const;
+  // Frees the entry of a followed process that ended.
+  void ForgetProcess(uint32_t entry) { tables_.FreeProcess(entry); }
+  // Whether process `pid` maps this session's shared memory (at the target's address): it is
+  // one of the agent's processes, not an exec'd image or another process under a reused pid.
+  bool MapsSession(pid_t pid) const;
+  // Whether process `pid` still holds the agent's end of the lifeline (the same pipe under
+  // KwControl::lifeline_fd): false once it exec'd (close-on-exec) or ended.
+  bool HoldsLifeline(pid_t pid) const;
+  // The followed children whose code the end restored (seized, restored, let go), in order.
+  const std::vector<pid_t>& released_children() const { return released_children_; }
+
   // Runs `fn` with every thread of the target seized and stopped (a session that detached
   // and now changes probes or patches), then detaches. NotFound when the target is gone.
   absl::Status RunStopped(const std::function<absl::Status(core::Process&)>& fn) const;
@@ -128,12 +152,16 @@ class Controller {
 
   // Takes every patch out, as the class comment says, with every thread of `proc` stopped
   // (they stay stopped and traced: the caller detaches, then calls Finish). A target that has
-  // exited has nothing to restore.
+  // exited has nothing to restore. Followed children (-f) are restored first, each seized in
+  // turn while the target is stopped (it forks no more), until the process table names no
+  // child not done (a child forked meanwhile either registered or saw state Stopping and
+  // restored itself).
   absl::Status End(core::Process& proc);
   // The last drain (records of hits in flight at End land after the detach) into `fn`, then
   // the lifeline closes: the agent's watchdog sees state Restored and does nothing more.
   absl::Status Finish(const HitFn& fn);
-  // End for a session that detached: seizes the target again, End, detach, Finish.
+  // End for a session that detached: seizes the target again, End, detach, Finish. A target
+  // that has exited has nothing to restore, but its followed children may.
   absl::Status EndDetached(const HitFn& fn);
   bool ended() const { return ended_; }
 
@@ -158,6 +186,18 @@ class Controller {
 
   Controller(LoadedAgent agent, pid_t pid, core::UniqueFd pidfd);
   absl::Status Restore(core::Process& proc, const Applied& a);
+  // Writes the original bytes of `a` back in a followed child, if they are still the patch's
+  // (or in between: the child's own restore may have begun); the journal is left alone.
+  static absl::Status RestoreCopy(core::Process& proc, const Applied& a);
+  // End once the target is gone: state Stopping, the followed children restored, the journal
+  // cleared, state Restored.
+  absl::Status EndGone();
+  // Restores the followed children (End's first part): every error is kept, the first
+  // returned after all were tried.
+  absl::Status EndFollowed();
+  // Seizes followed child `pid`, restores its copy of the code, moves its threads out of the
+  // out-of-line copies and lets it go. False when it is gone or no longer the agent's.
+  absl::StatusOr<bool> RestoreFollowed(pid_t pid);
   absl::Status MoveThreadsOutOfCopies(core::Process& proc);
   absl::StatusOr<CodeArea*> MapArea(core::Process& proc, core::RemoteAddr near, uint64_t size);
 
@@ -170,6 +210,9 @@ class Controller {
   std::vector<Applied> patches_;     // in the order made
   std::vector<CodeArea> areas_;
   std::vector<Copy> copies_;
+  uint64_t shm_inode_ = 0;       // kwatch's memfd (MapsSession)
+  uint64_t lifeline_inode_ = 0;  // the lifeline pipe (HoldsLifeline)
+  std::vector<pid_t> released_children_;
   bool ended_ = false;
 };
 

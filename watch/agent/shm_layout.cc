@@ -16,6 +16,7 @@ using kwatch::agent::KwFetchOp;
 using kwatch::agent::KwPatch;
 using kwatch::agent::KwProbe;
 using kwatch::agent::KwProbeSlot;
+using kwatch::agent::KwProcess;
 using kwatch::agent::KwRing;
 using kwatch::agent::KwThread;
 
@@ -68,6 +69,9 @@ absl::StatusOr<ShmLayout> ComputeLayout(const ShmConfig& config) {
   at = AlignUp(at + uint64_t{l.code_capacity} * sizeof(KwFetchOp), kAlign);
   l.patches_offset = at;
   at = AlignUp(at + uint64_t{l.patch_capacity} * sizeof(KwPatch), kAlign);
+  l.process_capacity = config.process_capacity;
+  l.processes_offset = at;
+  at = AlignUp(at + uint64_t{l.process_capacity} * sizeof(KwProcess), kAlign);
   l.threads_offset = at;
   at = AlignUp(at + uint64_t{l.thread_capacity} * sizeof(KwThread), kAlign);
   l.rings_offset = at;
@@ -103,6 +107,8 @@ void InitControl(std::span<uint8_t> shm, const ShmLayout& layout, uint32_t flags
   c->ring_bytes = layout.ring_bytes;
   c->patches_offset = layout.patches_offset;
   c->patch_capacity = layout.patch_capacity;
+  c->processes_offset = layout.processes_offset;
+  c->process_capacity = layout.process_capacity;
   c->state.store(kwatch::agent::kKwStateInit, std::memory_order_release);
   c->generation.store(0, std::memory_order_release);
 }

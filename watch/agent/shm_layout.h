@@ -4,7 +4,8 @@
 // lives, and the control block kwatch writes before the agent's init.
 //
 //   KwControl | KwProbe[probe_capacity] | KwProbeSlot[hash_capacity] | KwFetchOp[code_capacity]
-//   | KwPatch[patch_capacity] | KwThread[thread_capacity] | KwRing[thread_capacity]
+//   | KwPatch[patch_capacity] | KwProcess[process_capacity] | KwThread[thread_capacity]
+//   | KwRing[thread_capacity]
 //
 // every part 64-byte aligned, each ring sizeof(KwRing) + ring_bytes. Pure arithmetic.
 
@@ -25,6 +26,7 @@ struct ShmConfig {
   uint32_t patch_capacity = 0;       // 0: probe_capacity
   uint32_t thread_capacity = 64;     // KwThread slots, one ring each
   uint32_t ring_bytes = 256 * 1024;  // per thread: a power of two, >= 4096
+  uint32_t process_capacity = 1024;  // fork children followed at once (kKwFollowForks)
   uint32_t flags = 0;                // KwControlFlags
 };
 
@@ -35,10 +37,12 @@ struct ShmLayout {
   uint32_t patch_capacity = 0;
   uint32_t thread_capacity = 0;
   uint32_t ring_bytes = 0;
+  uint32_t process_capacity = 0;
   uint64_t probes_offset = 0;
   uint64_t hash_offset = 0;
   uint64_t code_offset = 0;
   uint64_t patches_offset = 0;
+  uint64_t processes_offset = 0;
   uint64_t threads_offset = 0;
   uint64_t rings_offset = 0;
   uint64_t total_size = 0;  // a multiple of the page size

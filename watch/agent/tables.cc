@@ -47,6 +47,11 @@ uint64_t ShmTables::ThreadOffset(uint32_t index) const {
   return layout_.threads_offset + uint64_t{index} * sizeof(KwThread);
 }
 
+uint64_t ShmTables::ProcessOffset(uint32_t index) const {
+  KW_CHECK(index < layout_.process_capacity);
+  return layout_.processes_offset + uint64_t{index} * sizeof(KwProcess);
+}
+
 uint64_t ShmTables::RingOffset(uint32_t index) const {
   KW_CHECK(index < layout_.thread_capacity);
   return layout_.rings_offset + uint64_t{index} * layout_.ring_stride();
@@ -341,11 +346,18 @@ void ShmTables::Unjournal(uint32_t index) {
 }
 
 void ShmTables::SetState(uint32_t state) {
-  control().state.store(state, std::memory_order_release);
+  control().state.store(state, std::memory_order_seq_cst);
 }
 
 uint32_t ShmTables::state() const {
   return control().state.load(std::memory_order_acquire);
+}
+
+void ShmTables::FreeProcess(uint32_t index) {
+  KwProcess& p = process(index);
+  p.state.store(0, std::memory_order_relaxed);
+  p.parent = 0;
+  p.pid.store(0, std::memory_order_release);
 }
 
 void ShmTables::FreeThread(uint32_t index) {

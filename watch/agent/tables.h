@@ -36,6 +36,7 @@ using kwatch::agent::KwFetchOp;
 using kwatch::agent::KwPatch;
 using kwatch::agent::KwProbe;
 using kwatch::agent::KwProbeSlot;
+using kwatch::agent::KwProcess;
 using kwatch::agent::KwRing;
 using kwatch::agent::KwThread;
 
@@ -88,6 +89,8 @@ class ShmTables {
   const KwPatch& patch(uint32_t index) const { return At<KwPatch>(PatchOffset(index)); }
   KwThread& thread(uint32_t index) { return At<KwThread>(ThreadOffset(index)); }
   const KwThread& thread(uint32_t index) const { return At<KwThread>(ThreadOffset(index)); }
+  KwProcess& process(uint32_t index) { return At<KwProcess>(ProcessOffset(index)); }
+  const KwProcess& process(uint32_t index) const { return At<KwProcess>(ProcessOffset(index)); }
   KwRing& ring(uint32_t index) { return At<KwRing>(RingOffset(index)); }
   const KwRing& ring(uint32_t index) const { return At<KwRing>(RingOffset(index)); }
   uint8_t* ring_data(uint32_t index) { return shm_.data() + RingOffset(index) + sizeof(KwRing); }
@@ -113,12 +116,16 @@ class ShmTables {
   // Frees an entry once the original bytes are back.
   void Unjournal(uint32_t index);
 
+  // Sequentially consistent: the end reads the process table after setting Stopping
+  // (agent/abi.h "Followed processes").
   void SetState(uint32_t state);
   uint32_t state() const;
 
   // Frees thread slot `index` (its thread is gone and its ring drained): its return
   // instances leave their probes' `active` counts, and the ring and the slot become free.
   void FreeThread(uint32_t index);
+  // Frees process entry `index` (its process ended): state 0, then pid 0.
+  void FreeProcess(uint32_t index);
 
  private:
   template <typename T>
@@ -129,6 +136,7 @@ class ShmTables {
   uint64_t SlotOffset(uint32_t index) const;
   uint64_t PatchOffset(uint32_t index) const;
   uint64_t ThreadOffset(uint32_t index) const;
+  uint64_t ProcessOffset(uint32_t index) const;
   uint64_t RingOffset(uint32_t index) const;
   uint32_t HashOf(uint64_t addr) const;
   void BeginWrite();

@@ -1,7 +1,9 @@
 #include "watch/probe/agent_session.h"
 
 #include <poll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -109,6 +112,7 @@ bool RunsOn(pid_t pid) {
 struct Drained {
   uint32_t probe_index = 0;
   uint16_t type = 0;
+  pid_t pid = 0;
   int32_t tid = 0;
   uint64_t time_ns = 0;
   uint64_t ip = 0;
@@ -137,13 +141,26 @@ class AgentSession : public ProbeSessionBase {
     uint32_t index = 0;  // in the agent's probe table
     core::AgentFetchProgram program;
     ProbePath path;
-    uint64_t after_stop = 0;  // records drained once the session was stopping
+    uint64_t after_stop = 0;    // records drained once the session was stopping
+    uint64_t lost_at_stop = 0;  // KwProbe::lost when the session got its stop reason
   };
 
   absl::Status Start() override;
   void Abandon() override;
-  absl::Status Collect(const EventLoop::Ready& /*ready*/) override { return DrainRings(); }
+  // -f: the children registered since (said before their hits), then the rings.
+  absl::Status Collect(const EventLoop::Ready& /*ready*/) override {
+    if (opts().follow_forks && ctl_ != nullptr) {
+      AdoptChildren();
+    }
+    return DrainRings();
+  }
   absl::Status PollTarget() override;
+  // -f: the children the agents registered (followed from now on, said).
+  void AdoptChildren();
+  // -f: AdoptChildren, then the children that ended or exec'd (said).
+  void PollChildren();
+  // Notes each probe's lost records at the stop: those lost later are not hits taken.
+  void OnStop() override;
 
   // Launches or attaches and loads the agent; Unavailable when the agent cannot serve the
   // target (the caller may fall back to another backend).
@@ -177,8 +194,10 @@ class AgentSession : public ProbeSessionBase {
   uint64_t bias_ = 0;
   bool launched_ = false;
   bool detached_ = false;
-  bool exited_ = false;      // the target ended
-  bool agent_gone_ = false;  // the target exec'd: the agent went with the old image
+  bool exited_ = false;         // the target ended (and, -f, every followed child)
+  bool target_exited_ = false;  // the target itself ended
+  bool agent_gone_ = false;     // the target exec'd: the agent went with the old image
+  bool target_execd_ = false;   // -f: the target exec'd (said) while followed children ran
   std::optional<core::ExitInfo> exit_;
   std::vector<Placed> placed_;
   std::map<uint32_t, size_t> by_index_;  // agent probe index -> placed_
@@ -188,8 +207,21 @@ class AgentSession : public ProbeSessionBase {
     ProbePath path;
   };
   std::map<uint64_t, First> first_at_;
+  // -f: a fork child that kept the probes.
+  struct Child {
+    pid_t pid = 0;
+    pid_t parent = 0;
+    uint32_t entry = 0;    // its KwProcess (UINT32_MAX once it ended: forgotten)
+    core::UniqueFd pidfd;  // -1 once it ended
+    bool execd = false;    // it called exec: the agent went with the old image
+  };
+  // The note of an exec in a followed process: its probes ended there (the agent does not
+  // follow an exec).
+  void NoteExec(pid_t pid, bool child);
+  std::vector<Child> children_;  // in the order kwatch learned of them
   std::vector<Drained> drained_;
-  uint64_t data_loss_ = 0;  // rings that held garbage
+  uint64_t data_loss_ = 0;   // rings that held garbage
+  bool stop_noted_ = false;  // OnStop took the lost_at_stop counts
 };
 
 absl::Status AgentSession::LoadAgent() {
@@ -198,9 +230,6 @@ absl::Status AgentSession::LoadAgent() {
         absl::StrCat("the in-process agent cannot serve ",
                      pid_ > 0 ? absl::StrCat("pid ", pid_) : std::string("the target"), ": ", why));
   };
-  if (opts().follow_forks) {
-    return unavailable("-f (children forked while probing are followed by the ptrace backend)");
-  }
   core::LaunchOptions lo;
   lo.run_as = opts().user;
   lo.kill_on_exit = opts().kill_on_exit;
@@ -224,6 +253,9 @@ absl::Status AgentSession::LoadAgent() {
   wa::LoadOptions lopts;
   lopts.agent_path = agent_opts_.agent_path;
   lopts.shm = ShmFor(set());
+  if (opts().follow_forks) {
+    lopts.shm.flags |= ka::kKwFollowForks;  // a fork child keeps the probes, and says so
+  }
   absl::StatusOr<std::unique_ptr<wa::Controller>> ctl = wa::Controller::Load(*proc_, lopts);
   if (!ctl.ok()) {
     return unavailable(ctl.status().message());
@@ -473,6 +505,7 @@ wa::HitFn AgentSession::Collector() {
     Drained d;
     d.probe_index = h.record.probe_index;
     d.type = h.record.type;
+    d.pid = h.pid;
     d.tid = h.record.tid;
     d.time_ns = h.time_ns;
     d.ip = h.record.ip;
@@ -523,7 +556,7 @@ void AgentSession::OnRecord(const Drained& d) {
   }
   ProbeHit hit;
   hit.time_ns = d.time_ns;
-  hit.pid = pid_;
+  hit.pid = d.pid != 0 ? d.pid : pid_;
   hit.tid = d.tid;
   hit.probe = p.def;
   hit.ip = core::RemoteAddr{d.ip};
@@ -544,38 +577,162 @@ void AgentSession::OnRecord(const Drained& d) {
   Deliver(hit);
 }
 
+// The exit status of `pid` while it is a zombie no one reaped yet (exit_code, the 52nd
+// field of /proc/PID/stat, in waitpid's form); nullopt once it is gone or before it ended.
+std::optional<core::ExitInfo> ZombieExit(pid_t pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "re");
+  if (f == nullptr) {
+    return std::nullopt;
+  }
+  std::array<char, 1024> buf{};
+  const size_t n = std::fread(buf.data(), 1, buf.size() - 1, f);
+  std::fclose(f);
+  const absl::string_view text(buf.data(), n);
+  const size_t paren = text.rfind(')');
+  if (paren == absl::string_view::npos || paren + 2 >= text.size()) {
+    return std::nullopt;
+  }
+  // After the comm: field 3 (state) is fields[0], field 52 (exit_code) fields[49].
+  const std::vector<absl::string_view> fields = absl::StrSplit(
+      absl::StripTrailingAsciiWhitespace(text.substr(paren + 2)), ' ', absl::SkipEmpty());
+  int status = 0;
+  if (fields.size() < 50 || fields[0] != "Z" || !absl::SimpleAtoi(fields[49], &status)) {
+    return std::nullopt;
+  }
+  core::ExitInfo e;
+  if (WIFSIGNALED(status)) {
+    e.signaled = true;
+    e.signal = WTERMSIG(status);
+    e.core_dumped = WCOREDUMP(status);
+  } else {
+    e.code = WEXITSTATUS(status);
+  }
+  return e;
+}
+
+void AgentSession::AdoptChildren() {
+  // New children: those whose agent kept the probes (an entry still deciding is seen next
+  // round). One that ended before kwatch looked is followed and ended at once.
+  for (const wa::FollowedProcess& f : ctl_->Followed()) {
+    if (f.state != ka::kKwProcessFollowed ||
+        std::any_of(children_.begin(), children_.end(),
+                    [&f](const Child& c) { return c.entry == f.entry && c.pid == f.pid; })) {
+      continue;
+    }
+    Child c;
+    c.pid = f.pid;
+    c.parent = f.parent;
+    c.entry = f.entry;
+    c.pidfd = core::UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, f.pid, 0)));
+    // The process under that pid maps the session's memory: the child itself, not another
+    // process that took the pid of an ended child.
+    if (c.pidfd.valid() && !ctl_->MapsSession(f.pid)) {
+      c.pidfd.Reset();
+    }
+    if (!opts().quiet) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kChildFollowed;
+      n.backend = backend();
+      n.pid = f.pid;
+      n.parent = f.parent;
+      Note(n);
+    }
+    children_.push_back(std::move(c));
+  }
+}
+
+void AgentSession::PollChildren() {
+  AdoptChildren();
+  for (Child& c : children_) {
+    if (c.entry == UINT32_MAX) {
+      continue;  // ended, said
+    }
+    if (c.pidfd.valid()) {
+      pollfd pfd{.fd = c.pidfd.get(), .events = POLLIN, .revents = 0};
+      if (::poll(&pfd, 1, 0) != 1) {
+        // Runs: with the agent, or an exec'd image (its lifeline's end closed on exec).
+        if (!c.execd && !ctl_->HoldsLifeline(c.pid)) {
+          c.execd = true;
+          NoteExec(c.pid, /*child=*/true);
+        }
+        continue;
+      }
+    }
+    if (!opts().quiet) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kChildExited;
+      n.backend = backend();
+      n.pid = c.pid;
+      n.child = true;
+      n.exit = ZombieExit(c.pid);
+      Note(n);
+    }
+    ctl_->ForgetProcess(c.entry);
+    c.entry = UINT32_MAX;
+    c.pidfd.Reset();
+  }
+}
+
+void AgentSession::NoteExec(pid_t pid, bool child) {
+  ProbeNote n;
+  n.kind = ProbeNote::Kind::kExec;
+  n.pid = pid;
+  n.child = child;
+  if (opts().follow_forks) {
+    n.rearm = ProbeNote::Rearm::kFailed;
+    n.why = "the agent does not follow an exec (--backend ptrace probes the new image)";
+  }
+  NoteAndKeep(n);
+}
+
 absl::Status AgentSession::PollTarget() {
   if (exited_ || ctl_ == nullptr) {
     return absl::OkStatus();
   }
-  bool exited = false;
+  bool target_exited = target_exited_;
+  bool lifeline_closed = agent_gone_;  // no process holds the agent's lifeline any more
   if (!agent_gone_) {
     KW_ASSIGN_OR_RETURN(const wa::Liveness live, ctl_->Wait(absl::ZeroDuration()));
-    if (live.target_exited || live.agent_gone) {
+    if ((live.target_exited && !target_exited_) || live.agent_gone) {
       // What the target recorded up to its end (or exec) is shown first.
       KW_RETURN_IF_ERROR(DrainRings());
     }
-    exited = live.target_exited;
-    if (!exited && live.agent_gone) {
+    target_exited = target_exited || live.target_exited;
+    if (live.agent_gone) {
       // The lifeline's last reader went: an exit (its files close just before the pidfd says
       // so) or an exec (the read end is close-on-exec), after which the process runs on.
-      pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
-      exited = ::poll(&pfd, 1, 0) == 1 || !RunsOn(pid_);
-      if (!exited) {
+      // With -f, every followed child's end or exec came first.
+      if (!target_exited) {
+        pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
+        target_exited = ::poll(&pfd, 1, 0) == 1 || !RunsOn(pid_);
+      }
+      lifeline_closed = true;
+      if (!target_exited) {
         agent_gone_ = true;
         KW_RETURN_IF_ERROR(loop().Remove(ctl_->lifeline_fd()));  // in error from now on
-        ProbeNote n;
-        n.kind = ProbeNote::Kind::kExec;
-        n.pid = pid_;
-        NoteAndKeep(n);
+        if (!target_execd_) {
+          target_execd_ = true;
+          NoteExec(pid_, /*child=*/false);
+        }
+      }
+    } else if (opts().follow_forks && !target_exited && !target_execd_ &&
+               !ctl_->HoldsLifeline(pid_)) {
+      // -f: the target exec'd while followed children hold the lifeline.
+      pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
+      if (::poll(&pfd, 1, 0) == 0 && RunsOn(pid_)) {
+        target_execd_ = true;
+        NoteExec(pid_, /*child=*/false);
       }
     }
-  } else {
+  } else if (!target_exited_) {
     pollfd pfd{.fd = ctl_->pidfd(), .events = POLLIN, .revents = 0};
-    exited = ::poll(&pfd, 1, 0) == 1;
+    target_exited = ::poll(&pfd, 1, 0) == 1;
   }
-  if (exited) {
-    exited_ = true;
+  if (opts().follow_forks) {
+    PollChildren();
+  }
+  if (target_exited && !target_exited_) {
+    target_exited_ = true;
     if (launched_) {
       // The process may be between closing its files and becoming a zombie: wait for it. A
       // thread kwatch still traces (one that a detach missed while it ran) stays a zombie
@@ -586,9 +743,34 @@ absl::Status AgentSession::PollTarget() {
       }
       exit_ = ctl_->ReapExit();
     }
+    if (opts().follow_forks && !lifeline_closed) {
+      // Followed children hold the agent still: the session goes on until they end. The
+      // pidfd stays readable from now on.
+      KW_RETURN_IF_ERROR(loop().Remove(ctl_->pidfd()));
+    }
+  }
+  if (!target_exited_ || (opts().follow_forks && !lifeline_closed)) {
+    return absl::OkStatus();
+  }
+  exited_ = true;
+  if (!children_.empty()) {
+    KW_RETURN_IF_ERROR(DrainRings());
+    PollChildren();
+    Stop("target and its followed children exited");
+  } else {
     Stop(TargetEnded(exit_));
   }
   return absl::OkStatus();
+}
+
+void AgentSession::OnStop() {
+  if (ctl_ == nullptr) {
+    return;
+  }
+  for (Placed& p : placed_) {
+    p.lost_at_stop = ctl_->tables().probe(p.index).lost.load(std::memory_order_relaxed);
+  }
+  stop_noted_ = true;
 }
 
 absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
@@ -602,21 +784,52 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
     }
     DeliverDrained();
   }
+  // -f: the children whose code the end put back (seized in turn), still running.
+  const std::vector<pid_t> released =
+      ctl_ != nullptr ? ctl_->released_children() : std::vector<pid_t>{};
+  for (const pid_t child : released) {
+    if (std::none_of(children_.begin(), children_.end(),
+                     [child](const Child& c) { return c.pid == child; })) {
+      Child c;  // registered while kwatch was ending: followed all the same
+      c.pid = child;
+      c.entry = UINT32_MAX;
+      children_.push_back(std::move(c));
+    }
+  }
   if (!exited_) {
     if (launched_ && opts().kill_on_exit) {
-      ::kill(pid_, SIGKILL);
-      pollfd pfd{.fd = ctl_ != nullptr ? ctl_->pidfd() : -1, .events = POLLIN, .revents = 0};
-      (void)::poll(&pfd, 1, 5000);
-      if (ctl_ != nullptr) {
-        exit_ = ctl_->ReapExit();
+      for (const pid_t child : released) {
+        auto it = std::find_if(children_.begin(), children_.end(),
+                               [child](const Child& c) { return c.pid == child; });
+        if (it != children_.end() && it->pidfd.valid()) {
+          (void)::syscall(SYS_pidfd_send_signal, it->pidfd.get(), SIGKILL, nullptr, 0);
+        } else {
+          ::kill(child, SIGKILL);  // just let go by kwatch: still this process
+        }
       }
-      AppendToStopReason("; target killed (--kill-on-exit)");
+      if (!target_exited_) {
+        ::kill(pid_, SIGKILL);
+        pollfd pfd{.fd = ctl_ != nullptr ? ctl_->pidfd() : -1, .events = POLLIN, .revents = 0};
+        (void)::poll(&pfd, 1, 5000);
+        if (ctl_ != nullptr) {
+          exit_ = ctl_->ReapExit();
+        }
+        AppendToStopReason("; target killed (--kill-on-exit)");
+      }
     } else if (ended.ok()) {
-      ProbeNote n;
-      n.kind = ProbeNote::Kind::kReleased;
-      n.backend = backend();
-      n.pid = pid_;
-      Note(n);
+      if (!released.empty()) {
+        ProbeNote n;
+        n.kind = ProbeNote::Kind::kChildrenReleased;
+        n.count = released.size();
+        Note(n);
+      }
+      if (!target_exited_) {
+        ProbeNote n;
+        n.kind = ProbeNote::Kind::kReleased;
+        n.backend = backend();
+        n.pid = pid_;
+        Note(n);
+      }
     }
   }
   ProbeSessionEnd end;
@@ -628,6 +841,15 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
     st.abandoned = kp.abandoned.load();
     st.faults = kp.faults.load();
     st.lost = kp.lost.load();
+    // The agent counts every hit it took, records lost or not (a thread hitting a probe
+    // flat out fills its ring between two drains): the hits are that count, less the
+    // records of hits after the stop (drained then, or lost then). With --count reached,
+    // the hits are the ones taken up to the limit.
+    if (!(has_sink() && sink().done())) {
+      const uint64_t lost_after = stop_noted_ ? st.lost - std::min(st.lost, p.lost_at_stop) : 0;
+      const uint64_t hits = kp.hits.load();
+      st.counted = hits - std::min(hits, p.after_stop + lost_after);
+    }
     end.stats[p.def->id] = st;
     end.paths[p.def->id] = p.path;
   }
@@ -643,11 +865,20 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
                            ctl_->tables().layout().thread_capacity, " the rings serve");
       Keep(std::move(n));
     }
-    if (const uint64_t forks = c.forks_seen.load(); forks > 0) {
+    // -f follows a child unless the process table was full or kwatch was ending.
+    if (const uint64_t forks = c.forks_seen.load() - c.forks_followed.load(); forks > 0) {
       ProbeNote n;
       n.kind = ProbeNote::Kind::kForksNotFollowed;
       n.count = forks;
       n.backend = backend();
+      Keep(std::move(n));
+    }
+    if (!children_.empty()) {
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kChildrenFollowed;
+      for (const Child& child : children_) {
+        n.pids.push_back(child.pid);
+      }
       Keep(std::move(n));
     }
     if (data_loss_ > 0) {

@@ -38,8 +38,12 @@ struct ProbeEndStats {
   uint64_t nmissed = 0;    // ptrace return probes: calls not tracked (maxactive)
   uint64_t abandoned = 0;  // ptrace return probes: calls that never returned (longjmp...)
   uint64_t faults = 0;     // ptrace: signals raised by the displaced instruction
-  uint64_t lost = 0;       // uprobe: samples the kernel dropped (ring full)
+  uint64_t lost = 0;       // uprobe: samples the kernel dropped; agent: records (ring full)
   std::optional<uint64_t> kernel_count;  // uprobe: hits the kernel counted
+  // agent: the hits the agent itself counted while the session took them (KwProbe::hits),
+  // those whose records were lost in a full ring included. When set, the summary's HITS; else
+  // HITS is the hits delivered.
+  std::optional<uint64_t> counted;
 };
 
 // How the session ended, for the summary.

@@ -39,8 +39,10 @@ struct ProbeNote {
     kGroupStop,          // `pid` (a followed child when `child`) was stopped by `signal` (job
                          // control); probing goes on
     kChildFollowed,      // -f: child `pid` of `parent` is probed, its probes adopted in `us`
-                         // (`guardian_us` of it starting its guardian)
-    kChildExited,        // -f: followed child `pid` ended (`exit`)
+                         // (`guardian_us` of it starting its guardian); `backend` "agent":
+                         // the agent in the child kept them
+    kChildExited,        // -f: followed child `pid` ended (`exit`; none when its parent reaped
+                         // it before kwatch could read it: agent)
     kStopping,           // ptrace: the session stops (`why`) while the target hits probes back to
                          // back: they are disabled, and come out when it pauses between hits
     kChildrenReleased,   // at the end: the probes are out of `count` followed children, let go

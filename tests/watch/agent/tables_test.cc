@@ -101,20 +101,26 @@ ProbeEntry Entry(uint32_t id, uint64_t addr, size_t ops = 2) {
 }
 
 TEST(ShmLayout, EveryPartIsAlignedAndInOrder) {
-  auto l = ComputeLayout(ShmConfig{
-      .probe_capacity = 100, .code_capacity = 1000, .thread_capacity = 8, .ring_bytes = 8192});
+  auto l = ComputeLayout(ShmConfig{.probe_capacity = 100,
+                                   .code_capacity = 1000,
+                                   .thread_capacity = 8,
+                                   .ring_bytes = 8192,
+                                   .process_capacity = 10});
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->hash_capacity, 256u);  // >= 2 x 100, a power of two
   EXPECT_EQ(l->patch_capacity, 100u);
   EXPECT_EQ(l->probes_offset, sizeof(ka::KwControl));  // a multiple of 64 (alignas)
   for (uint64_t off : {l->probes_offset, l->hash_offset, l->code_offset, l->patches_offset,
-                       l->threads_offset, l->rings_offset}) {
+                       l->processes_offset, l->threads_offset, l->rings_offset}) {
     EXPECT_EQ(off % 64, 0u);
   }
   EXPECT_EQ(l->hash_offset, l->probes_offset + 100 * sizeof(ka::KwProbe));
   EXPECT_EQ(l->code_offset, l->hash_offset + 256 * sizeof(ka::KwProbeSlot));
   EXPECT_EQ(l->patches_offset, l->code_offset + 1000 * sizeof(ka::KwFetchOp));
-  EXPECT_EQ(l->threads_offset, l->patches_offset + 100 * sizeof(ka::KwPatch));
+  EXPECT_EQ(l->processes_offset, l->patches_offset + 100 * sizeof(ka::KwPatch));
+  EXPECT_EQ(l->process_capacity, 10u);
+  // 10 entries of 16 bytes, up to the next 64.
+  EXPECT_EQ(l->threads_offset, l->processes_offset + 192);
   EXPECT_EQ(l->rings_offset, l->threads_offset + 8 * sizeof(ka::KwThread));
   EXPECT_EQ(l->total_size, (l->rings_offset + 8 * (192 + 8192) + 4095) / 4096 * 4096);
 }
@@ -138,6 +144,8 @@ TEST(ShmLayout, TheControlBlockSaysWhatTheAgentChecks) {
   EXPECT_EQ(c->state.load(), ka::kKwStateInit);
   EXPECT_EQ(c->ring_count, 4u);
   EXPECT_EQ(c->ring_bytes, 4096u);
+  EXPECT_EQ(c->processes_offset, shm.layout.processes_offset);
+  EXPECT_EQ(c->process_capacity, 1024u);
   EXPECT_EQ(c->rings_offset, shm.layout.rings_offset);
 }
 
@@ -240,6 +248,24 @@ TEST(ShmTables, AFreedThreadSlotTakesItsReturnInstancesFromTheCounts) {
   EXPECT_EQ(t.instances, 0u);
   EXPECT_EQ(tables.ring(1).tid.load(), 0);
   EXPECT_EQ(tables.ring(1).head.load(), 0u);
+}
+
+TEST(ShmTables, AFreedProcessEntryCanBeClaimedAgain) {
+  Shm shm(ShmConfig{.probe_capacity = 2,
+                    .code_capacity = 16,
+                    .thread_capacity = 1,
+                    .ring_bytes = 4096,
+                    .process_capacity = 3});
+  ShmTables tables(shm.span(), shm.layout);
+  // What a followed child's agent leaves (agent/fork.cc).
+  ka::KwProcess& e = tables.process(2);
+  e.pid.store(4321);
+  e.parent = 1234;
+  e.state.store(ka::kKwProcessFollowed);
+  tables.FreeProcess(2);
+  EXPECT_EQ(e.pid.load(), 0);
+  EXPECT_EQ(e.parent, 0);
+  EXPECT_EQ(e.state.load(), static_cast<uint32_t>(ka::kKwProcessClaimed));
 }
 
 TEST(ShmTables, TombstonesAreSweptAndTheTablesFillUpCleanly) {

@@ -1,4 +1,4 @@
-#include "cli/profile_report.h"
+#include "watch/profile/report_render.h"
 
 #include <sys/ioctl.h>
 
@@ -19,15 +19,10 @@
 #include "watch/profile/heat_scale.h"
 #include "watch/profile/report_rows.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch {
 namespace {
 
 using Json = nlohmann::json;
-using watch::FieldInfo;
-using watch::FormatDuration;
-using watch::RwCounts;
-using watch::SiteCount;
-using watch::StorageProfile;
 
 constexpr std::array<const char*, 4> kShades = {"░", "▒", "▓", "█"};
 constexpr std::array<int, 6> kColours = {226, 220, 214, 208, 202, 196};  // xterm-256: yellow to red
@@ -62,14 +57,14 @@ class View {
       : p_(p),
         namer_(namer),
         o_(o),
-        rows_(watch::BuildReportRows(p, watch::ReportSelection{.field_filter = o.field_filter,
-                                                               .path_prefix = o.path_prefix,
-                                                               .threads = o.threads,
-                                                               .top_sites = o.top_sites})) {}
+        rows_(BuildReportRows(p, ReportSelection{.field_filter = o.field_filter,
+                                                 .path_prefix = o.path_prefix,
+                                                 .threads = o.threads,
+                                                 .top_sites = o.top_sites})) {}
 
   const StorageProfile& Profile() const { return p_; }
   const ReportRenderOptions& Options() const { return o_; }
-  const watch::ReportRows& Rows() const { return rows_; }
+  const ReportRows& Rows() const { return rows_; }
   bool ThreadFilter() const { return !o_.threads.empty(); }
 
   const SiteName& Locate(core::RemoteAddr ip) {
@@ -104,7 +99,7 @@ class View {
   const StorageProfile& p_;
   const SiteNamer& namer_;
   const ReportRenderOptions& o_;
-  watch::ReportRows rows_;
+  ReportRows rows_;
   absl::flat_hash_map<core::RemoteAddr, SiteName> names_;
 };
 
@@ -114,7 +109,7 @@ std::string OffsetText(const FieldInfo& f) {
 std::string SizeText(const FieldInfo& f) {
   return f.bit_size > 0 ? absl::StrCat(f.bit_size, "b") : absl::StrCat(f.size);
 }
-std::string TopSiteText(View& v, const watch::FieldRow& r) {
+std::string TopSiteText(View& v, const FieldRow& r) {
   if (!r.sites.empty()) {
     return v.Name(r.sites[0].ip);
   }
@@ -151,16 +146,16 @@ std::string Table(const std::vector<std::vector<std::string>>& rows, const std::
   return out;
 }
 
-void TextHeatmap(View& v, const std::vector<watch::FieldRow>& fields, std::string& out) {
+void TextHeatmap(View& v, const std::vector<FieldRow>& fields, std::string& out) {
   const StorageProfile& p = v.Profile();
-  const watch::TimeBins& bins = p.bins();
+  const TimeBins& bins = p.bins();
   const ReportRenderOptions& o = v.Options();
   if (bins.columns() == 0) {
     absl::StrAppend(&out, "  heatmap: no accesses in the time window\n");
     return;
   }
   size_t label = 0;
-  for (const watch::FieldRow& f : fields) {
+  for (const FieldRow& f : fields) {
     label = std::max(label, Columns(p.fields()[f.field].path));
   }
   const size_t prefix = 2 + label + 2;
@@ -171,7 +166,7 @@ void TextHeatmap(View& v, const std::vector<watch::FieldRow>& fields, std::strin
   const size_t ncols = (bins.columns() + group - 1) / group;
   std::vector<std::vector<uint64_t>> cells;
   uint64_t max = 0;
-  for (const watch::FieldRow& f : fields) {
+  for (const FieldRow& f : fields) {
     std::vector<uint64_t> row(ncols, 0);
     for (size_t c = 0; c < f.reads.size(); ++c) {
       row[c / group] += f.reads[c] + f.writes[c];
@@ -180,8 +175,8 @@ void TextHeatmap(View& v, const std::vector<watch::FieldRow>& fields, std::strin
     cells.push_back(std::move(row));
   }
   const int levels = o.color ? 6 : 4;
-  const watch::HeatLevels scale = watch::MakeHeatLevels(
-      max, levels, o.log_scale ? watch::HeatScale::kLog : watch::HeatScale::kLinear);
+  const HeatLevels scale =
+      MakeHeatLevels(max, levels, o.log_scale ? HeatScale::kLog : HeatScale::kLinear);
   auto cell = [&](int level, size_t n) {
     if (level == 0) {
       return std::string(n, ' ');
@@ -205,7 +200,7 @@ void TextHeatmap(View& v, const std::vector<watch::FieldRow>& fields, std::strin
   for (size_t i = 0; i < fields.size(); ++i) {
     std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i].field].path, label), "  |");
     for (const uint64_t c : cells[i]) {
-      line += cell(watch::HeatLevel(scale, c), 1);
+      line += cell(HeatLevel(scale, c), 1);
     }
     absl::StrAppend(&out, line, "|\n");
   }
@@ -231,7 +226,7 @@ void TextHeatmap(View& v, const std::vector<watch::FieldRow>& fields, std::strin
 }
 
 // The last values each field held (from the value history), newest last: "5 (was 4)".
-std::string ValueText(const watch::ValueSample& s) {
+std::string ValueText(const ValueSample& s) {
   std::string t = absl::StrCat(static_cast<int64_t>(s.value));
   if (s.old_value.has_value() && *s.old_value != s.value) {
     absl::StrAppend(&t, " (was ", static_cast<int64_t>(*s.old_value), ")");
@@ -241,14 +236,14 @@ std::string ValueText(const watch::ValueSample& s) {
 
 constexpr size_t kLastValues = 5;
 
-void TextLastValues(View& v, const std::vector<watch::FieldRow>& fields, std::string& out) {
+void TextLastValues(View& v, const std::vector<FieldRow>& fields, std::string& out) {
   const StorageProfile& p = v.Profile();
   std::vector<std::vector<std::string>> rows = {
       {"field", "last values written (newest last)", "last written by"}};
-  for (const watch::FieldRow& row : fields) {
+  for (const FieldRow& row : fields) {
     const uint32_t f = row.field;
-    std::vector<watch::ValueSample> samples = p.FieldValues(f);
-    std::erase_if(samples, [](const watch::ValueSample& s) {
+    std::vector<ValueSample> samples = p.FieldValues(f);
+    std::erase_if(samples, [](const ValueSample& s) {
       return s.kind != core::AccessKind::kWrite || !s.exact;
     });
     if (samples.empty()) {
@@ -259,7 +254,7 @@ void TextLastValues(View& v, const std::vector<watch::FieldRow>& fields, std::st
     for (size_t i = from; i < samples.size(); ++i) {
       vals.push_back(ValueText(samples[i]));
     }
-    const watch::ValueSample& last = samples.back();
+    const ValueSample& last = samples.back();
     rows.push_back({p.fields()[f].path, absl::StrJoin(vals, ", "),
                     absl::StrCat("tid ", last.tid, " at ", v.Name(last.ip))});
   }
@@ -268,16 +263,16 @@ void TextLastValues(View& v, const std::vector<watch::FieldRow>& fields, std::st
   }
 }
 
-void TextWatch(View& v, const watch::WatchRows& w, std::string& out) {
+void TextWatch(View& v, const WatchRows& w, std::string& out) {
   const StorageProfile& p = v.Profile();
   const uint32_t obj = w.object;
-  const watch::WatchedObject& o = p.objects()[obj];
-  const std::vector<watch::FieldRow>& fields = w.fields;
+  const WatchedObject& o = p.objects()[obj];
+  const std::vector<FieldRow>& fields = w.fields;
   const bool filtered = !v.Options().field_filter.empty() || !v.Options().path_prefix.empty();
   if (fields.empty() && filtered) {
     return;
   }
-  const watch::ObjectStats& st = p.object_stats(obj);
+  const ObjectStats& st = p.object_stats(obj);
   absl::StrAppend(&out, "\nwatch ", o.expr, " (", o.type_name.empty() ? "" : o.type_name + ", ",
                   o.length, " bytes at ", Hex(o.addr.value), "): ", Count(st.total.reads, "read"),
                   ", ", Count(st.total.writes, "write"));
@@ -291,7 +286,7 @@ void TextWatch(View& v, const watch::WatchRows& w, std::string& out) {
   absl::StrAppend(&out, "\n");
   std::vector<std::vector<std::string>> rows = {
       {"field", "offset", "size", "reads", "writes", "threads", "top site"}};
-  for (const watch::FieldRow& f : fields) {
+  for (const FieldRow& f : fields) {
     const FieldInfo& fi = p.fields()[f.field];
     rows.push_back({fi.path, OffsetText(fi), SizeText(fi), absl::StrCat(f.counts.reads),
                     absl::StrCat(f.counts.writes), absl::StrCat(f.threads), TopSiteText(v, f)});
@@ -303,7 +298,7 @@ void TextWatch(View& v, const watch::WatchRows& w, std::string& out) {
   absl::StrAppend(&out, "  top sites", v.ThreadFilter() ? " (all threads)" : "", ":\n");
   rows = {{"reads", "writes", "site"}};
   size_t sites = 0;
-  for (const watch::SiteRow& s : w.sites) {
+  for (const SiteRow& s : w.sites) {
     if (s.fields.empty() || sites >= v.Options().top_sites) {
       continue;
     }
@@ -320,13 +315,13 @@ void TextWatch(View& v, const watch::WatchRows& w, std::string& out) {
 
   absl::StrAppend(&out, "  threads:\n");
   bool any = false;
-  for (const watch::ThreadRow& t : w.threads) {
+  for (const ThreadRow& t : w.threads) {
     std::vector<std::vector<std::string>> trows = {{"field", "reads", "writes"}};
     for (const auto& [f, c] : t.fields) {
       trows.push_back({p.fields()[f].path, absl::StrCat(c.reads), absl::StrCat(c.writes)});
     }
     any = true;
-    const watch::ThreadInfo& ti = p.threads()[t.thread];
+    const ThreadInfo& ti = p.threads()[t.thread];
     const auto names = v.Options().task_names.find(ti.tid);
     absl::StrAppend(&out, "    tid ", ti.tid, " (pid ", ti.pid,
                     names == v.Options().task_names.end()
@@ -341,7 +336,7 @@ void TextWatch(View& v, const watch::WatchRows& w, std::string& out) {
 
 void TextFalseSharing(View& v, std::string& out) {
   const StorageProfile& p = v.Profile();
-  const std::vector<watch::FalseSharingFinding>& found = v.Rows().false_sharing;
+  const std::vector<FalseSharingFinding>& found = v.Rows().false_sharing;
   absl::StrAppend(&out,
                   "\nfalse sharing (threads writing disjoint bytes of one 64-byte line within ",
                   FormatDuration(p.options().false_sharing_window_ns), "):\n");
@@ -435,7 +430,7 @@ std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
                     FormatDuration(profile.last_ns() - profile.options().start_ns),
                     " after the start\n");
   }
-  for (const watch::WatchRows& w : v.Rows().watches) {
+  for (const WatchRows& w : v.Rows().watches) {
     TextWatch(v, w, out);
   }
   TextFalseSharing(v, out);
@@ -446,10 +441,10 @@ namespace {
 
 // The field's newest `n` recorded values, oldest first.
 Json LastValuesJson(const StorageProfile& p, uint32_t field, size_t n) {
-  const std::vector<watch::ValueSample> samples = p.FieldValues(field);
+  const std::vector<ValueSample> samples = p.FieldValues(field);
   Json out = Json::array();
   for (size_t i = samples.size() > n ? samples.size() - n : 0; i < samples.size(); ++i) {
-    const watch::ValueSample& s = samples[i];
+    const ValueSample& s = samples[i];
     Json j{{"time_ns", s.time_ns - p.options().start_ns},
            {"tid", s.tid},
            {"ip", Hex(s.ip.value)},
@@ -475,10 +470,10 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
             {"ignored_events", profile.ignored_events()},
             {"duration_ns", profile.last_ns() > start ? profile.last_ns() - start : 0}};
   Json watches = Json::array();
-  for (const watch::WatchRows& w : v.Rows().watches) {
+  for (const WatchRows& w : v.Rows().watches) {
     const uint32_t obj = w.object;
-    const watch::WatchedObject& o = profile.objects()[obj];
-    const watch::ObjectStats& st = profile.object_stats(obj);
+    const WatchedObject& o = profile.objects()[obj];
+    const ObjectStats& st = profile.object_stats(obj);
     Json jw{{"id", o.id},
             {"expr", o.expr},
             {"address", Hex(o.addr.value)},
@@ -489,7 +484,7 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
             {"unattributed", st.unattributed}};
     Json jfields = Json::array();
     Json rows = Json::array();
-    for (const watch::FieldRow& r : w.fields) {
+    for (const FieldRow& r : w.fields) {
       const uint32_t f = r.field;
       const FieldInfo& fi = profile.fields()[f];
       const RwCounts& c = r.counts;
@@ -515,19 +510,19 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
       rows.push_back(Json{{"path", fi.path}, {"reads", r.reads}, {"writes", r.writes}});
     }
     jw["fields"] = std::move(jfields);
-    const watch::TimeBins& bins = profile.bins();
+    const TimeBins& bins = profile.bins();
     jw["heatmap"] = Json{{"bucket_ns", bins.width_ns()},
                          {"first_column_ns", bins.ColumnStartNs(0)},
                          {"columns", bins.columns()},
                          {"rows", std::move(rows)}};
     Json threads = Json::array();
-    for (const watch::ThreadRow& t : w.threads) {
+    for (const ThreadRow& t : w.threads) {
       Json tf = Json::array();
       for (const auto& [f, c] : t.fields) {
         tf.push_back(
             Json{{"path", profile.fields()[f].path}, {"reads", c.reads}, {"writes", c.writes}});
       }
-      const watch::ThreadInfo& ti = profile.threads()[t.thread];
+      const ThreadInfo& ti = profile.threads()[t.thread];
       Json th{{"tid", ti.tid},
               {"pid", ti.pid},
               {"reads", t.total.reads},
@@ -540,7 +535,7 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
     }
     jw["threads"] = std::move(threads);
     Json top = Json::array();
-    for (const watch::SiteRow& s : w.sites) {
+    for (const SiteRow& s : w.sites) {
       if (top.size() < opts.top_sites) {
         top.push_back(v.SiteJson(s.site));
       }
@@ -596,8 +591,8 @@ std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
                       const ReportRenderOptions& opts) {
   View v(profile, namer, opts);
   std::string out = "watch,field,offset,size,reads,writes,threads,top_site\n";
-  for (const watch::WatchRows& w : v.Rows().watches) {
-    for (const watch::FieldRow& r : w.fields) {
+  for (const WatchRows& w : v.Rows().watches) {
+    for (const FieldRow& r : w.fields) {
       const FieldInfo& fi = profile.fields()[r.field];
       const RwCounts& c = r.counts;
       const std::vector<std::string> cells = {profile.objects()[w.object].expr,
@@ -619,4 +614,4 @@ std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
   return out;
 }
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch

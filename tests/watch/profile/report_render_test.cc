@@ -1,4 +1,4 @@
-#include "cli/profile_report.h"
+#include "watch/profile/report_render.h"
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_split.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch {
 namespace {
 
 using ::testing::HasSubstr;
@@ -36,8 +36,8 @@ core::AccessEvent Ev(uint64_t t, pid_t tid, uint64_t addr, uint32_t size, core::
 
 // struct s { long hits; unsigned flags : 3, mode : 5; int misses; } g at 0x1000, watched
 // 4 ms: thread 11 writes hits 3 times, thread 12 reads it once and writes flags/mode once.
-watch::StorageProfile Small() {
-  watch::WatchedObject o;
+StorageProfile Small() {
+  WatchedObject o;
   o.id = 0;
   o.expr = "g";
   o.addr = core::RemoteAddr{0x1000};
@@ -49,9 +49,9 @@ watch::StorageProfile Small() {
       {".mode", "unsigned int", 8, 4, 3, 5, 0, true},
       {".misses", "int", 12, 4, 0, 0, 0, true},
   };
-  watch::ProfileOptions opts;
+  ProfileOptions opts;
   opts.start_ns = kStart;
-  watch::StorageProfile p({o}, opts);
+  StorageProfile p({o}, opts);
   for (uint64_t t : {100'000, 200'000, 300'000}) {
     p.Add(Ev(t, 11, 0x1000, 8, core::AccessKind::kWrite, 0x401010));
   }
@@ -71,17 +71,17 @@ SiteName Namer(core::RemoteAddr ip) {
 }
 
 // Two threads writing left and right of one line alternately, 10 times, 100 ns apart.
-watch::StorageProfile Shared() {
-  watch::WatchedObject o;
+StorageProfile Shared() {
+  WatchedObject o;
   o.id = 0;
   o.expr = "g_pair";
   o.addr = core::RemoteAddr{0x2000};
   o.length = 16;
   o.type_name = "struct pair";
   o.fields = {{".left", "long", 0, 8, 0, 0, 0, true}, {".right", "long", 8, 8, 0, 0, 0, true}};
-  watch::ProfileOptions opts;
+  ProfileOptions opts;
   opts.start_ns = kStart;
-  watch::StorageProfile p({o}, opts);
+  StorageProfile p({o}, opts);
   for (int i = 0; i < 10; ++i) {
     const bool first = i % 2 == 0;
     p.Add(Ev(static_cast<uint64_t>(i) * 100, first ? 21 : 22, first ? 0x2000 : 0x2008, 8,
@@ -94,7 +94,7 @@ watch::StorageProfile Shared() {
 // and heat_scale_test.cc.
 
 TEST(ProfileReport, TextFieldTableHeatmapSitesThreads) {
-  const watch::StorageProfile p = Small();
+  const StorageProfile p = Small();
   const std::string text = RenderText(p, Namer, {});
   EXPECT_EQ(text, R"(storage profile: 5 events from 2 threads, 100 us to 3.5 ms after the start
 
@@ -132,7 +132,7 @@ false sharing (threads writing disjoint bytes of one 64-byte line within 1 ms):
 }
 
 TEST(ProfileReport, FieldFilterAndPrefix) {
-  const watch::StorageProfile p = Small();
+  const StorageProfile p = Small();
   ReportRenderOptions o;
   o.field_filter = "i";  // hits, misses
   const std::string text = RenderText(p, Namer, o);
@@ -147,7 +147,7 @@ TEST(ProfileReport, FieldFilterAndPrefix) {
 }
 
 TEST(ProfileReport, ThreadFilterCountsOnlyThoseThreads) {
-  const watch::StorageProfile p = Small();
+  const StorageProfile p = Small();
   ReportRenderOptions o;
   o.threads = {12};
   EXPECT_EQ(RenderCsv(p, Namer, o),
@@ -164,7 +164,7 @@ TEST(ProfileReport, ThreadFilterCountsOnlyThoseThreads) {
 }
 
 TEST(ProfileReport, Csv) {
-  const watch::StorageProfile p = Small();
+  const StorageProfile p = Small();
   EXPECT_EQ(RenderCsv(p, Namer, {}),
             "watch,field,offset,size,reads,writes,threads,top_site\n"
             "g,g.hits,0,8,1,3,2,add_hits+0x12 (field_writer.c:41)\n"
@@ -176,7 +176,7 @@ TEST(ProfileReport, Csv) {
 }
 
 TEST(ProfileReport, Json) {
-  const watch::StorageProfile p = Small();
+  const StorageProfile p = Small();
   const nlohmann::json j = RenderJson(p, Namer, {});
   EXPECT_EQ(j["events"], 5);
   ASSERT_EQ(j["watches"].size(), 1u);
@@ -216,7 +216,7 @@ TEST(ProfileReport, Json) {
 }
 
 TEST(ProfileReport, FalseSharingEvidence) {
-  const watch::StorageProfile p = Shared();
+  const StorageProfile p = Shared();
   const std::string text = RenderText(p, Namer, {});
   EXPECT_THAT(text, HasSubstr(R"(
 false sharing (threads writing disjoint bytes of one 64-byte line within 1 ms):
@@ -244,7 +244,7 @@ false sharing (threads writing disjoint bytes of one 64-byte line within 1 ms):
 }
 
 TEST(ProfileReport, ColourHeatmapAndNarrowWidth) {
-  const watch::StorageProfile p = Small();
+  const StorageProfile p = Small();
   ReportRenderOptions o;
   o.color = true;
   const std::string text = RenderText(p, Namer, o);
@@ -253,14 +253,14 @@ TEST(ProfileReport, ColourHeatmapAndNarrowWidth) {
   EXPECT_THAT(text, HasSubstr("  scale: \x1b[48;5;220m  \x1b[0m 1  \x1b[48;5;208m  \x1b[0m 2  "
                               "\x1b[48;5;196m  \x1b[0m 3 accesses per column\n"));
   // 40 columns of 100 us, 30 wide: 2 buckets per column.
-  watch::ProfileOptions opts;
+  ProfileOptions opts;
   opts.start_ns = kStart;
   opts.initial_bucket_ns = 100'000;
-  watch::WatchedObject obj;
+  WatchedObject obj;
   obj.expr = "x";
   obj.addr = core::RemoteAddr{0x3000};
   obj.length = 4;
-  watch::StorageProfile q({obj}, opts);
+  StorageProfile q({obj}, opts);
   for (uint64_t t = 0; t < 40; ++t) {
     q.Add(Ev(t * 100'000, 1, 0x3000, 4, core::AccessKind::kWrite, 0x1));
   }
@@ -278,4 +278,4 @@ TEST(ProfileReport, ColourHeatmapAndNarrowWidth) {
 }
 
 }  // namespace
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch

@@ -13,7 +13,7 @@
 #include "core/base/remote_addr.h"
 #include "watch/profile/storage_profile.h"
 
-namespace kwatch::cli {
+namespace kwatch::watch {
 
 // What the report shows for an accessing instruction: "add_hits+0x12 (field_writer.c:41)".
 struct SiteName {
@@ -28,7 +28,7 @@ struct SiteName {
 using SiteNamer = std::function<SiteName(core::RemoteAddr ip)>;
 
 // How to render a profile (which events went into it is the caller's choice). The rows come
-// from watch::BuildReportRows (watch/profile/report_rows.h); this file only formats them.
+// from BuildReportRows (watch/profile/report_rows.h); this file only formats them.
 struct ReportRenderOptions {
   // Fields shown: those whose path contains `field_filter` ("" = all) and, when `path_prefix`
   // is set, whose path is it or continues it with a member or element ("g.lines" keeps
@@ -55,7 +55,7 @@ struct ReportRenderOptions {
 // fields they touched, and per thread its per-field counts; then the false-sharing findings
 // with their evidence ("no false sharing found" when none). Times are relative to the
 // profile's start_ns.
-std::string RenderText(const watch::StorageProfile& profile, const SiteNamer& namer,
+std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
                        const ReportRenderOptions& opts);
 // {"start_ns", "events", "ignored_events", "duration_ns",
 //  "watches": [{"id", "expr", "address" ("0x..."), "length", "type", "reads", "writes",
@@ -71,15 +71,15 @@ std::string RenderText(const watch::StorageProfile& profile, const SiteNamer& na
 // SITE = {"ip" ("0x..."), "function", "offset", "file", "line", "count", "reads", "writes"}.
 // Times (first_ns, ...) are nanoseconds after start_ns; "false_sharing" is [] when none.
 // Fields, heatmap rows and per-thread fields are the shown ones (opts filters).
-nlohmann::json RenderJson(const watch::StorageProfile& profile, const SiteNamer& namer,
+nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
                           const ReportRenderOptions& opts);
 // Header "watch,field,offset,size,reads,writes,threads,top_site", then one row per shown
 // field, values as in the text table (RFC 4180 quoting).
-std::string RenderCsv(const watch::StorageProfile& profile, const SiteNamer& namer,
+std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
                       const ReportRenderOptions& opts);
 
 // Columns of the terminal `out` writes to: its window size when it is one, else $COLUMNS,
 // else 100. Reports fit their heatmaps to it.
 int TerminalWidth(FILE* out);
 
-}  // namespace kwatch::cli
+}  // namespace kwatch::watch

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/base/unique_fd.h"
+#include "core/ptrace/process.h"
+#include "core/ptrace/process_group.h"
+#include "watch/condition.h"
+#include "watch/session.h"
+
+namespace kwatch::watch {
+
+// What a process watch session is set up from (the command's options).
+struct ProcessSetupOptions {
+  std::optional<pid_t> pid;          // attach to this process, or
+  std::vector<std::string> command;  // launch this one (with `launch`)
+  core::LaunchOptions launch;
+  bool follow_forks = false;  // -f: the target and its children share one tracer
+  std::vector<WatchRequest> requests;
+  SessionOptions session;  // exact_values follows from `condition`
+  std::string condition;   // --if EXPR ("": none)
+};
+
+// A process watch session's pieces, armed and ready for TargetSet::Create. Until they are
+// handed over, Abandon() lets the target go (a launched one is killed: it has not run its
+// own code yet; an attached one is detached and runs on).
+struct ProcessSetup {
+  core::UniqueFd sigfd;  // the session's signals (BlockSessionSignals, before the launch)
+  std::unique_ptr<core::ProcessGroup> group;  // -f only
+  std::unique_ptr<core::Process> proc;
+  std::unique_ptr<WatchSession> session;
+  std::vector<Condition> conditions;  // one per watch (by id), typed by its watch; or none
+  SessionOptions session_options;     // as the session was created with
+
+  void Abandon() {
+    if (proc != nullptr) {
+      proc->Abandon();
+    }
+  }
+};
+
+// Blocks the session's signals, attaches to or launches the target (with -f, in a process
+// group that follows its forks), resolves the watches against its symbols, picks the backend,
+// arms the watches, and parses the condition once per watch (signed comparisons for signed
+// types). On error the target is let go as Abandon() does.
+absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts);
+
+}  // namespace kwatch::watch
