@@ -135,6 +135,10 @@ def main():
         print("lint: clang-tidy does not run (scripts/install-deps.sh installs it)",
               file=sys.stderr)
         return 2
+    if b"version 14." not in version.stdout:
+        print("lint: warning: .clang-tidy is written for clang-tidy 14 (Debian 12); this one "
+              "may find other things: " + version.stdout.decode(errors="replace").strip(),
+              file=sys.stderr)
     cache = None
     if not a.no_cache:
         cache = os.environ.get("KWATCH_LINT_CACHE") or os.path.join(
