@@ -17,6 +17,7 @@
 // -mgeneral-regs-only, libc only): header-only, standard layout, lock-free atomics only.
 // Change kKwAbiVersion with any change of layout or meaning.
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -46,7 +47,7 @@ enum KwState : uint32_t {
 enum KwControlFlags : uint32_t {
   // A forked child keeps its probes if it gets a KwProcess entry (else it restores its
   // copy of the code).
-  kKwFollowForks = 1u << 0,
+  kKwFollowForks = 1U << 0,
 };
 
 struct alignas(64) KwControl {
@@ -133,14 +134,14 @@ enum KwInitError : uint32_t {
 };
 
 enum KwFeature : uint32_t {
-  kKwFeatureInt3 = 1u << 0,      // the SIGTRAP handler is installed and first
-  kKwFeatureJump = 1u << 1,      // kwatch_agent_jump_hit is usable
-  kKwFeatureReturn = 1u << 2,    // return probes
-  kKwFeatureWatchdog = 1u << 3,  // a watchdog thread restores the code if kwatch dies
-  kKwFeatureAtfork = 1u << 4,    // fork children are handled (pthread_atfork)
+  kKwFeatureInt3 = 1U << 0,      // the SIGTRAP handler is installed and first
+  kKwFeatureJump = 1U << 1,      // kwatch_agent_jump_hit is usable
+  kKwFeatureReturn = 1U << 2,    // return probes
+  kKwFeatureWatchdog = 1U << 3,  // a watchdog thread restores the code if kwatch dies
+  kKwFeatureAtfork = 1U << 4,    // fork children are handled (pthread_atfork)
   // libc's sigaction and pthread_sigmask go through the agent (docs/agent.md "Signals"): the
   // agent's handlers stay first and SIGTRAP/SIGSEGV/SIGBUS are never blocked.
-  kKwFeatureSignalHooks = 1u << 5,
+  kKwFeatureSignalHooks = 1U << 5,
 };
 
 // The default of KwProbe::maxactive when kwatch leaves it 0 (as core's kDefaultMaxActive).
@@ -159,8 +160,8 @@ struct alignas(64) KwPatch {
   std::atomic<uint32_t> state;  // KwPatchState (kwatch only)
   uint32_t len;                 // bytes patched at addr (1 for INT3, 5..16 for a jump)
   uint64_t addr;                // absolute address in the target
-  uint8_t original[16];
-  uint8_t patched[16];
+  std::array<uint8_t, 16> original;
+  std::array<uint8_t, 16> patched;
   uint32_t probe_index;  // the KwProbe it belongs to
   uint32_t reserved;
 };
@@ -193,12 +194,12 @@ static_assert(sizeof(KwProcess) == 16);
 
 // KwProbe::flags (kwatch writes).
 enum KwProbeFlags : uint32_t {
-  kKwProbeUsed = 1u << 0,
-  kKwProbeEnabled = 1u << 1,   // hits are taken (else counted in `missed` and passed over)
-  kKwProbeReturn = 1u << 2,    // a return probe: the entry hit only arms the return
-  kKwProbeJump = 1u << 3,      // reached through a trampoline (else through INT3)
-  kKwProbeRemoving = 1u << 4,  // being taken out: an INT3 hit runs the displaced copy
-  kKwProbeFpregs = 1u << 5,    // the fetch program reads %xmm registers
+  kKwProbeUsed = 1U << 0,
+  kKwProbeEnabled = 1U << 1,   // hits are taken (else counted in `missed` and passed over)
+  kKwProbeReturn = 1U << 2,    // a return probe: the entry hit only arms the return
+  kKwProbeJump = 1U << 3,      // reached through a trampoline (else through INT3)
+  kKwProbeRemoving = 1U << 4,  // being taken out: an INT3 hit runs the displaced copy
+  kKwProbeFpregs = 1U << 5,    // the fetch program reads %xmm registers
 };
 // A jump probe is in the hash too (its address, like an INT3 probe's): while its first byte
 // is 0xCC (patching, or restoring by kwatch or the watchdog) a thread that meets it traps,
@@ -274,11 +275,11 @@ enum KwCond : uint32_t {
 
 // KwProbe::ind_flags for kKwResumeIndirect.
 enum KwIndFlags : uint32_t {
-  kKwIndCall = 1u << 0,    // call (push addr + insn_len), else jmp
-  kKwIndMemory = 1u << 1,  // memory operand, else the register ind_base
-  kKwIndFs = 1u << 2,      // %fs: segment override (the thread's fs base is added)
-  kKwIndGs = 1u << 3,      // %gs: segment override (gs base: rdgsbase or arch_prctl)
-  kKwIndAddr32 = 1u << 4,  // 32-bit address size: the effective address is truncated
+  kKwIndCall = 1U << 0,    // call (push addr + insn_len), else jmp
+  kKwIndMemory = 1U << 1,  // memory operand, else the register ind_base
+  kKwIndFs = 1U << 2,      // %fs: segment override (the thread's fs base is added)
+  kKwIndGs = 1U << 3,      // %gs: segment override (gs base: rdgsbase or arch_prctl)
+  kKwIndAddr32 = 1U << 4,  // 32-bit address size: the effective address is truncated
 };
 
 // Open addressing by address (linear probing, hash = (addr * 0x9E3779B97F4A7C15) >> shift).
@@ -348,7 +349,7 @@ struct KwRegs {
   uint64_t r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi;
   uint64_t orig_rax, rip, cs, eflags, rsp, ss, fs_base, gs_base, ds, es, fs, gs;
 };
-static_assert(sizeof(KwRegs) == 27 * 8);
+static_assert(sizeof(KwRegs) == 27 * sizeof(uint64_t));
 // KwReg: the index of a register in KwRegs (offsetof / 8).
 enum KwReg : uint16_t {
   kKwR15 = 0,
@@ -403,7 +404,7 @@ struct alignas(64) KwThread {
   std::atomic<uint32_t> depth;  // nesting guard: 1 while the thread is inside a hit
   uint32_t instances;           // live return instances
   uint32_t reserved;
-  KwInstance instance[kKwMaxInstances];
+  std::array<KwInstance, kKwMaxInstances> instance;
 };
 
 // A single-producer (the owning thread), single-consumer (kwatch) ring of records. `head`
@@ -411,13 +412,13 @@ struct alignas(64) KwThread {
 // the producer writes a KwRecord of type kKwRecordPad to fill the rest and starts over.
 struct alignas(64) KwRing {
   std::atomic<uint64_t> head;  // the agent: bytes published (release after the record)
-  uint8_t pad0[56];
+  std::array<uint8_t, 56> pad0;
   std::atomic<uint64_t> tail;  // kwatch: bytes consumed (release after reading)
-  uint8_t pad1[56];
+  std::array<uint8_t, 56> pad1;
   std::atomic<uint64_t> lost;  // the agent: records that did not fit
   std::atomic<int32_t> tid;    // the owner (0: free)
   int32_t pid;
-  uint8_t pad2[48];
+  std::array<uint8_t, 48> pad2;
   // then ring_bytes of data
 };
 static_assert(sizeof(KwRing) == 192);

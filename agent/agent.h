@@ -8,10 +8,11 @@
 // TLS, no constructor: `__thread`). The rest is process-private and written only at init, in
 // the atfork handlers, or under the signal lock (signals.cc).
 
-#include <signal.h>
 #include <ucontext.h>
 
+#include <array>
 #include <atomic>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 
@@ -52,6 +53,9 @@ struct Session {
   uint8_t* RingData(uint32_t i) const { return rings + i * ring_stride + sizeof(KwRing); }
 };
 
+// The agent's globals are declared here and defined, constant-initialized, in init.cc and
+// hit.cc; clang-tidy 14 takes an extern declaration without an initializer for a dynamic one.
+// NOLINTNEXTLINE(bugprone-dynamic-static-initializers)
 extern std::atomic<Session*> g_session;
 inline Session* CurrentSession() {
   return g_session.load(std::memory_order_acquire);
@@ -71,18 +75,23 @@ struct ThreadState {
   // is told, while the kernel's mask never holds them.
   uint64_t blocked_view;
 };
+// NOLINTNEXTLINE(bugprone-dynamic-static-initializers): declared only (see g_session)
 extern __thread ThreadState t_state __attribute__((tls_model("initial-exec")));
 
 // Process-private state.
+// NOLINTBEGIN(bugprone-dynamic-static-initializers): declared only (see g_session)
 extern int g_pid;                     // getpid(), updated in a fork child
 extern std::atomic<bool> g_detached;  // a fork child that restored its code: no hit recorded
 extern uint64_t g_fsgsbase;           // nonzero: rdfsbase/rdgsbase usable (AT_HWCAP2)
+// NOLINTEND(bugprone-dynamic-static-initializers)
 
 // The signals the agent handles first.
 inline constexpr uint64_t kAgentSignals =
     (uint64_t{1} << (SIGTRAP - 1)) | (uint64_t{1} << (SIGSEGV - 1)) | (uint64_t{1} << (SIGBUS - 1));
 
 // ---- safe.S: memory access that never crashes the process, and the trampolines.
+// The assembler's symbols keep C names (as the agent's ABI entry points below do).
+// NOLINTBEGIN(readability-identifier-naming, bugprone-dynamic-static-initializers)
 extern "C" {
 // Copies n bytes; 0, or -1 when a byte could not be read or written.
 long kw_safe_copy(void* dst, const void* src, size_t n);
@@ -100,6 +109,7 @@ long kw_clone_thread(unsigned long flags, void* stack_top, void* tls, void (*fn)
 // munmap(base, len) then exit(0), touching no memory in between (a thread's own stack).
 [[noreturn]] void kw_unmap_and_exit(void* base, size_t len);
 }
+// NOLINTEND(readability-identifier-naming, bugprone-dynamic-static-initializers)
 
 // Whether [addr, addr + n) may be read at all: above the first page, canonical, no wrap.
 inline bool PlausibleRange(uint64_t addr, uint64_t n) {
@@ -142,9 +152,11 @@ inline uint64_t Rdtsc() {
   return (uint64_t{hi} << 32) | lo;
 }
 
-// The entry points (agent/abi.h).
+// The entry points (agent/abi.h): kwatch finds them by these names.
+// NOLINTBEGIN(readability-identifier-naming)
 extern "C" KW_EXPORT int kwatch_agent_init(uint64_t shm_addr, uint64_t shm_size);
 extern "C" KW_EXPORT void kwatch_agent_jump_hit(uint32_t probe_index, KwRegs* regs);
+// NOLINTEND(readability-identifier-naming)
 
 // ---- hit.cc: what every hit does, whichever path it came by.
 // Claims a KwThread and its ring for this thread in `s` (CAS on tid) unless it has one; a
@@ -157,7 +169,7 @@ inline constexpr uint32_t kInstanceUncounted = 1;  // KwInstance::flags: in no K
 void RunProbes(Session& s, uint32_t index, KwRegs& regs, const uint8_t* xmm);
 // The real return address of a call returning through kw_return_trampoline (regs->rsp: just
 // after the `ret`), with the return probes' records written.
-extern "C" uint64_t kw_return_hit(KwRegs* regs);
+extern "C" uint64_t kw_return_hit(KwRegs* regs);  // NOLINT(readability-identifier-naming): safe.S
 
 // ---- fetch.cc: the fetch interpreter. Writes the payload of `probe` at `out` (at most
 // `limit` bytes, 8-aligned), returns the bytes written; ORs KwRecord flags into *flags and
@@ -214,8 +226,8 @@ int InstallAtfork();  // 0 or -errno
 // Return instances of the thread that forked, when the child has no KwThread for them.
 struct OrphanInstances {
   uint32_t count;
-  KwInstance instance[kKwMaxInstances];
+  std::array<KwInstance, kKwMaxInstances> instance;
 };
-extern OrphanInstances g_orphans;
+extern OrphanInstances g_orphans;  // NOLINT(bugprone-dynamic-static-initializers): see g_session
 
 }  // namespace kwatch::agent

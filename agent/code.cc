@@ -171,7 +171,7 @@ uint32_t RestoreJournal(const Session& s) {
       continue;  // already back, or someone else's code is there now
     }
     if (len == 1) {
-      WriteCode(p.addr, p.original, 1);
+      WriteCode(p.addr, p.original.data(), 1);
       SyncCore();
     } else {
       if (now[0] != 0xCC) {
@@ -179,9 +179,9 @@ uint32_t RestoreJournal(const Session& s) {
         WriteCode(p.addr, &int3, 1);
         SyncCore();
       }
-      WriteCode(p.addr + 1, p.original + 1, len - 1);
+      WriteCode(p.addr + 1, p.original.data() + 1, len - 1);
       SyncCore();
-      WriteCode(p.addr, p.original, 1);
+      WriteCode(p.addr, p.original.data(), 1);
       SyncCore();
     }
     ++restored;

@@ -303,10 +303,10 @@ extern "C" uint64_t kw_return_hit(KwRegs* regs) {
   CompilerBarrier();
   bool found = false;
   if (t.thread != nullptr) {
-    found = PopReturn(s, t, t.thread->instance, &t.thread->instances, slot, *regs, record);
+    found = PopReturn(s, t, t.thread->instance.data(), &t.thread->instances, slot, *regs, record);
   }
   if (!found && g_orphans.count > 0) {
-    found = PopReturn(nullptr, t, g_orphans.instance, &g_orphans.count, slot, *regs, false);
+    found = PopReturn(nullptr, t, g_orphans.instance.data(), &g_orphans.count, slot, *regs, false);
   }
   CompilerBarrier();
   t.in_agent = nested ? 1 : 0;

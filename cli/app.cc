@@ -1,7 +1,5 @@
 #include "cli/app.h"
 
-#include <signal.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -82,7 +80,7 @@ std::string CommandLine(int argc, char** argv) {
 }
 
 void Error(const absl::Status& s) {
-  std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+  std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
 }
 
 // The lines that say what was armed and how (stderr).
@@ -147,7 +145,7 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
     if (absl::Status s = drmgr::PublishSlots(pid, now->allocator()->Snapshot(), opts.command_line);
         !s.ok() && force) {
       std::fprintf(stderr, "kwatch: note: `kwatch slots` will not see this session: %s\n",
-                   std::string(s.message()).c_str());
+                   std::string{s.message()}.c_str());
     }
   };
   absl::Cleanup unpublish = [] { drmgr::UnpublishSlots(); };

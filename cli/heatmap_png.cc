@@ -88,7 +88,7 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
   SetRgb(cr, 0x202020);
   // The subtitle (the recorded command) is cut to the image's width.
   std::string title = absl::StrCat("kwatch storage profile  ", subtitle);
-  const size_t max_chars = static_cast<size_t>((width - 2 * kMargin) / 8.0);
+  const auto max_chars = static_cast<size_t>((width - 2 * kMargin) / 8.0);
   if (title.size() > max_chars && max_chars > 3) {
     title = absl::StrCat(title.substr(0, max_chars - 3), "...");
   }

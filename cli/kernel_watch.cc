@@ -308,9 +308,8 @@ class KernelJsonPrinter final : public KernelPrinter {
                            absl::StrJoin(frames, ",",
                                          [](std::string* o, const KernelFrame& f) {
                                            absl::StrAppendFormat(
-                                               o, "{\"ip\":\"0x%x\",\"space\":\"%s\",\"site\":%s}",
-                                               f.ip, f.user ? "user" : "kernel",
-                                               JsonString(f.site));
+                                               o, R"({"ip":"0x%x","space":"%s","site":%s})", f.ip,
+                                               f.user ? "user" : "kernel", JsonString(f.site));
                                          }),
                            "]");
     std::printf(

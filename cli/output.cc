@@ -1,9 +1,8 @@
 #include "cli/output.h"
 
-#include <signal.h>
-#include <string.h>
-
 #include <algorithm>
+#include <csignal>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -294,7 +293,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
       summary.events(), info.lost, info.filtered, info.unrelated, info.spurious_traps, info.seconds,
       watch::BackendName(session.backend()), JsonString(info.stop_reason), info.pid);
   if (info.exit.has_value()) {
-    absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
+    absl::StrAppendFormat(&s, R"(,"exit_code":%d,"signal":%d)",
                           info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
   }
   absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
@@ -321,7 +320,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
       const watch::WatchPlacement p = session.placement(w.id);
       s += "\"slots\":[";
       for (size_t i = 0; i < std::min(p.slots.size(), p.chunks.size()); ++i) {
-        absl::StrAppendFormat(&s, "%s{\"dr\":%d,\"addr\":\"%s\",\"len\":%d}", i == 0 ? "" : ",",
+        absl::StrAppendFormat(&s, R"(%s{"dr":%d,"addr":"%s","len":%d})", i == 0 ? "" : ",",
                               p.slots[i], Hex(p.chunks[i].addr.value), p.chunks[i].len);
       }
       absl::StrAppendFormat(&s,
@@ -333,14 +332,14 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     s += "\"fields\":[";
     bool first = true;
     for (const auto& [name, k] : Ranked(c.fields)) {
-      absl::StrAppendFormat(&s, "%s{\"field\":%s,\"reads\":%d,\"writes\":%d}", first ? "" : ",",
+      absl::StrAppendFormat(&s, R"(%s{"field":%s,"reads":%d,"writes":%d})", first ? "" : ",",
                             JsonString(name), k.reads, k.writes);
       first = false;
     }
     s += "],\"threads\":[";
     first = true;
     for (const auto& [tid, k] : Ranked(c.threads)) {
-      absl::StrAppendFormat(&s, "%s{\"tid\":%d,\"reads\":%d,\"writes\":%d}", first ? "" : ",", tid,
+      absl::StrAppendFormat(&s, R"(%s{"tid":%d,"reads":%d,"writes":%d})", first ? "" : ",", tid,
                             k.reads, k.writes);
       first = false;
     }
@@ -370,11 +369,11 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     s += ",\"processes\":[";
     for (size_t i = 0; i < info.processes.size(); ++i) {
       const RunInfo::Process& p = info.processes[i];
-      absl::StrAppendFormat(&s, "%s{\"pid\":%d,\"parent\":%d,\"events\":%d,\"watches\":[%s]",
+      absl::StrAppendFormat(&s, R"(%s{"pid":%d,"parent":%d,"events":%d,"watches":[%s])",
                             i == 0 ? "" : ",", p.pid, p.parent, p.events,
                             absl::StrJoin(p.per_watch, ","));
       if (p.exit.has_value()) {
-        absl::StrAppendFormat(&s, ",\"exit_code\":%d,\"signal\":%d",
+        absl::StrAppendFormat(&s, R"(,"exit_code":%d,"signal":%d)",
                               p.exit->signaled ? -1 : p.exit->code, p.exit->signal);
       }
       s += "}";

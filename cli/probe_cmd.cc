@@ -198,7 +198,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
   app.add_flag("-q,--quiet", opts.quiet, "Print no hit lines, only the summary");
-  app.add_flag("--json", opts.json, "JSON lines: one {\"type\":\"hit\"} per hit, then a summary");
+  app.add_flag("--json", opts.json, R"(JSON lines: one {"type":"hit"} per hit, then a summary)");
   app.add_option("-o,--output", opts.output,
                  "Record probes and hits to FILE (SQLite; read it with `kwatch report FILE`)");
   app.add_option("--backend", opts.backend,

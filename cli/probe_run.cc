@@ -156,6 +156,26 @@ bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
   return recorded;
 }
 
+// Starts the session of `backend` ("agent", "uprobe", "hw" or "ptrace") with `sigfd`.
+absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> StartSession(
+    const std::string& backend, const ProbeCmdOptions& opts, const ProbeSet& set,
+    core::UniqueFd sigfd, SessionOutput& out) {
+  if (backend == "agent") {
+    watch::probe::AgentSessionOptions ao;
+    ao.allow_jump = !opts.no_jump;
+    return watch::probe::StartAgentSession(SessionOptions(opts), ao, set, std::move(sigfd),
+                                           out.Hooks());
+  }
+  if (backend == "uprobe") {
+    return watch::probe::StartUprobeSession(SessionOptions(opts), set, std::move(sigfd),
+                                            out.Hooks());
+  }
+  if (backend == "hw") {
+    return watch::probe::StartHwSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks());
+  }
+  return watch::probe::StartPtraceSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks());
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet& set,
@@ -174,38 +194,19 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
     backend = "ptrace";
   }
   auto out = std::make_unique<SessionOutput>(opts, set, backend);
-  std::unique_ptr<watch::probe::ProbeSession> session;
-  if (backend == "agent") {
-    watch::probe::AgentSessionOptions ao;
-    ao.allow_jump = !opts.no_jump;
-    absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> started =
-        watch::probe::StartAgentSession(SessionOptions(opts), ao, set, std::move(sigfd),
-                                        out->Hooks());
-    if (started.ok()) {
-      session = *std::move(started);
-    } else if (opts.backend == "auto" &&
-               started.status().code() == absl::StatusCode::kUnavailable) {
-      // Nothing of the target ran with the agent: the ptrace backend starts over.
-      std::fprintf(stderr, "kwatch: note: %s; the ptrace backend runs the probes\n",
-                   std::string{started.status().message()}.c_str());
-      backend = "ptrace";
-      out = std::make_unique<SessionOutput>(opts, set, backend);
-      KW_ASSIGN_OR_RETURN(sigfd, watch::BlockSessionSignals());
-    } else {
-      return started.status();
-    }
+  absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> started =
+      StartSession(backend, opts, set, std::move(sigfd), *out);
+  if (!started.ok() && backend == "agent" && opts.backend == "auto" &&
+      started.status().code() == absl::StatusCode::kUnavailable) {
+    // Nothing of the target ran with the agent: the ptrace backend starts over.
+    std::fprintf(stderr, "kwatch: note: %s; the ptrace backend runs the probes\n",
+                 std::string{started.status().message()}.c_str());
+    backend = "ptrace";
+    out = std::make_unique<SessionOutput>(opts, set, backend);
+    KW_ASSIGN_OR_RETURN(core::UniqueFd fresh_sigfd, watch::BlockSessionSignals());
+    started = StartSession(backend, opts, set, std::move(fresh_sigfd), *out);
   }
-  if (session != nullptr) {  // the agent's
-  } else if (backend == "uprobe") {
-    KW_ASSIGN_OR_RETURN(session, watch::probe::StartUprobeSession(SessionOptions(opts), set,
-                                                                  std::move(sigfd), out->Hooks()));
-  } else if (backend == "hw") {
-    KW_ASSIGN_OR_RETURN(session, watch::probe::StartHwSession(SessionOptions(opts), set,
-                                                              std::move(sigfd), out->Hooks()));
-  } else {
-    KW_ASSIGN_OR_RETURN(session, watch::probe::StartPtraceSession(SessionOptions(opts), set,
-                                                                  std::move(sigfd), out->Hooks()));
-  }
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::ProbeSession> session, std::move(started));
   for (;;) {
     absl::StatusOr<bool> more = session->Step(absl::Seconds(1));
     if (!more.ok() || !*more) {

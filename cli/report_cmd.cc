@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -40,12 +41,12 @@ struct ReportOptions {
 };
 
 std::string WallTime(uint64_t ns) {
-  const time_t t = static_cast<time_t>(ns / 1000000000ULL);
+  const auto t = static_cast<time_t>(ns / 1000000000ULL);
   tm tmv{};
   localtime_r(&t, &tmv);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tmv);
-  return buf;
+  std::array<char, 64> buf{};
+  std::strftime(buf.data(), buf.size(), "%Y-%m-%d %H:%M:%S", &tmv);
+  return buf.data();
 }
 
 void PrintSessionText(const core::store::TraceReader& r, uint64_t events, uint64_t hits) {
@@ -202,19 +203,19 @@ int ReportMain(const std::vector<std::string>& args) {
   }
   auto reader = core::store::TraceReader::Open(o.file);
   if (!reader.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(reader.status().message()).c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string{reader.status().message()}.c_str());
     return 1;
   }
   const core::store::TraceReader& r = **reader;
   watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
   auto profile = watch::ProfileFromRecording(r, slice, watch::ReportProfileOptions(r, o.bucket_ms));
   if (!profile.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(profile.status().message()).c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string{profile.status().message()}.c_str());
     return 1;
   }
   absl::StatusOr<std::map<uint32_t, watch::ProbeTally>> tallied = watch::TallyHits(r, slice);
   if (!tallied.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string(tallied.status().message()).c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n", std::string{tallied.status().message()}.c_str());
     return 1;
   }
   const std::map<uint32_t, watch::ProbeTally>& tallies = *tallied;
@@ -277,7 +278,7 @@ int ReportMain(const std::vector<std::string>& args) {
     const std::string subtitle =
         absl::StrCat(r.session().command_line, r.complete() ? "" : "  (cut short)");
     if (absl::Status s = WriteHeatmapPng(panels, subtitle, o.log_scale, o.png); !s.ok()) {
-      std::fprintf(stderr, "kwatch: error: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
       return 1;
     }
     std::fprintf(stderr, "kwatch: heatmap written to %s\n", o.png.c_str());

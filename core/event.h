@@ -26,7 +26,7 @@ inline absl::string_view AccessKindLetter(AccessKind k) {
   return "?";
 }
 
-inline constexpr uint32_t kUnknownCpu = 0xffffffffu;
+inline constexpr uint32_t kUnknownCpu = 0xffffffffU;
 
 // One hardware-observed access, as a backend delivers it (plain data).
 struct AccessEvent {

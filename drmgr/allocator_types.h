@@ -19,11 +19,13 @@ namespace kwatch::drmgr {
 
 struct RequestId {
   uint64_t value = 0;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 bug (llvm-project#53961)
   auto operator<=>(const RequestId&) const = default;
 };
 
 struct ClientId {
   uint64_t value = 0;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 bug (llvm-project#53961)
   auto operator<=>(const ClientId&) const = default;
 };
 

@@ -16,6 +16,7 @@ struct Chunk {
 
   core::RemoteAddr end() const { return addr + len; }
   bool Contains(core::RemoteAddr a) const { return a >= addr && a < end(); }
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 bug (llvm-project#53961)
   auto operator<=>(const Chunk&) const = default;
 };
 

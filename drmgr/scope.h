@@ -28,6 +28,7 @@ struct Scope {
   // whatever runs there, the kernel included.
   constexpr bool is_task() const { return kind == Kind::kThread || kind == Kind::kProcess; }
 
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 bug (llvm-project#53961)
   auto operator<=>(const Scope&) const = default;
 
   // "thread 42 of process 40", "process 40 (all threads)", "CPU 1", "all CPUs".

@@ -94,6 +94,9 @@ class SlotAllocator {
     Scope scope;
     Chunk chunk;
     bool exec = false;
+    // The 0 and the bool the synthesized comparisons use are no code of ours: clang-tidy 14
+    // bug (llvm-project#53961).
+    // NOLINTNEXTLINE(modernize-use-nullptr, readability-implicit-bool-conversion)
     auto operator<=>(const SlotKey&) const = default;
   };
   struct RequestRec {

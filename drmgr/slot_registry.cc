@@ -316,20 +316,20 @@ auto Names(F name, std::array<Enum, N> values) {
 }
 
 const auto& KindNames() {
-  static const auto names =
+  static const auto kNames =
       Names<DrKind, 3>(DrKindName, {DrKind::kExec, DrKind::kWrite, DrKind::kReadWrite});
-  return names;
+  return kNames;
 }
 
 absl::StatusOr<Scope> ScopeFrom(const Reader& r, const json& j) {
   using K = Scope::Kind;
-  static const std::array<std::pair<K, absl::string_view>, 4> scope_names = {
+  static const std::array<std::pair<K, absl::string_view>, 4> kScopeNames = {
       {{K::kThread, "thread"},
        {K::kProcess, "process"},
        {K::kCpu, "cpu"},
        {K::kAllCpus, "all-cpus"}}};
   Scope s;
-  KW_ASSIGN_OR_RETURN(s.kind, r.Named(j, "kind", scope_names));
+  KW_ASSIGN_OR_RETURN(s.kind, r.Named(j, "kind", kScopeNames));
   KW_ASSIGN_OR_RETURN(const int64_t pid, r.I64(j, "pid", 0, INT32_MAX));
   KW_ASSIGN_OR_RETURN(const int64_t tid, r.I64(j, "tid", 0, INT32_MAX));
   KW_ASSIGN_OR_RETURN(const int64_t cpu, r.I64(j, "cpu", 0, 1 << 20));
@@ -373,10 +373,10 @@ absl::StatusOr<Chunk> ChunkFrom(const Reader& r, const json& j, bool may_be_empt
 
 absl::StatusOr<SlotView> SlotFrom(const Reader& r, const json& j) {
   using S = SlotState;
-  static const auto states = Names<S, 5>(
+  static const auto kStates = Names<S, 5>(
       SlotStateName, {S::kFree, S::kArmed, S::kMultiplexed, S::kPreempted, S::kExternal});
   SlotView v;
-  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", states));
+  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", kStates));
   const bool held = v.state == S::kArmed || v.state == S::kMultiplexed || v.state == S::kPreempted;
   KW_ASSIGN_OR_RETURN(v.chunk, ChunkFrom(r, j, /*may_be_empty=*/!held));
   KW_ASSIGN_OR_RETURN(v.kind, r.Named(j, "kind", KindNames()));
@@ -398,17 +398,17 @@ absl::StatusOr<RequestView> RequestFrom(const Reader& r, const json& j) {
   using C = ClientKind;
   using P = ShortagePolicy;
   using RS = RequestState;
-  static const auto clients =
+  static const auto kClients =
       Names<C, 3>(ClientKindName, {C::kDebugger, C::kExecProbe, C::kWatchpoint});
-  static const auto policies = Names<P, 4>(
+  static const auto kPolicies = Names<P, 4>(
       ShortagePolicyName, {P::kFail, P::kPreemptLower, P::kMultiplex, P::kFallbackPages});
-  static const auto states = Names<RS, 5>(
+  static const auto kStates = Names<RS, 5>(
       RequestStateName,
       {RS::kHardware, RS::kMultiplexed, RS::kPreempted, RS::kFallbackPages, RS::kFailed});
   RequestView v;
   KW_ASSIGN_OR_RETURN(v.id.value, r.U64(j, "id"));
   KW_ASSIGN_OR_RETURN(v.client.value, r.U64(j, "client"));
-  KW_ASSIGN_OR_RETURN(v.client_kind, r.Named(j, "client_kind", clients));
+  KW_ASSIGN_OR_RETURN(v.client_kind, r.Named(j, "client_kind", kClients));
   KW_ASSIGN_OR_RETURN(v.request.addr.value, r.U64(j, "addr"));
   KW_ASSIGN_OR_RETURN(v.request.len, r.U64(j, "len"));
   if (v.request.len == 0 || v.request.len > kMaxRequestLen) {
@@ -419,9 +419,9 @@ absl::StatusOr<RequestView> RequestFrom(const Reader& r, const json& j) {
   KW_ASSIGN_OR_RETURN(v.request.scope, ScopeFrom(r.In("scope"), *scope));
   KW_ASSIGN_OR_RETURN(const int64_t prio, r.I64(j, "priority", INT32_MIN, INT32_MAX));
   v.request.priority = static_cast<int>(prio);
-  KW_ASSIGN_OR_RETURN(v.request.policy, r.Named(j, "policy", policies));
+  KW_ASSIGN_OR_RETURN(v.request.policy, r.Named(j, "policy", kPolicies));
   KW_ASSIGN_OR_RETURN(v.request.label, r.Str(j, "label"));
-  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", states));
+  KW_ASSIGN_OR_RETURN(v.state, r.Named(j, "state", kStates));
   KW_ASSIGN_OR_RETURN(v.armed, r.Bool(j, "armed"));
   KW_ASSIGN_OR_RETURN(const json* chunks, r.Array(j, "chunks", kNumDebugRegisters));
   for (const json& c : *chunks) {

@@ -1,5 +1,6 @@
 #include "gui/cache_line_model.h"
 
+#include <array>
 #include <utility>
 
 #include <QColor>
@@ -214,12 +215,13 @@ QVariant CacheLineModel::headerData(int section, Qt::Orientation orientation, in
   if (orientation != Qt::Horizontal || role != Qt::DisplayRole) {
     return {};
   }
-  static const char* const kNames[] = {"Line",      "Fields",   "Writes", "Writers",
-                                       "False tr.", "True tr.", "Verdict"};
+  static constexpr auto kNames = std::to_array<const char*>(
+      {"Line", "Fields", "Writes", "Writers", "False tr.", "True tr.", "Verdict"});
+  static_assert(kNames.size() == kColumnCount);
   if (section < 0 || section >= kColumnCount) {
     return {};
   }
-  return QString::fromLatin1(kNames[section]);
+  return QString::fromLatin1(kNames[static_cast<size_t>(section)]);
 }
 
 }  // namespace kwatch::gui

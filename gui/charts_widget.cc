@@ -105,8 +105,8 @@ void ChartsWidget::RebuildTimeline() {
   for (int r = 0; r < rows; ++r) {
     // A step line: each column's count held over its width.
     const double t0 = static_cast<double>(timeline_->StartNs(r)) / 1e9;
-    const double rd = static_cast<double>(timeline_->ReadsAt(r));
-    const double wr = static_cast<double>(timeline_->WritesAt(r));
+    const auto rd = static_cast<double>(timeline_->ReadsAt(r));
+    const auto wr = static_cast<double>(timeline_->WritesAt(r));
     reads->append(t0, rd);
     reads->append(t0 + w, rd);
     writes->append(t0, wr);
@@ -189,8 +189,8 @@ void ChartsWidget::RebuildThreads() {
   QStringList categories;
   double max = 0;
   for (int r = 0; r < threads_->rowCount(); ++r) {
-    const double rd = static_cast<double>(threads_->ReadsAt(r));
-    const double wr = static_cast<double>(threads_->WritesAt(r));
+    const auto rd = static_cast<double>(threads_->ReadsAt(r));
+    const auto wr = static_cast<double>(threads_->WritesAt(r));
     *reads << rd;
     *writes << wr;
     categories << QString::number(threads_->TidAt(r));

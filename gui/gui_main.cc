@@ -151,7 +151,7 @@ int GuiMain(int argc, char** argv) {
     const QString out = parser.value(*opt);
     const absl::Status s = window.ExportWindow(out);
     if (!s.ok()) {
-      Err(QStringLiteral("error: %1").arg(QString::fromStdString(std::string(s.message()))));
+      Err(QStringLiteral("error: %1").arg(QString::fromStdString(std::string{s.message()})));
       status = 1;
       continue;
     }

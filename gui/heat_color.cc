@@ -5,8 +5,8 @@ namespace kwatch::gui {
 namespace {
 
 QColor FromRgb(uint32_t rgb) {
-  return QColor(static_cast<int>((rgb >> 16) & 0xff), static_cast<int>((rgb >> 8) & 0xff),
-                static_cast<int>(rgb & 0xff));
+  return {static_cast<int>((rgb >> 16) & 0xff), static_cast<int>((rgb >> 8) & 0xff),
+          static_cast<int>(rgb & 0xff)};
 }
 
 }  // namespace

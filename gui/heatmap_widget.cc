@@ -1,6 +1,7 @@
 #include "gui/heatmap_widget.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include <QFontMetrics>
@@ -27,7 +28,7 @@ constexpr int kMaxRowH = 40;
 constexpr int kMaxLabelW = 300;
 constexpr int kMinColumns = 4;  // deepest zoom
 
-const QColor kLineShade[2] = {QColor(250, 250, 252), QColor(226, 234, 246)};
+const std::array<QColor, 2> kLineShade = {QColor(250, 250, 252), QColor(226, 234, 246)};
 const QColor kSelectColor(20, 90, 200);
 
 QString ModeText(AccessMode m) {
@@ -202,7 +203,7 @@ QRect HeatmapWidget::CellRect(int row, int column) const {
   }
   const int x0 = ColumnX(g, column);
   const int x1 = ColumnX(g, column + 1);
-  return QRect(x0, g.plot.top() + (row - g.first_row) * g.row_h, std::max(1, x1 - x0), g.row_h);
+  return {x0, g.plot.top() + (row - g.first_row) * g.row_h, std::max(1, x1 - x0), g.row_h};
 }
 
 std::pair<int, int> HeatmapWidget::CellAt(QPoint p) const {
@@ -444,7 +445,8 @@ void HeatmapWidget::PaintAxis(QPainter& p, const Geometry& g) const {
   }
   const uint64_t first_tick = (t0 + step - 1) / step * step;
   for (uint64_t t = first_tick; t <= t1; t += step) {
-    const int x = g.plot.left() + static_cast<int>(std::lround((t - t0) / ns_per_px));
+    const int x =
+        g.plot.left() + static_cast<int>(std::lround(static_cast<double>(t - t0) / ns_per_px));
     p.drawLine(x, g.axis.top(), x, g.axis.top() + 4);
     const QString label = QString::fromStdString(watch::profile::FormatDuration(t));
     const int w = fm.horizontalAdvance(label);
@@ -523,7 +525,7 @@ void HeatmapWidget::mousePressEvent(QMouseEvent* event) {
       return;
     }
     int r0 = row;
-    if ((event->modifiers() & Qt::ShiftModifier) && sel_row0_ >= 0) {
+    if (event->modifiers().testFlag(Qt::ShiftModifier) && sel_row0_ >= 0) {
       r0 = row < sel_row0_ ? sel_row1_ : sel_row0_;
     }
     drag_ = Drag::kLabels;
@@ -610,14 +612,14 @@ void HeatmapWidget::mouseDoubleClickEvent(QMouseEvent* /*event*/) {
 void HeatmapWidget::wheelEvent(QWheelEvent* event) {
   const Geometry g = Layout();
   const int steps = event->angleDelta().y() / 120;
-  if (event->modifiers() & Qt::ControlModifier) {
+  if (event->modifiers().testFlag(Qt::ControlModifier)) {
     const auto cell = CellAt(event->position().toPoint());
     const int anchor = cell.second >= 0 ? cell.second : (view_first_ + view_last_) / 2;
     ZoomTime(std::pow(1.25, steps), anchor);
     event->accept();
     return;
   }
-  if ((event->modifiers() & Qt::ShiftModifier) || event->angleDelta().x() != 0) {
+  if (event->modifiers().testFlag(Qt::ShiftModifier) || event->angleDelta().x() != 0) {
     const int delta = event->angleDelta().x() != 0 ? -event->angleDelta().x() / 120 : -steps;
     PanTime(delta * std::max(1, (view_last_ - view_first_) / 10));
     event->accept();

@@ -28,6 +28,8 @@ void Loader::Submit(LoadResult::Kind kind, uint64_t generation, LoadRequest requ
     std::lock_guard<std::mutex> lock(mu_);
     pending_[static_cast<int>(kind)] = Job{generation, std::move(request)};
   }
+  // Qt owns the functor's slot object (invokeMethodImpl deletes it once run).
+  // NOLINTNEXTLINE(clang-analyzer-cplusplus.NewDeleteLeaks)
   QMetaObject::invokeMethod(
       worker_, [this] { Drain(); }, Qt::QueuedConnection);
 }
@@ -60,7 +62,7 @@ void Loader::Drain() {
       result.snapshot = std::move(*snap);
     } else {
       result.code = snap.status().code();
-      result.error = QString::fromStdString(std::string(snap.status().message()));
+      result.error = QString::fromStdString(std::string{snap.status().message()});
     }
     Q_EMIT Finished(std::move(result));
   }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -53,7 +54,7 @@ class Loader : public QObject {
   QThread thread_;
   QObject* worker_;  // lives on thread_; deleted after it stops
   std::mutex mu_;
-  std::optional<Job> pending_[2];  // by Kind
+  std::array<std::optional<Job>, 2> pending_;  // by Kind
   bool stopping_ = false;
 };
 

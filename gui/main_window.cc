@@ -419,7 +419,7 @@ void MainWindow::ExportDialog(bool heatmap_only) {
   }
   const absl::Status s = heatmap_only ? ExportHeatmap(path) : ExportWindow(path);
   if (!s.ok()) {
-    ShowBanner(QString::fromStdString(std::string(s.message())), true);
+    ShowBanner(QString::fromStdString(std::string{s.message()}), true);
   } else {
     statusBar()->showMessage(tr("Wrote %1").arg(path), 5000);
   }

@@ -32,7 +32,7 @@ void SessionModel::Open(const QString& path, bool follow) {
   }
 }
 
-bool SessionModel::WaitIdle(int timeout_ms) {
+bool SessionModel::WaitIdle(int timeout_ms) const {
   QElapsedTimer elapsed;
   elapsed.start();
   QEventLoop loop;

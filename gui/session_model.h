@@ -38,6 +38,7 @@ class SessionModel : public QObject {
  public:
   explicit SessionModel(QObject* parent = nullptr);
   ~SessionModel() override;
+  Q_DISABLE_COPY_MOVE(SessionModel)
 
   // Starts loading `path` (what was shown stays until it loads). `follow`: poll every
   // follow_interval_ms() while the recording is incomplete; a missing file is waited for and
@@ -45,7 +46,7 @@ class SessionModel : public QObject {
   void Open(const QString& path, bool follow = false);
   // Runs the event loop until no load is in flight (true) or `timeout_ms` passed (false).
   // For headless use (exports, benchmarks); a window never needs it.
-  bool WaitIdle(int timeout_ms);
+  bool WaitIdle(int timeout_ms) const;
   void SetFollowInterval(int ms) { follow_timer_.setInterval(ms); }
   int follow_interval_ms() const { return follow_timer_.interval(); }
 

@@ -1,6 +1,7 @@
 #include "gui/site_table_model.h"
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -243,12 +244,13 @@ QVariant SiteTableModel::headerData(int section, Qt::Orientation orientation, in
   if (orientation != Qt::Horizontal || role != Qt::DisplayRole) {
     return {};
   }
-  static const char* const kNames[] = {"Function", "Source", "Address", "Reads",
-                                       "Writes",   "Total",  "Fields"};
+  static constexpr auto kNames = std::to_array<const char*>(
+      {"Function", "Source", "Address", "Reads", "Writes", "Total", "Fields"});
+  static_assert(kNames.size() == kColumnCount);
   if (section < 0 || section >= kColumnCount) {
     return {};
   }
-  return QString::fromLatin1(kNames[section]);
+  return QString::fromLatin1(kNames[static_cast<size_t>(section)]);
 }
 
 }  // namespace kwatch::gui

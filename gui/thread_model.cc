@@ -1,5 +1,6 @@
 #include "gui/thread_model.h"
 
+#include <array>
 #include <utility>
 
 #include "watch/profile/duration.h"
@@ -8,7 +9,7 @@ namespace kwatch::gui {
 
 ThreadModel::ThreadModel(QObject* parent) : QAbstractTableModel(parent) {}
 
-void ThreadModel::SetData(SnapshotPtr snap, const Selection& sel) {
+void ThreadModel::SetData(const SnapshotPtr& snap, const Selection& sel) {
   beginResetModel();
   rows_.clear();
   if (snap && snap->profile.has_value()) {
@@ -53,7 +54,7 @@ QVariant ThreadModel::data(const QModelIndex& index, int role) const {
     return r.tid;
   }
   if (role == Qt::TextAlignmentRole) {
-    return QVariant(Qt::AlignRight | Qt::AlignVCenter);
+    return {Qt::AlignRight | Qt::AlignVCenter};
   }
   if (role == kCountRole) {
     switch (index.column()) {
@@ -92,11 +93,13 @@ QVariant ThreadModel::headerData(int section, Qt::Orientation orientation, int r
   if (orientation != Qt::Horizontal || role != Qt::DisplayRole) {
     return {};
   }
-  static const char* const kNames[] = {"Thread", "Reads", "Writes", "Total", "First", "Last"};
+  static constexpr auto kNames =
+      std::to_array<const char*>({"Thread", "Reads", "Writes", "Total", "First", "Last"});
+  static_assert(kNames.size() == kColumnCount);
   if (section < 0 || section >= kColumnCount) {
     return {};
   }
-  return QString::fromLatin1(kNames[section]);
+  return QString::fromLatin1(kNames[static_cast<size_t>(section)]);
 }
 
 }  // namespace kwatch::gui

@@ -28,7 +28,7 @@ class ThreadModel : public QAbstractTableModel {
   explicit ThreadModel(QObject* parent = nullptr);
 
   // `snap`: the snapshot to count (a slice for a time range or thread).
-  void SetData(SnapshotPtr snap, const Selection& sel);
+  void SetData(const SnapshotPtr& snap, const Selection& sel);
 
   pid_t TidAt(int row) const { return rows_[static_cast<size_t>(row)].tid; }
   uint64_t ReadsAt(int row) const { return rows_[static_cast<size_t>(row)].counts.reads; }

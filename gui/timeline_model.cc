@@ -4,7 +4,7 @@ namespace kwatch::gui {
 
 TimelineModel::TimelineModel(QObject* parent) : QAbstractTableModel(parent) {}
 
-void TimelineModel::SetData(SnapshotPtr snap, const Selection& sel) {
+void TimelineModel::SetData(const SnapshotPtr& snap, const Selection& sel) {
   beginResetModel();
   rows_.clear();
   bucket_ns_ = 0;

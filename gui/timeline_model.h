@@ -26,7 +26,7 @@ class TimelineModel : public QAbstractTableModel {
   explicit TimelineModel(QObject* parent = nullptr);
 
   // `snap`: the whole recording's snapshot (its time columns are the rows).
-  void SetData(SnapshotPtr snap, const Selection& sel);
+  void SetData(const SnapshotPtr& snap, const Selection& sel);
 
   uint64_t total_reads() const { return total_reads_; }
   uint64_t total_writes() const { return total_writes_; }

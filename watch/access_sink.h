@@ -92,6 +92,14 @@ class AccessSink {
   virtual absl::Status OnDrained() { return absl::OkStatus(); }
   virtual void OnNote(const AccessNote& note) = 0;
   virtual void OnSummary(const AccessSummary& summary) = 0;
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  AccessSink() = default;
+  AccessSink(const AccessSink&) = default;
+  AccessSink& operator=(const AccessSink&) = default;
+  AccessSink(AccessSink&&) = default;
+  AccessSink& operator=(AccessSink&&) = default;
 };
 
 }  // namespace kwatch::watch

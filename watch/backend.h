@@ -57,6 +57,13 @@ class WatchBackend {
   void SetStackHook(StackHook hook) { stack_hook_ = std::move(hook); }
 
  protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  WatchBackend() = default;
+  WatchBackend(const WatchBackend&) = default;
+  WatchBackend& operator=(const WatchBackend&) = default;
+  WatchBackend(WatchBackend&&) = default;
+  WatchBackend& operator=(WatchBackend&&) = default;
+
   uint32_t CaptureStack(pid_t tid) const { return stack_hook_ ? stack_hook_(tid) : 0; }
 
  private:

@@ -1,5 +1,6 @@
 #include "watch/condition.h"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -651,16 +652,11 @@ bool IsSignedType(std::string_view type_name) {
       }
     }
   }
-  static constexpr std::string_view kSigned[] = {
-      "char",    "signed char", "short",     "short int",     "int",    "signed",  "signed int",
-      "long",    "long int",    "long long", "long long int", "int8_t", "int16_t", "int32_t",
-      "int64_t", "ssize_t",     "intptr_t",  "ptrdiff_t",     "off_t",  "pid_t",   "time_t"};
-  for (std::string_view s : kSigned) {
-    if (t == s) {
-      return true;
-    }
-  }
-  return false;
+  static constexpr auto kSigned = std::to_array<std::string_view>(
+      {"char",    "signed char", "short",     "short int",     "int",    "signed",  "signed int",
+       "long",    "long int",    "long long", "long long int", "int8_t", "int16_t", "int32_t",
+       "int64_t", "ssize_t",     "intptr_t",  "ptrdiff_t",     "off_t",  "pid_t",   "time_t"});
+  return std::ranges::find(kSigned, t) != kSigned.end();
 }
 
 }  // namespace kwatch::watch

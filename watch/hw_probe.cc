@@ -92,8 +92,8 @@ DebugTrapProbe RunProbe() {
 
 const DebugTrapProbe& ProbeDebugTraps() {
   // A function-local static: initialized once, thread-safe (C++11 and later).
-  static const DebugTrapProbe* const probe = new DebugTrapProbe(RunProbe());
-  return *probe;
+  static const DebugTrapProbe* const kProbe = new DebugTrapProbe(RunProbe());
+  return *kProbe;
 }
 
 }  // namespace kwatch::watch

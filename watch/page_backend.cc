@@ -1,14 +1,15 @@
 #include "watch/page_backend.h"
 
-#include <errno.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/user.h>
-#include <time.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <set>
 
 #include "absl/algorithm/container.h"
@@ -96,8 +97,8 @@ std::string ProtText(int prot) {
   if (prot == PROT_NONE) {
     return "---";
   }
-  return absl::StrCat((prot & PROT_READ) ? "r" : "-", (prot & PROT_WRITE) ? "w" : "-",
-                      (prot & PROT_EXEC) ? "x" : "-");
+  return absl::StrCat((prot & PROT_READ) != 0 ? "r" : "-", (prot & PROT_WRITE) != 0 ? "w" : "-",
+                      (prot & PROT_EXEC) != 0 ? "x" : "-");
 }
 
 }  // namespace
@@ -165,7 +166,7 @@ absl::Status PageBackend::Arm() {
       if (w.request.kind != drmgr::DrKind::kWrite) {
         reads_count.insert(p);
       }
-      page.armed = reads_count.count(p) != 0 ? PROT_NONE : (page.original & ~PROT_WRITE);
+      page.armed = reads_count.contains(p) ? PROT_NONE : (page.original & ~PROT_WRITE);
     }
   }
   if (guardian_ == nullptr) {
@@ -213,7 +214,7 @@ void PageBackend::Disarm() {
     disarming_ = true;
     if (absl::Status s = proc_.SettleSyscallStops(); !s.ok()) {
       std::fprintf(stderr, "kwatch: settling system calls in pid %d: %s\n", proc_.pid(),
-                   std::string(s.message()).c_str());
+                   std::string{s.message()}.c_str());
     }
     disarming_ = false;
     const pid_t tid = proc_.AnyStoppedThread();
@@ -223,7 +224,7 @@ void PageBackend::Disarm() {
       if (!s.ok()) {
         std::fprintf(stderr, "kwatch: cannot restore the protection of page 0x%lx in pid %d: %s\n",
                      static_cast<unsigned long>(addr), proc_.pid(),
-                     std::string(s.message()).c_str());
+                     std::string{s.message()}.c_str());
       }
     }
     if (tid != 0) {
@@ -273,15 +274,15 @@ bool PageBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
   if ((!armed_ && !draining_) || si.si_signo != SIGSEGV || si.si_code != SEGV_ACCERR) {
     return false;
   }
-  const uint64_t addr = reinterpret_cast<uint64_t>(si.si_addr);
-  return pages_.count(PageOf(addr)) != 0;
+  const auto addr = reinterpret_cast<uint64_t>(si.si_addr);
+  return pages_.contains(PageOf(addr));
 }
 
 absl::Status PageBackend::ReadValue(uint64_t addr, uint32_t size, uint64_t& out) const {
-  uint8_t buf[8] = {};
+  std::array<uint8_t, 8> buf{};
   KW_RETURN_IF_ERROR(proc_.ReadMemory(core::RemoteAddr{addr},
-                                      std::span<uint8_t>(buf, std::min<uint32_t>(size, 8))));
-  std::memcpy(&out, buf, 8);
+                                      std::span<uint8_t>(buf).first(std::min<uint32_t>(size, 8))));
+  std::memcpy(&out, buf.data(), buf.size());
   return absl::OkStatus();
 }
 
@@ -301,7 +302,7 @@ void PageBackend::Match(const absl::StatusOr<core::x86::DecodedAccess>& decoded,
   }
   for (const core::x86::MemoryOperand& m : decoded->memory) {
     for (uint64_t p = PageOf(m.addr); p < m.addr + m.size; p += kPageSize) {
-      if (pages_.count(p) != 0 && std::find(touched.begin(), touched.end(), p) == touched.end()) {
+      if (pages_.contains(p) && std::find(touched.begin(), touched.end(), p) == touched.end()) {
         touched.push_back(p);
       }
     }

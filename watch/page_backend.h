@@ -39,7 +39,7 @@ namespace kwatch::watch {
 //     threads then are not seen;
 // (3) a call that still fails with EFAULT on a protected page (a pointer kwatch did not
 //     know, such as one inside a structure) is run again with the pages opened.
-class PageBackend : public WatchBackend, public core::ptrace::SignalInterceptor {
+class PageBackend final : public WatchBackend, public core::ptrace::SignalInterceptor {
  public:
   PageBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches)
       : proc_(proc), watches_(watches) {}

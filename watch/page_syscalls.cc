@@ -1,9 +1,9 @@
 #include "watch/page_syscalls.h"
 
-#include <errno.h>
 #include <sys/syscall.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +18,7 @@ struct NameEntry {
   const char* name;
 };
 // clang-format off
-constexpr NameEntry kNames[] = {
+constexpr auto kNames = std::to_array<NameEntry>({
     {0, "read"}, {1, "write"}, {2, "open"}, {3, "close"}, {4, "stat"}, {5, "fstat"}, {6, "lstat"},
     {7, "poll"}, {8, "lseek"}, {9, "mmap"}, {10, "mprotect"}, {11, "munmap"}, {12, "brk"},
     {13, "rt_sigaction"}, {14, "rt_sigprocmask"}, {15, "rt_sigreturn"}, {16, "ioctl"},
@@ -105,7 +105,7 @@ constexpr NameEntry kNames[] = {
     {453, "map_shadow_stack"}, {454, "futex_wake"}, {455, "futex_wait"}, {456, "futex_requeue"},
     {457, "statmount"}, {458, "listmount"}, {459, "lsm_get_self_attr"}, {460, "lsm_set_self_attr"},
     {461, "lsm_list_modules"}, {462, "mseal"},
-};
+});
 // clang-format on
 
 // The kernel's restart codes (include/linux/errno.h, not exported to user space).
@@ -148,14 +148,14 @@ void AddIovecs(SyscallModel& m, uint64_t iov, uint64_t count, KernelUse use, Rea
 
 // struct msghdr { name, namelen(u32), iov, iovlen, control, controllen, flags(i32) }.
 void AddMsghdr(SyscallModel& m, uint64_t hdr, bool receive, ReadFn read) {
-  uint8_t raw[56] = {};
-  Add(m, hdr, sizeof(raw), receive ? KernelUse::kReadWrite : KernelUse::kRead);
+  std::array<uint8_t, 56> raw{};
+  Add(m, hdr, raw.size(), receive ? KernelUse::kReadWrite : KernelUse::kRead);
   if (hdr == 0 || !read(hdr, raw)) {
     m.known = false;
     return;
   }
   uint32_t namelen = 0;
-  std::memcpy(&namelen, raw + 8, 4);
+  std::memcpy(&namelen, raw.data() + 8, 4);
   const KernelUse use = receive ? KernelUse::kWrite : KernelUse::kRead;
   Add(m, Load64(raw, 0), namelen, use);
   Add(m, Load64(raw, 32), Load64(raw, 40), use);
@@ -256,10 +256,10 @@ SyscallModel ModelSyscall(uint64_t nr, const std::array<uint64_t, 6>& a, ReadFn 
     case SYS_recvfrom:
       Buffer(m, 1, a[1], a[2], false, true, 1);
       if (a[4] != 0 && a[5] != 0) {
-        uint8_t len[4] = {};
+        std::array<uint8_t, 4> len{};
         uint32_t addrlen = 0;
         if (read(a[5], len)) {
-          std::memcpy(&addrlen, len, 4);
+          std::memcpy(&addrlen, len.data(), len.size());
         }
         Add(m, a[4], addrlen, KernelUse::kWrite);
         Add(m, a[5], 4, KernelUse::kReadWrite);
@@ -412,9 +412,9 @@ bool IsRestartResult(int64_t ret) {
 }
 
 std::string SyscallName(uint64_t nr) {
-  const auto* it = std::lower_bound(std::begin(kNames), std::end(kNames), nr,
-                                    [](const NameEntry& e, uint64_t n) { return e.nr < n; });
-  if (it != std::end(kNames) && it->nr == nr) {
+  const auto* const it = std::lower_bound(kNames.begin(), kNames.end(), nr,
+                                          [](const NameEntry& e, uint64_t n) { return e.nr < n; });
+  if (it != kNames.end() && it->nr == nr) {
     return it->name;
   }
   return absl::StrCat("syscall_", nr);

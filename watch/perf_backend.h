@@ -27,7 +27,7 @@ namespace kwatch::watch {
 //
 // The kernel reserves a breakpoint's slot when the event is opened, enabled or not: a slot
 // that leaves (multiplex rotation, preemption) is closed, after its ring is drained.
-class PerfBackend : public SlotBackend {
+class PerfBackend final : public SlotBackend {
  public:
   PerfBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches,
               core::symbols::Symbolizer& symbolizer, const SessionOptions& opts,
@@ -37,6 +37,8 @@ class PerfBackend : public SlotBackend {
         watches_(watches),
         decoder_(symbolizer, PerfUserRegsMaskGeneral()),
         opts_(opts) {}
+  PerfBackend(const PerfBackend&) = delete;
+  PerfBackend& operator=(const PerfBackend&) = delete;
   ~PerfBackend() override { Disarm(); }
 
   BackendKind kind() const override { return BackendKind::kPerf; }

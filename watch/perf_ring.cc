@@ -104,14 +104,14 @@ bool ParseCallchainSample(std::span<const uint8_t> record, PerfSample& sample,
   }
   const uint8_t* p = record.data();
   sample = LoadSample(p);
-  const uint64_t nr = Load<uint64_t>(p + kPerfSampleRecordSize);
+  const auto nr = Load<uint64_t>(p + kPerfSampleRecordSize);
   const size_t room = (record.size() - kPerfSampleRecordSize - 8) / 8;
   if (nr > room) {
     return false;
   }
   std::vector<uint64_t>* into = &chain.kernel;
   for (uint64_t i = 0; i < nr; ++i) {
-    const uint64_t ip = Load<uint64_t>(p + kPerfSampleRecordSize + 8 + 8 * i);
+    const auto ip = Load<uint64_t>(p + kPerfSampleRecordSize + 8 + 8 * i);
     if (ip >= PERF_CONTEXT_MAX) {  // a context marker
       into = ip == PERF_CONTEXT_USER     ? &chain.user
              : ip == PERF_CONTEXT_KERNEL ? &chain.kernel

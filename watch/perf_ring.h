@@ -72,6 +72,9 @@ class PerfRing {
 
   PerfRing(PerfRing&&) noexcept = default;
   PerfRing& operator=(PerfRing&&) noexcept = default;
+  PerfRing(const PerfRing&) = delete;
+  PerfRing& operator=(const PerfRing&) = delete;
+  ~PerfRing() = default;
 
   // Consumes every complete record: calls `on_sample` for each sample, adds the count of
   // each PERF_RECORD_LOST to lost(), skips other records. Records that wrap around the end

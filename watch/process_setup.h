@@ -38,7 +38,8 @@ struct ProcessSetup {
   std::vector<Condition> conditions;  // one per watch (by id), typed by its watch; or none
   SessionOptions session_options;     // as the session was created with
 
-  void Abandon() {
+  // Not const: it lets the target go, through `proc`.
+  void Abandon() {  // NOLINT(readability-make-member-function-const)
     if (proc != nullptr) {
       proc->Abandon();
     }

@@ -38,7 +38,7 @@ core::store::WatchRecord WatchRecordFor(const Watch& w, BackendKind backend) {
   r.address = w.target.addr;
   r.length = w.target.length;
   r.kind = KindLetters(w.request);
-  r.backend = std::string(BackendName(backend));
+  r.backend = std::string{BackendName(backend)};
   r.coverage = backend == BackendKind::kPage
                    ? absl::StrCat(w.target.length, " bytes, exact (page protection)")
                    : absl::StrCat(w.target.length, " bytes (hardware breakpoint)");
@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
   rec.pid = pid;
   rec.kwatch_version = spec.kwatch_version;
   rec.mode = "watch";
-  rec.backend = std::string(BackendName(session.backend()));
+  rec.backend = std::string{BackendName(session.backend())};
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> writer,
                       core::store::TraceWriter::Create(spec.path, rec));
   for (const Watch& wt : session.watches()) {

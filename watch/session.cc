@@ -1,6 +1,7 @@
 #include "watch/session.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <regex>
@@ -265,7 +266,7 @@ std::string WatchSession::PeopleReason(const std::string& reason) const {
     absl::StrAppend(&result, names.size() == 1 ? "watch " : "watches ", absl::StrJoin(names, ", "));
     last = static_cast<size_t>(m.position(0) + m.length(0));
   }
-  result.append(out, last, std::string::npos);
+  result.append(out, last);
   return result;
 }
 
@@ -315,8 +316,7 @@ absl::Status WatchSession::Arm() {
       hw_->AddOwner(g.id, w.id);
       request_of_[w.id] = g.id;
       if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(g.changes)); !s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("arming '", w.target.display, "': ", s.message()));
+        return {s.code(), absl::StrCat("arming '", w.target.display, "': ", s.message())};
       }
     }
     multiplexing_ = false;
@@ -536,10 +536,10 @@ size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sin
       auto [it, fresh] = values.try_emplace(key);
       if (fresh && proc_.alive() && w.request.kind != drmgr::DrKind::kExec && ev.len > 0 &&
           ev.len <= 8) {
-        uint8_t buf[8] = {};
-        if (proc_.ReadMemory(ev.addr, std::span<uint8_t>(buf, ev.len)).ok()) {
+        std::array<uint8_t, 8> buf{};
+        if (proc_.ReadMemory(ev.addr, std::span<uint8_t>(buf).first(ev.len)).ok()) {
           uint64_t v = 0;
-          std::memcpy(&v, buf, 8);
+          std::memcpy(&v, buf.data(), buf.size());
           it->second = v;
         }
       }

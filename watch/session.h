@@ -96,6 +96,8 @@ class WatchSession {
   // are exact from its first instruction.
   static absl::StatusOr<std::unique_ptr<WatchSession>> ForFork(WatchSession& parent,
                                                                core::ptrace::Process& child);
+  WatchSession(const WatchSession&) = delete;
+  WatchSession& operator=(const WatchSession&) = delete;
   ~WatchSession();
 
   // Installs the watches (all or nothing).

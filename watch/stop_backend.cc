@@ -5,9 +5,11 @@
 #include <time.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <iterator>
 #include <set>
 #include <span>
@@ -72,7 +74,7 @@ ThreadDebugRegs StopBackend::RegistersOf(pid_t tid) const {
 
 absl::StatusOr<StopBackend::ThreadState> StopBackend::Layout(pid_t tid,
                                                              const std::map<SlotKey, Armed>& slots,
-                                                             const ThreadState& cur) const {
+                                                             const ThreadState& cur) {
   std::vector<SlotKey> wanted;
   for (const auto& [key, armed] : slots) {
     const drmgr::Scope& s = key.first;
@@ -96,9 +98,8 @@ absl::StatusOr<StopBackend::ThreadState> StopBackend::Layout(pid_t tid,
     }
   }
   // Process slots prefer their own index, then everyone takes the lowest free register.
-  std::stable_sort(unplaced.begin(), unplaced.end(), [](const SlotKey& a, const SlotKey& b) {
-    return (a.first.kind == drmgr::Scope::Kind::kProcess) >
-           (b.first.kind == drmgr::Scope::Kind::kProcess);
+  std::stable_partition(unplaced.begin(), unplaced.end(), [](const SlotKey& key) {
+    return key.first.kind == drmgr::Scope::Kind::kProcess;
   });
   for (const SlotKey& key : unplaced) {
     int p = -1;
@@ -200,7 +201,7 @@ absl::Status StopBackend::Apply(const drmgr::Changes& changes) {
         break;
       }
       case drmgr::SlotChange::Op::kArm:
-        if (next.count(key) != 0) {
+        if (next.contains(key)) {
           return absl::FailedPreconditionError(absl::StrCat("slot busy: ", c.ToString()));
         }
         KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(c.chunk.addr, c.chunk.len, c.kind));
@@ -252,13 +253,13 @@ absl::Status StopBackend::Apply(const drmgr::Changes& changes) {
       int ignored = -1;
       if (absl::Status r = WriteRegs(tid, wrote.at(tid), old, &ignored); !r.ok()) {
         std::fprintf(stderr, "kwatch: restoring debug registers of thread %d: %s\n", tid,
-                     std::string(r.message()).c_str());
+                     std::string{r.message()}.c_str());
       }
     }
     return failed;
   }
   for (const auto& [tid, st] : threads_) {
-    if (wrote.count(tid) == 0) {
+    if (!wrote.contains(tid)) {
       bps_.Drop(tid);  // gone meanwhile
     }
   }
@@ -281,7 +282,7 @@ absl::Status StopBackend::OnThreadStart(pid_t tid) {
     const std::vector<pid_t> traced = proc_.TracedThreads();
     const std::set<pid_t> live(traced.begin(), traced.end());
     for (auto it = threads_.begin(); it != threads_.end();) {
-      if (live.count(it->first) == 0) {
+      if (!live.contains(it->first)) {
         bps_.Drop(it->first);
         it = threads_.erase(it);
       } else {
@@ -351,7 +352,7 @@ void StopBackend::SeedShadows(const std::map<SlotKey, Armed>& slots) {
   for (const auto& [key, armed] : slots) {
     for (const drmgr::SlotHolder& h : armed.holders) {
       live.insert(h.id);
-      if (shadows_.count(h.id) == 0) {
+      if (!shadows_.contains(h.id)) {
         Shadow& sh = shadows_[h.id];
         sh.addr = h.addr.value;
         sh.bytes.assign(std::min(h.len, kMaxShadow), 0);
@@ -360,7 +361,7 @@ void StopBackend::SeedShadows(const std::map<SlotKey, Armed>& slots) {
     }
   }
   for (auto it = shadows_.begin(); it != shadows_.end();) {
-    it = live.count(it->first) != 0 ? std::next(it) : shadows_.erase(it);
+    it = live.contains(it->first) ? std::next(it) : shadows_.erase(it);
   }
 }
 

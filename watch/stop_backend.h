@@ -50,7 +50,7 @@ struct ThreadDebugRegs {
 //
 // Owned by the session, used from the thread that owns `proc`; registers itself as the
 // Process's signal interceptor while armed. `watches` and `symbolizer` must outlive it.
-class StopBackend : public SlotBackend, public core::ptrace::SignalInterceptor {
+class StopBackend final : public SlotBackend, public core::ptrace::SignalInterceptor {
  public:
   // `watches` are indexed by Watch::id; `owners` maps allocator requests to watch ids.
   StopBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches,
@@ -119,8 +119,8 @@ class StopBackend : public SlotBackend, public core::ptrace::SignalInterceptor {
 
   // The registers `tid` should hold under `slots`, keeping physical registers stable from
   // `cur`. ResourceExhausted (never expected: drmgr gives no thread more than 4 slots).
-  absl::StatusOr<ThreadState> Layout(pid_t tid, const std::map<SlotKey, Armed>& slots,
-                                     const ThreadState& cur) const;
+  static absl::StatusOr<ThreadState> Layout(pid_t tid, const std::map<SlotKey, Armed>& slots,
+                                            const ThreadState& cur);
   // Makes the breakpoints of thread `tid` go from `cur` to `want` (the changed registers closed
   // first, then opened). On ENOSPC `*refused` is the physical register refused.
   absl::Status WriteRegs(pid_t tid, const ThreadState& cur, const ThreadState& want, int* refused);

@@ -21,7 +21,7 @@ std::string KernelAccessJson(const KernelAccessStats& stats) {
   out += "],\"unprotected\":[";
   first = true;
   for (const auto& [key, u] : stats.unprotected) {
-    absl::StrAppendFormat(&out, "%s{\"page\":\"0x%x\",\"syscall\":\"%s\",\"times\":%d,\"ms\":%.3f}",
+    absl::StrAppendFormat(&out, R"(%s{"page":"0x%x","syscall":"%s","times":%d,"ms":%.3f})",
                           first ? "" : ",", key.first, key.second, u.times,
                           static_cast<double>(u.ns) / 1e6);
     first = false;

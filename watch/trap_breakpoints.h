@@ -1,9 +1,9 @@
 #pragma once
 
-#include <signal.h>
 #include <sys/types.h>
 
 #include <array>
+#include <csignal>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -56,6 +56,7 @@ class TrapBreakpoints {
   TrapBreakpoints() = default;
   TrapBreakpoints(const TrapBreakpoints&) = delete;
   TrapBreakpoints& operator=(const TrapBreakpoints&) = delete;
+  ~TrapBreakpoints() = default;
 
   // Makes register `reg` of thread `tid` hold `slot`, closing what it held first (so that the
   // thread never counts more registers than the layout uses). On error the register holds

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
@@ -24,7 +25,7 @@ namespace kwatch::watch {
 
 namespace {
 
-constexpr char kPmuDir[] = "/sys/bus/event_source/devices/uprobe";
+constexpr absl::string_view kPmuDir = "/sys/bus/event_source/devices/uprobe";
 
 template <typename T>
 T Load(const uint8_t* p) {
@@ -83,7 +84,7 @@ bool ParseUprobeSample(std::span<const uint8_t> record, uint32_t stack_bytes, Up
   hit.time_ns = Load<uint64_t>(p + 16);
   hit.cpu = Load<uint32_t>(p + 24);
   p += 32;
-  const uint64_t abi = Load<uint64_t>(p);
+  const auto abi = Load<uint64_t>(p);
   p += 8;
   hit.regs = user_regs_struct{};
   if (abi != PERF_SAMPLE_REGS_ABI_NONE) {
@@ -99,13 +100,13 @@ bool ParseUprobeSample(std::span<const uint8_t> record, uint32_t stack_bytes, Up
     if (!need(8)) {
       return false;
     }
-    const uint64_t size = Load<uint64_t>(p);
+    const auto size = Load<uint64_t>(p);
     p += 8;
     if (size > 0) {
       if (!need(size + 8)) {
         return false;
       }
-      const uint64_t dyn_size = Load<uint64_t>(p + size);
+      const auto dyn_size = Load<uint64_t>(p + size);
       hit.stack = std::span<const uint8_t>(p, dyn_size < size ? dyn_size : size);
     }
   }

@@ -10,6 +10,7 @@ namespace kwatch::core {
 struct RemoteAddr {
   uint64_t value = 0;
 
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 bug (llvm-project#53961)
   auto operator<=>(const RemoteAddr&) const = default;
   RemoteAddr operator+(uint64_t off) const { return RemoteAddr{value + off}; }
   RemoteAddr operator-(uint64_t off) const { return RemoteAddr{value - off}; }

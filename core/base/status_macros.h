@@ -8,8 +8,8 @@
 
 // Propagation helpers; Abseil ships none.
 
-#define KW_STATUS_CONCAT_INNER_(a, b) a##b
-#define KW_STATUS_CONCAT_(a, b) KW_STATUS_CONCAT_INNER_(a, b)
+#define KW_INTERNAL_CONCAT_INNER(a, b) a##b
+#define KW_INTERNAL_CONCAT(a, b) KW_INTERNAL_CONCAT_INNER(a, b)
 
 #define KW_RETURN_IF_ERROR(expr)        \
   do {                                  \
@@ -18,14 +18,18 @@
       return kw_status_;                \
   } while (false)
 
-#define KW_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                              \
-  if (!tmp.ok())                                  \
-    return std::move(tmp).status();               \
+// `tmp` is the name of the variable it declares and `lhs` may be a declaration
+// (`const Foo foo`): neither can be put in parentheses.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define KW_INTERNAL_ASSIGN_OR_RETURN(tmp, lhs, expr) \
+  auto tmp = (expr);                                 \
+  if (!tmp.ok())                                     \
+    return std::move(tmp).status();                  \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #define KW_ASSIGN_OR_RETURN(lhs, expr) \
-  KW_ASSIGN_OR_RETURN_IMPL_(KW_STATUS_CONCAT_(kw_statusor_, __LINE__), lhs, expr)
+  KW_INTERNAL_ASSIGN_OR_RETURN(KW_INTERNAL_CONCAT(kw_statusor_, __LINE__), lhs, expr)
 
 // A broken invariant is a bug: abort, also in release builds.
 #define KW_CHECK(cond)                                                                 \

@@ -1,5 +1,6 @@
 #include "core/base/syscall_status.h"
 
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -9,22 +10,21 @@
 namespace kwatch::core {
 
 std::string ErrnoText(int err) {
-  char buf[128] = {};
+  std::array<char, 128> buf{};
   // GNU strerror_r returns a pointer that may or may not be `buf`.
-  const char* text = strerror_r(err, buf, sizeof(buf));
+  const char* text = strerror_r(err, buf.data(), buf.size());
   return text != nullptr ? std::string(text) : absl::StrCat("errno ", err);
 }
 
 absl::Status SyscallError(int err, absl::string_view call) {
-  return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(call, ": ", ErrnoText(err)));
+  return {absl::ErrnoToStatusCode(err), absl::StrCat(call, ": ", ErrnoText(err))};
 }
 
 absl::Status SyscallError(int err, absl::string_view call, absl::string_view advice) {
   if (advice.empty()) {
     return SyscallError(err, call);
   }
-  return absl::Status(absl::ErrnoToStatusCode(err),
-                      absl::StrCat(call, ": ", ErrnoText(err), "; ", advice));
+  return {absl::ErrnoToStatusCode(err), absl::StrCat(call, ": ", ErrnoText(err), "; ", advice)};
 }
 
 }  // namespace kwatch::core

@@ -1,5 +1,6 @@
 #include "core/probe/insn_emulate.h"
 
+#include <array>
 #include <optional>
 
 #include "absl/strings/str_format.h"
@@ -92,8 +93,8 @@ absl::StatusOr<uint64_t> MemoryOperandAddress(const ProbedInsn& insn, const Zydi
 }
 
 absl::StatusOr<uint64_t> Read64(const x86::EmulatorMemory& mem, uint64_t addr) {
-  uint8_t b[8] = {};
-  const absl::Status s = mem.read(addr, std::span<uint8_t>(b, 8));
+  std::array<uint8_t, 8> b{};
+  const absl::Status s = mem.read(addr, b);
   if (!s.ok()) {
     return s;
   }
@@ -105,11 +106,11 @@ absl::StatusOr<uint64_t> Read64(const x86::EmulatorMemory& mem, uint64_t addr) {
 }
 
 absl::Status Write64(const x86::EmulatorMemory& mem, uint64_t addr, uint64_t v) {
-  uint8_t b[8] = {};
+  std::array<uint8_t, 8> b{};
   for (int i = 0; i < 8; ++i) {
     b[i] = static_cast<uint8_t>(v >> (8 * i));
   }
-  return mem.write(addr, std::span<const uint8_t>(b, 8));
+  return mem.write(addr, b);
 }
 
 // The target of an indirect branch: a register's value or the 8 bytes at a memory operand.
@@ -128,7 +129,7 @@ absl::StatusOr<uint64_t> IndirectTarget(const ProbedInsn& insn, const user_regs_
 
 uint64_t RelativeTarget(const ProbedInsn& insn) {
   uint64_t target = 0;
-  ZydisCalcAbsoluteAddress(&insn.insn, &insn.operands[0], insn.addr.value, &target);
+  ZydisCalcAbsoluteAddress(&insn.insn, insn.operands.data(), insn.addr.value, &target);
   return target;
 }
 
@@ -238,9 +239,9 @@ absl::Status EmulateProbedInsn(const ProbedInsn& insn, user_regs_struct& regs,
       }
       const uint64_t b = ops[1].imm.value.u & Mask(bits);
       const bool sub = insn.insn.mnemonic == ZYDIS_MNEMONIC_SUB;
-      const uint64_t res = (sub ? *a - b : *a + b) & Mask(bits);
-      r.eflags = ArithFlags(regs.eflags, *a, b, res, bits, sub);
-      if (auto s = WriteReg(r, dst, res); !s.ok()) {
+      const uint64_t result = (sub ? *a - b : *a + b) & Mask(bits);
+      r.eflags = ArithFlags(regs.eflags, *a, b, result, bits, sub);
+      if (auto s = WriteReg(r, dst, result); !s.ok()) {
         return s;
       }
       break;

@@ -1,6 +1,7 @@
 #include "core/probe/insn_fixup.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -226,9 +227,9 @@ absl::Status CheckInstructionBoundary(std::span<const uint8_t> function_code,
   uint64_t off = 0;
   while (off < target) {
     ZydisDecodedInstruction insn;
-    ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
+    std::array<ZydisDecodedOperand, ZYDIS_MAX_OPERAND_COUNT> ops{};
     if (!ZYAN_SUCCESS(ZydisDecoderDecodeFull(&decoder, function_code.data() + off,
-                                             function_code.size() - off, &insn, ops))) {
+                                             function_code.size() - off, &insn, ops.data()))) {
       return absl::InvalidArgumentError(
           absl::StrFormat("cannot check 0x%x: the function at 0x%x does not decode at +0x%x",
                           addr.value, function_start.value, off));
@@ -236,7 +237,7 @@ absl::Status CheckInstructionBoundary(std::span<const uint8_t> function_code,
     if (off + insn.length > target) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "0x%x is not on an instruction boundary: it is inside '%s' at 0x%x (+0x%x, %d bytes)",
-          addr.value, x86::FormatAtt(insn, ops, function_start.value + off),
+          addr.value, x86::FormatAtt(insn, ops.data(), function_start.value + off),
           function_start.value + off, off, insn.length));
     }
     off += insn.length;

@@ -1,11 +1,11 @@
 #include "core/probe/int3_engine.h"
 
-#include <signal.h>
 #include <sys/syscall.h>
-#include <time.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
+#include <ctime>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -61,7 +61,7 @@ Int3Engine::~Int3Engine() {
     const absl::Status s = RestoreAll();
     if (!s.ok()) {
       std::fprintf(stderr, "kwatch: restoring the code of pid %d: %s\n", process_.pid(),
-                   std::string(s.message()).c_str());
+                   std::string{s.message()}.c_str());
     }
   }
   process_.RemoveInterceptor(this);
@@ -83,7 +83,7 @@ absl::Status Int3Engine::Mutable() const {
 
 absl::Status Int3Engine::StopWorld() {
   if (world_depth_++ == 0) {
-    const absl::Status s = process_.StopAll();
+    absl::Status s = process_.StopAll();
     if (!s.ok()) {
       --world_depth_;
       return s;
@@ -263,7 +263,7 @@ absl::StatusOr<Int3Engine::Breakpoint*> Int3Engine::EnsureBreakpoint(
 absl::Status Int3Engine::WithRemoteSyscalls(pid_t tid, const std::function<absl::Status()>& fn) {
   syscall_tid_ = tid;
   swallowed_trap_ = false;
-  const absl::Status s = fn();
+  absl::Status s = fn();
   syscall_tid_ = 0;
   if (swallowed_trap_ && process_.alive()) {
     // The thread had trapped on one of kwatch's INT3s; the step of the system call dropped
@@ -646,8 +646,8 @@ absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpo
       return absl::OkStatus();
     }
     if (bp.slot == nullptr) {
-      return absl::Status(s.code(), absl::StrFormat("emulating '%s' at 0x%x in thread %d: %s",
-                                                    bp.insn.text, bp.addr.value, tid, s.message()));
+      return {s.code(), absl::StrFormat("emulating '%s' at 0x%x in thread %d: %s", bp.insn.text,
+                                        bp.addr.value, tid, s.message())};
     }
     // An emulated stack access failed (the stack is full, say): the copy runs instead and
     // meets the same fault as the original would.
@@ -943,7 +943,8 @@ std::unique_ptr<Int3Engine> Int3Engine::AdoptFork(ptrace::Process& child, pid_t 
       copy.slot = &e->slots_.at(bp.slot->addr.value);  // the child's own copy of the slot
     }
     const uint8_t int3 = kInt3;
-    e->Journal(PatchRecord::Kind::kBreakpoint, addr, std::span<const uint8_t>(&bp.insn.bytes[0], 1),
+    e->Journal(PatchRecord::Kind::kBreakpoint, addr,
+               std::span<const uint8_t>(bp.insn.bytes.data(), 1),
                std::span<const uint8_t>(&int3, 1), copy.journal);
     e->breakpoints_.emplace(addr, std::move(copy));
   }
@@ -985,8 +986,9 @@ void Int3Engine::JournalInto(ptrace::Guardian* guardian) {
   const uint8_t int3 = kInt3;
   for (auto& [addr, bp] : breakpoints_) {
     if (bp.journal == int3_internal::kNoJournal) {
-      Journal(PatchRecord::Kind::kBreakpoint, addr, std::span<const uint8_t>(&bp.insn.bytes[0], 1),
-              std::span<const uint8_t>(&int3, 1), bp.journal);
+      Journal(PatchRecord::Kind::kBreakpoint, addr,
+              std::span<const uint8_t>(bp.insn.bytes.data(), 1), std::span<const uint8_t>(&int3, 1),
+              bp.journal);
     }
   }
   const auto tramp = Bytes64(trampoline_.value);

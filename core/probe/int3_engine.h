@@ -159,8 +159,8 @@ class Int3Engine : public ptrace::SignalInterceptor {
   absl::Status OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpoint& bp);
   absl::Status OnPostTrap(pid_t tid, user_regs_struct& regs, const Slot& slot);
   absl::Status OnReturn(pid_t tid, user_regs_struct& regs);
-  bool Admit(Probe& p);
-  void Consume(Probe& p);
+  static bool Admit(Probe& p);
+  static void Consume(Probe& p);
   void Abandon(Instance& inst);
   void PruneDeadThreads();
   const Slot* SlotContaining(RemoteAddr rip) const;

@@ -30,7 +30,7 @@ class Process;
 
 namespace kwatch::core::probe {
 
-inline constexpr uint64_t kXolAreaSize = 64 * 1024;
+inline constexpr uint64_t kXolAreaSize = uint64_t{64} * 1024;
 inline constexpr uint64_t kXolSlotSize = 64;
 inline constexpr uint64_t kXolTrapOffset = 32;
 // Areas go within this distance of the probed code, so that RIP-relative operands of the code

@@ -2,20 +2,21 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/user.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -64,30 +65,33 @@ ProtectionRestore RestoreProtectionsOrSayWhy(pid_t target, std::span<PatchEntry>
   }
   const size_t restored = RestorePatches(target, entries);
   if (restored > 0) {
-    char msg[160];
-    const int len = std::snprintf(msg, sizeof(msg),
+    std::array<char, 160> msg{};
+    const int len = std::snprintf(msg.data(), msg.size(),
                                   "kwatch-guard: kwatch ended without cleaning up; restored %zu "
                                   "patched location%s in pid %d\n",
                                   restored, restored == 1 ? "" : "s", target);
     if (len > 0) {
-      (void)!::write(2, msg, static_cast<size_t>(len));
+      // Best effort: nowhere to report a failure.
+      [[maybe_unused]] const ssize_t n =
+          ::write(2, msg.data(), std::min(static_cast<size_t>(len), msg.size() - 1));
     }
   }
   const ProtectionRestore prot = RestoreProtectionsOrSayWhy(target, entries, /*wait_ms=*/10'000);
   if (prot.journaled > 0) {
-    char msg[400];
+    std::array<char, 400> msg{};
     const int len =
         prot.restored == prot.journaled
-            ? std::snprintf(msg, sizeof(msg),
+            ? std::snprintf(msg.data(), msg.size(),
                             "kwatch-guard: kwatch ended without cleaning up; restored the "
                             "protections of %zu page range%s in pid %d\n",
                             prot.restored, prot.restored == 1 ? "" : "s", target)
-            : std::snprintf(msg, sizeof(msg),
+            : std::snprintf(msg.data(), msg.size(),
                             "kwatch-guard: kwatch ended without cleaning up; restored the "
                             "protections of %zu of %zu page ranges in pid %d: %s\n",
-                            prot.restored, prot.journaled, target, prot.error);
+                            prot.restored, prot.journaled, target, prot.error.data());
     if (len > 0) {
-      (void)!::write(2, msg, std::min(static_cast<size_t>(len), sizeof(msg) - 1));
+      [[maybe_unused]] const ssize_t n =  // best effort, as above
+          ::write(2, msg.data(), std::min(static_cast<size_t>(len), msg.size() - 1));
     }
   }
   ::_exit(0);
@@ -109,18 +113,18 @@ pid_t LiveThread(pid_t pid) {
   if (Alive(TaskStateLetter(pid, pid))) {
     return pid;
   }
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/task", pid);
-  const int fd = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  std::array<char, 64> path{};
+  std::snprintf(path.data(), path.size(), "/proc/%d/task", pid);
+  const int fd = ::open(path.data(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     return 0;
   }
   pid_t found = 0;
-  alignas(8) char buf[4096];
+  alignas(8) std::array<char, 4096> buf{};
   long n = 0;
-  while (found == 0 && (n = ::syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0) {
+  while (found == 0 && (n = ::syscall(SYS_getdents64, fd, buf.data(), buf.size())) > 0) {
     for (long off = 0; off < n && found == 0;) {
-      const auto* d = reinterpret_cast<const struct dirent64*>(buf + off);
+      const auto* d = reinterpret_cast<const struct dirent64*>(buf.data() + off);
       off += d->d_reclen;
       pid_t tid = 0;
       for (const char* c = d->d_name; *c >= '0' && *c <= '9'; ++c) {
@@ -144,19 +148,23 @@ bool WaitStop(pid_t tid, int& status) {
   return r == tid && WIFSTOPPED(status);
 }
 
+// The text of errno `err` without the locale (strerrordesc_np: async-signal-safe, unlike
+// strerror).
+const char* ErrnoDescription(int err) {
+  const char* text = strerrordesc_np(err);
+  return text != nullptr ? text : "unknown error";
+}
+
 void SetError(ProtectionRestore& out, const char* call, int err) {
-  std::snprintf(out.error, sizeof(out.error), "%s: %s", call, std::strerror(err));
+  std::snprintf(out.error.data(), out.error.size(), "%s: %s", call, ErrnoDescription(err));
 }
 
 // Whether a fault at `addr` lies in a journaled range.
 bool InJournaledRange(std::span<PatchEntry> entries, uint64_t addr) {
-  for (const PatchEntry& e : entries) {
-    if (e.state.load(std::memory_order_acquire) == kProtection && addr >= e.addr &&
-        addr - e.addr < e.span) {
-      return true;
-    }
-  }
-  return false;
+  return std::ranges::any_of(entries, [addr](const PatchEntry& e) {
+    return e.state.load(std::memory_order_acquire) == kProtection && addr >= e.addr &&
+           addr - e.addr < e.span;
+  });
 }
 
 // Runs mprotect for every protection entry in the stopped thread `tid` (a `syscall`
@@ -200,7 +208,7 @@ void MprotectIn(pid_t tid, std::span<PatchEntry> entries, int& deliver, Protecti
       }
       int status = 0;
       if (!WaitStop(tid, status)) {
-        std::snprintf(out.error, sizeof(out.error), "thread %d ended during mprotect", tid);
+        std::snprintf(out.error.data(), out.error.size(), "thread %d ended during mprotect", tid);
         return;
       }
       user_regs_struct after{};
@@ -214,10 +222,10 @@ void MprotectIn(pid_t tid, std::span<PatchEntry> entries, int& deliver, Protecti
         if (static_cast<int64_t>(after.rax) == 0) {
           ++out.restored;
         } else {
-          std::snprintf(out.error, sizeof(out.error), "mprotect(0x%llx, %llu bytes): %s",
+          std::snprintf(out.error.data(), out.error.size(), "mprotect(0x%llx, %llu bytes): %s",
                         static_cast<unsigned long long>(e.addr),
                         static_cast<unsigned long long>(e.span),
-                        std::strerror(static_cast<int>(-static_cast<int64_t>(after.rax))));
+                        ErrnoDescription(static_cast<int>(-static_cast<int64_t>(after.rax))));
         }
       }
       if (sig != SIGTRAP && deliver == 0) {
@@ -232,9 +240,9 @@ void MprotectIn(pid_t tid, std::span<PatchEntry> entries, int& deliver, Protecti
 }  // namespace
 
 size_t RestorePatches(pid_t target, std::span<PatchEntry> entries) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/mem", target);
-  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  std::array<char, 64> path{};
+  std::snprintf(path.data(), path.size(), "/proc/%d/mem", target);
+  const int fd = ::open(path.data(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     return 0;
   }
@@ -245,13 +253,13 @@ size_t RestorePatches(pid_t target, std::span<PatchEntry> entries) {
     if (e.state.load(std::memory_order_acquire) != kActive || e.len == 0 || e.len > 16) {
       continue;
     }
-    uint8_t now[16];
+    std::array<uint8_t, 16> now{};
     const auto off = static_cast<off_t>(e.addr);
-    if (::pread(fd, now, e.len, off) != static_cast<ssize_t>(e.len) ||
-        std::memcmp(now, e.patched, e.len) != 0) {
+    if (::pread(fd, now.data(), e.len, off) != static_cast<ssize_t>(e.len) ||
+        std::memcmp(now.data(), e.patched.data(), e.len) != 0) {
       continue;  // unmapped, or no longer holds kwatch's bytes
     }
-    if (::pwrite(fd, e.original, e.len, off) == static_cast<ssize_t>(e.len)) {
+    if (::pwrite(fd, e.original.data(), e.len, off) == static_cast<ssize_t>(e.len)) {
       ++restored;
     }
   }
@@ -273,7 +281,7 @@ ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries
   for (int waited_us = 0;; waited_us += 50) {
     tid = LiveThread(target);
     if (tid == 0) {
-      std::snprintf(out.error, sizeof(out.error), "the process has no live thread left");
+      std::snprintf(out.error.data(), out.error.size(), "the process has no live thread left");
       return out;
     }
     if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) == 0) {
@@ -305,6 +313,8 @@ ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries
     deliver = journaled_fault ? 0 : sig;
   }
   MprotectIn(tid, entries, deliver, out);
+  // ptrace(2) takes the signal to deliver as its data pointer.
+  // NOLINTNEXTLINE(performance-no-int-to-ptr)
   (void)::ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<long>(deliver)));
   return out;
 }
@@ -317,7 +327,7 @@ ProtectionRestore RestoreProtectionsOrSayWhy(pid_t target, std::span<PatchEntry>
   if (out.restored < out.journaled && LiveThread(target) == 0) {
     // Whatever failed, the reason is that the process is gone (likely a thread that touched a
     // protected page in the moment between kwatch's death and the restore).
-    std::snprintf(out.error, sizeof(out.error),
+    std::snprintf(out.error.data(), out.error.size(),
                   "the process ended first (a SIGSEGV on a protected page in the moment "
                   "between kwatch's death and the restore?)");
   }
@@ -342,8 +352,8 @@ absl::StatusOr<std::unique_ptr<Guardian>> Guardian::Start(pid_t target, size_t c
   for (size_t i = capacity; i-- > 0;) {
     g->free_.push_back(static_cast<Handle>(i));
   }
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
+  std::array<int, 2> fds{};
+  if (::pipe2(fds.data(), O_CLOEXEC) != 0) {
     const int err = errno;
     return SyscallError(err, "pipe2(guardian)");
   }
@@ -374,8 +384,8 @@ absl::StatusOr<Guardian::Handle> Guardian::Record(RemoteAddr addr,
   PatchEntry& e = entries_[h];
   e.len = static_cast<uint32_t>(original.size());
   e.addr = addr.value;
-  std::memcpy(e.original, original.data(), original.size());
-  std::memcpy(e.patched, patched.data(), patched.size());
+  std::memcpy(e.original.data(), original.data(), original.size());
+  std::memcpy(e.patched.data(), patched.data(), patched.size());
   e.state.store(kActive, std::memory_order_release);
   return h;
 }
@@ -427,7 +437,8 @@ absl::Status Guardian::Dismiss() {
     return absl::OkStatus();
   }
   const char c = kDismiss;
-  (void)!::write(pipe_.get(), &c, 1);
+  // Best effort: without the byte, the guardian reads EOF once pipe_ closes below.
+  [[maybe_unused]] const ssize_t n = ::write(pipe_.get(), &c, 1);
   pipe_.Reset();
   int status = 0;
   pid_t r = 0;

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -23,8 +24,8 @@ struct PatchEntry {
   std::atomic<uint32_t> state;  // free, or which change it journals; published last (release)
   uint32_t len;                 // bytes: 1..16
   uint64_t addr;                // bytes: where; protection: the first page
-  uint8_t original[16];
-  uint8_t patched[16];
+  std::array<uint8_t, 16> original;
+  std::array<uint8_t, 16> patched;
   uint64_t span;  // protection: bytes from addr, whole pages
   int32_t prot;   // protection: the PROT_* bits to put back
 };
@@ -103,7 +104,7 @@ size_t RestorePatches(pid_t target, std::span<PatchEntry> entries);
 struct ProtectionRestore {
   size_t journaled = 0;
   size_t restored = 0;
-  char error[160] = {};
+  std::array<char, 160> error{};
 };
 ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries, int wait_ms);
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -68,7 +69,7 @@ absl::StatusOr<std::vector<MapEntry>> ParseMaps(absl::string_view text) {
     e.write = perms[1] == 'w';
     e.exec = perms[2] == 'x';
     e.shared = perms[3] == 's';
-    e.dev = std::string(dev);
+    e.dev = std::string{dev};
     e.path = std::string(absl::StripLeadingAsciiWhitespace(rest));
     out.push_back(std::move(e));
   }
@@ -82,9 +83,9 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
     return SyscallError(err, absl::StrCat("open(", path, ")"));
   }
   std::string out;
-  char buf[16384];
+  std::array<char, 16384> buf{};
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
     if (n < 0) {
       const int err = errno;
       if (err == EINTR) {
@@ -95,7 +96,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
     if (n == 0) {
       break;
     }
-    out.append(buf, static_cast<size_t>(n));
+    out.append(buf.data(), static_cast<size_t>(n));
   }
   return out;
 }
@@ -121,21 +122,21 @@ std::optional<MapEntry> FindMapping(const std::vector<MapEntry>& maps, RemoteAdd
 }
 
 char TaskStateLetter(pid_t pid, pid_t tid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  std::array<char, 64> path{};
+  std::snprintf(path.data(), path.size(), "/proc/%d/task/%d/stat", pid, tid);
+  const int fd = ::open(path.data(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return 0;
   }
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  std::array<char, 512> buf{};
+  const ssize_t n = ::read(fd, buf.data(), buf.size() - 1);
   ::close(fd);
   if (n <= 0) {
     return 0;
   }
   buf[n] = '\0';
   // "TID (comm) S ...": the command may hold spaces and parentheses; the last ')' ends it.
-  const char* close_paren = std::strrchr(buf, ')');
+  const char* close_paren = std::strrchr(buf.data(), ')');
   if (close_paren == nullptr || close_paren[1] != ' ') {
     return 0;
   }

@@ -35,11 +35,11 @@ using process_internal::kSyscallTrap;
 
 // KWATCH_DEBUG=1 traces signal decisions on stderr.
 bool Debug() {
-  static const bool on = [] {
+  static const bool kOn = [] {
     const char* v = std::getenv("KWATCH_DEBUG");  // NOLINT(concurrency-mt-unsafe): read once
     return v != nullptr && v[0] == '1';
   }();
-  return on;
+  return kOn;
 }
 
 }  // namespace

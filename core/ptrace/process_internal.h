@@ -3,9 +3,9 @@
 // Private to core/ptrace/: what the files implementing Process share (process.cc,
 // process_launch.cc, syscall_stops.cc, remote_exec.cc).
 
-#include <signal.h>
 #include <sys/types.h>
 
+#include <csignal>
 #include <cstdint>
 
 #include "absl/status/statusor.h"

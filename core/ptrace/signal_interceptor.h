@@ -1,8 +1,8 @@
 #pragma once
 
-#include <signal.h>
 #include <sys/types.h>
 
+#include <csignal>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +49,14 @@ class SignalInterceptor {
                                      bool /*world_stopped*/) {
     return absl::OkStatus();
   }
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  SignalInterceptor() = default;
+  SignalInterceptor(const SignalInterceptor&) = default;
+  SignalInterceptor& operator=(const SignalInterceptor&) = default;
+  SignalInterceptor(SignalInterceptor&&) = default;
+  SignalInterceptor& operator=(SignalInterceptor&&) = default;
 };
 
 // Several interceptors as one (Process uses it when more than one backend owns signals of a

@@ -1,12 +1,14 @@
 // Process: system-call stops (PTRACE_SYSCALL), and system calls run at them.
 #include <fcntl.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <csignal>
 #include <cstring>
 #include <utility>
 
@@ -42,7 +44,7 @@ int SyscallStopKind(pid_t tid) {
 
 // Whether the two bytes before `ip` are `syscall` (0f 05), the only entry kwatch re-runs.
 absl::Status CheckSyscallInsn(const Process& proc, uint64_t ip) {
-  uint8_t insn[2] = {};
+  std::array<uint8_t, 2> insn{};
   KW_RETURN_IF_ERROR(proc.ReadMemory(RemoteAddr{ip - 2}, insn));
   if (insn[0] != 0x0f || insn[1] != 0x05) {
     return absl::UnimplementedError(absl::StrFormat(
@@ -204,8 +206,9 @@ absl::StatusOr<int64_t> Process::SyscallAtStop(pid_t tid, long nr, std::span<con
   const SyscallAt at = threads_[tid].at_syscall;
   KW_ASSIGN_OR_RETURN(const user_regs_struct saved, GetRegs(tid));
   KW_RETURN_IF_ERROR(CheckSyscallInsn(*this, saved.rip));
-  uint64_t a[6] = {};
-  std::memcpy(a, args.data(), args.size() * sizeof(uint64_t));
+  std::array<uint64_t, 6> a{};
+  KW_CHECK(args.size() <= a.size());
+  std::copy(args.begin(), args.end(), a.begin());
   user_regs_struct regs = saved;
   regs.rdi = a[0];
   regs.rsi = a[1];

@@ -111,8 +111,8 @@ absl::StatusOr<IcebpKind> ProbeIcebpKind() {
 }  // namespace
 
 absl::StatusOr<IcebpKind> HostIcebpKind() {
-  static const absl::StatusOr<IcebpKind> kind = ProbeIcebpKind();  // once, thread-safe
-  return kind;
+  static const absl::StatusOr<IcebpKind> kKind = ProbeIcebpKind();  // once, thread-safe
+  return kKind;
 }
 
 absl::string_view IcebpKindName(IcebpKind k) {

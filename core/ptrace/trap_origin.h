@@ -1,3 +1,5 @@
+#pragma once
+
 // Where a SIGTRAP that reached a traced thread came from, so that kwatch delivers the
 // target's own traps and absorbs only the debug exceptions nothing explains.
 //
@@ -11,11 +13,8 @@
 // the instruction (the 0xF1 byte is just before the instruction pointer); some hypervisors
 // report it as a fault, with the instruction pointer on the icebp itself, so that returning
 // from a handler runs it again; some drop it. The evidence is read the host's way.
-#ifndef KWATCH_CORE_TRAP_ORIGIN_H_
-#define KWATCH_CORE_TRAP_ORIGIN_H_
 
-#include <signal.h>
-
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -97,5 +96,3 @@ inline bool DeliverTrap(TrapOrigin o) {
 absl::string_view TrapOriginName(TrapOrigin o);
 
 }  // namespace kwatch::core::ptrace
-
-#endif  // KWATCH_CORE_TRAP_ORIGIN_H_

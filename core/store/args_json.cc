@@ -8,7 +8,7 @@ namespace kwatch::core::store {
 namespace {
 
 void AppendQuoted(absl::string_view s, std::string* out) {
-  static constexpr char kHex[] = "0123456789abcdef";
+  static constexpr absl::string_view kHex = "0123456789abcdef";
   out->push_back('"');
   for (const char c : s) {
     const auto u = static_cast<unsigned char>(c);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -29,7 +30,7 @@ std::string ColumnText(sqlite3_stmt* s, int i) {
   if (p == nullptr) {
     return {};
   }
-  return std::string(p, static_cast<size_t>(sqlite3_column_bytes(s, i)));
+  return {p, static_cast<size_t>(sqlite3_column_bytes(s, i))};
 }
 
 uint64_t ColumnU64(sqlite3_stmt* s, int i) {
@@ -86,20 +87,21 @@ absl::Status CheckNotTruncated(const std::string& path, uint64_t size) {
     const int err = errno;
     return SyscallError(err, absl::StrCat("open(", path, ")"));
   }
-  unsigned char h[100] = {};
-  const ssize_t n = ::pread(fd.get(), h, sizeof(h), 0);
-  static constexpr char kMagic[] = "SQLite format 3";  // with its NUL: 16 bytes
-  if (n <= 0 || std::memcmp(h, kMagic, std::min<size_t>(static_cast<size_t>(n), 16)) != 0) {
+  std::array<unsigned char, 100> h{};
+  const ssize_t n = ::pread(fd.get(), h.data(), h.size(), 0);
+  static constexpr absl::string_view kMagic("SQLite format 3\0", 16);  // with its NUL
+  if (n <= 0 ||
+      std::memcmp(h.data(), kMagic.data(), std::min(static_cast<size_t>(n), kMagic.size())) != 0) {
     return absl::OkStatus();  // not SQLite: SQLite's own checks decide
   }
-  if (n < static_cast<ssize_t>(sizeof(h))) {
+  if (n < static_cast<ssize_t>(h.size())) {
     return NotARecording(path, absl::StrCat("truncated: ", n, " bytes, not even a header"));
   }
   const uint32_t raw_page_size = (uint32_t{h[16]} << 8) | h[17];
   const uint64_t page_size = raw_page_size == 1 ? 65536 : raw_page_size;
-  const uint32_t change_counter = Be32(h + 24);
-  const uint64_t pages = Be32(h + 28);
-  const uint32_t valid_for = Be32(h + 92);
+  const uint32_t change_counter = Be32(h.data() + 24);
+  const uint64_t pages = Be32(h.data() + 28);
+  const uint32_t valid_for = Be32(h.data() + 92);
   if (valid_for == change_counter && pages > 0 && size < pages * page_size) {
     return NotARecording(
         path, absl::StrCat("truncated: ", size, " bytes, its header says ", pages * page_size));

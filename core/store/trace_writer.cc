@@ -23,7 +23,7 @@ namespace {
 
 // Schema version 2 (docs/recording.md). Addresses and memory values are 64-bit patterns
 // stored as signed integers.
-constexpr char kSchemaSql[] = R"sql(
+constexpr const char* kSchemaSql = R"sql(
 CREATE TABLE session(
   command_line TEXT NOT NULL,
   pid INTEGER NOT NULL,

@@ -82,8 +82,8 @@ class ElfSymbolIndex {
   // table gives an empty index.
   static absl::StatusOr<ElfSymbolIndex> FromFile(const std::string& path);
 
-  ElfSymbolIndex(ElfSymbolIndex&&) noexcept;
-  ElfSymbolIndex& operator=(ElfSymbolIndex&&) noexcept;
+  ElfSymbolIndex(ElfSymbolIndex&& other) noexcept;
+  ElfSymbolIndex& operator=(ElfSymbolIndex&& other) noexcept;
   ElfSymbolIndex(const ElfSymbolIndex&) = delete;
   ElfSymbolIndex& operator=(const ElfSymbolIndex&) = delete;
   ~ElfSymbolIndex();

@@ -93,6 +93,14 @@ class Symbols {
     (void)line;
     return absl::UnimplementedError("line lookup is not available for this target");
   }
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  Symbols() = default;
+  Symbols(const Symbols&) = default;
+  Symbols& operator=(const Symbols&) = default;
+  Symbols(Symbols&&) = default;
+  Symbols& operator=(Symbols&&) = default;
 };
 
 }  // namespace kwatch::core::symbols

@@ -2,6 +2,8 @@
 
 #include <Zydis/Zydis.h>
 
+#include <array>
+
 #include "absl/strings/str_format.h"
 #include "core/x86/zydis_context.h"
 
@@ -12,18 +14,20 @@ absl::StatusOr<DecodedAccess> DecodeAccess(std::span<const uint8_t> code, uint64
   ZydisDecoder decoder;
   ZydisDecoderInit(&decoder, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
   ZydisDecodedInstruction insn;
-  ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
-  if (!ZYAN_SUCCESS(ZydisDecoderDecodeFull(&decoder, code.data(), code.size(), &insn, ops))) {
+  std::array<ZydisDecodedOperand, ZYDIS_MAX_OPERAND_COUNT> ops{};
+  if (!ZYAN_SUCCESS(
+          ZydisDecoderDecodeFull(&decoder, code.data(), code.size(), &insn, ops.data()))) {
     return absl::InvalidArgumentError(absl::StrFormat("cannot decode an instruction at 0x%x", rip));
   }
   DecodedAccess out;
   out.length = insn.length;
   ZydisFormatter fmt;
   ZydisFormatterInit(&fmt, ZYDIS_FORMATTER_STYLE_ATT);
-  char buf[256] = {};
-  if (ZYAN_SUCCESS(ZydisFormatterFormatInstruction(&fmt, &insn, ops, insn.operand_count_visible,
-                                                   buf, sizeof(buf), rip, nullptr))) {
-    out.text = buf;
+  std::array<char, 256> buf{};
+  if (ZYAN_SUCCESS(ZydisFormatterFormatInstruction(&fmt, &insn, ops.data(),
+                                                   insn.operand_count_visible, buf.data(),
+                                                   buf.size(), rip, nullptr))) {
+    out.text = buf.data();
   }
   ZydisRegisterContext ctx{};
   FillZydisContext(regs, ctx);

@@ -5,7 +5,7 @@ namespace kwatch::core::x86 {
 namespace {
 
 uint64_t Low32(uint64_t v) {
-  return v & 0xffffffffu;
+  return v & 0xffffffffU;
 }
 
 using RegField = unsigned long long user_regs_struct::*;  // NOLINT(google-runtime-int)

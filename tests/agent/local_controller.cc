@@ -248,8 +248,8 @@ uint32_t LocalController::AddPatch(uint32_t state, uint64_t addr, uint32_t len,
     }
     p.addr = addr;
     p.len = len;
-    std::memcpy(p.original, reinterpret_cast<const void*>(addr), len);
-    std::memcpy(p.patched, patched, len);
+    std::memcpy(p.original.data(), reinterpret_cast<const void*>(addr), len);
+    std::memcpy(p.patched.data(), patched, len);
     p.probe_index = probe_index;
     p.state.store(state, std::memory_order_release);
     patch_order_.push_back(i);
@@ -284,12 +284,12 @@ void LocalController::RestoreAll() {
   for (size_t k = patch_order_.size(); k-- > 0;) {  // in reverse
     KwPatch& p = patches[patch_order_[k]];
     if (p.state.load() == kKwPatchInt3) {
-      WriteCode(p.addr, p.original, 1);
+      WriteCode(p.addr, p.original.data(), 1);
     } else if (p.state.load() == kKwPatchJump) {
       const uint8_t int3 = 0xCC;
       WriteCode(p.addr, &int3, 1);
-      WriteCode(p.addr + 1, p.original + 1, p.len - 1);
-      WriteCode(p.addr, p.original, 1);
+      WriteCode(p.addr + 1, p.original.data() + 1, p.len - 1);
+      WriteCode(p.addr, p.original.data(), 1);
     }
     p.state.store(kKwPatchFree, std::memory_order_release);
   }

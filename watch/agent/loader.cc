@@ -573,11 +573,11 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOpt
   };
 // `lhs` is a declaration: no parentheses.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define KW_LOAD_STEP(lhs, step, expr)                                  \
-  auto KW_STATUS_CONCAT_(r_, __LINE__) = (expr);                       \
-  if (!KW_STATUS_CONCAT_(r_, __LINE__).ok())                           \
-    return step_error(step, KW_STATUS_CONCAT_(r_, __LINE__).status()); \
-  lhs = *std::move(KW_STATUS_CONCAT_(r_, __LINE__))
+#define KW_LOAD_STEP(lhs, step, expr)                                   \
+  auto KW_INTERNAL_CONCAT(r_, __LINE__) = (expr);                       \
+  if (!KW_INTERNAL_CONCAT(r_, __LINE__).ok())                           \
+    return step_error(step, KW_INTERNAL_CONCAT(r_, __LINE__).status()); \
+  lhs = *std::move(KW_INTERNAL_CONCAT(r_, __LINE__))
   // NOLINTEND(bugprone-macro-parentheses)
 
   // A page for the return trap, the memfd's name and the library's path.

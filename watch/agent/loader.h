@@ -38,7 +38,7 @@ namespace kwatch::core {}
 
 namespace kwatch::watch::agent {
 
-inline constexpr char kAgentLibraryName[] = "libkwatch-agent.so";
+inline constexpr const char* kAgentLibraryName = "libkwatch-agent.so";
 
 // Where libkwatch-agent.so is: $KWATCH_AGENT when set (it must exist), else next to kwatch's
 // binary (`self_exe`, default /proc/self/exe: the build tree), then ../lib/kwatch/ from the

@@ -329,10 +329,10 @@ absl::StatusOr<uint32_t> ShmTables::Journal(const PatchEntry& entry) {
     }
     p.len = static_cast<uint32_t>(len);
     p.addr = entry.addr.value;
-    std::memset(p.original, 0, sizeof(p.original));
-    std::memset(p.patched, 0, sizeof(p.patched));
-    std::memcpy(p.original, entry.original.data(), len);
-    std::memcpy(p.patched, entry.patched.data(), len);
+    p.original.fill(0);
+    p.patched.fill(0);
+    std::memcpy(p.original.data(), entry.original.data(), len);
+    std::memcpy(p.patched.data(), entry.patched.data(), len);
     p.probe_index = entry.probe_index;
     p.state.store(entry.kind, std::memory_order_release);
     return i;

@@ -45,7 +45,7 @@ absl::StatusOr<OpenedDrainValues> OpenDrainValues(const std::string& kcore, bool
     out.values = std::make_unique<DrainValues>(nullptr, watches.size());
     return out;
   }
-  const std::string path = kcore.empty() ? std::string(kProcKcore) : kcore;
+  const std::string path = kcore.empty() ? std::string{kProcKcore} : kcore;
   absl::StatusOr<std::unique_ptr<core::kernel::KernelMemory>> memory =
       core::kernel::KernelMemory::Open(path);
   if (!memory.ok()) {

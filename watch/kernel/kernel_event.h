@@ -110,6 +110,14 @@ class KernelEventSink {
   virtual absl::Status OnStepEnd() { return absl::OkStatus(); }
   virtual void OnNote(const KernelNote& note) = 0;
   virtual void OnSummary(const KernelSummary& summary, std::span<const KernelWatch> watches) = 0;
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  KernelEventSink() = default;
+  KernelEventSink(const KernelEventSink&) = default;
+  KernelEventSink& operator=(const KernelEventSink&) = default;
+  KernelEventSink(KernelEventSink&&) = default;
+  KernelEventSink& operator=(KernelEventSink&&) = default;
 };
 
 }  // namespace kwatch::watch::kernel

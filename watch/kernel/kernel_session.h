@@ -55,6 +55,14 @@ class KernelRegisters {
   virtual void CloseAll() = 0;
   // The registers held changed (also called once when the session starts).
   virtual void Changed() = 0;
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  KernelRegisters() = default;
+  KernelRegisters(const KernelRegisters&) = default;
+  KernelRegisters& operator=(const KernelRegisters&) = default;
+  KernelRegisters(KernelRegisters&&) = default;
+  KernelRegisters& operator=(KernelRegisters&&) = default;
 };
 
 struct KernelSessionOptions {

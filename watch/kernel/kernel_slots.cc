@@ -29,13 +29,13 @@ KernelSlots::KernelSlots(watch::BreakpointRequest opened, std::vector<std::strin
 
 std::string KernelSlots::PeopleReason(const std::string& reason) const {
   // "request 3 (watchpoint 'kwatch', jiffies, priority 10)" and "requests 2, 3".
-  static const std::regex one_request(
+  static const std::regex kOneRequest(
       R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
-  static const std::regex many_requests(R"(requests? ((\d+)(, \d+)*))");
-  const std::string out = std::regex_replace(reason, one_request, "request $1");
+  static const std::regex kManyRequests(R"(requests? ((\d+)(, \d+)*))");
+  const std::string out = std::regex_replace(reason, kOneRequest, "request $1");
   std::string result;
   size_t last = 0;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), many_requests);
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), kManyRequests);
        it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
     result.append(out, last, static_cast<size_t>(m.position(0)) - last);

@@ -1,13 +1,13 @@
 #include "watch/probe/agent_session.h"
 
 #include <poll.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -62,7 +62,7 @@ wa::ShmConfig ShmFor(const ProbeSet& set) {
   c.probe_capacity = std::max<uint32_t>(64, static_cast<uint32_t>(set.probes.size()) * 2);
   c.code_capacity = std::max<uint32_t>(8192, c.probe_capacity * 64);
   c.thread_capacity = 1024;
-  c.ring_bytes = 256u << 10;
+  c.ring_bytes = 256U << 10;
   return c;
 }
 
@@ -88,10 +88,10 @@ bool RunsOn(pid_t pid) {
   if (f == nullptr) {
     return false;
   }
-  char buf[1024] = {};
-  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::array<char, 1024> buf{};
+  const size_t n = std::fread(buf.data(), 1, buf.size() - 1, f);
   std::fclose(f);
-  const absl::string_view text(buf, n);
+  const absl::string_view text(buf.data(), n);
   const size_t paren = text.rfind(')');
   if (paren == absl::string_view::npos || paren + 2 >= text.size()) {
     return false;
@@ -342,7 +342,7 @@ absl::StatusOr<bool> AgentSession::PlaceJump(const core::probe::JumpPlan& plan,
   if (!patched.ok()) {
     // A thread parked inside the range, or no trampoline within reach: the INT3 path.
     KW_RETURN_IF_ERROR(ctl_->tables().RemoveProbe(index));
-    why = std::string(patched.message());
+    why = std::string{patched.message()};
     return false;
   }
   placed.index = index;
@@ -379,8 +379,8 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
   wa::ProbeEntry entry;
   entry.id = def.id;
   entry.addr = core::RemoteAddr{def.point.vaddr.value + bias_};
-  entry.flags = ka::kKwProbeEnabled | (def.point.is_return ? ka::kKwProbeReturn : 0u) |
-                (placed.program.needs_fpregs ? ka::kKwProbeFpregs : 0u);
+  entry.flags = ka::kKwProbeEnabled | (def.point.is_return ? ka::kKwProbeReturn : 0U) |
+                (placed.program.needs_fpregs ? ka::kKwProbeFpregs : 0U);
   entry.program = placed.program.ops;
   entry.record_bytes = placed.program.record_bytes;
   entry.maxactive = opts().maxactive;

@@ -80,6 +80,14 @@ class HitSink {
   virtual absl::Status status() const { return absl::OkStatus(); }
   // Something the user should know now (armed, a followed child, the target let go).
   virtual void OnNote(const ProbeNote& /*note*/) {}
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  HitSink() = default;
+  HitSink(const HitSink&) = default;
+  HitSink& operator=(const HitSink&) = default;
+  HitSink(HitSink&&) = default;
+  HitSink& operator=(HitSink&&) = default;
 };
 
 }  // namespace kwatch::watch::probe

@@ -40,9 +40,9 @@ uint64_t HitTally::hits(uint32_t probe_id) const {
 }
 
 const std::vector<HitTally::ArgTally>& HitTally::args(uint32_t probe_id) const {
-  static const std::vector<ArgTally> none;
+  static const std::vector<ArgTally> kNone;
   auto it = per_probe_.find(probe_id);
-  return it == per_probe_.end() ? none : it->second.args;
+  return it == per_probe_.end() ? kNone : it->second.args;
 }
 
 std::vector<std::pair<std::string, uint64_t>> HitTally::Ranked(const ArgTally& t) {

@@ -1,11 +1,11 @@
 #include "watch/probe/hw_probes.h"
 
-#include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -208,8 +208,8 @@ absl::Status HwProbes::Arm() {
     backend_->AddOwner(g.id, static_cast<uint32_t>(i));
     request_of_[i] = g.id;
     if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *backend_, std::move(g.changes)); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("arming probe ", HwProbeName(p), " (",
-                                                 p.Location(), "): ", s.message()));
+      return {s.code(), absl::StrCat("arming probe ", HwProbeName(p), " (", p.Location(),
+                                     "): ", s.message())};
     }
   }
   // ENOSPC may have taken registers from probes armed before: every one must hold its own.

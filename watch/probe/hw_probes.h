@@ -3,10 +3,10 @@
 // Probes as execute breakpoints in the debug registers (`kwatch probe --hw`): drmgr's slots,
 // placed by the stop applier as perf events with sigtrap. The code is never patched.
 
-#include <signal.h>
 #include <sys/types.h>
 #include <sys/user.h>
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <map>

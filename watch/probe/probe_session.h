@@ -101,6 +101,14 @@ class ProbeSession {
   // Takes the probes out, lets the target go (killed if launched and kill_on_exit) and counts.
   // An error when there is nothing to summarize (the session failed and was cleaned up).
   virtual absl::StatusOr<ProbeSessionEnd> Finish() = 0;
+
+ protected:
+  // Copied and moved only as part of an implementation (no slicing through the interface).
+  ProbeSession() = default;
+  ProbeSession(const ProbeSession&) = default;
+  ProbeSession& operator=(const ProbeSession&) = default;
+  ProbeSession(ProbeSession&&) = default;
+  ProbeSession& operator=(ProbeSession&&) = default;
 };
 
 }  // namespace kwatch::watch::probe

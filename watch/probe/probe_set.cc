@@ -41,8 +41,7 @@ std::vector<Word> Words(absl::string_view spec) {
 }
 
 absl::Status AtWord(const absl::Status& s, const std::string& spec, const Word& w) {
-  return absl::Status(s.code(),
-                      absl::StrCat(s.message(), "\n  ", PointAt(spec, w.pos, w.text.size())));
+  return {s.code(), absl::StrCat(s.message(), "\n  ", PointAt(spec, w.pos, w.text.size()))};
 }
 
 // DWARF register numbers 17..32 are %xmm0..%xmm15 on x86-64.

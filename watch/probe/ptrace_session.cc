@@ -194,9 +194,8 @@ absl::Status PtraceSession::RegisterAll(core::probe::Int3Engine& engine, uint64_
       id = engine.Register(addr, std::move(h));
     }
     if (!id.ok()) {
-      return absl::Status(id.status().code(),
-                          absl::StrCat("probe ", def.point.event, " (", def.Location(),
-                                       "): ", id.status().message()));
+      return {id.status().code(), absl::StrCat("probe ", def.point.event, " (", def.Location(),
+                                               "): ", id.status().message())};
     }
     ids[def.id] = *id;
   }
@@ -275,8 +274,9 @@ absl::Status PtraceSession::PollTarget() {
     KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::ProcessEvent> events, proc_->Poll());
     KW_RETURN_IF_ERROR(HandleEvents(*proc_, *engine_, events));
   }
-  // Children adopted meanwhile are polled in the same round (the vector may grow).
-  for (size_t i = 0; i < children_.size(); ++i) {
+  // Children adopted meanwhile are polled in the same round (the vector may grow, so no
+  // range-for: HandleEvents may push_back and invalidate its iterators).
+  for (size_t i = 0; i < children_.size(); ++i) {  // NOLINT(modernize-loop-convert)
     Tracee& t = *children_[i];
     if (!t.proc->alive()) {
       continue;

@@ -25,7 +25,7 @@ struct LineWriter {
 // One 64-byte cache line holding watched fields, and the writes to it. Passive data; the
 // profile updates it through RecordLineWrite.
 struct CacheLine {
-  static constexpr uint32_t kNoThread = ~0u;
+  static constexpr uint32_t kNoThread = ~0U;
 
   core::RemoteAddr addr;            // absolute, 64-byte aligned
   std::vector<uint32_t> fields;     // global field indices (StorageProfile), by address

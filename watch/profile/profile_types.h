@@ -44,7 +44,7 @@ struct ProfileOptions {
   uint32_t max_sites_per_line_thread = 8;    // ... per (cache line, writing thread)
   // Per object, per-byte counts and cache lines cover only its first max_tracked_bytes bytes
   // (field counts cover everything).
-  uint64_t max_tracked_bytes = 64 * 1024;
+  uint64_t max_tracked_bytes = uint64_t{64} * 1024;
 };
 
 // One leaf field of a watched object.

@@ -96,7 +96,7 @@ class StorageProfile {
   uint64_t first_ns() const { return first_ns_; }  // 0 before any event
   uint64_t last_ns() const { return last_ns_; }
 
-  static constexpr uint32_t kNone = ~0u;
+  static constexpr uint32_t kNone = ~0U;
 
  private:
   struct FieldHit {

@@ -25,7 +25,7 @@ namespace kwatch::watch::profile {
 // Memory: rows x max_columns x 8 bytes. Copyable; not thread-safe.
 class TimeBins {
  public:
-  static constexpr uint32_t kLate = ~0u;
+  static constexpr uint32_t kLate = ~0U;
 
   TimeBins() : TimeBins(0, 0, 1'000'000, 240) {}
   // max_columns >= 2 and initial_width_ns >= 1 (smaller values are raised to these).

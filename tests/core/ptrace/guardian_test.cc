@@ -254,7 +254,7 @@ TEST(GuardianProtections, RestoredInsideTheProcessWhichRunsOn) {
   const ProtectionRestore r = RestoreProtections(c.pid, entries, 1000);
   EXPECT_EQ(r.journaled, 1u);
   EXPECT_EQ(r.restored, 1u);
-  EXPECT_STREQ(r.error, "");
+  EXPECT_STREQ(r.error.data(), "");
   EXPECT_EQ(PermsAt(c.pid, c.page), "rw-p");
   EXPECT_EQ(Finish(c), 0);  // its read resumed, and the write went through
 }
@@ -272,7 +272,7 @@ TEST(GuardianProtections, ATracedProcessIsWaitedForThenTheCallIsNamed) {
   ProtectionRestore r = RestoreProtections(c.pid, entries, 20);
   EXPECT_EQ(r.journaled, 1u);
   EXPECT_EQ(r.restored, 0u);
-  EXPECT_STREQ(r.error, "ptrace(PTRACE_SEIZE): Operation not permitted");
+  EXPECT_STREQ(r.error.data(), "ptrace(PTRACE_SEIZE): Operation not permitted");
   EXPECT_EQ(PermsAt(c.pid, c.page), "r--p");
   // Once the tracer lets go, the same journal restores the page.
   ASSERT_EQ(::ptrace(PTRACE_INTERRUPT, c.pid, nullptr, nullptr), 0);

@@ -160,9 +160,9 @@ TEST(Controller, PatchesJournalFirstAndEndPutsEveryByteBack) {
     } else if (p.state.load() == ka::kKwPatchJump) {
       ++jumps;
       EXPECT_EQ(p.len, 6u);
-      EXPECT_EQ(std::vector<uint8_t>(p.original, p.original + 6),
+      EXPECT_EQ(std::vector<uint8_t>(p.original.begin(), p.original.begin() + 6),
                 std::vector<uint8_t>(spin_code.begin(), spin_code.begin() + 6));
-      EXPECT_EQ(std::vector<uint8_t>(p.patched, p.patched + 6), jmp);
+      EXPECT_EQ(std::vector<uint8_t>(p.patched.begin(), p.patched.begin() + 6), jmp);
     }
   }
   EXPECT_EQ(int3s, 1);
