@@ -43,7 +43,8 @@ const std::vector<core::AccessEvent>& Events() {
 }
 
 void Run(benchmark::State& state, const char* text, bool is_signed) {
-  auto c = Condition::Parse(text, ConditionOptions{.signed_values = is_signed});
+  auto c = Condition::Parse(text,
+                            ConditionOptions{.signed_values = is_signed, .bitfield = std::nullopt});
   if (!c.ok()) {
     state.SkipWithError("parse error");
     return;

@@ -200,6 +200,13 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   so.overcommit = opts.overcommit == "multiplex" ? watch::Overcommit::kMultiplex
                   : opts.overcommit == "fail"    ? watch::Overcommit::kFail
                                                  : watch::Overcommit::kPages;
+  // --backend perf/stop asks for debug registers: what does not fit is not silently watched
+  // with page protection (hundreds of times slower) unless --overcommit says so.
+  if (opts.overcommit.empty() &&
+      (so.backend == watch::BackendKind::kPerf || so.backend == watch::BackendKind::kStop)) {
+    so.overcommit = watch::Overcommit::kFail;
+    so.hardware_asked = true;
+  }
   so.mux_interval = absl::Milliseconds(opts.mux_interval_ms);
   so.stack_frames = opts.stack ? opts.stack_depth : 0;
   po.condition = opts.condition;
@@ -327,7 +334,7 @@ int Main(int argc, char** argv) {
                  "thread: pages (page protection), multiplex (take turns; counts scaled by "
                  "coverage), fail")
       ->check(CLI::IsMember({"pages", "multiplex", "fail"}))
-      ->default_str("pages for processes, fail for the kernel");
+      ->default_str("pages for processes (fail with --backend perf/stop), fail for the kernel");
   app.add_option("--mux-interval", opts.mux_interval_ms,
                  "Multiplexing: milliseconds each group of watches holds the debug registers")
       ->check(CLI::Range(1, 10000))

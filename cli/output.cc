@@ -71,6 +71,11 @@ int64_t ValueOf(uint64_t raw, uint32_t len) {
   return static_cast<int64_t>(raw << shift) >> shift;
 }
 
+std::string ValueText(const watch::EventValues& v, uint64_t raw) {
+  // A decoded bitfield is already sign-extended (or zero-extended) to 64 bits.
+  return absl::StrCat(v.decoded ? static_cast<int64_t>(raw) : ValueOf(raw, v.width));
+}
+
 std::string JsonString(absl::string_view s) {
   std::string out = "\"";
   for (const char c : s) {
@@ -219,14 +224,14 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
   const std::string field = summary.FieldLabel(as_counted);
-  const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
+  const watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(w.target), ev);
   std::string value = "null";
-  if (ev.value.has_value()) {
-    value = absl::StrCat(ValueOf(*ev.value, vlen));
+  if (v.value.has_value()) {
+    value = ValueText(v, *v.value);
   }
   std::string old_value = "null";
-  if (ev.old_value.has_value()) {
-    old_value = absl::StrCat(ValueOf(*ev.old_value, vlen));
+  if (v.old_value.has_value()) {
+    old_value = ValueText(v, *v.old_value);
   }
   const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
   absl::FPrintF(out_,
@@ -253,14 +258,15 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   }
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const std::string field = summary.FieldLabel(as_counted);
-  const uint32_t vlen = ev.access_size > 0 ? std::min<uint32_t>(ev.access_size, 8) : ev.len;
+  const watch::EventValues v =
+      watch::ValuesOf(watch::WatchedBitfield(session.watches()[ev.watch_id].target), ev);
   const double t = Seconds(ev.time_ns);
   std::string value = "?";
-  if (ev.value.has_value()) {
-    value = absl::StrCat(ev.value_exact ? "" : "~", ValueOf(*ev.value, vlen));
+  if (v.value.has_value()) {
+    value = absl::StrCat(ev.value_exact ? "" : "~", ValueText(v, *v.value));
   }
-  if (ev.old_value.has_value()) {
-    value = absl::StrCat(ValueOf(*ev.old_value, vlen), " -> ", value);
+  if (v.old_value.has_value()) {
+    value = absl::StrCat(ValueText(v, *v.old_value), " -> ", value);
   }
   const std::string who = main_pid_ != 0 && ev.pid != main_pid_
                               ? absl::StrCat(ev.pid, "/", ev.tid)  // a followed child (-f)

@@ -10,6 +10,7 @@
 #include "core/event.h"
 #include "core/ptrace/process.h"
 #include "watch/access_sink.h"
+#include "watch/bitfield_value.h"
 #include "watch/profile/report_render.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
@@ -22,6 +23,9 @@ std::string JsonString(absl::string_view s);
 
 // A watched value as kwatch prints it: the low `len` bytes of `raw`, sign-extended.
 int64_t ValueOf(uint64_t raw, uint32_t len);
+
+// An event's value as printed: a decoded bitfield as is, else ValueOf over the raw width.
+std::string ValueText(const watch::EventValues& v, uint64_t raw);
 
 // What the session ended with, for the summary.
 using watch::RunInfo;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/probe_output.h"
+#include "cli/watch_recording.h"
 #include "core/base/status_macros.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
@@ -56,38 +57,19 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> OpenRecording(const Pr
 // Finishes the recording and says so on stderr. False when recording failed (the caller
 // exits 1 after its summary).
 bool FinishRecording(core::store::TraceWriter* writer, const HitRecorder* recorder,
-                     const ProbeRunInfo& info, const std::string& path) {
+                     const ProbeRunInfo& info) {
   if (writer == nullptr) {
     return true;
-  }
-  if (recorder != nullptr && !recorder->error().ok()) {
-    std::fprintf(stderr, "kwatch: error: recording to %s failed: %s\n", path.c_str(),
-                 std::string{recorder->error().message()}.c_str());
-    if (!writer->location_lost()) {  // never claim a file that no longer exists
-      const std::string& where = writer->moved_to().empty() ? path : writer->moved_to();
-      std::fprintf(stderr,
-                   "kwatch: the recording %s holds the hits committed before the failure; "
-                   "`kwatch report %s` reads it\n",
-                   where.c_str(), where.c_str());
-    }
-    return false;
   }
   core::store::SessionEnd end;
   if (info.exit.has_value()) {
     end.exit_status = info.exit->ShellStatus();
   }
   end.exit_reason = info.stop_reason;
-  if (absl::Status s = writer->Finish(end); !s.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string{s.message()}.c_str());
-    return false;
-  }
-  if (!writer->finish_warning().empty()) {
-    std::fprintf(stderr, "kwatch: warning: %s\n", writer->finish_warning().c_str());
-  }
-  std::fprintf(stderr, "kwatch: recorded %llu probe hits to %s (kwatch report %s)\n",
-               static_cast<unsigned long long>(writer->hits_committed()), path.c_str(),
-               path.c_str());
-  return true;
+  return SayRecordingEnd(
+      watch::FinishRecording(*writer, recorder != nullptr ? recorder->error() : absl::OkStatus(),
+                             end),
+      /*hits=*/true);
 }
 
 // What a session needs of the command's options.
@@ -168,7 +150,7 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
 bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
   sink_->Flush();
   std::fflush(stdout);
-  const bool recorded = FinishRecording(writer_.get(), recorder_.get(), end.info, opts_.output);
+  const bool recorded = FinishRecording(writer_.get(), recorder_.get(), end.info);
   printer_->PrintSummary(stdout, ProbeSummary{set_.probes, *tally_, end});
   std::fflush(stdout);
   return recorded;

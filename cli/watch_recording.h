@@ -8,9 +8,10 @@ namespace kwatch::cli {
 // The recording -o asks for: its path, the command line and this kwatch's version.
 watch::RecordingSpec RecordingSpecFor(const WatchOptions& opts);
 
-// Says on stderr how a recording ended: "recorded N events to FILE" (after Finish's warning,
-// if any), or the error and where the events committed before it are. Returns whether the
-// recording is complete (else -o was not honoured: kwatch exits 1, docs/recording.md).
-bool SayRecordingEnd(const watch::RecordingOutcome& outcome);
+// Says on stderr how a recording ended: "recorded N events to FILE" ("N probe hits" with
+// `hits`; after Finish's warning, if any), or the error, where the events committed before it
+// are, and that the recording the file replaced is untouched. Returns whether the recording is
+// complete (else -o was not honoured: kwatch exits 1, docs/recording.md).
+bool SayRecordingEnd(const watch::RecordingOutcome& outcome, bool hits = false);
 
 }  // namespace kwatch::cli

@@ -528,17 +528,33 @@ absl::StatusOr<Condition> Condition::Parse(std::string_view text, const Conditio
 
 bool Condition::Matches(const core::AccessEvent& event) {
   ++stats_.evaluated;
-  if (uses_new_ && !event.value.has_value()) {
-    ++stats_.missing_new;
-    return false;
-  }
-  if (uses_old_ && !event.old_value.has_value()) {
-    ++stats_.missing_old;
-    return false;
-  }
   const uint32_t width = event.access_size != 0 ? event.access_size : event.len;
-  const uint64_t new_value = uses_new_ ? Extend(*event.value, width, opts_.signed_values) : 0;
-  const uint64_t old_value = uses_old_ ? Extend(*event.old_value, width, opts_.signed_values) : 0;
+  uint64_t new_value = 0;
+  uint64_t old_value = 0;
+  if (opts_.bitfield.has_value() && (uses_new_ || uses_old_)) {
+    const EventValues v = ValuesOf(opts_.bitfield, event);
+    if (uses_new_ && (!v.decoded || !v.value.has_value())) {
+      ++stats_.missing_new;
+      return false;
+    }
+    if (uses_old_ && (!v.decoded || !v.old_value.has_value())) {
+      ++stats_.missing_old;
+      return false;
+    }
+    new_value = v.value.value_or(0);
+    old_value = v.old_value.value_or(0);
+  } else {
+    if (uses_new_ && !event.value.has_value()) {
+      ++stats_.missing_new;
+      return false;
+    }
+    if (uses_old_ && !event.old_value.has_value()) {
+      ++stats_.missing_old;
+      return false;
+    }
+    new_value = uses_new_ ? Extend(*event.value, width, opts_.signed_values) : 0;
+    old_value = uses_old_ ? Extend(*event.old_value, width, opts_.signed_values) : 0;
+  }
 
   std::array<uint64_t, kMaxStack> stack;  // NOLINT(cppcoreguidelines-pro-type-member-init)
   size_t sp = 0;                          // next free slot

@@ -1,12 +1,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/event.h"
+#include "watch/bitfield_value.h"
 
 namespace kwatch::watch {
 
@@ -15,6 +17,10 @@ struct ConditionOptions {
   // True when the watch's C type is signed: `new` and `old` are sign-extended from the
   // accessed width and <, <=, >, >=, /, % and >> work on int64; else everything is uint64.
   bool signed_values = false;
+  // A watch on a bitfield: `new` and `old` are the bitfield's bits of the accessed bytes
+  // (sign-extended from its width when signed); an access that does not hold all of them
+  // counts as missing `new`.
+  std::optional<BitfieldPlace> bitfield;
 };
 
 // What happened to the events a condition was evaluated on.

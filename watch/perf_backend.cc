@@ -214,6 +214,13 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
           if (r.value_known) {
             value = r.value;
           }
+        } else if (!r.addr_known && r.value_known && r.size == hi - lo) {
+          // The address is lost (`mov 0x10(%rax),%rax` overwrote its base) but the value is
+          // in the register, and an access as wide as the chunk the hardware says it touched
+          // is that chunk (a chunk is aligned to its size, as compilers align scalars).
+          op_known = true;
+          op_addr = lo;
+          value = r.value;
         }
       }
       bool seen = false;

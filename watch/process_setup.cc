@@ -4,6 +4,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "core/base/status_macros.h"
+#include "watch/bitfield_value.h"
 #include "watch/event_loop.h"
 
 namespace kwatch::watch {
@@ -32,7 +33,9 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   if (!opts.condition.empty()) {
     for (const Watch& w : s.session->watches()) {
       ConditionOptions co;
-      co.signed_values = IsSignedType(w.target.type_name);
+      co.bitfield = WatchedBitfield(w.target);
+      co.signed_values =
+          co.bitfield.has_value() ? co.bitfield->is_signed : IsSignedType(w.target.type_name);
       KW_ASSIGN_OR_RETURN(Condition c, Condition::Parse(opts.condition, co));
       s.conditions.push_back(std::move(c));
     }

@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
 RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::Status& record_error,
                                  const core::store::SessionEnd& end) {
   RecordingOutcome out;
+  out.previous = writer.replaces();
   if (!record_error.ok()) {
     out.error = record_error;
     if (!writer.location_lost()) {  // never claim a file that no longer exists
@@ -108,7 +109,9 @@ RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::S
     return out;
   }
   out.complete = true;
+  out.previous.clear();
   out.events = writer.events_committed();
+  out.hits = writer.hits_committed();
   out.path = writer.path();
   out.warning = writer.finish_warning();
   return out;

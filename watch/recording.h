@@ -45,9 +45,11 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
 
 // How a recording ended (FinishRecording), for the command to say.
 struct RecordingOutcome {
-  // The end record is written: the recording is complete, with `events` events.
+  // The end record is written: the recording is complete, with `events` events and `hits`
+  // probe hits.
   bool complete = false;
   uint64_t events = 0;
+  uint64_t hits = 0;
   std::string path;
   std::string warning;  // complete, but Finish warned ("" when not)
   // Not complete: the failure while recording (the first), else the failure of Finish.
@@ -55,6 +57,8 @@ struct RecordingOutcome {
   // A failure while recording: where the events committed before it are (the file may have
   // been renamed since); "" when its location is lost, and after a failed Finish.
   std::string kept_at;
+  // Not complete: the existing recording -o named, left as it was ("" when there was none).
+  std::string previous;
 };
 
 // Ends a recording: after a session whose recording did not fail (`record_error` OK), stores

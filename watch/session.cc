@@ -87,12 +87,18 @@ drmgr::SlotRequest SlotRequestFor(const Watch& w, pid_t pid, Overcommit o) {
 }
 
 // What to tell a user whose watch cannot have hardware.
-std::string RefusalAdvice(const Watch& w, Overcommit o) {
+std::string RefusalAdvice(const Watch& w, const SessionOptions& opts) {
   if (w.request.kind == drmgr::DrKind::kExec) {
     return "an execute watch needs a debug register of its own (page protection cannot "
            "watch execution); watch fewer addresses, or --overcommit=multiplex to take turns";
   }
-  if (o == Overcommit::kFail) {
+  if (opts.hardware_asked) {
+    return absl::StrCat("--backend ", opts.backend == BackendKind::kStop ? "stop" : "perf",
+                        " asks for debug registers only: add --overcommit=pages to watch what "
+                        "does not fit with page protection (exact, slower), or "
+                        "--overcommit=multiplex to rotate the watches through the registers");
+  }
+  if (opts.overcommit == Overcommit::kFail) {
     return "--overcommit=pages watches what does not fit with page protection, "
            "--overcommit=multiplex rotates the watches through the registers";
   }
@@ -202,7 +208,7 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
         return absl::ResourceExhaustedError(
             absl::StrCat("'", w.target.display, "' (", w.target.length, " bytes at ",
                          absl::StrFormat("0x%x", w.target.addr.value), "): ", g->reason, "; ",
-                         RefusalAdvice(w, opts.overcommit)));
+                         RefusalAdvice(w, opts)));
       }
     }
   }
@@ -327,8 +333,8 @@ absl::Status WatchSession::Arm() {
           break;
         case drmgr::RequestState::kFailed:
         case drmgr::RequestState::kPreempted:
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "'", w.target.display, "': ", v.reason, "; ", RefusalAdvice(w, opts_.overcommit)));
+          return absl::ResourceExhaustedError(
+              absl::StrCat("'", w.target.display, "': ", v.reason, "; ", RefusalAdvice(w, opts_)));
         case drmgr::RequestState::kMultiplexed:
           multiplexing_ = true;
           break;

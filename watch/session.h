@@ -63,6 +63,9 @@ struct WatchPlacement {
 struct SessionOptions {
   BackendKind backend = BackendKind::kAuto;
   Overcommit overcommit = Overcommit::kPages;
+  // The user asked for debug registers by name (--backend perf/stop) and said nothing about
+  // overcommit: overcommit is kFail, and a refusal says how to allow pages or multiplexing.
+  bool hardware_asked = false;
   absl::Duration mux_interval = absl::Milliseconds(10);  // multiplex rotation
   // Exact values at the access are needed (--if on new/old): auto prefers stop mode to perf
   // stream mode, and perf stream mode is refused.

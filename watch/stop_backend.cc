@@ -1,6 +1,7 @@
 #include "watch/stop_backend.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -297,8 +298,17 @@ absl::Status StopBackend::OnThreadStart(pid_t tid) {
   }
   if (!s.ok()) {
     bps_.Drop(tid);
+    std::string advice;
+    if (absl::IsResourceExhausted(s)) {  // EMFILE
+      rlimit lim{};
+      ::getrlimit(RLIMIT_NOFILE, &lim);
+      advice = absl::StrCat(
+          "; kwatch holds one descriptor per thread and debug register: raise "
+          "its limit (ulimit -n, now ",
+          lim.rlim_cur, ")");
+    }
     return absl::Status(s.code(), absl::StrCat("arming the debug registers of new thread ", tid,
-                                               ": ", s.message()));
+                                               ": ", s.message(), advice));
   }
   threads_[tid] = std::move(want);
   return absl::OkStatus();

@@ -362,7 +362,9 @@ bool Process::Dying() const {
   }
   auto text = ReadSmallFile(absl::StrCat("/proc/", pid_, "/status"));
   if (!text.ok()) {
-    return true;  // reaped or being reaped
+    // Reaped or being reaped; any other failure (kwatch out of descriptors: EMFILE) says
+    // nothing about the target, and must not hide the error it came with.
+    return absl::IsNotFound(text.status());
   }
   constexpr uint64_t kKillBit = uint64_t{1} << (SIGKILL - 1);
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {

@@ -140,6 +140,48 @@ absl::Status CheckNotTruncated(const std::string& path, uint64_t size) {
   return absl::OkStatus();
 }
 
+// A writer killed inside a transaction in rollback-journal mode (kwatch: while Finish switches
+// the file out of WAL mode, after the recording is complete) leaves a hot journal, path-journal,
+// holding the pages as they were before that transaction. SQLite rolls it back at the next
+// open, which needs write access: a read-only reader gets "attempt to write a readonly
+// database" instead. So a reader allowed to write the file opens it read-write once, which
+// rolls the journal back (the file as it was before the interrupted transaction: a complete
+// recording still in WAL mode); one that is not says who can recover it and how.
+absl::Status RollBackInterruptedWrite(const std::string& path) {
+  const std::string journal = path + "-journal";
+  struct stat js {};
+  if (::stat(journal.c_str(), &js) != 0 || js.st_size == 0) {
+    return absl::OkStatus();  // no journal, or an empty (not hot) one
+  }
+  if (::access(path.c_str(), W_OK) != 0 || ::access(journal.c_str(), W_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": ", journal,
+        " holds a write that was interrupted (kwatch killed while finishing the recording); "
+        "opening the recording once with write access rolls it back, which this user cannot: "
+        "run `kwatch report ",
+        path, "` as the file's owner (or `sqlite3 ", path, " 'PRAGMA quick_check'`)"));
+  }
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(
+      path.c_str(), &raw,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
+      nullptr);
+  SqlitePtr db(raw);
+  if (rc == SQLITE_OK) {
+    // The first read of the schema takes the shared lock that finds the journal hot and rolls
+    // it back.
+    rc = sqlite3_exec(raw, "PRAGMA schema_version", nullptr, nullptr, nullptr);
+  }
+  if (rc != SQLITE_OK) {
+    if (IsCorruption(rc)) {
+      return NotARecording(path, sqlite3_errmsg(raw));
+    }
+    return SqliteError(
+        raw, rc, absl::StrCat("rolling back the interrupted write in ", journal, " of ", path));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {
@@ -155,6 +197,7 @@ absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("not a kwatch recording: ", path, " (not a regular file)"));
   }
+  KW_RETURN_IF_ERROR(RollBackInterruptedWrite(path));
   KW_RETURN_IF_ERROR(CheckNotTruncated(path, static_cast<uint64_t>(st.st_size)));
   sqlite3* raw = nullptr;
   const int rc =

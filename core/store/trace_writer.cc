@@ -132,25 +132,34 @@ absl::Status RemoveIfPresent(const std::string& p) {
   return absl::OkStatus();
 }
 
-// Makes `path` a fresh empty regular file, mode 0600, created by us (O_EXCL|O_NOFOLLOW), and
-// returns it open for writing.
-absl::StatusOr<UniqueFd> CreateFreshFile(const std::string& path) {
+// Whether a regular file is at `path` (a recording to replace); refuses a symbolic link (a
+// dangling one too) and anything but a regular file.
+absl::StatusOr<bool> ExistingRecordingAt(const std::string& path) {
   struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (S_ISLNK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": is a symbolic link; refusing to write a recording through it"));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": exists and is not a regular file; refusing to replace it"));
-    }
-    KW_RETURN_IF_ERROR(RemoveIfPresent(path));
-  } else {
+  if (::lstat(path.c_str(), &st) != 0) {
     const int err = errno;
     if (err != ENOENT) {
       return SyscallError(err, absl::StrCat("lstat(", path, ")"));
     }
+    return false;
+  }
+  if (S_ISLNK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": is a symbolic link; refusing to write a recording through it"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": exists and is not a regular file; refusing to replace it"));
+  }
+  return true;
+}
+
+// Makes `path` a fresh empty regular file, mode 0600, created by us (O_EXCL|O_NOFOLLOW), and
+// returns it open for writing.
+absl::StatusOr<UniqueFd> CreateFreshFile(const std::string& path) {
+  KW_ASSIGN_OR_RETURN(const bool exists, ExistingRecordingAt(path));
+  if (exists) {
+    KW_RETURN_IF_ERROR(RemoveIfPresent(path));
   }
   // A stale WAL beside a new database would be replayed into it.
   for (const char* suffix : {"-wal", "-shm", "-journal"}) {
@@ -286,9 +295,13 @@ TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size, Uniq
   events_.reserve(batch_size_);
 }
 
-absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path,
+absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& final_path,
                                                                  const SessionRecord& session,
                                                                  size_t batch_size) {
+  KW_ASSIGN_OR_RETURN(const bool exists, ExistingRecordingAt(final_path));
+  // An existing file is replaced only by a complete recording: until Finish, the new one is
+  // written beside it.
+  const std::string path = exists ? absl::StrCat(final_path, ".new-", ::getpid()) : final_path;
   KW_ASSIGN_OR_RETURN(UniqueFd file, CreateFreshFile(path));
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(
@@ -300,6 +313,9 @@ absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::stri
     return SqliteError(db.get(), rc, absl::StrCat("opening ", path));
   }
   std::unique_ptr<TraceWriter> w(new TraceWriter(path, std::move(db), batch_size, std::move(file)));
+  if (exists) {
+    w->replaces_ = final_path;
+  }
   KW_RETURN_IF_ERROR(w->Init(session));
   w->reserve_ = MakeReserve(path, kReserveBytes);
   return w;
@@ -834,11 +850,13 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.
   // A failure from here on leaves a complete recording whose last batches are in path-wal.
   auto fold_failed = [&](const absl::Status& s) {
+    db_.reset();
+    TakeFinalName(/*with_wal=*/true);
     finish_warning_ = absl::StrCat(s.message(),
                                    "; the recording is complete, but its last batches "
                                    "stay in ",
-                                   path_, "-wal: keep that file (and ", path_, "-shm) beside it");
-    db_.reset();
+                                   path_, "-wal: keep that file (and ", path_, "-shm) beside it",
+                                   finish_warning_.empty() ? "" : "; ", finish_warning_);
     return absl::OkStatus();
   };
   if (absl::Status s = StopCheckpointer(); !s.ok()) {
@@ -865,7 +883,47 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
     sqlite3_close_v2(raw);
     return Fail(s);
   }
+  TakeFinalName(/*with_wal=*/false);
   return absl::OkStatus();
+}
+
+void TraceWriter::TakeFinalName(bool with_wal) {
+  if (replaces_.empty()) {
+    return;
+  }
+  // The old recording's WAL files would be replayed into the new one.
+  std::string trouble;
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+    if (absl::Status s = RemoveIfPresent(replaces_ + suffix); !s.ok()) {
+      trouble = std::string(s.message());
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> moves;
+  if (with_wal) {
+    for (const char* suffix : {"-wal", "-shm"}) {
+      if (::access((path_ + suffix).c_str(), F_OK) == 0) {
+        moves.emplace_back(path_ + suffix, replaces_ + suffix);
+      }
+    }
+  }
+  moves.emplace_back(path_, replaces_);  // the database last: it names the recording
+  if (trouble.empty()) {
+    for (const auto& [from, to] : moves) {
+      if (::rename(from.c_str(), to.c_str()) != 0) {
+        const int err = errno;
+        trouble =
+            std::string(SyscallError(err, absl::StrCat("rename(", from, ", ", to, ")")).message());
+        break;
+      }
+    }
+  }
+  if (!trouble.empty()) {
+    finish_warning_ = absl::StrCat("the recording is complete in ", path_,
+                                   " but could not replace ", replaces_, ": ", trouble);
+    return;
+  }
+  path_ = replaces_;
+  replaces_.clear();
 }
 
 }  // namespace kwatch::core::store

@@ -58,9 +58,11 @@ class TraceWriter {
 
   // Creates the recording at `path` with mode 0600 (it holds target memory contents) and
   // writes `session`. Refuses a path that is a symbolic link (also a dangling one) or
-  // anything but a regular file; an existing regular file at `path` is REPLACED (unlinked
-  // first, with any stale `path`-wal / -shm / -journal beside it). The parent directory must
-  // exist.
+  // anything but a regular file. An existing regular file at `path` is replaced only by a
+  // complete recording: the new one is written beside it, at `path`.new-PID (path() says
+  // where, replaces() names the old one), and Finish renames it over `path` (removing the old
+  // one's -wal / -shm / -journal). A session that fails or is killed leaves the old file as it
+  // was. The parent directory must exist.
   static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
                                                              const SessionRecord& session,
                                                              size_t batch_size = kDefaultBatchSize);
@@ -100,7 +102,12 @@ class TraceWriter {
   // checkpoints, switches the file out of WAL mode and closes it. Later calls fail.
   absl::Status Finish(const SessionEnd& end);
 
+  // Where the recording is: `path`.new-PID while it replaces an existing file (until Finish
+  // renames it), else the path given to Create.
   const std::string& path() const { return path_; }
+  // The existing recording this one replaces when Finish succeeds; "" when the path was free
+  // or once replaced.
+  const std::string& replaces() const { return replaces_; }
   // The first failure, OK while the writer works.
   const absl::Status& error() const { return error_; }
   // After a failure: true when the recording's file no longer exists anywhere (removed while
@@ -136,8 +143,12 @@ class TraceWriter {
   absl::Status CheckLocation();
   absl::Status WriteFailure(const absl::Status& s, size_t dropped);
   void MarkCutShort(const std::string& reason, uint64_t dropped);
+  // A complete recording written beside the one it replaces takes its name (with its -wal and
+  // -shm when `with_wal`); a failure is a finish_warning_, the recording stays at path_.
+  void TakeFinalName(bool with_wal);
 
   std::string path_;
+  std::string replaces_;
   SqlitePtr db_;
   size_t batch_size_;
   std::unique_ptr<WalCheckpointer> checkpointer_;

@@ -156,23 +156,25 @@ absl::StatusOr<AccessPlan> PlanAccess(std::span<const uint8_t> code, uint64_t ip
   plan.reads = (mem->actions & ZYDIS_OPERAND_ACTION_MASK_READ) != 0;
   plan.writes = (mem->actions & ZYDIS_OPERAND_ACTION_MASK_WRITE) != 0;
   PlanAddress(insn, ops.data(), *mem, ip, plan);
-  if (plan.address != AccessPlan::Address::kUnknown) {
-    PlanValue(insn, ops.data(), plan);
-  }
+  // The value independently of the address: `mov 0x10(%rax),%rax` overwrites its base, but
+  // the loaded bytes are in rax.
+  PlanValue(insn, ops.data(), plan);
   return plan;
 }
 
 RegisterAccess EvaluateAccess(const AccessPlan& plan, const user_regs_struct* after) {
   RegisterAccess r;
+  r.size = plan.size;
   switch (plan.address) {
     case AccessPlan::Address::kUnknown:
-      return r;
+      break;
     case AccessPlan::Address::kFixed:
       r.addr = plan.fixed_addr;
+      r.addr_known = true;
       break;
     case AccessPlan::Address::kFromRegisters: {
       if (after == nullptr) {
-        return r;
+        break;
       }
       auto a = static_cast<uint64_t>(plan.disp);
       if (plan.base.field != nullptr) {
@@ -182,11 +184,10 @@ RegisterAccess EvaluateAccess(const AccessPlan& plan, const user_regs_struct* af
         a += (*after).*plan.index.field * plan.scale;
       }
       r.addr = plan.addr32 ? (a & 0xffffffffU) : a;
+      r.addr_known = true;
       break;
     }
   }
-  r.addr_known = true;
-  r.size = plan.size;
   switch (plan.value) {
     case AccessPlan::Value::kNone:
       break;

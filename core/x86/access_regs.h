@@ -25,7 +25,8 @@ struct AccessPlan {
     kNone,       // not a plain mov: read-modify-write, xchg, cmpxchg, SIMD, string ops...
     kImmediate,  // a store of `imm`: mov $imm, mem
     kRegister,   // a store from `value_reg` (mov reg, mem), or a load into it (mov/movzx/movsx
-                 // mem, reg): either way its low `size` bytes after the instruction
+                 // mem, reg): either way its low `size` bytes after the instruction, also
+                 // when the address is unknown (the load overwrote its base)
   };
 
   uint8_t length = 0;   // instruction length in bytes
@@ -62,8 +63,9 @@ struct RegisterAccess {
 };
 
 // Evaluates `plan` with the registers after the instruction (`after`, nullptr when the sample
-// had none: only a kFixed address and a kImmediate value are then known). A value is known
-// only together with the address it belongs to.
+// had none: only a kFixed address and a kImmediate value are then known). The value is known
+// independently of the address: `mov 0x10(%rax),%rax` has no address after it ran (its base
+// is overwritten) but its value (rax); `size` is the operand's whenever the plan has one.
 RegisterAccess EvaluateAccess(const AccessPlan& plan, const user_regs_struct* after);
 
 }  // namespace kwatch::core::x86

@@ -4,13 +4,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -487,6 +491,34 @@ TEST(KwatchErrors, TracingWithoutPermissionNamesTheCapability) {
   EXPECT_THAT(err, HasSubstr("needs root or CAP_SYS_PTRACE"));
   kill((*target)->pid(), SIGUSR1);
   std::filesystem::remove_all(dir);
+}
+
+// Out of file descriptors (one per thread and debug register in stop mode): the thread that
+// cannot be armed is named with the reason and the limit to raise, and the session ends
+// cleanly instead of leaving new threads in traced stop forever with nothing said.
+TEST(App, AThreadThatCannotBeArmedIsNamedAndNoThreadIsLeftStopped) {
+  auto k = kwatch::testing::Spawned::Start(
+      {"/bin/sh", "-c",
+       absl::StrCat("ulimit -n 32; exec ", KwatchPath(), " --stop --write release -q -- ",
+                    TargetPath("remote_call"), " threads 60")});
+  ASSERT_TRUE(k.ok()) << k.status();
+  auto r = (*k)->Finish(/*timeout_s=*/30);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 1) << r->err;
+  EXPECT_THAT(r->err, ::testing::ContainsRegex(
+                          "kwatch: error: arming the debug registers of new thread [0-9]+: "
+                          "perf_event_open\\(.*\\): Too many open files; kwatch holds one "
+                          "descriptor per thread and debug register: raise its limit \\(ulimit "
+                          "-n, now 32\\)"));
+  // The launched target went with the session: no thread of it is left in traced stop.
+  const size_t at = r->err.find("armed 1 watch on pid ");
+  ASSERT_NE(at, std::string::npos) << r->err;
+  const pid_t target = std::atoi(r->err.c_str() + at + std::strlen("armed 1 watch on pid "));
+  ASSERT_GT(target, 0);
+  for (int i = 0; i < 100 && ::kill(target, 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(::kill(target, 0), 0) << "target " << target << " is still there";
 }
 
 }  // namespace

@@ -82,9 +82,9 @@ TEST(DrmgrCli, WatchesBeyondFourRegistersGoToPagesWithExactCounts) {
   // needs three and g_sink one more: both are watched with page protection.
   const std::string truth_path = TruthFile("drmgr-pages");
   const RunResult r =
-      RunKwatch({"--backend", "perf", "--json", "-q", "--write", "g_stats.hits", "g_stats.misses",
-                 "g_stats.flags", "g_stats.tag", "g_stats.inner", "g_sink", "--",
-                 TargetPath("field_writer"), "2", "1000", "--truth", truth_path});
+      RunKwatch({"--backend", "perf", "--overcommit", "pages", "--json", "-q", "--write",
+                 "g_stats.hits", "g_stats.misses", "g_stats.flags", "g_stats.tag", "g_stats.inner",
+                 "g_sink", "--", TargetPath("field_writer"), "2", "1000", "--truth", truth_path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("perf breakpoint stream mode (2 with page protection)"));
   const JsonRun run = ParseJsonLines(r.out);
@@ -120,11 +120,30 @@ TEST(DrmgrCli, OvercommitFailRefusesWhatDoesNotFitAndSaysWhy) {
   EXPECT_EQ(r.out, "");  // the target never ran
 }
 
+// --backend perf asks for debug registers: a structure they cannot hold is refused, with the
+// flags that allow pages or multiplexing, instead of silently going to page protection.
+TEST(DrmgrCli, AnExplicitHardwareBackendRefusesWhatDoesNotFitWithoutOvercommit) {
+  for (const char* backend : {"perf", "stop"}) {
+    const RunResult r =
+        RunKwatch({"--backend", backend, "-q", "--rw", "g_matrix", "--", TargetPath("layouts")});
+    EXPECT_EQ(r.exit_code, 1) << backend;
+    EXPECT_THAT(r.err, HasSubstr("'g_matrix' (48 bytes at 0x")) << backend;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--backend ", backend,
+                                              " asks for debug registers only: add "
+                                              "--overcommit=pages to watch what does not fit "
+                                              "with page protection (exact, slower), or "
+                                              "--overcommit=multiplex to rotate the watches "
+                                              "through the registers")))
+        << r.err;
+    EXPECT_EQ(r.out, "") << backend;  // the target never ran
+  }
+}
+
 TEST(DrmgrCli, A48ByteStructureGoesToPagesWholeAndIsCountedPerField) {
-  // g_matrix (int[3][4]) is 48 bytes: more than four registers hold, so with the default
+  // g_matrix (int[3][4]) is 48 bytes: more than four registers hold, so with
   // --overcommit=pages the whole of it is watched with page protection.
-  const RunResult r = RunKwatch(
-      {"--backend", "perf", "--json", "-q", "--rw", "g_matrix", "--", TargetPath("layouts")});
+  const RunResult r = RunKwatch({"--backend", "perf", "--overcommit", "pages", "--json", "-q",
+                                 "--rw", "g_matrix", "--", TargetPath("layouts")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const JsonRun run = ParseJsonLines(r.out);
   const json& w = WatchNamed(run, "g_matrix");
@@ -191,9 +210,9 @@ TEST(DrmgrCli, RegistersHeldOutsideKwatchAreLearnedFromTheKernel) {
   kwatch::core::UniqueFd a = kwatch::testing::HoldBreakpointSlot(pid, 0x10000);
   kwatch::core::UniqueFd b = kwatch::testing::HoldBreakpointSlot(pid, 0x10008);
   ASSERT_TRUE(a && b);
-  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--json", "-q",
-                                            "--write", "g_sink", "g_stats.misses", "g_stats.hits",
-                                            "g_stats.inner", "-p", absl::StrCat(pid)});
+  auto k = kwatch::testing::Spawned::Start(
+      {KwatchPath(), "--backend", "perf", "--overcommit", "pages", "--json", "-q", "--write",
+       "g_sink", "g_stats.misses", "g_stats.hits", "g_stats.inner", "-p", absl::StrCat(pid)});
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   ASSERT_EQ(kill(pid, SIGUSR1), 0);
@@ -224,9 +243,9 @@ TEST(DrmgrCli, KwatchSlotsShowsTheDecisionsOfALiveSession) {
   ASSERT_TRUE(target.ok());
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
   const std::string pid = std::to_string((*target)->pid());
-  auto k =
-      kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--write", "g_stats.hits",
-                                       "g_stats.tag", "g_sink", "g_stats.inner", "-p", pid});
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--backend", "perf", "--overcommit",
+                                            "pages", "--write", "g_stats.hits", "g_stats.tag",
+                                            "g_sink", "g_stats.inner", "-p", pid});
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   const RunResult r = RunKwatch({"slots", "-p", pid, "--json"});

@@ -60,6 +60,40 @@ TEST(KwatchIf, ComparesOldAndNewValues) {
   EXPECT_EQ(run.summary["if"]["evaluated"], 5);
 }
 
+// layouts stores g_stats.mode = argc & 7 and g_stats.ready = 1 in one byte store (mode : 3
+// then ready : 1): the byte goes 0 -> (argc & 7) | 8. A watch on the bitfield shows and tests
+// the bitfield's own value, in text, JSON and --if, never the storage byte.
+TEST(KwatchIf, ABitfieldIsDecodedInLinesJsonAndConditions) {
+  const RunResult text = RunKwatch({"--backend", "page", "--write", "g_stats.mode", "--",
+                                    TargetPath("layouts"), "a", "b", "c", "d", "e"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, ::testing::ContainsRegex(
+                            "w +g_stats\\.mode +0 -> 6 +main\\+0x[0-9a-f]+ \\(layouts\\.c:"));
+  const RunResult j = RunKwatch({"--backend", "page", "--json", "--write", "g_stats.mode", "--",
+                                 TargetPath("layouts"), "a", "b", "c", "d", "e"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const JsonRun run = ParseJsonLines(j.out);
+  ASSERT_EQ(run.events.size(), 1u) << j.out;
+  EXPECT_EQ(run.events[0]["value"], 6);
+  EXPECT_EQ(run.events[0]["old_value"], 0);
+  EXPECT_EQ(run.events[0]["access_size"], 1);  // the store itself is still a byte
+  for (const auto& [cond, events] : std::vector<std::pair<std::string, int>>{
+           {"new == 6", 1}, {"new == 14", 0}, {"old == 0 && new > old", 1}}) {
+    const RunResult c =
+        RunKwatch({"--backend", "page", "--json", "-q", "--if", cond, "--write", "g_stats.mode",
+                   "--", TargetPath("layouts"), "a", "b", "c", "d", "e"});
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_EQ(ParseJsonLines(c.out).summary["events"], events) << cond;
+  }
+  // With no arguments, mode = 1: the byte is 9.
+  const RunResult one = RunKwatch(
+      {"--backend", "page", "--json", "--write", "g_stats.mode", "--", TargetPath("layouts")});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const JsonRun run1 = ParseJsonLines(one.out);
+  ASSERT_EQ(run1.events.size(), 1u) << one.out;
+  EXPECT_EQ(run1.events[0]["value"], 1);
+}
+
 TEST(KwatchIf, ASyntaxErrorSaysWhereAndIsAUsageError) {
   const RunResult r = RunKwatch(
       {"--if", "new >> ", "--write", "g_stats.hits", "--", TargetPath("field_writer"), "1", "1"});

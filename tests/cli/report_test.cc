@@ -309,6 +309,51 @@ TEST(Recording, CutShortBySigkillStillReports) {
   EXPECT_EQ((*Field(j["watches"][0], "g_stats.hits"))["writes"], events);
 }
 
+// -o on an existing recording: the old file stays as it was until the new recording is
+// complete. kwatch killed mid-session leaves it untouched (the new one, cut short, is beside
+// it at FILE.new-PID); a session that ends normally replaces it.
+TEST(Recording, AnExistingRecordingIsReplacedOnlyByACompleteOne) {
+  const std::string db = TempFile("replaced.kwdb");
+  const RunResult first = RunKwatch(
+      {"-q", "--write", "g_stats.hits", "-o", db, "--", TargetPath("field_writer"), "1", "300"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const json before = ReportJson({db});
+  const uint64_t events = before["session"]["events"];
+  ASSERT_GT(events, 0u);
+
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "-q", "--write", "g_stats.hits", "-o", db,
+                                            "--", TargetPath("field_writer"), "1", "1000000000"});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  const pid_t target = LaunchedTarget((*k)->pid());
+  ASSERT_GT(target, 0);
+  const std::string aside = absl::StrCat(db, ".new-", (*k)->pid());
+  for (int i = 0; i < 100 && !std::filesystem::exists(aside); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(::kill((*k)->pid(), SIGKILL), 0);
+  (void)(*k)->Finish();
+  ::kill(target, SIGKILL);
+
+  const json after = ReportJson({db});
+  EXPECT_EQ(after["session"]["complete"], true);
+  EXPECT_EQ(after["session"]["events"], events);
+  const RunResult partial = RunKwatch({"report", aside, "--format=json"});
+  EXPECT_EQ(partial.exit_code, 0) << partial.err;
+  EXPECT_THAT(partial.err, HasSubstr("was cut short"));
+
+  const RunResult third = RunKwatch(
+      {"-q", "--write", "g_stats.hits", "-o", db, "--", TargetPath("field_writer"), "1", "50"});
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  const json replaced = ReportJson({db});
+  EXPECT_EQ(replaced["session"]["complete"], true);
+  EXPECT_LT(replaced["session"]["events"].get<uint64_t>(), events);
+  EXPECT_THAT(third.err, HasSubstr(absl::StrCat(" events to ", db, " (kwatch report ", db, ")")));
+  std::filesystem::remove(aside);
+  std::filesystem::remove(db);
+}
+
 TEST(Recording, BadFilesAreExplained) {
   const RunResult missing = RunKwatch({"report", "/nonexistent/run.kwdb"});
   EXPECT_EQ(missing.exit_code, 1);

@@ -31,7 +31,8 @@ core::AccessEvent Event(std::optional<uint64_t> value, std::optional<uint64_t> o
 }
 
 Condition Parse(const std::string& text, bool is_signed = false) {
-  auto c = Condition::Parse(text, ConditionOptions{.signed_values = is_signed});
+  auto c = Condition::Parse(text,
+                            ConditionOptions{.signed_values = is_signed, .bitfield = std::nullopt});
   EXPECT_TRUE(c.ok()) << text << ": " << c.status();
   return c.ok() ? *std::move(c) : *Condition::Parse("0");
 }

@@ -128,7 +128,9 @@ TEST(TrapDecoder, ResolvesStoresLoadsAndRefusalsFromTheRegistersAfterTheAccess) 
   EXPECT_EQ(a.ip.value, kF + 8);
   EXPECT_FALSE(a.writes);
   EXPECT_FALSE(a.access.addr_known);
-  EXPECT_FALSE(a.access.value_known);
+  ASSERT_TRUE(a.access.value_known);
+  EXPECT_EQ(a.access.value, r.rax);
+  EXPECT_EQ(a.access.size, 8u);
 
   // movzbl 0x10(%rdi),%ecx: one byte loaded, in cl.
   r.rip = kF + 15;
@@ -149,7 +151,7 @@ TEST(TrapDecoder, ResolvesStoresLoadsAndRefusalsFromTheRegistersAfterTheAccess) 
   EXPECT_EQ(st.samples, 8u);
   EXPECT_EQ(st.decodes, 5u);  // kF+4, kF+8, kF+11, kF+15, 0x500000
   EXPECT_EQ(st.exact_addresses, 4u);
-  EXPECT_EQ(st.exact_values, 3u);
+  EXPECT_EQ(st.exact_values, 4u);  // mov (%rax),%rax: the value without its address
 }
 
 alignas(64) volatile uint64_t g_stored = 0;

@@ -34,7 +34,12 @@ class ProbeTallyTest : public ::testing::Test {
     path_ =
         (std::filesystem::temp_directory_path() / absl::StrCat("kwatch-tally-", getpid())).string();
   }
-  void TearDown() override { std::filesystem::remove(path_); }
+  void TearDown() override {
+    std::filesystem::remove(path_);
+    if (!aside_.empty()) {
+      std::filesystem::remove(aside_);
+    }
+  }
 
   // A probe recording of 12 s: probe 0 "req" (arg len) hit 70 times by tid 11 and 12, probe 1
   // never; with `finish` false it is cut short.
@@ -66,13 +71,19 @@ class ProbeTallyTest : public ::testing::Test {
     } else {
       EXPECT_TRUE((*w)->Flush().ok());
     }
+    // A second recording at path_ is written beside the first until it is finished.
+    const std::string where = (*w)->path();
+    if (where != path_) {
+      aside_ = where;
+    }
     w->reset();
-    auto r = core::store::TraceReader::Open(path_);
+    auto r = core::store::TraceReader::Open(where);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
   }
 
   std::string path_;
+  std::string aside_;
 };
 
 TEST_F(ProbeTallyTest, HitsThreadsAndValues) {

@@ -1,6 +1,9 @@
 #include "watch/profile/duration.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +30,21 @@ std::string FormatDuration(uint64_t ns) {
     }
   }
   return absl::StrCat(ns, " ns");
+}
+
+int64_t SinceNs(uint64_t t_ns, uint64_t origin_ns) {
+  constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (t_ns >= origin_ns) {
+    return static_cast<int64_t>(std::min(t_ns - origin_ns, kMax));
+  }
+  return -static_cast<int64_t>(std::min(origin_ns - t_ns, kMax));
+}
+
+std::string FormatSince(uint64_t t_ns, uint64_t origin_ns) {
+  if (t_ns >= origin_ns) {
+    return FormatDuration(t_ns - origin_ns);
+  }
+  return absl::StrCat("-", FormatDuration(origin_ns - t_ns));
 }
 
 }  // namespace kwatch::watch::profile

@@ -10,4 +10,11 @@ namespace kwatch::watch::profile {
 // every report (text, GUI).
 std::string FormatDuration(uint64_t ns);
 
+// `t_ns` - `origin_ns` as a signed count: negative for a time before the origin (an event a
+// clock stamped before the session's start), saturated at the int64 range.
+int64_t SinceNs(uint64_t t_ns, uint64_t origin_ns);
+
+// FormatDuration of SinceNs: "2.25 s" after the origin, "-1.5 ms" before it.
+std::string FormatSince(uint64_t t_ns, uint64_t origin_ns);
+
 }  // namespace kwatch::watch::profile

@@ -365,8 +365,7 @@ void TextFalseSharing(View& v, std::string& out) {
   for (const auto& f : found) {
     absl::StrAppend(&out, "  line ", Hex(f.addr.value), ": ", f.false_transfers,
                     " false-sharing transfers (", f.true_transfers, " true-sharing) from ",
-                    FormatDuration(f.first_ns - start), " to ", FormatDuration(f.last_ns - start),
-                    "\n");
+                    FormatSince(f.first_ns, start), " to ", FormatSince(f.last_ns, start), "\n");
     std::vector<std::string> fields;
     for (const uint32_t fi : f.fields) {
       const FieldInfo& info = p.fields()[fi];
@@ -443,8 +442,8 @@ std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
   } else {
     absl::StrAppend(&out, "storage profile: ", Count(counted, "event"), " from ",
                     Count(profile.threads().size(), "thread"), ", ",
-                    FormatDuration(profile.first_ns() - profile.options().start_ns), " to ",
-                    FormatDuration(profile.last_ns() - profile.options().start_ns),
+                    FormatSince(profile.first_ns(), profile.options().start_ns), " to ",
+                    FormatSince(profile.last_ns(), profile.options().start_ns),
                     " after the start\n");
   }
   for (const WatchRows& w : v.Rows().watches) {
@@ -462,7 +461,7 @@ Json LastValuesJson(const StorageProfile& p, uint32_t field, size_t n) {
   Json out = Json::array();
   for (size_t i = samples.size() > n ? samples.size() - n : 0; i < samples.size(); ++i) {
     const ValueSample& s = samples[i];
-    Json j{{"time_ns", s.time_ns - p.options().start_ns},
+    Json j{{"time_ns", SinceNs(s.time_ns, p.options().start_ns)},
            {"tid", s.tid},
            {"ip", Hex(s.ip.value)},
            {"kind", s.kind == core::AccessKind::kWrite ? "w" : "r"},
@@ -582,8 +581,8 @@ class JsonParts {
     Json jf{{"line", Hex(f.addr.value)},
             {"false_transfers", f.false_transfers},
             {"true_transfers", f.true_transfers},
-            {"first_ns", f.first_ns - start_},
-            {"last_ns", f.last_ns - start_}};
+            {"first_ns", SinceNs(f.first_ns, start_)},
+            {"last_ns", SinceNs(f.last_ns, start_)}};
     Json fields = Json::array();
     for (const uint32_t fi : f.fields) {
       const FieldInfo& info = p_.fields()[fi];

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/event.h"
 #include "core/store/trace_reader.h"
@@ -927,7 +928,7 @@ TEST(TraceStoreTest, SymlinkAtOutputPathIsRefused) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(TraceStoreTest, RecordingIsMode0600AndReplacesAnExistingFile) {
+TEST(TraceStoreTest, RecordingIsMode0600AndReplacesAnExistingFileOnlyWhenComplete) {
   TempDir dir;
   const std::string path = dir.File("run.kwdb");
   WriteFile(path, "an old file, world-readable");
@@ -937,16 +938,135 @@ TEST(TraceStoreTest, RecordingIsMode0600AndReplacesAnExistingFile) {
   auto w = TraceWriter::Create(path, TestSession());
   ::umask(old_umask);
   ASSERT_TRUE(w.ok()) << w.status();
+  // Written beside the old file, which stays as it was until the new one is complete.
+  const std::string aside = path + ".new-" + std::to_string(::getpid());
+  EXPECT_EQ((*w)->path(), aside);
+  EXPECT_EQ((*w)->replaces(), path);
   ASSERT_TRUE((*w)->Append(MakeEvent(0)).ok());
   ASSERT_TRUE((*w)->Flush().ok());
-  EXPECT_EQ(ModeOf(path), 0600u);
-  EXPECT_EQ(ModeOf(path + "-wal"), 0600u);
-  EXPECT_EQ(ModeOf(path + "-shm"), 0600u);
+  EXPECT_EQ(ReadFile(path), "an old file, world-readable");
+  EXPECT_EQ(ModeOf(aside), 0600u);
+  EXPECT_EQ(ModeOf(aside + "-wal"), 0600u);
+  EXPECT_EQ(ModeOf(aside + "-shm"), 0600u);
   ASSERT_TRUE((*w)->Finish(SessionEnd{}).ok());
+  EXPECT_EQ((*w)->path(), path);
+  EXPECT_EQ((*w)->replaces(), "");
+  EXPECT_EQ((*w)->finish_warning(), "");
   EXPECT_EQ(ModeOf(path), 0600u);
+  EXPECT_FALSE(Exists(aside));
+  EXPECT_FALSE(Exists(path + "-wal"));  // the old recording's WAL went with it
   auto r = OpenOk(path);
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(ReadAll(*r).size(), 1u);
+  EXPECT_TRUE(r->complete());
+}
+
+// kwatch killed, or the session failed, while replacing a recording: the old one is intact,
+// the new one is readable beside it (cut short).
+TEST(TraceStoreTest, AnUnfinishedReplacementLeavesTheOldRecordingAsItWas) {
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  WriteFinished(path, 10);
+  const std::string aside = path + ".new-" + std::to_string(::getpid());
+  {
+    auto w = NewWriter(path);
+    ASSERT_EQ(w->path(), aside);
+    for (uint64_t i = 0; i < 5; ++i) {
+      ASSERT_TRUE(w->Append(MakeEvent(i)).ok());
+    }
+    ASSERT_TRUE(w->Flush().ok());
+  }  // destroyed without Finish
+  auto old = OpenOk(path);
+  ASSERT_NE(old, nullptr);
+  EXPECT_EQ(ReadAll(*old).size(), 10u);
+  EXPECT_TRUE(old->complete());
+  auto partial = OpenOk(aside);
+  ASSERT_NE(partial, nullptr);
+  EXPECT_EQ(ReadAll(*partial).size(), 5u);
+  EXPECT_FALSE(partial->complete());
+}
+
+// A recording whose file holds a rolled-back transaction's hot journal (a writer killed in the
+// middle of a write in rollback-journal mode, as during Finish's switch out of WAL mode): a
+// read-only open alone fails with "attempt to write a readonly database"; the reader rolls the
+// journal back and reads the recording as it was before the interrupted write.
+TEST(TraceStoreTest, AHotJournalIsRolledBackAndTheRecordingReadsWhole) {
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  WriteFinished(path, 3000);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+      ::_exit(2);
+    }
+    // A tiny cache spills the changed pages into the file before the commit.
+    if (sqlite3_exec(
+            db, "PRAGMA cache_size=2; BEGIN; DELETE FROM events; UPDATE session SET complete=0;",
+            nullptr, nullptr, nullptr) != SQLITE_OK) {
+      ::_exit(3);
+    }
+    ::_exit(0);  // killed before COMMIT
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_TRUE(Exists(path + "-journal"));
+  sqlite3* ro = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &ro, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  EXPECT_NE(sqlite3_exec(ro, "SELECT count(*) FROM events", nullptr, nullptr, nullptr), SQLITE_OK);
+  EXPECT_TRUE(absl::StrContains(sqlite3_errmsg(ro), "readonly")) << sqlite3_errmsg(ro);
+  sqlite3_close(ro);
+
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->complete());
+  EXPECT_EQ(ReadAll(*r).size(), 3000u);
+  EXPECT_FALSE(Exists(path + "-journal"));
+}
+
+// A user who cannot write the file is told what to do instead of "corrupted".
+TEST(TraceStoreTest, AHotJournalTheReaderCannotRollBackSaysWhoCan) {
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  WriteFinished(path, 10);
+  WriteFile(path + "-journal", std::string(512, 'j'));
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(path.substr(0, path.rfind('/')).c_str(), 0755), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+      ::_exit(99);
+    }
+    auto r = TraceReader::Open(path);
+    const std::string report =
+        r.ok() ? "opened"
+               : absl::StrCat(static_cast<int>(r.status().code()), " ", r.status().message());
+    (void)!::write(pipe_fds[1], report.data(), report.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string report;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) {
+    report.append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_NE(WEXITSTATUS(status), 99) << "cannot switch to uid 65534 (are tests running as root?)";
+  EXPECT_EQ(
+      report,
+      absl::StrCat(static_cast<int>(absl::StatusCode::kFailedPrecondition), " ", path, ": ", path,
+                   "-journal holds a write that was interrupted (kwatch killed while "
+                   "finishing the recording); opening the recording once with write access "
+                   "rolls it back, which this user cannot: run `kwatch report ",
+                   path, "` as the file's owner (or `sqlite3 ", path, " 'PRAGMA quick_check'`)"));
 }
 
 TEST(TraceStoreTest, MissingDirectoryIsAnError) {

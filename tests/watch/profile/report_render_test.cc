@@ -131,6 +131,20 @@ false sharing (threads writing disjoint bytes of one 64-byte line within 1 ms):
 )");
 }
 
+// A clock may stamp an event before the session's recorded start (e.g. a sample taken while
+// kwatch armed): it shows as a negative time, never as 2^64 ns.
+TEST(ProfileReport, AnEventBeforeTheStartShowsANegativeTime) {
+  StorageProfile p = Shared();
+  core::AccessEvent early = Ev(0, 21, 0x2000, 8, core::AccessKind::kWrite, 0x401010);
+  early.time_ns = kStart - 2 * kMs;
+  p.Add(early);
+  const std::string text = RenderText(p, Namer, ReportRenderOptions{});
+  EXPECT_THAT(text, HasSubstr("-2 ms to 900 ns after the start")) << text;
+  EXPECT_THAT(text, Not(HasSubstr("18446744073"))) << text;
+  const nlohmann::json j = RenderJson(p, Namer, ReportRenderOptions{});
+  EXPECT_THAT(j.dump(), Not(HasSubstr("1844674407"))) << j.dump(2);
+}
+
 TEST(ProfileReport, FieldFilterAndPrefix) {
   const StorageProfile p = Small();
   ReportRenderOptions o;
