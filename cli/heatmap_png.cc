@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/printable.h"
 #include "watch/profile/heat_scale.h"
 
 namespace kwatch::cli {
@@ -29,6 +30,8 @@ constexpr double kAxisHeight = 34;
 constexpr double kPanelGap = 18;
 constexpr double kLegendHeight = 52;
 constexpr double kMaxPlotWidth = 900;
+constexpr double kMaxImageSide = 32767;
+constexpr double kMaxImagePixels = 64e6;  // 256 MB of image
 
 void SetRgb(cairo_t* cr, uint32_t rgb) {
   cairo_set_source_rgb(cr, ((rgb >> 16) & 0xff) / 255.0, ((rgb >> 8) & 0xff) / 255.0,
@@ -50,6 +53,38 @@ void Text(cairo_t* cr, double x, double y, const std::string& s, double size, bo
   cairo_show_text(cr, s.c_str());
 }
 
+// The first `n` code points of UTF-8 text `s` (never a cut character: cairo draws only valid
+// UTF-8, and stops drawing altogether at the first invalid string).
+std::string Utf8Prefix(const std::string& s, size_t n) {
+  size_t i = 0;
+  for (size_t cps = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xc0) != 0x80 && cps++ == n) {
+      break;
+    }
+  }
+  return s.substr(0, i);
+}
+
+// The last `n` code points of UTF-8 text `s`.
+std::string Utf8Suffix(const std::string& s, size_t n) {
+  size_t i = s.size();
+  for (size_t cps = 0; i > 0 && cps < n;) {
+    --i;
+    if ((static_cast<unsigned char>(s[i]) & 0xc0) != 0x80) {
+      ++cps;
+    }
+  }
+  return s.substr(i);
+}
+
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (const char c : s) {
+    n += (static_cast<unsigned char>(c) & 0xc0) != 0x80 ? 1 : 0;
+  }
+  return n;
+}
+
 std::string Seconds(uint64_t ns) {
   return absl::StrFormat("%.3gs", static_cast<double>(ns) / 1e9);
 }
@@ -69,11 +104,24 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
     height +=
         kTitleHeight + kRowHeight * static_cast<double>(p.rows.size()) + kAxisHeight + kPanelGap;
   }
+  // cairo's image surfaces stop at 32767 pixels a side.
+  if (height > kMaxImageSide) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot draw %s: the heatmap would be %.0f pixels tall (cairo draws at most %d): choose "
+        "fewer fields with --field",
+        path, height, static_cast<int>(kMaxImageSide)));
+  }
   const double cell_w = std::clamp(kMaxPlotWidth / static_cast<double>(max_cols), 2.0, 24.0);
   const double plot_w = cell_w * static_cast<double>(max_cols);
   // Wide enough for the plot, and for the title and legend when there are few columns.
   const double width = std::max({kMargin + kLabelWidth + plot_w + kMargin + 10,
                                  kMargin + kLabelWidth + std::min(plot_w, 300.0) + 90, 520.0});
+  if (width * height > kMaxImagePixels) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot draw %s: the heatmap would be %.0f x %.0f pixels (at most %.0f million): choose "
+        "fewer fields with --field or wider columns with --bucket-ms",
+        path, width, height, kMaxImagePixels / 1e6));
+  }
   std::unique_ptr<cairo_surface_t, SurfaceDeleter> surface(cairo_image_surface_create(
       CAIRO_FORMAT_RGB24, static_cast<int>(width), static_cast<int>(height)));
   std::unique_ptr<cairo_t, CairoDeleter> ctx(cairo_create(surface.get()));
@@ -87,24 +135,25 @@ absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std:
   double y = kMargin;
   SetRgb(cr, 0x202020);
   // The subtitle (the recorded command) is cut to the image's width.
-  std::string title = absl::StrCat("kwatch storage profile  ", subtitle);
+  // Names come from a recording: shown escaped (core/base/printable.h), valid UTF-8 for cairo.
+  std::string title = absl::StrCat("kwatch storage profile  ", core::Printable(subtitle));
   const auto max_chars = static_cast<size_t>((width - 2 * kMargin) / 8.0);
-  if (title.size() > max_chars && max_chars > 3) {
-    title = absl::StrCat(title.substr(0, max_chars - 3), "...");
+  if (CodePoints(title) > max_chars && max_chars > 3) {
+    title = absl::StrCat(Utf8Prefix(title, max_chars - 3), "...");
   }
   Text(cr, kMargin, y + 14, title, 14, true);
   y += kTitleHeight;
   const double x0 = kMargin + kLabelWidth;
   for (const HeatmapPanel& p : panels) {
     SetRgb(cr, 0x202020);
-    Text(cr, kMargin, y + 14, p.title, 13, true);
+    Text(cr, kMargin, y + 14, Utf8Prefix(core::Printable(p.title), max_chars), 13, true);
     y += kTitleHeight;
     for (size_t r = 0; r < p.rows.size(); ++r) {
       const double ry = y + kRowHeight * static_cast<double>(r);
       SetRgb(cr, 0x303030);
-      std::string label = p.rows[r];
-      if (label.size() > 34) {
-        label = absl::StrCat("…", label.substr(label.size() - 33));
+      std::string label = core::Printable(p.rows[r]);
+      if (CodePoints(label) > 34) {
+        label = absl::StrCat("…", Utf8Suffix(label, 33));
       }
       Text(cr, x0 - 8, ry + 12, label, 11, false, /*right=*/true);
       for (size_t c = 0; c < p.columns; ++c) {

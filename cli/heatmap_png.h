@@ -14,7 +14,9 @@ using watch::profile::HeatmapPanel;
 // line separators and a legend, as a PNG (cairo, no display needed). Cells are coloured by
 // kwatch's one heat scale (watch/profile/heat_scale.h: watch::HeatRgb of the cell's count, the
 // largest count of all panels, and linear or, with `log_scale`, log), as kwatch-gui colours
-// them. Errors name the path.
+// them. Names (panel titles, row labels, the subtitle) are drawn escaped as
+// core::Printable shows them. Errors name the path; InvalidArgument when the image would be
+// more than 32767 pixels tall or 64 million pixels in all (too many fields or columns).
 absl::Status WriteHeatmapPng(const std::vector<HeatmapPanel>& panels, const std::string& subtitle,
                              bool log_scale, const std::string& path);
 

@@ -388,7 +388,9 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     s += "]";
   }
   s += ",\"profile\":";
-  s += watch::profile::RenderJson(all.profile, SiteNamerFor(session), ropts).dump();
+  // Names from the target's debug information need not be UTF-8: replaced, never a throw.
+  s += watch::profile::RenderJson(all.profile, SiteNamerFor(session), ropts)
+           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   s += "}\n";
   std::fputs(s.c_str(), out_);
   std::fflush(out_);

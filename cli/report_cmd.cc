@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/heatmap_png.h"
+#include "core/base/printable.h"
 #include "core/store/trace_reader.h"
 #include "watch/probe_tally.h"
 #include "watch/profile/heatmap_panels.h"
@@ -49,19 +50,26 @@ std::string WallTime(uint64_t ns) {
   return buf.data();
 }
 
+// A string of the recording as the text output shows it: control characters and ESC escaped
+// (a recording is a file people share; core/base/printable.h).
+std::string Shown(const std::string& s) {
+  return core::Printable(s);
+}
+
 void PrintSessionText(const core::store::TraceReader& r, uint64_t events, uint64_t hits) {
   const core::store::SessionRecord& s = r.session();
-  std::printf("== kwatch recording %s\n", r.path().c_str());
-  std::printf("command   %s\n", s.command_line.c_str());
-  std::printf("target    pid %d   mode %s   backend %s\n", s.pid, s.mode.c_str(),
-              s.backend.c_str());
-  std::printf("host      %s   kernel %s   kwatch %s\n", s.host.c_str(), s.kernel.c_str(),
-              s.kwatch_version.c_str());
+  std::printf("== kwatch recording %s\n", Shown(r.path()).c_str());
+  std::printf("command   %s\n", Shown(s.command_line).c_str());
+  std::printf("target    pid %d   mode %s   backend %s\n", s.pid, Shown(s.mode).c_str(),
+              Shown(s.backend).c_str());
+  std::printf("host      %s   kernel %s   kwatch %s\n", Shown(s.host).c_str(),
+              Shown(s.kernel).c_str(), Shown(s.kwatch_version).c_str());
   std::printf("started   %s\n", WallTime(s.start_wall_ns).c_str());
   if (r.complete() && r.end().has_value()) {
     const core::store::SessionEnd& e = *r.end();
     std::printf("ended     after %.3fs: %s",
-                static_cast<double>(e.end_mono_ns - s.start_mono_ns) / 1e9, e.exit_reason.c_str());
+                static_cast<double>(e.end_mono_ns - s.start_mono_ns) / 1e9,
+                Shown(e.exit_reason).c_str());
     if (e.exit_status.has_value()) {
       std::printf(" (exit status %d)", *e.exit_status);
     }
@@ -110,8 +118,8 @@ void PrintProbesText(const core::store::TraceReader& r,
   for (const core::store::ProbeRecord& p : r.probes()) {
     auto it = tallies.find(p.id);
     const uint64_t hits = it == tallies.end() ? 0 : it->second.hits;
-    std::printf("%-24s %s%s  %s:%d   %llu hits", p.event.c_str(), p.function.c_str(),
-                p.is_return ? "%return" : "", p.file.c_str(), p.line,
+    std::printf("%-24s %s%s  %s:%d   %llu hits", Shown(p.event).c_str(), Shown(p.function).c_str(),
+                p.is_return ? "%return" : "", Shown(p.file).c_str(), p.line,
                 static_cast<unsigned long long>(hits));
     if (it == tallies.end()) {
       std::printf("\n");
@@ -121,9 +129,9 @@ void PrintProbesText(const core::store::TraceReader& r,
                 it->second.threads.size() == 1 ? "" : "s");
     for (size_t i = 0; i < it->second.args.size(); ++i) {
       const auto& [name, values] = it->second.args[i];
-      std::printf("    %-16s", name.c_str());
+      std::printf("    %-16s", Shown(name).c_str());
       for (const auto& [v, n] : watch::TopValues(values, 5)) {
-        std::printf("  %s (%llu)", v.c_str(), static_cast<unsigned long long>(n));
+        std::printf("  %s (%llu)", Shown(v).c_str(), static_cast<unsigned long long>(n));
       }
       if (values.size() > 5 || it->second.other_values[i] > 0) {
         std::printf("  ...");
@@ -203,19 +211,22 @@ int ReportMain(const std::vector<std::string>& args) {
   }
   auto reader = core::store::TraceReader::Open(o.file);
   if (!reader.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string{reader.status().message()}.c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 Shown(std::string{reader.status().message()}).c_str());
     return 1;
   }
   const core::store::TraceReader& r = **reader;
   watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
   auto profile = watch::ProfileFromRecording(r, slice, watch::ReportProfileOptions(r, o.bucket_ms));
   if (!profile.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string{profile.status().message()}.c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 Shown(std::string{profile.status().message()}).c_str());
     return 1;
   }
   absl::StatusOr<std::map<uint32_t, watch::ProbeTally>> tallied = watch::TallyHits(r, slice);
   if (!tallied.ok()) {
-    std::fprintf(stderr, "kwatch: error: %s\n", std::string{tallied.status().message()}.c_str());
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 Shown(std::string{tallied.status().message()}).c_str());
     return 1;
   }
   const std::map<uint32_t, watch::ProbeTally>& tallies = *tallied;
@@ -254,10 +265,12 @@ int ReportMain(const std::vector<std::string>& args) {
                  o.file.c_str());
   }
   if (o.format == "json") {
-    nlohmann::json j = watch::profile::RenderJson(*profile, namer, ropts);
-    j["session"] = SessionJson(r, profile->events(), hits);
-    j["probes"] = ProbesJson(r, tallies);
-    std::printf("%s\n", j.dump(2).c_str());
+    // Written a field at a time, ASCII only (\uXXXX) with bytes that are not UTF-8 replaced
+    // (U+FFFD): any name a recording holds is valid JSON and nothing a terminal would obey.
+    watch::profile::WriteJson(*profile, namer, ropts,
+                              nlohmann::json{{"session", SessionJson(r, profile->events(), hits)},
+                                             {"probes", ProbesJson(r, tallies)}},
+                              stdout);
   } else if (o.format == "csv") {
     std::fputs(watch::profile::RenderCsv(*profile, namer, ropts).c_str(), stdout);
   } else {

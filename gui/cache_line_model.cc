@@ -7,6 +7,7 @@
 #include <QStringList>
 
 #include "absl/container/flat_hash_map.h"
+#include "gui/display_text.h"
 #include "gui/field_tree_model.h"
 #include "watch/profile/duration.h"
 
@@ -19,13 +20,12 @@ QString SiteText(const Snapshot* names, uint64_t ip) {
     if (auto it = names->sites.find(ip); it != names->sites.end() && !it->second.function.empty()) {
       const core::store::SiteRecord& s = it->second;
       QString t =
-          QStringLiteral("%1+0x%2").arg(QString::fromStdString(s.function)).arg(s.offset, 0, 16);
+          QStringLiteral("%1+0x%2").arg(DisplayText(s.function), QString::number(s.offset, 16));
       if (!s.file.empty()) {
         const size_t slash = s.file.rfind('/');
         t += QStringLiteral(" (%1:%2)")
-                 .arg(QString::fromStdString(slash == std::string::npos ? s.file
-                                                                        : s.file.substr(slash + 1)))
-                 .arg(s.line);
+                 .arg(DisplayText(slash == std::string::npos ? s.file : s.file.substr(slash + 1)),
+                      QString::number(s.line));
       }
       return t;
     }
@@ -101,8 +101,8 @@ QString CacheLineModel::Evidence(const Row& r) const {
   for (const watch::profile::FalseSharingFinding::ThreadWrites& t : f.threads) {
     QStringList fields;
     for (const auto& [field, n] : t.fields) {
-      fields
-          << QStringLiteral("%1 (%2)").arg(QString::fromStdString(p.fields()[field].path)).arg(n);
+      fields << QStringLiteral("%1 (%2)").arg(DisplayText(p.fields()[field].path),
+                                              QString::number(n));
     }
     text += QStringLiteral("  thread %1: %2 writes to %3\n")
                 .arg(t.tid)
@@ -117,7 +117,7 @@ QString CacheLineModel::Evidence(const Row& r) const {
   if (!f.shared_fields.empty()) {
     QStringList shared;
     for (uint32_t field : f.shared_fields) {
-      shared << QString::fromStdString(p.fields()[field].path);
+      shared << DisplayText(p.fields()[field].path);
     }
     text += QStringLiteral("  written by more than one thread: %1\n")
                 .arg(shared.join(QStringLiteral(", ")));

@@ -1,6 +1,8 @@
 #include "gui/charts_widget.h"
 
 #include <algorithm>
+#include <numeric>
+#include <vector>
 
 #include <QBarCategoryAxis>
 #include <QBarSet>
@@ -159,7 +161,8 @@ void ChartsWidget::RebuildSites() {
             .toDouble();
     *reads << rd;
     *writes << wr;
-    categories << sites_->SiteLabel(r);
+    // Qt Charts reads axis labels as HTML: a site named "<b>" or "a&lt;b" shows as written.
+    categories << sites_->SiteLabel(r).toHtmlEscaped();
     max = std::max(max, rd + wr);
   }
   series->append(reads);
@@ -186,9 +189,24 @@ void ChartsWidget::RebuildThreads() {
   auto* series = new QStackedBarSeries;
   QBarSet* reads = MakeSet(tr("reads"), kReadColor);
   QBarSet* writes = MakeSet(tr("writes"), kWriteColor);
+  // A bar per thread, for the kTopThreads busiest (in the table's order): a recording of
+  // thousands of short-lived threads would make a chart of unreadable slivers, at a cost in
+  // graphics items per thread.
+  std::vector<int> shown(static_cast<size_t>(threads_->rowCount()));
+  std::iota(shown.begin(), shown.end(), 0);
+  if (shown.size() > kTopThreads) {
+    std::stable_sort(shown.begin(), shown.end(), [this](int a, int b) {
+      return threads_->ReadsAt(a) + threads_->WritesAt(a) >
+             threads_->ReadsAt(b) + threads_->WritesAt(b);
+    });
+    shown.resize(kTopThreads);
+    std::sort(shown.begin(), shown.end());
+    chart->setTitle(
+        tr("Per thread: the %1 busiest of %2").arg(kTopThreads).arg(threads_->rowCount()));
+  }
   QStringList categories;
   double max = 0;
-  for (int r = 0; r < threads_->rowCount(); ++r) {
+  for (const int r : shown) {
     const auto rd = static_cast<double>(threads_->ReadsAt(r));
     const auto wr = static_cast<double>(threads_->WritesAt(r));
     *reads << rd;

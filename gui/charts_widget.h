@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstddef>
+
 #include <QChart>
 #include <QChartView>
 #include <QWidget>
@@ -12,13 +14,14 @@ namespace kwatch::gui {
 
 // Three Qt Charts side by side, redrawn whenever their model resets: accesses over time for
 // the selection (reads and writes), the top accessing sites (stacked bars), and the
-// per-thread breakdown. An empty selection leaves a chart without axes and says so in its
-// title. Holds no data of its own.
+// per-thread breakdown (the kTopThreads busiest threads). An empty selection leaves a chart
+// without axes and says so in its title. Holds no data of its own.
 class ChartsWidget : public QWidget {
   Q_OBJECT
 
  public:
   static constexpr int kTopSites = 8;
+  static constexpr size_t kTopThreads = 32;
 
   explicit ChartsWidget(QWidget* parent = nullptr);
 

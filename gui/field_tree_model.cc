@@ -4,6 +4,8 @@
 
 #include <QString>
 
+#include "gui/display_text.h"
+
 namespace kwatch::gui {
 
 namespace {
@@ -12,7 +14,7 @@ namespace {
 constexpr quintptr kObjectLevel = 0;
 
 QString ObjectTitle(const watch::profile::WatchedObject& o) {
-  return QString::fromStdString(o.expr);
+  return DisplayText(o.expr);
 }
 
 }  // namespace
@@ -27,7 +29,7 @@ QString FieldLabel(const watch::profile::StorageProfile& profile, uint32_t field
       label = label.substr(1);
     }
   }
-  return QString::fromStdString(label);
+  return DisplayText(label);
 }
 
 QString FieldOffsetText(const watch::profile::FieldInfo& f) {
@@ -55,19 +57,17 @@ void FieldTreeModel::SetSnapshot(SnapshotPtr snap) {
   snap_ = std::move(snap);
   object_threads_.clear();
   if (const watch::profile::StorageProfile* p = profile(); p != nullptr) {
-    // Threads that touched any field of each object.
-    for (uint32_t obj = 0; obj < p->objects().size(); ++obj) {
-      const auto [first, last] = p->FieldRange(obj);
-      uint64_t n = 0;
-      for (uint32_t t = 0; t < p->threads().size(); ++t) {
-        for (uint32_t f = first; f < last; ++f) {
-          if (p->ThreadFieldCounts(t, f).total() > 0) {
-            ++n;
-            break;
-          }
+    // Threads that touched any field of each object: one pass over what each thread touched.
+    object_threads_.assign(p->objects().size(), 0);
+    for (uint32_t t = 0; t < p->threads().size(); ++t) {
+      uint32_t last_object = watch::profile::StorageProfile::kNone;
+      for (const auto& [f, c] : p->ThreadFields(t)) {  // by field: object by object
+        const uint32_t obj = p->fields()[f].object;
+        if (c.total() > 0 && obj != last_object) {
+          ++object_threads_[obj];
+          last_object = obj;
         }
       }
-      object_threads_.push_back(n);
     }
   }
   endResetModel();
@@ -180,14 +180,13 @@ QVariant FieldTreeModel::data(const QModelIndex& index, int role) const {
   if (role == Qt::ToolTipRole) {
     if (is_object) {
       return QStringLiteral("%1: %2, %3 bytes at 0x%4")
-          .arg(ObjectTitle(o), QString::fromStdString(o.type_name.empty() ? "?" : o.type_name))
+          .arg(ObjectTitle(o), DisplayText(o.type_name.empty() ? "?" : o.type_name))
           .arg(o.length)
           .arg(o.addr.value, 0, 16);
     }
     const watch::profile::FieldInfo& f = p->fields()[field];
     return QStringLiteral("%1 (%2): offset %3, %4 bytes, at 0x%5")
-        .arg(QString::fromStdString(f.path), QString::fromStdString(f.type_name),
-             FieldOffsetText(f), FieldSizeText(f))
+        .arg(DisplayText(f.path), DisplayText(f.type_name), FieldOffsetText(f), FieldSizeText(f))
         .arg(o.addr.value + f.offset, 0, 16);
   }
   if (role != Qt::DisplayRole) {
@@ -204,7 +203,7 @@ QVariant FieldTreeModel::data(const QModelIndex& index, int role) const {
     case kSize:
       return is_object ? QString::number(o.length) : FieldSizeText(p->fields()[field]);
     case kType:
-      return QString::fromStdString(is_object ? o.type_name : p->fields()[field].type_name);
+      return DisplayText(is_object ? o.type_name : p->fields()[field].type_name);
     default:
       return {};
   }

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "gui/display_text.h"
 #include "gui/field_tree_model.h"
 #include "watch/profile/duration.h"
 #include "watch/profile/false_sharing.h"
@@ -90,46 +91,64 @@ void HeatmapModel::Rebuild() {
 }
 
 void HeatmapModel::RebuildCells() {
-  const size_t n = fields_.size() * static_cast<size_t>(columns_);
-  reads_.assign(n, 0);
-  writes_.assign(n, 0);
-  cells_.assign(n, 0);
+  blocks_.assign(fields_.size(), kNoBlock);
+  reads_.clear();
+  writes_.clear();
   max_ = 0;
   total_ = 0;
   const watch::profile::StorageProfile* p = profile();
-  if (p == nullptr || n == 0) {
+  if (p == nullptr || fields_.empty() || columns_ == 0) {
     return;
   }
   // The report model's per-field heat, for one thread or all (a thread that touched nothing in
-  // this recording selects nothing: all zeros).
+  // this recording selects nothing: all zeros). Rows without accesses keep no counters.
   const watch::profile::ThreadSelection threads(
       *p, tid_.has_value() ? std::vector<pid_t>{*tid_} : std::vector<pid_t>{});
+  const auto width = static_cast<size_t>(columns_);
   for (size_t row = 0; row < fields_.size(); ++row) {
     const uint32_t f = fields_[row];
-    const size_t base = row * static_cast<size_t>(columns_);
-    const auto copy = [&](bool writes, std::vector<uint64_t>& out) {
-      const std::vector<uint64_t> bins = threads.FieldHeat(f, writes);
-      std::copy_n(bins.begin(), std::min<size_t>(bins.size(), static_cast<size_t>(columns_)),
-                  out.begin() + static_cast<ptrdiff_t>(base));
-    };
-    copy(false, reads_);
-    copy(true, writes_);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    switch (mode_) {
-      case AccessMode::kBoth:
-        cells_[i] = reads_[i] + writes_[i];
-        break;
-      case AccessMode::kReads:
-        cells_[i] = reads_[i];
-        break;
-      case AccessMode::kWrites:
-        cells_[i] = writes_[i];
-        break;
+    if (threads.FieldCounts(f).total() == 0) {
+      continue;
     }
-    max_ = std::max(max_, cells_[i]);
-    total_ += cells_[i];
+    blocks_[row] = static_cast<uint32_t>(reads_.size() / width);
+    for (const bool writes : {false, true}) {
+      std::vector<uint64_t>& out = writes ? writes_ : reads_;
+      std::vector<uint64_t> bins = threads.FieldHeat(f, writes);
+      bins.resize(width, 0);
+      out.insert(out.end(), bins.begin(), bins.end());
+    }
+    for (size_t c = 0; c < width; ++c) {
+      const uint64_t n = Count(static_cast<int>(row), static_cast<int>(c));
+      max_ = std::max(max_, n);
+      total_ += n;
+    }
   }
+}
+
+uint64_t HeatmapModel::Reads(int row, int column) const {
+  const size_t i = Cell(row, column);
+  return i == std::string::npos ? 0 : reads_[i];
+}
+
+uint64_t HeatmapModel::Writes(int row, int column) const {
+  const size_t i = Cell(row, column);
+  return i == std::string::npos ? 0 : writes_[i];
+}
+
+uint64_t HeatmapModel::Count(int row, int column) const {
+  const size_t i = Cell(row, column);
+  if (i == std::string::npos) {
+    return 0;
+  }
+  switch (mode_) {
+    case AccessMode::kBoth:
+      return reads_[i] + writes_[i];
+    case AccessMode::kReads:
+      return reads_[i];
+    case AccessMode::kWrites:
+      return writes_[i];
+  }
+  return 0;
 }
 
 QColor HeatmapModel::CellColor(int row, int column) const {
@@ -157,14 +176,11 @@ QString HeatmapModel::ObjectTitle() const {
   const watch::profile::WatchedObject& o = p->objects()[object_];
   if (o.type_name.empty()) {
     return QStringLiteral("%1  (%2 bytes at 0x%3)")
-        .arg(QString::fromStdString(o.expr))
-        .arg(o.length)
-        .arg(o.addr.value, 0, 16);
+        .arg(DisplayText(o.expr), QString::number(o.length), QString::number(o.addr.value, 16));
   }
   return QStringLiteral("%1  (%2, %3 bytes at 0x%4)")
-      .arg(QString::fromStdString(o.expr), QString::fromStdString(o.type_name))
-      .arg(o.length)
-      .arg(o.addr.value, 0, 16);
+      .arg(DisplayText(o.expr), DisplayText(o.type_name), QString::number(o.length),
+           QString::number(o.addr.value, 16));
 }
 
 int HeatmapModel::rowCount(const QModelIndex& parent) const {
@@ -200,8 +216,7 @@ QVariant HeatmapModel::data(const QModelIndex& index, int role) const {
       return QStringLiteral(
                  "%1  (%2, offset %3, %4 bytes)\n%5 – %6 after start, %7\n"
                  "reads %8   writes %9")
-          .arg(QString::fromStdString(f.path), QString::fromStdString(f.type_name),
-               FieldOffsetText(f), FieldSizeText(f),
+          .arg(DisplayText(f.path), DisplayText(f.type_name), FieldOffsetText(f), FieldSizeText(f),
                QString::fromStdString(watch::profile::FormatDuration(ColumnStartNs(col))),
                QString::fromStdString(watch::profile::FormatDuration(ColumnStartNs(col + 1))), who)
           .arg(Reads(row, col))

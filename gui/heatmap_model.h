@@ -2,8 +2,10 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <QAbstractTableModel>
@@ -20,7 +22,9 @@ enum class AccessMode : uint8_t { kBoth = 0, kReads = 1, kWrites = 2 };
 // The heatmap matrix of one watched object: rows are its leaf fields in layout order (so
 // fields of one cache line are adjacent), columns the profile's time columns; a cell counts
 // the field's accesses (reads, writes or both) in that column, by all threads or one. The
-// matrix is computed when an input changes (O(rows x columns)), never while painting.
+// matrix is computed when an input changes (O(rows + accessed rows x columns)), never while
+// painting; only rows with accesses hold counters (a row nobody touched reads as zeros), so a
+// structure of thousands of fields costs what its accessed fields need.
 // Lives on the GUI thread; SetSnapshot and SetObject reset it, the other setters emit
 // dataChanged over every cell.
 class HeatmapModel : public QAbstractTableModel {
@@ -46,9 +50,11 @@ class HeatmapModel : public QAbstractTableModel {
   void SetScale(Scale scale);                // colours only
 
   // For painting (row and column in range).
-  uint64_t Count(int row, int column) const { return cells_[Cell(row, column)]; }
-  uint64_t Reads(int row, int column) const { return reads_[Cell(row, column)]; }
-  uint64_t Writes(int row, int column) const { return writes_[Cell(row, column)]; }
+  uint64_t Count(int row, int column) const;
+  uint64_t Reads(int row, int column) const;
+  uint64_t Writes(int row, int column) const;
+  // Rows holding counters (accessed in the current thread filter).
+  size_t counted_rows() const { return reads_.size() / std::max(columns_, 1); }
   uint64_t max_count() const { return max_; }
   uint64_t total() const { return total_; }  // sum of all cells
   QColor CellColor(int row, int column) const;
@@ -75,8 +81,13 @@ class HeatmapModel : public QAbstractTableModel {
                       int role = Qt::DisplayRole) const override;
 
  private:
+  static constexpr uint32_t kNoBlock = ~0u;
+  // Index of the cell in reads_ / writes_, or npos for a row without counters.
   size_t Cell(int row, int column) const {
-    return static_cast<size_t>(row) * static_cast<size_t>(columns_) + static_cast<size_t>(column);
+    const uint32_t block = blocks_[static_cast<size_t>(row)];
+    return block == kNoBlock ? std::string::npos
+                             : static_cast<size_t>(block) * static_cast<size_t>(columns_) +
+                                   static_cast<size_t>(column);
   }
   const watch::profile::StorageProfile* profile() const;
   void Rebuild();       // layout (rows, columns) and counts
@@ -93,7 +104,8 @@ class HeatmapModel : public QAbstractTableModel {
   int columns_ = 0;
   uint64_t bucket_ns_ = 0;
   uint64_t first_column_ns_ = 0;
-  std::vector<uint64_t> reads_, writes_, cells_;  // row-major
+  std::vector<uint32_t> blocks_;          // per row: its block of columns_ counters, or kNoBlock
+  std::vector<uint64_t> reads_, writes_;  // blocks, in row order
   uint64_t max_ = 0;
   uint64_t total_ = 0;
 };

@@ -14,6 +14,8 @@
 #include <QToolTip>
 #include <QWheelEvent>
 
+#include "gui/display_text.h"
+#include "gui/time_axis.h"
 #include "watch/profile/duration.h"
 
 namespace kwatch::gui {
@@ -426,25 +428,9 @@ void HeatmapWidget::PaintAxis(QPainter& p, const Geometry& g) const {
   if (t1 <= t0 || g.plot.width() <= 0) {
     return;
   }
-  // Tick step: 1, 2 or 5 x 10^k ns, at least ~90 px apart.
+  // Ticks at round times (1, 2 or 5 x 10^k ns), at least ~90 px apart, for any span.
   const double ns_per_px = static_cast<double>(t1 - t0) / g.plot.width();
-  const double min_step = ns_per_px * 90;
-  uint64_t step = 1;
-  for (uint64_t decade = 1; decade <= 1'000'000'000'000ULL; decade *= 10) {
-    bool found = false;
-    for (uint64_t m : {1, 2, 5}) {
-      if (static_cast<double>(decade * m) >= min_step) {
-        step = decade * m;
-        found = true;
-        break;
-      }
-    }
-    if (found) {
-      break;
-    }
-  }
-  const uint64_t first_tick = (t0 + step - 1) / step * step;
-  for (uint64_t t = first_tick; t <= t1; t += step) {
+  for (const uint64_t t : TimeAxisTicks(t0, t1, g.plot.width(), 90).ticks_ns) {
     const int x =
         g.plot.left() + static_cast<int>(std::lround(static_cast<double>(t - t0) / ns_per_px));
     p.drawLine(x, g.axis.top(), x, g.axis.top() + 4);
@@ -663,18 +649,20 @@ bool HeatmapWidget::viewportEvent(QEvent* event) {
     auto* help = static_cast<QHelpEvent*>(event);
     const auto [row, col] = CellAt(help->pos());
     if (row >= 0) {
-      QToolTip::showText(help->globalPos(),
-                         model_->data(model_->index(row, col), Qt::ToolTipRole).toString(),
-                         viewport(), CellRect(row, col));
+      // Rich text made from the plain tooltip: names from the recording never render as HTML.
+      QToolTip::showText(
+          help->globalPos(),
+          RichTextSafe(model_->data(model_->index(row, col), Qt::ToolTipRole).toString()),
+          viewport(), CellRect(row, col));
     } else {
       const Geometry g = Layout();
       if (g.labels.contains(help->pos()) && g.row_h > 0) {
         const int r = g.first_row + (help->pos().y() - g.plot.top()) / g.row_h;
         if (r >= 0 && r < model_->rowCount()) {
           QToolTip::showText(help->globalPos(),
-                             tr("%1\ncache line 0x%2")
-                                 .arg(model_->headerData(r, Qt::Vertical).toString())
-                                 .arg(model_->LineAt(r), 0, 16),
+                             RichTextSafe(tr("%1\ncache line 0x%2")
+                                              .arg(model_->headerData(r, Qt::Vertical).toString(),
+                                                   QString::number(model_->LineAt(r), 16))),
                              viewport());
           return true;
         }

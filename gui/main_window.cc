@@ -10,16 +10,20 @@
 #include <QFileInfo>
 #include <QFontDatabase>
 #include <QHeaderView>
+#include <QHelpEvent>
 #include <QMenuBar>
 #include <QMimeData>
 #include <QSettings>
 #include <QSplitter>
 #include <QStatusBar>
+#include <QStyledItemDelegate>
 #include <QTabBar>
 #include <QTabWidget>
 #include <QToolBar>
+#include <QToolTip>
 #include <QVBoxLayout>
 
+#include "gui/display_text.h"
 #include "gui/exporter.h"
 
 namespace kwatch::gui {
@@ -28,9 +32,31 @@ namespace {
 
 constexpr int kMaxRecent = 8;
 
+// Shows the models' tooltips as the plain text they are: Qt renders a tooltip that looks like
+// HTML as rich text, and the names in a recording are anybody's ("<img src=...>").
+class PlainToolTipDelegate : public QStyledItemDelegate {
+ public:
+  using QStyledItemDelegate::QStyledItemDelegate;
+
+  bool helpEvent(QHelpEvent* event, QAbstractItemView* view, const QStyleOptionViewItem& option,
+                 const QModelIndex& index) override {
+    if (event->type() != QEvent::ToolTip || !index.isValid()) {
+      return QStyledItemDelegate::helpEvent(event, view, option, index);
+    }
+    const QString tip = index.data(Qt::ToolTipRole).toString();
+    if (tip.isEmpty()) {
+      QToolTip::hideText();
+    } else {
+      QToolTip::showText(event->globalPos(), RichTextSafe(tip), view, option.rect);
+    }
+    return true;
+  }
+};
+
 QTableView* MakeTable(QAbstractItemModel* model, QWidget* parent) {
   auto* view = new QTableView(parent);
   view->setModel(model);
+  view->setItemDelegate(new PlainToolTipDelegate(view));
   view->setSelectionBehavior(QAbstractItemView::SelectRows);
   view->setSelectionMode(QAbstractItemView::SingleSelection);
   view->verticalHeader()->hide();
@@ -63,6 +89,7 @@ MainWindow::MainWindow(SessionModel* session, QWidget* parent)
 
   tree_ = new QTreeView(this);
   tree_->setModel(session_->fields());
+  tree_->setItemDelegate(new PlainToolTipDelegate(tree_));
   tree_->setUniformRowHeights(true);
   tree_->setAlternatingRowColors(true);
   tree_->setMinimumWidth(340);
@@ -102,6 +129,7 @@ MainWindow::MainWindow(SessionModel* session, QWidget* parent)
   main_split_->setStretchFactor(1, 4);
 
   banner_ = new QLabel(this);
+  banner_->setTextFormat(Qt::PlainText);  // it quotes paths and messages: never rich text
   banner_->setWordWrap(true);
   banner_->setTextInteractionFlags(Qt::TextSelectableByMouse);
   banner_->setMargin(6);
@@ -116,6 +144,7 @@ MainWindow::MainWindow(SessionModel* session, QWidget* parent)
   setCentralWidget(central);
 
   status_ = new QLabel(this);
+  status_->setTextFormat(Qt::PlainText);
   statusBar()->addWidget(status_, 1);
   status_->setText(session_->Summary());
 
@@ -244,7 +273,7 @@ void MainWindow::OnLoaded() {
     const QSignalBlocker block(object_combo_);
     object_combo_->clear();
     for (const watch::profile::WatchedObject& o : p.objects()) {
-      object_combo_->addItem(QString::fromStdString(o.expr));
+      object_combo_->addItem(DisplayText(o.expr));
     }
     object_combo_->setCurrentIndex(static_cast<int>(session_->selection().object));
   }

@@ -7,6 +7,7 @@
 #include <QEventLoop>
 #include <QFileInfo>
 
+#include "gui/display_text.h"
 #include "watch/profile/duration.h"
 
 namespace kwatch::gui {
@@ -233,13 +234,16 @@ std::vector<std::pair<pid_t, uint64_t>> SessionModel::Threads() const {
     return out;
   }
   const watch::profile::StorageProfile& p = *main_->profile;
-  const auto [first, last] = p.FieldRange(std::min<uint32_t>(
-      sel_.object, static_cast<uint32_t>(p.objects().empty() ? 0 : p.objects().size() - 1)));
+  if (p.objects().empty()) {
+    return out;  // no watch: no thread counted
+  }
+  const auto [first, last] =
+      p.FieldRange(std::min<uint32_t>(sel_.object, static_cast<uint32_t>(p.objects().size() - 1)));
   for (uint32_t t = 0; t < p.threads().size(); ++t) {
     uint64_t n = 0;
-    if (!p.objects().empty()) {
-      for (uint32_t f = first; f < last; ++f) {
-        n += p.ThreadFieldCounts(t, f).total();
+    for (const auto& [f, c] : p.ThreadFields(t)) {  // only what the thread touched
+      if (f >= first && f < last) {
+        n += c.total();
       }
     }
     out.emplace_back(p.threads()[t].tid, n);
@@ -255,7 +259,7 @@ QString SessionModel::Summary() const {
   const watch::profile::StorageProfile& p = *main_->profile;
   QString state;
   if (main_->complete && main_->end.has_value()) {
-    state = QStringLiteral("complete: %1").arg(QString::fromStdString(main_->end->exit_reason));
+    state = QStringLiteral("complete: %1").arg(DisplayText(main_->end->exit_reason));
     if (main_->end->exit_status.has_value()) {
       state += QStringLiteral(" (status %1)").arg(*main_->end->exit_status);
     }
@@ -270,7 +274,7 @@ QString SessionModel::Summary() const {
       .arg(p.events())
       .arg(p.threads().size())
       .arg(QString::fromStdString(watch::profile::FormatDuration(main_->SpanNs())),
-           QString::fromStdString(main_->session.backend), state)
+           DisplayText(main_->session.backend), state)
       .arg(main_->load_seconds, 0, 'f', 2);
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "gui/display_text.h"
 #include "gui/field_tree_model.h"
 
 namespace kwatch::gui {
@@ -13,7 +14,7 @@ namespace {
 
 QString BaseName(const std::string& path) {
   const size_t slash = path.rfind('/');
-  return QString::fromStdString(slash == std::string::npos ? path : path.substr(slash + 1));
+  return DisplayText(slash == std::string::npos ? path : path.substr(slash + 1));
 }
 
 }  // namespace
@@ -111,11 +112,10 @@ QString SiteTableModel::SiteLabel(int row) const {
     return QStringLiteral("0x%1").arg(r.ip, 0, 16);
   }
   if (s->file.empty()) {
-    return QStringLiteral("%1+0x%2").arg(QString::fromStdString(s->function)).arg(s->offset, 0, 16);
+    return QStringLiteral("%1+0x%2").arg(DisplayText(s->function), QString::number(s->offset, 16));
   }
   return QStringLiteral("%1 (%2:%3)")
-      .arg(QString::fromStdString(s->function), BaseName(s->file))
-      .arg(s->line);
+      .arg(DisplayText(s->function), BaseName(s->file), QString::number(s->line));
 }
 
 QString SiteTableModel::SourceText(const Row& r) const {
@@ -129,7 +129,7 @@ QString SiteTableModel::SourceText(const Row& r) const {
   if (names_) {
     if (auto it = names_->sources.find(r.ip); it != names_->sources.end()) {
       const SourceSnippet& sn = it->second;
-      QString text = QStringLiteral("%1:%2\n").arg(QString::fromStdString(sn.file)).arg(sn.line);
+      QString text = QStringLiteral("%1:%2\n").arg(DisplayText(sn.file), QString::number(sn.line));
       for (size_t i = 0; i < sn.lines.size(); ++i) {
         const int n = sn.first_line + static_cast<int>(i);
         text += QStringLiteral("%1 %2  %3\n")
@@ -138,16 +138,13 @@ QString SiteTableModel::SourceText(const Row& r) const {
                     .arg(QString::fromStdString(sn.lines[i]));
       }
       if (!s->disassembly.empty()) {
-        text += QStringLiteral("\n0x%1  %2\n")
-                    .arg(r.ip, 0, 16)
-                    .arg(QString::fromStdString(s->disassembly));
+        text += QStringLiteral("\n0x%1  %2\n").arg(r.ip, 0, 16).arg(DisplayText(s->disassembly));
       }
       return text;
     }
   }
   return QStringLiteral("%1:%2\nThe source file is not readable here.")
-      .arg(QString::fromStdString(s->file))
-      .arg(s->line);
+      .arg(DisplayText(s->file), QString::number(s->line));
 }
 
 int SiteTableModel::rowCount(const QModelIndex& parent) const {
@@ -188,7 +185,7 @@ QVariant SiteTableModel::data(const QModelIndex& index, int role) const {
     case Qt::ToolTipRole:
       if (index.column() == kLocation && !r.other) {
         if (const core::store::SiteRecord* s = Site(r.ip); s != nullptr && !s->file.empty()) {
-          return QStringLiteral("%1:%2").arg(QString::fromStdString(s->file)).arg(s->line);
+          return QStringLiteral("%1:%2").arg(DisplayText(s->file), QString::number(s->line));
         }
       }
       return {};
@@ -206,9 +203,8 @@ QVariant SiteTableModel::data(const QModelIndex& index, int role) const {
       if (s == nullptr || s->function.empty()) {
         return QStringLiteral("0x%1").arg(r.ip, 0, 16);
       }
-      return QStringLiteral("%1+0x%2")
-          .arg(QString::fromStdString(s->function))
-          .arg(s->offset, 0, 16);
+      return QStringLiteral("%1+0x%2").arg(DisplayText(s->function),
+                                           QString::number(s->offset, 16));
     case kLocation:
       if (s == nullptr || s->file.empty()) {
         return QString();

@@ -1,14 +1,20 @@
 #include "gui/snapshot.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
-#include <fstream>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "core/base/status_macros.h"
+#include "core/base/unique_fd.h"
 #include "core/store/trace_reader.h"
 
 namespace kwatch::gui {
@@ -17,6 +23,8 @@ namespace {
 
 constexpr uint64_t kMaxSourceBytes = 8 << 20;
 constexpr size_t kMaxSnippets = 4096;
+constexpr uint64_t kMaxSourceTotal = 256 << 20;  // bytes of source files read per load
+constexpr size_t kMaxSnippetLine = 1000;         // bytes kept of one source line
 constexpr int kSnippetContext = 3;
 
 // Seconds for RecordingSlice such that ProfileFromRecording's truncation to nanoseconds gives
@@ -25,21 +33,42 @@ double SliceSeconds(uint64_t ns) {
   return (static_cast<double>(ns) + 0.5) / 1e9;
 }
 
-// Whole lines of a readable source file (cached per file by the caller).
-std::optional<std::vector<std::string>> ReadLines(const std::string& file) {
+// Whole lines of a readable source file (cached per file by the caller). The name comes from
+// the recording: only a regular file, opened without blocking (not /proc/kmsg waiting for the
+// kernel), and never more than kMaxSourceBytes read (a /proc file says size 0 and may be
+// endless, like /proc/self/pagemap).
+std::optional<std::vector<std::string>> ReadLines(const std::string& file,
+                                                  uint64_t* read_bytes = nullptr) {
+  if (file.empty()) {
+    return std::nullopt;
+  }
+  const core::UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
   struct stat st {};
-  if (file.empty() || stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
       static_cast<uint64_t>(st.st_size) > kMaxSourceBytes) {
     return std::nullopt;
   }
-  std::ifstream in(file);
-  if (!in) {
-    return std::nullopt;
+  std::string text;
+  std::array<char, 65536> buf{};
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0) {
+      return std::nullopt;  // EAGAIN included: not a file to read now
+    }
+    if (n == 0) {
+      break;
+    }
+    text.append(buf.data(), static_cast<size_t>(n));
+    if (read_bytes != nullptr) {
+      *read_bytes += static_cast<uint64_t>(n);
+    }
+    if (text.size() > kMaxSourceBytes) {
+      return std::nullopt;
+    }
   }
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    lines.push_back(std::move(line));
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  if (!lines.empty() && lines.back().empty()) {
+    lines.pop_back();  // the newline ending the last line
   }
   return lines;
 }
@@ -55,7 +84,10 @@ std::optional<SourceSnippet> SnippetFrom(const std::vector<std::string>& lines,
   s.first_line = std::max(1, line - context);
   const int last = std::min(static_cast<int>(lines.size()), line + context);
   for (int l = s.first_line; l <= last; ++l) {
-    s.lines.push_back(lines[static_cast<size_t>(l - 1)]);
+    const std::string& text = lines[static_cast<size_t>(l - 1)];
+    s.lines.push_back(text.size() <= kMaxSnippetLine
+                          ? text
+                          : absl::StrCat(text.substr(0, kMaxSnippetLine), " [...]"));
   }
   return s;
 }
@@ -144,26 +176,43 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   }
 
   if (req.read_sources) {
-    absl::flat_hash_map<std::string, std::optional<std::vector<std::string>>> files;
-    for (const core::store::SiteRecord& s : reader->sites()) {
-      if (snap->sources.size() >= kMaxSnippets) {
-        break;
+    // File by file, one in memory at a time, at most kMaxSourceTotal bytes read in all: the
+    // recording names the files and how many.
+    const std::vector<core::store::SiteRecord>& sites = reader->sites();
+    std::vector<size_t> order;
+    for (size_t i = 0; i < sites.size(); ++i) {
+      if (!sites[i].file.empty() && sites[i].line > 0) {
+        order.push_back(i);
       }
-      if (s.file.empty() || s.line <= 0) {
-        continue;
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return sites[a].file < sites[b].file; });
+    uint64_t read_bytes = 0;
+    for (size_t g = 0; g < order.size() && read_bytes < kMaxSourceTotal;) {
+      const std::string& file = sites[order[g]].file;
+      size_t end = g;
+      while (end < order.size() && sites[order[end]].file == file) {
+        ++end;
       }
-      auto it = files.find(s.file);
-      if (it == files.end()) {
-        it = files.emplace(s.file, ReadLines(s.file)).first;
+      const std::optional<std::vector<std::string>> lines = ReadLines(file, &read_bytes);
+      for (; g < end; ++g) {
+        const core::store::SiteRecord& s = sites[order[g]];
+        std::optional<SourceSnippet> snippet =
+            lines.has_value() ? SnippetFrom(*lines, s.file, s.line, kSnippetContext) : std::nullopt;
+        if (snippet.has_value()) {
+          snap->sources.emplace(s.ip.value, std::move(*snippet));
+        }
       }
-      if (!it->second.has_value()) {
-        continue;
+    }
+    if (snap->sources.size() > kMaxSnippets) {  // keep the first ones by address
+      std::vector<uint64_t> ips;
+      ips.reserve(snap->sources.size());
+      for (const auto& [ip, snippet] : snap->sources) {
+        ips.push_back(ip);
       }
-      std::optional<SourceSnippet> snippet =
-          SnippetFrom(*it->second, s.file, s.line, kSnippetContext);
-      if (snippet.has_value()) {
-        snap->sources.emplace(s.ip.value, std::move(*snippet));
-      }
+      std::nth_element(ips.begin(), ips.begin() + kMaxSnippets, ips.end());
+      const uint64_t cut = ips[kMaxSnippets];
+      absl::erase_if(snap->sources, [cut](const auto& kv) { return kv.first >= cut; });
     }
   }
   snap->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -68,7 +68,8 @@ using SnapshotPtr = std::shared_ptr<const Snapshot>;
 absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req);
 
 // Lines [line - context, line + context] of `file` (1-based `line`); nullopt when the file is
-// unreadable, larger than 8 MiB, or shorter than `line`.
+// unreadable, not a regular file, larger than 8 MiB (also when it says otherwise, as /proc
+// files do), or shorter than `line`. Lines longer than 1000 bytes are cut (" [...]").
 std::optional<SourceSnippet> ReadSourceSnippet(const std::string& file, int line, int context);
 
 }  // namespace kwatch::gui

@@ -14,7 +14,10 @@ void ThreadModel::SetData(const SnapshotPtr& snap, const Selection& sel) {
   rows_.clear();
   if (snap && snap->profile.has_value()) {
     const watch::profile::StorageProfile& p = *snap->profile;
-    const std::vector<uint32_t> fields = SelectedFields(sel, p);
+    std::vector<bool> selected(p.fields().size(), false);
+    for (const uint32_t f : SelectedFields(sel, p)) {
+      selected[f] = true;
+    }
     const uint64_t start = snap->session.start_mono_ns;
     for (uint32_t t = 0; t < p.threads().size(); ++t) {
       const watch::profile::ThreadInfo& info = p.threads()[t];
@@ -23,8 +26,10 @@ void ThreadModel::SetData(const SnapshotPtr& snap, const Selection& sel) {
       }
       Row r;
       r.tid = info.tid;
-      for (uint32_t f : fields) {
-        r.counts += p.ThreadFieldCounts(t, f);
+      for (const auto& [f, c] : p.ThreadFields(t)) {  // only what the thread touched
+        if (selected[f]) {
+          r.counts += c;
+        }
       }
       if (r.counts.total() == 0) {
         continue;

@@ -21,6 +21,7 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/store/args_json.h"
+#include "core/store/recording_limits.h"
 
 namespace kwatch::core::store {
 namespace {
@@ -31,6 +32,38 @@ std::string ColumnText(sqlite3_stmt* s, int i) {
     return {};
   }
   return {p, static_cast<size_t>(sqlite3_column_bytes(s, i))};
+}
+
+// "<path>: refused: <what> is <n> <unit>; kwatch reads at most <max> (...)".
+absl::Status Refused(const std::string& path, absl::string_view what, uint64_t n,
+                     absl::string_view unit, uint64_t max) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(path, ": refused: ", what, " is ", n, " ", unit, "; kwatch reads at most ", max,
+                   " (a limit against crafted recordings: docs/recording.md, \"Limits\")"));
+}
+
+// Where a string of a recording comes from, for an error: "watches.expr of watch 3".
+struct TextOrigin {
+  const char* column = "";        // "watches.expr"
+  const char* row = nullptr;      // "watch", "site", ... (nullptr: the session's one row)
+  uint64_t key = 0;               // the row's id (sites: the address)
+  size_t max = kMaxRecordedText;  // bytes
+};
+
+// Column i as text, refused (ResourceExhausted) beyond origin.max bytes.
+absl::StatusOr<std::string> LimitedText(sqlite3_stmt* s, int i, const std::string& path,
+                                        const TextOrigin& origin) {
+  const auto n = static_cast<size_t>(sqlite3_column_bytes(s, i));
+  if (n > origin.max) {
+    std::string what = origin.column;
+    if (origin.row != nullptr) {
+      absl::StrAppend(&what, " of ", origin.row, " ",
+                      std::strcmp(origin.row, "site") == 0 ? absl::StrFormat("0x%x", origin.key)
+                                                           : absl::StrCat(origin.key));
+    }
+    return Refused(path, what, n, "bytes", origin.max);
+  }
+  return ColumnText(s, i);
 }
 
 uint64_t ColumnU64(sqlite3_stmt* s, int i) {
@@ -193,6 +226,13 @@ absl::Status TraceReader::ReadError(int rc) const {
   if (IsCorruption(rc)) {
     return NotARecording(path_, sqlite3_errmsg(db_.get()));
   }
+  if ((rc & 0xff) == SQLITE_TOOBIG) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path_, ": refused: it holds a value of more than ", kMaxRecordedValue,
+        " bytes; kwatch reads at most ", kMaxRecordedText, " per name and ",
+        kMaxRecordedCommandLine,
+        " of command line (a limit against crafted recordings: docs/recording.md, \"Limits\")"));
+  }
   return SqliteError(db_.get(), rc, absl::StrCat("reading ", path_));
 }
 
@@ -209,6 +249,9 @@ absl::StatusOr<SqliteStmtPtr> TraceReader::Prepare(const std::string& sql) const
 
 absl::Status TraceReader::Load() {
   sqlite3* db = db_.get();
+  // No value larger than the largest a recording may hold is ever loaded into memory: SQLite
+  // fails the read (SQLITE_TOOBIG) before allocating it. The per-column limits come after.
+  sqlite3_limit(db, SQLITE_LIMIT_LENGTH, static_cast<int>(kMaxRecordedValue));
   if (const int rc = sqlite3_exec(db,
                                   "PRAGMA trusted_schema=OFF; PRAGMA query_only=ON;"
                                   "PRAGMA cell_size_check=ON;",
@@ -243,7 +286,8 @@ absl::Status TraceReader::Load() {
   for (absl::Status s : {LoadSession(), LoadWatches(), LoadSites(), LoadTasks(), LoadProbes()}) {
     if (!s.ok()) {
       // Missing tables or columns, or damage: either way not something we can read.
-      if (s.code() == absl::StatusCode::kDataLoss) {
+      if (s.code() == absl::StatusCode::kDataLoss ||
+          s.code() == absl::StatusCode::kResourceExhausted) {
         return s;
       }
       return NotARecording(path_, s.message());
@@ -266,15 +310,18 @@ absl::Status TraceReader::LoadSession() {
   if (rc != SQLITE_ROW) {
     return ReadError(rc);
   }
-  session_.command_line = ColumnText(s, 0);
+  KW_ASSIGN_OR_RETURN(
+      session_.command_line,
+      LimitedText(s, 0, path_, {"session.command_line", nullptr, 0, kMaxRecordedCommandLine}));
   session_.pid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
-  session_.kernel = ColumnText(s, 2);
-  session_.host = ColumnText(s, 3);
+  KW_ASSIGN_OR_RETURN(session_.kernel, LimitedText(s, 2, path_, {"session.kernel"}));
+  KW_ASSIGN_OR_RETURN(session_.host, LimitedText(s, 3, path_, {"session.host"}));
   session_.start_wall_ns = ColumnU64(s, 4);
   session_.start_mono_ns = ColumnU64(s, 5);
-  session_.kwatch_version = ColumnText(s, 6);
-  session_.mode = ColumnText(s, 7);
-  session_.backend = ColumnText(s, 8);
+  KW_ASSIGN_OR_RETURN(session_.kwatch_version,
+                      LimitedText(s, 6, path_, {"session.kwatch_version"}));
+  KW_ASSIGN_OR_RETURN(session_.mode, LimitedText(s, 7, path_, {"session.mode"}));
+  KW_ASSIGN_OR_RETURN(session_.backend, LimitedText(s, 8, path_, {"session.backend"}));
   complete_ = sqlite3_column_int64(s, 14) != 0;
   if (complete_) {
     SessionEnd end;
@@ -283,11 +330,11 @@ absl::Status TraceReader::LoadSession() {
     if (!IsNull(s, 11)) {
       end.exit_status = static_cast<int>(sqlite3_column_int64(s, 11));
     }
-    end.exit_reason = ColumnText(s, 12);
+    KW_ASSIGN_OR_RETURN(end.exit_reason, LimitedText(s, 12, path_, {"session.exit_reason"}));
     end.lost_count = ColumnU64(s, 13);
     end_ = std::move(end);
   } else if (!IsNull(s, 12)) {
-    cut_reason_ = ColumnText(s, 12);
+    KW_ASSIGN_OR_RETURN(cut_reason_, LimitedText(s, 12, path_, {"session.exit_reason"}));
   }
   return absl::OkStatus();
 }
@@ -300,16 +347,24 @@ absl::Status TraceReader::LoadWatches() {
   int rc = SQLITE_OK;
   while ((rc = sqlite3_step(ws.get())) == SQLITE_ROW) {
     sqlite3_stmt* s = ws.get();
+    const int64_t id = sqlite3_column_int64(s, 0);
+    if (id < 0 || id >= kMaxRecordedWatches) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path_, ": refused: a watch has id ", id, "; kwatch numbers watches 0 to ",
+                       kMaxRecordedWatches - 1,
+                       " (a limit against crafted recordings: docs/recording.md, \"Limits\")"));
+    }
+    const auto key = static_cast<uint64_t>(id);
     WatchRecord w;
-    w.id = static_cast<uint32_t>(sqlite3_column_int64(s, 0));
-    w.expr = ColumnText(s, 1);
+    w.id = static_cast<uint32_t>(id);
+    KW_ASSIGN_OR_RETURN(w.expr, LimitedText(s, 1, path_, {"watches.expr", "watch", key}));
     w.address = RemoteAddr{ColumnU64(s, 2)};
     w.length = ColumnU64(s, 3);
-    w.kind = ColumnText(s, 4);
-    w.backend = ColumnText(s, 5);
-    w.coverage = ColumnText(s, 6);
-    w.type_name = ColumnText(s, 7);
-    by_id[sqlite3_column_int64(s, 0)] = watches_.size();
+    KW_ASSIGN_OR_RETURN(w.kind, LimitedText(s, 4, path_, {"watches.kind", "watch", key}));
+    KW_ASSIGN_OR_RETURN(w.backend, LimitedText(s, 5, path_, {"watches.backend", "watch", key}));
+    KW_ASSIGN_OR_RETURN(w.coverage, LimitedText(s, 6, path_, {"watches.coverage", "watch", key}));
+    KW_ASSIGN_OR_RETURN(w.type_name, LimitedText(s, 7, path_, {"watches.type_name", "watch", key}));
+    by_id[id] = watches_.size();
     watches_.push_back(std::move(w));
   }
   if (rc != SQLITE_DONE) {
@@ -318,22 +373,41 @@ absl::Status TraceReader::LoadWatches() {
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr fs,
                       Prepare("SELECT watch_id,path,type_name,offset,size,bit_offset,bit_size,"
                               "depth,is_leaf FROM fields ORDER BY watch_id,idx"));
+  size_t fields = 0;
+  uint64_t name_bytes = 0;  // of the leaves' report names: expression + path
   while ((rc = sqlite3_step(fs.get())) == SQLITE_ROW) {
     sqlite3_stmt* s = fs.get();
     auto it = by_id.find(sqlite3_column_int64(s, 0));
     if (it == by_id.end()) {
       return NotARecording(path_, "a field of a watch that does not exist");
     }
+    if (++fields > kMaxRecordedFields) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path_, ": refused: its watches have more than ", kMaxRecordedFields,
+                       " fields, the most kwatch reads (a limit against crafted recordings: "
+                       "docs/recording.md, \"Limits\")"));
+    }
+    WatchRecord& w = watches_[it->second];
     symbols::FieldLayout f;
-    f.path = ColumnText(s, 1);
-    f.type_name = ColumnText(s, 2);
+    KW_ASSIGN_OR_RETURN(f.path, LimitedText(s, 1, path_, {"fields.path", "watch", w.id}));
+    KW_ASSIGN_OR_RETURN(f.type_name, LimitedText(s, 2, path_, {"fields.type_name", "watch", w.id}));
     f.offset = ColumnU64(s, 3);
     f.size = ColumnU64(s, 4);
     f.bit_offset = static_cast<uint32_t>(sqlite3_column_int64(s, 5));
     f.bit_size = static_cast<uint32_t>(sqlite3_column_int64(s, 6));
     f.depth = static_cast<int>(sqlite3_column_int64(s, 7));
     f.is_leaf = sqlite3_column_int64(s, 8) != 0;
-    watches_[it->second].fields.push_back(std::move(f));
+    if (f.is_leaf) {
+      name_bytes += w.expr.size() + f.path.size();
+      if (name_bytes > kMaxRecordedFieldNames) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            path_, ": refused: the names of its fields (expression + path) take more than ",
+            kMaxRecordedFieldNames,
+            " bytes, the most kwatch reads (a limit against crafted recordings: "
+            "docs/recording.md, \"Limits\")"));
+      }
+    }
+    w.fields.push_back(std::move(f));
   }
   return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
 }
@@ -346,11 +420,13 @@ absl::Status TraceReader::LoadSites() {
     sqlite3_stmt* s = stmt.get();
     SiteRecord site;
     site.ip = RemoteAddr{ColumnU64(s, 0)};
-    site.function = ColumnText(s, 1);
+    const uint64_t ip = site.ip.value;
+    KW_ASSIGN_OR_RETURN(site.function, LimitedText(s, 1, path_, {"sites.function", "site", ip}));
     site.offset = ColumnU64(s, 2);
-    site.file = ColumnText(s, 3);
+    KW_ASSIGN_OR_RETURN(site.file, LimitedText(s, 3, path_, {"sites.file", "site", ip}));
     site.line = static_cast<int>(sqlite3_column_int64(s, 4));
-    site.disassembly = ColumnText(s, 5);
+    KW_ASSIGN_OR_RETURN(site.disassembly,
+                        LimitedText(s, 5, path_, {"sites.disassembly", "site", ip}));
     sites_.push_back(std::move(site));
   }
   if (rc != SQLITE_DONE) {
@@ -379,7 +455,8 @@ absl::Status TraceReader::LoadTasks() {
     TaskRecord t;
     t.pid = static_cast<pid_t>(sqlite3_column_int64(s, 0));
     t.tid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
-    t.comm = ColumnText(s, 2);
+    KW_ASSIGN_OR_RETURN(
+        t.comm, LimitedText(s, 2, path_, {"tasks.comm", "task", static_cast<uint64_t>(t.tid)}));
     tasks_.push_back(std::move(t));
   }
   if (rc != SQLITE_DONE) {
@@ -397,11 +474,11 @@ absl::Status TraceReader::LoadProbes() {
     sqlite3_stmt* s = stmt.get();
     ProbeRecord p;
     p.id = static_cast<uint32_t>(sqlite3_column_int64(s, 0));
-    p.event = ColumnText(s, 1);
-    p.spec = ColumnText(s, 2);
+    KW_ASSIGN_OR_RETURN(p.event, LimitedText(s, 1, path_, {"probes.event", "probe", p.id}));
+    KW_ASSIGN_OR_RETURN(p.spec, LimitedText(s, 2, path_, {"probes.spec", "probe", p.id}));
     p.address = RemoteAddr{ColumnU64(s, 3)};
-    p.function = ColumnText(s, 4);
-    p.file = ColumnText(s, 5);
+    KW_ASSIGN_OR_RETURN(p.function, LimitedText(s, 4, path_, {"probes.function", "probe", p.id}));
+    KW_ASSIGN_OR_RETURN(p.file, LimitedText(s, 5, path_, {"probes.file", "probe", p.id}));
     p.line = static_cast<int>(sqlite3_column_int64(s, 6));
     p.is_return = sqlite3_column_int64(s, 7) != 0;
     probes_.push_back(std::move(p));
@@ -586,6 +663,10 @@ absl::Status TraceReader::ForEachHit(const HitFilter& filter,
     h.ip = RemoteAddr{ColumnU64(s, 4)};
     h.is_return = sqlite3_column_int64(s, 5) != 0;
     h.pid = static_cast<pid_t>(sqlite3_column_int64(s, 7));
+    if (const auto n = static_cast<size_t>(sqlite3_column_bytes(s, 6)); n > kMaxRecordedArgs) {
+      return Refused(path_, absl::StrFormat("the arguments (hits.args) of a hit at %d ns", t), n,
+                     "bytes", kMaxRecordedArgs);
+    }
     const auto* args = reinterpret_cast<const char*>(sqlite3_column_text(s, 6));
     auto parsed = DecodeArgsJson(
         args == nullptr ? absl::string_view("{}")

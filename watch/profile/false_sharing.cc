@@ -1,30 +1,40 @@
 #include "watch/profile/false_sharing.h"
 
 #include <algorithm>
+#include <cstddef>
 
 namespace kwatch::watch::profile {
 
 void RecordLineWrite(CacheLine& line, uint32_t thread, uint64_t mask, const uint32_t* positions,
                      uint32_t n_positions, core::RemoteAddr ip, uint64_t t_ns, uint64_t window_ns,
                      uint32_t site_capacity) {
-  LineWriter* w = nullptr;
-  for (LineWriter& cand : line.writers) {
-    if (cand.thread == thread) {
-      w = &cand;
-      break;
-    }
+  const auto [slot, added] =
+      line.writer_index.try_emplace(thread, static_cast<uint32_t>(line.writers.size()));
+  if (added) {
+    LineWriter& writer = line.writers.emplace_back();
+    writer.thread = thread;
+    writer.sites = SiteTable(site_capacity);
   }
-  if (w == nullptr) {
-    LineWriter& added = line.writers.emplace_back();
-    added.thread = thread;
-    added.field_writes.assign(line.fields.size(), 0);
-    added.sites = SiteTable(site_capacity);
-    w = &added;
-  }
+  LineWriter* w = &line.writers[slot->second];
   ++w->writes;
   w->mask |= mask;
+  // Positions arrive ascending (one pass); field_writes stays sorted by position.
+  auto& fw = w->field_writes;
+  size_t j = 0;
   for (uint32_t i = 0; i < n_positions; ++i) {
-    ++w->field_writes[positions[i]];
+    const uint32_t pos = positions[i];
+    if (i > 0 && pos < positions[i - 1]) {
+      j = 0;  // not ascending after all: search from the start
+    }
+    while (j < fw.size() && fw[j].first < pos) {
+      ++j;
+    }
+    if (j < fw.size() && fw[j].first == pos) {
+      ++fw[j].second;
+    } else {
+      fw.insert(fw.begin() + static_cast<std::ptrdiff_t>(j), {pos, 1});
+    }
+    ++j;
   }
   w->sites.Add(ip, /*write=*/true);
   ++line.writes;
@@ -32,11 +42,8 @@ void RecordLineWrite(CacheLine& line, uint32_t thread, uint64_t mask, const uint
   if (line.last_thread != CacheLine::kNoThread && line.last_thread != thread &&
       (t_ns < line.last_ns || t_ns - line.last_ns <= window_ns)) {
     uint64_t previous = line.last_mask;
-    for (const LineWriter& other : line.writers) {
-      if (other.thread == line.last_thread) {
-        previous |= other.mask;
-        break;
-      }
+    if (const auto it = line.writer_index.find(line.last_thread); it != line.writer_index.end()) {
+      previous |= line.writers[it->second].mask;
     }
     if ((mask & previous) != 0) {
       ++line.true_transfers;
@@ -76,11 +83,9 @@ std::vector<FalseSharingFinding> FindFalseSharing(const std::vector<CacheLine>& 
       FalseSharingFinding::ThreadWrites tw;
       tw.thread = w.thread;
       tw.writes = w.writes;
-      for (size_t p = 0; p < line.fields.size(); ++p) {
-        if (w.field_writes[p] != 0) {
-          tw.fields.emplace_back(line.fields[p], w.field_writes[p]);
-          ++writers_per_field[p];
-        }
+      for (const auto& [p, n] : w.field_writes) {
+        tw.fields.emplace_back(line.fields[p], n);
+        ++writers_per_field[p];
       }
       tw.top_sites = w.sites.Ranked();
       if (tw.top_sites.size() > top_sites) {

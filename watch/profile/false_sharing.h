@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "core/base/remote_addr.h"
 #include "watch/profile/site_table.h"
 
@@ -15,11 +16,12 @@ inline constexpr uint64_t kCacheLineBytes = 64;
 
 // What one thread wrote to one cache line.
 struct LineWriter {
-  uint32_t thread = 0;                 // index into StorageProfile::threads()
-  uint64_t writes = 0;                 // write events touching the line
-  uint64_t mask = 0;                   // every byte of the line it wrote (bit i = byte i)
-  std::vector<uint64_t> field_writes;  // per CacheLine::fields position
-  SiteTable sites;                     // writing instructions (bounded, see SiteTable)
+  uint32_t thread = 0;  // index into StorageProfile::threads()
+  uint64_t writes = 0;  // write events touching the line
+  uint64_t mask = 0;    // every byte of the line it wrote (bit i = byte i)
+  // (CacheLine::fields position, writes) of the fields it wrote, by position.
+  std::vector<std::pair<uint32_t, uint64_t>> field_writes;
+  SiteTable sites;  // writing instructions (bounded, see SiteTable)
 };
 
 // One 64-byte cache line holding watched fields, and the writes to it. Passive data; the
@@ -30,6 +32,7 @@ struct CacheLine {
   core::RemoteAddr addr;            // absolute, 64-byte aligned
   std::vector<uint32_t> fields;     // global field indices (StorageProfile), by address
   std::vector<LineWriter> writers;  // in order of first write
+  absl::flat_hash_map<uint32_t, uint32_t> writer_index;  // thread -> position in writers
   uint64_t writes = 0;
   // Writes by a thread other than the line's previous writer within the window: to bytes the
   // previous writer never wrote (false sharing: the threads work on different data of the
@@ -50,7 +53,8 @@ struct CacheLine {
 // `positions` (indices into line.fields). A write by a thread other than the previous writer,
 // at most `window_ns` after it (or before it: out-of-order events count as within), is a
 // transfer: false sharing when its bytes are disjoint from the previous write's, else true
-// sharing. O(writers of the line) (few); allocates only for a new writer.
+// sharing. O(1) expected plus O(fields the write touched + fields the thread wrote in the line);
+// allocates only for a new writer or a field the writer had not written.
 void RecordLineWrite(CacheLine& line, uint32_t thread, uint64_t mask, const uint32_t* positions,
                      uint32_t n_positions, core::RemoteAddr ip, uint64_t t_ns, uint64_t window_ns,
                      uint32_t site_capacity);

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,9 +43,15 @@ struct ProfileOptions {
   uint32_t max_sites_per_field = 32;         // exact site counts per field, then "other"
   uint32_t max_sites_per_object = 256;       // ... per object
   uint32_t max_sites_per_line_thread = 8;    // ... per (cache line, writing thread)
-  // Per object, per-byte counts and cache lines cover only its first max_tracked_bytes bytes
-  // (field counts cover everything).
+  // Per object, per-byte counts and cache lines cover only its first max_tracked_bytes bytes,
+  // and all objects together at most max_tracked_total bytes (in object order: later objects
+  // get what is left); field counts cover everything.
   uint64_t max_tracked_bytes = uint64_t{64} * 1024;
+  uint64_t max_tracked_total = uint64_t{1024} * 1024;
+  // Fields placed in cache lines (a field counts once per line it spans), all lines together;
+  // fields beyond are left out of the lines (and of false sharing), in field order. Real layouts
+  // stay far below (leaves do not overlap, but for unions).
+  size_t max_line_members = size_t{1} << 20;
 };
 
 // One leaf field of a watched object.

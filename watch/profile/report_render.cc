@@ -6,8 +6,12 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -15,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/base/printable.h"
 #include "watch/profile/duration.h"
 #include "watch/profile/heat_scale.h"
 #include "watch/profile/report_rows.h"
@@ -36,8 +41,11 @@ std::string Count(uint64_t n, const char* noun) {
   return absl::StrCat(n, " ", noun, n == 1 ? "" : "s");
 }
 
-std::string Pad(const std::string& s, size_t width) {
-  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+// Every string that comes from the profile's input (names of fields, types, functions, files,
+// tasks: a recording is a file people share) goes through this before it reaches the text or
+// CSV output: control characters and ESC show escaped (core/base/printable.h).
+std::string Shown(const std::string& s) {
+  return core::Printable(s);
 }
 
 // Display width of a UTF-8 string (code points; the report's own text has no wide glyphs).
@@ -47,6 +55,11 @@ size_t Columns(const std::string& s) {
     n += (static_cast<unsigned char>(c) & 0xc0) != 0x80 ? 1 : 0;
   }
   return n;
+}
+
+std::string Pad(const std::string& s, size_t width) {
+  const size_t n = Columns(s);
+  return n >= width ? s : s + std::string(width - n, ' ');
 }
 
 // The report rows of a profile under the options, and the names of its sites (each site
@@ -78,12 +91,13 @@ class View {
   std::string Name(core::RemoteAddr ip) {
     const SiteName& n = Locate(ip);
     std::string out = n.function.empty() ? Hex(ip.value)
-                      : n.offset == 0    ? n.function
-                                         : absl::StrCat(n.function, "+", Hex(n.offset));
+                      : n.offset == 0    ? Shown(n.function)
+                                         : absl::StrCat(Shown(n.function), "+", Hex(n.offset));
     if (!n.file.empty()) {
       const size_t slash = n.file.rfind('/');
-      absl::StrAppend(&out, " (", slash == std::string::npos ? n.file : n.file.substr(slash + 1),
-                      ":", n.line, ")");
+      absl::StrAppend(&out, " (",
+                      Shown(slash == std::string::npos ? n.file : n.file.substr(slash + 1)), ":",
+                      n.line, ")");
     }
     return out;
   }
@@ -154,9 +168,11 @@ void TextHeatmap(View& v, const std::vector<FieldRow>& fields, std::string& out)
     absl::StrAppend(&out, "  heatmap: no accesses in the time window\n");
     return;
   }
+  std::vector<std::string> labels;
   size_t label = 0;
   for (const FieldRow& f : fields) {
-    label = std::max(label, Columns(p.fields()[f.field].path));
+    labels.push_back(Shown(p.fields()[f.field].path));
+    label = std::max(label, Columns(labels.back()));
   }
   const size_t prefix = 2 + label + 2;
   const size_t avail = std::max<size_t>(10, static_cast<size_t>(std::max(o.width, 0)) > prefix + 1
@@ -198,7 +214,7 @@ void TextHeatmap(View& v, const std::vector<FieldRow>& fields, std::string& out)
                 : "",
       "\n");
   for (size_t i = 0; i < fields.size(); ++i) {
-    std::string line = absl::StrCat("  ", Pad(p.fields()[fields[i].field].path, label), "  |");
+    std::string line = absl::StrCat("  ", Pad(labels[i], label), "  |");
     for (const uint64_t c : cells[i]) {
       line += cell(HeatLevel(scale, c), 1);
     }
@@ -255,7 +271,7 @@ void TextLastValues(View& v, const std::vector<FieldRow>& fields, std::string& o
       vals.push_back(ValueText(samples[i]));
     }
     const ValueSample& last = samples.back();
-    rows.push_back({p.fields()[f].path, absl::StrJoin(vals, ", "),
+    rows.push_back({Shown(p.fields()[f].path), absl::StrJoin(vals, ", "),
                     absl::StrCat("tid ", last.tid, " at ", v.Name(last.ip))});
   }
   if (rows.size() > 1) {
@@ -273,9 +289,10 @@ void TextWatch(View& v, const WatchRows& w, std::string& out) {
     return;
   }
   const ObjectStats& st = p.object_stats(obj);
-  absl::StrAppend(&out, "\nwatch ", o.expr, " (", o.type_name.empty() ? "" : o.type_name + ", ",
-                  o.length, " bytes at ", Hex(o.addr.value), "): ", Count(st.total.reads, "read"),
-                  ", ", Count(st.total.writes, "write"));
+  absl::StrAppend(&out, "\nwatch ", Shown(o.expr), " (",
+                  o.type_name.empty() ? "" : Shown(o.type_name) + ", ", o.length, " bytes at ",
+                  Hex(o.addr.value), "): ", Count(st.total.reads, "read"), ", ",
+                  Count(st.total.writes, "write"));
   if (st.unattributed > 0) {
     absl::StrAppend(&out, ", ", st.unattributed, st.unattributed == 1 ? " access" : " accesses",
                     " outside its fields");
@@ -288,7 +305,7 @@ void TextWatch(View& v, const WatchRows& w, std::string& out) {
       {"field", "offset", "size", "reads", "writes", "threads", "top site"}};
   for (const FieldRow& f : fields) {
     const FieldInfo& fi = p.fields()[f.field];
-    rows.push_back({fi.path, OffsetText(fi), SizeText(fi), absl::StrCat(f.counts.reads),
+    rows.push_back({Shown(fi.path), OffsetText(fi), SizeText(fi), absl::StrCat(f.counts.reads),
                     absl::StrCat(f.counts.writes), absl::StrCat(f.threads), TopSiteText(v, f)});
   }
   absl::StrAppend(&out, Table(rows, "lrrrrrl", "  "));
@@ -305,7 +322,7 @@ void TextWatch(View& v, const WatchRows& w, std::string& out) {
     ++sites;
     std::vector<std::string> paths;
     for (const uint32_t f : s.fields) {
-      paths.push_back(p.fields()[f].path);
+      paths.push_back(Shown(p.fields()[f].path));
     }
     rows.push_back({absl::StrCat(s.site.counts.reads), absl::StrCat(s.site.counts.writes),
                     absl::StrCat(v.Name(s.site.ip), ": ", absl::StrJoin(paths, ", "))});
@@ -318,7 +335,7 @@ void TextWatch(View& v, const WatchRows& w, std::string& out) {
   for (const ThreadRow& t : w.threads) {
     std::vector<std::vector<std::string>> trows = {{"field", "reads", "writes"}};
     for (const auto& [f, c] : t.fields) {
-      trows.push_back({p.fields()[f].path, absl::StrCat(c.reads), absl::StrCat(c.writes)});
+      trows.push_back({Shown(p.fields()[f].path), absl::StrCat(c.reads), absl::StrCat(c.writes)});
     }
     any = true;
     const ThreadInfo& ti = p.threads()[t.thread];
@@ -326,7 +343,7 @@ void TextWatch(View& v, const WatchRows& w, std::string& out) {
     absl::StrAppend(&out, "    tid ", ti.tid, " (pid ", ti.pid,
                     names == v.Options().task_names.end()
                         ? std::string()
-                        : absl::StrCat(", ", absl::StrJoin(names->second, ", ")),
+                        : absl::StrCat(", ", Shown(absl::StrJoin(names->second, ", "))),
                     ")\n", Table(trows, "lrr", "      "));
   }
   if (!any) {
@@ -353,15 +370,15 @@ void TextFalseSharing(View& v, std::string& out) {
     for (const uint32_t fi : f.fields) {
       const FieldInfo& info = p.fields()[fi];
       const uint64_t abs = p.objects()[info.object].addr.value + info.begin;
-      fields.push_back(
-          absl::StrCat(info.path, " (+", abs - f.addr.value, ", ", info.end - info.begin, ")"));
+      fields.push_back(absl::StrCat(Shown(info.path), " (+", abs - f.addr.value, ", ",
+                                    info.end - info.begin, ")"));
     }
     absl::StrAppend(&out, "    fields (+offset in line, bytes): ", absl::StrJoin(fields, ", "),
                     "\n");
     for (const auto& tw : f.threads) {
       std::vector<std::string> wrote;
       for (const auto& [field, n] : tw.fields) {
-        wrote.push_back(absl::StrCat(p.fields()[field].path, " x", n));
+        wrote.push_back(absl::StrCat(Shown(p.fields()[field].path), " x", n));
       }
       std::vector<std::string> sites;
       for (const SiteCount& s : tw.top_sites) {
@@ -377,7 +394,7 @@ void TextFalseSharing(View& v, std::string& out) {
     if (!f.shared_fields.empty()) {
       std::vector<std::string> shared;
       for (const uint32_t fi : f.shared_fields) {
-        shared.push_back(p.fields()[fi].path);
+        shared.push_back(Shown(p.fields()[fi].path));
       }
       absl::StrAppend(&out, "    written by more than one thread: ", absl::StrJoin(shared, ", "),
                       "\n");
@@ -460,19 +477,26 @@ Json LastValuesJson(const StorageProfile& p, uint32_t field, size_t n) {
 
 }  // namespace
 
-nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
-                          const ReportRenderOptions& opts) {
-  View v(profile, namer, opts);
-  const uint64_t start = profile.options().start_ns;
-  Json root{{"start_ns", start},
-            {"events", profile.events()},
-            {"ignored_events", profile.ignored_events()},
-            {"duration_ns", profile.last_ns() > start ? profile.last_ns() - start : 0}};
-  Json watches = Json::array();
-  for (const WatchRows& w : v.Rows().watches) {
-    const uint32_t obj = w.object;
-    const WatchedObject& o = profile.objects()[obj];
-    const ObjectStats& st = profile.object_stats(obj);
+namespace {
+
+// The report's JSON in parts, so that it is built whole (RenderJson) or written a field at a
+// time (WriteJson).
+class JsonParts {
+ public:
+  explicit JsonParts(View& v) : v_(v), p_(v.Profile()), start_(p_.options().start_ns) {}
+
+  // start_ns, events, ignored_events, duration_ns.
+  Json Root() const {
+    return Json{{"start_ns", start_},
+                {"events", p_.events()},
+                {"ignored_events", p_.ignored_events()},
+                {"duration_ns", p_.last_ns() > start_ ? p_.last_ns() - start_ : 0}};
+  }
+
+  // A watch without its "fields", "heatmap" and "threads".
+  Json WatchHead(const WatchRows& w) {
+    const WatchedObject& o = p_.objects()[w.object];
+    const ObjectStats& st = p_.object_stats(w.object);
     Json jw{{"id", o.id},
             {"expr", o.expr},
             {"address", Hex(o.addr.value)},
@@ -481,109 +505,285 @@ nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
             {"reads", st.total.reads},
             {"writes", st.total.writes},
             {"unattributed", st.unattributed}};
-    Json jfields = Json::array();
-    Json rows = Json::array();
-    for (const FieldRow& r : w.fields) {
-      const uint32_t f = r.field;
-      const FieldInfo& fi = profile.fields()[f];
-      const RwCounts& c = r.counts;
-      Json sites = Json::array();
-      for (const SiteCount& s : r.sites) {
-        if (sites.size() < opts.top_sites) {
-          sites.push_back(v.SiteJson(s));
-        }
-      }
-      const RwCounts& other = r.other_sites;
-      jfields.push_back(Json{{"path", fi.path},
-                             {"type", fi.type_name},
-                             {"offset", fi.offset},
-                             {"size", fi.size},
-                             {"bit_offset", fi.bit_offset},
-                             {"bit_size", fi.bit_size},
-                             {"reads", c.reads},
-                             {"writes", c.writes},
-                             {"threads", r.threads},
-                             {"top_sites", std::move(sites)},
-                             {"other_sites", {{"reads", other.reads}, {"writes", other.writes}}},
-                             {"last_values", LastValuesJson(profile, f, v.Options().top_sites)}});
-      rows.push_back(Json{{"path", fi.path}, {"reads", r.reads}, {"writes", r.writes}});
-    }
-    jw["fields"] = std::move(jfields);
-    const TimeBins& bins = profile.bins();
-    jw["heatmap"] = Json{{"bucket_ns", bins.width_ns()},
-                         {"first_column_ns", bins.ColumnStartNs(0)},
-                         {"columns", bins.columns()},
-                         {"rows", std::move(rows)}};
-    Json threads = Json::array();
-    for (const ThreadRow& t : w.threads) {
-      Json tf = Json::array();
-      for (const auto& [f, c] : t.fields) {
-        tf.push_back(
-            Json{{"path", profile.fields()[f].path}, {"reads", c.reads}, {"writes", c.writes}});
-      }
-      const ThreadInfo& ti = profile.threads()[t.thread];
-      Json th{{"tid", ti.tid},
-              {"pid", ti.pid},
-              {"reads", t.total.reads},
-              {"writes", t.total.writes},
-              {"fields", std::move(tf)}};
-      if (auto names = opts.task_names.find(ti.tid); names != opts.task_names.end()) {
-        th["comm"] = absl::StrJoin(names->second, ", ");
-      }
-      threads.push_back(std::move(th));
-    }
-    jw["threads"] = std::move(threads);
     Json top = Json::array();
     for (const SiteRow& s : w.sites) {
-      if (top.size() < opts.top_sites) {
-        top.push_back(v.SiteJson(s.site));
+      if (top.size() < v_.Options().top_sites) {
+        top.push_back(v_.SiteJson(s.site));
       }
     }
     jw["top_sites"] = std::move(top);
-    watches.push_back(std::move(jw));
+    return jw;
   }
-  root["watches"] = std::move(watches);
-  Json fs = Json::array();
-  for (const auto& f : v.Rows().false_sharing) {
+
+  // An element of a watch's "threads".
+  Json Thread(const ThreadRow& t) const {
+    Json tf = Json::array();
+    for (const auto& [f, c] : t.fields) {
+      tf.push_back(Json{{"path", p_.fields()[f].path}, {"reads", c.reads}, {"writes", c.writes}});
+    }
+    const ThreadInfo& ti = p_.threads()[t.thread];
+    Json th{{"tid", ti.tid},
+            {"pid", ti.pid},
+            {"reads", t.total.reads},
+            {"writes", t.total.writes},
+            {"fields", std::move(tf)}};
+    const auto& names = v_.Options().task_names;
+    if (auto it = names.find(ti.tid); it != names.end()) {
+      th["comm"] = absl::StrJoin(it->second, ", ");
+    }
+    return th;
+  }
+
+  // An element of a watch's "fields".
+  Json Field(const FieldRow& r) {
+    const FieldInfo& fi = p_.fields()[r.field];
+    Json sites = Json::array();
+    for (const SiteCount& s : r.sites) {
+      if (sites.size() < v_.Options().top_sites) {
+        sites.push_back(v_.SiteJson(s));
+      }
+    }
+    const RwCounts& c = r.counts;
+    const RwCounts& other = r.other_sites;
+    return Json{{"path", fi.path},
+                {"type", fi.type_name},
+                {"offset", fi.offset},
+                {"size", fi.size},
+                {"bit_offset", fi.bit_offset},
+                {"bit_size", fi.bit_size},
+                {"reads", c.reads},
+                {"writes", c.writes},
+                {"threads", r.threads},
+                {"top_sites", std::move(sites)},
+                {"other_sites", {{"reads", other.reads}, {"writes", other.writes}}},
+                {"last_values", LastValuesJson(p_, r.field, v_.Options().top_sites)}};
+  }
+
+  // A watch's "heatmap" without its "rows".
+  Json HeatHead() const {
+    const TimeBins& bins = p_.bins();
+    return Json{{"bucket_ns", bins.width_ns()},
+                {"first_column_ns", bins.ColumnStartNs(0)},
+                {"columns", bins.columns()}};
+  }
+
+  // An element of a heatmap's "rows" (a field without accesses keeps no columns: zeros).
+  Json HeatRow(const FieldRow& r) const {
+    const auto heat = [&](const std::vector<uint64_t>& v) {
+      return v.empty() ? Json(std::vector<uint64_t>(p_.bins().columns(), 0)) : Json(v);
+    };
+    return Json{
+        {"path", p_.fields()[r.field].path}, {"reads", heat(r.reads)}, {"writes", heat(r.writes)}};
+  }
+
+  // A false-sharing finding without its "threads".
+  Json FindingHead(const FalseSharingFinding& f) const {
     Json jf{{"line", Hex(f.addr.value)},
             {"false_transfers", f.false_transfers},
             {"true_transfers", f.true_transfers},
-            {"first_ns", SinceNs(f.first_ns, start)},
-            {"last_ns", SinceNs(f.last_ns, start)}};
+            {"first_ns", SinceNs(f.first_ns, start_)},
+            {"last_ns", SinceNs(f.last_ns, start_)}};
     Json fields = Json::array();
     for (const uint32_t fi : f.fields) {
-      const FieldInfo& info = profile.fields()[fi];
-      fields.push_back(
-          Json{{"path", info.path},
-               {"address", Hex(profile.objects()[info.object].addr.value + info.begin)},
-               {"size", info.end - info.begin}});
+      const FieldInfo& info = p_.fields()[fi];
+      fields.push_back(Json{{"path", info.path},
+                            {"address", Hex(p_.objects()[info.object].addr.value + info.begin)},
+                            {"size", info.end - info.begin}});
     }
     jf["fields"] = std::move(fields);
     Json shared = Json::array();
     for (const uint32_t fi : f.shared_fields) {
-      shared.push_back(profile.fields()[fi].path);
+      shared.push_back(p_.fields()[fi].path);
     }
     jf["shared_fields"] = std::move(shared);
+    return jf;
+  }
+
+  // An element of a finding's "threads".
+  Json FindingThread(const FalseSharingFinding::ThreadWrites& tw) {
+    Json wf = Json::array();
+    for (const auto& [field, n] : tw.fields) {
+      wf.push_back(Json{{"path", p_.fields()[field].path}, {"writes", n}});
+    }
+    Json sites = Json::array();
+    for (const SiteCount& s : tw.top_sites) {
+      sites.push_back(v_.SiteJson(s));
+    }
+    return Json{{"tid", tw.tid},
+                {"writes", tw.writes},
+                {"fields", std::move(wf)},
+                {"top_sites", std::move(sites)}};
+  }
+
+ private:
+  View& v_;
+  const StorageProfile& p_;
+  uint64_t start_;
+};
+
+// Writes JSON as nlohmann's dump(2, ' ', ensure_ascii, replace) does, a member or an element at
+// a time: values that are whole Json objects are dumped, the big ones are written by callbacks.
+class JsonWriter {
+ public:
+  using Member = std::function<void(int depth)>;
+
+  explicit JsonWriter(FILE* out) : out_(out) {}
+
+  // `value` at nesting `depth` (its first line is already indented).
+  void Value(const Json& value, int depth) {
+    const std::string s = value.dump(2, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
+    const std::string pad = Pad(depth);
+    size_t from = 0;
+    for (size_t nl = s.find('\n'); nl != std::string::npos; nl = s.find('\n', from)) {
+      Put(s.substr(from, nl + 1 - from));
+      Put(pad);
+      from = nl + 1;
+    }
+    Put(s.substr(from));
+  }
+
+  // An object of `small`'s members and the `big` ones (written by their callbacks), in key
+  // order (nlohmann's objects are ordered by key).
+  void Object(const Json& small, const std::map<std::string, Member>& big, int depth) {
+    std::vector<std::pair<std::string, Member>> members;
+    for (auto it = small.begin(); it != small.end(); ++it) {
+      const Json* value = &*it;
+      members.emplace_back(it.key(), [this, value](int d) { Value(*value, d); });
+    }
+    for (const auto& [key, fn] : big) {
+      members.emplace_back(key, fn);
+    }
+    std::sort(members.begin(), members.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (members.empty()) {
+      Put("{}");
+      return;
+    }
+    Put("{");
+    for (size_t i = 0; i < members.size(); ++i) {
+      Put(i == 0 ? "\n" : ",\n");
+      Put(Pad(depth + 1));
+      Put(Json(members[i].first).dump(-1, ' ', true, Json::error_handler_t::replace));
+      Put(": ");
+      members[i].second(depth + 1);
+    }
+    Put("\n" + Pad(depth) + "}");
+  }
+
+  // An array of `n` elements, element(i, depth) writing each.
+  void Array(size_t n, const std::function<void(size_t, int)>& element, int depth) {
+    if (n == 0) {
+      Put("[]");
+      return;
+    }
+    Put("[");
+    for (size_t i = 0; i < n; ++i) {
+      Put(i == 0 ? "\n" : ",\n");
+      Put(Pad(depth + 1));
+      element(i, depth + 1);
+    }
+    Put("\n" + Pad(depth) + "]");
+  }
+
+  void Put(const std::string& s) { std::fwrite(s.data(), 1, s.size(), out_); }
+
+ private:
+  static std::string Pad(int depth) {
+    std::string pad(static_cast<size_t>(depth) * 2, ' ');
+    return pad;
+  }
+
+  FILE* out_;
+};
+
+}  // namespace
+
+nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
+                          const ReportRenderOptions& opts) {
+  View v(profile, namer, opts);
+  JsonParts parts(v);
+  Json root = parts.Root();
+  Json watches = Json::array();
+  for (const WatchRows& w : v.Rows().watches) {
+    Json jw = parts.WatchHead(w);
+    Json fields = Json::array();
+    Json rows = Json::array();
+    for (const FieldRow& r : w.fields) {
+      fields.push_back(parts.Field(r));
+      rows.push_back(parts.HeatRow(r));
+    }
+    jw["fields"] = std::move(fields);
+    Json heat = parts.HeatHead();
+    heat["rows"] = std::move(rows);
+    jw["heatmap"] = std::move(heat);
+    Json threads = Json::array();
+    for (const ThreadRow& t : w.threads) {
+      threads.push_back(parts.Thread(t));
+    }
+    jw["threads"] = std::move(threads);
+    watches.push_back(std::move(jw));
+  }
+  root["watches"] = std::move(watches);
+  Json findings = Json::array();
+  for (const FalseSharingFinding& f : v.Rows().false_sharing) {
+    Json jf = parts.FindingHead(f);
     Json threads = Json::array();
     for (const auto& tw : f.threads) {
-      Json wf = Json::array();
-      for (const auto& [field, n] : tw.fields) {
-        wf.push_back(Json{{"path", profile.fields()[field].path}, {"writes", n}});
-      }
-      Json sites = Json::array();
-      for (const SiteCount& s : tw.top_sites) {
-        sites.push_back(v.SiteJson(s));
-      }
-      threads.push_back(Json{{"tid", tw.tid},
-                             {"writes", tw.writes},
-                             {"fields", std::move(wf)},
-                             {"top_sites", std::move(sites)}});
+      threads.push_back(parts.FindingThread(tw));
     }
     jf["threads"] = std::move(threads);
-    fs.push_back(std::move(jf));
+    findings.push_back(std::move(jf));
   }
-  root["false_sharing"] = std::move(fs);
+  root["false_sharing"] = std::move(findings);
   return root;
+}
+
+void WriteJson(const StorageProfile& profile, const SiteNamer& namer,
+               const ReportRenderOptions& opts, const nlohmann::json& extra, FILE* out) {
+  View v(profile, namer, opts);
+  JsonParts parts(v);
+  JsonWriter w(out);
+  Json small = parts.Root();
+  for (auto it = extra.begin(); it != extra.end(); ++it) {
+    small[it.key()] = *it;
+  }
+  // An array of `n` elements, each the Json element(i) makes.
+  const auto array = [&w](size_t n, const std::function<Json(size_t)>& element) {
+    return [&w, n, element](int depth) {
+      w.Array(
+          n, [&](size_t i, int d) { w.Value(element(i), d); }, depth);
+    };
+  };
+  const std::vector<WatchRows>& watches = v.Rows().watches;
+  const std::vector<FalseSharingFinding>& findings = v.Rows().false_sharing;
+  const auto watch = [&](size_t i, int depth) {
+    const WatchRows& wr = watches[i];
+    const auto heatmap = [&](int d) {
+      w.Object(parts.HeatHead(),
+               {{"rows",
+                 array(wr.fields.size(), [&](size_t k) { return parts.HeatRow(wr.fields[k]); })}},
+               d);
+    };
+    w.Object(
+        parts.WatchHead(wr),
+        {{"fields", array(wr.fields.size(), [&](size_t k) { return parts.Field(wr.fields[k]); })},
+         {"heatmap", heatmap},
+         {"threads",
+          array(wr.threads.size(), [&](size_t k) { return parts.Thread(wr.threads[k]); })}},
+        depth);
+  };
+  const auto finding = [&](size_t i, int depth) {
+    const FalseSharingFinding& f = findings[i];
+    w.Object(parts.FindingHead(f),
+             {{"threads", array(f.threads.size(),
+                                [&](size_t k) { return parts.FindingThread(f.threads[k]); })}},
+             depth);
+  };
+  w.Object(small,
+           {{"watches", [&](int depth) { w.Array(watches.size(), watch, depth); }},
+            {"false_sharing", [&](int depth) { w.Array(findings.size(), finding, depth); }}},
+           0);
+  w.Put("\n");
 }
 
 std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
@@ -605,7 +805,7 @@ std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,
       std::vector<std::string> quoted;
       quoted.reserve(cells.size());
       for (const std::string& s : cells) {
-        quoted.push_back(CsvCell(s));
+        quoted.push_back(CsvCell(Shown(s)));
       }
       absl::StrAppend(&out, absl::StrJoin(quoted, ","), "\n");
     }

@@ -73,6 +73,12 @@ std::string RenderText(const StorageProfile& profile, const SiteNamer& namer,
 // Fields, heatmap rows and per-thread fields are the shown ones (opts filters).
 nlohmann::json RenderJson(const StorageProfile& profile, const SiteNamer& namer,
                           const ReportRenderOptions& opts);
+// Writes RenderJson(profile, namer, opts) with `extra`'s members added (an object: e.g.
+// "session", "probes") to `out`, as dump(2) indents it, ASCII only (\uXXXX escapes; bytes that
+// are not UTF-8 become U+FFFD), then a newline. Builds one field's JSON at a time: memory does
+// not grow with the fields and columns the report prints.
+void WriteJson(const StorageProfile& profile, const SiteNamer& namer,
+               const ReportRenderOptions& opts, const nlohmann::json& extra, FILE* out);
 // Header "watch,field,offset,size,reads,writes,threads,top_site", then one row per shown
 // field, values as in the text table (RFC 4180 quoting).
 std::string RenderCsv(const StorageProfile& profile, const SiteNamer& namer,

@@ -11,10 +11,23 @@ ThreadSelection::ThreadSelection(const StorageProfile& profile, const std::vecto
     : p_(profile), filtered_(!tids.empty()), on_(profile.threads().size(), tids.empty()) {
   for (const pid_t tid : tids) {
     const uint32_t t = profile.ThreadIndex(tid);
-    if (t != StorageProfile::kNone) {
+    if (t != StorageProfile::kNone && !on_[t]) {
       on_[t] = true;
+      chosen_.push_back(t);
     }
   }
+  std::sort(chosen_.begin(), chosen_.end());
+}
+
+std::vector<uint32_t> ThreadSelection::SelectedThreads() const {
+  if (filtered_) {
+    return chosen_;
+  }
+  std::vector<uint32_t> all(p_.threads().size());
+  for (uint32_t t = 0; t < all.size(); ++t) {
+    all[t] = t;
+  }
+  return all;
 }
 
 RwCounts ThreadSelection::FieldCounts(uint32_t field) const {
@@ -22,18 +35,19 @@ RwCounts ThreadSelection::FieldCounts(uint32_t field) const {
     return p_.field_counts(field);
   }
   RwCounts c;
-  for (uint32_t t = 0; t < on_.size(); ++t) {
-    if (on_[t]) {
-      c += p_.ThreadFieldCounts(t, field);
-    }
+  for (const uint32_t t : chosen_) {
+    c += p_.ThreadFieldCounts(t, field);
   }
   return c;
 }
 
 uint32_t ThreadSelection::FieldThreads(uint32_t field) const {
+  if (!filtered_) {
+    return p_.FieldThreadCount(field);
+  }
   uint32_t n = 0;
-  for (uint32_t t = 0; t < on_.size(); ++t) {
-    n += on_[t] && p_.ThreadFieldCounts(t, field).total() > 0 ? 1 : 0;
+  for (const uint32_t t : chosen_) {
+    n += p_.ThreadFieldCounts(t, field).total() > 0 ? 1 : 0;
   }
   return n;
 }
@@ -49,8 +63,8 @@ std::vector<uint64_t> ThreadSelection::FieldHeat(uint32_t field, bool writes) co
     add(p_.FieldBins(field, writes));
     return out;
   }
-  for (uint32_t t = 0; t < on_.size(); ++t) {
-    if (on_[t]) {
+  for (const uint32_t t : chosen_) {
+    if (p_.ThreadFieldCounts(t, field).total() > 0) {
       add(p_.ThreadFieldBins(t, field, writes));
     }
   }
@@ -75,14 +89,14 @@ bool FieldShown(const ReportSelection& sel, const std::string& path) {
 
 namespace {
 
-WatchRows BuildWatch(const StorageProfile& p, const ReportSelection& sel,
-                     const ThreadSelection& threads, uint32_t obj) {
+WatchRows BuildWatch(const StorageProfile& p, const ThreadSelection& threads,
+                     const std::vector<bool>& shown, uint32_t obj) {
   WatchRows w;
   w.object = obj;
   const auto [begin, end] = p.FieldRange(obj);
   absl::flat_hash_map<core::RemoteAddr, std::vector<uint32_t>> site_fields;
   for (uint32_t f = begin; f < end; ++f) {
-    if (!FieldShown(sel, p.fields()[f].path)) {
+    if (!shown[f]) {
       continue;
     }
     FieldRow r;
@@ -91,8 +105,10 @@ WatchRows BuildWatch(const StorageProfile& p, const ReportSelection& sel,
     r.threads = threads.FieldThreads(f);
     r.sites = p.FieldSites(f);
     r.other_sites = p.FieldOtherSites(f);
-    r.reads = threads.FieldHeat(f, false);
-    r.writes = threads.FieldHeat(f, true);
+    if (r.counts.total() > 0) {  // else no columns: the heat of an untouched field is zeros
+      r.reads = threads.FieldHeat(f, false);
+      r.writes = threads.FieldHeat(f, true);
+    }
     for (const SiteCount& s : r.sites) {
       site_fields[s.ip].push_back(f);
     }
@@ -105,23 +121,6 @@ WatchRows BuildWatch(const StorageProfile& p, const ReportSelection& sel,
     }
     w.sites.push_back(std::move(row));
   }
-  for (uint32_t t = 0; t < p.threads().size(); ++t) {
-    if (!threads.Selected(t)) {
-      continue;
-    }
-    ThreadRow tr;
-    tr.thread = t;
-    for (const FieldRow& f : w.fields) {
-      const RwCounts& c = p.ThreadFieldCounts(t, f.field);
-      if (c.total() > 0) {
-        tr.total += c;
-        tr.fields.emplace_back(f.field, c);
-      }
-    }
-    if (!tr.fields.empty()) {
-      w.threads.push_back(std::move(tr));
-    }
-  }
   return w;
 }
 
@@ -129,14 +128,37 @@ WatchRows BuildWatch(const StorageProfile& p, const ReportSelection& sel,
 
 ReportRows BuildReportRows(const StorageProfile& profile, const ReportSelection& sel) {
   const ThreadSelection threads(profile, sel.threads);
+  std::vector<bool> shown(profile.fields().size());
+  for (uint32_t f = 0; f < shown.size(); ++f) {
+    shown[f] = FieldShown(sel, profile.fields()[f].path);
+  }
   ReportRows rows;
   for (uint32_t obj = 0; obj < profile.objects().size(); ++obj) {
-    rows.watches.push_back(BuildWatch(profile, sel, threads, obj));
+    rows.watches.push_back(BuildWatch(profile, threads, shown, obj));
+  }
+  // Per thread, its shown fields, watch by watch: one pass over the fields each thread touched.
+  for (const uint32_t t : threads.SelectedThreads()) {
+    ThreadRow* row = nullptr;
+    uint32_t row_object = StorageProfile::kNone;
+    for (const auto& [f, c] : profile.ThreadFields(t)) {  // by field: watch by watch
+      if (!shown[f] || c.total() == 0) {
+        continue;
+      }
+      const uint32_t obj = profile.fields()[f].object;
+      if (obj != row_object) {
+        row = &rows.watches[obj].threads.emplace_back();
+        row->thread = t;
+        row_object = obj;
+      }
+      row->total += c;
+      row->fields.emplace_back(f, c);
+    }
   }
   for (FalseSharingFinding& f : profile.FalseSharing(sel.top_sites)) {
-    const bool shown = std::any_of(f.threads.begin(), f.threads.end(),
-                                   [&](const auto& tw) { return threads.Selected(tw.thread); });
-    if (shown) {
+    const bool shown_finding = std::any_of(f.threads.begin(), f.threads.end(), [&](const auto& tw) {
+      return threads.Selected(tw.thread);
+    });
+    if (shown_finding) {
       rows.false_sharing.push_back(std::move(f));
     }
   }

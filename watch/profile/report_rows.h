@@ -27,6 +27,9 @@ class ThreadSelection {
 
   bool filtered() const { return filtered_; }
   bool Selected(uint32_t thread) const { return on_[thread]; }
+  // The selected threads (indices into StorageProfile::threads()), ascending; all of them
+  // when not filtered.
+  std::vector<uint32_t> SelectedThreads() const;
   // The field's accesses by the selected threads.
   RwCounts FieldCounts(uint32_t field) const;
   // Selected threads that touched the field.
@@ -38,7 +41,8 @@ class ThreadSelection {
  private:
   const StorageProfile& p_;
   bool filtered_;
-  std::vector<bool> on_;  // per profile thread
+  std::vector<bool> on_;          // per profile thread
+  std::vector<uint32_t> chosen_;  // filtered: the selected threads, ascending
 };
 
 // Which part of a profile a report shows.
@@ -65,7 +69,9 @@ struct FieldRow {
   uint32_t threads = 0;          // selected threads that touched it
   std::vector<SiteCount> sites;  // all threads, ranked (the profile's bounded site table)
   RwCounts other_sites;          // accesses beyond the site table
-  std::vector<uint64_t> reads;   // per time column, by the selected threads
+  // Per time column, by the selected threads; empty (all zeros) when `counts` is zero, so
+  // that untouched fields cost no columns.
+  std::vector<uint64_t> reads;
   std::vector<uint64_t> writes;
 };
 
@@ -95,7 +101,8 @@ struct ReportRows {
   std::vector<FalseSharingFinding> false_sharing;
 };
 
-// Builds the rows. O(fields x (threads + columns)) plus the profile's false-sharing scan.
+// Builds the rows. O(fields x (columns + selected threads when filtered) + (thread, field)
+// pairs x log) plus the profile's false-sharing scan.
 ReportRows BuildReportRows(const StorageProfile& profile, const ReportSelection& sel);
 
 }  // namespace kwatch::watch::profile

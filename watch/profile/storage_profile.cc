@@ -10,6 +10,7 @@ namespace kwatch::watch::profile {
 namespace {
 
 constexpr size_t kMaxShapes = 65536;
+constexpr RwCounts kNoCounts{};  // what a thread that never touched a field did to it
 
 uint64_t LowBits(uint64_t v, uint32_t bits) {
   return bits >= 64 ? v : v & ((uint64_t{1} << bits) - 1);
@@ -46,6 +47,7 @@ StorageProfile::StorageProfile(std::vector<WatchedObject> objects, const Profile
   byte_reads_.resize(n);
   byte_writes_.resize(n);
   field_begin_.push_back(0);
+  uint64_t tracked_total = 0;
   for (uint32_t i = 0; i < n; ++i) {
     const WatchedObject& o = objects_[i];
     KW_CHECK(object_by_id_[o.id] == kNone);  // ids are unique
@@ -68,12 +70,15 @@ StorageProfile::StorageProfile(std::vector<WatchedObject> objects, const Profile
           FieldInfo{i, o.expr, o.type_name, 0, o.length, 0, 0, 0, std::max<uint64_t>(o.length, 1)});
     }
     field_begin_.push_back(static_cast<uint32_t>(fields_.size()));
-    const uint64_t tracked = std::min(o.length, opts_.max_tracked_bytes);
+    const uint64_t tracked =
+        std::min({o.length, opts_.max_tracked_bytes, opts_.max_tracked_total - tracked_total});
+    tracked_total += tracked;
     byte_reads_[i].assign(tracked, 0);
     byte_writes_[i].assign(tracked, 0);
   }
   const size_t nf = fields_.size();
   field_counts_.resize(nf);
+  field_threads_.assign(nf, 0);
   field_sites_.assign(nf, SiteTable(opts_.max_sites_per_field));
   values_.assign(nf, ValueRing(opts_.value_history));
   for (size_t f = 0; f < 2 * nf; ++f) {
@@ -93,6 +98,9 @@ StorageProfile::StorageProfile(std::vector<WatchedObject> objects, const Profile
     const uint64_t abs_hi = o.addr.value + hi;
     const uint64_t first_line = abs_lo / kCacheLineBytes;
     const uint64_t last_line = (abs_hi - 1) / kCacheLineBytes;
+    if (members.size() + (last_line - first_line + 1) > opts_.max_line_members) {
+      break;  // this field and the later ones stay out of the lines
+    }
     for (uint64_t l = first_line; l <= last_line; ++l) {
       members.emplace_back(l * kCacheLineBytes, abs_lo, f);
     }
@@ -185,8 +193,7 @@ uint32_t StorageProfile::ThreadFor(const core::AccessEvent& ev) {
         thread_index_.try_emplace(ev.tid, static_cast<uint32_t>(threads_.size()));
     if (inserted) {
       threads_.push_back(ThreadInfo{ev.tid, ev.pid, ev.time_ns, ev.time_ns, {}, 0});
-      thread_fields_.resize(thread_fields_.size() + fields_.size());
-      thread_rows_.resize(thread_rows_.size() + fields_.size(), kNone);
+      thread_fields_.emplace_back();
     }
     idx = it->second;
     slot = ThreadSlot{ev.tid, idx};
@@ -261,23 +268,32 @@ void StorageProfile::Add(const core::AccessEvent& ev) {
   if (col == TimeBins::kLate) {
     ++late_events_;
   }
-  const size_t nf = fields_.size();
-  RwCounts* tfields = thread_fields_.data() + th * nf;
-  uint32_t* trows = thread_rows_.data() + th * nf;
+  std::vector<ThreadField>& tfields = thread_fields_[th];
   const uint32_t wi = w ? 1 : 0;
   for (uint32_t i = 0; i < s.n_fields; ++i) {
     const FieldHit h = field_hits_[s.field_begin + i];
     field_counts_[h.field].Add(w);
-    tfields[h.field].Add(w);
+    const uint64_t key = ThreadFieldKey(th, h.field);
+    PairSlot& pair = pair_cache_[PairSlotFor(key)];
+    if (pair.key != key) {
+      const auto [pos, first] =
+          thread_field_index_.try_emplace(key, static_cast<uint32_t>(tfields.size()));
+      if (first) {
+        tfields.push_back(ThreadField{h.field, kNone, {}});
+        ++field_threads_[h.field];
+      }
+      pair = PairSlot{key, pos->second};
+    }
+    ThreadField& tf = tfields[pair.pos];
+    tf.counts.Add(w);
     field_sites_[h.field].Add(ev.ip, w);
     if (col != TimeBins::kLate) {
       bins_.Increment(2 * h.field + wi, col);
-      uint32_t& row = trows[h.field];
-      if (row == kNone) {
-        row = bins_.AddRow();
-        bins_.AddRow();
+      if (tf.row == kNone) {  // sparse: most threads touch a field in a few columns
+        tf.row = bins_.AddSparseRow();
+        bins_.AddSparseRow();
       }
-      bins_.Increment(row + wi, col);
+      bins_.Increment(tf.row + wi, col);
     }
     if (h.value_bits != 0 && ev.value.has_value()) {
       const bool has_old = ev.old_value.has_value();
@@ -301,23 +317,31 @@ void StorageProfile::Add(const core::AccessEvent& ev) {
   }
 }
 
-uint32_t StorageProfile::FieldThreadCount(uint32_t field) const {
-  uint32_t n = 0;
-  for (size_t t = 0; t < threads_.size(); ++t) {
-    n += thread_fields_[t * fields_.size() + field].total() > 0 ? 1 : 0;
+const RwCounts& StorageProfile::ThreadFieldCounts(uint32_t thread, uint32_t field) const {
+  const auto it = thread_field_index_.find(ThreadFieldKey(thread, field));
+  return it == thread_field_index_.end() ? kNoCounts : thread_fields_[thread][it->second].counts;
+}
+
+std::vector<std::pair<uint32_t, RwCounts>> StorageProfile::ThreadFields(uint32_t thread) const {
+  std::vector<std::pair<uint32_t, RwCounts>> out;
+  out.reserve(thread_fields_[thread].size());
+  for (const ThreadField& tf : thread_fields_[thread]) {
+    out.emplace_back(tf.field, tf.counts);
   }
-  return n;
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
 }
 
 std::vector<uint64_t> StorageProfile::ThreadFieldBins(uint32_t thread, uint32_t field,
                                                       bool writes) const {
-  const uint32_t row = thread_rows_[static_cast<size_t>(thread) * fields_.size() + field];
+  const auto it = thread_field_index_.find(ThreadFieldKey(thread, field));
+  const uint32_t row =
+      it == thread_field_index_.end() ? kNone : thread_fields_[thread][it->second].row;
   if (row == kNone) {
     std::vector<uint64_t> zeros(bins_.columns(), 0);
     return zeros;
   }
-  const absl::Span<const uint64_t> r = bins_.Row(row + (writes ? 1 : 0));
-  return {r.begin(), r.end()};
+  return bins_.RowCopy(row + (writes ? 1 : 0));
 }
 
 uint32_t StorageProfile::ThreadIndex(pid_t tid) const {

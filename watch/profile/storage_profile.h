@@ -24,9 +24,11 @@ namespace kwatch::watch::profile {
 // with which values, and which cache lines the threads write at the same time (false
 // sharing). Add is amortized O(1): the fields and cache lines an access touches are computed
 // once per distinct (watch, first byte, size) and cached; no allocation or string work per
-// event after warm-up. Memory is bounded by fields, bytes (max_tracked_bytes), sites (the
-// max_sites_* caps), threads, time columns and distinct access shapes (a cache of at most
-// 65536 shapes; further shapes are recomputed per event), never by the number of events.
+// event after warm-up. Memory is bounded by fields, bytes (max_tracked_bytes,
+// max_tracked_total), sites (the max_sites_* caps), threads, distinct access shapes (a cache of
+// at most 65536 shapes; further shapes are recomputed per event), and per field and per
+// (thread, field) pair that was accessed, one row of time columns (only for what was accessed:
+// a field or thread nobody touched costs no time columns), never by the number of events.
 //
 // An event touches the bytes [access_addr, +access_size) when access_size > 0, else the
 // watched range [addr, +len), clipped to the object; a field is touched when its effective
@@ -61,7 +63,8 @@ class StorageProfile {
 
   // Per field (global index).
   const RwCounts& field_counts(uint32_t field) const { return field_counts_[field]; }
-  uint32_t FieldThreadCount(uint32_t field) const;  // threads that touched it
+  // Threads that touched it.
+  uint32_t FieldThreadCount(uint32_t field) const { return field_threads_[field]; }
   std::vector<SiteCount> FieldSites(uint32_t field) const { return field_sites_[field].Ranked(); }
   const RwCounts& FieldOtherSites(uint32_t field) const { return field_sites_[field].other(); }
   // Values seen in the field (oldest first, at most value_history): only from events whose
@@ -80,9 +83,12 @@ class StorageProfile {
 
   // Threads, in order of first appearance.
   const std::vector<ThreadInfo>& threads() const { return threads_; }
-  const RwCounts& ThreadFieldCounts(uint32_t thread, uint32_t field) const {
-    return thread_fields_[static_cast<size_t>(thread) * fields_.size() + field];
-  }
+  // One thread's accesses to one field (zeros when it never touched it). O(1) expected.
+  const RwCounts& ThreadFieldCounts(uint32_t thread, uint32_t field) const;
+  // The fields `thread` touched with its counts, by field index. O(k log k) for its k fields.
+  std::vector<std::pair<uint32_t, RwCounts>> ThreadFields(uint32_t thread) const;
+  // (thread, field) pairs with accesses: what the per-thread views hold.
+  size_t thread_field_pairs() const { return thread_field_index_.size(); }
   // Index of `tid` in threads(), or kNone.
   uint32_t ThreadIndex(pid_t tid) const;
 
@@ -139,6 +145,23 @@ class StorageProfile {
     return static_cast<size_t>((mix * 0x9E3779B97F4A7C15ULL) >> 56);
   }
 
+  // One thread's accesses to one field.
+  struct ThreadField {
+    uint32_t field = 0;
+    uint32_t row = kNone;  // its reads row in bins_ (writes: row + 1), kNone before any
+    RwCounts counts;
+  };
+  static uint64_t ThreadFieldKey(uint32_t thread, uint32_t field) {
+    return (uint64_t{thread} << 32) | field;
+  }
+  struct PairSlot {  // a direct-mapped cache in front of thread_field_index_
+    uint64_t key = ~uint64_t{0};
+    uint32_t pos = 0;
+  };
+  static size_t PairSlotFor(uint64_t key) {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);
+  }
+
   uint32_t ThreadFor(const core::AccessEvent& ev);
   void BuildShape(uint32_t obj, uint64_t start, uint64_t size);
 
@@ -157,8 +180,10 @@ class StorageProfile {
   uint64_t late_events_ = 0;
   std::vector<ThreadInfo> threads_;
   absl::flat_hash_map<pid_t, uint32_t> thread_index_;
-  std::vector<RwCounts> thread_fields_;  // [thread * fields + field]
-  std::vector<uint32_t> thread_rows_;    // [thread * fields + field]: reads row or kNone
+  // Per thread, the fields it touched (in order of first access), found by ThreadFieldKey.
+  std::vector<std::vector<ThreadField>> thread_fields_;
+  absl::flat_hash_map<uint64_t, uint32_t> thread_field_index_;  // -> position in its vector
+  std::vector<uint32_t> field_threads_;                         // per field
   std::vector<CacheLine> lines_;
   absl::flat_hash_map<uint64_t, uint32_t> line_index_;  // line address -> index
   // Access shapes: the cache, the pools their hits live in, and the previous lookup.
@@ -169,6 +194,7 @@ class StorageProfile {
   std::vector<uint32_t> line_pos_;
   std::array<ShapeSlot, 256> shape_cache_{};
   std::array<ThreadSlot, 16> thread_cache_{};
+  std::array<PairSlot, 256> pair_cache_{};
   uint64_t events_ = 0, ignored_ = 0, first_ns_ = 0, last_ns_ = 0;
 };
 

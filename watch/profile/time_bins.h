@@ -1,9 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
+#include "core/base/status_macros.h"
 
 namespace kwatch::watch::profile {
 
@@ -22,7 +24,11 @@ namespace kwatch::watch::profile {
 // ColumnFor returns kLate and the caller does not bin it.
 //
 // Times before the origin go to the first column (automatic) or to bucket 0 (fixed).
-// Memory: rows x max_columns x 8 bytes. Copyable; not thread-safe.
+// Memory: max_columns x 8 bytes per row that was ever incremented; a row that never was holds
+// no counters (it reads as zeros), so rows can be added for everything that might be counted.
+// A sparse row (AddSparseRow) holds 16 bytes per column it counted in, until that is more than
+// max_columns / 8 columns, when it becomes a full row: for the many rows that count in a few
+// columns (one thread's accesses to one field). Copyable; not thread-safe.
 class TimeBins {
  public:
   static constexpr uint32_t kLate = ~0U;
@@ -32,8 +38,11 @@ class TimeBins {
   TimeBins(uint64_t origin_ns, uint64_t fixed_width_ns, uint64_t initial_width_ns,
            uint32_t max_columns);
 
-  // Appends a row of zeros; returns its id (ids are 0, 1, 2, ...).
+  // Appends a row of zeros (no counters until its first Increment); returns its id (ids are
+  // 0, 1, 2, ...).
   uint32_t AddRow();
+  // Appends a sparse row (see above); read it with RowCopy.
+  uint32_t AddSparseRow();
 
   // The column for time `t_ns`, reshaping all rows first if `t_ns` lies past the last
   // column (see above); kLate for a time before a fixed window. O(1) when t_ns falls in the
@@ -45,14 +54,30 @@ class TimeBins {
     return ColumnSlow(t_ns);
   }
   void Increment(uint32_t row, uint32_t column) {
-    ++cells_[static_cast<size_t>(row) * max_ + column];
+    const uint32_t block = blocks_[row];
+    if (block < kSparse) {
+      ++cells_[static_cast<size_t>(block) * max_ + column];
+    } else {
+      IncrementSlow(row, column);
+    }
   }
 
-  // The first columns() counters of `row` (columns() covers everything seen so far).
+  // The first columns() counters of `row` (columns() covers everything seen so far). A full
+  // row (AddRow) only.
   absl::Span<const uint64_t> Row(uint32_t row) const {
-    return absl::MakeConstSpan(cells_.data() + static_cast<size_t>(row) * max_, used_);
+    const uint32_t block = blocks_[row];
+    KW_CHECK(block < kSparse || block == kNoBlock);
+    return absl::MakeConstSpan(
+        block == kNoBlock ? zeros_.data() : cells_.data() + static_cast<size_t>(block) * max_,
+        used_);
   }
-  uint32_t rows() const { return rows_; }
+  // The same, of either kind of row.
+  std::vector<uint64_t> RowCopy(uint32_t row) const;
+  uint32_t rows() const { return static_cast<uint32_t>(blocks_.size()); }
+  // Rows holding max_columns() counters (incremented full rows, and sparse rows grown full).
+  uint32_t counted_rows() const { return counted_rows_; }
+  // (column, count) pairs held by sparse rows.
+  uint64_t sparse_cells() const { return sparse_cells_; }
   // Columns in use: up to and including the latest one an event fell in (0 before any).
   uint32_t columns() const { return used_; }
   uint32_t max_columns() const { return max_; }
@@ -65,6 +90,13 @@ class TimeBins {
   uint64_t ColumnStartNs(uint32_t c) const { return (first_ + c) * width_; }
 
  private:
+  // blocks_ values: a block number, kNoBlock, or kSparse + an index into sparse_.
+  static constexpr uint32_t kNoBlock = ~0u;
+  static constexpr uint32_t kSparse = 0x80000000u;
+  using SparseRow = std::vector<std::pair<uint32_t, uint64_t>>;  // (column, count), by column
+
+  uint32_t NewBlock();
+  void IncrementSlow(uint32_t row, uint32_t column);
   uint32_t ColumnSlow(uint64_t t_ns);
   void Double();
   void Slide(uint64_t bucket);
@@ -75,8 +107,12 @@ class TimeBins {
   uint32_t max_;
   uint64_t first_ = 0;
   uint32_t used_ = 0;
-  uint32_t rows_ = 0;
-  std::vector<uint64_t> cells_;  // row-major, max_ counters per row
+  std::vector<uint32_t> blocks_;  // per row: its block of max_ counters in cells_, or kNoBlock
+  std::vector<uint64_t> cells_;   // blocks of max_ counters, in order of first increment
+  std::vector<uint64_t> zeros_;   // max_ zeros: what an uncounted row reads
+  std::vector<SparseRow> sparse_;
+  uint64_t sparse_cells_ = 0;
+  uint32_t counted_rows_ = 0;  // blocks in cells_
   // The column of the last lookup: times in [cur_lo_, cur_lo_ + cur_len_) map to cur_col_.
   uint64_t cur_lo_ = 0;
   uint64_t cur_len_ = 0;
