@@ -596,6 +596,10 @@ absl::Status TraceWriter::CheckLocation() {
     return absl::OkStatus();
   }
   struct stat fst {};
+  struct stat pst {};
+  // The path first: a removal between the two calls then shows in the file's link count
+  // (fstat after stat), not as a file renamed away.
+  const bool at_path = ::stat(path_.c_str(), &pst) == 0;
   if (::fstat(file_.get(), &fst) != 0) {
     const int err = errno;
     return SyscallError(err, absl::StrCat("fstat(", path_, ")"));
@@ -607,8 +611,7 @@ absl::Status TraceWriter::CheckLocation() {
                      ": the recording's file was removed while recording (its directory "
                      "deleted?); the recording is lost"));
   }
-  struct stat pst {};
-  if (::stat(path_.c_str(), &pst) != 0 || pst.st_dev != fst.st_dev || pst.st_ino != fst.st_ino) {
+  if (!at_path || pst.st_dev != fst.st_dev || pst.st_ino != fst.st_ino) {
     moved_to_ = CurrentPath(file_.get());
     return absl::FailedPreconditionError(absl::StrCat(
         path_, ": the recording's file or directory was renamed or replaced while recording",
