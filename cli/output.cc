@@ -71,6 +71,9 @@ int64_t ValueOf(uint64_t raw, uint32_t len) {
 }
 
 std::string ValueText(const watch::EventValues& v, uint64_t raw) {
+  if (v.pointer) {
+    return absl::StrCat("0x", absl::Hex(raw));
+  }
   // A decoded bitfield is already sign-extended (or zero-extended) to 64 bits.
   return absl::StrCat(v.decoded ? static_cast<int64_t>(raw) : ValueOf(raw, v.width));
 }
@@ -257,8 +260,9 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   }
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const std::string field = summary.FieldLabel(as_counted);
-  const watch::EventValues v =
-      watch::ValuesOf(watch::WatchedBitfield(session.watches()[ev.watch_id].target), ev);
+  const core::symbols::ResolvedExpr& target = session.watches()[ev.watch_id].target;
+  watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(target), ev);
+  v.pointer = watch::AccessesAPointer(target, ev);  // text shows addresses in hex; JSON numbers
   const double t = Seconds(ev.time_ns);
   std::string value = "?";
   if (v.value.has_value()) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "watch/condition.h"
 
 namespace kwatch::watch {
@@ -61,6 +64,31 @@ EventValues ValuesOf(const std::optional<BitfieldPlace>& bitfield, const core::A
       ev.old_value.has_value() ? BitfieldIn(*bitfield, at, size, *ev.old_value) : std::nullopt;
   out.decoded = true;
   return out;
+}
+
+bool AccessesAPointer(const core::symbols::ResolvedExpr& target, const core::AccessEvent& ev) {
+  if (!target.layout.has_value()) {
+    return false;
+  }
+  const uint64_t addr = ev.access_size > 0 ? ev.access_addr.value : ev.addr.value;
+  const uint32_t size = ev.access_size > 0 ? ev.access_size : ev.len;
+  if (addr < target.addr.value) {
+    return false;
+  }
+  const core::symbols::FieldLayout* leaf = target.layout->LeafAt(addr - target.addr.value);
+  if (leaf == nullptr || leaf->offset != addr - target.addr.value || leaf->size != size ||
+      leaf->bit_size != 0) {
+    return false;
+  }
+  // "struct handle *", "struct handle *volatile": a '*' before any trailing qualifiers.
+  absl::string_view type = leaf->type_name;
+  bool stripped = true;
+  while (stripped) {
+    type = absl::StripTrailingAsciiWhitespace(type);
+    stripped = absl::ConsumeSuffix(&type, "const") || absl::ConsumeSuffix(&type, "volatile") ||
+               absl::ConsumeSuffix(&type, "restrict");
+  }
+  return absl::EndsWith(type, "*");
 }
 
 }  // namespace kwatch::watch

@@ -36,7 +36,12 @@ struct EventValues {
   std::optional<uint64_t> old_value;
   bool decoded = false;  // bitfield values; print them as is (already sign-extended)
   uint32_t width = 0;    // bytes of the raw values when not decoded
+  bool pointer = false;  // the access is exactly one pointer field: its values are addresses
 };
 EventValues ValuesOf(const std::optional<BitfieldPlace>& bitfield, const core::AccessEvent& ev);
+
+// Whether `ev` accessed exactly one whole field of pointer type of `target` (the watched
+// variable itself, or a member of a watched structure): its values are addresses, shown in hex.
+bool AccessesAPointer(const core::symbols::ResolvedExpr& target, const core::AccessEvent& ev);
 
 }  // namespace kwatch::watch

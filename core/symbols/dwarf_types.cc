@@ -3,9 +3,12 @@
 #include <dwarf.h>
 
 #include <array>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -367,10 +370,133 @@ std::string DieName(Dwarf_Die die) {
   return name == nullptr ? "" : name;
 }
 
+namespace {
+
+// Complete definitions of the structs, unions and classes a unit only declares (`struct
+// ZSTD_CCtx_s;` behind most C library handles), found as gdb finds them: by tag and name in
+// the other units of the same debug info. Units are scanned lazily, in order, until the name
+// turns up, and every complete aggregate seen on the way is remembered (first definition of a
+// name wins, as in gdb); a Dwarf is forgotten with its Dwfl (DwflDeleter).
+class Definitions {
+ public:
+  static Definitions& Get() {
+    static auto* const definitions = new Definitions();
+    return *definitions;
+  }
+
+  std::optional<Dwarf_Die> Find(Dwarf_Die declaration) {
+    const std::string name = DieName(declaration);
+    Dwarf* dwarf = dwarf_cu_getdwarf(declaration.cu);
+    if (name.empty() || dwarf == nullptr) {
+      return std::nullopt;
+    }
+    const Key key{dwarf_tag(&declaration), name};
+    const std::lock_guard<std::mutex> lock(mu_);
+    Scan& scan = scans_[dwarf];
+    while (true) {
+      if (const auto it = scan.found.find(key); it != scan.found.end()) {
+        return it->second;
+      }
+      if (scan.done) {
+        return std::nullopt;
+      }
+      ScanNextUnit(dwarf, &scan);
+    }
+  }
+
+  void Forget(Dwarf* dwarf) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    scans_.erase(dwarf);
+  }
+
+ private:
+  using Key = std::pair<int, std::string>;
+  struct Scan {
+    Dwarf_CU* cu = nullptr;  // the last unit scanned
+    bool done = false;
+    absl::flat_hash_map<Key, Dwarf_Die> found;
+  };
+
+  static void Remember(Dwarf_Die parent, int depth, Scan* scan) {
+    Dwarf_Die child;
+    if (depth > 8 || dwarf_child(&parent, &child) != 0) {
+      return;
+    }
+    do {
+      const int tag = dwarf_tag(&child);
+      if (tag == DW_TAG_namespace) {
+        Remember(child, depth + 1, scan);
+      } else if (IsAggregateTag(tag) && dwarf_hasattr(&child, DW_AT_declaration) == 0 &&
+                 dwarf_hasattr(&child, DW_AT_byte_size) != 0) {
+        const std::string name = DieName(child);
+        if (!name.empty()) {
+          scan->found.try_emplace(Key{tag, name}, child);
+        }
+      }
+    } while (dwarf_siblingof(&child, &child) == 0);
+  }
+
+  static void ScanNextUnit(Dwarf* dwarf, Scan* scan) {
+    Dwarf_CU* next = nullptr;
+    Dwarf_Half version = 0;
+    uint8_t unit_type = 0;
+    Dwarf_Die cudie;
+    if (dwarf_get_units(dwarf, scan->cu, &next, &version, &unit_type, &cudie, nullptr) != 0) {
+      scan->done = true;
+      return;
+    }
+    scan->cu = next;
+    Remember(cudie, 0, scan);
+  }
+
+  std::mutex mu_;
+  absl::flat_hash_map<Dwarf*, Scan> scans_;
+};
+
+// The definition of an aggregate `die` only declares: through its type signature (type
+// units), else by name; `die` itself when it is complete or nothing defines it.
+Dwarf_Die CompleteAggregate(Dwarf_Die die) {
+  if (!IsAggregateTag(dwarf_tag(&die)) || dwarf_hasattr(&die, DW_AT_declaration) == 0) {
+    return die;
+  }
+  Dwarf_Attribute signature;
+  Dwarf_Die defined;
+  if (dwarf_attr(&die, DW_AT_signature, &signature) != nullptr &&
+      dwarf_formref_die(&signature, &defined) != nullptr &&
+      dwarf_hasattr(&defined, DW_AT_declaration) == 0) {
+    return defined;
+  }
+  return Definitions::Get().Find(die).value_or(die);
+}
+
+int ForgetModule(Dwfl_Module* module, void** /*userdata*/, const char* /*name*/,
+                 Dwarf_Addr /*start*/, void* /*arg*/) {
+  Dwarf_Addr dwbias = 0;
+  dwfl_module_info(module, nullptr, nullptr, nullptr, &dwbias, nullptr, nullptr, nullptr);
+  if (dwbias != static_cast<Dwarf_Addr>(-1)) {  // its DWARF was loaded: it may be remembered
+    Dwarf_Addr bias = 0;
+    if (Dwarf* dwarf = dwfl_module_getdwarf(module, &bias); dwarf != nullptr) {
+      Definitions::Get().Forget(dwarf);
+      if (Dwarf* alt = dwarf_getalt(dwarf); alt != nullptr) {
+        Definitions::Get().Forget(alt);
+      }
+    }
+  }
+  return DWARF_CB_OK;
+}
+
+}  // namespace
+
+void DwflDeleter::operator()(Dwfl* dwfl) const {
+  dwfl_getmodules(dwfl, ForgetModule, nullptr, 0);
+  dwfl_end(dwfl);
+}
+
 TypeRef StripType(const TypeRef& type) {
   TypeRef t = type;
   for (int i = 0; i < kMaxTypeDepth; ++i) {
     if (!IsQualifierOrTypedef(dwarf_tag(&t.die))) {
+      t.die = CompleteAggregate(t.die);
       return t;
     }
     const std::optional<Dwarf_Die> next = TypeOf(t.die);

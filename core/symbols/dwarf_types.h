@@ -19,8 +19,9 @@
 
 namespace kwatch::core::symbols {
 
+// Ends a Dwfl, forgetting what StripType learned of its modules' types.
 struct DwflDeleter {
-  void operator()(Dwfl* dwfl) const { dwfl_end(dwfl); }
+  void operator()(Dwfl* dwfl) const;
 };
 using DwflPtr = std::unique_ptr<Dwfl, DwflDeleter>;
 
@@ -38,8 +39,10 @@ std::optional<Dwarf_Die> TypeOf(Dwarf_Die die);
 // DW_AT_name (integrated), or "" when the DIE has none.
 std::string DieName(Dwarf_Die die);
 
-// Follows typedefs and const/volatile/restrict/atomic qualifiers to the underlying type.
-// A TypeRef's skip_dims is kept (it only applies to an array DIE).
+// Follows typedefs and const/volatile/restrict/atomic qualifiers to the underlying type; a
+// struct, union or class only declared there (an opaque handle) becomes its definition from
+// another unit of the same debug info, found by name as gdb does. A TypeRef's skip_dims is
+// kept (it only applies to an array DIE).
 TypeRef StripType(const TypeRef& type);
 
 // The DWARF tag of the stripped type.

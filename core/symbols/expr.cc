@@ -191,6 +191,24 @@ absl::StatusOr<Expr> Parser::Parse() {
   if (std::isdigit(static_cast<unsigned char>(Peek())) != 0) {
     return Error("expected a variable name or a 0x-prefixed address", pos_);
   }
+  // gdb's file scope: 'thread.c'::initialized, the static of that source file.
+  std::string file_scope;
+  if (Peek() == '\'') {
+    const size_t open = pos_;
+    const size_t close = text_.find('\'', open + 1);
+    if (close == absl::string_view::npos) {
+      return Error("unterminated file name: write 'FILE'::NAME", open);
+    }
+    if (close == open + 1) {
+      return Error("empty file name: write 'FILE'::NAME", open);
+    }
+    file_scope = absl::StrCat(text_.substr(open, close - open + 1), "::");
+    pos_ = close + 1;
+    if (Peek() != ':' || Peek(1) != ':') {
+      return Error("expected '::' and a variable name after the file name", pos_);
+    }
+    pos_ += 2;
+  }
   if (!IsIdentStart(Peek())) {
     return Error(absl::StrCat("expected a variable name or 0xADDR, found ", Describe(text_, pos_)),
                  pos_);
@@ -199,7 +217,7 @@ absl::StatusOr<Expr> Parser::Parse() {
   if (!base.ok()) {
     return base.status();
   }
-  expr.base = *std::move(base);
+  expr.base = absl::StrCat(file_scope, *base);
 
   while (true) {
     SkipSpace();

@@ -13,7 +13,7 @@ namespace kwatch::core::symbols {
 
 // The watch expression language:
 //   name | &name | name.field.sub | name[3] | name[2].field | ptr->field | *ptr
-//   0xADDR | 0xADDR:LEN
+//   'file.c'::name (the static of that source file, as in gdb) | 0xADDR | 0xADDR:LEN
 // A leading '&' is accepted and means the object itself (as in `kwatch --write &jiffies`).
 struct ExprStep {
   enum class Kind : uint8_t { kMember, kArrow, kIndex, kDeref };
@@ -25,7 +25,8 @@ struct ExprStep {
 
 struct Expr {
   std::string text;                 // as the user wrote it
-  std::string base;                 // symbol name (empty for an absolute address)
+  std::string base;                 // symbol name, 'file.c'::name for a file's static
+                                    // (empty for an absolute address)
   std::optional<uint64_t> address;  // 0xADDR form
   std::optional<uint64_t> length;   // 0xADDR:LEN form
   std::vector<ExprStep> steps;

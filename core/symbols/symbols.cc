@@ -133,6 +133,8 @@ class DwflSymbols final : public Symbols {
     TypeRef type;
     bool tls = false;
     Rank rank = kDwarfExtern;
+    std::string file;      // DWARF: the unit's source file, as compiled ("Python/thread.c")
+    std::string function;  // DWARF: the function of a function-static
   };
 
   // The ELF symbol index of `mod`, built on first use.
@@ -399,6 +401,13 @@ void DwflSymbols::IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::strin
     c.has_type = true;
     c.type = TypeRef{*type, 0};
   }
+  Dwarf_Die cu;
+  if (dwarf_diecu(&var, &cu, nullptr, nullptr) != nullptr) {
+    if (const char* file = dwarf_diename(&cu); file != nullptr) {
+      c.file = file;
+    }
+  }
+  c.function = function;
   if (!function.empty()) {
     c.rank = kDwarfStatic;
     data_[function + "::" + name].push_back(c);
@@ -422,9 +431,27 @@ std::string DwflSymbols::ModuleList() const {
   return names.empty() ? "no modules" : absl::StrJoin(names, ", ");
 }
 
-absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& name) const {
+namespace {
+
+// 'thread.c' names Python/thread.c: the unit's file, or a tail of it at a '/'.
+bool FileMatches(absl::string_view unit_file, absl::string_view written) {
+  return unit_file == written || (absl::EndsWith(unit_file, written) &&
+                                  unit_file[unit_file.size() - written.size() - 1] == '/');
+}
+
+}  // namespace
+
+absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) const {
+  // 'FILE'::NAME (the parser checked the quotes and the '::').
+  std::string file;
+  std::string name = written;
+  if (absl::StartsWith(written, "'")) {
+    const size_t close = written.find('\'', 1);
+    file = written.substr(1, close - 1);
+    name = written.substr(close + 3);
+  }
   auto it = data_.find(name);
-  if (it == data_.end()) {
+  if (it == data_.end() && file.empty()) {
     // C++: `g_counter` for `net::stats::g_counter` when only one name ends that way.
     const std::string tail = absl::StrCat("::", name);
     std::vector<std::string> qualified;
@@ -473,7 +500,27 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& name) cons
     }
     return absl::NotFoundError(msg);
   }
-  const std::vector<Candidate>& cands = it->second;
+  std::vector<Candidate> cands = it->second;
+  if (!file.empty()) {
+    std::vector<std::string> files;
+    for (const Candidate& c : cands) {
+      if (!c.file.empty() && std::find(files.begin(), files.end(), c.file) == files.end()) {
+        files.push_back(c.file);
+      }
+    }
+    std::erase_if(cands, [&](const Candidate& c) { return !FileMatches(c.file, file); });
+    if (cands.empty()) {
+      std::string msg = absl::StrCat("no variable '", name, "' in source file '", file, "'");
+      if (!files.empty()) {
+        std::sort(files.begin(), files.end());
+        absl::StrAppend(
+            &msg, "; '", name, "' is defined in ",
+            absl::StrJoin(files.begin(), files.begin() + std::min<size_t>(files.size(), 8), ", "),
+            files.size() > 8 ? ", ..." : "");
+      }
+      return absl::NotFoundError(msg);
+    }
+  }
   const Candidate* chosen = nullptr;
   // The executable's global definition wins (copy relocations, interposition), as for
   // the dynamic linker.
@@ -491,6 +538,33 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& name) cons
       }
     }
   }
+  // Statics of one name in several files (or functions) of a module are different objects:
+  // never pick one silently.
+  if (chosen->rank == kDwarfStatic || chosen->rank == kDwarfFunctionStatic) {
+    std::vector<const Candidate*> rivals;
+    for (const Candidate& c : cands) {
+      if (c.rank == chosen->rank && c.mod == chosen->mod &&
+          std::none_of(rivals.begin(), rivals.end(),
+                       [&](const Candidate* r) { return r->addr == c.addr; })) {
+        rivals.push_back(&c);
+      }
+    }
+    if (rivals.size() > 1) {
+      std::vector<std::string> names;
+      for (const Candidate* r : rivals) {
+        const std::string scoped =
+            chosen->rank == kDwarfFunctionStatic ? absl::StrCat(r->function, "::", name) : name;
+        names.push_back(r->file.empty() ? scoped : absl::StrCat("'", r->file, "'::", scoped));
+      }
+      std::sort(names.begin(), names.end());
+      const size_t shown = std::min<size_t>(names.size(), 8);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", written, "' is ambiguous: ", rivals.size(), " statics of that name in ",
+          Basename(ModuleName(chosen->mod)), ": ",
+          absl::StrJoin(names.begin(), names.begin() + static_cast<ptrdiff_t>(shown), ", "),
+          names.size() > shown ? ", ..." : "", "; write one of them"));
+    }
+  }
   if (chosen->tls) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'", name,
@@ -498,7 +572,7 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& name) cons
         "variables by name yet; watch one thread's copy as 0xADDR:LEN"));
   }
   ExprVariable var;
-  var.name = name;
+  var.name = written;
   var.addr = chosen->addr;
   if (chosen->has_type) {
     var.type = chosen->type;

@@ -20,6 +20,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/cli/cli_test_util.h"
@@ -31,6 +32,7 @@ namespace {
 using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::TargetPath;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 using ::kwatch::clitest::JsonRun;
@@ -211,6 +213,72 @@ TEST(KwatchLaunch, ExactOldAndNewValuesInPageMode) {
     expected_old = static_cast<long>(2 * k);
   }
   EXPECT_EQ(run.summary["backend"], "page");
+}
+
+// An opaque handle (tests/targets/opaque: main.c declares `struct handle`, handle.c defines
+// it): the member is found through the other unit's definition, and every bump is counted.
+TEST(KwatchLaunch, AMemberBehindAnOpaqueHandleIsWatched) {
+  const RunResult r = RunKwatch({"--json", "--backend", "page", "--write", "g_handle->counter",
+                                 "--", TargetPath("opaque"), "9"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("bumped 9"));
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.watches.size(), 1u);
+  EXPECT_EQ(run.watches[0]["type_name"], "long");
+  EXPECT_EQ(run.watches[0]["len"], 8);
+  ASSERT_EQ(run.events.size(), 9u);
+  for (size_t k = 0; k < run.events.size(); ++k) {
+    EXPECT_EQ(run.events[k]["field"], "g_handle->counter");
+    EXPECT_EQ(run.events[k]["value"], static_cast<long>(k + 1));
+    EXPECT_EQ(run.events[k]["function"], "handle_bump");
+  }
+}
+
+// Both units of the opaque target have a `static long bumps`: gdb's 'FILE'::NAME picks one;
+// the bare name is refused with both spellings, and the target still runs to its end.
+TEST(KwatchLaunch, AStaticIsNamedByItsFile) {
+  const RunResult r = RunKwatch({"--json", "--backend", "page", "--write", "'handle.c'::bumps",
+                                 "--", TargetPath("opaque"), "6"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.events.size(), 6u);
+  for (size_t k = 0; k < run.events.size(); ++k) {
+    EXPECT_EQ(run.events[k]["expr"], "'handle.c'::bumps");
+    EXPECT_EQ(run.events[k]["value"], static_cast<long>(2 * (k + 1)));  // handle.c adds 2
+    EXPECT_EQ(run.events[k]["function"], "handle_bump");
+  }
+
+  const RunResult bare = RunKwatch({"--write", "bumps", "--", TargetPath("opaque"), "6"});
+  EXPECT_EQ(bare.exit_code, 1);
+  EXPECT_THAT(bare.err, HasSubstr("'bumps' is ambiguous: 2 statics of that name in opaque: '"));
+  EXPECT_THAT(bare.err, HasSubstr("opaque/main.c'::bumps; write one of them"));
+}
+
+// A pointer's values are addresses: the live lines show them in hex (g_last alternates between
+// the handle and NULL), JSON keeps numbers.
+TEST(KwatchLaunch, PointerValuesAreShownInHex) {
+  const RunResult as_json = RunKwatch(
+      {"--json", "--backend", "page", "--write", "g_last", "--", TargetPath("opaque"), "4"});
+  ASSERT_EQ(as_json.exit_code, 0) << as_json.err;
+  const JsonRun run = ParseJsonLines(as_json.out);
+  ASSERT_EQ(run.events.size(), 4u);
+  const uint64_t handle = run.events[0]["value"].get<uint64_t>();
+  EXPECT_NE(handle, 0u);
+  const RunResult r =
+      RunKwatch({"--backend", "page", "--write", "g_last", "--", TargetPath("opaque"), "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> values;
+  for (const absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    if (absl::StrContains(line, " g_last ") && absl::StrContains(line, " -> ")) {
+      values.emplace_back(line);
+    }
+  }
+  ASSERT_EQ(values.size(), 4u) << r.out;
+  // Addresses differ between runs (ASLR): compare the shape, and that NULL is 0x0.
+  EXPECT_THAT(values[0], ContainsRegex(" 0x0 -> 0x[0-9a-f]{9,} "));
+  EXPECT_THAT(values[1], ContainsRegex(" 0x[0-9a-f]{9,} -> 0x0 "));
+  EXPECT_THAT(values[2], ContainsRegex(" 0x0 -> 0x[0-9a-f]{9,} "));
+  EXPECT_THAT(values[3], ContainsRegex(" 0x[0-9a-f]{9,} -> 0x0 "));
 }
 
 // Ctrl-C, SIGTERM and SIGHUP all stop kwatch cleanly, and the target keeps working.

@@ -69,6 +69,31 @@ TEST(ParseExprTest, CxxQualifiedName) {
   EXPECT_EQ(e->steps[0].member, "field");
 }
 
+TEST(ParseExprTest, FileScopedStatic) {
+  auto e = ParseExpr("'Python/thread.c'::initialized");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->base, "'Python/thread.c'::initialized");
+  EXPECT_TRUE(e->steps.empty());
+  auto f = ParseExpr("&'a.c'::run::calls.hits");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->address_of);
+  EXPECT_EQ(f->base, "'a.c'::run::calls");
+  ASSERT_EQ(f->steps.size(), 1u);
+  EXPECT_EQ(f->steps[0].member, "hits");
+
+  auto open = ParseExpr("'thread.c::initialized");
+  ASSERT_FALSE(open.ok());
+  EXPECT_THAT(std::string(open.status().message()),
+              ::testing::StartsWith("unterminated file name: write 'FILE'::NAME at column 1"));
+  auto no_colons = ParseExpr("'thread.c'.initialized");
+  ASSERT_FALSE(no_colons.ok());
+  EXPECT_THAT(
+      std::string(no_colons.status().message()),
+      ::testing::StartsWith("expected '::' and a variable name after the file name at column 11"));
+  EXPECT_FALSE(ParseExpr("''::x").ok());
+  EXPECT_FALSE(ParseExpr("'a.c'::").ok());
+}
+
 TEST(ParseExprTest, DerefAppliesAfterPostfixSteps) {
   auto e = ParseExpr("*g_cache.next");
   ASSERT_TRUE(e.ok()) << e.status();

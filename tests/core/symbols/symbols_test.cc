@@ -725,6 +725,91 @@ TEST(SymbolsProcessTest, ResolvesRunTimeAddresses) {
   EXPECT_TRUE((*symbols)->ReadCode(store, std::span<uint8_t>(code)).ok());
 }
 
+// tests/targets/opaque: main.c holds `struct handle* g_handle` with `struct handle` only
+// declared; handle.c defines it as {int id; long counter; char name[16];}.
+TEST(SymbolsOpaqueTest, APointerToATypeDefinedInAnotherUnitIsFollowed) {
+  auto symbols = Symbols::ForFile(kwatch::testing::TargetPath("opaque"));
+  ASSERT_TRUE(symbols.ok()) << symbols.status();
+  auto resolve = [&](const std::string& text, const MemoryReader& read) {
+    auto e = ParseExpr(text);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return (*symbols)->Resolve(*e, read);
+  };
+  auto ptr = resolve("g_handle", NoReader());
+  ASSERT_TRUE(ptr.ok()) << ptr.status();
+  EXPECT_EQ(ptr->type_name, "struct handle *");
+  const uint64_t target = 0x7f0000002000;
+
+  auto counter = resolve("g_handle->counter", PointerAt(ptr->addr.value, target));
+  ASSERT_TRUE(counter.ok()) << counter.status();
+  EXPECT_EQ(counter->addr.value, target + 8);
+  EXPECT_EQ(counter->length, 8u);
+  EXPECT_EQ(counter->type_name, "long");
+
+  auto whole = resolve("*g_handle", PointerAt(ptr->addr.value, target));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->type_name, "struct handle");
+  EXPECT_EQ(whole->length, 32u);
+  std::vector<std::string> paths;
+  ASSERT_TRUE(whole->layout.has_value());
+  for (const auto& f : whole->layout->fields) {
+    paths.push_back(f.path);
+  }
+  EXPECT_THAT(paths, ::testing::IsSupersetOf({".id", ".counter", ".name"}));
+
+  auto missing = resolve("g_handle->count", PointerAt(ptr->addr.value, target));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("struct handle has no member 'count'; did you mean 'counter'?"));
+}
+
+// Both units of tests/targets/opaque define `static volatile long bumps`, and both have a
+// function static `calls` (main.c's tick, handle.c's handle_count).
+TEST(SymbolsOpaqueTest, StaticsOfOneNameAreNamedByFileOrFunction) {
+  auto symbols = Symbols::ForFile(kwatch::testing::TargetPath("opaque"));
+  ASSERT_TRUE(symbols.ok()) << symbols.status();
+  auto resolve = [&](const std::string& text) {
+    auto e = ParseExpr(text);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return (*symbols)->Resolve(*e, NoReader());
+  };
+  auto ambiguous = resolve("bumps");
+  ASSERT_FALSE(ambiguous.ok());
+  EXPECT_EQ(ambiguous.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string dir = std::string(KWATCH_SOURCE_DIR) + "/tests/targets/opaque/";
+  EXPECT_EQ(ambiguous.status().message(),
+            absl::StrCat("'bumps' is ambiguous: 2 statics of that name in opaque: '", dir,
+                         "handle.c'::bumps, '", dir, "main.c'::bumps; write one of them"));
+
+  auto in_handle = resolve("'handle.c'::bumps");
+  ASSERT_TRUE(in_handle.ok()) << in_handle.status();
+  auto in_main = resolve("'opaque/main.c'::bumps");
+  ASSERT_TRUE(in_main.ok()) << in_main.status();
+  EXPECT_NE(in_handle->addr, in_main->addr);
+  EXPECT_EQ(in_handle->display, "'handle.c'::bumps");
+  EXPECT_EQ(in_handle->type_name, "volatile long");
+  EXPECT_EQ(in_handle->length, 8u);
+
+  auto wrong_file = resolve("'thread.c'::bumps");
+  ASSERT_FALSE(wrong_file.ok());
+  EXPECT_EQ(wrong_file.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(wrong_file.status().message()),
+              StartsWith("no variable 'bumps' in source file 'thread.c'; 'bumps' is defined in "));
+  // A tail must end at a '/': 'ain.c' is not main.c.
+  EXPECT_FALSE(resolve("'ain.c'::bumps").ok());
+
+  auto calls = resolve("calls");
+  ASSERT_FALSE(calls.ok());
+  EXPECT_THAT(std::string(calls.status().message()),
+              HasSubstr("handle.c'::handle_count::calls, '"));
+  EXPECT_THAT(std::string(calls.status().message()), HasSubstr("main.c'::tick::calls"));
+  auto tick_calls = resolve("tick::calls");
+  ASSERT_TRUE(tick_calls.ok()) << tick_calls.status();
+  auto count_calls = resolve("'handle.c'::handle_count::calls");
+  ASSERT_TRUE(count_calls.ok()) << count_calls.status();
+  EXPECT_NE(tick_calls->addr, count_calls->addr);
+}
+
 TEST(SymbolsProcessTest, NoSuchProcess) {
   auto s = Symbols::ForProcess(0x3ffffff0);
   ASSERT_FALSE(s.ok());
