@@ -133,8 +133,9 @@ class DwflSymbols final : public Symbols {
     TypeRef type;
     bool tls = false;
     Rank rank = kDwarfExtern;
-    std::string file;      // DWARF: the unit's source file, as compiled ("Python/thread.c")
-    std::string function;  // DWARF: the function of a function-static
+    absl::string_view file;  // DWARF: the unit's source file, as compiled ("Python/thread.c");
+                             // libdw's string, alive as long as dwfl_
+    std::string function;    // DWARF: the function of a function-static
   };
 
   // The ELF symbol index of `mod`, built on first use.
@@ -404,7 +405,7 @@ void DwflSymbols::IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::strin
   Dwarf_Die cu;
   if (dwarf_diecu(&var, &cu, nullptr, nullptr) != nullptr) {
     if (const char* file = dwarf_diename(&cu); file != nullptr) {
-      c.file = file;
+      c.file = file;  // in the Dwarf's string section
     }
   }
   c.function = function;
@@ -433,6 +434,16 @@ std::string DwflSymbols::ModuleList() const {
 
 namespace {
 
+// "a, b, c": `names` sorted, at most `shown` of them, then ", ..." for the rest.
+std::string SortedList(std::vector<std::string> names, size_t shown) {
+  std::sort(names.begin(), names.end());
+  if (names.size() > shown) {
+    names.resize(shown);
+    names.emplace_back("...");
+  }
+  return absl::StrJoin(names, ", ");
+}
+
 // 'thread.c' names Python/thread.c: the unit's file, or a tail of it at a '/'.
 bool FileMatches(absl::string_view unit_file, absl::string_view written) {
   return unit_file == written || (absl::EndsWith(unit_file, written) &&
@@ -460,16 +471,11 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
         qualified.push_back(n);
       }
     }
-    std::sort(qualified.begin(), qualified.end());
     if (qualified.size() == 1) {
       it = data_.find(qualified[0]);
     } else if (qualified.size() > 1) {
-      if (qualified.size() > 5) {
-        qualified.resize(5);
-        qualified.emplace_back("...");
-      }
       return absl::NotFoundError(absl::StrCat("'", name, "' is ambiguous: it could be ",
-                                              absl::StrJoin(qualified, ", "),
+                                              SortedList(std::move(qualified), 5),
                                               "; give the full name"));
     }
   }
@@ -500,27 +506,25 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
     }
     return absl::NotFoundError(msg);
   }
-  std::vector<Candidate> cands = it->second;
+  std::vector<Candidate> in_file;  // the candidates of 'FILE'::NAME
   if (!file.empty()) {
     std::vector<std::string> files;
-    for (const Candidate& c : cands) {
-      if (!c.file.empty() && std::find(files.begin(), files.end(), c.file) == files.end()) {
-        files.push_back(c.file);
+    for (const Candidate& c : it->second) {
+      if (FileMatches(c.file, file)) {
+        in_file.push_back(c);
+      } else if (!c.file.empty() && std::find(files.begin(), files.end(), c.file) == files.end()) {
+        files.emplace_back(c.file);
       }
     }
-    std::erase_if(cands, [&](const Candidate& c) { return !FileMatches(c.file, file); });
-    if (cands.empty()) {
+    if (in_file.empty()) {
       std::string msg = absl::StrCat("no variable '", name, "' in source file '", file, "'");
       if (!files.empty()) {
-        std::sort(files.begin(), files.end());
-        absl::StrAppend(
-            &msg, "; '", name, "' is defined in ",
-            absl::StrJoin(files.begin(), files.begin() + std::min<size_t>(files.size(), 8), ", "),
-            files.size() > 8 ? ", ..." : "");
+        absl::StrAppend(&msg, "; '", name, "' is defined in ", SortedList(std::move(files), 8));
       }
       return absl::NotFoundError(msg);
     }
   }
+  const std::vector<Candidate>& cands = file.empty() ? it->second : in_file;
   const Candidate* chosen = nullptr;
   // The executable's global definition wins (copy relocations, interposition), as for
   // the dynamic linker.
@@ -556,13 +560,10 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
             chosen->rank == kDwarfFunctionStatic ? absl::StrCat(r->function, "::", name) : name;
         names.push_back(r->file.empty() ? scoped : absl::StrCat("'", r->file, "'::", scoped));
       }
-      std::sort(names.begin(), names.end());
-      const size_t shown = std::min<size_t>(names.size(), 8);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", written, "' is ambiguous: ", rivals.size(), " statics of that name in ",
-          Basename(ModuleName(chosen->mod)), ": ",
-          absl::StrJoin(names.begin(), names.begin() + static_cast<ptrdiff_t>(shown), ", "),
-          names.size() > shown ? ", ..." : "", "; write one of them"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", written, "' is ambiguous: ", rivals.size(), " statics of that name in ",
+                       Basename(ModuleName(chosen->mod)), ": ", SortedList(std::move(names), 8),
+                       "; write one of them"));
     }
   }
   if (chosen->tls) {
