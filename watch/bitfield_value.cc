@@ -2,9 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "watch/condition.h"
 
 namespace kwatch::watch {
@@ -80,15 +77,7 @@ bool AccessesAPointer(const core::symbols::ResolvedExpr& target, const core::Acc
       leaf->bit_size != 0) {
     return false;
   }
-  // "struct handle *", "struct handle *volatile": a '*' before any trailing qualifiers.
-  absl::string_view type = leaf->type_name;
-  bool stripped = true;
-  while (stripped) {
-    type = absl::StripTrailingAsciiWhitespace(type);
-    stripped = absl::ConsumeSuffix(&type, "const") || absl::ConsumeSuffix(&type, "volatile") ||
-               absl::ConsumeSuffix(&type, "restrict");
-  }
-  return absl::EndsWith(type, "*");
+  return UnqualifiedType(leaf->type_name).ends_with('*');
 }
 
 }  // namespace kwatch::watch

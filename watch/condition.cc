@@ -641,7 +641,7 @@ std::string Condition::Disassemble() const {
   return out;
 }
 
-bool IsSignedType(std::string_view type_name) {
+std::string_view UnqualifiedType(std::string_view type_name) {
   std::string_view t = type_name;
   for (bool again = true; again;) {
     again = false;
@@ -651,7 +651,23 @@ bool IsSignedType(std::string_view type_name) {
         again = true;
       }
     }
+    // A pointer's own qualifiers follow its '*': "struct handle *volatile", "char * const".
+    for (std::string_view q : {"volatile", "const", "restrict"}) {
+      if (t.size() > q.size() && t.substr(t.size() - q.size()) == q &&
+          (t[t.size() - q.size() - 1] == ' ' || t[t.size() - q.size() - 1] == '*')) {
+        t.remove_suffix(q.size());
+        while (!t.empty() && t.back() == ' ') {
+          t.remove_suffix(1);
+        }
+        again = true;
+      }
+    }
   }
+  return t;
+}
+
+bool IsSignedType(std::string_view type_name) {
+  const std::string_view t = UnqualifiedType(type_name);
   static constexpr auto kSigned = std::to_array<std::string_view>(
       {"char",    "signed char", "short",     "short int",     "int",    "signed",  "signed int",
        "long",    "long int",    "long long", "long long int", "int8_t", "int16_t", "int32_t",

@@ -121,6 +121,10 @@ class Condition {
   ConditionStats stats_;
 };
 
+// A C type's name without its qualifiers, leading ("volatile long" is "long") or after a
+// pointer's '*' ("struct handle *volatile" is "struct handle *").
+std::string_view UnqualifiedType(std::string_view type_name);
+
 // Whether a C type, as the watch's DWARF names it ("volatile long", "int", "int64_t",
 // "const short"), is a signed integer: ConditionOptions::signed_values for its watch.
 bool IsSignedType(std::string_view type_name);

@@ -310,5 +310,18 @@ TEST(ConditionTest, DepthLimits) {
   EXPECT_TRUE(Eval(fits, 1));
 }
 
+// Type names as core/symbols spells them: qualifiers lead, but a pointer's follow its '*'.
+TEST(TypeNames, QualifiersAreStrippedOnBothSides) {
+  EXPECT_EQ(UnqualifiedType("volatile long"), "long");
+  EXPECT_EQ(UnqualifiedType("const volatile int"), "int");
+  EXPECT_EQ(UnqualifiedType("struct handle *volatile"), "struct handle *");
+  EXPECT_EQ(UnqualifiedType("const char * const"), "char *");
+  EXPECT_EQ(UnqualifiedType("char *restrict"), "char *");
+  EXPECT_EQ(UnqualifiedType("my_const"), "my_const");  // a name ending in a qualifier's letters
+  EXPECT_TRUE(IsSignedType("const volatile short"));
+  EXPECT_FALSE(IsSignedType("unsigned long"));
+  EXPECT_FALSE(IsSignedType("long *volatile"));
+}
+
 }  // namespace
 }  // namespace kwatch::watch
