@@ -12,8 +12,9 @@
 //                          value V, si_code C, sent by this process: S) have both arrived
 //   remote_call lock       a worker holds `lock` until `asked` is set (take_lock sets it, then
 //                          takes the lock); main joins it and prints "joined"
-//   remote_call worker     a worker waits in pause() (tid printed as "worker TID"); main joins
-//                          it and prints "joined" (exit_thread called in the worker ends it)
+//   remote_call worker     a worker waits in pause() (tid printed as "worker TID"), main prints
+//                          "ready" once the worker is past its printf, joins it and prints
+//                          "joined" (exit_thread called in the worker ends it)
 //   remote_call threads N  N workers allocate, free and sleep in a loop; main waits in pause()
 //                          until SIGUSR1, then joins them and prints "joined N"
 //   remote_call dliter N   N workers sleep in a loop; main waits in pause() inside a callback
@@ -168,10 +169,14 @@ static void* lock_holder(void* arg) {
   return NULL;
 }
 
+static volatile int parked;
+
+// Prints its tid, then tells main it is past printf: a worker stopped inside printf would
+// hold stdout's lock, and a call that ends it there would leave main's printf waiting forever.
 static void* pauser(void* arg) {
   (void)arg;
   printf("worker %ld\n", (long)syscall(SYS_gettid));
-  printf("ready\n");
+  __atomic_store_n(&parked, 1, __ATOMIC_SEQ_CST);
   for (;;) {
     pause();
   }
@@ -313,6 +318,10 @@ int main(int argc, char** argv) {
   if (strcmp(mode, "worker") == 0) {
     pthread_t t;
     pthread_create(&t, NULL, pauser, NULL);
+    while (!__atomic_load_n(&parked, __ATOMIC_SEQ_CST)) {
+      usleep(100);
+    }
+    printf("ready\n");
     pthread_join(t, NULL);
     printf("joined\n");
     return 0;
