@@ -64,18 +64,18 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
     }
     return o.binary;
   }
-  if (!o.command.empty()) {
-    return watch::probe::FindProgram(o.command[0]);
+  if (!o.session.command.empty()) {
+    return watch::probe::FindProgram(o.session.command[0]);
   }
-  if (o.pid.has_value()) {
-    const std::string link = absl::StrCat("/proc/", *o.pid, "/exe");
+  if (o.session.pid.has_value()) {
+    const std::string link = absl::StrCat("/proc/", *o.session.pid, "/exe");
     std::array<char, 4096> buf{};
     const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
     if (n < 0) {
       const int err = errno;
       return core::SyscallError(
           err, absl::StrCat("readlink(", link, ")"),
-          err == ENOENT ? absl::StrCat("no process ", *o.pid)
+          err == ENOENT ? absl::StrCat("no process ", *o.session.pid)
                         : std::string("tracing another user's process needs root or "
                                       "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
                                       "it further)"));
@@ -88,7 +88,9 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
       "no program: give -x FILE, -p PID or a command after `--` (e.g. `-- ./prog args`)");
 }
 
-int ListLines(const std::string& file, const std::string& what) {
+// -L and -V: the lines or the variables of `what` in `file`, listed as perf probe does.
+// Returns kwatch's exit status.
+int List(const std::string& file, const std::string& what, bool lines) {
   absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(what);
   if (!point.ok()) {
     PrintError(point.status());
@@ -96,43 +98,29 @@ int ListLines(const std::string& file, const std::string& what) {
   }
   absl::StatusOr<std::unique_ptr<core::probe::ProbeTarget>> target =
       core::probe::ProbeTarget::Open(file);
-  if (!target.ok()) {
-    PrintError(target.status());
-    return 1;
-  }
-  absl::StatusOr<std::vector<core::probe::LineListing>> listings = (*target)->ListLines(*point);
-  if (!listings.ok()) {
-    PrintError(listings.status());
-    return 1;
-  }
-  for (const core::probe::LineListing& l : *listings) {
-    std::fputs(core::probe::FormatLineListing(l).c_str(), stdout);
-    if (!l.have_source) {
-      std::fprintf(stderr, "kwatch: note: source of %s not found; lines listed without text\n",
-                   l.file.c_str());
+  absl::Status listed = target.status();
+  if (target.ok() && lines) {
+    absl::StatusOr<std::vector<core::probe::LineListing>> listings = (*target)->ListLines(*point);
+    listed = listings.status();
+    for (const core::probe::LineListing& l :
+         listings.value_or(std::vector<core::probe::LineListing>{})) {
+      std::fputs(core::probe::FormatLineListing(l).c_str(), stdout);
+      if (!l.have_source) {
+        std::fprintf(stderr, "kwatch: note: source of %s not found; lines listed without text\n",
+                     l.file.c_str());
+      }
+    }
+  } else if (target.ok()) {
+    absl::StatusOr<std::vector<core::probe::VarListing>> listings = (*target)->ListVars(*point);
+    listed = listings.status();
+    if (listings.ok()) {
+      std::fputs(core::probe::FormatVarListing(what, *listings).c_str(), stdout);
     }
   }
-  return 0;
-}
-
-int ListVars(const std::string& file, const std::string& what) {
-  absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(what);
-  if (!point.ok()) {
-    PrintError(point.status());
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<core::probe::ProbeTarget>> target =
-      core::probe::ProbeTarget::Open(file);
-  if (!target.ok()) {
-    PrintError(target.status());
+  if (!listed.ok()) {
+    PrintError(listed);
     return 1;
   }
-  absl::StatusOr<std::vector<core::probe::VarListing>> listings = (*target)->ListVars(*point);
-  if (!listings.ok()) {
-    PrintError(listings.status());
-    return 1;
-  }
-  std::fputs(core::probe::FormatVarListing(what, *listings).c_str(), stdout);
   return 0;
 }
 
@@ -154,7 +142,7 @@ absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
 
 int ProbeMain(const std::vector<std::string>& argv) {
   ProbeCmdOptions opts;
-  opts.command_line = CommandLine(argv);
+  opts.session.command_line = CommandLine(argv);
   std::vector<std::string> args;
   bool have_dashdash = false;
   for (const std::string& a : argv) {
@@ -162,7 +150,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
       have_dashdash = true;
       continue;
     }
-    (have_dashdash ? opts.command : args).push_back(a);
+    (have_dashdash ? opts.session.command : args).push_back(a);
   }
 
   CLI::App app{
@@ -182,7 +170,8 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("-x,--exec", opts.binary,
                  "ELF file the specs refer to: the program or a shared library it loads "
                  "(default: the command after --, or the program of -p PID)");
-  app.add_option("-p,--pid", opts.pid, "Attach to a running process")->check(CLI::PositiveNumber);
+  app.add_option("-p,--pid", opts.session.pid, "Attach to a running process")
+      ->check(CLI::PositiveNumber);
   std::string user;
   app.add_option("-u,--user", user,
                  "Run the command as USER (name or uid, with its groups), as strace -u; needs "
@@ -194,10 +183,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
                               "List the variables available at a probe point (FUNC, "
                               "FUNC:RELLINE, SRC:LINE...), as perf probe -V");
   lines->excludes(vars);
-  app.add_option("-c,--count", opts.count, "Stop after N hits (all probes together)");
-  app.add_option("-d,--duration", opts.duration, "Stop after SECS seconds")
+  app.add_option("-c,--count", opts.session.count, "Stop after N hits (all probes together)");
+  app.add_option("-d,--duration", opts.session.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
-  app.add_flag("-q,--quiet", opts.quiet, "Print no hit lines, only the summary");
+  app.add_flag("-q,--quiet", opts.session.quiet, "Print no hit lines, only the summary");
   app.add_flag("--json", opts.json, R"(JSON lines: one {"type":"hit"} per hit, then a summary)");
   app.add_option("-o,--output", opts.output,
                  "Record probes and hits to FILE (SQLite; read it with `kwatch report FILE`)");
@@ -212,14 +201,14 @@ int ProbeMain(const std::vector<std::string>& argv) {
       ->capture_default_str();
   app.add_flag("--no-jump", opts.no_jump,
                "agent: every probe through INT3, none through a jump to a trampoline");
-  app.add_option("--maxactive", opts.maxactive,
+  app.add_option("--maxactive", opts.session.maxactive,
                  "Return probes (ptrace): calls tracked at once; more count as nmissed "
                  "(default 256)");
-  app.add_option("--stack-bytes", opts.stack_bytes,
+  app.add_option("--stack-bytes", opts.session.stack_bytes,
                  "uprobe: bytes of user stack sampled per hit, from %sp up")
       ->check(CLI::Range(8, 65528))
       ->capture_default_str();
-  app.add_option("--ring-pages", opts.ring_pages,
+  app.add_option("--ring-pages", opts.session.ring_pages,
                  "uprobe: pages (4 KiB) of each per-CPU sample ring, per probe, a power of two; "
                  "samples beyond a full ring are dropped and counted as lost")
       ->check([](const std::string& v) -> std::string {
@@ -231,7 +220,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
       })
       ->capture_default_str();
   app.add_flag(
-      "-f,--follow-forks", opts.follow_forks,
+      "-f,--follow-forks", opts.session.follow_forks,
       "Probe the children the target forks too, as strace -f; their hits carry their "
       "pid. Without -f a child gets the original code back and runs unprobed. After an "
       "exec the ptrace backend probes the new image again, the agent does not (so -f with the "
@@ -241,7 +230,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
                "ptrace) instead of INT3: the program's code is never modified. At most 4 "
                "probed addresses (fewer when a debugger or another tool holds registers); no "
                "%return probes; ptrace backend only (docs/probe-hw.md)");
-  app.add_flag("--kill-on-exit", opts.kill_on_exit,
+  app.add_flag("--kill-on-exit", opts.session.kill_on_exit,
                "Kill a launched target when kwatch stops before it ends (default: remove the "
                "probes and leave it running)");
   app.footer(
@@ -261,7 +250,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;  // --help, --version: 0; a usage error: 2
   }
-  if (opts.pid.has_value() && !opts.command.empty()) {
+  if (opts.session.pid.has_value() && !opts.session.command.empty()) {
     std::fprintf(stderr, "kwatch: error: give either -p PID or a command after `--`, not both\n");
     return 2;
   }
@@ -285,7 +274,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  "kwatch: error: --no-jump is for the agent backend (--backend agent or auto)\n");
     return 2;
   }
-  if (opts.hw && opts.follow_forks) {
+  if (opts.hw && opts.session.follow_forks) {
     std::fprintf(stderr,
                  "kwatch: error: --hw does not follow forks yet: a child starts with no debug "
                  "registers, and kwatch clears the copy of DR7 it inherits; drop -f (children "
@@ -304,13 +293,13 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  app.help().c_str());
     return 2;
   }
-  if (!opts.command.empty()) {
+  if (!opts.session.command.empty()) {
     // The command shares kwatch's stdout: write whole lines, so that its output never lands
     // inside one of kwatch's lines.
     std::setvbuf(stdout, nullptr, _IOLBF, 1 << 16);
   }
   if (!user.empty()) {
-    if (opts.command.empty()) {
+    if (opts.session.command.empty()) {
       std::fprintf(stderr, "kwatch: error: -u USER applies to a command given after `--`\n");
       return 2;
     }
@@ -319,9 +308,9 @@ int ProbeMain(const std::vector<std::string>& argv) {
       PrintError(as.status());
       return 2;
     }
-    opts.user = *std::move(as);
+    opts.session.user = *std::move(as);
   }
-  if (!listing && !opts.pid.has_value() && opts.command.empty() &&
+  if (!listing && !opts.session.pid.has_value() && opts.session.command.empty() &&
       !(opts.backend == "uprobe" && !opts.binary.empty())) {
     std::fprintf(stderr,
                  "kwatch: error: no target: give -p PID or a command after `--` (e.g. `-- ./prog "
@@ -337,10 +326,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
     return listing ? 2 : 1;
   }
   if (!opts.list_lines.empty()) {
-    return ListLines(*file, opts.list_lines);
+    return List(*file, opts.list_lines, /*lines=*/true);
   }
   if (!opts.list_vars.empty()) {
-    return ListVars(*file, opts.list_vars);
+    return List(*file, opts.list_vars, /*lines=*/false);
   }
   absl::StatusOr<int> code = RunProbes(opts, *file);
   if (!code.ok()) {

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> OpenRecording(const Pr
     return std::unique_ptr<core::store::TraceWriter>();
   }
   core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
-  rec.command_line = opts.command_line;
+  rec.command_line = opts.session.command_line;
   rec.pid = pid;
   rec.kwatch_version = KWATCH_VERSION;
   rec.mode = "probe";
@@ -70,24 +70,6 @@ bool FinishRecording(core::store::TraceWriter* writer, const HitRecorder* record
       watch::FinishRecording(*writer, recorder != nullptr ? recorder->error() : absl::OkStatus(),
                              end),
       /*hits=*/true);
-}
-
-// What a session needs of the command's options.
-watch::probe::ProbeSessionOptions SessionOptions(const ProbeCmdOptions& opts) {
-  watch::probe::ProbeSessionOptions so;
-  so.pid = opts.pid;
-  so.command = opts.command;
-  so.user = opts.user;
-  so.count = opts.count;
-  so.duration = opts.duration;
-  so.kill_on_exit = opts.kill_on_exit;
-  so.follow_forks = opts.follow_forks;
-  so.quiet = opts.quiet;
-  so.maxactive = opts.maxactive;
-  so.stack_bytes = opts.stack_bytes;
-  so.ring_pages = opts.ring_pages;
-  so.command_line = opts.command_line;
-  return so;
 }
 
 // The output of one session, made through Hooks() as the session starts: the recording (-o),
@@ -123,7 +105,7 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
   };
   hooks.begin = [this](const watch::probe::ProbeSessionStart& start) -> watch::probe::HitSink& {
     PrinterOptions po;
-    po.quiet = opts_.quiet;
+    po.quiet = opts_.session.quiet;
     po.start_ns = start.start_ns;
     po.main_pid = start.main_pid;
     po.caller = start.caller;
@@ -132,7 +114,7 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
     } else {
       printer_ = std::make_unique<ProbeTextPrinter>(STDOUT_FILENO, std::move(po));
     }
-    tally_ = std::make_unique<HitTally>(set_.probes, opts_.count);
+    tally_ = std::make_unique<HitTally>(set_.probes, opts_.session.count);
     // The tally first (it holds --count); the recorder before the printer, so that a failed
     // recording, not the closed output it may cause, is the stop reason.
     std::vector<watch::probe::HitSink*> sinks = {tally_.get()};
@@ -163,17 +145,15 @@ absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> StartSession(
   if (backend == "agent") {
     watch::probe::AgentSessionOptions ao;
     ao.allow_jump = !opts.no_jump;
-    return watch::probe::StartAgentSession(SessionOptions(opts), ao, set, std::move(sigfd),
-                                           out.Hooks());
+    return watch::probe::StartAgentSession(opts.session, ao, set, std::move(sigfd), out.Hooks());
   }
   if (backend == "uprobe") {
-    return watch::probe::StartUprobeSession(SessionOptions(opts), set, std::move(sigfd),
-                                            out.Hooks());
+    return watch::probe::StartUprobeSession(opts.session, set, std::move(sigfd), out.Hooks());
   }
   if (backend == "hw") {
-    return watch::probe::StartHwSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks());
+    return watch::probe::StartHwSession(opts.session, set, std::move(sigfd), out.Hooks());
   }
-  return watch::probe::StartPtraceSession(SessionOptions(opts), set, std::move(sigfd), out.Hooks());
+  return watch::probe::StartPtraceSession(opts.session, set, std::move(sigfd), out.Hooks());
 }
 
 }  // namespace
@@ -184,7 +164,7 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                         : opts.hw                  ? "hw"
                         : opts.backend == "ptrace" ? "ptrace"
                                                    : "agent";
-  if (backend == "agent" && opts.backend == "auto" && opts.follow_forks) {
+  if (backend == "agent" && opts.backend == "auto" && opts.session.follow_forks) {
     // The agent follows forks but not an exec: a child that execs would run its new image
     // unprobed, where ptrace probes it again by the same specs.
     std::fprintf(stderr,

@@ -32,8 +32,10 @@ struct ProbeSessionOptions {
   bool quiet = false;                       // no notes about followed children
   uint32_t maxactive = 0;                   // ptrace return probes, 0: engine default
   uint32_t stack_bytes = 512;               // uprobe: user stack sampled per hit
-  uint32_t ring_pages = 1024;               // uprobe: data pages of each per-CPU ring, per probe
-  std::string command_line;                 // hw: how `kwatch slots` names the session
+  // uprobe: data pages of each per-CPU ring, per probe (power of two). 1024: 4 MiB, about
+  // 5,500 samples of 512 stack bytes before kwatch must have read them.
+  uint32_t ring_pages = 1024;
+  std::string command_line;  // hw: how `kwatch slots` names the session
 };
 
 // What a session knows when its probes are about to go live (the sink's OnStart follows).
