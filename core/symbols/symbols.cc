@@ -161,7 +161,7 @@ class DwflSymbols final : public Symbols {
                      const std::string& function) const;
   // The variable called `name` (for the expression resolver), with the errors its contract
   // gives for unknown, ambiguous, function and thread-local names.
-  absl::StatusOr<ExprVariable> Variable(const std::string& name) const;
+  absl::StatusOr<ExprVariable> Variable(const std::string& written) const;
   std::string ModuleList() const;
 
   DwflPtr dwfl_;
