@@ -147,7 +147,7 @@ watch::profile::SiteNamer NamerFor(const core::store::TraceReader& r) {
   return [&r](core::RemoteAddr ip) {
     for (const core::store::SiteRecord& s : r.sites()) {
       if (s.ip == ip) {
-        return watch::profile::SiteName{s.function, s.offset, s.file, s.line};
+        return watch::profile::SiteName{s.function, s.offset, s.file, s.line, s.inlined};
       }
     }
     return watch::profile::SiteName{};

@@ -32,6 +32,9 @@ std::string SiteText(const core::symbols::CodeLocation& loc, core::RemoteAddr ip
     return Hex(ip.value);
   }
   std::string s = absl::StrFormat("%s+0x%x", loc.function, loc.offset);
+  if (!loc.inlined_function.empty() && loc.inlined_function != loc.function) {
+    s = absl::StrCat(loc.inlined_function, " inlined in ", s);
+  }
   if (!loc.file.empty()) {
     absl::StrAppend(&s, " (", Basename(loc.file), ":", loc.line, ")");
   }
@@ -57,7 +60,8 @@ constexpr size_t kTopSites = 10;
 watch::profile::SiteNamer SiteNamerFor(watch::WatchSession& session) {
   return [&session](core::RemoteAddr ip) {
     const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ip);
-    return watch::profile::SiteName{loc.function, loc.offset, loc.file, loc.line};
+    return watch::profile::SiteName{loc.function, loc.offset, loc.file, loc.line,
+                                    loc.inlined_function};
   };
 }
 

@@ -243,10 +243,8 @@ int ReportMain(const std::vector<std::string>& args) {
     watch::profile::SiteName n;
     auto it = sites.find(ip.value);
     if (it != sites.end()) {
-      n.function = it->second->function;
-      n.offset = it->second->offset;
-      n.file = it->second->file;
-      n.line = it->second->line;
+      const core::store::SiteRecord& s = *it->second;
+      n = {s.function, s.offset, s.file, s.line, s.inlined};
     }
     return n;
   };

@@ -19,8 +19,7 @@ QString SiteText(const Snapshot* names, uint64_t ip) {
   if (names != nullptr) {
     if (auto it = names->sites.find(ip); it != names->sites.end() && !it->second.function.empty()) {
       const core::store::SiteRecord& s = it->second;
-      QString t =
-          QStringLiteral("%1+0x%2").arg(DisplayText(s.function), QString::number(s.offset, 16));
+      QString t = SiteFunctionText(s.function, s.offset, s.inlined);
       if (!s.file.empty()) {
         const size_t slash = s.file.rfind('/');
         t += QStringLiteral(" (%1:%2)")

@@ -8,6 +8,14 @@ QString DisplayText(const std::string& s) {
   return QString::fromStdString(core::Printable(s));
 }
 
+QString SiteFunctionText(const std::string& function, uint64_t offset, const std::string& inlined) {
+  QString t = QStringLiteral("%1+0x%2").arg(DisplayText(function), QString::number(offset, 16));
+  if (!inlined.empty() && inlined != function) {
+    t = QStringLiteral("%1 inlined in %2").arg(DisplayText(inlined), t);
+  }
+  return t;
+}
+
 QString RichTextSafe(const QString& plain) {
   QString html = plain.toHtmlEscaped();
   html.replace(QLatin1Char('\n'), QStringLiteral("<br>"));

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <QString>
@@ -10,6 +11,10 @@ namespace kwatch::gui {
 // viewer shows it: control characters, ESC and what is not UTF-8 escaped as core::Printable
 // shows them, so a shared recording cannot put invisible or misleading text in a label.
 QString DisplayText(const std::string& s);
+
+// An accessing instruction's function as the viewer shows it: "run+0x1a", and for an
+// instruction of an inlined function "parse_len inlined in run+0x1a" (DisplayText'd).
+QString SiteFunctionText(const std::string& function, uint64_t offset, const std::string& inlined);
 
 // Plain text made safe for the places where Qt reads rich text (tooltips, chart labels):
 // HTML-escaped inside <p style='white-space:pre'> (kept as laid out), so that "<b>" or

@@ -81,7 +81,7 @@ class HeatmapModel : public QAbstractTableModel {
                       int role = Qt::DisplayRole) const override;
 
  private:
-  static constexpr uint32_t kNoBlock = ~0u;
+  static constexpr uint32_t kNoBlock = ~0U;
   // Index of the cell in reads_ / writes_, or npos for a row without counters.
   size_t Cell(int row, int column) const {
     const uint32_t block = blocks_[static_cast<size_t>(row)];

@@ -112,7 +112,7 @@ QString SiteTableModel::SiteLabel(int row) const {
     return QStringLiteral("0x%1").arg(r.ip, 0, 16);
   }
   if (s->file.empty()) {
-    return QStringLiteral("%1+0x%2").arg(DisplayText(s->function), QString::number(s->offset, 16));
+    return SiteFunctionText(s->function, s->offset, s->inlined);
   }
   return QStringLiteral("%1 (%2:%3)")
       .arg(DisplayText(s->function), BaseName(s->file), QString::number(s->line));
@@ -203,8 +203,7 @@ QVariant SiteTableModel::data(const QModelIndex& index, int role) const {
       if (s == nullptr || s->function.empty()) {
         return QStringLiteral("0x%1").arg(r.ip, 0, 16);
       }
-      return QStringLiteral("%1+0x%2").arg(DisplayText(s->function),
-                                           QString::number(s->offset, 16));
+      return SiteFunctionText(s->function, s->offset, s->inlined);
     case kLocation:
       if (s == nullptr || s->file.empty()) {
         return QString();

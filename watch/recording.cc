@@ -68,6 +68,7 @@ core::store::SiteRecord SiteRecordFor(core::symbols::Symbolizer& symbolizer, cor
   s.offset = loc.offset;
   s.file = loc.file;
   s.line = loc.line;
+  s.inlined = loc.inlined_function != loc.function ? loc.inlined_function : "";
   return s;
 }
 

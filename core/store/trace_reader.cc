@@ -418,7 +418,8 @@ absl::Status TraceReader::LoadWatches() {
 
 absl::Status TraceReader::LoadSites() {
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
-                      Prepare("SELECT ip,function,offset,file,line,disassembly FROM sites"));
+                      Prepare(absl::StrCat("SELECT ip,function,offset,file,line,disassembly,",
+                                           schema_ >= 3 ? "inlined" : "''", " FROM sites")));
   int rc = SQLITE_OK;
   while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
     sqlite3_stmt* s = stmt.get();
@@ -431,6 +432,7 @@ absl::Status TraceReader::LoadSites() {
     site.line = static_cast<int>(sqlite3_column_int64(s, 4));
     KW_ASSIGN_OR_RETURN(site.disassembly,
                         LimitedText(s, 5, path_, {"sites.disassembly", "site", ip}));
+    KW_ASSIGN_OR_RETURN(site.inlined, LimitedText(s, 6, path_, {"sites.inlined", "site", ip}));
     sites_.push_back(std::move(site));
   }
   if (rc != SQLITE_DONE) {

@@ -67,6 +67,7 @@ struct SiteRecord {
   std::string file;      // "" when no line info
   int line = 0;
   std::string disassembly;  // AT&T text of the instruction ("" if not decoded)
+  std::string inlined;      // the inlined function the instruction is in ("" if none; schema 3)
 };
 
 // A task that made recorded events, with its command name: kernel sessions record who ran

@@ -92,7 +92,8 @@ CREATE TABLE sites(
   offset INTEGER NOT NULL,
   file TEXT NOT NULL,
   line INTEGER NOT NULL,
-  disassembly TEXT NOT NULL
+  disassembly TEXT NOT NULL,
+  inlined TEXT NOT NULL
 );
 CREATE TABLE tasks(
   pid INTEGER NOT NULL,
@@ -388,7 +389,7 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
       insert_hit_, SqlitePrepare(db, "INSERT INTO hits VALUES(?1,?2,?3,?4,?5,?6,?7,?8)", context));
   KW_ASSIGN_OR_RETURN(
       insert_site_,
-      SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6)", context));
+      SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
   KW_ASSIGN_OR_RETURN(insert_task_,
                       SqlitePrepare(db, "INSERT OR IGNORE INTO tasks VALUES(?1,?2,?3)", context));
   KW_ASSIGN_OR_RETURN(update_counts_,
@@ -719,6 +720,7 @@ absl::Status TraceWriter::WriteBatch() {
     BindText(s, 4, site.file);
     sqlite3_bind_int64(s, 5, site.line);
     BindText(s, 6, site.disassembly);
+    BindText(s, 7, site.inlined);
     if (const int rc = StepDone(s); rc != SQLITE_OK) {
       return Error(rc, "writing sites to");
     }

@@ -295,6 +295,28 @@ TEST(KwatchLaunch, AUnionCountsOnceAndValuesReadAsTheirTypes) {
   }
 }
 
+// A store inside an inlined function (ScaleHits, always_inline, in StoreScaled) is named by
+// the inlined function and where it was inlined, live, in the profile and from a recording.
+TEST(KwatchLaunch, ASiteInAnInlinedFunctionNamesItAndItsCaller) {
+  const std::string out = ::testing::TempDir() + "inlined_" + std::to_string(::getpid()) + ".kwdb";
+  std::remove(out.c_str());
+  const RunResult r = RunKwatch(
+      {"--backend", "page", "-o", out, "--write", "g_stats.hits", "--", TargetPath("layouts")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ContainsRegex(" 1 -> 6 +ScaleHits inlined in StoreScaled\\+0x[0-9a-f]+ "
+                                   "\\(layouts\\.c:[0-9]+\\)"));
+  EXPECT_THAT(r.out, HasSubstr("StoreHits+0x0 (layouts.c:"));  // not inlined: as before
+  const RunResult report = RunKwatch({"report", out});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_THAT(report.out,
+              ContainsRegex("0 +1 +ScaleHits inlined in StoreScaled\\+0x[0-9a-f]+ \\(layouts"));
+  const RunResult as_json = RunKwatch({"report", "--format", "json", out});
+  ASSERT_EQ(as_json.exit_code, 0) << as_json.err;
+  EXPECT_THAT(as_json.out, HasSubstr("\"function\": \"StoreScaled\",\n"
+                                     "          \"inlined\": \"ScaleHits\","));
+  std::remove(out.c_str());
+}
+
 // A pointer's values are addresses: the live lines show them in hex (g_last alternates between
 // the handle and NULL), JSON keeps numbers.
 TEST(KwatchLaunch, PointerValuesAreShownInHex) {

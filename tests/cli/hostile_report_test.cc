@@ -51,7 +51,7 @@ std::string Fresh(const std::string& name) {
 std::string EvilRecording() {
   CraftSpec spec;
   spec.events = {CraftWrite(10, 101, 0), CraftWrite(20, 102, 8)};
-  spec.sites.push_back({core::RemoteAddr{0x401000}, "f", 0, "/src/f.c", 7, "mov"});
+  spec.sites.push_back({core::RemoteAddr{0x401000}, "f", 0, "/src/f.c", 7, "mov", ""});
   spec.tasks.push_back({100, 101, "prog"});
   spec.probes.push_back({1, "ev", "ev x", core::RemoteAddr{0x401000}, "f", "f.c", 1, false});
   core::store::HitRecord h;

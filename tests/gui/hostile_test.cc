@@ -166,7 +166,7 @@ TEST(HostileGui, HeatmapOfAThirtyHourAndAFiveHundredYearRecordingPaints) {
 std::string MarkupRecording() {
   CraftSpec spec;
   spec.events = {CraftWrite(10, 101, 0)};
-  spec.sites.push_back({core::RemoteAddr{0x401000}, "f", 0, "/src/f.c", 7, "mov"});
+  spec.sites.push_back({core::RemoteAddr{0x401000}, "f", 0, "/src/f.c", 7, "mov", ""});
   const std::string path = Fresh("markup");
   EXPECT_TRUE(WriteCraftBase(path, spec).ok());
   EXPECT_TRUE(CraftSql(path,

@@ -94,6 +94,9 @@ class View {
     std::string out = n.function.empty() ? Hex(ip.value)
                       : n.offset == 0    ? Shown(n.function)
                                          : absl::StrCat(Shown(n.function), "+", Hex(n.offset));
+    if (!n.inlined.empty() && n.inlined != n.function) {  // "parse_len inlined in run+0x1a"
+      out = absl::StrCat(Shown(n.inlined), " inlined in ", out);
+    }
     if (!n.file.empty()) {
       const size_t slash = n.file.rfind('/');
       absl::StrAppend(&out, " (",
@@ -105,9 +108,13 @@ class View {
 
   Json SiteJson(const SiteCount& s) {
     const SiteName& loc = Locate(s.ip);
-    return Json{{"ip", Hex(s.ip.value)},   {"function", loc.function}, {"offset", loc.offset},
-                {"file", loc.file},        {"line", loc.line},         {"count", s.counts.total()},
-                {"reads", s.counts.reads}, {"writes", s.counts.writes}};
+    Json j{{"ip", Hex(s.ip.value)},   {"function", loc.function}, {"offset", loc.offset},
+           {"file", loc.file},        {"line", loc.line},         {"count", s.counts.total()},
+           {"reads", s.counts.reads}, {"writes", s.counts.writes}};
+    if (!loc.inlined.empty() && loc.inlined != loc.function) {
+      j["inlined"] = loc.inlined;
+    }
+    return j;
   }
 
  private:

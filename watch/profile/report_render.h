@@ -21,6 +21,7 @@ struct SiteName {
   uint64_t offset = 0;   // from the function's start
   std::string file;      // "" when unknown (the report shows its base name)
   int line = 0;
+  std::string inlined;  // the inlined function the instruction is in ("" if none)
 };
 
 // Names an accessing instruction (called once per distinct address per rendering). An empty

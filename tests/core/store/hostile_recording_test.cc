@@ -76,7 +76,7 @@ TEST(HostileRecordingTest, StringsUpToTheLimitReadAndLongerOnesAreRefused) {
 
 TEST(HostileRecordingTest, EveryStringColumnIsBounded) {
   CraftSpec spec;
-  spec.sites.push_back({RemoteAddr{0x401000}, "f", 0, "f.c", 1, "mov"});
+  spec.sites.push_back({RemoteAddr{0x401000}, "f", 0, "f.c", 1, "mov", "g"});
   spec.tasks.push_back({100, 100, "prog"});
   spec.probes.push_back({1, "ev", "ev x", RemoteAddr{0x401000}, "f", "f.c", 1, false});
   const std::string path = Base("columns", spec);
@@ -91,6 +91,7 @@ TEST(HostileRecordingTest, EveryStringColumnIsBounded) {
       {"UPDATE fields SET type_name = ?1 WHERE idx = 1", "fields.type_name of watch 0 is"},
       {"UPDATE sites SET function = ?1", "sites.function of site 0x401000 is"},
       {"UPDATE sites SET file = ?1", "sites.file of site 0x401000 is"},
+      {"UPDATE sites SET inlined = ?1", "sites.inlined of site 0x401000 is"},
       {"UPDATE tasks SET comm = ?1", "tasks.comm of task 100 is"},
       {"UPDATE probes SET spec = ?1", "probes.spec of probe 1 is"},
   };

@@ -242,14 +242,14 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
   // A repeated id is the caller's mistake: refused, and the writer goes on.
   EXPECT_EQ(w->AddWatch(w1).code(), absl::StatusCode::kInvalidArgument);
 
-  const SiteRecord s0{RemoteAddr{0x555555554010ULL}, "bump", 0x10, "server.c", 42,
-                      "addq $0x1, 0x2f0e(%rip)"};
-  const SiteRecord s1{RemoteAddr{0xffffffff81000000ULL}, "", 0, "", 0, ""};
+  const SiteRecord s0{RemoteAddr{0x555555554010ULL}, "bump",     0x10, "server.c", 42,
+                      "addq $0x1, 0x2f0e(%rip)",     "count_one"};
+  const SiteRecord s1{RemoteAddr{0xffffffff81000000ULL}, "", 0, "", 0, "", ""};
   ASSERT_TRUE(w->AddSite(s0).ok());
   EXPECT_TRUE(w->HasSite(s0.ip));
   EXPECT_FALSE(w->HasSite(s1.ip));
   ASSERT_TRUE(w->AddSite(s1).ok());
-  ASSERT_TRUE(w->AddSite(SiteRecord{s0.ip, "other", 1, "x.c", 1, "nop"}).ok());  // ignored
+  ASSERT_TRUE(w->AddSite(SiteRecord{s0.ip, "other", 1, "x.c", 1, "nop", ""}).ok());  // ignored
 
   const ProbeRecord p0{1,
                        "handle_request",
@@ -361,6 +361,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
   EXPECT_EQ(g->file, "server.c");
   EXPECT_EQ(g->line, 42);
   EXPECT_EQ(g->disassembly, s0.disassembly);
+  EXPECT_EQ(g->inlined, s0.inlined);
   ASSERT_NE(r->FindSite(s1.ip), nullptr);
   EXPECT_EQ(r->sites()[1].ip, s1.ip);  // unsigned order: the kernel address last
   EXPECT_EQ(r->FindSite(RemoteAddr{0x1234}), nullptr);
@@ -490,7 +491,7 @@ TEST(TraceStoreTest, FlushCommitsPendingEventsHitsAndSites) {
   auto w = NewWriter(path);
   ASSERT_TRUE(w->Append(MakeEvent(0)).ok());
   ASSERT_TRUE(w->AppendHit(HitRecord{1, 2, 2, 0, 1, RemoteAddr{3}, false, {{"a", "b"}}}).ok());
-  ASSERT_TRUE(w->AddSite(SiteRecord{RemoteAddr{3}, "f", 0, "f.c", 1, "ret"}).ok());
+  ASSERT_TRUE(w->AddSite(SiteRecord{RemoteAddr{3}, "f", 0, "f.c", 1, "ret", ""}).ok());
   {
     auto r = OpenOk(path);
     ASSERT_NE(r, nullptr);

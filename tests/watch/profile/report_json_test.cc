@@ -55,7 +55,7 @@ StorageProfile TwoWatches() {
 }
 
 SiteName Namer(core::RemoteAddr ip) {
-  return SiteName{ip.value == 0x401010 ? "add\xc3\xa9" : "f", 4, "/src/f.c", 7};
+  return SiteName{ip.value == 0x401010 ? "add\xc3\xa9" : "f", 4, "/src/f.c", 7, ""};
 }
 
 TEST(ReportJson, WriteJsonWritesWhatRenderJsonBuilds) {

@@ -62,10 +62,10 @@ StorageProfile Small() {
 
 SiteName Namer(core::RemoteAddr ip) {
   if (ip.value == 0x401010) {
-    return {"add_hits", 0x12, "/src/field_writer.c", 41};
+    return {"add_hits", 0x12, "/src/field_writer.c", 41, ""};
   }
   if (ip.value == 0x401020) {
-    return {"read_hits", 0, "/src/reader.c", 7};
+    return {"read_hits", 0, "/src/reader.c", 7, ""};
   }
   return {};
 }
@@ -133,6 +133,22 @@ false sharing (threads writing disjoint bytes of one 64-byte line within 1 ms):
 
 // A clock may stamp an event before the session's recorded start (e.g. a sample taken while
 // kwatch armed): it shows as a negative time, never as 2^64 ns.
+TEST(ProfileReport, ASiteInAnInlinedFunctionNamesItAndItsCaller) {
+  const StorageProfile p = Small();
+  const auto inlined = [](core::RemoteAddr ip) {
+    SiteName n = Namer(ip);
+    if (ip.value == 0x401010) {
+      n.inlined = "bump_hits";
+    }
+    return n;
+  };
+  const std::string text = RenderText(p, inlined, {});
+  EXPECT_THAT(text, HasSubstr("  bump_hits inlined in add_hits+0x12 (field_writer.c:41)\n"));
+  const nlohmann::json j = RenderJson(p, inlined, {});
+  EXPECT_THAT(j.dump(), HasSubstr(R"("function":"add_hits","inlined":"bump_hits")"));
+  EXPECT_THAT(j.dump(), HasSubstr(R"("function":"read_hits","ip")"));  // no "inlined"
+}
+
 TEST(ProfileReport, AnEventBeforeTheStartShowsANegativeTime) {
   StorageProfile p = Shared();
   core::AccessEvent early = Ev(0, 21, 0x2000, 8, core::AccessKind::kWrite, 0x401010);
@@ -185,7 +201,7 @@ TEST(ProfileReport, Csv) {
             "g,g.flags,8:0,3b,0,1,1,0x401030\n"
             "g,g.mode,8:3,5b,0,1,1,0x401030\n"
             "g,g.misses,12,4,0,0,0,-\n");
-  const auto quoting = [](core::RemoteAddr) { return SiteName{"f", 0, "a,\"b\".c", 1}; };
+  const auto quoting = [](core::RemoteAddr) { return SiteName{"f", 0, "a,\"b\".c", 1, ""}; };
   EXPECT_THAT(RenderCsv(p, quoting, {}), HasSubstr(",2,\"f (a,\"\"b\"\".c:1)\"\n"));
 }
 
