@@ -47,8 +47,8 @@ fuzz: deps
 	@./fuzz/run.sh build/fuzz $(FUZZ_SECONDS)
 
 # clang-tidy (.clang-tidy, every warning an error) over agent/ core/ drmgr/ watch/ cli/ gui/ and
-# their headers, $(JOBS) at a time; fails on any finding. Files found clean are remembered by
-# content (scripts/lint.py), so a second run checks only what changed.
+# their headers, $(JOBS) at a time; fails on any finding. Units found clean are remembered by
+# content in scripts/lint-clean.txt (commit it: a fresh clone checks only what changed since).
 lint: configure
 	@./scripts/lint.py $(BUILD) -j $(JOBS)
 

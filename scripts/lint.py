@@ -4,13 +4,17 @@ sources of agent/, core/, drmgr/, watch/, cli/ and gui/ (tests/, bench/ and fuzz
 linted), their headers included: a finding in a header is printed once, not once per file that
 includes it.
 
-A translation unit found clean is remembered in a cache directory ($KWATCH_LINT_CACHE, default
-~/.cache/kwatch/lint), keyed by what clang-tidy's result depends on: the clang-tidy version, the
-configuration that applies to the file (--dump-config), the compile command and the file's
-preprocessed text (every header it includes), comments (NOLINT) and macro definitions kept. An
-unchanged unit is not checked again; a unit with findings is never cached.
+A translation unit found clean is remembered in scripts/lint-clean.txt, committed with the code,
+by a key of what clang-tidy's result depends on: the clang-tidy version, the configuration that
+applies to the file (--dump-config), the compile command and the file's preprocessed text
+(every header it includes, system headers too), comments (NOLINT) and macro definitions kept,
+the repository's own path replaced by a placeholder (a clone elsewhere has the same keys). An
+unchanged unit is not checked again, so CI checks only what changed since the last `make lint`
+of whoever committed; a unit with findings is never remembered. A run over every file keeps
+only the keys of today's units; a run over some files (REGEX) adds theirs.
 
-Usage: scripts/lint.py BUILD_DIR [-j JOBS] [--no-cache] [REGEX...]  (REGEX: only the files
+Usage: scripts/lint.py BUILD_DIR [-j JOBS] [--no-cache] [REGEX...]  (--no-cache: check every
+unit, remember nothing)  (REGEX: only the files
 whose path relative to the repository it matches, e.g. watch/session)
 Exit status: 0 clean, 1 findings (or clang-tidy failed), 2 usage or setup error.
 """
@@ -27,6 +31,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLEAN_FILE = os.path.join(ROOT, "scripts", "lint-clean.txt")
 FOLDERS = ("agent", "core", "drmgr", "watch", "cli", "gui")
 HEADER_FILTER = "^" + re.escape(ROOT) + "/(" + "|".join(FOLDERS) + ")/"
 SOURCE_RE = re.compile(HEADER_FILTER + r".*\.cc$")
@@ -67,16 +72,17 @@ def preprocess_args(entry):
 
 def unit_key(entry, tidy_version):
     """The cache key of one unit, or None when it cannot be computed (then it is checked)."""
+    root = ROOT.encode()
     h = hashlib.sha256()
     h.update(tidy_version)
-    h.update(HEADER_FILTER.encode())
-    h.update(json.dumps(entry, sort_keys=True).encode())
+    h.update(HEADER_FILTER.replace(re.escape(ROOT), "@ROOT@").encode())
+    h.update(json.dumps(entry, sort_keys=True).encode().replace(root, b"@ROOT@"))
     config = run([CLANG_TIDY, "--dump-config", entry["file"]], merge=False)
     pre = run(preprocess_args(entry), merge=False, cwd=entry["directory"])
     if config.returncode != 0 or pre.returncode != 0:
         return None
-    h.update(config.stdout)
-    h.update(pre.stdout)
+    h.update(config.stdout.replace(root, b"@ROOT@"))
+    h.update(pre.stdout.replace(root, b"@ROOT@"))
     return h.hexdigest()
 
 
@@ -88,21 +94,37 @@ def tidy(build, entry):
     return r.returncode, lines
 
 
-def check(build, entry, cache, tidy_version):
-    """(file, exit status, output lines, seconds clang-tidy took or None when the cache
-    answered) of one unit."""
-    key = unit_key(entry, tidy_version) if cache else None
-    stamp = os.path.join(cache, key[:2], key) if key else None
-    if stamp and os.path.exists(stamp):
-        return entry["file"], 0, [], None
+def check(build, entry, clean, tidy_version):
+    """(file, exit status, output lines, seconds clang-tidy took or None when a clean check of
+    the same key answered, the unit's key when it is clean now) of one unit."""
+    key = unit_key(entry, tidy_version) if clean is not None else None
+    if key and key in clean:
+        return entry["file"], 0, [], None, key
     start = time.monotonic()
     status, lines = tidy(build, entry)
     took = time.monotonic() - start
-    if stamp and status == 0 and not lines:
-        os.makedirs(os.path.dirname(stamp), exist_ok=True)
-        with open(stamp, "w", encoding="utf-8") as f:
-            f.write(entry["file"] + "\n")
-    return entry["file"], status, lines, took
+    return entry["file"], status, lines, took, key if status == 0 and not lines else None
+
+
+def read_clean():
+    try:
+        with open(CLEAN_FILE, encoding="utf-8") as f:
+            return {l.strip() for l in f if l.strip() and not l.startswith("#")}
+    except FileNotFoundError:
+        return set()
+
+
+def write_clean(keys):
+    text = ("# Keys of the units scripts/lint.py found clean (see its header); written by make lint.\n"
+            + "".join(k + "\n" for k in sorted(keys)))
+    try:
+        with open(CLEAN_FILE, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except FileNotFoundError:
+        pass
+    with open(CLEAN_FILE, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def diagnostics(lines):
@@ -139,10 +161,7 @@ def main():
         print("lint: warning: .clang-tidy is written for clang-tidy 14 (Debian 12); this one "
               "may find other things: " + version.stdout.decode(errors="replace").strip(),
               file=sys.stderr)
-    cache = None
-    if not a.no_cache:
-        cache = os.environ.get("KWATCH_LINT_CACHE") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kwatch", "lint")
+    clean = None if a.no_cache else read_clean()
     units, seen = [], set()
     for e in db:
         path = os.path.normpath(os.path.join(e["directory"], e["file"]))
@@ -152,11 +171,13 @@ def main():
             seen.add(path)
             units.append(dict(e, file=path))
     start = time.monotonic()
-    printed, failed, times = set(), [], {}
+    printed, failed, times, clean_now = set(), [], {}, set()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.j)) as pool:
-        jobs = [pool.submit(check, a.build, e, cache, version.stdout) for e in units]
+        jobs = [pool.submit(check, a.build, e, clean, version.stdout) for e in units]
         for job in concurrent.futures.as_completed(jobs):
-            path, status, lines, took = job.result()
+            path, status, lines, took, key = job.result()
+            if key:
+                clean_now.add(key)
             if took is not None:
                 times[os.path.relpath(path, ROOT)] = took
             new = [text for first, text in diagnostics(lines) if first not in printed]
@@ -165,6 +186,8 @@ def main():
                 print("\n".join(new), flush=True)
             if status != 0 or lines:
                 failed.append(os.path.relpath(path, ROOT))
+    if clean is not None:
+        write_clean(clean_now if not a.files else clean | clean_now)
     findings = sum(1 for d in printed if DIAG_RE.match(d))
     took = time.monotonic() - start
     slowest = sorted(times.items(), key=lambda kv: -kv[1])[:3]
