@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "core/symbols/symbolizer.h"
 #include "watch/profile/report_render.h"
+#include "watch/value_text.h"
 
 namespace kwatch::cli {
 
@@ -71,8 +72,8 @@ int64_t ValueOf(uint64_t raw, uint32_t len) {
 }
 
 std::string ValueText(const watch::EventValues& v, uint64_t raw) {
-  if (v.pointer) {
-    return absl::StrCat("0x", absl::Hex(raw));
+  if (v.field != nullptr) {
+    return watch::FieldValueText(v.field->type_name, v.field->size, 0, raw);
   }
   // A decoded bitfield is already sign-extended (or zero-extended) to 64 bits.
   return absl::StrCat(v.decoded ? static_cast<int64_t>(raw) : ValueOf(raw, v.width));
@@ -262,7 +263,7 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   const std::string field = summary.FieldLabel(as_counted);
   const core::symbols::ResolvedExpr& target = session.watches()[ev.watch_id].target;
   watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(target), ev);
-  v.pointer = watch::AccessesAPointer(target, ev);  // text shows addresses in hex; JSON numbers
+  v.field = watch::AccessedField(target, ev);  // text reads values as their type; JSON numbers
   const double t = Seconds(ev.time_ns);
   std::string value = "?";
   if (v.value.has_value()) {

@@ -146,7 +146,7 @@ inline std::string CraftFieldsSql(uint32_t watch, uint64_t n) {
   return absl::StrCat(
       "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ", n,
       ") INSERT INTO fields SELECT ", watch,
-      ", 1000 + i, '.f' || i, 'int', 4 * i, 4, 0, 0, 0, 1 FROM k;");
+      ", 1000 + i, '.f' || i, 'int', 4 * i, 4, 0, 0, 0, 1, 0 FROM k;");
 }
 
 }  // namespace kwatch::testing

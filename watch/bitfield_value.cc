@@ -63,21 +63,25 @@ EventValues ValuesOf(const std::optional<BitfieldPlace>& bitfield, const core::A
   return out;
 }
 
-bool AccessesAPointer(const core::symbols::ResolvedExpr& target, const core::AccessEvent& ev) {
+const core::symbols::FieldLayout* AccessedField(const core::symbols::ResolvedExpr& target,
+                                                const core::AccessEvent& ev) {
   if (!target.layout.has_value()) {
-    return false;
+    return nullptr;
   }
   const uint64_t addr = ev.access_size > 0 ? ev.access_addr.value : ev.addr.value;
   const uint32_t size = ev.access_size > 0 ? ev.access_size : ev.len;
   if (addr < target.addr.value) {
-    return false;
+    return nullptr;
   }
-  const core::symbols::FieldLayout* leaf = target.layout->LeafAt(addr - target.addr.value);
-  if (leaf == nullptr || leaf->offset != addr - target.addr.value || leaf->size != size ||
-      leaf->bit_size != 0) {
-    return false;
+  const uint64_t offset = addr - target.addr.value;
+  const std::vector<core::symbols::FieldLayout>& fields = target.layout->fields;
+  for (const size_t c : core::symbols::CountedFields(fields)) {
+    const core::symbols::FieldLayout& f = fields[c];
+    if (f.offset == offset && f.size == size && f.bit_size == 0) {
+      return &f;
+    }
   }
-  return UnqualifiedType(leaf->type_name).ends_with('*');
+  return nullptr;
 }
 
 }  // namespace kwatch::watch

@@ -36,12 +36,16 @@ struct EventValues {
   std::optional<uint64_t> old_value;
   bool decoded = false;  // bitfield values; print them as is (already sign-extended)
   uint32_t width = 0;    // bytes of the raw values when not decoded
-  bool pointer = false;  // the access is exactly one pointer field: its values are addresses
+  // The one whole field the access is (AccessedField), whose type says how its values read
+  // (FieldValueText); null when unknown. Set by the caller.
+  const core::symbols::FieldLayout* field = nullptr;
 };
 EventValues ValuesOf(const std::optional<BitfieldPlace>& bitfield, const core::AccessEvent& ev);
 
-// Whether `ev` accessed exactly one whole field of pointer type of `target` (the watched
-// variable itself, or a member of a watched structure): its values are addresses, shown in hex.
-bool AccessesAPointer(const core::symbols::ResolvedExpr& target, const core::AccessEvent& ev);
+// The field of `target`'s layout that `ev` accessed exactly, whole (the watched variable
+// itself, a member of a watched structure, a union as one: core::symbols::CountedFields); null
+// when the access covers several fields or part of one, or a bitfield (see ValuesOf).
+const core::symbols::FieldLayout* AccessedField(const core::symbols::ResolvedExpr& target,
+                                                const core::AccessEvent& ev);
 
 }  // namespace kwatch::watch

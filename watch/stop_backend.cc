@@ -1,8 +1,6 @@
 #include "watch/stop_backend.h"
 
-#include <signal.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <algorithm>
 #include <csignal>
@@ -308,8 +306,8 @@ absl::Status StopBackend::OnThreadStart(pid_t tid) {
           "its limit (ulimit -n, now ",
           lim.rlim_cur, ")");
     }
-    return absl::Status(s.code(), absl::StrCat("arming the debug registers of new thread ", tid,
-                                               ": ", s.message(), advice));
+    return {s.code(), absl::StrCat("arming the debug registers of new thread ", tid, ": ",
+                                   s.message(), advice)};
   }
   threads_[tid] = std::move(want);
   return absl::OkStatus();

@@ -72,10 +72,8 @@ std::vector<std::string> FieldsOverlapping(const std::string& display,
                                            const core::symbols::TypeLayout& layout, uint64_t offset,
                                            uint64_t size) {
   std::vector<std::string> out;
-  for (const auto& f : layout.fields) {
-    if (!f.is_leaf) {
-      continue;
-    }
+  for (const size_t c : core::symbols::CountedFields(layout.fields)) {
+    const core::symbols::FieldLayout& f = layout.fields[c];
     uint64_t lo = f.offset;
     uint64_t hi = f.offset + (f.size == 0 ? 1 : f.size);
     if (f.bit_size > 0) {

@@ -108,8 +108,9 @@ std::vector<std::string> KernelAccessLines(const KernelAccessStats& stats);
 //    "syscall":"readv","times":..,"ms":..}]}
 std::string KernelAccessJson(const KernelAccessStats& stats);
 
-// The leaf fields of `layout` overlapping [offset, offset+size), by their effective bytes
-// (a bitfield covers only the bytes of its bits), as display + path.
+// The fields of `layout` accesses count on (core::symbols::CountedFields: leaves, a union as
+// one) overlapping [offset, offset+size), by their effective bytes (a bitfield covers only the
+// bytes of its bits), as display + path.
 std::vector<std::string> FieldsOverlapping(const std::string& display,
                                            const core::symbols::TypeLayout& layout, uint64_t offset,
                                            uint64_t size);

@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "core/base/syscall_status.h"
 #include "core/symbols/dwarf_types.h"  // kMaxExpandedElements, kMaxLayoutFields: the same rules
+#include "core/symbols/type_layout.h"
 
 namespace kwatch::core::kernel {
 
@@ -383,7 +384,7 @@ class BtfFlattener {
             continue;  // a hostile BTF's self-nested anonymous members: stop counting them
           }
           --count_budget_;
-          n += Count(m.type, guard + 1);
+          n += (IsUnion(m.type) ? 1 : 0) + Count(m.type, guard + 1);  // an anonymous union's row
         } else {
           n += 1 + (m.bit_size == 0 ? Count(m.type, guard + 1) : 0);
         }
@@ -413,7 +414,11 @@ class BtfFlattener {
           const btf_type* mt = btf__type_by_id(btf_, kb_.Strip(m.type).id);
           if (mt != nullptr && btf_is_composite(mt) && flatten_budget_ > 0) {
             --flatten_budget_;
-            FlattenInto(m.type, base + m.offset, path, depth, guard + 1);  // anonymous member
+            if (btf_is_union(mt)) {
+              AddAnonymousUnion(m, base, path, depth, guard);
+            } else {
+              FlattenInto(m.type, base + m.offset, path, depth, guard + 1);  // anonymous struct
+            }
           }
           continue;  // unnamed bitfield padding
         }
@@ -446,11 +451,40 @@ class BtfFlattener {
     }
   }
 
+  bool IsUnion(BtfTypeRef type) const {
+    const btf_type* t = btf__type_by_id(btf_, kb_.Strip(type).id);
+    return t != nullptr && btf_is_union(t);
+  }
+
  private:
+  // An anonymous union member: a row of its own, ".{a,b}" after the parent's path, then its
+  // members under the parent's path, one level deeper.
+  void AddAnonymousUnion(const Member& m, uint64_t base, const std::string& path, int depth,
+                         int guard) {
+    std::vector<std::string> names;
+    for (const Member& u : MembersOf(btf_, kb_, kb_.Strip(m.type))) {
+      names.push_back(u.name.empty() ? "{...}" : u.name);
+    }
+    symbols::FieldLayout f;
+    f.path = absl::StrCat(path, ".", symbols::AnonymousUnionName(names));
+    f.type_name = kb_.TypeName(m.type);
+    f.offset = base + m.offset;
+    f.size = m.size;
+    f.depth = depth;
+    f.is_union = true;
+    const bool expand = out_->size() + 1 + Count(m.type) <= symbols::kMaxLayoutFields;
+    f.is_leaf = !expand;
+    out_->push_back(std::move(f));
+    if (expand) {
+      FlattenInto(m.type, base + m.offset, path, depth + 1, guard + 1);
+    }
+  }
+
   void Add(symbols::FieldLayout f, std::optional<BtfTypeRef> type) {
     const bool expand = type.has_value() && Expandable(*type) &&
                         out_->size() + 1 + Count(*type) <= symbols::kMaxLayoutFields;
     f.is_leaf = !expand;
+    f.is_union = type.has_value() && IsUnion(*type);
     const uint64_t offset = f.offset;
     const std::string path = f.path;
     const int depth = f.depth;
@@ -474,8 +508,19 @@ symbols::TypeLayout KernelBtf::Layout(BtfTypeRef type) const {
   layout.type_name = TypeName(type);
   layout.size = TypeSize(type).value_or(0);
   BtfFlattener flattener(btf_, *this, &layout.fields);
-  if (flattener.Expandable(type) && flattener.Count(type) <= symbols::kMaxLayoutFields) {
-    flattener.FlattenInto(type, 0, "", 0);
+  if (flattener.Expandable(type) &&
+      (flattener.IsUnion(type) ? 1 : 0) + flattener.Count(type) <= symbols::kMaxLayoutFields) {
+    int depth = 0;
+    if (flattener.IsUnion(type)) {  // the object itself: one row its members hang under
+      symbols::FieldLayout f;
+      f.type_name = layout.type_name;
+      f.size = layout.size;
+      f.is_leaf = false;
+      f.is_union = true;
+      layout.fields.push_back(std::move(f));
+      depth = 1;
+    }
+    flattener.FlattenInto(type, 0, "", depth);
   }
   if (layout.fields.empty()) {
     symbols::FieldLayout f;

@@ -34,6 +34,7 @@
 #include "core/base/status_macros.h"
 #include "core/symbols/dwarf_types.h"
 #include "core/symbols/elf_index.h"
+#include "core/symbols/line_table.h"
 #include "core/x86/format.h"
 
 namespace kwatch::core::probe {
@@ -458,7 +459,7 @@ absl::StatusOr<ResolvedPoint> ProbeTarget::Impl::MakePoint(const FunctionInfo* f
     return absl::InvalidArgumentError(absl::StrFormat(
         "0x%x is not in an executable segment of %s: give a code address", vaddr, Basename(path)));
   }
-  if (Dwfl_Line* line = dwfl_module_getsrc(mod, vaddr + elf_bias); line != nullptr) {
+  if (Dwfl_Line* line = symbols::StatementLineAt(mod, vaddr + elf_bias); line != nullptr) {
     int lineno = 0;
     const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
     if (file != nullptr) {

@@ -370,9 +370,12 @@ absl::Status TraceReader::LoadWatches() {
   if (rc != SQLITE_DONE) {
     return ReadError(rc);
   }
-  KW_ASSIGN_OR_RETURN(SqliteStmtPtr fs,
-                      Prepare("SELECT watch_id,path,type_name,offset,size,bit_offset,bit_size,"
-                              "depth,is_leaf FROM fields ORDER BY watch_id,idx"));
+  // Schema 2 and older have no union flag: their unions' members count apart, as then.
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr fs,
+      Prepare(absl::StrCat("SELECT watch_id,path,type_name,offset,size,bit_offset,"
+                           "bit_size,depth,is_leaf,",
+                           schema_ >= 3 ? "is_union" : "0", " FROM fields ORDER BY watch_id,idx")));
   size_t fields = 0;
   uint64_t name_bytes = 0;  // of the leaves' report names: expression + path
   while ((rc = sqlite3_step(fs.get())) == SQLITE_ROW) {
@@ -397,6 +400,7 @@ absl::Status TraceReader::LoadWatches() {
     f.bit_size = static_cast<uint32_t>(sqlite3_column_int64(s, 6));
     f.depth = static_cast<int>(sqlite3_column_int64(s, 7));
     f.is_leaf = sqlite3_column_int64(s, 8) != 0;
+    f.is_union = sqlite3_column_int64(s, 9) != 0;
     if (f.is_leaf) {
       name_bytes += w.expr.size() + f.path.size();
       if (name_bytes > kMaxRecordedFieldNames) {

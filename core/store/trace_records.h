@@ -21,7 +21,7 @@ namespace kwatch::core::store {
 inline constexpr int32_t kTraceApplicationId = 0x6b776462;
 // PRAGMA user_version: the schema this kwatch writes, and the newest it reads.
 // 2: hits.pid. Schema 1 recordings (no pid per hit) are read with HitRecord::pid 0.
-inline constexpr int32_t kTraceSchemaVersion = 2;
+inline constexpr int32_t kTraceSchemaVersion = 3;
 
 // How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
 // of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.

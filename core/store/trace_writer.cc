@@ -66,6 +66,7 @@ CREATE TABLE fields(
   bit_size INTEGER NOT NULL,
   depth INTEGER NOT NULL,
   is_leaf INTEGER NOT NULL,
+  is_union INTEGER NOT NULL,
   PRIMARY KEY(watch_id, idx)
 ) WITHOUT ROWID;
 CREATE TABLE events(
@@ -445,8 +446,9 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
   const std::string context = absl::StrCat("writing watch ", w.id, " to ", path_);
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr ws,
                       SqlitePrepare(db, "INSERT INTO watches VALUES(?,?,?,?,?,?,?,?)", context));
-  KW_ASSIGN_OR_RETURN(SqliteStmtPtr fs,
-                      SqlitePrepare(db, "INSERT INTO fields VALUES(?,?,?,?,?,?,?,?,?,?)", context));
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr fs,
+      SqlitePrepare(db, "INSERT INTO fields VALUES(?,?,?,?,?,?,?,?,?,?,?)", context));
   if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
     return WriteFailure(SqliteError(db, rc, context), 0);
   }
@@ -474,6 +476,7 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
     sqlite3_bind_int64(s, 8, f.bit_size);
     sqlite3_bind_int64(s, 9, f.depth);
     sqlite3_bind_int(s, 10, f.is_leaf ? 1 : 0);
+    sqlite3_bind_int(s, 11, f.is_union ? 1 : 0);
     rc = StepDone(s);
   }
   if (rc == SQLITE_OK) {
@@ -898,7 +901,7 @@ void TraceWriter::TakeFinalName(bool with_wal) {
   std::string trouble;
   for (const char* suffix : {"-wal", "-shm", "-journal"}) {
     if (absl::Status s = RemoveIfPresent(replaces_ + suffix); !s.ok()) {
-      trouble = std::string(s.message());
+      trouble = absl::StrCat(s.message());
     }
   }
   std::vector<std::pair<std::string, std::string>> moves;

@@ -257,6 +257,11 @@ bool Expandable(const TypeRef& type) {
   return false;
 }
 
+bool IsUnion(const TypeRef& type) {
+  Dwarf_Die die = StripType(type).die;
+  return dwarf_tag(&die) == DW_TAG_union_type;
+}
+
 class Flattener {
  public:
   explicit Flattener(std::vector<FieldLayout>* out) : out_(out) {}
@@ -272,7 +277,7 @@ class Flattener {
     if (IsAggregateTag(dwarf_tag(&die))) {
       for (const MemberInfo& m : Members(die)) {
         if (m.name.empty()) {
-          n += m.has_type ? Count(m.type) : 0;
+          n += m.has_type ? (IsUnion(m.type) ? 1 : 0) + Count(m.type) : 0;  // a union row
         } else {
           n += 1 + (m.bit_size == 0 && m.has_type ? Count(m.type) : 0);
         }
@@ -296,8 +301,10 @@ class Flattener {
       for (const MemberInfo& m : Members(die)) {
         if (m.name.empty()) {
           Dwarf_Die mt = StripType(m.type).die;
-          if (m.has_type && IsAggregateTag(dwarf_tag(&mt))) {
-            FlattenInto(m.type, base + m.offset, path, depth);  // anonymous member, base class
+          if (m.has_type && dwarf_tag(&mt) == DW_TAG_union_type) {
+            AddAnonymousUnion(m, base, path, depth);
+          } else if (m.has_type && IsAggregateTag(dwarf_tag(&mt))) {
+            FlattenInto(m.type, base + m.offset, path, depth);  // anonymous struct, base class
           }
           continue;  // unnamed bitfield padding
         }
@@ -331,11 +338,35 @@ class Flattener {
   }
 
  private:
+  // An anonymous union member: a row of its own, ".{a,b}" after the parent's path, then its
+  // members under the parent's path, one level deeper.
+  void AddAnonymousUnion(const MemberInfo& m, uint64_t base, const std::string& path, int depth) {
+    Dwarf_Die die = StripType(m.type).die;
+    std::vector<std::string> names;
+    for (const MemberInfo& u : Members(die)) {
+      names.push_back(u.name.empty() ? "{...}" : u.name);
+    }
+    FieldLayout f;
+    f.path = absl::StrCat(path, ".", AnonymousUnionName(names));
+    f.type_name = TypeName(m.type);
+    f.offset = base + m.offset;
+    f.size = m.size;
+    f.depth = depth;
+    f.is_union = true;
+    const bool expand = out_->size() + 1 + Count(m.type) <= kMaxLayoutFields;
+    f.is_leaf = !expand;
+    out_->push_back(std::move(f));
+    if (expand) {
+      FlattenInto(m.type, base + m.offset, path, depth + 1);
+    }
+  }
+
   // Appends `f`, then its members when `type` is expandable and the budget allows.
   void Add(FieldLayout f, const TypeRef* type) {
     const bool expand =
         type != nullptr && Expandable(*type) && out_->size() + 1 + Count(*type) <= kMaxLayoutFields;
     f.is_leaf = !expand;
+    f.is_union = type != nullptr && IsUnion(*type);
     const uint64_t offset = f.offset;
     const std::string path = f.path;
     const int depth = f.depth;
@@ -789,8 +820,18 @@ TypeLayout FlattenLayout(const TypeRef& type) {
   layout.type_name = TypeName(type);
   layout.size = TypeSize(type).value_or(0);
   Flattener flattener(&layout.fields);
-  if (Expandable(type) && flattener.Count(type) <= kMaxLayoutFields) {
-    flattener.FlattenInto(type, 0, "", 0);
+  if (Expandable(type) && (IsUnion(type) ? 1 : 0) + flattener.Count(type) <= kMaxLayoutFields) {
+    int depth = 0;
+    if (IsUnion(type)) {  // the object itself: one row its members hang under, counted once
+      FieldLayout f;
+      f.type_name = layout.type_name;
+      f.size = layout.size;
+      f.is_leaf = false;
+      f.is_union = true;
+      layout.fields.push_back(std::move(f));
+      depth = 1;
+    }
+    flattener.FlattenInto(type, 0, "", depth);
   }
   if (layout.fields.empty()) {
     FieldLayout f;

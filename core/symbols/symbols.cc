@@ -29,6 +29,7 @@
 #include "core/symbols/dwarf_types.h"
 #include "core/symbols/elf_index.h"
 #include "core/symbols/expr_resolver.h"
+#include "core/symbols/line_table.h"
 #include "core/symbols/symbol_match.h"
 #include "core/symbols/type_names.h"
 
@@ -816,7 +817,7 @@ std::optional<SourceLine> DwflSymbols::LineAt(RemoteAddr addr) const {
   if (mod == nullptr) {
     return std::nullopt;
   }
-  Dwfl_Line* line = dwfl_module_getsrc(mod, addr.value);
+  Dwfl_Line* line = StatementLineAt(mod, addr.value);
   if (line == nullptr) {
     return std::nullopt;
   }

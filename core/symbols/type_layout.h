@@ -18,6 +18,10 @@ struct FieldLayout {
   uint32_t bit_size = 0;    // 0 unless a bitfield
   int depth = 0;            // nesting depth, 0 for members of the object itself
   bool is_leaf = true;      // false for aggregates (structs, unions, arrays of aggregates)
+  // A union (named, or anonymous: then its path is the parent's followed by its members'
+  // names in braces, ".{i,f}", as gdb prints it, and its members keep the parent's path).
+  // Its members overlap: an access to them is counted once, on the union (CountedFields).
+  bool is_union = false;
 };
 
 // A structure's layout flattened in layout order (parents before their members).
@@ -29,5 +33,15 @@ struct TypeLayout {
   // The deepest leaf field containing byte `offset` (nullptr if none, e.g. padding).
   const FieldLayout* LeafAt(uint64_t offset) const;
 };
+
+// The indices into `fields` (a flattened layout, parents before their members) of the fields
+// accesses are counted on, in order: every leaf, except that a union counts as one field
+// whatever it holds (which alternative an access meant, the hardware cannot tell), its
+// members not counted apart.
+std::vector<size_t> CountedFields(const std::vector<FieldLayout>& fields);
+
+// The path element of an anonymous union: its members' names in braces, "{i,f}", the first
+// four of them ("{a,b,c,d,...}").
+std::string AnonymousUnionName(const std::vector<std::string>& members);
 
 }  // namespace kwatch::core::symbols

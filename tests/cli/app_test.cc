@@ -320,6 +320,47 @@ TEST(KwatchAttach, AMemberThroughACastOfAnAddress) {
   EXPECT_EQ(run.summary["stop_reason"], "target exited");
 }
 
+// A union counts once, whichever member an access went through (the hardware cannot tell
+// which was meant): g_rec.u takes its 4-byte and its 2-byte stores, the anonymous union is
+// named by its members. Values read as their C types, on the live lines and in the report.
+TEST(KwatchLaunch, AUnionCountsOnceAndValuesReadAsTheirTypes) {
+  const RunResult as_json = RunKwatch(
+      {"--json", "--backend", "page", "--write", "g_rec", "--", TargetPath("unions"), "3"});
+  ASSERT_EQ(as_json.exit_code, 0) << as_json.err;
+  const JsonRun run = ParseJsonLines(as_json.out);
+  EXPECT_EQ(run.events.size(), 24u);  // 8 stores a round
+  EXPECT_EQ(run.summary["events"], 24);
+  std::map<std::string, int> writes;
+  for (const json& f : run.summary["watches"][0]["fields"]) {
+    writes[f["field"].get<std::string>()] = f["writes"].get<int>();
+  }
+  const std::map<std::string, int> want = {
+      {"g_rec.u", 6},   {"g_rec.{a,b}", 3}, {"g_rec.f", 3},   {"g_rec.d", 3},
+      {"g_rec.neg", 3}, {"g_rec.uc", 3},    {"g_rec.ptr", 3},
+  };
+  EXPECT_EQ(writes, want);
+
+  const RunResult r =
+      RunKwatch({"--backend", "page", "--write", "g_rec", "--", TargetPath("unions"), "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Live lines: a union, a float, a double, a negative int, an unsigned char, a pointer.
+  for (const char* line : {" g_rec\\.u +0x0 -> 0x1 ", " g_rec\\.f +0 -> 0\\.5 ",
+                           " g_rec\\.d +-0\\.25 -> -0\\.5 ", " g_rec\\.neg +-2 -> -3 ",
+                           " g_rec\\.uc +251 -> 252 ", " g_rec\\.ptr +0x0 -> 0x[0-9a-f]{9,} "}) {
+    EXPECT_THAT(r.out, ContainsRegex(line));
+  }
+  // The report's last values.
+  for (const char* row :
+       {"g_rec\\.u +0x1 \\(was 0x0\\), 0x2 \\(was 0xffff\\), 0x3 \\(was 0xfffe\\) ",
+        "g_rec\\.neg +-1 \\(was 0\\), -2 \\(was -1\\), -3 \\(was -2\\) ",
+        "g_rec\\.uc +251 \\(was 0\\), 252 \\(was 251\\), 253 \\(was 252\\) ",
+        "g_rec\\.f +0\\.5 \\(was 0\\), 1 \\(was 0\\.5\\), 1\\.5 \\(was 1\\) ",
+        "g_rec\\.d +-0\\.25 \\(was 0\\), -0\\.5 \\(was -0\\.25\\), -0\\.75 ",
+        "g_rec\\.ptr +0x[0-9a-f]{9,} \\(was 0x0\\), 0x0 \\(was 0x[0-9a-f]{9,}\\)"}) {
+    EXPECT_THAT(r.out, ContainsRegex(row));
+  }
+}
+
 // A pointer's values are addresses: the live lines show them in hex (g_last alternates between
 // the handle and NULL), JSON keeps numbers.
 TEST(KwatchLaunch, PointerValuesAreShownInHex) {

@@ -51,6 +51,12 @@ TEST(FieldsOverlapping, BitfieldsCoverOnlyTheirBytes) {
   EXPECT_THAT(FieldsOverlapping("g", l, 6, 4), ElementsAre("g.a", "g.b"));
   EXPECT_THAT(FieldsOverlapping("g", l, 16, 1), ElementsAre("g.un.u", "g.un.c"));
   EXPECT_THAT(FieldsOverlapping("g", l, 17, 1), ElementsAre("g.un.u"));
+  // A marked union is one field: accesses through any member name the union.
+  core::symbols::TypeLayout marked = l;
+  marked.fields[4].is_union = true;
+  ASSERT_EQ(marked.fields[4].path, ".un");
+  EXPECT_THAT(FieldsOverlapping("g", marked, 16, 1), ElementsAre("g.un"));
+  EXPECT_THAT(FieldsOverlapping("g", marked, 12, 8), ElementsAre("g.x", "g.y", "g.un"));
 }
 
 TEST(Summary, CountsPerFieldThreadAndSite) {

@@ -33,7 +33,7 @@ std::string FormatDuration(uint64_t ns) {
 }
 
 int64_t SinceNs(uint64_t t_ns, uint64_t origin_ns) {
-  constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   if (t_ns >= origin_ns) {
     return static_cast<int64_t>(std::min(t_ns - origin_ns, kMax));
   }

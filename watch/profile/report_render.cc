@@ -23,6 +23,7 @@
 #include "watch/profile/duration.h"
 #include "watch/profile/heat_scale.h"
 #include "watch/profile/report_rows.h"
+#include "watch/value_text.h"
 
 namespace kwatch::watch::profile {
 namespace {
@@ -241,11 +242,15 @@ void TextHeatmap(View& v, const std::vector<FieldRow>& fields, std::string& out)
                   " accesses per column\n");
 }
 
-// The last values each field held (from the value history), newest last: "5 (was 4)".
-std::string ValueText(const ValueSample& s) {
-  std::string t = absl::StrCat(static_cast<int64_t>(s.value));
+// A value `field` held (from the value history) as its C type reads: "5 (was 4)", "-1",
+// "0.25", "0x7ffd1230".
+std::string ValueText(const FieldInfo& field, const ValueSample& s) {
+  auto text = [&field](uint64_t bits) {
+    return FieldValueText(field.type_name, field.size, field.bit_size, bits);
+  };
+  std::string t = text(s.value);
   if (s.old_value.has_value() && *s.old_value != s.value) {
-    absl::StrAppend(&t, " (was ", static_cast<int64_t>(*s.old_value), ")");
+    absl::StrAppend(&t, " (was ", text(*s.old_value), ")");
   }
   return t;
 }
@@ -268,7 +273,7 @@ void TextLastValues(View& v, const std::vector<FieldRow>& fields, std::string& o
     const size_t from = samples.size() > kLastValues ? samples.size() - kLastValues : 0;
     std::vector<std::string> vals;
     for (size_t i = from; i < samples.size(); ++i) {
-      vals.push_back(ValueText(samples[i]));
+      vals.push_back(ValueText(p.fields()[f], samples[i]));
     }
     const ValueSample& last = samples.back();
     rows.push_back({Shown(p.fields()[f].path), absl::StrJoin(vals, ", "),

@@ -52,10 +52,8 @@ StorageProfile::StorageProfile(std::vector<WatchedObject> objects, const Profile
     const WatchedObject& o = objects_[i];
     KW_CHECK(object_by_id_[o.id] == kNone);  // ids are unique
     object_by_id_[o.id] = i;
-    for (const core::symbols::FieldLayout& f : o.fields) {
-      if (!f.is_leaf) {
-        continue;
-      }
+    for (const size_t c : core::symbols::CountedFields(o.fields)) {
+      const core::symbols::FieldLayout& f = o.fields[c];
       FieldInfo fi{i,          o.expr + f.path, f.type_name,
                    f.offset,   f.size,          f.bit_offset,
                    f.bit_size, f.offset,        f.offset + std::max<uint64_t>(f.size, 1)};

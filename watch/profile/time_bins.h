@@ -91,8 +91,8 @@ class TimeBins {
 
  private:
   // blocks_ values: a block number, kNoBlock, or kSparse + an index into sparse_.
-  static constexpr uint32_t kNoBlock = ~0u;
-  static constexpr uint32_t kSparse = 0x80000000u;
+  static constexpr uint32_t kNoBlock = ~0U;
+  static constexpr uint32_t kSparse = 0x80000000U;
   using SparseRow = std::vector<std::pair<uint32_t, uint64_t>>;  // (column, count), by column
 
   uint32_t NewBlock();

@@ -222,6 +222,23 @@ TEST_F(ProbeTargetTest, ReturnProbesAndEventNames) {
   EXPECT_EQ(Resolve("add_ints+3")[0].event, "add_ints");
 }
 
+// Several line-table rows share sum_item+0x12 (lines 53, 54, 56; the last, 54, is not a
+// statement): the point names the last statement, 56, as gdb does (`break probe_args.c:56`
+// and `info line *ADDR` both say line 56 there), not libdw's last row.
+TEST_F(ProbeTargetTest, APointNamesTheLineGdbNamesForItsAddress) {
+  const int ret = FixtureLine("return total + p->id;");
+  const std::vector<ResolvedPoint> r = Resolve(absl::StrCat("probe_args.c:", ret));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].function, "sum_item");
+  EXPECT_EQ(r[0].offset, 0x12u);
+  EXPECT_EQ(r[0].line, ret);
+  auto symbols = symbols::Symbols::ForFile(FixturePath());
+  ASSERT_TRUE(symbols.ok()) << symbols.status();
+  const std::optional<symbols::SourceLine> line = (*symbols)->LineAt(r[0].vaddr);
+  ASSERT_TRUE(line.has_value());
+  EXPECT_EQ(line->line, ret);
+}
+
 TEST_F(ProbeTargetTest, RelativeAndAbsoluteLines) {
   const int body = FixtureLine("PROBE: loop body");
   const int decl = FixtureLine("long loop_lines(int n)");

@@ -171,7 +171,7 @@ TEST(HostileRecordingTest, FieldsUpToTheLimitReadAndMoreAreRefused) {
     EXPECT_EQ((*r)->watches()[0].fields.size(), kMaxRecordedFields);
   }
   ASSERT_TRUE(
-      CraftSql(path, "INSERT INTO fields VALUES(0, 999, '.x', 'int', 0, 4, 0, 0, 0, 1)").ok());
+      CraftSql(path, "INSERT INTO fields VALUES(0, 999, '.x', 'int', 0, 4, 0, 0, 0, 1, 0)").ok());
   auto r = TraceReader::Open(path);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);

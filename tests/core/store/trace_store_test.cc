@@ -216,10 +216,11 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
   f0.is_leaf = true;
   symbols::FieldLayout f1;
   f1.path = ".flags";
-  f1.type_name = "struct flags";
+  f1.type_name = "union flags";
   f1.offset = 8;
   f1.size = 8;
   f1.is_leaf = false;
+  f1.is_union = true;
   symbols::FieldLayout f2;
   f2.path = ".flags.dirty";
   f2.type_name = "unsigned int";
@@ -346,6 +347,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
     EXPECT_EQ(g0.fields[i].bit_size, w0.fields[i].bit_size);
     EXPECT_EQ(g0.fields[i].depth, w0.fields[i].depth);
     EXPECT_EQ(g0.fields[i].is_leaf, w0.fields[i].is_leaf);
+    EXPECT_EQ(g0.fields[i].is_union, w0.fields[i].is_union);
   }
   EXPECT_EQ(r->watches()[1].address, w1.address);
   EXPECT_EQ(r->watches()[1].coverage, "");
@@ -413,7 +415,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "2");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "3");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -813,6 +815,48 @@ TEST(TraceStoreTest, SchemaOneRecordingsReadTheirHitsWithPidZero) {
   EXPECT_EQ(hits[0].ip, RemoteAddr{0x400000});
 }
 
+TEST(TraceStoreTest, SchemaTwoRecordingsReadTheirUnionsAsNotUnions) {
+  // Schema 2 stored no union flag (its unions' members were counted apart); still readable.
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  {
+    auto w = NewWriter(path);
+    WatchRecord wr;
+    wr.id = 0;
+    wr.expr = "g_u";
+    wr.address = RemoteAddr{0x601000};
+    wr.length = 4;
+    wr.kind = "w";
+    wr.backend = "perf";
+    symbols::FieldLayout u;
+    u.path = ".u";
+    u.type_name = "union {...}";
+    u.size = 4;
+    u.is_leaf = false;
+    u.is_union = true;
+    symbols::FieldLayout i;
+    i.path = ".u.i";
+    i.type_name = "int";
+    i.size = 4;
+    i.depth = 1;
+    wr.fields = {u, i};
+    ASSERT_TRUE(w->AddWatch(wr).ok());
+    ASSERT_TRUE(w->Finish(SessionEnd{}).ok());
+  }
+  EXPECT_EQ(Sql(path, "SELECT group_concat(is_union) FROM fields"), "1,0");
+  EXPECT_EQ(Sql(path, "ALTER TABLE fields DROP COLUMN is_union"), "");
+  Sql(path, "PRAGMA user_version=2");
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->watches().size(), 1u);
+  const std::vector<symbols::FieldLayout>& f = r->watches()[0].fields;
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].path, ".u");
+  EXPECT_FALSE(f[0].is_union);
+  EXPECT_FALSE(f[0].is_leaf);
+  EXPECT_TRUE(f[1].is_leaf);
+}
+
 TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   TempDir dir;
   const std::string path = dir.File("run.kwdb");
@@ -821,7 +865,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 2");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 3");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {

@@ -214,6 +214,7 @@ TEST_F(SymbolsFileTest, StructLayoutIsFlattenedInOrder) {
     EXPECT_EQ(f.bit_size, want[i].bit_size);
     EXPECT_EQ(f.depth, want[i].depth);
     EXPECT_EQ(f.is_leaf, want[i].leaf);
+    EXPECT_EQ(f.is_union, want[i].path == ".u");  // counted once, its members not apart
   }
   ASSERT_NE(t.LeafAt(offsetof(Stats, inner) + 5), nullptr);
   EXPECT_EQ(t.LeafAt(offsetof(Stats, inner) + 5)->path, ".inner.b");
@@ -364,16 +365,25 @@ TEST_F(SymbolsFileTest, UnionMembersShareOffsetZero) {
   EXPECT_EQ(r->length, 8u);
   ASSERT_TRUE(r->layout.has_value());
   const auto& f = r->layout->fields;
-  ASSERT_EQ(f.size(), 3u);
-  EXPECT_EQ(f[0].path, ".l");
-  EXPECT_EQ(f[1].path, ".d");
-  EXPECT_EQ(f[1].type_name, "double");
-  EXPECT_EQ(f[2].path, ".bytes");
-  EXPECT_EQ(f[2].type_name, "unsigned char[8]");
-  for (const auto& field : f) {
-    EXPECT_EQ(field.offset, 0u);
-    EXPECT_TRUE(field.is_leaf);
+  ASSERT_EQ(f.size(), 4u);
+  // The union itself first: the one field accesses count on (CountedFields).
+  EXPECT_EQ(f[0].path, "");
+  EXPECT_EQ(f[0].type_name, "union value");
+  EXPECT_EQ(f[0].size, 8u);
+  EXPECT_TRUE(f[0].is_union);
+  EXPECT_FALSE(f[0].is_leaf);
+  EXPECT_EQ(f[1].path, ".l");
+  EXPECT_EQ(f[2].path, ".d");
+  EXPECT_EQ(f[2].type_name, "double");
+  EXPECT_EQ(f[3].path, ".bytes");
+  EXPECT_EQ(f[3].type_name, "unsigned char[8]");
+  for (size_t i = 1; i < f.size(); ++i) {
+    EXPECT_EQ(f[i].offset, 0u);
+    EXPECT_EQ(f[i].depth, 1);
+    EXPECT_TRUE(f[i].is_leaf);
+    EXPECT_FALSE(f[i].is_union);
   }
+  EXPECT_EQ(CountedFields(f), std::vector<size_t>{0});
 }
 
 TEST_F(SymbolsFileTest, ScalarsTypedefsAndPointers) {

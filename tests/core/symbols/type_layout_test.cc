@@ -68,5 +68,29 @@ TEST(TypeLayoutTest, ScalarLayout) {
   EXPECT_EQ(t.LeafAt(8), nullptr);
 }
 
+TEST(TypeLayoutTest, AUnionCountsOnceAndItsMembersNotApart) {
+  TypeLayout t = Sample();
+  EXPECT_EQ(CountedFields(t.fields), (std::vector<size_t>{0, 2, 3, 4, 6, 7, 8, 9}));
+  t.fields[5].is_union = true;  // .u
+  EXPECT_EQ(CountedFields(t.fields), (std::vector<size_t>{0, 2, 3, 4, 5, 8, 9}));
+  // A union inside a union's member, and one at the end: each counted once, at its top.
+  t.fields = {Field(".v", 0, 8, 0, false),      Field(".v.s", 0, 8, 1, false),
+              Field(".v.s.a", 0, 4, 2, true),   Field(".v.s.w", 4, 4, 2, false),
+              Field(".v.s.w.i", 4, 4, 3, true), Field(".{x,y}", 8, 4, 0, false),
+              Field(".x", 8, 4, 1, true),       Field(".y", 8, 2, 1, true)};
+  t.fields[0].is_union = true;
+  t.fields[3].is_union = true;
+  t.fields[5].is_union = true;
+  EXPECT_EQ(CountedFields(t.fields), (std::vector<size_t>{0, 5}));
+  t.fields[0].is_union = false;
+  EXPECT_EQ(CountedFields(t.fields), (std::vector<size_t>{2, 3, 5}));
+}
+
+TEST(TypeLayoutTest, AnAnonymousUnionIsNamedByItsMembers) {
+  EXPECT_EQ(AnonymousUnionName({"i", "f"}), "{i,f}");
+  EXPECT_EQ(AnonymousUnionName({"a", "b", "c", "d"}), "{a,b,c,d}");
+  EXPECT_EQ(AnonymousUnionName({"a", "b", "c", "d", "e"}), "{a,b,c,d,...}");
+}
+
 }  // namespace
 }  // namespace kwatch::core::symbols

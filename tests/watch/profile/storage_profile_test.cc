@@ -120,6 +120,7 @@ TEST(StorageProfile, BitfieldsCountByTheBytesOfTheirBits) {
   EXPECT_EQ(p.field_counts(FieldIndex(p, "g.b")), Rw(0, 0));
 }
 
+// A layout that does not mark its unions (a recording of schema 2): members count apart.
 TEST(StorageProfile, UnionMembersOverlap) {
   StorageProfile p({Struct()}, Opts());
   p.Add(Write(kStart, 1, kBase + 16, 1));  // u and c
@@ -127,6 +128,22 @@ TEST(StorageProfile, UnionMembersOverlap) {
   p.Add(Read(kStart, 1, kBase + 16, 4));   // u and c
   EXPECT_EQ(p.field_counts(FieldIndex(p, "g.un.u")), Rw(1, 2));
   EXPECT_EQ(p.field_counts(FieldIndex(p, "g.un.c")), Rw(1, 1));
+}
+
+TEST(StorageProfile, AUnionCountsOnceWhicheverMemberWasAccessed) {
+  WatchedObject o = Struct();
+  o.fields[5].is_union = true;  // .un
+  StorageProfile p({o}, Opts());
+  p.Add(Write(kStart, 1, kBase + 16, 1));  // through c
+  p.Add(Write(kStart, 1, kBase + 17, 1));  // u's second byte
+  p.Add(Read(kStart, 1, kBase + 16, 4));   // through u
+  EXPECT_EQ(p.field_counts(FieldIndex(p, "g.un")), Rw(1, 2));
+  for (const FieldInfo& f : p.fields()) {
+    EXPECT_NE(f.path, "g.un.u");
+    EXPECT_NE(f.path, "g.un.c");
+  }
+  EXPECT_EQ(p.fields().size(), Struct().fields.size() - 2);  // .un for its two members
+  EXPECT_EQ(p.object_stats(0).total, Rw(1, 2));
 }
 
 TEST(StorageProfile, ArrayElementsAndStraddlingAccesses) {
