@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/symbols/type_names.h"
 
 namespace kwatch::core::symbols {
 namespace {
@@ -405,9 +406,10 @@ namespace {
 
 // Complete definitions of the structs, unions and classes a unit only declares (`struct
 // ZSTD_CCtx_s;` behind most C library handles), found as gdb finds them: by tag and name in
-// the other units of the same debug info. Units are scanned lazily, in order, until the name
-// turns up, and every complete aggregate seen on the way is remembered (first definition of a
-// name wins, as in gdb); a Dwarf is forgotten with its Dwfl (DwflDeleter).
+// the other units of the same debug info; and the named types of the debug info (for casts).
+// Units are scanned lazily, in order, until the name turns up, and every type seen on the way
+// is remembered (first definition of a name wins, as in gdb); a Dwarf is forgotten with its
+// Dwfl (DwflDeleter).
 class Definitions {
  public:
   static Definitions& Get() {
@@ -435,6 +437,43 @@ class Definitions {
     }
   }
 
+  // A named type by its NamedTypeTag and canonical (qualified) name.
+  std::optional<Dwarf_Die> FindNamed(Dwarf* dwarf, int tag, const std::string& name,
+                                     bool declarations) {
+    const Key key{NamedTypeTag(tag), name};
+    const std::lock_guard<std::mutex> lock(mu_);
+    Scan& scan = scans_[dwarf];
+    while (true) {
+      if (const auto it = scan.named.find(key); it != scan.named.end()) {
+        return it->second;
+      }
+      if (scan.done) {
+        if (const auto it = scan.declared.find(key); declarations && it != scan.declared.end()) {
+          return it->second;
+        }
+        return std::nullopt;
+      }
+      ScanNextUnit(dwarf, &scan);
+    }
+  }
+
+  std::vector<std::string> Names(Dwarf* dwarf, int tag) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    Scan& scan = scans_[dwarf];
+    while (!scan.done) {
+      ScanNextUnit(dwarf, &scan);
+    }
+    std::vector<std::string> names;
+    for (const auto* map : {&scan.named, &scan.declared}) {
+      for (const auto& [key, die] : *map) {
+        if (key.first == NamedTypeTag(tag)) {
+          names.push_back(key.second);
+        }
+      }
+    }
+    return names;
+  }
+
   void Forget(Dwarf* dwarf) {
     const std::lock_guard<std::mutex> lock(mu_);
     scans_.erase(dwarf);
@@ -445,10 +484,19 @@ class Definitions {
   struct Scan {
     Dwarf_CU* cu = nullptr;  // the last unit scanned
     bool done = false;
-    absl::flat_hash_map<Key, Dwarf_Die> found;
+    absl::flat_hash_map<Key, Dwarf_Die> found;     // complete aggregates by tag and DW_AT_name
+    absl::flat_hash_map<Key, Dwarf_Die> named;     // types by NamedTypeTag and canonical name
+    absl::flat_hash_map<Key, Dwarf_Die> declared;  // aggregates only declared, the same way
   };
 
-  static void Remember(Dwarf_Die parent, int depth, Scan* scan) {
+  // A class is found as a struct (C++ spells either for both).
+  static int NamedTypeTag(int tag) {
+    return tag == DW_TAG_class_type ? DW_TAG_structure_type : tag;
+  }
+
+  // `nested`: `parent` is a class (its types are named only with their class).
+  static void Remember(Dwarf_Die parent, int depth, const std::string& prefix, bool cxx,
+                       bool nested, Scan* scan) {
     Dwarf_Die child;
     if (depth > 8 || dwarf_child(&parent, &child) != 0) {
       return;
@@ -456,13 +504,35 @@ class Definitions {
     do {
       const int tag = dwarf_tag(&child);
       if (tag == DW_TAG_namespace) {
-        Remember(child, depth + 1, scan);
-      } else if (IsAggregateTag(tag) && dwarf_hasattr(&child, DW_AT_declaration) == 0 &&
-                 dwarf_hasattr(&child, DW_AT_byte_size) != 0) {
         const std::string name = DieName(child);
-        if (!name.empty()) {
+        Remember(child, depth + 1, name.empty() ? prefix : absl::StrCat(prefix, name, "::"), cxx,
+                 nested, scan);
+        continue;
+      }
+      if (!IsAggregateTag(tag) && tag != DW_TAG_enumeration_type && tag != DW_TAG_typedef &&
+          tag != DW_TAG_base_type) {
+        continue;
+      }
+      const std::string name = DieName(child);
+      if (name.empty()) {
+        continue;
+      }
+      const Key named{NamedTypeTag(tag), CanonicalTypeName(absl::StrCat(prefix, name))};
+      if (!IsAggregateTag(tag)) {
+        scan->named.try_emplace(named, child);
+        continue;
+      }
+      if (dwarf_hasattr(&child, DW_AT_declaration) == 0 &&
+          dwarf_hasattr(&child, DW_AT_byte_size) != 0) {
+        if (!nested) {
           scan->found.try_emplace(Key{tag, name}, child);
         }
+        scan->named.try_emplace(named, child);
+      } else {
+        scan->declared.try_emplace(named, child);
+      }
+      if (cxx) {
+        Remember(child, depth + 1, absl::StrCat(named.second, "::"), cxx, true, scan);
       }
     } while (dwarf_siblingof(&child, &child) == 0);
   }
@@ -477,7 +547,7 @@ class Definitions {
       return;
     }
     scan->cu = next;
-    Remember(cudie, 0, scan);
+    Remember(cudie, 0, "", IsCxx(cudie), false, scan);
   }
 
   std::mutex mu_;
@@ -734,6 +804,15 @@ std::vector<std::string> MemberNames(Dwarf_Die aggregate) {
   int budget = kMaxAnonymousSearch;
   MemberNamesIn(aggregate, &names, &budget, 0);
   return names;
+}
+
+std::optional<Dwarf_Die> FindNamedType(Dwarf* dwarf, int tag, std::string_view name,
+                                       bool declarations) {
+  return Definitions::Get().FindNamed(dwarf, tag, CanonicalTypeName(name), declarations);
+}
+
+std::vector<std::string> NamedTypeNames(Dwarf* dwarf, int tag) {
+  return Definitions::Get().Names(dwarf, tag);
 }
 
 TypeLayout FlattenLayout(const TypeRef& type) {

@@ -60,6 +60,19 @@ std::vector<std::optional<uint64_t>> ArrayDims(Dwarf_Die array);
 // The element type after indexing `array` (a stripped array TypeRef) once.
 std::optional<TypeRef> ArrayElement(const TypeRef& array);
 
+// The type called `name` (a C or C++ type name, qualified for C++; any spelling that
+// CanonicalTypeName makes the same) with DWARF tag `tag` (DW_TAG_structure_type also finds a
+// class, and the reverse; DW_TAG_union_type, DW_TAG_enumeration_type, DW_TAG_typedef,
+// DW_TAG_base_type) in the units of `dwarf`: a complete definition (the first unit's), else,
+// with `declarations`, a declaration. Units are scanned as far as needed, and remembered
+// until the owning Dwfl ends.
+std::optional<Dwarf_Die> FindNamedType(Dwarf* dwarf, int tag, std::string_view name,
+                                       bool declarations);
+
+// The canonical names of all the types of `dwarf` with tag `tag` (for near matches; scans
+// every unit).
+std::vector<std::string> NamedTypeNames(Dwarf* dwarf, int tag);
+
 // One data member of a struct, union or class, with its offset resolved.
 struct MemberInfo {
   std::string name;  // "" for anonymous members and base classes

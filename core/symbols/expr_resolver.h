@@ -30,16 +30,25 @@ struct ExprVariable {
 // Finds a variable by name; the error is the resolver's (NotFound with near matches...).
 using VariableLookup = std::function<absl::StatusOr<ExprVariable>(const std::string& name)>;
 
+// Finds the type a cast names (without its '*'s): NotFound with near matches when no type of
+// the debug info has that name, InvalidArgument when it names no usable type ("void").
+using TypeLookup = std::function<absl::StatusOr<TypeRef>(const ExprType& type)>;
+
 // Resolves `expr` (the contract of Symbols::Resolve): an absolute address as given (8 bytes
-// unless a length is); otherwise the variable `lookup` finds for expr.base, then each step:
+// unless a length is); a cast, (TYPE *)0xADDR, as the pointer to the TYPE at 0xADDR, whose
+// type `types` finds; otherwise the variable `lookup` finds for expr.base. Then each step:
 //  '.' and '->' (a member, with the member list and a near match when unknown), '[i]' (an
 //   array element, bounds-checked, or the i-th object behind a pointer), '*' (the object
 //   behind a pointer, or an array's first element); pointers are read through `read`.
 // The result's length is the type's size (a bitfield's storage unit), else the ELF
-// symbol's size. Errors: InvalidArgument for misuse (naming the expression so far and its
-// type), FailedPrecondition when a type, a size or the memory reader is missing, a NULL
-// pointer, or the reader's error with the pointer's name and address.
+// symbol's size; a cast's address left as it is at the end means the object there
+// (`(int *)0x10` is the int at 0x10, shown as *(int *)0x10). Errors: InvalidArgument for
+// misuse (naming the expression so far and its type), FailedPrecondition when a type, a size
+// or the memory reader is missing, a NULL pointer, or the reader's error with the pointer's
+// name and address; the errors of a cast (an unknown type, a non-pointer type) show the
+// expression with a caret, as ParseExpr's do.
 absl::StatusOr<ResolvedExpr> ResolveExpr(const Expr& expr, const VariableLookup& lookup,
-                                         const MemoryReader& read);
+                                         const MemoryReader& read,
+                                         const TypeLookup& types = nullptr);
 
 }  // namespace kwatch::core::symbols

@@ -31,6 +31,7 @@
 #include "core/symbols/expr_resolver.h"
 #include "core/symbols/line_table.h"
 #include "core/symbols/symbol_match.h"
+#include "core/symbols/type_names.h"
 
 namespace kwatch::core::symbols {
 namespace {
@@ -160,9 +161,15 @@ class DwflSymbols final : public Symbols {
   // `name` is the full name (or, inside `function`, the variable's own name).
   void IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::string& name,
                      const std::string& function) const;
-  // The variable called `name` (for the expression resolver), with the errors its contract
+  // The variable called `written` (for the expression resolver), with the errors its contract
   // gives for unknown, ambiguous, function and thread-local names.
   absl::StatusOr<ExprVariable> Variable(const std::string& written) const;
+  // The type a cast names (the resolver's TypeLookup): the executable's first, then the
+  // libraries'; NotFound with near matches.
+  absl::StatusOr<TypeRef> FindType(const ExprType& type) const;
+  // The source file of a candidate: its unit's, or for an ELF symbol, the unit of the DWARF
+  // variable at its address ("" when none).
+  absl::string_view FileOf(const Candidate& c) const;
   std::string ModuleList() const;
 
   DwflPtr dwfl_;
@@ -173,6 +180,19 @@ class DwflSymbols final : public Symbols {
   mutable Dwfl_Module* exe_ = nullptr;
   mutable absl::flat_hash_map<std::string, std::vector<Candidate>> data_;
   mutable absl::flat_hash_map<std::string, Dwarf_Die> declarations_;  // typed, no location
+  // Template names as CanonicalTypeName spells them ("Box<long>::value"), for data_'s names
+  // as the compiler spelled them ("Box<long int>::value").
+  mutable absl::flat_hash_map<std::string, std::string> canonical_;
+  // The DWARF variable at an address (by module), for the ELF symbols GCC renames
+  // (`calls.0`: a function's static), which the DWARF knows by their own names.
+  struct DwarfVariable {
+    TypeRef type;
+    absl::string_view file;
+    std::string function;
+  };
+  mutable absl::flat_hash_map<std::pair<Dwfl_Module*, uint64_t>, DwarfVariable> dwarf_at_;
+  // Local data symbols with a GCC suffix (`calls.0`, `x.lto_priv.0`) by module and address.
+  mutable absl::flat_hash_map<std::pair<Dwfl_Module*, uint64_t>, std::string> renamed_at_;
   mutable absl::flat_hash_map<Dwfl_Module*, std::unique_ptr<ElfSymbolIndex>> elf_indexes_;
   mutable absl::flat_hash_set<std::string> dwarf_functions_;
   // Inlined-subroutine ranges per CU (by the CU DIE's offset, per module), built on the first
@@ -249,7 +269,11 @@ void DwflSymbols::IndexElf(Dwfl_Module* mod, size_t index) const {
     c.size = sym.size;
     c.tls = sym.type == STT_TLS;
     c.rank = sym.is_global() ? kElfGlobal : kElfLocal;
-    data_[std::string(sym.bare_name())].push_back(c);  // "stdout@GLIBC_2.2.5": copy relocations
+    std::string name(sym.bare_name());  // "stdout@GLIBC_2.2.5": copy relocations
+    if (!sym.is_global() && absl::StrContains(name, ".")) {
+      renamed_at_.try_emplace(std::make_pair(mod, c.addr), name);  // `calls.0`
+    }
+    data_[std::move(name)].push_back(c);
   }
 }
 
@@ -410,6 +434,15 @@ void DwflSymbols::IndexVariable(DwarfWalk* walk, Dwarf_Die var, const std::strin
     }
   }
   c.function = function;
+  if (c.has_type && !c.tls) {
+    dwarf_at_.try_emplace(std::make_pair(c.mod, c.addr), DwarfVariable{c.type, c.file, function});
+  }
+  if (absl::StrContains(name, "<")) {
+    const std::string canonical = CanonicalTypeName(name);
+    if (canonical != name) {
+      canonical_.try_emplace(canonical, name);
+    }
+  }
   if (!function.empty()) {
     c.rank = kDwarfStatic;
     data_[function + "::" + name].push_back(c);
@@ -453,6 +486,14 @@ bool FileMatches(absl::string_view unit_file, absl::string_view written) {
 
 }  // namespace
 
+absl::string_view DwflSymbols::FileOf(const Candidate& c) const {
+  if (!c.file.empty()) {
+    return c.file;
+  }
+  const auto it = dwarf_at_.find(std::make_pair(c.mod, c.addr));
+  return it == dwarf_at_.end() ? absl::string_view() : it->second.file;
+}
+
 absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) const {
   // 'FILE'::NAME (the parser checked the quotes and the '::').
   std::string file;
@@ -462,7 +503,15 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
     file = written.substr(1, close - 1);
     name = written.substr(close + 3);
   }
+  const bool templated = absl::StrContains(name, "<");
   auto it = data_.find(name);
+  if (it == data_.end() && templated) {
+    // Box<long>::value for the compiler's Box<long int>::value (the parser made `name`
+    // canonical).
+    if (const auto c = canonical_.find(name); c != canonical_.end()) {
+      it = data_.find(c->second);
+    }
+  }
   if (it == data_.end() && file.empty()) {
     // C++: `g_counter` for `net::stats::g_counter` when only one name ends that way.
     const std::string tail = absl::StrCat("::", name);
@@ -472,9 +521,20 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
         qualified.push_back(n);
       }
     }
+    if (templated) {
+      for (const auto& [canonical, n] : canonical_) {
+        if (absl::EndsWith(canonical, tail) &&
+            std::find(qualified.begin(), qualified.end(), n) == qualified.end()) {
+          qualified.push_back(n);
+        }
+      }
+    }
     if (qualified.size() == 1) {
       it = data_.find(qualified[0]);
     } else if (qualified.size() > 1) {
+      for (std::string& q : qualified) {
+        q = CanonicalTypeName(q);
+      }
       return absl::NotFoundError(absl::StrCat("'", name, "' is ambiguous: it could be ",
                                               SortedList(std::move(qualified), 5),
                                               "; give the full name"));
@@ -490,9 +550,10 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
     std::vector<std::string> names;
     names.reserve(data_.size());
     for (const auto& [n, cands] : data_) {
-      names.push_back(n);
-      if (const size_t colons = n.rfind("::"); colons != std::string::npos) {
-        names.push_back(n.substr(colons + 2));  // resolves through the unique-suffix rule
+      names.push_back(absl::StrContains(n, "<") ? CanonicalTypeName(n) : n);
+      if (const size_t colons = names.back().rfind("::"); colons != std::string::npos) {
+        names.push_back(
+            names.back().substr(colons + 2));  // resolves through the unique-suffix rule
       }
     }
     const std::vector<std::string> near = NearMatches(name, names, 3);
@@ -511,10 +572,11 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
   if (!file.empty()) {
     std::vector<std::string> files;
     for (const Candidate& c : it->second) {
-      if (FileMatches(c.file, file)) {
+      const absl::string_view c_file = FileOf(c);
+      if (FileMatches(c_file, file)) {
         in_file.push_back(c);
-      } else if (!c.file.empty() && std::find(files.begin(), files.end(), c.file) == files.end()) {
-        files.emplace_back(c.file);
+      } else if (!c_file.empty() && std::find(files.begin(), files.end(), c_file) == files.end()) {
+        files.emplace_back(c_file);
       }
     }
     if (in_file.empty()) {
@@ -544,8 +606,10 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
     }
   }
   // Statics of one name in several files (or functions) of a module are different objects:
-  // never pick one silently.
-  if (chosen->rank == kDwarfStatic || chosen->rank == kDwarfFunctionStatic) {
+  // never pick one silently. So are local symbols of one name (GCC numbers the statics of
+  // functions per unit: two units may both have a `calls.0`).
+  if (chosen->rank == kDwarfStatic || chosen->rank == kDwarfFunctionStatic ||
+      chosen->rank == kElfLocal) {
     std::vector<const Candidate*> rivals;
     for (const Candidate& c : cands) {
       if (c.rank == chosen->rank && c.mod == chosen->mod &&
@@ -559,7 +623,20 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
       for (const Candidate* r : rivals) {
         const std::string scoped =
             chosen->rank == kDwarfFunctionStatic ? absl::StrCat(r->function, "::", name) : name;
-        names.push_back(r->file.empty() ? scoped : absl::StrCat("'", r->file, "'::", scoped));
+        const absl::string_view r_file = FileOf(*r);
+        std::string spelled = r_file.empty() ? scoped : absl::StrCat("'", r_file, "'::", scoped);
+        // The symbol table's own name (`calls.1`), where it names this one alone.
+        if (const auto renamed = renamed_at_.find(std::make_pair(r->mod, r->addr));
+            renamed != renamed_at_.end() && renamed->second != name) {
+          const auto named = data_.find(renamed->second);
+          if (named != data_.end() &&
+              std::all_of(named->second.begin(), named->second.end(), [&](const Candidate& c) {
+                return c.mod != r->mod || c.addr == r->addr;
+              })) {
+            absl::StrAppend(&spelled, " (symbol ", renamed->second, ")");
+          }
+        }
+        names.push_back(std::move(spelled));
       }
       return absl::InvalidArgumentError(
           absl::StrCat("'", written, "' is ambiguous: ", rivals.size(), " statics of that name in ",
@@ -592,6 +669,13 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
       var.type = TypeRef{d->second, 0};
     }
   }
+  if (!var.type.has_value()) {
+    // A symbol GCC renamed (`calls.0`): the DWARF variable at its address.
+    if (const auto at = dwarf_at_.find(std::make_pair(chosen->mod, chosen->addr));
+        at != dwarf_at_.end()) {
+      var.type = at->second.type;
+    }
+  }
   if (!var.type.has_value() && chosen->rank == kElfGlobal) {
     for (const Candidate& c : cands) {
       if (c.has_type && c.rank == kDwarfExtern) {
@@ -605,6 +689,96 @@ absl::StatusOr<ExprVariable> DwflSymbols::Variable(const std::string& written) c
   return var;
 }
 
+absl::StatusOr<TypeRef> DwflSymbols::FindType(const ExprType& type) const {
+  if (type.tag == ExprType::Tag::kNone && type.name == "void") {
+    return absl::InvalidArgumentError(
+        "void has no size or members: cast the address to a pointer to the object's type");
+  }
+  std::vector<int> tags;
+  switch (type.tag) {
+    case ExprType::Tag::kNone:
+      // A typedef or a base type; a struct, union or enum named without its keyword (C++
+      // spells classes so; in C, gdb would refuse it, but nothing else can be meant).
+      tags = {DW_TAG_typedef, DW_TAG_base_type, DW_TAG_structure_type, DW_TAG_union_type,
+              DW_TAG_enumeration_type};
+      break;
+    case ExprType::Tag::kStruct:
+    case ExprType::Tag::kClass:
+      tags = {DW_TAG_structure_type};
+      break;
+    case ExprType::Tag::kUnion:
+      tags = {DW_TAG_union_type};
+      break;
+    case ExprType::Tag::kEnum:
+      tags = {DW_TAG_enumeration_type};
+      break;
+  }
+  std::vector<Dwarf*> dwarfs;
+  for (Dwfl_Module* mod : modules_) {  // the executable first
+    Dwarf_Addr bias = 0;
+    if (Dwarf* dwarf = dwfl_module_getdwarf(mod, &bias); dwarf != nullptr) {
+      dwarfs.push_back(dwarf);
+    }
+  }
+  // A definition anywhere before a declaration (an opaque handle's) anywhere.
+  for (const bool declarations : {false, true}) {
+    for (Dwarf* dwarf : dwarfs) {
+      for (const int tag : tags) {
+        if (const std::optional<Dwarf_Die> die = FindNamedType(dwarf, tag, type.name, declarations);
+            die.has_value()) {
+          return TypeRef{*die, 0};
+        }
+      }
+    }
+  }
+  const auto keyword = [](int tag) -> absl::string_view {
+    switch (tag) {
+      case DW_TAG_structure_type:
+        return "struct ";
+      case DW_TAG_union_type:
+        return "union ";
+      case DW_TAG_enumeration_type:
+        return "enum ";
+      default:
+        return "";
+    }
+  };
+  ExprType plain = type;
+  plain.pointers = 0;
+  const std::string wanted = plain.Spelling();
+  std::vector<std::string> names;
+  std::vector<std::string> other_tag;  // the same name with another keyword
+  for (Dwarf* dwarf : dwarfs) {
+    for (const int tag : {DW_TAG_typedef, DW_TAG_base_type, DW_TAG_structure_type,
+                          DW_TAG_union_type, DW_TAG_enumeration_type}) {
+      for (const std::string& n : NamedTypeNames(dwarf, tag)) {
+        // Spelled as this lookup would take it: without a keyword, any type by its name.
+        std::string spelled = type.tag == ExprType::Tag::kNone ? n : absl::StrCat(keyword(tag), n);
+        if (n == type.name) {
+          other_tag.push_back(spelled);
+        }
+        names.push_back(std::move(spelled));
+      }
+    }
+  }
+  std::vector<std::string> near = NearMatches(wanted, names, 3);
+  near.insert(near.begin(), other_tag.begin(), other_tag.end());
+  std::string msg = absl::StrCat("no type '", wanted, "' in the debug info of ", ModuleList());
+  if (!near.empty()) {
+    near.erase(std::unique(near.begin(), near.end()), near.end());
+    if (near.size() > 3) {
+      near.resize(3);
+    }
+    absl::StrAppend(&msg, " (did you mean ",
+                    absl::StrJoin(near, " or ",
+                                  [](std::string* out, const std::string& s) {
+                                    absl::StrAppend(out, "'", s, "'");
+                                  }),
+                    "?)");
+  }
+  return absl::NotFoundError(msg);
+}
+
 absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
                                                   const MemoryReader& read) const {
   return ResolveExpr(
@@ -613,7 +787,11 @@ absl::StatusOr<ResolvedExpr> DwflSymbols::Resolve(const Expr& expr,
         EnsureIndex();
         return Variable(name);
       },
-      read);
+      read,
+      [this](const ExprType& type) {
+        EnsureIndex();
+        return FindType(type);
+      });
 }
 
 std::optional<FunctionSymbol> DwflSymbols::FunctionAt(RemoteAddr addr) const {

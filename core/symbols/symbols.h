@@ -60,8 +60,10 @@ class Symbols {
 
   virtual ~Symbols() = default;
 
-  // Resolves a parsed expression. Errors (each with advice):
-  //  NotFound: unknown symbol, with up to 3 near matches ("did you mean 'g_stats'?");
+  // Resolves a parsed expression (ResolveExpr's contract; a cast's type is looked up by name
+  // in the executable's debug info, then the libraries'). Errors (each with advice):
+  //  NotFound: unknown symbol, with up to 3 near matches ("did you mean 'g_stats'?"), or
+  //   unknown type in a cast (likewise, with a caret under it);
   //  InvalidArgument: a function given where data is expected, unknown member (listing the
   //   members), index out of bounds, '->' on a non-pointer, '.' on a pointer;
   //  FailedPrecondition: no DWARF type for the symbol (length from the ELF symbol is used

@@ -254,6 +254,72 @@ TEST(KwatchLaunch, AStaticIsNamedByItsFile) {
   EXPECT_THAT(bare.err, HasSubstr("opaque/main.c'::bumps; write one of them"));
 }
 
+// A static data member of a class template, named as gdb names it (and as GCC does not:
+// its DWARF says Box<long int>), with a member path after it.
+TEST(KwatchLaunch, ATemplateStaticIsWatched) {
+  const RunResult r = RunKwatch({"--json", "--backend", "page", "--write", "Box<int>::inst.second",
+                                 "ns::Box<long int>::value", "--", TargetPath("templates"), "6"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("wrote 6"));
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.watches.size(), 2u);
+  EXPECT_EQ(run.watches[0]["display"], "Box<int>::inst.second");
+  EXPECT_EQ(run.watches[0]["type_name"], "long");
+  EXPECT_EQ(run.watches[1]["display"], "ns::Box<long>::value");
+  std::vector<long> second;
+  std::vector<long> value;
+  for (const auto& e : run.events) {
+    EXPECT_EQ(e["function"], "main");
+    if (e["field"] == "Box<int>::inst.second") {
+      second.push_back(e["value"].get<long>());
+    } else {
+      EXPECT_EQ(e["field"], "ns::Box<long>::value");
+      value.push_back(e["value"].get<long>());
+    }
+  }
+  EXPECT_EQ(second, (std::vector<long>{100, 101, 102, 103, 104, 105}));  // = 100 + i
+  EXPECT_EQ(value, (std::vector<long>{2, 4, 6, 8, 10, 12}));             // += 2
+}
+
+// An object known only by its address, as a program prints it (a record on the heap): the cast
+// gives the watch the member's place and name, and every write the program did is counted.
+TEST(KwatchAttach, AMemberThroughACastOfAnAddress) {
+  auto target = kwatch::testing::Spawned::Start({TargetPath("casts"), "7", "--wait"});
+  ASSERT_TRUE(target.ok()) << target.status();
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok()) << (*target)->out();
+  std::istringstream out((*target)->out());
+  std::string word;
+  std::string record;
+  out >> word >> record;
+  ASSERT_EQ(word, "record") << (*target)->out();
+  const std::string expr = absl::StrCat("((struct record *)", record, ")->arr[2].x");
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "--backend", "page", "--write",
+                                            expr, "-p", absl::StrCat((*target)->pid())});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  auto tr = (*target)->Finish();
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  EXPECT_EQ(tr->exit_code, 0);
+  EXPECT_THAT(tr->err, HasSubstr("wrote 7"));
+  const JsonRun run = ParseJsonLines(r->out);
+  ASSERT_EQ(run.watches.size(), 1u);
+  EXPECT_EQ(run.watches[0]["display"], expr);
+  EXPECT_EQ(run.watches[0]["type_name"], "int");
+  EXPECT_EQ(run.watches[0]["len"], 4);
+  ASSERT_EQ(run.events.size(), 7u) << r->out;
+  for (size_t i = 0; i < run.events.size(); ++i) {
+    EXPECT_EQ(run.events[i]["field"], expr);
+    EXPECT_EQ(run.events[i]["access"], "w");
+    EXPECT_EQ(run.events[i]["value"], static_cast<long>(i + 1));  // arr[2].x = i + 1
+    EXPECT_EQ(run.events[i]["function"], "main");
+  }
+  EXPECT_EQ(run.summary["stop_reason"], "target exited");
+}
+
 // A union counts once, whichever member an access went through (the hardware cannot tell
 // which was meant): g_rec.u takes its 4-byte and its 2-byte stores, the anonymous union is
 // named by its members. Values read as their C types, on the live lines and in the report.

@@ -41,6 +41,12 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
   ResolvedKernelExpr out;
   KernelWatch& w = out.watch;
   w.expr = text;
+  if (expr.cast.has_value()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a cast names the type of a process's object (its DWARF): watch a kernel address as "
+        "0x%x:LEN",
+        *expr.address));
+  }
   if (expr.address.has_value()) {
     if (!expr.steps.empty()) {
       return absl::InvalidArgumentError("a raw kernel address takes no member path");
@@ -137,7 +143,7 @@ absl::StatusOr<KernelWatch> ResolveProcessExpr(const std::string& text, std::opt
   KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(text));
   KernelWatch w;
   w.expr = text;
-  if (expr.address.has_value()) {
+  if (expr.address.has_value() && !expr.cast.has_value()) {
     w.addr = *expr.address;
     w.display = absl::StrFormat("0x%x", w.addr);
     w.len = static_cast<uint32_t>(len.value_or(expr.length.value_or(8)));

@@ -151,13 +151,26 @@ class ExprResolverTest : public ::testing::Test {
     };
   }
 
+  // Types by name for casts: "line" is the type g_line_ptr points to, "cache_t" g_cache's.
+  static TypeLookup Types() {
+    return [](const ExprType& t) -> absl::StatusOr<TypeRef> {
+      if (t.name == "line") {
+        return TypeRef{*TypeOf(types_.at("g_line_ptr").die), 0};
+      }
+      if (t.name == "cache_t") {
+        return types_.at("g_cache");
+      }
+      return absl::NotFoundError(absl::StrCat("types: no '", t.name, "'"));
+    };
+  }
+
   static absl::StatusOr<ResolvedExpr> Resolve(const std::string& text,
                                               const MemoryReader& read = Memory()) {
     auto e = ParseExpr(text);
     if (!e.ok()) {
       return e.status();
     }
-    return ResolveExpr(*e, Lookup(), read);
+    return ResolveExpr(*e, Lookup(), read, Types());
   }
 
   static Dwfl* dwfl_;
@@ -228,6 +241,50 @@ TEST_F(ExprResolverTest, PointersAreFollowedThroughTheMemory) {
   ASSERT_TRUE(star.ok()) << star.status();
   EXPECT_EQ(star->addr.value, kLines);
   EXPECT_EQ(star->length, sizeof(Line));
+}
+
+// A cast's address is a pointer value: '->', '*' and '[i]' take it as it is, and pointers
+// stored there (a cast to `T **`) are read from the memory.
+TEST_F(ExprResolverTest, CastsStartFromTheirAddress) {
+  auto owner = Resolve("((struct line *)0x7f0000002000)->owner");
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(owner->addr.value, kHeapLines + offsetof(Line, owner));
+  EXPECT_EQ(owner->display, "((struct line *)0x7f0000002000)->owner");
+  EXPECT_EQ(owner->module, "");
+
+  auto element = Resolve("((cache_t *)0x7f0000001000)->lines[3].data[1]");
+  ASSERT_TRUE(element.ok()) << element.status();
+  EXPECT_EQ(element->addr.value,
+            kHeapCache + offsetof(Cache, lines) + 3 * sizeof(Line) + offsetof(Line, data) + 8);
+
+  // g_line_ptr (at kLinePtr) holds kHeapLines.
+  auto through = Resolve("(*(struct line **)0x30008)[2].owner");
+  ASSERT_TRUE(through.ok()) << through.status();
+  EXPECT_EQ(through->addr.value, kHeapLines + 2 * sizeof(Line) + offsetof(Line, owner));
+  EXPECT_EQ(through->display, "(*(struct line **)0x30008)[2].owner");
+  auto pointer = Resolve("*(struct line **)0x30008");
+  ASSERT_TRUE(pointer.ok()) << pointer.status();
+  EXPECT_EQ(pointer->addr.value, kLinePtr);
+  EXPECT_EQ(pointer->type_name, "struct line *");
+  EXPECT_EQ(pointer->length, 8u);
+  auto dot = Resolve("(*(struct line **)0x30008).owner");
+  ASSERT_FALSE(dot.ok());
+  EXPECT_EQ(dot.status().message(),
+            "'*(struct line **)0x30008' is a pointer (struct line *): use "
+            "'(*(struct line **)0x30008)->owner'");
+
+  auto unknown = Resolve("((struct lin *)0x10)->owner");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.status().message(),
+            "types: no 'lin' at column 3\n"
+            "  ((struct lin *)0x10)->owner\n"
+            "    ^");
+  auto e = ParseExpr("(struct line *)0x10");
+  ASSERT_TRUE(e.ok());
+  auto no_types = ResolveExpr(*e, Lookup(), Memory());
+  ASSERT_FALSE(no_types.ok());
+  EXPECT_EQ(no_types.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(ExprResolverTest, ABitfieldIsItsStorageUnit) {

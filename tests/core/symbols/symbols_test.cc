@@ -12,6 +12,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/symbols/expr.h"
 #include "tests/test_util.h"
 
@@ -818,6 +820,408 @@ TEST(SymbolsOpaqueTest, StaticsOfOneNameAreNamedByFileOrFunction) {
   auto count_calls = resolve("'handle.c'::handle_count::calls");
   ASSERT_TRUE(count_calls.ok()) << count_calls.status();
   EXPECT_NE(tick_calls->addr, count_calls->addr);
+}
+
+// ---------------------------------------------------------------------------------------
+// tests/targets/casts: casts of addresses to the target's types, and the statics GCC renames.
+
+// Copies of casts.c's types (the ABI fixes their layout).
+struct Point {
+  int x;
+  int y;
+};
+struct Record {
+  long id;
+  Point arr[4];
+  unsigned flags;
+  char name[8];
+};
+
+class SymbolsCastTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto s = Symbols::ForFile(kwatch::testing::TargetPath("casts"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    symbols_ = s->release();
+  }
+  static void TearDownTestSuite() {
+    delete symbols_;
+    symbols_ = nullptr;
+  }
+  static absl::StatusOr<ResolvedExpr> Resolve(const std::string& text,
+                                              const MemoryReader& read = NoReader()) {
+    auto e = ParseExpr(text);
+    if (!e.ok()) {
+      return e.status();
+    }
+    return symbols_->Resolve(*e, read);
+  }
+  static constexpr uint64_t kRecord = 0x7f0000001000;
+  static const Symbols* symbols_;
+};
+
+const Symbols* SymbolsCastTest::symbols_ = nullptr;
+
+TEST_F(SymbolsCastTest, AMemberThroughACastOfAnAddress) {
+  auto r = Resolve("((struct record *)0x7f0000001000)->arr[2].x");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->addr.value, kRecord + offsetof(Record, arr) + 2 * sizeof(Point));
+  EXPECT_EQ(r->length, sizeof(int));
+  EXPECT_EQ(r->type_name, "int");
+  EXPECT_EQ(r->display, "((struct record *)0x7f0000001000)->arr[2].x");
+  EXPECT_EQ(r->module, "");
+
+  // A typedef, a pointer typedef, and the type's name without 'struct' (C++ style).
+  auto typedef_cast = Resolve("((record_t *)0x7f0000001000)->flags");
+  ASSERT_TRUE(typedef_cast.ok()) << typedef_cast.status();
+  EXPECT_EQ(typedef_cast->addr.value, kRecord + offsetof(Record, flags));
+  EXPECT_EQ(typedef_cast->type_name, "unsigned int");
+  auto pointer_typedef = Resolve("((record_ptr) 0x7f0000001000)->name[3]");
+  ASSERT_TRUE(pointer_typedef.ok()) << pointer_typedef.status();
+  EXPECT_EQ(pointer_typedef->addr.value, kRecord + offsetof(Record, name) + 3);
+  EXPECT_EQ(pointer_typedef->display, "((record_ptr)0x7f0000001000)->name[3]");
+  auto no_keyword = Resolve("((record *)0x7f0000001000)->id");
+  ASSERT_TRUE(no_keyword.ok()) << no_keyword.status();
+  EXPECT_EQ(no_keyword->addr.value, kRecord);
+  // The i-th record from the address, as in C.
+  auto second = Resolve("((const struct record *)0x7f0000001000)[1].id");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->addr.value, kRecord + sizeof(Record));
+  EXPECT_EQ(second->display, "((struct record *)0x7f0000001000)[1].id");
+}
+
+// `*(T *)0xADDR`, and `(T *)0xADDR` alone (kwatch watches objects: the T there) give the
+// watch the type's length and its fields.
+TEST_F(SymbolsCastTest, TheWholeObjectAtAnAddress) {
+  for (const char* text : {"*(struct record *)0x7f0000001000", "(struct record *)0x7f0000001000",
+                           "(*(struct record *)0x7f0000001000)"}) {
+    auto r = Resolve(text);
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status();
+    EXPECT_EQ(r->addr.value, kRecord) << text;
+    EXPECT_EQ(r->length, sizeof(Record)) << text;
+    EXPECT_EQ(r->type_name, "struct record") << text;
+    EXPECT_EQ(r->display, "*(struct record *)0x7f0000001000") << text;
+    ASSERT_TRUE(r->layout.has_value());
+    std::map<std::string, uint64_t> offsets;
+    for (const FieldLayout& f : r->layout->fields) {
+      offsets[f.path] = f.offset;
+    }
+    EXPECT_EQ(offsets.at(".id"), offsetof(Record, id));
+    EXPECT_EQ(offsets.at(".arr[2].x"), offsetof(Record, arr) + 2 * sizeof(Point));
+    EXPECT_EQ(offsets.at(".flags"), offsetof(Record, flags));
+  }
+  struct Case {
+    const char* text;
+    const char* type;
+    uint64_t length;
+  };
+  const Case scalars[] = {
+      {"(long *)0x1000", "long", 8},
+      {"(unsigned long int *)0x1000", "unsigned long", 8},
+      {"(int *)0x1000", "int", 4},
+      {"(char *)0x1000", "char", 1},
+      {"(union slot *)0x1000", "union slot", 8},
+      {"(enum color *)0x1000", "enum color", 4},
+      {"(struct point *)0x1000", "struct point", 8},
+  };
+  for (const Case& c : scalars) {
+    auto r = Resolve(c.text);
+    ASSERT_TRUE(r.ok()) << c.text << ": " << r.status();
+    EXPECT_EQ(r->addr.value, 0x1000u) << c.text;
+    EXPECT_EQ(r->type_name, c.type) << c.text;
+    EXPECT_EQ(r->length, c.length) << c.text;
+  }
+  auto as_double = Resolve("((union slot *)0x1000)->as_double");
+  ASSERT_TRUE(as_double.ok()) << as_double.status();
+  EXPECT_EQ(as_double->type_name, "double");
+}
+
+// `(struct record **)0xADDR`: the object there is a pointer, followed through the memory.
+TEST_F(SymbolsCastTest, PointersToPointers) {
+  auto ptr = Resolve("(struct record **)0x2000");
+  ASSERT_TRUE(ptr.ok()) << ptr.status();
+  EXPECT_EQ(ptr->type_name, "struct record *");
+  EXPECT_EQ(ptr->length, 8u);
+  EXPECT_EQ(ptr->display, "*(struct record **)0x2000");
+  auto next = Resolve("((struct record **)0x2000)[1]");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->addr.value, 0x2008u);
+  auto id = Resolve("(*(struct record **)0x2000)->id", PointerAt(0x2000, kRecord + 64));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->addr.value, kRecord + 64);
+  EXPECT_EQ(id->display, "(*(struct record **)0x2000)->id");
+  auto whole = Resolve("**(struct record **)0x2000", PointerAt(0x2000, kRecord));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->type_name, "struct record");
+  EXPECT_EQ(whole->addr.value, kRecord);
+  auto null = Resolve("(*(struct record **)0x2000)->id", PointerAt(0x2000, 0));
+  ASSERT_FALSE(null.ok());
+  EXPECT_EQ(null.status().message(),
+            "'*(struct record **)0x2000' is NULL: there is nothing to watch behind it yet");
+}
+
+// Each cast mistake is shown with a caret, as the parser's are.
+TEST_F(SymbolsCastTest, CastErrorsPointAtTheirColumn) {
+  auto unknown = Resolve("((struct recrd *)0x10)->id");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.status().message(),
+            "no type 'struct recrd' in the debug info of casts (did you mean 'struct record'?) "
+            "at column 3\n"
+            "  ((struct recrd *)0x10)->id\n"
+            "    ^");
+  auto wrong_tag = Resolve("((union record *)0x10)->id");
+  ASSERT_FALSE(wrong_tag.ok());
+  EXPECT_THAT(std::string(wrong_tag.status().message()),
+              StartsWith("no type 'union record' in the debug info of casts (did you mean "
+                         "'struct record'"));
+  auto typo = Resolve("(recod_t *)0x10");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_THAT(std::string(typo.status().message()), HasSubstr("did you mean 'record_t'"));
+
+  auto arrow = Resolve("((struct record)0x10)->id");
+  ASSERT_FALSE(arrow.ok());
+  EXPECT_EQ(arrow.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arrow.status().message(),
+            "'->' needs a pointer, and (struct record)0x10 is struct record: cast to a pointer, "
+            "((struct record *)0x10)->id at column 22\n"
+            "  ((struct record)0x10)->id\n"
+            "                       ^");
+  auto not_pointer = Resolve("(struct record)0x10");
+  ASSERT_FALSE(not_pointer.ok());
+  EXPECT_EQ(not_pointer.status().message(),
+            "an address casts to a pointer, and struct record is not one: write (struct record "
+            "*)0x10 for the struct record at 0x10 at column 1\n"
+            "  (struct record)0x10\n"
+            "  ^");
+  auto void_cast = Resolve("(void *)0x10");
+  ASSERT_FALSE(void_cast.ok());
+  EXPECT_THAT(std::string(void_cast.status().message()),
+              StartsWith("void has no size or members: cast the address to a pointer to the "
+                         "object's type at column 2\n"));
+
+  auto dot = Resolve("((struct record *)0x10).id");
+  ASSERT_FALSE(dot.ok());
+  EXPECT_EQ(dot.status().message(),
+            "'(struct record *)0x10' is a pointer (struct record *): use '((struct record "
+            "*)0x10)->id'");
+  auto member = Resolve("((struct record *)0x10)->nme");
+  ASSERT_FALSE(member.ok());
+  EXPECT_THAT(std::string(member.status().message()),
+              StartsWith("struct record has no member 'nme'; did you mean 'name'?"));
+  auto scalar = Resolve("((int *)0x10)->x");
+  ASSERT_FALSE(scalar.ok());
+  EXPECT_EQ(scalar.status().message(),
+            "'*((int *)0x10)' is int, not a struct or union: it has no member 'x'");
+}
+
+// casts.c's setup() and teardown() each have a `static int initialized`: GCC names them
+// initialized.0 and initialized.1 in the symbol table (nm, perf, gdb's `info variables`).
+TEST_F(SymbolsCastTest, StaticsAsTheSymbolTableNamesThem) {
+  auto setup = Resolve("setup::initialized");
+  ASSERT_TRUE(setup.ok()) << setup.status();
+  auto teardown = Resolve("teardown::initialized");
+  ASSERT_TRUE(teardown.ok()) << teardown.status();
+  ASSERT_NE(setup->addr, teardown->addr);
+  std::map<uint64_t, std::string> by_addr;
+  for (const char* name : {"initialized.0", "initialized.1"}) {
+    auto r = Resolve(name);
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status();
+    EXPECT_EQ(r->display, name);
+    EXPECT_EQ(r->type_name, "volatile int") << name;  // from the DWARF variable there
+    EXPECT_EQ(r->length, 4u) << name;
+    by_addr[r->addr.value] = name;
+    // The same, in the file's scope and quoted as gdb quotes symbols.
+    auto scoped = Resolve(absl::StrCat("'casts.c'::", name));
+    ASSERT_TRUE(scoped.ok()) << scoped.status();
+    EXPECT_EQ(scoped->addr, r->addr);
+    auto quoted = Resolve(absl::StrCat("'", name, "'"));
+    ASSERT_TRUE(quoted.ok()) << quoted.status();
+    EXPECT_EQ(quoted->addr, r->addr);
+  }
+  ASSERT_EQ(by_addr.size(), 2u);
+  ASSERT_TRUE(by_addr.contains(setup->addr.value));
+  ASSERT_TRUE(by_addr.contains(teardown->addr.value));
+
+  // The plain name is ambiguous; the message gives both spellings of each.
+  auto plain = Resolve("initialized");
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string file = std::string(KWATCH_SOURCE_DIR) + "/tests/targets/casts.c";
+  EXPECT_EQ(plain.status().message(),
+            absl::StrCat("'initialized' is ambiguous: 2 statics of that name in casts: '", file,
+                         "'::setup::initialized (symbol ", by_addr[setup->addr.value], "), '", file,
+                         "'::teardown::initialized (symbol ", by_addr[teardown->addr.value],
+                         "); write one of them"));
+  auto elsewhere = Resolve("'main.c'::initialized.0");
+  ASSERT_FALSE(elsewhere.ok());
+  EXPECT_EQ(elsewhere.status().message(),
+            absl::StrCat("no variable 'initialized.0' in source file 'main.c'; 'initialized.0' is "
+                         "defined in ",
+                         file));
+  auto missing = Resolve("initialized.7");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("did you mean 'initialized.0'"));
+}
+
+// tests/targets/opaque's two units both have a function static `calls`, and GCC numbers
+// each unit's from 0: `calls.0` names two objects.
+TEST(SymbolsOpaqueTest, ARenamedStaticInTwoUnitsIsNamedByItsFile) {
+  auto symbols = Symbols::ForFile(kwatch::testing::TargetPath("opaque"));
+  ASSERT_TRUE(symbols.ok()) << symbols.status();
+  auto resolve = [&](const std::string& text) {
+    auto e = ParseExpr(text);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return (*symbols)->Resolve(*e, NoReader());
+  };
+  auto both = resolve("calls.0");
+  ASSERT_FALSE(both.ok());
+  const std::string dir = std::string(KWATCH_SOURCE_DIR) + "/tests/targets/opaque/";
+  EXPECT_EQ(both.status().message(),
+            absl::StrCat("'calls.0' is ambiguous: 2 statics of that name in opaque: '", dir,
+                         "handle.c'::calls.0, '", dir, "main.c'::calls.0; write one of them"));
+  auto in_main = resolve("'main.c'::calls.0");
+  ASSERT_TRUE(in_main.ok()) << in_main.status();
+  auto tick = resolve("tick::calls");
+  ASSERT_TRUE(tick.ok()) << tick.status();
+  EXPECT_EQ(in_main->addr, tick->addr);
+  EXPECT_EQ(in_main->type_name, "volatile long");
+}
+
+// A live process: the record's heap address, as the program prints it, and as a pointer
+// variable holds it.
+TEST(SymbolsProcessTest, ACastOfAHeapAddress) {
+  auto child = kwatch::testing::Spawned::Start({kwatch::testing::TargetPath("casts"), "--wait"});
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_TRUE((*child)->WaitForStdout("ready").ok()) << (*child)->out();
+  std::istringstream out((*child)->out());
+  std::string word;
+  std::string record;
+  out >> word >> record;
+  ASSERT_EQ(word, "record") << (*child)->out();
+  auto symbols = Symbols::ForProcess((*child)->pid());
+  ASSERT_TRUE(symbols.ok()) << symbols.status();
+  const MemoryReader read = ProcessReader((*child)->pid());
+  auto resolve = [&](const std::string& text) {
+    auto e = ParseExpr(text);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return (*symbols)->Resolve(*e, read);
+  };
+  const uint64_t rec = std::stoull(record, nullptr, 16);
+  auto cast = resolve(absl::StrCat("((struct record *)", record, ")->arr[2].x"));
+  ASSERT_TRUE(cast.ok()) << cast.status();
+  EXPECT_EQ(cast->addr.value, rec + offsetof(Record, arr) + 2 * sizeof(Point));
+  EXPECT_EQ(cast->display, absl::StrCat("((struct record *)", record, ")->arr[2].x"));
+  auto through_variable = resolve("g_heap->arr[2].x");
+  ASSERT_TRUE(through_variable.ok()) << through_variable.status();
+  EXPECT_EQ(through_variable->addr, cast->addr);
+  // The pointer variable's own address, cast: the pointer is read from the process.
+  auto heap = resolve("g_heap");
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  auto through_pointer =
+      resolve(absl::StrFormat("(*(record_ptr *)0x%x)->arr[2].x", heap->addr.value));
+  ASSERT_TRUE(through_pointer.ok()) << through_pointer.status();
+  EXPECT_EQ(through_pointer->addr, cast->addr);
+}
+
+// ---------------------------------------------------------------------------------------
+// tests/targets/templates: static data members of class templates (C++).
+
+class SymbolsTemplateTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto s = Symbols::ForFile(kwatch::testing::TargetPath("templates"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    symbols_ = s->release();
+  }
+  static void TearDownTestSuite() {
+    delete symbols_;
+    symbols_ = nullptr;
+  }
+  static absl::StatusOr<ResolvedExpr> Resolve(const std::string& text) {
+    auto e = ParseExpr(text);
+    if (!e.ok()) {
+      return e.status();
+    }
+    return symbols_->Resolve(*e, NoReader());
+  }
+  static const Symbols* symbols_;
+};
+
+const Symbols* SymbolsTemplateTest::symbols_ = nullptr;
+
+// Each name as gdb spells it resolves to the address of the ELF symbol the compiler mangled
+// for it (a route that knows nothing of template names).
+TEST_F(SymbolsTemplateTest, StaticMembersOfTemplateInstances) {
+  struct Case {
+    const char* text;
+    const char* mangled;
+    uint64_t offset;
+    const char* type;
+  };
+  const Case cases[] = {
+      {"Box<int>::value", "_ZN3BoxIiE5valueE", 0, "int"},
+      {"ns::Box<long>::value", "_ZN2ns3BoxIlE5valueE", 0, "long"},
+      {"ns::Box<long int>::value", "_ZN2ns3BoxIlE5valueE", 0, "long"},
+      {"Box<unsigned long>::value", "_ZN3BoxImE5valueE", 0, "unsigned long"},
+      {"Box<long unsigned int>::value", "_ZN3BoxImE5valueE", 0, "unsigned long"},
+      {"Box<int>::inst", "_ZN3BoxIiE4instE", 0, "Pair"},
+      {"Box<int>::inst.second", "_ZN3BoxIiE4instE", 8, "long"},
+      {"Arr<int, 2>::data[1]", "_ZN3ArrIiLi2EE4dataE", 4, "int"},
+      {"Arr<int,2>::data[1]", "_ZN3ArrIiLi2EE4dataE", 4, "int"},
+      {"Box < int > :: value", "_ZN3BoxIiE5valueE", 0, "int"},
+  };
+  for (const Case& c : cases) {
+    auto r = Resolve(c.text);
+    ASSERT_TRUE(r.ok()) << c.text << ": " << r.status();
+    auto elf = Resolve(c.mangled);
+    ASSERT_TRUE(elf.ok()) << c.mangled << ": " << elf.status();
+    EXPECT_EQ(r->addr.value, elf->addr.value + c.offset) << c.text;
+    EXPECT_EQ(r->type_name, c.type) << c.text;
+  }
+  EXPECT_EQ(Resolve("Box<int>::inst.second")->display, "Box<int>::inst.second");
+  EXPECT_EQ(Resolve("Arr<int,2>::data[1]")->display, "Arr<int, 2>::data[1]");
+  // A unique tail names it, as for other qualified C++ names.
+  auto tail = Resolve("Box<long>::value");
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(tail->addr, Resolve("ns::Box<long>::value")->addr);
+
+  auto unknown = Resolve("Box<int>::valu");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.status().message()),
+              StartsWith("no variable 'Box<int>::valu' in templates; did you mean "
+                         "'Box<int>::value'"));
+  auto no_instance = Resolve("Box<short>::value");
+  ASSERT_FALSE(no_instance.ok());
+  EXPECT_THAT(std::string(no_instance.status().message()),
+              StartsWith("no variable 'Box<short>::value' in templates"));
+  auto ambiguous = Resolve("value");
+  ASSERT_FALSE(ambiguous.ok());
+  EXPECT_EQ(ambiguous.status().message(),
+            "'value' is ambiguous: it could be Box<int>::value, Box<unsigned long>::value, "
+            "ns::Box<long>::value; give the full name");
+}
+
+TEST_F(SymbolsTemplateTest, CastsToCxxTypes) {
+  auto pair = Resolve("((Pair *)0x1000)->second");
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  EXPECT_EQ(pair->addr.value, 0x1008u);
+  EXPECT_EQ(pair->type_name, "long");
+  auto node = Resolve("((ns::Node *)0x1000)->next");
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ(node->addr.value, 0x1008u);
+  EXPECT_EQ(node->type_name, "Node *");  // kwatch names C++ types without their namespace
+  auto box = Resolve("(struct Box<unsigned long> *)0x1000");
+  ASSERT_TRUE(box.ok()) << box.status();
+  EXPECT_EQ(box->type_name, "Box<long unsigned int>");
+  EXPECT_EQ(box->length, 1u);  // only static members
+  auto unknown = Resolve("((ns::Nod *)0x1000)->next");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()),
+              StartsWith("no type 'ns::Nod' in the debug info of templates (did you mean "
+                         "'ns::Node'?) at column 3\n"));
 }
 
 TEST(SymbolsProcessTest, NoSuchProcess) {

@@ -217,6 +217,10 @@ TEST_F(KernelExprTest, Errors) {
                 "kwatch cannot watch yet",
                 0x12340 + kSlide, map_)));
   EXPECT_EQ(Resolve("no_such_kernel_symbol_here").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Resolve("((struct task_struct *)0xffffffff81000000)->prio").status(),
+            absl::InvalidArgumentError(
+                "a cast names the type of a process's object (its DWARF): watch a kernel address "
+                "as 0xffffffff81000000:LEN"));
 }
 
 TEST_F(KernelExprTest, TypeFromBtf) {
@@ -264,6 +268,14 @@ TEST(ResolveProcessExprTest, SymbolsOfTheProcess) {
   EXPECT_EQ(raw->display, "0x1000");
   EXPECT_EQ(raw->source, "the target's symbols");
   EXPECT_FALSE(ResolveProcessExpr("no_such_symbol_in_this_test", std::nullopt, **syms, read).ok());
+  // A cast is the typed object at the address (this test's own long).
+  auto cast = ResolveProcessExpr(
+      absl::StrFormat("(long *)0x%x", reinterpret_cast<uintptr_t>(&g_kernel_expr_test_word)),
+      std::nullopt, **syms, read);
+  ASSERT_TRUE(cast.ok()) << cast.status();
+  EXPECT_EQ(cast->addr, reinterpret_cast<uintptr_t>(&g_kernel_expr_test_word));
+  EXPECT_EQ(cast->len, 8U);
+  EXPECT_EQ(cast->type_name, "long");
 }
 
 }  // namespace
