@@ -510,16 +510,7 @@ symbols::TypeLayout KernelBtf::Layout(BtfTypeRef type) const {
   BtfFlattener flattener(btf_, *this, &layout.fields);
   if (flattener.Expandable(type) &&
       (flattener.IsUnion(type) ? 1 : 0) + flattener.Count(type) <= symbols::kMaxLayoutFields) {
-    int depth = 0;
-    if (flattener.IsUnion(type)) {  // the object itself: one row its members hang under
-      symbols::FieldLayout f;
-      f.type_name = layout.type_name;
-      f.size = layout.size;
-      f.is_leaf = false;
-      f.is_union = true;
-      layout.fields.push_back(std::move(f));
-      depth = 1;
-    }
+    const int depth = flattener.IsUnion(type) ? layout.AddWholeUnionRow() : 0;
     flattener.FlattenInto(type, 0, "", depth);
   }
   if (layout.fields.empty()) {

@@ -821,16 +821,7 @@ TypeLayout FlattenLayout(const TypeRef& type) {
   layout.size = TypeSize(type).value_or(0);
   Flattener flattener(&layout.fields);
   if (Expandable(type) && (IsUnion(type) ? 1 : 0) + flattener.Count(type) <= kMaxLayoutFields) {
-    int depth = 0;
-    if (IsUnion(type)) {  // the object itself: one row its members hang under, counted once
-      FieldLayout f;
-      f.type_name = layout.type_name;
-      f.size = layout.size;
-      f.is_leaf = false;
-      f.is_union = true;
-      layout.fields.push_back(std::move(f));
-      depth = 1;
-    }
+    const int depth = IsUnion(type) ? layout.AddWholeUnionRow() : 0;
     flattener.FlattenInto(type, 0, "", depth);
   }
   if (layout.fields.empty()) {

@@ -19,6 +19,16 @@ const FieldLayout* TypeLayout::LeafAt(uint64_t offset) const {
   return best;
 }
 
+int TypeLayout::AddWholeUnionRow() {
+  FieldLayout f;
+  f.type_name = type_name;
+  f.size = size;
+  f.is_leaf = false;
+  f.is_union = true;
+  fields.push_back(std::move(f));
+  return 1;
+}
+
 std::string AnonymousUnionName(const std::vector<std::string>& members) {
   constexpr size_t kShown = 4;
   if (members.size() <= kShown) {

@@ -32,6 +32,10 @@ struct TypeLayout {
 
   // The deepest leaf field containing byte `offset` (nullptr if none, e.g. padding).
   const FieldLayout* LeafAt(uint64_t offset) const;
+
+  // For a watched union: appends the object's own row (path "", counted once, not a leaf) that
+  // its members hang under; returns their depth, 1.
+  int AddWholeUnionRow();
 };
 
 // The indices into `fields` (a flattened layout, parents before their members) of the fields

@@ -67,8 +67,10 @@ TEST(KwatchIf, ABitfieldIsDecodedInLinesJsonAndConditions) {
   const RunResult text = RunKwatch({"--backend", "page", "--write", "g_stats.mode", "--",
                                     TargetPath("layouts"), "a", "b", "c", "d", "e"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_THAT(text.out, ::testing::ContainsRegex(
-                            "w +g_stats\\.mode +0 -> 6 +main\\+0x[0-9a-f]+ \\(layouts\\.c:"));
+  EXPECT_THAT(
+      text.out,
+      ::testing::ContainsRegex(
+          "w +g_stats\\.mode +0 -> 6 +Touch inlined in main\\+0x[0-9a-f]+ \\(layouts\\.c:"));
   const RunResult j = RunKwatch({"--backend", "page", "--json", "--write", "g_stats.mode", "--",
                                  TargetPath("layouts"), "a", "b", "c", "d", "e"});
   ASSERT_EQ(j.exit_code, 0) << j.err;
