@@ -48,7 +48,7 @@ fuzz: deps
 
 # clang-tidy (.clang-tidy, every warning an error) over agent/ core/ drmgr/ watch/ cli/ gui/ and
 # their headers, $(JOBS) at a time; fails on any finding. Units found clean are remembered by
-# content in scripts/lint-clean.txt (commit it: a fresh clone checks only what changed since).
+# content in scripts/lint-clean.txt (commit it: CI checks only what changed since).
 lint: configure
 	@./scripts/lint.py $(BUILD) -j $(JOBS)
 
