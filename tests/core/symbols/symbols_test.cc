@@ -111,10 +111,12 @@ MemoryReader PointerAt(uint64_t at, uint64_t value) {
   };
 }
 
-class SymbolsFileTest : public ::testing::Test {
+// The symbols of one fixture program (`Target::Path()`), opened once per suite.
+template <typename Target>
+class SymbolsOf : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto s = Symbols::ForFile(LayoutsPath());
+    auto s = Symbols::ForFile(Target::Path());
     ASSERT_TRUE(s.ok()) << s.status();
     symbols_ = s->release();
   }
@@ -135,7 +137,13 @@ class SymbolsFileTest : public ::testing::Test {
   static const Symbols* symbols_;
 };
 
-const Symbols* SymbolsFileTest::symbols_ = nullptr;
+template <typename Target>
+const Symbols* SymbolsOf<Target>::symbols_ = nullptr;
+
+struct LayoutsTarget {
+  static std::string Path() { return LayoutsPath(); }
+};
+class SymbolsFileTest : public SymbolsOf<LayoutsTarget> {};
 
 TEST_F(SymbolsFileTest, ForFileMissingFile) {
   auto s = Symbols::ForFile("/nonexistent/kwatch-layouts");
@@ -837,30 +845,13 @@ struct Record {
   char name[8];
 };
 
-class SymbolsCastTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    auto s = Symbols::ForFile(kwatch::testing::TargetPath("casts"));
-    ASSERT_TRUE(s.ok()) << s.status();
-    symbols_ = s->release();
-  }
-  static void TearDownTestSuite() {
-    delete symbols_;
-    symbols_ = nullptr;
-  }
-  static absl::StatusOr<ResolvedExpr> Resolve(const std::string& text,
-                                              const MemoryReader& read = NoReader()) {
-    auto e = ParseExpr(text);
-    if (!e.ok()) {
-      return e.status();
-    }
-    return symbols_->Resolve(*e, read);
-  }
-  static constexpr uint64_t kRecord = 0x7f0000001000;
-  static const Symbols* symbols_;
+struct CastsTarget {
+  static std::string Path() { return kwatch::testing::TargetPath("casts"); }
 };
-
-const Symbols* SymbolsCastTest::symbols_ = nullptr;
+class SymbolsCastTest : public SymbolsOf<CastsTarget> {
+ protected:
+  static constexpr uint64_t kRecord = 0x7f0000001000;
+};
 
 TEST_F(SymbolsCastTest, AMemberThroughACastOfAnAddress) {
   auto r = Resolve("((struct record *)0x7f0000001000)->arr[2].x");
@@ -1128,28 +1119,10 @@ TEST(SymbolsProcessTest, ACastOfAHeapAddress) {
 // ---------------------------------------------------------------------------------------
 // tests/targets/templates: static data members of class templates (C++).
 
-class SymbolsTemplateTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    auto s = Symbols::ForFile(kwatch::testing::TargetPath("templates"));
-    ASSERT_TRUE(s.ok()) << s.status();
-    symbols_ = s->release();
-  }
-  static void TearDownTestSuite() {
-    delete symbols_;
-    symbols_ = nullptr;
-  }
-  static absl::StatusOr<ResolvedExpr> Resolve(const std::string& text) {
-    auto e = ParseExpr(text);
-    if (!e.ok()) {
-      return e.status();
-    }
-    return symbols_->Resolve(*e, NoReader());
-  }
-  static const Symbols* symbols_;
+struct TemplatesTarget {
+  static std::string Path() { return kwatch::testing::TargetPath("templates"); }
 };
-
-const Symbols* SymbolsTemplateTest::symbols_ = nullptr;
+class SymbolsTemplateTest : public SymbolsOf<TemplatesTarget> {};
 
 // Each name as gdb spells it resolves to the address of the ELF symbol the compiler mangled
 // for it (a route that knows nothing of template names).
