@@ -24,6 +24,7 @@
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/ptrace/exit_anchor.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_internal.h"
 
@@ -147,6 +148,7 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Launch(const std::vector<std::
   if (argv.empty()) {
     return absl::InvalidArgumentError("no command given to launch");
   }
+  (void)StartExitAnchor();  // best effort: without it kwatch only dies more slowly
   std::array<int, 2> pipefd{};
   if (::pipe2(pipefd.data(), O_CLOEXEC) != 0) {
     const int err = errno;
@@ -299,6 +301,7 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Attach(pid_t pid) {
   if (pid == ::getpid()) {
     return absl::InvalidArgumentError("kwatch cannot attach to itself");
   }
+  (void)StartExitAnchor();  // best effort: without it kwatch only dies more slowly
   std::string cmdline;
   if (auto c = ReadSmallFile(absl::StrCat("/proc/", pid, "/cmdline")); c.ok()) {
     cmdline = std::string(absl::StripTrailingAsciiWhitespace(*c));
