@@ -30,6 +30,12 @@ struct PatchEntry {
   int32_t prot;   // protection: the PROT_* bits to put back
 };
 
+// The journal's head, in the same shared memory: how many entries kwatch ever used (the
+// guardian reads only those).
+struct alignas(64) JournalHeader {
+  std::atomic<uint32_t> used{0};
+};
+
 // A guardian process that puts back every byte kwatch patched in a target if kwatch dies
 // without doing it itself (SIGKILL, a crash). kwatch records each patch in a journal shared
 // with the guardian (before writing the patch) and forgets it once restored; the guardian
@@ -37,16 +43,20 @@ struct PatchEntry {
 // through /proc/PID/mem wherever memory still holds the patched bytes, and says so on stderr.
 //
 // Timing: the pipe closes when kwatch's files close, which the kernel does before it detaches
-// kwatch's tracees, so the bytes are normally back before any thread runs untraced. A thread
-// that had already trapped into kwatch at the instant kwatch was killed still receives its
-// SIGTRAP when the kernel detaches it; nothing outside the tracer can cancel that signal.
+// kwatch's tracees, and kwatch's exit anchor (exit_anchor.h) makes that about 0.2 ms after
+// the SIGKILL instead of ~6 ms. The guardian opens the target's memory in advance and reads
+// only the journal entries kwatch used: the bytes are back about 0.5 ms after the SIGKILL
+// (measured with scripts/kill_window.py). A thread that hits an INT3 in that time, or had
+// already trapped into kwatch when it died, still receives its SIGTRAP when the kernel
+// detaches it; nothing outside the tracer can cancel that signal.
 //
 // Page protections (page mode) can only be changed from inside the target: the guardian
-// waits for the kernel to detach kwatch's tracees, seizes one thread, runs mprotect in it for
-// each journaled range and detaches. A thread that touches a protected page in between (from
-// kwatch's death to the mprotect, about a millisecond) still faults and dies of SIGSEGV; one
-// that faulted in the seized thread after the seize is saved (its SIGSEGV is dropped and the
-// access runs again on the restored page).
+// waits for the kernel to detach kwatch's tracees (woken by its parent-death signal, sent
+// right after the detach), seizes every thread at once, runs mprotect in one of them for each
+// journaled range and detaches. A thread that touches a protected page from the seize on
+// stops for the guardian and is saved (its SIGSEGV is dropped and the access runs again on
+// the restored page); one that touches it between kwatch's death and the seize (about 0.5 ms)
+// still dies of SIGSEGV.
 //
 // The guardian runs in its own process group and ignores SIGINT/SIGTERM/SIGHUP (a Ctrl-C
 // reaches kwatch, which cleans up and dismisses it). One target per guardian; not
@@ -86,6 +96,7 @@ class Guardian {
   pid_t target_ = -1;
   UniqueFd pipe_;  // write end; closing it without a 'D' byte wakes the guardian
   UniqueMmap journal_;
+  JournalHeader* header_ = nullptr;
   std::span<PatchEntry> entries_;
   std::vector<Handle> free_;
   size_t active_ = 0;
@@ -93,7 +104,8 @@ class Guardian {
 
 // The guardian's restore (exposed for tests): for each active entry whose memory in `target`
 // still holds the patched bytes, writes the original bytes back. Returns entries restored.
-size_t RestorePatches(pid_t target, std::span<PatchEntry> entries);
+// `mem_fd`: the target's /proc/PID/mem opened read-write in advance (closed here), else -1.
+size_t RestorePatches(pid_t target, std::span<PatchEntry> entries, int mem_fd = -1);
 
 // The guardian's restore of page protections (exposed for tests): waits up to `wait_ms` for
 // `target` to have no tracer, seizes one of its threads, runs mprotect in it for each active
@@ -104,6 +116,7 @@ size_t RestorePatches(pid_t target, std::span<PatchEntry> entries);
 struct ProtectionRestore {
   size_t journaled = 0;
   size_t restored = 0;
+  size_t saved = 0;  // accesses to journaled pages held meanwhile and run again (not SIGSEGV)
   std::array<char, 160> error{};
 };
 ProtectionRestore RestoreProtections(pid_t target, std::span<PatchEntry> entries, int wait_ms);

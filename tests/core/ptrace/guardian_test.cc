@@ -1,8 +1,10 @@
 #include "core/ptrace/guardian.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -282,6 +285,129 @@ TEST(GuardianProtections, ATracedProcessIsWaitedForThenTheCallIsNamed) {
   EXPECT_EQ(r.restored, 1u);
   EXPECT_EQ(PermsAt(c.pid, c.page), "rw-p");
   EXPECT_EQ(Finish(c), 0);
+}
+
+// The one-letter state of thread `tid` of `pid` ('S', 't', ...), 0 when gone.
+char ThreadState(pid_t pid, pid_t tid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+// Whether the main thread of `pid` has a child (its vfork child).
+bool HasChildren(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::string text;
+  return static_cast<bool>(f >> text);
+}
+
+// Whether thread `tid` of `pid` has a tracer.
+bool Traced(pid_t pid, pid_t tid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("TracerPid:", 0) == 0) {
+      return std::stoi(line.substr(10)) != 0;
+    }
+  }
+  return false;
+}
+
+// A thread other than the one the guardian runs mprotect in touches the protected page after
+// the guardian seized it but before the mprotect: its SIGSEGV stops it for the guardian,
+// which drops the signal once the page is back, and the access runs again. Deterministic:
+// the main thread, where mprotect runs, sits in vfork() (which no interrupt ends) until the
+// other thread is seen stopped at its fault.
+TEST(GuardianProtections, AThreadFaultingDuringTheRestoreIsHeldThenRunAgain) {
+  int up[2];
+  int poke[2];
+  int release[2];
+  ASSERT_EQ(pipe(up), 0);
+  ASSERT_EQ(pipe(poke), 0);
+  ASSERT_EQ(pipe(release), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    static volatile uint8_t* page = nullptr;
+    static int poke_fd = poke[0];
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect(p, 4096, PROT_READ) != 0) {
+      _exit(2);
+    }
+    page = static_cast<volatile uint8_t*>(p);
+    ::signal(SIGSEGV, SIG_DFL);  // die of it, even under ASan (which catches it otherwise)
+    pthread_t toucher;
+    static pid_t toucher_tid = 0;
+    static int ready[2];
+    if (pipe(ready) != 0 ||
+        pthread_create(
+            &toucher, nullptr,
+            [](void*) -> void* {
+              toucher_tid = static_cast<pid_t>(syscall(SYS_gettid));
+              (void)!write(ready[1], "r", 1);
+              char b = 0;
+              while (read(poke_fd, &b, 1) < 0) {
+              }
+              page[0] = 0x55;  // faults: the page is read-only until the guardian restores it
+              return nullptr;
+            },
+            nullptr) != 0) {
+      _exit(2);
+    }
+    char b = 0;
+    (void)!read(ready[0], &b, 1);
+    const uint64_t report[2] = {reinterpret_cast<uint64_t>(p), static_cast<uint64_t>(toucher_tid)};
+    (void)!write(up[1], report, sizeof(report));
+    if (vfork() == 0) {
+      while (read(release[0], &b, 1) < 0) {
+      }
+      _exit(0);
+    }
+    pthread_join(toucher, nullptr);
+    _exit(page[0] == 0x55 ? 0 : 3);
+  }
+  close(up[1]);
+  close(poke[0]);
+  close(release[0]);
+  uint64_t report[2] = {0, 0};
+  ASSERT_EQ(read(up[0], report, sizeof(report)), static_cast<ssize_t>(sizeof(report)));
+  close(up[0]);
+  const uint64_t page = report[0];
+  const auto toucher = static_cast<pid_t>(report[1]);
+  // Wait until the main thread is in vfork (its vfork child exists).
+  for (int i = 0; i < 1000 && !HasChildren(child); ++i) {
+    usleep(1000);
+  }
+  std::thread conductor([&] {
+    // The guardian seized the toucher: let it touch the page, and once it is stopped at its
+    // fault, let the main thread out of vfork (the guardian's mprotect runs there).
+    for (int i = 0; i < 10000 && !Traced(child, toucher); ++i) {
+      usleep(100);
+    }
+    (void)!write(poke[1], "p", 1);
+    for (int i = 0; i < 10000 && ThreadState(child, toucher) != 't'; ++i) {
+      usleep(100);
+    }
+    (void)!write(release[1], "g", 1);
+  });
+  std::array<PatchEntry, 1> entries{};
+  entries[0].state.store(2);
+  entries[0].addr = page;
+  entries[0].span = 4096;
+  entries[0].prot = PROT_READ | PROT_WRITE;
+  const ProtectionRestore r = RestoreProtections(child, entries, 1000);
+  conductor.join();
+  close(poke[1]);
+  close(release[1]);
+  EXPECT_EQ(r.journaled, 1u);
+  EXPECT_EQ(r.restored, 1u);
+  EXPECT_EQ(r.saved, 1u) << "the toucher's fault was not held for the restore";
+  EXPECT_STREQ(r.error.data(), "");
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                              : "exit " + std::to_string(WEXITSTATUS(status)));
 }
 
 TEST(GuardianProtections, WithoutTheRestoreTheChildDies) {
