@@ -16,6 +16,19 @@ QString SiteFunctionText(const std::string& function, uint64_t offset, const std
   return t;
 }
 
+QString SiteLabelText(const std::string& function, uint64_t offset, const std::string& inlined,
+                      const std::string& file, int line) {
+  if (file.empty()) {
+    return SiteFunctionText(function, offset, inlined);
+  }
+  QString name = DisplayText(function);
+  if (!inlined.empty() && inlined != function) {
+    name = QStringLiteral("%1 inlined in %2").arg(DisplayText(inlined), name);
+  }
+  const std::string base = file.substr(file.rfind('/') + 1);  // npos + 1 == 0: the whole name
+  return QStringLiteral("%1 (%2:%3)").arg(name, DisplayText(base), QString::number(line));
+}
+
 QString RichTextSafe(const QString& plain) {
   QString html = plain.toHtmlEscaped();
   html.replace(QLatin1Char('\n'), QStringLiteral("<br>"));

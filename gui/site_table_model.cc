@@ -111,11 +111,7 @@ QString SiteTableModel::SiteLabel(int row) const {
   if (s == nullptr || s->function.empty()) {
     return QStringLiteral("0x%1").arg(r.ip, 0, 16);
   }
-  if (s->file.empty()) {
-    return SiteFunctionText(s->function, s->offset, s->inlined);
-  }
-  return QStringLiteral("%1 (%2:%3)")
-      .arg(DisplayText(s->function), BaseName(s->file), QString::number(s->line));
+  return SiteLabelText(s->function, s->offset, s->inlined, s->file, s->line);
 }
 
 QString SiteTableModel::SourceText(const Row& r) const {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gui/cache_line_model.h"
+#include "gui/display_text.h"
 #include "gui/field_tree_model.h"
 #include "gui/heat_color.h"
 #include "gui/heatmap_model.h"
@@ -75,6 +76,21 @@ class ModelsTest : public ::testing::Test {
 
 const Recording* ModelsTest::rec_ = nullptr;
 SnapshotPtr ModelsTest::snap_;
+
+// The chart's site labels name an inlined function and its caller, as the site table does.
+TEST(SiteLabelText, NamesTheInlinedFunctionAndItsCaller) {
+  EXPECT_EQ(
+      gui::SiteLabelText("StoreScaled", 5, "ScaleHits", "/src/tests/layouts.c", 97).toStdString(),
+      "ScaleHits inlined in StoreScaled (layouts.c:97)");
+  EXPECT_EQ(gui::SiteLabelText("Work", 0x1a, "", "field_writer.c", 12).toStdString(),
+            "Work (field_writer.c:12)");
+  EXPECT_EQ(gui::SiteLabelText("Work", 0x1a, "Work", "a/b.c", 3).toStdString(), "Work (b.c:3)");
+  // Without a line: the offset instead.
+  EXPECT_EQ(gui::SiteLabelText("StoreScaled", 0x5, "ScaleHits", "", 0).toStdString(),
+            "ScaleHits inlined in StoreScaled+0x5");
+  // A hostile name stays printable.
+  EXPECT_EQ(gui::SiteLabelText("f\x1b[2J", 0, "", "x.c", 1).toStdString(), "f\\x1b[2J (x.c:1)");
+}
 
 TEST_F(ModelsTest, SnapshotHoldsTheWholeRecording) {
   EXPECT_TRUE(snap_->complete);
