@@ -1309,7 +1309,10 @@ int FetchEdges() {
   if (hits.size() != 2 || hits[0].args.size() != 5 || hits[1].args.size() != 5) {
     return 1;
   }
-  const Hit& h = hits[0];
+  // Which hit is whose: the rings are drained in no set order (under load the thread's hit
+  // came first), so tell them apart by the stack they ran on.
+  const bool thread_first = hits[0].args[3].U64() >= Addr(stack) && hits[0].args[3].U64() < top;
+  const Hit& h = hits[thread_first ? 1 : 0];
   Say("deref4", h.args[0].U64());
   Say("deref4_status", h.args[0].status);
   std::printf("str=%s\n", std::string(reinterpret_cast<const char*>(h.args[1].bytes.data()),
@@ -1317,7 +1320,7 @@ int FetchEdges() {
                               .c_str());
   Say("str_status", h.args[1].status);
   Say("deref8_status", h.args[2].status);
-  const Hit& t = hits[1];
+  const Hit& t = hits[thread_first ? 0 : 1];
   const uint64_t rsp = t.args[3].U64();
   const Arg& slice = t.args[4];
   Say("stack_status", slice.status);
