@@ -5,6 +5,7 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -393,6 +394,35 @@ absl::Status Process::RunToEntry() {
                                          exit_->ShellStatus(), ")"));
 }
 
+namespace {
+
+// After every known thread is detached: detaches those of `tids` still traced by this thread,
+// which kwatch never met (a clone whose first stop was not collected).
+void LetGoUnseenTracees(const std::vector<pid_t>& tids) {
+  // A thread the kernel attached for kwatch (a clone) whose stops kwatch never met refuses
+  // PTRACE_DETACH while it runs (ESRCH, taken above for "gone") and stays traced, unseen: at
+  // the target's next exec the kernel waits for kwatch to reap it, and the exec never ends
+  // (seen under load with the agent's watchdog thread). Stop each such thread and let it go.
+  const std::string self = absl::StrCat(::syscall(SYS_gettid));
+  for (const pid_t tid : tids) {
+    if (ProcStatusField(tid, "TracerPid") != self) {
+      continue;
+    }
+    (void)::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
+    for (int waited_ms = 0; waited_ms < 1000; ++waited_ms) {
+      int status = 0;
+      const pid_t r = ::waitpid(tid, &status, __WALL | WNOHANG);
+      if (r == tid || (r < 0 && errno != EINTR)) {
+        break;  // stopped (or gone)
+      }
+      ::usleep(1000);
+    }
+    (void)::ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+  }
+}
+
+}  // namespace
+
 absl::Status Process::Detach() {
   if (detached_ || !alive()) {
     detached_ = true;
@@ -424,6 +454,9 @@ absl::Status Process::Detach() {
     }
   }
   threads_.clear();
+  if (auto tids = ListThreads(); tids.ok()) {
+    LetGoUnseenTracees(*tids);
+  }
   detached_ = true;
   return absl::OkStatus();
 }
