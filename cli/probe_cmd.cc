@@ -16,9 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "cli/probe_run.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/base/target_files.h"
 #include "core/base/unique_fd.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
@@ -58,11 +60,23 @@ std::string CommandLine(const std::vector<std::string>& args) {
 // The ELF file the specs refer to: -x, else the command's program, else the process's.
 absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
   if (!o.binary.empty()) {
-    if (::access(o.binary.c_str(), R_OK) != 0) {
-      const int err = errno;
-      return core::SyscallError(err, absl::StrCat("access(", o.binary, ")"));
+    std::string path = o.binary;
+    if (!o.root.empty()) {
+      path = absl::StrCat(absl::StripSuffix(o.root, "/"), o.binary[0] == '/' ? "" : "/", o.binary);
+    } else if (o.session.pid.has_value() && o.binary[0] == '/' &&
+               !core::SharesFilesystem(*o.session.pid)) {
+      // -p of a process in a container: -x names a file of its filesystem when kwatch's has
+      // none there.
+      const std::string inside = core::PathInTarget(*o.session.pid, o.binary);
+      if (::access(o.binary.c_str(), R_OK) != 0 && ::access(inside.c_str(), R_OK) == 0) {
+        path = inside;
+      }
     }
-    return o.binary;
+    if (::access(path.c_str(), R_OK) != 0) {
+      const int err = errno;
+      return core::SyscallError(err, absl::StrCat("access(", path, ")"));
+    }
+    return path;
   }
   if (!o.session.command.empty()) {
     return watch::probe::FindProgram(o.session.command[0]);
@@ -170,6 +184,11 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("-x,--exec", opts.binary,
                  "ELF file the specs refer to: the program or a shared library it loads "
                  "(default: the command after --, or the program of -p PID)");
+  app.add_option("--root", opts.root,
+                 "Read -x from the filesystem rooted at DIR (a container's image or "
+                 "/proc/PID/root): -x /usr/bin/app --root DIR opens DIR/usr/bin/app. With -p, "
+                 "a file only the process's filesystem has is found without it")
+      ->check(CLI::ExistingDirectory);
   app.add_option("-p,--pid", opts.session.pid, "Attach to a running process")
       ->check(CLI::PositiveNumber);
   std::string user;

@@ -21,6 +21,7 @@ struct ProbeCmdOptions {
   watch::probe::ProbeSessionOptions session;
   std::vector<std::string> specs;  // positional and -a
   std::string binary;              // -x: the ELF file the specs refer to
+  std::string root;                // --root: the filesystem -x is read from (a container's)
   std::string list_lines;          // -L FUNC
   std::string list_vars;           // -V POINT
   bool json = false;

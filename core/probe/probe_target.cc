@@ -7,11 +7,13 @@
 #include <fcntl.h>
 #include <gelf.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -862,8 +864,14 @@ absl::StatusOr<uint64_t> ProbeTarget::LoadBias(const std::vector<ptrace::MapEntr
     if (m.inode != impl_->ino || m.path.empty() || m.path[0] != '/') {
       continue;
     }
+    // The device: as maps gives it ("MAJ:MIN", hex), or the path's when kwatch sees it (a
+    // file of a process in another mount namespace has a path kwatch may not have).
+    unsigned major = 0;
+    unsigned minor = 0;
+    const bool dev_given = std::sscanf(m.dev.c_str(), "%x:%x", &major, &minor) == 2;
     struct stat st {};
-    if (::stat(m.path.c_str(), &st) != 0 || st.st_dev != impl_->dev) {
+    if (!(dev_given && makedev(major, minor) == impl_->dev) &&
+        (::stat(m.path.c_str(), &st) != 0 || st.st_dev != impl_->dev)) {
       continue;
     }
     for (const Segment& s : impl_->segments) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "core/symbols/elf_index.h"
 #include "core/symbols/expr_resolver.h"
 #include "core/symbols/line_table.h"
+#include "core/symbols/process_elf.h"
 #include "core/symbols/symbol_match.h"
 #include "core/symbols/type_names.h"
 
@@ -103,8 +105,9 @@ bool HasFlag(Dwarf_Die die, unsigned int attr_name) {
 // use, or at creation for processes. Not thread-safe (the lazy index and libdw caches).
 class DwflSymbols final : public Symbols {
  public:
-  DwflSymbols(DwflPtr dwfl, std::string exe_path)
-      : dwfl_(std::move(dwfl)), exe_path_(std::move(exe_path)) {}
+  DwflSymbols(DwflPtr dwfl, std::string exe_path,
+              std::unique_ptr<ProcessElfFinder> finder = nullptr)
+      : finder_(std::move(finder)), dwfl_(std::move(dwfl)), exe_path_(std::move(exe_path)) {}
 
   // Opens every module's ELF and DWARF and builds the name index (idempotent).
   void EnsureIndex() const;
@@ -172,6 +175,7 @@ class DwflSymbols final : public Symbols {
   absl::string_view FileOf(const Candidate& c) const;
   std::string ModuleList() const;
 
+  std::unique_ptr<ProcessElfFinder> finder_;  // a process's: outlives dwfl_
   DwflPtr dwfl_;
   std::string exe_path_;  // "" when unknown
 
@@ -461,7 +465,10 @@ std::string DwflSymbols::ModuleList() const {
       names.push_back(absl::StrCat("and ", modules_.size() - 4, " more"));
       break;
     }
-    names.push_back(Basename(ModuleName(mod)));
+    std::string problem = finder_ == nullptr ? "" : finder_->Problem(mod);
+    names.push_back(problem.empty()
+                        ? Basename(ModuleName(mod))
+                        : absl::StrCat(Basename(ModuleName(mod)), " (no file: ", problem, ")"));
   }
   return names.empty() ? "no modules" : absl::StrJoin(names, ", ");
 }
@@ -967,13 +974,6 @@ absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string
 // Callbacks must outlive every Dwfl that uses them.
 char* g_debuginfo_path = nullptr;
 
-const Dwfl_Callbacks kProcCallbacks = {
-    .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
-    .section_address = nullptr,
-    .debuginfo_path = &g_debuginfo_path,
-};
-
 const Dwfl_Callbacks kFileCallbacks = {
     .find_elf = dwfl_build_id_find_elf,
     .find_debuginfo = dwfl_standard_find_debuginfo,
@@ -984,7 +984,9 @@ const Dwfl_Callbacks kFileCallbacks = {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
-  DwflPtr dwfl(dwfl_begin(&kProcCallbacks));
+  // The files as the process maps them, in its filesystem (a container's): process_elf.h.
+  auto finder = std::make_unique<ProcessElfFinder>(pid);
+  DwflPtr dwfl(dwfl_begin(finder->callbacks()));
   if (dwfl == nullptr) {
     return DwflError("dwfl_begin");
   }
@@ -1000,6 +1002,7 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
   if (dwfl_report_end(dwfl.get(), nullptr, nullptr) != 0) {
     return DwflError("dwfl_report_end");
   }
+  finder->Adopt(dwfl.get());
   std::string exe;
   std::array<char, PATH_MAX> buf{};
   const std::string link = absl::StrCat("/proc/", pid, "/exe");
@@ -1007,7 +1010,7 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
   if (n > 0) {
     exe.assign(buf.data(), static_cast<size_t>(n));
   }
-  auto symbols = std::make_unique<DwflSymbols>(std::move(dwfl), std::move(exe));
+  auto symbols = std::make_unique<DwflSymbols>(std::move(dwfl), std::move(exe), std::move(finder));
   // Open every file and index now, while /proc/PID still exists (the vdso is read from the
   // process), so that the symbols stay usable after the process exits.
   symbols->EnsureIndex();

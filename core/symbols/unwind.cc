@@ -3,6 +3,7 @@
 #include <elfutils/libdwfl.h>
 
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/symbols/process_elf.h"
 
 namespace kwatch::core::symbols {
 namespace {
@@ -17,16 +19,6 @@ namespace {
 absl::Status DwflError(absl::string_view call) {
   return absl::InternalError(absl::StrCat(call, ": ", dwfl_errmsg(-1)));
 }
-
-// Callbacks must outlive every Dwfl that uses them.
-char* g_debuginfo_path = nullptr;
-
-constexpr Dwfl_Callbacks kProcCallbacks = {
-    .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
-    .section_address = nullptr,
-    .debuginfo_path = &g_debuginfo_path,
-};
 
 Unwinder* Self(void* dwfl_arg) {
   return static_cast<Unwinder*>(dwfl_arg);
@@ -84,22 +76,28 @@ void Unwinder::DwflDeleter::operator()(Dwfl* dwfl) const {
   dwfl_end(dwfl);
 }
 
+Unwinder::Unwinder(pid_t pid, MemoryReader read) : pid_(pid), read_(std::move(read)) {}
+
 Unwinder::~Unwinder() = default;
 
 absl::StatusOr<std::unique_ptr<Unwinder>> Unwinder::ForProcess(pid_t pid, MemoryReader read) {
   std::unique_ptr<Unwinder> u(new Unwinder(pid, std::move(read)));
-  KW_ASSIGN_OR_RETURN(u->dwfl_, u->Report());
+  u->finder_ = std::make_unique<ProcessElfFinder>(pid);
+  KW_ASSIGN_OR_RETURN(u->dwfl_, u->Report(*u->finder_));
   return u;
 }
 
 absl::Status Unwinder::Refresh() {
-  KW_ASSIGN_OR_RETURN(DwflHandle fresh, Report());
+  auto finder = std::make_unique<ProcessElfFinder>(pid_);
+  KW_ASSIGN_OR_RETURN(DwflHandle fresh, Report(*finder));
+  dwfl_.reset();  // before the finder it uses
+  finder_ = std::move(finder);
   dwfl_ = std::move(fresh);
   return absl::OkStatus();
 }
 
-absl::StatusOr<Unwinder::DwflHandle> Unwinder::Report() {
-  DwflHandle dwfl(dwfl_begin(&kProcCallbacks));
+absl::StatusOr<Unwinder::DwflHandle> Unwinder::Report(ProcessElfFinder& finder) {
+  DwflHandle dwfl(dwfl_begin(finder.callbacks()));
   if (dwfl == nullptr) {
     return DwflError("dwfl_begin");
   }
@@ -115,6 +113,7 @@ absl::StatusOr<Unwinder::DwflHandle> Unwinder::Report() {
   if (dwfl_report_end(dwfl.get(), nullptr, nullptr) != 0) {
     return DwflError("dwfl_report_end");
   }
+  finder.Adopt(dwfl.get());
   // The architecture comes from the first module whose ELF opens (elf == nullptr).
   if (!dwfl_attach_state(dwfl.get(), nullptr, pid_, &kThreadCallbacks, this)) {
     return DwflError(absl::StrCat("dwfl_attach_state(", pid_, ")"));

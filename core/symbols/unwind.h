@@ -18,6 +18,8 @@ struct Dwfl;
 
 namespace kwatch::core::symbols {
 
+class ProcessElfFinder;  // process_elf.h
+
 // Backtraces of threads that kwatch holds stopped (ptrace), unwound with libdw from the
 // thread's registers and the CFI (.eh_frame, or .debug_frame) of the modules mapped in the
 // process. Needs no attach of its own: memory is read through the MemoryReader it is given.
@@ -75,12 +77,14 @@ class Unwinder {
     std::array<uint8_t, kPageSize> bytes{};
   };
 
-  Unwinder(pid_t pid, MemoryReader read) : pid_(pid), read_(std::move(read)) {}
-  // A new Dwfl with the process's modules, attached to this Unwinder's thread callbacks.
-  absl::StatusOr<DwflHandle> Report();
+  Unwinder(pid_t pid, MemoryReader read);
+  // A new Dwfl with the process's modules (their files found by `finder`, which must outlive
+  // it), attached to this Unwinder's thread callbacks.
+  absl::StatusOr<DwflHandle> Report(ProcessElfFinder& finder);
 
   pid_t pid_;
   MemoryReader read_;
+  std::unique_ptr<ProcessElfFinder> finder_;  // dwfl_'s: outlives it
   DwflHandle dwfl_;
   uint64_t memory_reads_ = 0;
 

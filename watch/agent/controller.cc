@@ -92,6 +92,7 @@ Controller::Controller(LoadedAgent agent, pid_t pid, core::UniqueFd pidfd)
               agent_.layout),
       pidfd_(std::move(pidfd)),
       last_lost_(agent_.layout.thread_capacity, 0),
+      ids_(pid),
       shm_inode_(InodeMappedAt(agent_.shm.get())) {
   struct stat st {};
   if (agent_.lifeline.valid() && ::fstat(agent_.lifeline.get(), &st) == 0) {
@@ -287,12 +288,14 @@ absl::StatusOr<DrainStats> Controller::Drain(const HitFn& fn) {
         ring.lost.load(std::memory_order_relaxed) == last_lost_[i]) {
       continue;
     }
-    const pid_t pid = ring.tid.load(std::memory_order_acquire) != 0 ? ring.pid : 0;
+    const pid_t pid = ring.tid.load(std::memory_order_acquire) != 0 ? ids_.Host(ring.pid) : 0;
     auto stats = DrainRing(ring, bytes, last_lost_[i],
                            [&](const ka::KwRecord& record, std::span<const uint8_t> payload) {
+                             ka::KwRecord r = record;
+                             r.tid = ids_.Host(r.tid);
                              fn(AgentHit{.ring = i,
                                          .pid = pid != 0 ? pid : pid_,
-                                         .record = record,
+                                         .record = r,
                                          .payload = payload,
                                          .time_ns = clock_.ToMonotonicNs(record.tsc)});
                            });
@@ -318,17 +321,19 @@ absl::Status Controller::ReapThreadSlots(const HitFn& fn) {
     if (tid == 0) {
       continue;
     }
-    const pid_t owner = t.pid != 0 ? t.pid : pid_;
+    const pid_t owner = t.pid != 0 ? ids_.Host(t.pid) : pid_;
     struct stat st {};
-    if (::stat(absl::StrCat("/proc/", owner, "/task/", tid).c_str(), &st) == 0) {
+    if (::stat(absl::StrCat("/proc/", owner, "/task/", ids_.Host(tid)).c_str(), &st) == 0) {
       continue;  // alive
     }
     // Gone: what it left in its ring first, then the slot.
     auto stats = DrainRing(tables_.ring(i), agent_.layout.ring_bytes, last_lost_[i],
                            [&](const ka::KwRecord& record, std::span<const uint8_t> payload) {
+                             ka::KwRecord r = record;
+                             r.tid = ids_.Host(r.tid);
                              fn(AgentHit{.ring = i,
                                          .pid = owner,
-                                         .record = record,
+                                         .record = r,
                                          .payload = payload,
                                          .time_ns = clock_.ToMonotonicNs(record.tsc)});
                            });
@@ -456,7 +461,8 @@ std::vector<FollowedProcess> Controller::Followed() const {
     if (state == ka::kKwProcessLeft) {
       continue;
     }
-    out.push_back(FollowedProcess{.entry = i, .pid = pid, .parent = p.parent, .state = state});
+    out.push_back(FollowedProcess{
+        .entry = i, .pid = ids_.Host(pid), .parent = ids_.Host(p.parent), .state = state});
   }
   return out;
 }

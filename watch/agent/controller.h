@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "agent/abi.h"
 #include "core/base/remote_addr.h"
+#include "core/base/target_files.h"
 #include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
 #include "watch/agent/loader.h"
@@ -211,6 +212,8 @@ class Controller {
   std::vector<Applied> patches_;     // in the order made
   std::vector<CodeArea> areas_;
   std::vector<Copy> copies_;
+  // The agent's pids and tids are the target's namespace's (a container's): kwatch's here.
+  mutable core::NamespaceIds ids_;
   uint64_t shm_inode_ = 0;       // kwatch's memfd (MapsSession)
   uint64_t lifeline_inode_ = 0;  // the lifeline pipe (HoldsLifeline)
   std::vector<pid_t> released_children_;

@@ -36,6 +36,7 @@
 #include "agent/abi.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/base/target_files.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/remote_call.h"
 #include "core/symbols/unwind.h"
@@ -47,8 +48,9 @@ using core::RemoteAddr;
 
 namespace {
 
-constexpr uint64_t kNameAt = 64;   // in the scratch page: the memfd's name
-constexpr uint64_t kPathAt = 128;  // the library's path
+constexpr uint64_t kNameAt = 64;     // in the scratch page: the memfd's name
+constexpr uint64_t kLibNameAt = 96;  // the name of the library's memfd copy
+constexpr uint64_t kPathAt = 128;    // the library's path
 constexpr int kLifelineMinFd = 1000;
 constexpr uint64_t kRtldDlopen = 0x80000000;  // glibc's __RTLD_DLOPEN, for __libc_dlopen_mode
 
@@ -283,6 +285,51 @@ class Undo {
 
 }  // namespace
 
+namespace {
+
+// The file kwatch reads for the library mapped from `path` in `pid`, whose filesystem may
+// not be kwatch's (a container): core/base/target_files.h. `path` when nothing better opens.
+std::string ReadablePath(pid_t pid, const std::vector<core::ptrace::MapEntry>& maps,
+                         const std::string& path) {
+  for (const core::ptrace::MapEntry& m : maps) {
+    if (m.path == path && m.offset == 0) {
+      std::string readable = core::MappedFilePath(pid, path, m.inode, m.start.value, m.end.value);
+      return readable.empty() ? path : readable;
+    }
+  }
+  return path;
+}
+
+// Copies the file at `from` into the file open at `fd`.
+absl::Status CopyFile(const std::string& from, int fd) {
+  core::UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in.valid()) {
+    const int err = errno;
+    return core::SyscallError(err, absl::StrCat("open(", from, ")"));
+  }
+  std::array<char, 65536> buf{};
+  for (;;) {
+    const ssize_t n = ::read(in.get(), buf.data(), buf.size());
+    if (n < 0) {
+      const int err = errno;
+      return core::SyscallError(err, absl::StrCat("read(", from, ")"));
+    }
+    if (n == 0) {
+      return absl::OkStatus();
+    }
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = ::write(fd, buf.data() + done, static_cast<size_t>(n - done));
+      if (w < 0) {
+        const int err = errno;
+        return core::SyscallError(err, "write(the agent's copy)");
+      }
+      done += w;
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> FindAgentLibrary(const std::string& self_exe) {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read before any thread changes the environment
   if (const char* env = std::getenv("KWATCH_AGENT"); env != nullptr && *env != '\0') {
@@ -398,7 +445,7 @@ absl::StatusOr<DlopenSite> FindDlopen(const core::ptrace::Process& proc,
     return absl::FailedPreconditionError(
         absl::StrCat("pid ", pid, " has no glibc mapped (libc.so.6): no dlopen to call"));
   }
-  KW_ASSIGN_OR_RETURN(const ElfExports exports, ElfExports::Read(libc));
+  KW_ASSIGN_OR_RETURN(const ElfExports exports, ElfExports::Read(ReadablePath(pid, maps, libc)));
   KW_ASSIGN_OR_RETURN(const uint64_t bias, LoadBias(proc, maps, libc));
   DlopenSite site;
   site.libc = libc;
@@ -440,7 +487,7 @@ absl::StatusOr<pid_t> PickLoadThread(core::ptrace::Process& proc) {
   std::optional<ElfExports> libc_exports;
   uint64_t libc_bias = 0;
   if (!libc.empty()) {
-    if (auto e = ElfExports::Read(libc); e.ok()) {
+    if (auto e = ElfExports::Read(ReadablePath(pid, maps, libc)); e.ok()) {
       libc_exports = std::move(*e);
     }
     if (auto b = LoadBias(proc, maps, libc); b.ok()) {
@@ -581,7 +628,11 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOpt
   // NOLINTEND(bugprone-macro-parentheses)
 
   // A page for the return trap, the memfd's name and the library's path.
-  const uint64_t scratch_size = (kPathAt + agent.path.size() + 1 + 4095) & ~uint64_t{4095};
+  // A target whose filesystem does not hold this very file (a container, a chroot) loads a
+  // copy of it from a memfd, by /proc/self/fd/N.
+  agent.copied = !core::TargetSeesOwnFile(pid, agent.path);
+  const uint64_t scratch_size =
+      (kPathAt + std::max<size_t>(agent.path.size(), 64) + 1 + 4095) & ~uint64_t{4095};
   KW_LOAD_STEP(const RemoteAddr scratch, "mapping a scratch page",
                core::ptrace::MapRemoteTrap(proc, tid, scratch_size));
   undo.Add("munmap(scratch)", [&proc, tid, scratch, scratch_size] {
@@ -589,9 +640,16 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOpt
   });
   {
     const std::string name = "kwatch-agent";
+    const std::string lib_name = "kwatch-agent.so";
     absl::Status w = proc.WriteMemory(
         scratch + kNameAt,
         std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(name.c_str()), name.size() + 1));
+    if (w.ok()) {
+      w = proc.WriteMemory(
+          scratch + kLibNameAt,
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(lib_name.c_str()),
+                                   lib_name.size() + 1));
+    }
     if (w.ok()) {
       w = proc.WriteMemory(
           scratch + kPathAt,
@@ -705,13 +763,47 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOpt
   control->lifeline_fd = static_cast<uint32_t>(agent.remote_lifeline);
   agent.timings.setup = absl::Now() - setup_start;
 
+  // The copy, when the target cannot reach the file.
+  std::string dlopen_path = agent.path;
+  std::optional<size_t> close_copy;
+  int64_t copy_fd = -1;
+  if (agent.copied) {
+    KW_LOAD_STEP(copy_fd, "memfd_create (the agent's copy)",
+                 Sys(proc, tid, SYS_memfd_create, {(scratch + kLibNameAt).value, MFD_CLOEXEC},
+                     "memfd_create(\"kwatch-agent.so\", MFD_CLOEXEC)"));
+    close_copy = undo.Add("close(the agent's copy)", [&proc, tid, copy_fd] {
+      return Sys(proc, tid, SYS_close, {static_cast<uint64_t>(copy_fd)}, "close").status();
+    });
+    const std::string fd_path = absl::StrCat("/proc/", pid, "/fd/", copy_fd);
+    core::UniqueFd fd(::open(fd_path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      const int err = errno;
+      return step_error("copying the agent",
+                        core::SyscallError(err, absl::StrCat("open(", fd_path, ")")));
+    }
+    if (absl::Status c = CopyFile(agent.path, fd.get()); !c.ok()) {
+      return step_error("copying the agent", c);
+    }
+    dlopen_path = absl::StrCat("/proc/self/fd/", copy_fd);
+    if (absl::Status w = proc.WriteMemory(
+            scratch + kPathAt,
+            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(dlopen_path.c_str()),
+                                     dlopen_path.size() + 1));
+        !w.ok()) {
+      return step_error("writing the scratch page", w);
+    }
+  }
+
   // dlopen.
   const core::ptrace::RemoteCallOptions call{
       .return_trap = scratch,
       .resume_others = !options.keep_others_stopped && proc.TracedThreads().size() > 1,
       .timeout = options.timeout};
   const std::string dlopen_what = absl::StrCat(
-      site.libc_dlopen_mode ? "__libc_dlopen_mode(" : "dlopen(", agent.path, ", RTLD_NOW)");
+      site.libc_dlopen_mode ? "__libc_dlopen_mode(" : "dlopen(", dlopen_path, ", RTLD_NOW)",
+      agent.copied ? absl::StrCat(" (a copy of ", agent.path,
+                                  ", which the target's filesystem does not have)")
+                   : "");
   {
     const std::array<uint64_t, 2> args = {
         (scratch + kPathAt).value,
@@ -740,7 +832,14 @@ absl::StatusOr<LoadedAgent> LoadAgent(core::ptrace::Process& proc, const LoadOpt
 
   // kwatch_agent_init, from the library's symbols and where it was mapped.
   KW_LOAD_STEP(const std::vector<core::ptrace::MapEntry> after, "reading the maps", proc.Maps());
-  const std::string mapped_path = Canonical(agent.path);
+  if (close_copy.has_value()) {  // the mapping holds the copy now
+    KW_LOAD_STEP(const int64_t closed_copy, "closing the agent's copy",
+                 Sys(proc, tid, SYS_close, {static_cast<uint64_t>(copy_fd)}, "close"));
+    (void)closed_copy;
+    undo.Drop(*close_copy);
+  }
+  const std::string mapped_path =
+      agent.copied ? std::string("/memfd:kwatch-agent.so (deleted)") : Canonical(agent.path);
   KW_LOAD_STEP(const uint64_t bias, "finding the agent's load address",
                LoadBias(proc, after, mapped_path));
   for (const core::ptrace::MapEntry& m : after) {

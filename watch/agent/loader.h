@@ -102,6 +102,7 @@ struct LoadTimings {
 // What a load leaves to the controller.
 struct LoadedAgent {
   std::string path;      // the library loaded
+  bool copied = false;   // loaded from a memfd copy: the target's filesystem lacks `path`
   pid_t thread = 0;      // the thread the load ran in
   core::UniqueMmap shm;  // kwatch's mapping of the shared memory
   ShmLayout layout;

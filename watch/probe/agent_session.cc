@@ -479,6 +479,12 @@ absl::Status AgentSession::Start() {
   armed.count = set().probes.size();
   armed.pid = pid_;
   armed.path = set().path;
+  if (ctl_->agent().copied) {
+    armed.why = absl::StrCat(
+        "the agent was loaded from a copy in a memfd (the target's "
+        "filesystem has no ",
+        ctl_->agent().path, ")");
+  }
   Note(armed);
   // From here the target runs without kwatch: no ptrace stop on any hit.
   KW_RETURN_IF_ERROR(proc_->Detach());

@@ -1,0 +1,149 @@
+#include "core/base/target_files.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace kwatch::core {
+namespace {
+
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa {};
+  struct stat sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+bool SharesFilesystem(pid_t pid) {
+  const std::string proc = absl::StrCat("/proc/", pid);
+  // ns/mnt names the namespace by its inode; root is the directory the process sees as "/".
+  return SameFile(proc + "/ns/mnt", "/proc/self/ns/mnt") && SameFile(proc + "/root", "/");
+}
+
+std::string PathInTarget(pid_t pid, const std::string& path) {
+  if (path.empty() || path[0] != '/' || SharesFilesystem(pid)) {
+    return path;
+  }
+  return absl::StrCat("/proc/", pid, "/root", path);
+}
+
+std::vector<std::string> TailsInTarget(pid_t pid, const std::string& path) {
+  std::vector<std::string> out;
+  const std::string root = absl::StrCat("/proc/", pid, "/root");
+  for (size_t at = path.find('/', 1); at != std::string::npos && out.size() < 16;
+       at = path.find('/', at + 1)) {
+    out.push_back(root + path.substr(at));
+  }
+  return out;
+}
+
+std::string MappedFilePath(pid_t pid, const std::string& path, uint64_t inode, uint64_t start,
+                           uint64_t end) {
+  std::vector<std::string> candidates = {PathInTarget(pid, path), path};
+  if (!SharesFilesystem(pid)) {
+    for (std::string& tail : TailsInTarget(pid, path)) {
+      candidates.push_back(std::move(tail));
+    }
+  }
+  for (const std::string& candidate : candidates) {
+    struct stat st {};
+    if (!candidate.empty() && ::stat(candidate.c_str(), &st) == 0 && st.st_ino == inode &&
+        ::access(candidate.c_str(), R_OK) == 0) {
+      return candidate;
+    }
+  }
+  const std::string mapping = absl::StrFormat("/proc/%d/map_files/%x-%x", pid, start, end);
+  return ::access(mapping.c_str(), R_OK) == 0 ? mapping : "";
+}
+
+bool TargetSeesOwnFile(pid_t pid, const std::string& path) {
+  return SharesFilesystem(pid) || SameFile(PathInTarget(pid, path), path);
+}
+
+std::vector<pid_t> NamespacePids(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, "NSpid:")) {
+      continue;
+    }
+    std::vector<pid_t> out;
+    for (absl::string_view field : absl::StrSplit(absl::string_view(line).substr(6),
+                                                  absl::ByAnyChar(" \t"), absl::SkipEmpty())) {
+      pid_t id = 0;
+      if (absl::SimpleAtoi(field, &id)) {
+        out.push_back(id);
+      }
+    }
+    return out;
+  }
+  return {};
+}
+
+pid_t OwnPid(pid_t pid) {
+  const std::vector<pid_t> ids = NamespacePids(pid);
+  return ids.size() > 1 ? ids.back() : pid;
+}
+
+std::string PidText(pid_t pid) {
+  const pid_t own = OwnPid(pid);
+  return own == pid ? absl::StrCat("pid ", pid)
+                    : absl::StrCat("pid ", pid, " (", own, " in its namespace)");
+}
+
+NamespaceIds::NamespaceIds(pid_t pid) : pid_(pid) {
+  const std::vector<pid_t> ids = NamespacePids(pid);
+  identity_ = ids.size() <= 1;
+  if (!identity_) {
+    host_[ids.back()] = pid;  // known for good, even once the process is gone
+  }
+}
+
+pid_t NamespaceIds::Learn(pid_t own) {
+  // Every thread of the process and of its descendants: own id -> kwatch's. Ids learnt
+  // before stay (their threads may be gone; the agent's rings still hold their hits).
+  std::vector<pid_t> processes = {pid_};
+  for (size_t i = 0; i < processes.size() && i < 4096; ++i) {
+    const std::string task_dir = absl::StrCat("/proc/", processes[i], "/task");
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(task_dir, ec)) {
+      const std::string tid_name = e.path().filename().string();
+      pid_t tid = 0;
+      if (!absl::SimpleAtoi(tid_name, &tid)) {
+        continue;
+      }
+      const std::vector<pid_t> ids = NamespacePids(tid);
+      if (ids.size() > 1) {
+        host_[ids.back()] = tid;
+      }
+      std::ifstream children(absl::StrCat(task_dir, "/", tid_name, "/children"));
+      pid_t child = 0;
+      while (children >> child) {
+        processes.push_back(child);
+      }
+    }
+  }
+  auto it = host_.find(own);
+  if (it == host_.end()) {
+    host_[own] = own;  // gone, or never there: not looked for again until another id is new
+    return own;
+  }
+  return it->second;
+}
+
+}  // namespace kwatch::core
