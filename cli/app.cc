@@ -27,6 +27,7 @@
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/base/target_files.h"
 #include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
 #include "core/symbols/expr.h"
@@ -101,9 +102,9 @@ void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session)
   if (session.backend() != watch::BackendKind::kPage && paged > 0) {
     absl::StrAppend(&mode, " (", paged, " with page protection)");
   }
-  std::fprintf(stderr, "kwatch: armed %zu watch%s on pid %d (%s), %s%s\n", session.watches().size(),
-               session.watches().size() == 1 ? "" : "es", proc.pid(), prog.c_str(), mode.c_str(),
-               set.follows_forks() ? ", following forks (-f)" : "");
+  std::fprintf(stderr, "kwatch: armed %zu watch%s on %s (%s), %s%s\n", session.watches().size(),
+               session.watches().size() == 1 ? "" : "es", core::PidText(proc.pid()).c_str(),
+               prog.c_str(), mode.c_str(), set.follows_forks() ? ", following forks (-f)" : "");
   if (session.allocator() != nullptr) {
     // drmgr's decisions, one line per watch: split, shared, multiplexed, sent to pages.
     for (const watch::Watch& w : session.watches()) {

@@ -200,6 +200,7 @@ void AccessPrinter::OnNote(const watch::AccessNote& note) {
 }
 
 void AccessJsonPrinter::PrintHeader(const watch::WatchSession& session) {
+  (void)ns_pid_.Of(session.process().pid());  // read while the process is there
   for (const auto& w : session.watches()) {
     absl::FPrintF(
         out_,
@@ -242,13 +243,13 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   }
   const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
   absl::FPrintF(out_,
-                "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+                "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d%s,\"tid\":%d,\"cpu\":%s,"
                 "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
                 "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
                 "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
                 "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
-                ev.time_ns, ev.pid, ev.tid, cpu, core::AccessKindLetter(ev.kind),
-                Hex(ev.addr.value), ev.len,
+                ev.time_ns, ev.pid, ns_pid_.Of(ev.pid), ev.tid, cpu,
+                core::AccessKindLetter(ev.kind), Hex(ev.addr.value), ev.len,
                 Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
                 ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
                 JsonString(field), Hex(ev.ip.value), Hex(ev.trap_ip.value),

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
+#include "core/base/target_files.h"
 #include "core/event.h"
 #include "core/ptrace/process.h"
 #include "watch/access_sink.h"
@@ -86,6 +87,8 @@ class AccessJsonPrinter final : public AccessPrinter {
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;
+
+  core::NsPidField ns_pid_;
 };
 
 }  // namespace kwatch::cli

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/base/target_files.h"
 #include "watch/probe/hw_probes.h"
 #include "watch/probe/probe_set.h"
 
@@ -63,7 +64,10 @@ std::string ProbeNoteText(const ProbeNote& n) {
     case Kind::kArmed: {
       std::string s = absl::StrFormat(
           "armed %d probe%s on %s (%s), %s backend", n.count, Plural(n.count, "s"),
-          n.pid > 0 ? absl::StrCat("pid ", n.pid) : "every process running it", n.path, n.backend);
+          n.pid > 0 ? core::PidText(n.pid) : "every process running it", n.path, n.backend);
+      if (!n.why.empty()) {
+        absl::StrAppend(&s, "; ", n.why);
+      }
       if (n.backend == "hw") {
         absl::StrAppendFormat(&s,
                               ": execute breakpoints in debug registers through ptrace, the code "

@@ -157,6 +157,9 @@ absl::Status ProbePrinter::status() const {
 }
 
 void ProbePrinter::OnNote(const watch::probe::ProbeNote& note) {
+  if (note.pid > 0) {
+    (void)ns_pid_.Of(note.pid);  // now: the hits may be printed once it is gone
+  }
   std::fprintf(stderr, "kwatch: %s\n", ProbeNoteText(note).c_str());
   std::fflush(stderr);
 }
@@ -301,10 +304,10 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
 std::string ProbeJsonPrinter::Line(const ProbeHit& hit) const {
   const ProbeDef& p = *hit.probe;
   std::string s = absl::StrFormat(
-      "{\"type\":\"hit\",\"time_ns\":%d,\"time\":%.9f,\"pid\":%d,\"tid\":%d,\"cpu\":%s,"
+      "{\"type\":\"hit\",\"time_ns\":%d,\"time\":%.9f,\"pid\":%d%s,\"tid\":%d,\"cpu\":%s,"
       "\"probe\":%d,\"event\":%s,\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
       "\"line\":%d,\"is_return\":%s",
-      hit.time_ns, Seconds(hit.time_ns), hit.pid, hit.tid,
+      hit.time_ns, Seconds(hit.time_ns), hit.pid, NsPidOf(hit.pid), hit.tid,
       hit.cpu == core::kUnknownCpu ? std::string("null") : absl::StrCat(hit.cpu), p.id,
       JsonString(p.point.event), Hex(hit.ip.value), JsonString(p.point.function), p.point.offset,
       JsonString(p.point.file), p.point.line, p.point.is_return ? "true" : "false");

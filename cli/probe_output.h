@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "core/base/remote_addr.h"
+#include "core/base/target_files.h"
 #include "watch/probe/hit_sink.h"
 #include "watch/probe/hit_tally.h"
 #include "watch/probe/probe_note.h"
@@ -79,6 +80,10 @@ class ProbePrinter : public watch::probe::HitSink {
   // Seconds from the session's start to `time_ns`.
   double Seconds(uint64_t time_ns) const;
 
+  // JSON's `,"ns_pid":N` for `pid` ("" when it is in kwatch's pid namespace), learnt from each
+  // note's pid while the process is there.
+  const std::string& NsPidOf(pid_t pid) const { return ns_pid_.Of(pid); }
+
  private:
   void Emit(const std::string& line);
   void WriteLines();
@@ -87,6 +92,7 @@ class ProbePrinter : public watch::probe::HitSink {
   PrinterOptions opts_;
   std::string pending_;  // whole lines not written yet
   bool output_failed_ = false;
+  mutable core::NsPidField ns_pid_;
 };
 
 // Text: a column header, "TIME(s) TID EVENT LOCATION ARGS" per hit; the summary is a table of

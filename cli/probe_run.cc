@@ -10,6 +10,7 @@
 #include "cli/probe_output.h"
 #include "cli/watch_recording.h"
 #include "core/base/status_macros.h"
+#include "core/base/target_files.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
 #include "watch/event_loop.h"
@@ -45,6 +46,9 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> OpenRecording(const Pr
   core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.command_line = opts.session.command_line;
   rec.pid = pid;
+  if (const pid_t own = core::OwnPid(pid); own != pid) {
+    rec.ns_pid = own;
+  }
   rec.kwatch_version = KWATCH_VERSION;
   rec.mode = "probe";
   rec.backend = backend;

@@ -60,8 +60,10 @@ void PrintSessionText(const core::store::TraceReader& r, uint64_t events, uint64
   const core::store::SessionRecord& s = r.session();
   std::printf("== kwatch recording %s\n", Shown(r.path()).c_str());
   std::printf("command   %s\n", Shown(s.command_line).c_str());
-  std::printf("target    pid %d   mode %s   backend %s\n", s.pid, Shown(s.mode).c_str(),
-              Shown(s.backend).c_str());
+  const std::string ns =
+      s.ns_pid != 0 ? absl::StrCat(" (", s.ns_pid, " in its namespace)") : std::string();
+  std::printf("target    pid %d%s   mode %s   backend %s\n", s.pid, ns.c_str(),
+              Shown(s.mode).c_str(), Shown(s.backend).c_str());
   std::printf("host      %s   kernel %s   kwatch %s\n", Shown(s.host).c_str(),
               Shown(s.kernel).c_str(), Shown(s.kwatch_version).c_str());
   std::printf("started   %s\n", WallTime(s.start_wall_ns).c_str());
@@ -101,6 +103,9 @@ nlohmann::json SessionJson(const core::store::TraceReader& r, uint64_t events, u
                       {"complete", r.complete()},
                       {"events", events},
                       {"hits", hits}};
+  if (s.ns_pid != 0) {
+    j["ns_pid"] = s.ns_pid;
+  }
   if (r.end().has_value()) {
     j["duration_s"] = static_cast<double>(r.end()->end_mono_ns - s.start_mono_ns) / 1e9;
     j["exit_reason"] = r.end()->exit_reason;

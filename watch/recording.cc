@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/base/target_files.h"
 
 namespace kwatch::watch {
 
@@ -77,6 +78,9 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
   core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.command_line = spec.command_line;
   rec.pid = pid;
+  if (const pid_t own = core::OwnPid(pid); own != pid) {
+    rec.ns_pid = own;
+  }
   rec.kwatch_version = spec.kwatch_version;
   rec.mode = "watch";
   rec.backend = std::string{BackendName(session.backend())};

@@ -299,9 +299,10 @@ absl::Status TraceReader::Load() {
 absl::Status TraceReader::LoadSession() {
   KW_ASSIGN_OR_RETURN(
       SqliteStmtPtr stmt,
-      Prepare("SELECT command_line,pid,kernel,host,start_wall_ns,start_mono_ns,kwatch_version,"
-              "mode,backend,end_wall_ns,end_mono_ns,exit_status,exit_reason,lost_count,complete "
-              "FROM session"));
+      Prepare(absl::StrCat(
+          "SELECT command_line,pid,kernel,host,start_wall_ns,start_mono_ns,kwatch_version,"
+          "mode,backend,end_wall_ns,end_mono_ns,exit_status,exit_reason,lost_count,complete,",
+          schema_ >= 4 ? "ns_pid" : "NULL", " FROM session")));
   sqlite3_stmt* s = stmt.get();
   const int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE) {
@@ -323,6 +324,7 @@ absl::Status TraceReader::LoadSession() {
   KW_ASSIGN_OR_RETURN(session_.mode, LimitedText(s, 7, path_, {"session.mode"}));
   KW_ASSIGN_OR_RETURN(session_.backend, LimitedText(s, 8, path_, {"session.backend"}));
   complete_ = sqlite3_column_int64(s, 14) != 0;
+  session_.ns_pid = static_cast<pid_t>(sqlite3_column_int64(s, 15));  // NULL: 0
   if (complete_) {
     SessionEnd end;
     end.end_wall_ns = ColumnU64(s, 9);

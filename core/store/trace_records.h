@@ -21,13 +21,15 @@ namespace kwatch::core::store {
 inline constexpr int32_t kTraceApplicationId = 0x6b776462;
 // PRAGMA user_version: the schema this kwatch writes, and the newest it reads.
 // 2: hits.pid. Schema 1 recordings (no pid per hit) are read with HitRecord::pid 0.
-inline constexpr int32_t kTraceSchemaVersion = 3;
+// 3: fields.is_union, sites.inlined. 4: session.ns_pid.
+inline constexpr int32_t kTraceSchemaVersion = 4;
 
 // How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
 // of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.
 struct SessionRecord {
   std::string command_line;    // the kwatch command line, as the user would retype it
   pid_t pid = 0;               // target process (0: none, e.g. CPU-wide kernel watches)
+  pid_t ns_pid = 0;            // its own pid in its pid namespace (a container's); 0: the same
   std::string kernel;          // uname -r
   std::string host;            // uname -n
   uint64_t start_wall_ns = 0;  // CLOCK_REALTIME at start

@@ -34,6 +34,7 @@ CREATE TABLE session(
   kwatch_version TEXT NOT NULL,
   mode TEXT NOT NULL,
   backend TEXT NOT NULL,
+  ns_pid INTEGER,
   end_wall_ns INTEGER,
   end_mono_ns INTEGER,
   exit_status INTEGER,
@@ -350,7 +351,8 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
         SqliteStmtPtr s,
         SqlitePrepare(db,
                       "INSERT INTO session(command_line,pid,kernel,host,start_wall_ns,"
-                      "start_mono_ns,kwatch_version,mode,backend) VALUES(?,?,?,?,?,?,?,?,?)",
+                      "start_mono_ns,kwatch_version,mode,backend,ns_pid) "
+                      "VALUES(?,?,?,?,?,?,?,?,?,?)",
                       context));
     sqlite3_stmt* st = s.get();
     BindText(st, 1, session.command_line);
@@ -362,6 +364,11 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
     BindText(st, 7, session.kwatch_version);
     BindText(st, 8, session.mode);
     BindText(st, 9, session.backend);
+    if (session.ns_pid != 0) {
+      sqlite3_bind_int64(st, 10, session.ns_pid);
+    } else {
+      sqlite3_bind_null(st, 10);
+    }
     if (const int rc = StepDone(st); rc != SQLITE_OK) {
       return SqliteError(db, rc, context);
     }

@@ -416,7 +416,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "3");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "4");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -858,6 +858,39 @@ TEST(TraceStoreTest, SchemaTwoRecordingsReadTheirUnionsAsNotUnions) {
   EXPECT_TRUE(f[1].is_leaf);
 }
 
+TEST(TraceStoreTest, TheTargetsOwnPidInItsNamespaceIsKeptAndSchemaThreeReadsNone) {
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  {
+    SessionRecord s;
+    s.command_line = "kwatch --write g -p 8538";
+    s.pid = 8538;
+    s.ns_pid = 1;
+    s.mode = "watch";
+    s.backend = "page";
+    auto w = TraceWriter::Create(path, s);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Finish(SessionEnd{}).ok());
+  }
+  {
+    auto r = OpenOk(path);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->session().pid, 8538);
+    EXPECT_EQ(r->session().ns_pid, 1);
+  }
+  // A process in kwatch's namespace: NULL, read as 0.
+  const std::string same = dir.File("same.kwdb");
+  WriteFinished(same, 1);
+  EXPECT_EQ(Sql(same, "SELECT ifnull(ns_pid, 'null') FROM session"), "null");
+  // Schema 3 had no column.
+  EXPECT_EQ(Sql(path, "ALTER TABLE session DROP COLUMN ns_pid"), "");
+  Sql(path, "PRAGMA user_version=3");
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->session().pid, 8538);
+  EXPECT_EQ(r->session().ns_pid, 0);
+}
+
 TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   TempDir dir;
   const std::string path = dir.File("run.kwdb");
@@ -866,7 +899,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 3");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 4");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {
