@@ -2,6 +2,7 @@
 
 #include <asm/perf_regs.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/hw_breakpoint.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/base/confinement.h"
 #include "core/base/unique_fd.h"
 
 namespace kwatch::watch {
@@ -109,10 +111,14 @@ std::string ParanoidLevel() {
 }
 
 std::string PerfPermissionAdvice() {
-  return absl::StrCat(
+  std::string advice = absl::StrCat(
       "needs root, or CAP_PERFMON (Linux >= 5.8) / CAP_SYS_ADMIN, or "
       "`sysctl kernel.perf_event_paranoid=1` (now ",
       ParanoidLevel(), ")");
+  if (std::string confined = core::ConfinementAdvice(CAP_PERFMON, "PERFMON"); !confined.empty()) {
+    absl::StrAppend(&advice, "; ", confined);
+  }
+  return advice;
 }
 
 std::vector<int> OnlineCpus() {

@@ -3,6 +3,7 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <pwd.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "core/base/confinement.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
@@ -49,6 +51,9 @@ std::string PtraceDeniedAdvice(pid_t pid) {
     return absl::StrCat("process ", pid, " is already traced by pid ", tracer, " (",
                         ProcStatusField(tracer_pid, "Name"),
                         "); detach that debugger or tracer first");
+  }
+  if (std::string confined = ConfinementAdvice(CAP_SYS_PTRACE, "SYS_PTRACE"); !confined.empty()) {
+    return confined;
   }
   if (::geteuid() == 0) {
     return absl::StrCat("even root may not trace pid ", pid, " here (",
