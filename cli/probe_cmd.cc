@@ -65,10 +65,10 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
       path = absl::StrCat(absl::StripSuffix(o.root, "/"), o.binary[0] == '/' ? "" : "/", o.binary);
     } else if (o.session.pid.has_value() && o.binary[0] == '/' &&
                !core::SharesFilesystem(*o.session.pid)) {
-      // -p of a process in a container: -x names a file of its filesystem when kwatch's has
-      // none there.
+      // -p of a process in a container: -x names a file of its filesystem (the library it
+      // loads from its /usr/lib is not the host's), when it has one there.
       const std::string inside = core::PathInTarget(*o.session.pid, o.binary);
-      if (::access(o.binary.c_str(), R_OK) != 0 && ::access(inside.c_str(), R_OK) == 0) {
+      if (::access(inside.c_str(), R_OK) == 0) {
         path = inside;
       }
     }
@@ -187,7 +187,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("--root", opts.root,
                  "Read -x from the filesystem rooted at DIR (a container's image or "
                  "/proc/PID/root): -x /usr/bin/app --root DIR opens DIR/usr/bin/app. With -p, "
-                 "a file only the process's filesystem has is found without it")
+                 "-x is read from the process's filesystem without it")
       ->check(CLI::ExistingDirectory);
   app.add_option("-p,--pid", opts.session.pid, "Attach to a running process")
       ->check(CLI::PositiveNumber);
