@@ -355,6 +355,12 @@ int Main(int argc, char** argv) {
   app.add_flag("--kernel-accesses", opts.kernel_accesses,
                "Watch a process's memory for the accesses the kernel makes on its behalf "
                "(e.g. the buffer read(2) fills), with the kernel function that made each");
+  app.add_option("--via", opts.via,
+                 "Kernel watches: find the variable's address in the code of FUNC, a kernel "
+                 "function that reads it (its RIP-relative operand; +OFF picks the instruction "
+                 "when FUNC has several), read through BPF: for kernels whose kallsyms lists no "
+                 "variables, without System.map or vmlinux. jiffies needs none (jiffies_read)")
+      ->type_name("FUNC[+OFF]");
   app.add_option("--type", opts.kernel_type,
                  "Kernel watches: the C type of the watched symbol (e.g. 'struct task_struct'), "
                  "for member expressions; the layout comes from the kernel's BTF");
@@ -449,10 +455,10 @@ int Main(int argc, char** argv) {
     return KernelAccessesMain(opts);
   }
   if (!opts.system_map.empty() || !opts.vmlinux.empty() || !opts.kernel_type.empty() ||
-      !opts.kcore.empty()) {
+      !opts.kcore.empty() || !opts.via.empty()) {
     std::fprintf(stderr,
-                 "kwatch: error: --system-map, --vmlinux, --type and --kcore are for kernel "
-                 "watches (no -p and no command)\n");
+                 "kwatch: error: --system-map, --vmlinux, --type, --via and --kcore are for "
+                 "kernel watches (no -p and no command)\n");
     return 2;
   }
   if (opts.read) {

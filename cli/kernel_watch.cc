@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,8 @@
 #include "cli/output.h"
 #include "cli/watch_recording.h"
 #include "core/base/status_macros.h"
+#include "core/kernel/accessors.h"
+#include "core/kernel/bpf_kernel_reader.h"
 #include "core/kernel/kernel_symbols.h"
 #include "core/ptrace/process.h"
 #include "core/store/trace_writer.h"
@@ -113,6 +116,11 @@ constexpr absl::string_view kRepeatedIpExplanation =
     "counts them the same way. A task running the same instruction again also repeats its IP "
     "(docs/kernel.md)\n";
 
+// What repeated IPs mean when none is a rep string instruction.
+constexpr absl::string_view kRepeatedIpRerun =
+    "kwatch: note: the instruction at a repeated IP is no rep string instruction: the task ran "
+    "it again (a loop, or each system call's entry), each run one access (docs/kernel.md)\n";
+
 // The live output of a kernel session: events and the summary on stdout (text, or JSON lines
 // with --json), notes on stderr in both forms. Start once the session is created.
 class KernelPrinter : public KernelEventSink {
@@ -195,18 +203,36 @@ class KernelPrinter : public KernelEventSink {
     std::sort(sorted_cpus.begin(), sorted_cpus.end());
     return absl::StrJoin(sorted_cpus, ",");
   }
-  // The notes on repeated IPs (stderr), after the summary's watches.
+  // The notes on repeated IPs (stderr), after the summary's watches; the rep string
+  // explanation once, when a repeated IP is a rep string instruction (or its code cannot be
+  // read), else what else repeats an IP.
   void RepeatedIpNotes(std::span<const KernelWatch> watches) const {
-    bool repeated = false;
+    bool rep = false;
+    bool other = false;
     for (size_t i = 0; i < watches.size(); ++i) {
       if (watches[i].sites.repeated > 0) {
         std::fprintf(stderr, "%s", RepeatedIpNote(watches[i], i, symbols_).c_str());
-        repeated = true;
+        const std::optional<bool> is_rep = RepStringAt(watches[i].sites.first_repeated_ip);
+        rep = rep || is_rep.value_or(true);
+        other = other || !is_rep.value_or(true);
       }
     }
-    if (repeated) {
+    if (rep) {
       absl::FPrintF(stderr, "%s", kRepeatedIpExplanation);
+    } else if (other) {
+      absl::FPrintF(stderr, "%s", kRepeatedIpRerun);
     }
+  }
+
+  // Whether the kernel instruction at `ip` is a rep string instruction, from its code read
+  // through BPF; nullopt when it cannot be read or decoded.
+  static std::optional<bool> RepStringAt(uint64_t ip) {
+    auto reader = core::kernel::BpfKernelReader::Open();
+    std::array<uint8_t, 16> code{};
+    if (!reader.ok() || !(*reader)->Read(ip, code).ok()) {
+      return std::nullopt;
+    }
+    return core::kernel::IsRepString(code);
   }
 
   const Options& opts_;
@@ -427,6 +453,7 @@ watch::kernel::KernelSetupOptions SetupOptionsFor(const Options& opts) {
                                  : drmgr::DrKind::kWrite;
   so.len = opts.len;
   so.type = opts.kernel_type;
+  so.via = opts.via;
   so.callchain_frames = opts.stack ? static_cast<uint16_t>(opts.stack_depth) : 0;
   so.system_map = opts.system_map;
   so.vmlinux = opts.vmlinux;
@@ -524,9 +551,8 @@ int KernelMain(const Options& opts) {
     std::fprintf(stderr,
                  "kwatch: note: no target was given (-p PID or a command after `--`), so kwatch "
                  "watched the kernel and looked the expression up among kernel symbols\n");
-    return 2;
   }
-  return 1;
+  return 1;  // 2 is for usage errors
 }
 
 int KernelAccessesMain(const Options& opts) {

@@ -44,6 +44,7 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string system_map;        // --system-map
   std::string vmlinux;           // --vmlinux
   std::string kernel_type;       // --type: the C type of the watched kernel symbol
+  std::string via;               // --via FUNC[+OFF]: a kernel variable's accessor function
   std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
   bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
 };

@@ -641,10 +641,13 @@ TEST(KwatchErrors, ProgramThatCannotBeExecuted) {
   EXPECT_THAT(r.err, HasSubstr("cannot execute '/nonexistent/prog'"));
 }
 
-TEST(KwatchErrors, NoTargetIsAUsageError) {
+TEST(KwatchErrors, NoTargetLooksTheNameUpInTheKernelAndSaysSo) {
+  // No -p and no command: a kernel watch. The name resolves nowhere (an error, 1; 2 is for
+  // usage errors), and the note says where kwatch looked, for a user who forgot -p.
   const RunResult r = RunKwatch({"--write", "x"});
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("no target"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kwatch: note: no target was given (-p PID or a command after "
+                               "`--`), so kwatch watched the kernel"));
 }
 
 TEST(KwatchErrors, TracingWithoutPermissionNamesTheCapability) {

@@ -15,13 +15,14 @@ void DrainValues::NewBatch() {
 
 DrainValues::Value DrainValues::Get(size_t i, const KernelWatch& w) {
   Value out;
-  if (memory_ == nullptr) {
+  if (!Enabled()) {
     return out;
   }
   if (!values_[i].has_value()) {
     std::array<uint8_t, 8> buf{};
+    const std::span<uint8_t> bytes = std::span<uint8_t>(buf).first(std::min<size_t>(w.len, 8));
     const absl::Status st =
-        memory_->Read(w.addr, std::span<uint8_t>(buf).first(std::min<size_t>(w.len, 8)));
+        memory_ != nullptr ? memory_->Read(w.addr, bytes) : bpf_->Read(w.addr, bytes);
     if (st.ok()) {
       uint64_t v = 0;
       std::memcpy(&v, buf.data(), buf.size());  // x86-64: little-endian
@@ -54,20 +55,27 @@ absl::StatusOr<OpenedDrainValues> OpenDrainValues(const std::string& kcore, bool
     }
     std::string why(memory.status().message());
     if (absl::IsNotFound(memory.status())) {
-      why =
-          "this kernel has no /proc/kcore (built without CONFIG_PROC_KCORE), and kwatch reads "
-          "kernel memory only there";
+      why = "this kernel has no /proc/kcore (built without CONFIG_PROC_KCORE)";
     } else if (absl::IsPermissionDenied(memory.status())) {
       absl::StrAppend(&why,
                       ": reading kernel memory needs CAP_SYS_RAWIO (root), and a kernel in "
                       "lockdown mode (Secure Boot) refuses it to everyone");
     }
-    out.why_none = absl::Status(memory.status().code(), why);
-    out.values = std::make_unique<DrainValues>(nullptr, watches.size());
-    return out;
+    // Without kcore: BPF.
+    absl::StatusOr<std::unique_ptr<core::kernel::BpfKernelReader>> bpf =
+        core::kernel::BpfKernelReader::Open();
+    if (!bpf.ok()) {
+      out.why_none = absl::Status(memory.status().code(),
+                                  absl::StrCat(why, "; nor through BPF: ", bpf.status().message()));
+      out.values = std::make_unique<DrainValues>(nullptr, watches.size());
+      return out;
+    }
+    out.source = "kernel memory through BPF (bpf_probe_read_kernel; no /proc/kcore here)";
+    out.values = std::make_unique<DrainValues>(*std::move(bpf), watches.size());
+  } else {
+    out.source = path;
+    out.values = std::make_unique<DrainValues>(*std::move(memory), watches.size());
   }
-  out.source = path;
-  out.values = std::make_unique<DrainValues>(*std::move(memory), watches.size());
   for (size_t i = 0; i < watches.size(); ++i) {
     if (absl::Status st = out.values->Get(i, watches[i]).first_failure; !st.ok()) {
       out.unreadable.emplace_back(i, std::move(st));

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/kernel/bpf_kernel_reader.h"
 #include "core/kernel/kernel_memory.h"
 #include "watch/kernel/kernel_event.h"
 
@@ -26,8 +27,13 @@ class DrainValues {
   // `memory` null: no value is ever read (Enabled() is false).
   DrainValues(std::unique_ptr<core::kernel::KernelMemory> memory, size_t watches)
       : memory_(std::move(memory)), values_(watches), failed_(watches, false) {}
+  DrainValues(std::nullptr_t, size_t watches)
+      : DrainValues(std::unique_ptr<core::kernel::KernelMemory>(), watches) {}
+  // Values read through BPF (kernels without /proc/kcore).
+  DrainValues(std::unique_ptr<core::kernel::BpfKernelReader> bpf, size_t watches)
+      : bpf_(std::move(bpf)), values_(watches), failed_(watches, false) {}
 
-  bool Enabled() const { return memory_ != nullptr; }
+  bool Enabled() const { return memory_ != nullptr || bpf_ != nullptr; }
 
   // Forgets the values of the previous batch.
   void NewBatch();
@@ -42,6 +48,7 @@ class DrainValues {
 
  private:
   std::unique_ptr<core::kernel::KernelMemory> memory_;
+  std::unique_ptr<core::kernel::BpfKernelReader> bpf_;
   std::vector<std::optional<std::optional<uint64_t>>> values_;  // per watch, this batch
   std::vector<bool> failed_;                                    // per watch: said once
 };
@@ -61,9 +68,10 @@ struct OpenedDrainValues {
 };
 
 // Opens kernel memory for the values of `watches` at drain time: the core file `kcore` (an
-// error when it cannot be read), or with `kcore` "" /proc/kcore (when it cannot be opened,
-// no values, and `why_none` says why in words: no CONFIG_PROC_KCORE, or CAP_SYS_RAWIO and
-// lockdown). Each watch is read once here, so that one the file does not map is known before
+// error when it cannot be read), or with `kcore` "" /proc/kcore, else BPF's
+// bpf_probe_read_kernel (core/kernel/bpf_kernel_reader.h); when neither opens, no values,
+// and `why_none` says why in words (no CONFIG_PROC_KCORE, CAP_SYS_RAWIO and lockdown; BPF's
+// reason). Each watch is read once here, so that one the file does not map is known before
 // any event. With `needed` false (no event will be shown or recorded) nothing is opened.
 absl::StatusOr<OpenedDrainValues> OpenDrainValues(const std::string& kcore, bool needed,
                                                   std::span<const KernelWatch> watches);

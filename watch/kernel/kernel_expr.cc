@@ -1,11 +1,17 @@
 #include "watch/kernel/kernel_expr.h"
 
+#include <functional>
+#include <memory>
 #include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
+#include "core/kernel/accessors.h"
+#include "core/kernel/bpf_kernel_reader.h"
 #include "core/symbols/expr.h"
 
 namespace kwatch::watch::kernel {
@@ -21,6 +27,61 @@ bool IsWritableData(char type) {
 
 bool IsText(char type) {
   return type == 'T' || type == 't' || type == 'W' || type == 'w';
+}
+
+// The address of `name` read from the code of its accessor (opts.via, else the table's):
+// core/kernel/accessors.h. The type's name, when the table knows it, in `type_name`.
+absl::StatusOr<core::kernel::KernelSymbolAddress> ThroughAccessor(
+    const std::string& name, const KernelExprOptions& opts,
+    const core::kernel::KernelSymbolResolver& symbols, std::string* type_name) {
+  const core::kernel::KnownAccessor* known = core::kernel::FindKnownAccessor(name);
+  core::kernel::ViaSpec via;
+  if (!opts.via.empty()) {
+    KW_ASSIGN_OR_RETURN(via, core::kernel::ParseVia(opts.via));
+    if (known != nullptr && via.function != known->function) {
+      known = nullptr;  // the user's accessor: no pattern of ours applies
+    }
+  } else {
+    via.function = std::string{known->function};
+  }
+  const core::kernel::KernelSymbol* fn = symbols.kallsyms().Find(via.function);
+  if (fn == nullptr || !fn->IsText()) {
+    return absl::NotFoundError(absl::StrFormat("no kernel function '%s' in %s", via.function,
+                                               symbols.kallsyms().origin()));
+  }
+  std::function<absl::Status(uint64_t, std::span<uint8_t>)> read = opts.read_kernel;
+  std::unique_ptr<core::kernel::BpfKernelReader> bpf;
+  if (!read) {
+    auto opened = core::kernel::BpfKernelReader::Open();
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(), absl::StrCat("reading the code of ", via.function,
+                                                               " needs BPF (no /proc/kcore here): ",
+                                                               opened.status().message()));
+    }
+    bpf = *std::move(opened);
+    read = [&bpf](uint64_t addr, std::span<uint8_t> out) { return bpf->Read(addr, out); };
+  }
+  std::vector<uint8_t> code(core::kernel::BpfKernelReader::kChunk);
+  if (absl::Status s = read(fn->addr, code); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("reading the code of ", via.function, ": ", s.message()));
+  }
+  KW_ASSIGN_OR_RETURN(const std::vector<core::kernel::RipOperand> operands,
+                      core::kernel::RipOperands(fn->addr, code));
+  KW_ASSIGN_OR_RETURN(const core::kernel::RipOperand op,
+                      core::kernel::PickOperand(name, via.function, operands, via.offset, known));
+  core::kernel::KernelSymbolAddress out;
+  out.name = name;
+  out.addr = op.target;
+  out.link_addr = op.target;
+  out.type = 'D';
+  out.source = absl::StrFormat("the code of %s (+0x%x: %s), read through BPF", via.function,
+                               op.offset, op.text);
+  out.room = op.size;
+  if (known != nullptr) {
+    *type_name = std::string{known->type_name};
+  }
+  return out;
 }
 
 }  // namespace
@@ -57,7 +118,23 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
     w.source = "raw address";
     return out;
   }
-  KW_ASSIGN_OR_RETURN(const core::kernel::KernelSymbolAddress sym, symbols.Resolve(expr.base));
+  // The symbol listings, else (or with --via) the code of a function that reads it.
+  std::string accessor_type;
+  absl::StatusOr<core::kernel::KernelSymbolAddress> found =
+      opts.via.empty() ? symbols.Resolve(expr.base)
+                       : ThroughAccessor(expr.base, opts, symbols, &accessor_type);
+  if (!found.ok() && opts.via.empty() && found.status().code() == absl::StatusCode::kNotFound &&
+      core::kernel::FindKnownAccessor(expr.base) != nullptr) {
+    auto through = ThroughAccessor(expr.base, opts, symbols, &accessor_type);
+    if (!through.ok()) {
+      return absl::Status(
+          through.status().code(),
+          absl::StrCat(found.status().message(), "\nIts accessor: ", through.status().message()));
+    }
+    found = std::move(through);
+  }
+  KW_RETURN_IF_ERROR(found.status());
+  const core::kernel::KernelSymbolAddress& sym = *found;
   if (sym.addr < kKernelSpaceStart) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "kernel symbol '%s' is at 0x%x in %s, outside the kernel's address space: it is a "
@@ -70,6 +147,7 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
   w.source = sym.source;
   w.slide = sym.slide;
   w.display = expr.base;
+  w.type_name = accessor_type;
   // The symbol's type: --type, else BTF (per-CPU variables only on most kernels).
   std::optional<core::kernel::BtfTypeRef> type;
   if (!opts.type.empty()) {
@@ -82,6 +160,9 @@ absl::StatusOr<ResolvedKernelExpr> ResolveKernelExpr(const std::string& text,
     type = btf->VarType(expr.base);
   }
   std::optional<uint64_t> type_size;
+  if (!accessor_type.empty()) {
+    type_size = sym.room;  // the accessor's load: the table's size, checked
+  }
   if (type.has_value()) {
     KW_ASSIGN_OR_RETURN(const core::kernel::BtfMemberRef m, btf->Walk(*type, expr.steps));
     w.addr += m.offset;

@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,6 +23,11 @@ struct KernelExprOptions {
   std::optional<uint64_t> len;  // --len: the watched bytes, whatever the type says
   std::string type;             // --type: the symbol's C type ("": BTF's, when it has one)
   bool exec = false;            // an execute breakpoint: one instruction start (length 1)
+  // --via FUNC[+OFF]: the symbol's address is the RIP-relative operand of FUNC's code that
+  // reads it (core/kernel/accessors.h), whatever the symbol listings say.
+  std::string via;
+  // Reads kernel memory (the accessor's code); empty: core::kernel::BpfKernelReader.
+  std::function<absl::Status(uint64_t addr, std::span<uint8_t> out)> read_kernel;
 };
 
 // A resolved kernel expression: the watch (address, length, display, type, source, slide),

@@ -46,6 +46,7 @@ absl::StatusOr<KernelWatch> ResolveAndSay(const std::string& text, const KernelS
   KernelExprOptions eo;
   eo.len = opts.len;
   eo.type = opts.type;
+  eo.via = opts.via;
   eo.exec = opts.kind == drmgr::DrKind::kExec;
   KW_ASSIGN_OR_RETURN(ResolvedKernelExpr r, ResolveKernelExpr(text, eo, symbols, btf));
   KernelWatch& w = r.watch;

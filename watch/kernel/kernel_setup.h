@@ -28,6 +28,7 @@ struct KernelSetupOptions {
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   std::optional<uint64_t> len;    // --len
   std::string type;               // --type: the C type of a watched kernel symbol
+  std::string via;                // --via FUNC[+OFF]: the accessor of a watched kernel variable
   uint16_t callchain_frames = 0;  // --stack: frames per callchain (0: none)
   std::string system_map;         // --system-map
   std::string vmlinux;            // --vmlinux
