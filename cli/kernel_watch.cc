@@ -338,13 +338,20 @@ class KernelJsonPrinter final : public KernelPrinter {
                                                f.user ? "user" : "kernel", JsonString(f.site));
                                          }),
                            "]");
+    // The fields of process events (docs/output.md), then the kernel's own: comm, watch,
+    // time (seconds from the start), site (function+offset as the text shows it), stack.
+    const core::kernel::KernelSymbolResolver::CodeSite code = symbols_.Locate(ev.s.ip);
     std::printf(
-        "{\"type\":\"event\",\"time\":%.9f,\"cpu\":%u,\"tid\":%u,\"comm\":%s,\"kind\":\"%s\","
-        "\"watch\":%zu,\"field\":%s,\"addr\":\"0x%llx\",\"value\":%s,\"ip\":\"0x%llx\","
-        "\"site\":%s%s}\n",
-        t, ev.s.cpu, ev.s.tid, JsonString(comm).c_str(), Access(), ev.watch,
-        JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.addr), value.c_str(),
-        static_cast<unsigned long long>(ev.s.ip), JsonString(ip).c_str(), stack.c_str());
+        "{\"type\":\"event\",\"time_ns\":%llu,\"pid\":%u,\"tid\":%u,\"cpu\":%u,"
+        "\"access\":\"%s\",\"addr\":\"0x%llx\",\"len\":%u,\"expr\":%s,\"field\":%s,"
+        "\"ip\":\"0x%llx\",\"function\":%s,\"offset\":%llu,\"file\":%s,\"line\":%d,"
+        "\"value\":%s,\"comm\":%s,\"watch\":%zu,\"time\":%.9f,\"site\":%s%s}\n",
+        static_cast<unsigned long long>(ev.s.time), ev.s.pid, ev.s.tid, ev.s.cpu, Access(),
+        static_cast<unsigned long long>(ev.s.addr), w.len, JsonString(w.expr).c_str(),
+        JsonString(w.display).c_str(), static_cast<unsigned long long>(ev.s.ip),
+        JsonString(code.function).c_str(), static_cast<unsigned long long>(code.offset),
+        JsonString(code.file).c_str(), code.line, value.c_str(), JsonString(comm).c_str(), ev.watch,
+        t, JsonString(ip).c_str(), stack.c_str());
     return absl::OkStatus();
   }
 

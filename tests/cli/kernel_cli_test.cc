@@ -258,7 +258,7 @@ TEST_F(KernelCli, JiffiesIsFoundInTheCodeOfJiffiesReadAndWrittenByTheTick) {
   ASSERT_GE(run.events.size(), 2U) << r.err;
   uint64_t last = 0;
   for (const json& e : run.events) {
-    EXPECT_EQ(e["kind"], "w") << e.dump();
+    EXPECT_EQ(e["access"], "w") << e.dump();
     EXPECT_EQ(e["addr"], absl::StrFormat("0x%x", addr)) << e.dump();
     EXPECT_THAT(e["site"].get<std::string>(), StartsWith("tick_do_update_jiffies64+"));
     // Read at drain time through BPF: a tick count never goes back.
@@ -582,6 +582,71 @@ std::string PiperSource() {
          "  return fclose(f) == 0 ? 0 : 4;\n}\n";
 }
 
+// The fields every event object carries, in every mode (docs/output.md "One event schema"),
+// with their JSON types; `value_at` when `value` is a number.
+void ExpectEventSchema(const json& e) {
+  const auto is_hex = [](const json& v) {
+    return v.is_string() && v.get<std::string>().rfind("0x", 0) == 0;
+  };
+  EXPECT_EQ(e["type"], "event") << e.dump();
+  EXPECT_TRUE(e["time_ns"].is_number_unsigned()) << e.dump();
+  EXPECT_TRUE(e["pid"].is_number_integer()) << e.dump();
+  EXPECT_TRUE(e["tid"].is_number_integer()) << e.dump();
+  EXPECT_TRUE(e["cpu"].is_number_integer() || e["cpu"].is_null()) << e.dump();
+  EXPECT_TRUE(e["access"] == "r" || e["access"] == "w" || e["access"] == "rw" || e["access"] == "x")
+      << e.dump();
+  EXPECT_TRUE(is_hex(e["addr"])) << e.dump();
+  EXPECT_TRUE(e["len"].is_number_unsigned()) << e.dump();
+  EXPECT_TRUE(e["expr"].is_string()) << e.dump();
+  EXPECT_TRUE(e["field"].is_string()) << e.dump();
+  EXPECT_TRUE(is_hex(e["ip"])) << e.dump();
+  EXPECT_TRUE(e["function"].is_string()) << e.dump();
+  EXPECT_TRUE(e["offset"].is_number_unsigned()) << e.dump();
+  EXPECT_TRUE(e["file"].is_string()) << e.dump();
+  EXPECT_TRUE(e["line"].is_number_integer()) << e.dump();
+  EXPECT_TRUE(e["value"].is_number() || e["value"].is_null()) << e.dump();
+  if (e["value"].is_number()) {
+    EXPECT_TRUE(e["value_at"] == "access" || e["value_at"] == "drain") << e.dump();
+  }
+}
+
+// A process watch, a kernel watch and --kernel-accesses: one schema for their events.
+TEST_F(KernelCli, EveryModesEventsShareOneSchema) {
+  const RunResult process = RunKwatch({"--write", "g_stats.hits", "--backend", "page", "--json",
+                                       "--", kwatch::testing::TargetPath("field_writer"), "1", "5",
+                                       "--truth", (dir_ / "fw-truth").string()});
+  ASSERT_EQ(process.exit_code, 0) << process.err;
+  const JsonRun p = ParseJsonLines(process.out);
+  ASSERT_EQ(p.events.size(), 5U);
+  for (const json& e : p.events) {
+    ExpectEventSchema(e);
+    EXPECT_EQ(e["function"], "Work");
+  }
+  const std::string src = Write("piper.c", PiperSource());
+  const std::string prog = (dir_ / "piper").string();
+  auto cc = kwatch::testing::Run({"/usr/bin/gcc", "-g", "-O1", "-o", prog, src});
+  ASSERT_TRUE(cc.ok() && cc->exit_code == 0) << (cc.ok() ? cc->err : cc.status().ToString());
+  const RunResult accesses = RunKwatch({"--kernel-accesses", "--write", "buf", "--len", "8",
+                                        "--json", "--", prog, "3", (dir_ / "truth").string()});
+  ASSERT_EQ(accesses.exit_code, 0) << accesses.err;
+  const RunResult kernel = RunKwatch({"--write", "&jiffies", "--json", "--duration", "0.3"});
+  ASSERT_EQ(kernel.exit_code, 0) << kernel.err;
+  KW_REQUIRE_DEBUG_TRAPS();
+  const JsonRun a = ParseJsonLines(accesses.out);
+  ASSERT_FALSE(a.events.empty());
+  for (const json& e : a.events) {
+    ExpectEventSchema(e);
+    EXPECT_EQ(e["expr"], "buf");
+  }
+  const JsonRun k = ParseJsonLines(kernel.out);
+  ASSERT_FALSE(k.events.empty());
+  for (const json& e : k.events) {
+    ExpectEventSchema(e);
+    EXPECT_EQ(e["expr"], "&jiffies");
+    EXPECT_EQ(e["function"], "tick_do_update_jiffies64");
+  }
+}
+
 // --kernel-accesses: the program above reads 20 times into each buffer while kwatch watches
 // both for the kernel's writes only (exclude_user). Each read is one copy-to-user of 8 bytes;
 // the copying instruction may trap once (a `mov` of 8 bytes) or once per byte (`rep movsb`
@@ -619,7 +684,7 @@ TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
   for (const json& e : evs) {
     EXPECT_EQ(e["tid"], pid) << e.dump();
     EXPECT_EQ(e["comm"], "piper") << e.dump();
-    EXPECT_EQ(e["kind"], "w") << e.dump();
+    EXPECT_EQ(e["access"], "w") << e.dump();
     EXPECT_THAT(e["site"].get<std::string>(), ::testing::MatchesRegex(CopyToUserSite()))
         << e.dump();
   }
