@@ -361,6 +361,10 @@ int Main(int argc, char** argv) {
                  "when FUNC has several), read through BPF: for kernels whose kallsyms lists no "
                  "variables, without System.map or vmlinux. jiffies needs none (jiffies_read)")
       ->type_name("FUNC[+OFF]");
+  app.add_flag("--values-at-drain", opts.values_at_drain,
+               "Kernel watches and --kernel-accesses: read each event's value when kwatch drains "
+               "the events (~V, /proc/kcore or BPF) instead of at the access (no BPF program on "
+               "the breakpoints: a little less work per hit)");
   app.add_option("--type", opts.kernel_type,
                  "Kernel watches: the C type of the watched symbol (e.g. 'struct task_struct'), "
                  "for member expressions; the layout comes from the kernel's BTF");
@@ -455,10 +459,10 @@ int Main(int argc, char** argv) {
     return KernelAccessesMain(opts);
   }
   if (!opts.system_map.empty() || !opts.vmlinux.empty() || !opts.kernel_type.empty() ||
-      !opts.kcore.empty() || !opts.via.empty()) {
+      !opts.kcore.empty() || !opts.via.empty() || opts.values_at_drain) {
     std::fprintf(stderr,
-                 "kwatch: error: --system-map, --vmlinux, --type, --via and --kcore are for "
-                 "kernel watches (no -p and no command)\n");
+                 "kwatch: error: --system-map, --vmlinux, --type, --via, --values-at-drain and "
+                 "--kcore are for kernel watches (no -p and no command)\n");
     return 2;
   }
   if (opts.read) {

@@ -153,6 +153,18 @@ class KernelPrinter : public KernelEventSink {
                        .c_str(),
                    stderr);
         break;
+      case KernelNote::Kind::kAccessValues:
+        if (note.why.ok()) {
+          std::fprintf(stderr,
+                       "kwatch: values at the access: a BPF program on each breakpoint reads the "
+                       "watched bytes when it fires (V; ~V only where that read failed and the "
+                       "drain-time read stood in)\n");
+        } else {
+          std::fprintf(stderr, "kwatch: note: no values at the access (%s)\n",
+                       absl::StrCat(note.why.message()).c_str());
+        }
+        std::fflush(stderr);
+        break;
       case KernelNote::Kind::kCpuOffline:
         std::fprintf(stderr,
                      "kwatch: CPU %d went offline: its breakpoints are closed (the kernel drops "
@@ -272,8 +284,9 @@ class KernelTextPrinter final : public KernelPrinter {
     const double t = Seconds(ev.s.time);
     const std::string& comm = comms_.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
     if (show_values_) {
-      const std::string v =
-          ev.value.has_value() ? absl::StrCat("~", ValueOf(*ev.value, w.len)) : std::string("?");
+      const std::string v = ev.value.has_value() ? absl::StrCat(ev.value_at_access ? "" : "~",
+                                                                ValueOf(*ev.value, w.len))
+                                                 : std::string("?");
       std::printf("%-14.9f %-4u %-7u %-16s %-3s %-24s %-22s %s\n", t, ev.s.cpu, ev.s.tid,
                   comm.c_str(), Access(), w.display.c_str(), v.c_str(), ip.c_str());
     } else {
@@ -325,8 +338,10 @@ class KernelJsonPrinter final : public KernelPrinter {
     const double t = Seconds(ev.s.time);
     const std::string& comm = comms_.Get(static_cast<pid_t>(ev.s.tid), ev.s.cpu);
     const std::string value =
-        ev.value.has_value() ? absl::StrCat(ValueOf(*ev.value, w.len), R"(,"value_at":"drain")")
-                             : "null";
+        ev.value.has_value()
+            ? absl::StrCat(ValueOf(*ev.value, w.len), ev.value_at_access ? R"(,"value_at":"access")"
+                                                                         : R"(,"value_at":"drain")")
+            : "null";
     const std::string stack =
         frames.empty()
             ? ""
@@ -418,6 +433,7 @@ absl::StatusOr<int> RunKernelSession(const Options& opts, KernelSetup& setup) {
   so.duration = opts.duration;
   so.callchains = opts.stack;
   so.kill_on_exit = opts.kill_on_exit;
+  so.access_values = !opts.values_at_drain && (!opts.quiet || !opts.output.empty());
   KW_ASSIGN_OR_RETURN(std::unique_ptr<KernelWatchSession> session,
                       KernelWatchSession::Create(
                           so, std::move(setup.watches),

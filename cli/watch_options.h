@@ -45,6 +45,7 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string vmlinux;           // --vmlinux
   std::string kernel_type;       // --type: the C type of the watched kernel symbol
   std::string via;               // --via FUNC[+OFF]: a kernel variable's accessor function
+  bool values_at_drain = false;  // --values-at-drain: no BPF program on kernel breakpoints
   std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
   bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
 };

@@ -151,6 +151,10 @@ std::string OnlineCpuList() {
 constexpr char kNoKcoreNote[] =
     "kwatch: values from kernel memory through BPF (bpf_probe_read_kernel; no /proc/kcore "
     "here), read when kwatch drains the events (~V), not at the access\n";
+// What a session that shows values says once its breakpoints carry their BPF program.
+constexpr char kAccessNote[] =
+    "kwatch: values at the access: a BPF program on each breakpoint reads the watched bytes "
+    "when it fires (V; ~V only where that read failed and the drain-time read stood in)\n";
 
 size_t CountOf(const std::string& list) {
   return std::count(list.begin(), list.end(), ',') + 1;
@@ -256,16 +260,23 @@ TEST_F(KernelCli, JiffiesIsFoundInTheCodeOfJiffiesReadAndWrittenByTheTick) {
   KW_REQUIRE_DEBUG_TRAPS();
   const JsonRun run = ParseJsonLines(r.out);
   ASSERT_GE(run.events.size(), 2U) << r.err;
+  // Values at the access (a BPF program on the breakpoints): each write is a tick's, so each
+  // value is above the one before. Events that came before the program was attached have the
+  // drain-time value.
   uint64_t last = 0;
+  size_t at_access = 0;
   for (const json& e : run.events) {
     EXPECT_EQ(e["access"], "w") << e.dump();
     EXPECT_EQ(e["addr"], absl::StrFormat("0x%x", addr)) << e.dump();
     EXPECT_THAT(e["site"].get<std::string>(), StartsWith("tick_do_update_jiffies64+"));
-    // Read at drain time through BPF: a tick count never goes back.
     ASSERT_TRUE(e["value"].is_number_unsigned()) << e.dump();
-    EXPECT_GE(e["value"].get<uint64_t>(), last) << e.dump();
-    last = e["value"].get<uint64_t>();
+    if (e["value_at"] == "access") {
+      EXPECT_GT(e["value"].get<uint64_t>(), last) << e.dump();
+      last = e["value"].get<uint64_t>();
+      ++at_access;
+    }
   }
+  EXPECT_GE(at_access + 2, run.events.size());
   EXPECT_EQ(run.summary["watches"][0]["source"].get<std::string>().rfind(
                 "the code of jiffies_read (+0x", 0),
             0U);
@@ -324,10 +335,10 @@ TEST_F(KernelCli, FixtureSystemMapResolvesAndArms) {
                 "the kernel's BTF describes only per-CPU variables): watching 8 bytes; give "
                 "--len N or --type TYPE\n"
                 "kwatch: jiffies: 8 bytes at 0x%x, from System.map %s (KASLR slide +0x1e00000)\n"
-                "%s"
+                "%s%s"
                 "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
                 "breakpoint stream mode\n",
-                addr, map, kNoKcoreNote, CountOf(cpus)));
+                addr, map, kNoKcoreNote, kAccessNote, CountOf(cpus)));
   EXPECT_EQ(r.out, absl::StrFormat(
                        "TIME(s)        CPU  TID     COMM             ACC WATCH                   "
                        " VALUE (~ = at drain)   IP (after the access)\n"
@@ -360,9 +371,10 @@ TEST_F(KernelCli, KcoreThatDoesNotMapTheWatchSaysSo) {
                 "access\n"
                 "kwatch: note: watch #1 jiffies shows no value: %s maps no kernel address 0x%x "
                 "(in none of its 1 PT_LOAD segments)\n"
+                "%s"
                 "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
                 "breakpoint stream mode\n",
-                addr, map, kcore, kcore, addr, CountOf(cpus)));
+                addr, map, kcore, kcore, addr, kAccessNote, CountOf(cpus)));
   EXPECT_EQ(r.out, absl::StrFormat(
                        "TIME(s)        CPU  TID     COMM             ACC WATCH                   "
                        " VALUE (~ = at drain)   IP (after the access)\n"
@@ -393,8 +405,8 @@ TEST_F(KernelCli, KcoreThatIsNoCoreFileIsAnError) {
   const RunResult proc = RunKwatch({"--write", "g", "--kcore", garbage, "--", "/bin/true"});
   EXPECT_EQ(proc.exit_code, 2);
   EXPECT_EQ(proc.err,
-            "kwatch: error: --system-map, --vmlinux, --type, --via and --kcore are for kernel "
-            "watches (no -p and no command)\n");
+            "kwatch: error: --system-map, --vmlinux, --type, --via, --values-at-drain and --kcore "
+            "are for kernel watches (no -p and no command)\n");
 }
 
 TEST_F(KernelCli, MemberExpressionWithBtfType) {
@@ -513,9 +525,10 @@ TEST_F(KernelCli, FixtureVmlinuxGivesAddressesAndDwarfTypes) {
                        "slide +0x1e00000)\n"
                        "%s"
                        "kwatch: kernel source lines from %s\n"
+                       "%s"
                        "kwatch: armed 1 kernel watch on %d CPUs (one breakpoint per CPU), perf "
                        "breakpoint stream mode\n",
-                       prio, vmlinux, kNoKcoreNote, vmlinux, CountOf(cpus)));
+                       prio, vmlinux, kNoKcoreNote, vmlinux, kAccessNote, CountOf(cpus)));
   EXPECT_THAT(r.out, HasSubstr(absl::StrFormat(
                          "watch #1 init_task.prio: 4 bytes at 0x%x, int, write, kernel, CPUs %s: "
                          "0 events (the kernel counted 0)\n",
@@ -647,6 +660,32 @@ TEST_F(KernelCli, EveryModesEventsShareOneSchema) {
   }
 }
 
+// Without CAP_BPF (and CAP_SYS_ADMIN, which implies it), as in a container that kept
+// CAP_PERFMON (a kernel address's breakpoint needs CAP_SYS_ADMIN; a process's does not): no
+// value at the access, said once with its reason, and every access seen all the same.
+TEST_F(KernelCli, KernelAccessesWithoutBpfHaveNoValuesAndSaySo) {
+  const std::string src = Write("piper.c", PiperSource());
+  const std::string prog = (dir_ / "piper").string();
+  auto cc = kwatch::testing::Run({"/usr/bin/gcc", "-g", "-O1", "-o", prog, src});
+  ASSERT_TRUE(cc.ok() && cc->exit_code == 0) << (cc.ok() ? cc->err : cc.status().ToString());
+  auto r =
+      kwatch::testing::Run({"/usr/bin/setpriv", "--bounding-set", "-bpf,-sys_admin", "--inh-caps",
+                            "-bpf,-sys_admin", KwatchPath(), "--kernel-accesses", "--write", "buf",
+                            "--len", "8", "--json", "--", prog, "3", (dir_ / "truth").string()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  EXPECT_THAT(r->err, StartsWith("kwatch: note: no values at the access (bpf(BPF_MAP_CREATE, "
+                                 "BPF_MAP_TYPE_RINGBUF): Operation not permitted; a BPF program "
+                                 "on a breakpoint needs root, or CAP_BPF with CAP_PERFMON)\n"));
+  EXPECT_THAT(r->err, Not(HasSubstr(kAccessNote)));
+  KW_REQUIRE_DEBUG_TRAPS();
+  const JsonRun run = ParseJsonLines(r->out);
+  ASSERT_FALSE(run.events.empty());
+  for (const json& e : run.events) {
+    EXPECT_EQ(e["value"], nullptr) << e.dump();
+  }
+}
+
 // --kernel-accesses: the program above reads 20 times into each buffer while kwatch watches
 // both for the kernel's writes only (exclude_user). Each read is one copy-to-user of 8 bytes;
 // the copying instruction may trap once (a `mov` of 8 bytes) or once per byte (`rep movsb`
@@ -662,8 +701,9 @@ TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
   const RunResult r = RunKwatch({"--kernel-accesses", "--write", "buf", "mark", "--len", "8",
                                  "--json", "--", prog, std::to_string(kReads), truth});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, StartsWith(kAccessNote));
   EXPECT_THAT(r.err, ::testing::ContainsRegex(
-                         "^kwatch: armed 2 watches on pid [0-9]+ \\(.*piper\\) for the kernel's "
+                         "kwatch: armed 2 watches on pid [0-9]+ \\(.*piper\\) for the kernel's "
                          "accesses only \\(exclude_user\\), perf breakpoint stream mode\n"));
   int pid = 0;
   long bytes = 0;
@@ -700,6 +740,17 @@ TEST_F(KernelCli, KernelAccessesToAReadBuffer) {
   ASSERT_EQ(runs.size(), 2U * kReads);
   const size_t k = runs.front().size();
   EXPECT_TRUE(k == 1 || k == 8) << "events per 8-byte read: " << k;
+  // Values at the access (a BPF program on the breakpoints): each read's last event holds the
+  // 8 bytes read(2) delivered, "12345678" in buf and "abcdefgh" in mark (little-endian).
+  for (const std::vector<json>& run : runs) {
+    for (const json& e : run) {
+      EXPECT_EQ(e["value_at"], "access") << e.dump();
+    }
+    const bool buf = run.front()["field"] == "buf";
+    EXPECT_EQ(run.back()["value"].get<int64_t>(),
+              buf ? int64_t{0x3837363534333231} : int64_t{0x6867666564636261})
+        << run.back().dump();
+  }
   std::map<std::string, size_t> per_watch;
   for (size_t i = 0; i < runs.size(); ++i) {
     EXPECT_EQ(runs[i].front()["field"], i % 2 == 0 ? "buf" : "mark") << "run " << i;
@@ -956,21 +1007,17 @@ TEST_F(KernelStackWord, EverySystemCallOfTheTaskIsSeen) {
   EXPECT_THAT(r.err, Not(HasSubstr("a rep string instruction traps")));
   EXPECT_THAT(r.err, HasSubstr("kwatch: note: the instruction at a repeated IP is no rep string "
                                "instruction: the task ran it again"));
-  // No /proc/kcore here: values read through BPF when kwatch drains, or (a kernel stack that
-  // bpf_probe_read_kernel refuses) none, with the reason said once.
-  const bool unreadable = absl::StrContains(
-      r.err, absl::StrFormat("kwatch: note: watch #1 kw_orig_ax shows no value: kernel memory "
-                             "at 0x%x: bpf_probe_read_kernel returned",
-                             word_));
+  EXPECT_THAT(r.err, HasSubstr(kAccessNote));
+  // Values at the access: the word is pt_regs->orig_ax, which each system call's entry sets to
+  // its number: getppid's for each of the task's calls, rt_sigtimedwait's where it blocks.
+  size_t getppids = 0;
   for (const json& e : ParseJsonLines(r.out).events) {
-    if (unreadable) {
-      EXPECT_EQ(e["value"], nullptr) << e.dump();
-      EXPECT_FALSE(e.contains("value_at")) << e.dump();
-    } else {
-      EXPECT_TRUE(e["value"].is_number_unsigned()) << e.dump();
-      EXPECT_EQ(e["value_at"], "drain") << e.dump();
-    }
+    EXPECT_TRUE(e["value"] == SYS_getppid || e["value"] == SYS_rt_sigtimedwait) << e.dump();
+    EXPECT_EQ(e["value_at"], "access") << e.dump();
+    getppids += e["value"] == SYS_getppid ? 1 : 0;
   }
+  KW_REQUIRE_DEBUG_TRAPS();
+  EXPECT_EQ(getppids, static_cast<size_t>(kSyscalls));
   const JsonRun run = ParseJsonLines(r.out);
   EXPECT_EQ(run.summary["stop_reason"], "interrupted by INT");
   KW_REQUIRE_DEBUG_TRAPS();
@@ -1014,7 +1061,8 @@ TEST_F(KernelStackWord, ValuesAtDrainComeFromTheKcoreFile) {
   std::memcpy(bytes.data() + (word_ - page), &kValue, sizeof(kValue));
   const std::string kcore = Write("kcore", kwatch::testing::KernelCoreImage({{page, bytes}}));
   const std::string file = (dir_ / "values.kwdb").string();
-  const RunResult r = WatchWhileTargetCalls({"--json", "--kcore", kcore, "-o", file});
+  const RunResult r =
+      WatchWhileTargetCalls({"--json", "--kcore", kcore, "-o", file, "--values-at-drain"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr(absl::StrFormat(
                          "kwatch: values from %s, read when kwatch drains the events (~V), not at "
@@ -1050,7 +1098,7 @@ TEST_F(KernelStackWord, ValuesAtDrainInText) {
   std::vector<uint8_t> bytes = kwatch::testing::PatternBytes(0x1000, 9);
   std::memcpy(bytes.data() + (word_ - page), &kValue, sizeof(kValue));
   const std::string kcore = Write("kcore", kwatch::testing::KernelCoreImage({{page, bytes}}));
-  const RunResult r = WatchWhileTargetCalls({"--kcore", kcore});
+  const RunResult r = WatchWhileTargetCalls({"--kcore", kcore, "--values-at-drain"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::vector<std::string> lines = absl::StrSplit(r.out, '\n');
   ASSERT_GE(lines.size(), 2U);

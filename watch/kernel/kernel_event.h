@@ -63,14 +63,17 @@ struct KernelEvent {
   PerfSample s;
   size_t watch = 0;
   PerfCallchain chain;  // callchains requested (--stack)
-  // The watch's value read at drain time (not at the access), when kernel memory is read.
+  // The watch's value: read at the access itself (value_at_access, a BPF program on the
+  // breakpoint), else at drain time, when kernel memory is read.
   std::optional<uint64_t> value;
+  bool value_at_access = false;
 };
 
 // Something the session tells its user besides events.
 struct KernelNote {
   enum class Kind : uint8_t {
     kValueUnreadable,  // `watch`'s value cannot be read (`why`); said once per watch
+    kAccessValues,     // values are read at the access (`why` OK), or why not (`why`)
     kCpuOffline,       // `cpu` went offline: its breakpoints are closed
     kCpuArmed,         // `cpu` came online: `count` watches armed there
     kCpuRefused,       // `cpu` came online, but the watches could not be armed there (`why`)

@@ -68,8 +68,8 @@ absl::Status RecordKernelEvent(core::store::TraceWriter& writer,
   e.access_addr = core::RemoteAddr{w.addr};
   e.access_size = 0;                  // the watched range is all a breakpoint tells
   e.kind = core::AccessKind::kWrite;  // -o takes --write kernel watches only
-  e.value = ev.value;                 // read at drain time (DrainValues), or none
-  e.value_exact = false;
+  e.value = ev.value;                 // at the access (BPF), at drain time (DrainValues), or none
+  e.value_exact = ev.value_at_access;
   return writer.Append(e);
 }
 

@@ -61,6 +61,10 @@ absl::Status KernelWatchSession::Init() {
     }
   }
   registers_->Changed();
+  StartAccessValues();
+  if (target_ != nullptr && target_->alive()) {
+    KW_RETURN_IF_ERROR(target_->ResumeAll());  // left stopped by SetUpKernelAccesses
+  }
   if (FollowsHotplug()) {
     hotplug_ = CpuHotplugMonitor::Open();
     if (hotplug_->fd() >= 0) {
@@ -78,9 +82,69 @@ void KernelWatchSession::Stop(absl::string_view reason) {
   }
 }
 
+void KernelWatchSession::StartAccessValues() {
+  if (!opts_.access_values) {
+    return;
+  }
+  std::vector<core::kernel::BpfAccessValues::Range> ranges;
+  for (size_t i = 0; i < watches_.size(); ++i) {
+    const KernelWatch& w = watches_[i];
+    size_t first = i;
+    for (size_t j = 0; j < i; ++j) {
+      if (watches_[j].addr == w.addr && watches_[j].len == w.len) {
+        first = j;
+        break;
+      }
+    }
+    range_of_.push_back(first);
+    ranges.push_back({.addr = w.addr, .len = std::min<uint32_t>(w.len, 8)});
+  }
+  auto opened = core::kernel::BpfAccessValues::Open(ranges);
+  KernelNote note;
+  note.kind = KernelNote::Kind::kAccessValues;
+  if (!opened.ok()) {
+    note.why = opened.status();
+    sink_.OnNote(note);
+    return;
+  }
+  access_ = *std::move(opened);
+  AttachAccessValues();
+  if (access_ != nullptr) {
+    sink_.OnNote(note);
+  }
+}
+
+void KernelWatchSession::AttachAccessValues() {
+  if (access_ == nullptr) {
+    return;
+  }
+  for (const ArmedBreakpoint& k : registers_->Armed()) {
+    if (k.watches.empty()) {
+      continue;
+    }
+    for (const int fd : k.bp->fds()) {
+      if (attached_.contains(fd)) {
+        continue;
+      }
+      if (absl::Status st = access_->Attach(range_of_[k.watches.front()], fd); !st.ok()) {
+        access_.reset();
+        attached_.clear();
+        KernelNote note;
+        note.kind = KernelNote::Kind::kAccessValues;
+        note.why = st;
+        sink_.OnNote(note);
+        return;
+      }
+      attached_.insert(fd);
+    }
+  }
+}
+
 void KernelWatchSession::Drain() {
+  AttachAccessValues();  // breakpoints armed since (a CPU that came online)
   const bool show_values = values_shown();
-  if (show_values) {
+  const bool drain_values = values_ != nullptr && values_->Enabled();
+  if (drain_values) {
     values_->NewBatch();
   }
   std::vector<KernelEvent> evs;
@@ -110,6 +174,9 @@ void KernelWatchSession::Drain() {
   }
   std::sort(evs.begin(), evs.end(),
             [](const KernelEvent& a, const KernelEvent& b) { return a.s.time < b.s.time; });
+  if (access_ != nullptr) {
+    access_->Consume();  // after the samples: each one's record was written before it
+  }
   for (KernelEvent& ev : evs) {
     if (opts_.count > 0 && delivered_ >= opts_.count) {
       break;
@@ -118,7 +185,11 @@ void KernelWatchSession::Drain() {
     KernelWatch& w = watches_[ev.watch];
     ++w.events;
     w.sites.Add(ev.s);
-    if (show_values) {
+    if (access_ != nullptr) {
+      ev.value = access_->Take(range_of_[ev.watch], ev.s.cpu, ev.s.time);
+      ev.value_at_access = ev.value.has_value();
+    }
+    if (show_values && drain_values && !ev.value_at_access) {
       DrainValues::Value v = values_->Get(ev.watch, w);
       if (!v.first_failure.ok()) {
         KernelNote note;

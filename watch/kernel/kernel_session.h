@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/base/unique_fd.h"
+#include "core/kernel/bpf_access_values.h"
 #include "core/ptrace/process.h"
 #include "watch/event_loop.h"
 #include "watch/kernel/cpu_hotplug.h"
@@ -70,6 +72,10 @@ struct KernelSessionOptions {
   double duration = 0;        // stop after this many seconds (0: no limit)
   bool callchains = false;    // the breakpoints' samples carry callchains
   bool kill_on_exit = false;  // Finish kills a launched target (else detaches from it)
+  // Read each watch's bytes at the access: a BPF program on every breakpoint
+  // (core/kernel/bpf_access_values.h); drain-time values, when there are any, stay the
+  // fallback.
+  bool access_values = false;
 };
 
 // How a session ended (Finish).
@@ -118,7 +124,9 @@ class KernelWatchSession {
   // CLOCK_MONOTONIC at the session's start, in ns (events carry the same clock).
   uint64_t start_ns() const { return start_ns_; }
   const std::vector<KernelWatch>& watches() const { return watches_; }
-  bool values_shown() const { return values_ != nullptr && values_->Enabled(); }
+  bool values_shown() const {
+    return access_ != nullptr || (values_ != nullptr && values_->Enabled());
+  }
 
  private:
   KernelWatchSession(const KernelSessionOptions& opts, std::vector<KernelWatch> watches,
@@ -131,6 +139,10 @@ class KernelWatchSession {
   // Ends the session with `reason` unless it already ends.
   void Stop(absl::string_view reason);
   void Drain();
+  // Loads the programs of values at the access (opts_.access_values), then runs them on every
+  // armed breakpoint not yet attached; a refusal ends values at the access, said once.
+  void StartAccessValues();
+  void AttachAccessValues();
   // Kernel watches only: closes the breakpoints of a CPU that went offline.
   void RetireCpu(int cpu);
   // Kernel watches only: matches the breakpoints to the online CPUs.
@@ -143,6 +155,11 @@ class KernelWatchSession {
   std::vector<KernelWatch> watches_;
   std::unique_ptr<KernelRegisters> registers_;
   std::unique_ptr<DrainValues> values_;
+  // Values at the access (null when not asked for or refused), each watch's program (the first
+  // watch of its range: watches sharing a register share it), the perf fds it runs on.
+  std::unique_ptr<core::kernel::BpfAccessValues> access_;
+  std::vector<size_t> range_of_;
+  absl::flat_hash_set<int> attached_;
   core::ptrace::Process* target_;
   KernelEventSink& sink_;
 

@@ -165,7 +165,8 @@ absl::StatusOr<KernelSetup> SetUpKernelAccesses(const KernelSetupOptions& opts,
   // as process sessions ask it); each slot is opened on every thread, inherited by new ones.
   KW_ASSIGN_OR_RETURN(s.slots,
                       ArmKernelAccesses(opts.kind, opts.callchain_frames, s.watches, proc));
-  KW_RETURN_IF_ERROR(proc.ResumeAll());
+  // The process stays stopped: the session resumes it once its breakpoints' programs (values
+  // at the access) are attached, so that its first accesses have their values.
   LoadKernelLines(opts, *s.symbols, say);
   s.armed = absl::StrFormat(
       "armed %d watch%s on pid %d (%s) for the kernel's accesses only (exclude_user), perf "
