@@ -14,13 +14,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/base/clock.h"
 #include "core/base/syscall_status.h"
 
 namespace kwatch::core::kernel {
 namespace {
 
 constexpr uint32_t kRingBytes = 1U << 20;
-constexpr uint64_t kMatchWindowNs = 10'000;
+constexpr uint64_t kMatchWindowNs = 2'000'000;
 // Addresses below this are a process's (x86-64, 4- and 5-level paging).
 constexpr uint64_t kKernelSpaceStart = 0xffff800000000000ULL;
 
@@ -137,11 +138,12 @@ BpfAccessValues::~BpfAccessValues() {
   ring_buffer__free(ring_);
 }
 
-absl::Status BpfAccessValues::Attach(size_t r, int fd) const {
+absl::Status BpfAccessValues::Attach(size_t r, int fd) {
   if (::ioctl(fd, PERF_EVENT_IOC_SET_BPF, progs_[r].get()) != 0) {
     const int err = errno;
     return SyscallError(err, "ioctl(PERF_EVENT_IOC_SET_BPF)", Advice(err));
   }
+  attached_at_ns_ = MonotonicNs();
   return absl::OkStatus();
 }
 
@@ -175,9 +177,13 @@ std::optional<uint64_t> BpfAccessValues::Take(size_t r, uint32_t cpu, uint64_t t
     return p.taken->ok ? std::optional<uint64_t>(p.taken->value) : std::nullopt;
   }
   // The record nearest the sample in time, within kMatchWindowNs: the kernel takes the
-  // sample's time just before (Linux >= 6.10) or just after the program runs, and two
-  // accesses of one CPU are a debug exception apart (microseconds). Records before it
-  // belonged to samples lost by the perf ring; a sample whose record is lost gets none.
+  // sample's time just before (Linux >= 6.10) or just after the program runs (more when the
+  // host preempts a virtual CPU in between), and each sample's record is popped when it is
+  // taken, so the next sample's nearest is its own. Records before it belonged to samples the
+  // perf ring lost; a sample from before the program was attached has none.
+  if (time_ns < attached_at_ns_) {
+    return std::nullopt;
+  }
   const auto distance = [time_ns](const Record& r) {
     return r.time_ns > time_ns ? r.time_ns - time_ns : time_ns - r.time_ns;
   };

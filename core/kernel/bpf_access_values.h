@@ -23,9 +23,10 @@ namespace kwatch::core::kernel {
 // memory) with the CPU and CLOCK_MONOTONIC time into a BPF ring buffer. Take() pairs a sample
 // with its record: on one CPU the program's records and the samples come in the same order,
 // each within microseconds of the other (perf events opened with use_clockid
-// CLOCK_MONOTONIC), so a sample's record is the one of its range and CPU nearest its time,
-// within 10 us. A record lost to a full buffer leaves its sample without a value (never
-// another access's). Not thread-safe.
+// CLOCK_MONOTONIC), so a sample's record is the one of its range and CPU nearest its time
+// (within 2 ms), taken once. A record lost to a full buffer leaves its sample without a value,
+// or, when the next access is closer than 2 ms, gives it that one's (the summary counts the
+// ring's losses). Not thread-safe.
 class BpfAccessValues {
  public:
   struct Range {
@@ -40,8 +41,9 @@ class BpfAccessValues {
   BpfAccessValues(const BpfAccessValues&) = delete;
   BpfAccessValues& operator=(const BpfAccessValues&) = delete;
 
-  // Runs range `r`'s program on each overflow of perf event `fd`.
-  absl::Status Attach(size_t r, int fd) const;
+  // Runs range `r`'s program on each overflow of perf event `fd`. Samples taken before the
+  // last Attach get no value (their accesses ran no program).
+  absl::Status Attach(size_t r, int fd);
 
   // Reads every record written so far. Call after draining the samples they belong to.
   void Consume();
@@ -84,6 +86,7 @@ class BpfAccessValues {
   ring_buffer* ring_ = nullptr;
   absl::flat_hash_map<Key, Pending> pending_;
   uint64_t failed_reads_ = 0;
+  uint64_t attached_at_ns_ = 0;  // CLOCK_MONOTONIC of the last Attach
 };
 
 }  // namespace kwatch::core::kernel
