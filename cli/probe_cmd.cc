@@ -102,6 +102,27 @@ absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
       "no program: give -x FILE, -p PID or a command after `--` (e.g. `-- ./prog args`)");
 }
 
+// -F: the functions of `file` matching `glob`, one per line, as perf probe --funcs lists them.
+// Returns kwatch's exit status.
+int ListFunctions(const std::string& file, const std::string& glob) {
+  absl::StatusOr<std::unique_ptr<core::probe::ProbeTarget>> target =
+      core::probe::ProbeTarget::Open(file);
+  if (!target.ok()) {
+    PrintError(target.status());
+    return 2;
+  }
+  const std::vector<std::string> names = (*target)->FunctionNames(glob);
+  if (names.empty()) {
+    std::fprintf(stderr, "kwatch: error: no function of %s matches '%s'\n", file.c_str(),
+                 glob.c_str());
+    return 1;
+  }
+  for (const std::string& name : names) {
+    std::printf("%s\n", name.c_str());
+  }
+  return 0;
+}
+
 // -L and -V: the lines or the variables of `what` in `file`, listed as perf probe does.
 // Returns kwatch's exit status.
 int List(const std::string& file, const std::string& what, bool lines) {
@@ -172,7 +193,8 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "  kwatch probe 'tick i r->len' 'tick%return $retval' -- ./prog ARGS\n"
       "  kwatch probe -p PID 'handle_request req->len:u32'\n"
       "  kwatch probe -x ./prog -L tick          lines of tick that can be probed\n"
-      "  kwatch probe -x ./prog -V tick:2        variables available at tick's line +2\n\n"
+      "  kwatch probe -x ./prog -V tick:2        variables available at tick's line +2\n"
+      "  kwatch probe -x ./prog -F 'ti*'         functions that can be probed\n\n"
       "SPEC: [EVENT=]FUNC[@SRC][+OFF|%return|:RELLINE|;PATTERN] | SRC:LINE | 0xADDR, then\n"
       "arguments: VAR, VAR->field, VAR.field, %REG, @SYM, @0xADDR, $stackN, $retval, $comm,\n"
       "$params, $vars, +OFF(ARG), NAME=ARG, ARG:TYPE (u8..u64 s8..s64 x8..x64 string).\n"
@@ -202,6 +224,14 @@ int ProbeMain(const std::vector<std::string>& argv) {
                               "List the variables available at a probe point (FUNC, "
                               "FUNC:RELLINE, SRC:LINE...), as perf probe -V");
   lines->excludes(vars);
+  auto* funcs_option =
+      app.add_option("-F,--funcs", opts.funcs_glob,
+                     "List the functions of the program (or of -x FILE) that can be probed, as "
+                     "perf probe --funcs; GLOB filters them (fnmatch; a leading ! excludes; "
+                     "default !_*)")
+          ->expected(0, 1)
+          ->type_name("[GLOB]");
+  funcs_option->excludes(lines)->excludes(vars);
   app.add_option("-c,--count", opts.session.count, "Stop after N hits (all probes together)");
   app.add_option("-d,--duration", opts.session.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
@@ -300,9 +330,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  "then run unprobed) or --hw\n");
     return 2;
   }
-  const bool listing = !opts.list_lines.empty() || !opts.list_vars.empty();
+  const bool funcs = funcs_option->count() > 0;
+  const bool listing = !opts.list_lines.empty() || !opts.list_vars.empty() || funcs;
   if (listing && !opts.specs.empty()) {
-    std::fprintf(stderr, "kwatch: error: -L and -V list; they take no probe specs\n");
+    std::fprintf(stderr, "kwatch: error: -L, -V and -F list; they take no probe specs\n");
     return 2;
   }
   if (!listing && opts.specs.empty()) {
@@ -343,6 +374,9 @@ int ProbeMain(const std::vector<std::string>& argv) {
   if (!file.ok()) {
     PrintError(file.status());
     return listing ? 2 : 1;
+  }
+  if (funcs) {
+    return ListFunctions(*file, opts.funcs_glob.empty() ? "!_*" : opts.funcs_glob);
   }
   if (!opts.list_lines.empty()) {
     return List(*file, opts.list_lines, /*lines=*/true);

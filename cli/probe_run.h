@@ -24,6 +24,7 @@ struct ProbeCmdOptions {
   std::string root;                // --root: the filesystem -x is read from (a container's)
   std::string list_lines;          // -L FUNC
   std::string list_vars;           // -V POINT
+  std::string funcs_glob;          // -F [GLOB] ("" with -F alone: perf's default, !_*)
   bool json = false;
   bool hw = false;               // --hw: execute breakpoints in debug registers, no INT3
   std::string backend = "auto";  // auto, agent, ptrace, uprobe

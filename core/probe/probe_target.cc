@@ -5,6 +5,7 @@
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <gelf.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -847,6 +848,24 @@ std::optional<uint64_t> ProbeTarget::FileOffset(RemoteAddr vaddr) const {
     }
   }
   return std::nullopt;
+}
+
+std::vector<std::string> ProbeTarget::FunctionNames(absl::string_view glob) const {
+  const bool negate = absl::StartsWith(glob, "!");
+  const std::string pattern(negate ? glob.substr(1) : glob);
+  std::vector<std::string> out;
+  for (const FunctionInfo& f : impl_->functions) {
+    if (f.size == 0 || f.name.empty() || absl::StrContains(f.name, '@')) {
+      continue;  // undefined here (an import), or a PLT stub or versioned alias
+    }
+    const bool matches = ::fnmatch(pattern.c_str(), f.name.c_str(), 0) == 0;
+    if (matches != negate) {
+      out.push_back(f.name);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 std::optional<RemoteAddr> ProbeTarget::SymbolAddress(absl::string_view name) const {

@@ -103,6 +103,11 @@ class ProbeTarget {
   // File offset of a virtual address inside a PT_LOAD segment, nullopt elsewhere.
   std::optional<uint64_t> FileOffset(RemoteAddr vaddr) const;
 
+  // The functions defined in this file that a probe can name, sorted and unique, as
+  // `perf probe --funcs` lists them: those whose name matches `glob` (fnmatch(3); a leading
+  // '!' keeps those that do not match). PLT stubs and versioned aliases are left out.
+  std::vector<std::string> FunctionNames(absl::string_view glob) const;
+
   // Link-time address of an ELF symbol (functions and data), nullopt when absent.
   std::optional<RemoteAddr> SymbolAddress(absl::string_view name) const;
 

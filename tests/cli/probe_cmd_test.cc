@@ -571,6 +571,38 @@ TEST(ProbeCmd, ListLinesLikePerfProbeL) {
   EXPECT_EQ(ParseJson(hit.out).hits.size(), 4u);
 }
 
+TEST(ProbeCmd, ListFunctionsLikePerfProbeFuncs) {
+  // The program's own functions, sorted; none of the C runtime's `_start`, `__libc_csu_*`
+  // (perf's default filter, !_*), no PLT stub or import.
+  const RunResult all = KwatchProbe({"-x", TargetPath("probe_args"), "-F"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(all.out,
+            "add_ints\nfact\nlocal_item\nloop_lines\nmain\nmany_args\nname_len\nscale\n"
+            "sum_item\ntick\n");
+  const RunResult s = KwatchProbe({"-x", TargetPath("probe_args"), "--funcs", "s*"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(s.out, "scale\nsum_item\n");
+  // A leading ! excludes; each listed name is a probe point.
+  const RunResult underscore = KwatchProbe({"-x", TargetPath("probe_args"), "-F", "_*"});
+  ASSERT_EQ(underscore.exit_code, 0) << underscore.err;
+  EXPECT_THAT(underscore.out, HasSubstr("_start\n"));
+  const RunResult none = KwatchProbe({"-x", TargetPath("probe_args"), "-F", "zz*"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_EQ(none.err, absl::StrCat("kwatch: error: no function of ", TargetPath("probe_args"),
+                                   " matches 'zz*'\n"));
+  // A library, and the program of a command.
+  const RunResult libc = KwatchProbe({"-x", "/lib/x86_64-linux-gnu/libc.so.6", "-F", "mallo?"});
+  ASSERT_EQ(libc.exit_code, 0) << libc.err;
+  EXPECT_EQ(libc.out, "malloc\n");
+  const RunResult cmd = KwatchProbe({"-F", "t*", "--", TargetPath("probe_args")});
+  ASSERT_EQ(cmd.exit_code, 0) << cmd.err;
+  EXPECT_EQ(cmd.out, "tick\n");
+  // Listing takes no spec.
+  const RunResult spec = KwatchProbe({"-x", TargetPath("probe_args"), "-F", "tick"});
+  EXPECT_EQ(spec.exit_code, 0) << spec.err;  // "tick" is the GLOB here
+  EXPECT_EQ(spec.out, "tick\n");
+}
+
 TEST(ProbeCmd, ListVarsLikePerfProbeV) {
   // Without -x the program comes from the command after --.
   const RunResult r = KwatchProbe({"-V", "local_item", "--", TargetPath("probe_args")});
