@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "core/base/clock.h"
 #include "core/base/syscall_status.h"
+#include "core/kernel/bpf_insn.h"
 
 namespace kwatch::core::kernel {
 namespace {
@@ -32,36 +33,14 @@ struct WireRecord {
   uint64_t value;
 };
 
-constexpr bpf_insn Insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) {
-  return bpf_insn{.code = code,
-                  .dst_reg = static_cast<uint8_t>(dst & 0xf),
-                  .src_reg = static_cast<uint8_t>(src & 0xf),
-                  .off = off,
-                  .imm = imm};
-}
-
 std::array<bpf_insn, 27> Program(uint64_t addr, uint32_t len, uint32_t range, int ring_fd) {
-  constexpr uint8_t kR0 = 0;
-  constexpr uint8_t kR1 = 1;
-  constexpr uint8_t kR2 = 2;
-  constexpr uint8_t kR3 = 3;
-  constexpr uint8_t kR4 = 4;
-  constexpr uint8_t kR7 = 7;
-  constexpr uint8_t kR10 = 10;
-  // Some opcode parts are 0 (BPF_LD, BPF_IMM, BPF_ADD, BPF_K): spelt out all the same.
-  constexpr uint8_t kLdImm64 = BPF_LD | BPF_DW | BPF_IMM;   // NOLINT(misc-redundant-expression)
-  constexpr uint8_t kAddImm = BPF_ALU64 | BPF_ADD | BPF_K;  // NOLINT(misc-redundant-expression)
-  constexpr uint8_t kMovImm = BPF_ALU64 | BPF_MOV | BPF_K;
-  constexpr uint8_t kMovReg = BPF_ALU64 | BPF_MOV | BPF_X;
-  constexpr uint8_t kStore = BPF_ST | BPF_MEM | BPF_DW;
-  constexpr uint8_t kStoreReg = BPF_STX | BPF_MEM | BPF_DW;
-  constexpr uint8_t kCall = BPF_JMP | BPF_CALL;
+  using namespace bpf;  // NOLINT(google-build-using-namespace): the instruction names
   const int32_t read_fn =
       addr >= kKernelSpaceStart ? BPF_FUNC_probe_read_kernel : BPF_FUNC_probe_read_user;
   return {
-      Insn(kStore, kR10, 0, -8, 0),   // value = 0
-      Insn(kStore, kR10, 0, -16, 0),  // key = 0
-      Insn(kStore, kR10, 0, -24, 0),  // time = 0
+      Insn(kStoreDw, kR10, 0, -8, 0),   // value = 0
+      Insn(kStoreDw, kR10, 0, -16, 0),  // key = 0
+      Insn(kStoreDw, kR10, 0, -24, 0),  // time = 0
       Insn(kMovReg, kR1, kR10, 0, 0),
       Insn(kAddImm, kR1, 0, 0, -8),                           // r1 = &value
       Insn(kMovImm, kR2, 0, 0, static_cast<int32_t>(len)),    // r2 = len
@@ -70,13 +49,13 @@ std::array<bpf_insn, 27> Program(uint64_t addr, uint32_t len, uint32_t range, in
       Insn(kCall, 0, 0, 0, read_fn),                          // r0 = read
       Insn(kMovReg, kR7, kR0, 0, 0),                          // r7 = its result
       Insn(kCall, 0, 0, 0, BPF_FUNC_ktime_get_ns),            // CLOCK_MONOTONIC
-      Insn(kStoreReg, kR10, kR0, -24, 0),                     // time
+      Insn(kStoreRegDw, kR10, kR0, -24, 0),                   // time
       Insn(kCall, 0, 0, 0, BPF_FUNC_get_smp_processor_id),    // r0 = cpu
       Insn(BPF_ALU64 | BPF_LSH | BPF_K, kR0, 0, 0, 32),       // r0 <<= 32
       Insn(BPF_ALU64 | BPF_OR | BPF_K, kR0, 0, 0, static_cast<int32_t>(range << 1)),
       Insn(BPF_JMP | BPF_JEQ | BPF_K, kR7, 0, 1, 0),       // read ok: skip
       Insn(BPF_ALU64 | BPF_OR | BPF_K, kR0, 0, 0, 1),      //   else flag it
-      Insn(kStoreReg, kR10, kR0, -16, 0),                  // key
+      Insn(kStoreRegDw, kR10, kR0, -16, 0),                // key
       Insn(kLdImm64, kR1, BPF_PSEUDO_MAP_FD, 0, ring_fd),  // r1 = ring
       Insn(0, 0, 0, 0, 0),                                 //   (high half)
       Insn(kMovReg, kR2, kR10, 0, 0),

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "core/base/syscall_status.h"
+#include "core/kernel/bpf_insn.h"
 
 namespace kwatch::core::kernel {
 namespace {
@@ -24,26 +25,10 @@ struct ReadContext {
   int64_t result = 0;  // bpf_probe_read_kernel's return: 0, or -errno
 };
 
-constexpr bpf_insn Insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) {
-  return bpf_insn{.code = code,
-                  .dst_reg = static_cast<uint8_t>(dst & 0xf),
-                  .src_reg = static_cast<uint8_t>(src & 0xf),
-                  .off = off,
-                  .imm = imm};
-}
-
 // r6 = ctx; key = 0; r0 = map_lookup_elem(map, &key); if !r0 goto out;
 // ctx->result = probe_read_kernel(r0, kChunk, ctx->addr); out: return 0.
 std::array<bpf_insn, 17> Program(int map_fd) {
-  constexpr uint8_t kR0 = 0;
-  constexpr uint8_t kR1 = 1;
-  constexpr uint8_t kR2 = 2;
-  constexpr uint8_t kR3 = 3;
-  constexpr uint8_t kR6 = 6;
-  constexpr uint8_t kR10 = 10;
-  // Some opcode parts are 0 (BPF_LD, BPF_IMM, BPF_ADD, BPF_K): spelt out all the same.
-  constexpr uint8_t kLdImm64 = BPF_LD | BPF_DW | BPF_IMM;   // NOLINT(misc-redundant-expression)
-  constexpr uint8_t kAddImm = BPF_ALU64 | BPF_ADD | BPF_K;  // NOLINT(misc-redundant-expression)
+  using namespace bpf;  // NOLINT(google-build-using-namespace): the instruction names
   return {
       Insn(BPF_ALU64 | BPF_MOV | BPF_X, kR6, kR1, 0, 0),            // r6 = r1
       Insn(BPF_ST | BPF_MEM | BPF_W, kR10, 0, -4, 0),               // *(u32 *)(fp - 4) = 0
