@@ -9,33 +9,18 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "core/base/proc_status.h"
 
 namespace kwatch::core {
-namespace {
-
-// The value of "Name:\tvalue" in /proc/self/status text, "" if absent.
-absl::string_view StatusField(absl::string_view status, absl::string_view name) {
-  for (absl::string_view line : absl::StrSplit(status, '\n')) {
-    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, ":")) {
-      return absl::StripAsciiWhitespace(line);
-    }
-  }
-  return "";
-}
-
-}  // namespace
 
 std::string ConfinementAdviceFor(absl::string_view status, uid_t euid, int cap,
                                  absl::string_view cap_name) {
   std::vector<std::string> parts;
   uint64_t effective = 0;
-  if (absl::SimpleHexAtoi(StatusField(status, "CapEff"), &effective)) {
+  if (absl::SimpleHexAtoi(StatusFieldOf(status, "CapEff"), &effective)) {
     const auto has = [effective](int c) { return c < 64 && (effective >> c & 1) != 0; };
     const bool held = has(cap) || (cap == CAP_PERFMON && has(CAP_SYS_ADMIN));
     if (!held && euid == 0) {
@@ -46,7 +31,7 @@ std::string ConfinementAdviceFor(absl::string_view status, uid_t euid, int cap,
                                    "Kubernetes)"));
     }
   }
-  if (StatusField(status, "Seccomp") == "2") {
+  if (StatusFieldOf(status, "Seccomp") == "2") {
     parts.emplace_back(
         "kwatch runs under a seccomp filter, which may refuse perf_event_open and ptrace (the "
         "default profiles of Docker and podman do without the capabilities): "

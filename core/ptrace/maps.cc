@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "core/base/proc_status.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 
@@ -148,12 +148,7 @@ std::string ProcStatusField(pid_t pid, const std::string& name) {
   if (!text.ok()) {
     return "";
   }
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
-    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, ":")) {
-      return std::string(absl::StripAsciiWhitespace(line));
-    }
-  }
-  return "";
+  return std::string(StatusFieldOf(*text, name));
 }
 
 }  // namespace kwatch::core::ptrace
