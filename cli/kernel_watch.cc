@@ -221,10 +221,14 @@ class KernelPrinter : public KernelEventSink {
   void RepeatedIpNotes(std::span<const KernelWatch> watches) const {
     bool rep = false;
     bool other = false;
+    std::optional<absl::StatusOr<std::unique_ptr<core::kernel::BpfKernelReader>>> reader;
     for (size_t i = 0; i < watches.size(); ++i) {
       if (watches[i].sites.repeated > 0) {
         std::fprintf(stderr, "%s", RepeatedIpNote(watches[i], i, symbols_).c_str());
-        const std::optional<bool> is_rep = RepStringAt(watches[i].sites.first_repeated_ip);
+        if (!reader.has_value()) {
+          reader = core::kernel::BpfKernelReader::Open();  // once, for every watch
+        }
+        const std::optional<bool> is_rep = RepStringAt(*reader, watches[i].sites.first_repeated_ip);
         rep = rep || is_rep.value_or(true);
         other = other || !is_rep.value_or(true);
       }
@@ -238,8 +242,8 @@ class KernelPrinter : public KernelEventSink {
 
   // Whether the kernel instruction at `ip` is a rep string instruction, from its code read
   // through BPF; nullopt when it cannot be read or decoded.
-  static std::optional<bool> RepStringAt(uint64_t ip) {
-    auto reader = core::kernel::BpfKernelReader::Open();
+  static std::optional<bool> RepStringAt(
+      const absl::StatusOr<std::unique_ptr<core::kernel::BpfKernelReader>>& reader, uint64_t ip) {
     std::array<uint8_t, 16> code{};
     if (!reader.ok() || !(*reader)->Read(ip, code).ok()) {
       return std::nullopt;

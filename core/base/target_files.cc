@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/base/proc_status.h"
 
 namespace kwatch::core {
 namespace {
@@ -52,23 +53,42 @@ std::vector<std::string> TailsInTarget(pid_t pid, const std::string& path) {
   return out;
 }
 
+std::vector<MappedFileCandidate> MappedFileCandidates(pid_t pid, bool shared,
+                                                      const std::string& path, bool tails,
+                                                      uint64_t start, uint64_t end) {
+  using Kind = MappedFileCandidate::Kind;
+  std::vector<MappedFileCandidate> out;
+  if (!path.empty() && path[0] == '/' && !absl::EndsWith(path, " (deleted)")) {
+    if (!shared) {
+      out.push_back(
+          {.path = absl::StrCat("/proc/", pid, "/root", path), .kind = Kind::kThroughRoot});
+    }
+    out.push_back({.path = path, .kind = Kind::kAsSeen});
+    if (!shared && tails) {
+      for (std::string& tail : TailsInTarget(pid, path)) {
+        out.push_back({.path = std::move(tail), .kind = Kind::kTail});
+      }
+    }
+  }
+  if (end > start) {
+    out.push_back({.path = absl::StrFormat("/proc/%d/map_files/%x-%x", pid, start, end),
+                   .kind = Kind::kMapping});
+  }
+  return out;
+}
+
 std::string MappedFilePath(pid_t pid, const std::string& path, uint64_t inode, uint64_t start,
                            uint64_t end) {
-  std::vector<std::string> candidates = {PathInTarget(pid, path), path};
-  if (!SharesFilesystem(pid)) {
-    for (std::string& tail : TailsInTarget(pid, path)) {
-      candidates.push_back(std::move(tail));
-    }
-  }
-  for (const std::string& candidate : candidates) {
+  for (const MappedFileCandidate& c :
+       MappedFileCandidates(pid, SharesFilesystem(pid), path, /*tails=*/true, start, end)) {
     struct stat st {};
-    if (!candidate.empty() && ::stat(candidate.c_str(), &st) == 0 && st.st_ino == inode &&
-        ::access(candidate.c_str(), R_OK) == 0) {
-      return candidate;
+    const bool same_file = c.kind == MappedFileCandidate::Kind::kMapping ||
+                           (::stat(c.path.c_str(), &st) == 0 && st.st_ino == inode);
+    if (same_file && ::access(c.path.c_str(), R_OK) == 0) {
+      return c.path;
     }
   }
-  const std::string mapping = absl::StrFormat("/proc/%d/map_files/%x-%x", pid, start, end);
-  return ::access(mapping.c_str(), R_OK) == 0 ? mapping : "";
+  return "";
 }
 
 bool TargetSeesOwnFile(pid_t pid, const std::string& path) {
@@ -76,23 +96,15 @@ bool TargetSeesOwnFile(pid_t pid, const std::string& path) {
 }
 
 std::vector<pid_t> NamespacePids(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!absl::StartsWith(line, "NSpid:")) {
-      continue;
+  std::vector<pid_t> out;
+  for (absl::string_view field :
+       absl::StrSplit(ProcStatusFieldOf(pid, "NSpid"), absl::ByAnyChar(" \t"), absl::SkipEmpty())) {
+    pid_t id = 0;
+    if (absl::SimpleAtoi(field, &id)) {
+      out.push_back(id);
     }
-    std::vector<pid_t> out;
-    for (absl::string_view field : absl::StrSplit(absl::string_view(line).substr(6),
-                                                  absl::ByAnyChar(" \t"), absl::SkipEmpty())) {
-      pid_t id = 0;
-      if (absl::SimpleAtoi(field, &id)) {
-        out.push_back(id);
-      }
-    }
-    return out;
   }
-  return {};
+  return out;
 }
 
 pid_t OwnPid(pid_t pid) {

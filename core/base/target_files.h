@@ -31,6 +31,21 @@ std::string PathInTarget(pid_t pid, const std::string& path);
 // which its own root is below. Candidates only: check what they open.
 std::vector<std::string> TailsInTarget(pid_t pid, const std::string& path);
 
+// Where kwatch may open the file `pid` maps at [start, end) from `path` (a line of its maps),
+// in order: through its root (when `pid` does not share kwatch's filesystem: `shared`
+// false), as kwatch sees it, with `tails` the tails of the path under its root (a chroot's
+// files: TailsInTarget; for a caller that checks what it opens), and the mapping itself
+// (/proc/PID/map_files/START-END, when end > start). A deleted file (" (deleted)") has only
+// the mapping. Candidates only: the caller checks what each opens.
+struct MappedFileCandidate {
+  enum class Kind : uint8_t { kThroughRoot, kAsSeen, kTail, kMapping };
+  std::string path;
+  Kind kind = Kind::kAsSeen;
+};
+std::vector<MappedFileCandidate> MappedFileCandidates(pid_t pid, bool shared,
+                                                      const std::string& path, bool tails,
+                                                      uint64_t start, uint64_t end);
+
 // A path under which kwatch can open the file `pid` maps at [start, end) from `path` with
 // inode `inode` (a line of its maps): PathInTarget, else `path` as kwatch sees it, when that
 // file has that inode; else the mapping itself, /proc/PID/map_files/START-END (which needs

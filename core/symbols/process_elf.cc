@@ -13,14 +13,12 @@
 #include <fstream>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/base/syscall_status.h"
@@ -171,32 +169,21 @@ int ProcessElfFinder::Find(Dwfl_Module* mod, void** userdata, const char* name, 
   }
   const bool deleted = absl::EndsWith(path, kDeleted);
   const std::string mapped_id = MappedBuildId(base);
-  std::vector<std::string> candidates;
-  if (!deleted) {
-    if (!shared_) {
-      candidates.push_back(PathInTarget(pid_, path));
-    }
-    candidates.push_back(path);
-    if (!shared_ && !mapped_id.empty()) {  // a chroot's files: only with a build-id to check
-      for (std::string& tail : TailsInTarget(pid_, path)) {
-        candidates.push_back(std::move(tail));
-      }
-    }
-  }
-  const size_t tails_end = candidates.size();  // a missing tail is not worth a word
-  if (auto end = mapping_end_.find(base); end != mapping_end_.end()) {
-    candidates.push_back(absl::StrFormat("/proc/%d/map_files/%x-%x", pid_, base, end->second));
-  }
+  const auto end = mapping_end_.find(base);
+  // A chroot's files (the path's tails) only with a build-id to check them by.
+  const std::vector<MappedFileCandidate> candidates =
+      MappedFileCandidates(pid_, shared_, path, /*tails=*/!mapped_id.empty(), base,
+                           end == mapping_end_.end() ? 0 : end->second);
   std::vector<std::string> refused;
   bool telling = false;  // a refusal worth a word: another file, a permission
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const std::string& candidate = candidates[i];
-    const bool exact = absl::StrContains(candidate, "/map_files/");  // the mapping itself
+  for (const MappedFileCandidate& c : candidates) {
+    const std::string& candidate = c.path;
+    const bool exact = c.kind == MappedFileCandidate::Kind::kMapping;  // the mapping itself
     const int fd = ::open(candidate.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
-      if (err == ENOENT && i >= 2 && i < tails_end) {
-        continue;
+      if (err == ENOENT && c.kind == MappedFileCandidate::Kind::kTail) {
+        continue;  // a missing tail is not worth a word
       }
       if (exact && (err == EPERM || err == EACCES)) {
         telling = true;
