@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <array>
 #include <csignal>
 #include <cstdio>
 #include <optional>
@@ -16,11 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
 #include "cli/probe_run.h"
 #include "core/base/status_macros.h"
-#include "core/base/syscall_status.h"
-#include "core/base/target_files.h"
 #include "core/base/unique_fd.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
@@ -55,51 +51,6 @@ std::string CommandLine(const std::vector<std::string>& args) {
     out += '\'';
   }
   return out;
-}
-
-// The ELF file the specs refer to: -x, else the command's program, else the process's.
-absl::StatusOr<std::string> TargetFile(const ProbeCmdOptions& o) {
-  if (!o.binary.empty()) {
-    std::string path = o.binary;
-    if (!o.root.empty()) {
-      path = absl::StrCat(absl::StripSuffix(o.root, "/"), o.binary[0] == '/' ? "" : "/", o.binary);
-    } else if (o.session.pid.has_value() && o.binary[0] == '/' &&
-               !core::SharesFilesystem(*o.session.pid)) {
-      // -p of a process in a container: -x names a file of its filesystem (the library it
-      // loads from its /usr/lib is not the host's), when it has one there.
-      const std::string inside = core::PathInTarget(*o.session.pid, o.binary);
-      if (::access(inside.c_str(), R_OK) == 0) {
-        path = inside;
-      }
-    }
-    if (::access(path.c_str(), R_OK) != 0) {
-      const int err = errno;
-      return core::SyscallError(err, absl::StrCat("access(", path, ")"));
-    }
-    return path;
-  }
-  if (!o.session.command.empty()) {
-    return watch::probe::FindProgram(o.session.command[0]);
-  }
-  if (o.session.pid.has_value()) {
-    const std::string link = absl::StrCat("/proc/", *o.session.pid, "/exe");
-    std::array<char, 4096> buf{};
-    const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
-    if (n < 0) {
-      const int err = errno;
-      return core::SyscallError(
-          err, absl::StrCat("readlink(", link, ")"),
-          err == ENOENT ? absl::StrCat("no process ", *o.session.pid)
-                        : std::string("tracing another user's process needs root or "
-                                      "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
-                                      "it further)"));
-    }
-    const std::string path(buf.data(), static_cast<size_t>(n));
-    // A deleted or replaced program is still reachable through the link itself.
-    return ::access(path.c_str(), R_OK) == 0 ? path : link;
-  }
-  return absl::InvalidArgumentError(
-      "no program: give -x FILE, -p PID or a command after `--` (e.g. `-- ./prog args`)");
 }
 
 // -F: the functions of `file` matching `glob`, one per line, as perf probe --funcs lists them.
@@ -370,7 +321,8 @@ int ProbeMain(const std::vector<std::string>& argv) {
                                             "running FILE");
     return 2;
   }
-  absl::StatusOr<std::string> file = TargetFile(opts);
+  absl::StatusOr<std::string> file =
+      watch::probe::ProbedFile(opts.binary, opts.root, opts.session.pid, opts.session.command);
   if (!file.ok()) {
     PrintError(file.status());
     return listing ? 2 : 1;

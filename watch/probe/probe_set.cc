@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <cstdlib>
 #include <utility>
 
@@ -14,7 +16,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
+#include "core/base/target_files.h"
 #include "core/probe/probe_spec.h"
 
 namespace kwatch::watch::probe {
@@ -98,6 +103,51 @@ absl::StatusOr<std::string> FindProgram(const std::string& name) {
     }
   }
   return absl::NotFoundError(absl::StrCat("'", name, "' is not in PATH"));
+}
+
+absl::StatusOr<std::string> ProbedFile(const std::string& binary, const std::string& root,
+                                       std::optional<pid_t> pid,
+                                       const std::vector<std::string>& command) {
+  if (!binary.empty()) {
+    std::string path = binary;
+    if (!root.empty()) {
+      path = absl::StrCat(absl::StripSuffix(root, "/"), binary[0] == '/' ? "" : "/", binary);
+    } else if (pid.has_value() && binary[0] == '/' && !core::SharesFilesystem(*pid)) {
+      // -p of a process in a container: -x names a file of its filesystem (the library it
+      // loads from its /usr/lib is not the host's), when it has one there.
+      const std::string inside = core::PathInTarget(*pid, binary);
+      if (::access(inside.c_str(), R_OK) == 0) {
+        path = inside;
+      }
+    }
+    if (::access(path.c_str(), R_OK) != 0) {
+      const int err = errno;
+      return core::SyscallError(err, absl::StrCat("access(", path, ")"));
+    }
+    return path;
+  }
+  if (!command.empty()) {
+    return FindProgram(command[0]);
+  }
+  if (pid.has_value()) {
+    const std::string link = absl::StrCat("/proc/", *pid, "/exe");
+    std::array<char, 4096> buf{};
+    const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
+    if (n < 0) {
+      const int err = errno;
+      return core::SyscallError(
+          err, absl::StrCat("readlink(", link, ")"),
+          err == ENOENT ? absl::StrCat("no process ", *pid)
+                        : std::string("tracing another user's process needs root or "
+                                      "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
+                                      "it further)"));
+    }
+    const std::string path(buf.data(), static_cast<size_t>(n));
+    // A deleted or replaced program is still reachable through the link itself.
+    return ::access(path.c_str(), R_OK) == 0 ? path : link;
+  }
+  return absl::InvalidArgumentError(
+      "no program: give -x FILE, -p PID or a command after `--` (e.g. `-- ./prog args`)");
 }
 
 absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,

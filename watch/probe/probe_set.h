@@ -4,6 +4,8 @@
 // ELF file (the program, or a shared library given with -x) and their arguments compiled.
 // Resolution needs only the file, so errors come before any target is started or touched.
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -46,6 +48,13 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
 // The file a command would execute: `name` itself when it contains a '/', else the first
 // executable `name` in $PATH. NotFound otherwise.
 absl::StatusOr<std::string> FindProgram(const std::string& name);
+
+// The ELF file probe specs refer to: `binary` (-x; under `root` when given, else through the
+// filesystem of process `pid` when that one has it: a container's), else the program of
+// `command`, else the program of `pid` (/proc/PID/exe). InvalidArgument without any.
+absl::StatusOr<std::string> ProbedFile(const std::string& binary, const std::string& root,
+                                       std::optional<pid_t> pid,
+                                       const std::vector<std::string>& command);
 
 // `text` with a second line holding a caret under [pos, pos + len): "  tick i:u7\n         ^~~~".
 std::string PointAt(const std::string& text, size_t pos, size_t len);
