@@ -42,9 +42,14 @@ const std::vector<core::AccessEvent>& Events() {
   return *events;
 }
 
+ConditionOptions SignedOptions(bool is_signed) {
+  ConditionOptions o;
+  o.signed_values = is_signed;
+  return o;
+}
+
 void Run(benchmark::State& state, const char* text, bool is_signed) {
-  auto c = Condition::Parse(text,
-                            ConditionOptions{.signed_values = is_signed, .bitfield = std::nullopt});
+  auto c = Condition::Parse(text, SignedOptions(is_signed));
   if (!c.ok()) {
     state.SkipWithError("parse error");
     return;

@@ -21,6 +21,7 @@
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
 #include "watch/event_loop.h"
+#include "watch/probe/hit_filter.h"
 #include "watch/probe/probe_set.h"
 
 #ifndef KWATCH_VERSION
@@ -148,7 +149,9 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "  kwatch probe -x ./prog -F 'ti*'         functions that can be probed\n\n"
       "SPEC: [EVENT=]FUNC[@SRC][+OFF|%return|:RELLINE|;PATTERN] | SRC:LINE | 0xADDR, then\n"
       "arguments: VAR, VAR->field, VAR.field, %REG, @SYM, @0xADDR, $stackN, $retval, $comm,\n"
-      "$params, $vars, +OFF(ARG), NAME=ARG, ARG:TYPE (u8..u64 s8..s64 x8..x64 string).\n"
+      "$params, $vars, +OFF(ARG), NAME=ARG, ARG:TYPE (u8..u64 s8..s64 x8..x64 string),\n"
+      "then optionally `if COND`: C over the arguments by name, DWARF variables, $retval,\n"
+      "tid, pid, cpu, comm (`comm == \"prog\"`): 'compute x if x % 100 == 0'.\n"
       "A spec with arguments is one shell word: quote it.",
       "kwatch probe"};
   app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
@@ -183,7 +186,18 @@ int ProbeMain(const std::vector<std::string>& argv) {
           ->expected(0, 1)
           ->type_name("[GLOB]");
   funcs_option->excludes(lines)->excludes(vars);
-  app.add_option("-c,--count", opts.session.count, "Stop after N hits (all probes together)");
+  std::vector<std::string> counts;
+  std::vector<std::string> skips;
+  app.add_option("-c,--count", counts,
+                 "N: stop after N hits (all probes together); EVENT:N: take N hits of probe "
+                 "EVENT, then none (the session ends when every probe has reached its count)")
+      ->allow_extra_args(false)
+      ->type_name("N|EVENT:N");
+  app.add_option("--skip", skips,
+                 "Ignore the first N hits of each probe that pass its condition (EVENT:N: of "
+                 "probe EVENT), as gdb's ignore count")
+      ->allow_extra_args(false)
+      ->type_name("N|EVENT:N");
   app.add_option("-d,--duration", opts.session.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
   app.add_flag("-q,--quiet", opts.session.quiet, "Print no hit lines, only the summary");
@@ -249,6 +263,28 @@ int ProbeMain(const std::vector<std::string>& argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;  // --help, --version: 0; a usage error: 2
+  }
+  for (const std::string& c : counts) {
+    absl::Status parsed = absl::OkStatus();
+    if (c.find(':') == std::string::npos) {
+      if (!absl::SimpleAtoi(c, &opts.session.count)) {
+        parsed = absl::InvalidArgumentError(
+            absl::StrCat("-c '", c, "': expected N or EVENT:N (N a whole number)"));
+      }
+    } else {
+      parsed = watch::probe::ParsePerProbeCount(c, "-c", opts.filter.count);
+    }
+    if (!parsed.ok()) {
+      PrintError(parsed);
+      return 2;
+    }
+  }
+  for (const std::string& skip : skips) {
+    if (absl::Status parsed = watch::probe::ParsePerProbeCount(skip, "--skip", opts.filter.skip);
+        !parsed.ok()) {
+      PrintError(parsed);
+      return 2;
+    }
   }
   if (opts.session.pid.has_value() && !opts.session.command.empty()) {
     std::fprintf(stderr, "kwatch: error: give either -p PID or a command after `--`, not both\n");

@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "cli/output.h"
 #include "cli/probe_notes.h"
+#include "core/probe/fetch_format.h"
 
 namespace kwatch::cli {
 
@@ -38,38 +39,6 @@ bool IsDecimalInteger(absl::string_view s) {
   }
   return !s.empty() && s.size() <= 20 &&
          std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isdigit(c); });
-}
-
-// Undoes core/probe/fetch.cc's Quote: "\"a\\nb\"..." -> a\nb... (true when `s` is quoted).
-bool Unquote(absl::string_view s, std::string& out) {
-  bool cut = absl::ConsumeSuffix(&s, "...");
-  if (s.size() < 2 || s.front() != '"' || s.back() != '"') {
-    return false;
-  }
-  s = s.substr(1, s.size() - 2);
-  out.clear();
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) {
-      out += s[i];
-      continue;
-    }
-    const char e = s[++i];
-    if (e == 'n') {
-      out += '\n';
-    } else if (e == 't') {
-      out += '\t';
-    } else if (int v = 0;
-               e == 'x' && i + 2 < s.size() && absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
-      out += static_cast<char>(v);
-      i += 2;
-    } else {
-      out += e;
-    }
-  }
-  if (cut) {
-    out += "...";
-  }
-  return true;
 }
 
 std::string ExitText(const ProbeRunInfo& info) {
@@ -115,6 +84,31 @@ watch::probe::ProbePath PathOf(const ProbeSummary& s, uint32_t id) {
   return watch::probe::ProbePath{.path = s.end.info.backend, .why = ""};
 }
 
+// What the filter did with `p`'s hits: "if i > 1: 3 of 10 hits matched", the hits --skip
+// ignored and those after -c EVENT:N.
+void PrintFilterLines(FILE* out, const ProbeDef& p, const watch::probe::ProbeFilterStats& f) {
+  if (!p.condition.empty()) {
+    std::string line = absl::StrFormat("    if %s: %d of %d hit%s matched", p.condition, f.matched,
+                                       f.seen, f.seen == 1 ? "" : "s");
+    if (f.condition.has_value() && f.condition->missing_value > 0) {
+      absl::StrAppend(&line, ", ", f.condition->missing_value,
+                      " without a value (not read: not matched)");
+    }
+    if (f.condition.has_value() && f.condition->division_by_zero > 0) {
+      absl::StrAppend(&line, ", ", f.condition->division_by_zero, " divided by zero (not matched)");
+    }
+    absl::FPrintF(out, "%s\n", line);
+  }
+  if (f.skipped > 0) {
+    absl::FPrintF(out, "    --skip: the first %d matching hit%s ignored\n", f.skipped,
+                  f.skipped == 1 ? "" : "s");
+  }
+  if (f.over_count > 0) {
+    absl::FPrintF(out, "    -c %s: %d later matching hit%s not taken\n", p.point.event,
+                  f.over_count, f.over_count == 1 ? "" : "s");
+  }
+}
+
 }  // namespace
 
 std::string ArgValueJson(const std::string& formatted) {
@@ -122,7 +116,7 @@ std::string ArgValueJson(const std::string& formatted) {
     return formatted;
   }
   std::string s;
-  if (Unquote(formatted, s)) {
+  if (core::probe::UnquoteFetchString(formatted, s)) {
     return JsonString(s);
   }
   double d = 0;
@@ -279,6 +273,9 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
       absl::FPrintF(out, "    the probed instruction faulted %d time%s (signal passed on)\n",
                     st.faults, st.faults == 1 ? "" : "s");
     }
+    if (s.filter != nullptr) {
+      PrintFilterLines(out, p, s.filter->stats(p.id));
+    }
     for (const HitTally::ArgTally& t : s.tally.args(p.id)) {
       std::string line = absl::StrFormat("    %-16s %s%d distinct:", t.name, t.other > 0 ? ">" : "",
                                          t.values.size());
@@ -358,6 +355,16 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                                  {"abandoned", st.abandoned},
                                  {"faults", st.faults},
                                  {"lost", st.lost}};
+    if (s.filter != nullptr && s.filter->filters()) {
+      const watch::probe::ProbeFilterStats f = s.filter->stats(p.id);
+      pj["condition"] = p.condition.empty() ? nlohmann::ordered_json(nullptr)
+                                            : nlohmann::ordered_json(p.condition);
+      pj["seen"] = f.seen;
+      pj["matched"] = f.matched;
+      pj["skipped"] = f.skipped;
+      pj["over_count"] = f.over_count;
+      pj["no_value"] = f.condition.has_value() ? f.condition->missing_value : 0;
+    }
     const watch::probe::ProbePath path = PathOf(s, p.id);
     pj["path"] = path.path;
     if (!path.why.empty()) {

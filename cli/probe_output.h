@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "core/base/remote_addr.h"
 #include "core/base/target_files.h"
+#include "watch/probe/hit_filter.h"
 #include "watch/probe/hit_sink.h"
 #include "watch/probe/hit_tally.h"
 #include "watch/probe/probe_note.h"
@@ -46,6 +47,7 @@ struct ProbeSummary {
   const std::vector<ProbeDef>& probes;
   const watch::probe::HitTally& tally;
   const watch::probe::ProbeSessionEnd& end;
+  const watch::probe::HitFilter* filter = nullptr;  // conditions, --skip, -c EVENT:N
 };
 
 // Prints a probe session. Takes every hit (the hit limit is the tally's). Not thread-safe.

@@ -81,8 +81,9 @@ bool FinishRecording(core::store::TraceWriter* writer, const HitRecorder* record
 // movable once Hooks() was called.
 class SessionOutput {
  public:
-  SessionOutput(const ProbeCmdOptions& opts, const ProbeSet& set, std::string backend)
-      : opts_(opts), set_(set), backend_(std::move(backend)) {}
+  SessionOutput(const ProbeCmdOptions& opts, const ProbeSet& set, std::string backend,
+                std::unique_ptr<watch::probe::HitFilter> filter)
+      : opts_(opts), set_(set), backend_(std::move(backend)), filter_(std::move(filter)) {}
 
   watch::probe::ProbeSessionHooks Hooks();
 
@@ -99,6 +100,7 @@ class SessionOutput {
   std::unique_ptr<HitRecorder> recorder_;
   std::unique_ptr<ProbePrinter> printer_;
   std::unique_ptr<watch::probe::HitFanout> sink_;
+  std::unique_ptr<watch::probe::HitFilter> filter_;  // in front of sink_
 };
 
 watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
@@ -128,16 +130,17 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
     }
     sinks.push_back(printer_.get());
     sink_ = std::make_unique<watch::probe::HitFanout>(std::move(sinks));
-    return *sink_;
+    filter_->Attach(*sink_);
+    return *filter_;
   };
   return hooks;
 }
 
 bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
-  sink_->Flush();
+  filter_->Flush();
   std::fflush(stdout);
   const bool recorded = FinishRecording(writer_.get(), recorder_.get(), end.info);
-  printer_->PrintSummary(stdout, ProbeSummary{set_.probes, *tally_, end});
+  printer_->PrintSummary(stdout, ProbeSummary{set_.probes, *tally_, end, filter_.get()});
   std::fflush(stdout);
   return recorded;
 }
@@ -177,7 +180,10 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                  "but an exec'd process is not probed again)\n");
     backend = "ptrace";
   }
-  auto out = std::make_unique<SessionOutput>(opts, set, backend);
+  // The filter's errors (a bad EVENT, a condition) come before any target is touched.
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::HitFilter> filter,
+                      watch::probe::HitFilter::Make(set.probes, opts.filter));
+  auto out = std::make_unique<SessionOutput>(opts, set, backend, std::move(filter));
   absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> started =
       StartSession(backend, opts, set, std::move(sigfd), *out);
   if (!started.ok() && backend == "agent" && opts.backend == "auto" &&
@@ -186,7 +192,8 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
     std::fprintf(stderr, "kwatch: note: %s; the ptrace backend runs the probes\n",
                  std::string{started.status().message()}.c_str());
     backend = "ptrace";
-    out = std::make_unique<SessionOutput>(opts, set, backend);
+    KW_ASSIGN_OR_RETURN(filter, watch::probe::HitFilter::Make(set.probes, opts.filter));
+    out = std::make_unique<SessionOutput>(opts, set, backend, std::move(filter));
     KW_ASSIGN_OR_RETURN(core::UniqueFd fresh_sigfd, watch::BlockSessionSignals());
     started = StartSession(backend, opts, set, std::move(fresh_sigfd), *out);
   }

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/base/unique_fd.h"
+#include "watch/probe/hit_filter.h"
 #include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
@@ -26,10 +27,11 @@ struct ProbeCmdOptions {
   std::string list_vars;           // -V POINT
   std::string funcs_glob;          // -F [GLOB] ("" with -F alone: perf's default, !_*)
   bool json = false;
-  bool hw = false;               // --hw: execute breakpoints in debug registers, no INT3
-  std::string backend = "auto";  // auto, agent, ptrace, uprobe
-  bool no_jump = false;          // agent: every probe through INT3 (--no-jump)
-  std::string output;            // -o
+  bool hw = false;                        // --hw: execute breakpoints in debug registers, no INT3
+  std::string backend = "auto";           // auto, agent, ptrace, uprobe
+  bool no_jump = false;                   // agent: every probe through INT3 (--no-jump)
+  std::string output;                     // -o
+  watch::probe::HitFilterOptions filter;  // --skip, -c EVENT:N, --stop-on
 };
 
 // Runs the probes of `set` with the backend the options name (ptrace, uprobe, or --hw's debug

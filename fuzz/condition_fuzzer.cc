@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/event.h"
@@ -105,5 +107,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     (void)c->Disassemble();
   }
+  // A probe condition: names are the probe's variables (paths, $names, strings), values from
+  // the input's bytes, some missing.
+  kwatch::watch::ConditionOptions probe;
+  probe.access_names = false;
+  probe.variables = {{"x", kwatch::watch::ConditionVariable::Kind::kSigned, ""},
+                     {"r->len", kwatch::watch::ConditionVariable::Kind::kUnsigned, "$retval"},
+                     {"comm", kwatch::watch::ConditionVariable::Kind::kString, "$comm"}};
+  (void)kwatch::watch::Condition::NamesIn(text);
+  auto c = kwatch::watch::Condition::Parse(text, probe);
+  if (!c.ok()) {
+    if (c.status().code() != absl::StatusCode::kInvalidArgument) {
+      std::abort();
+    }
+    return 0;
+  }
+  const uint8_t* p = data;
+  const uint8_t* end = data + size;
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t a = Take(p, end);
+    const std::vector<std::optional<uint64_t>> numbers = {
+        i == 1 ? std::nullopt : std::optional<uint64_t>(a), std::optional<uint64_t>(~a),
+        std::nullopt};
+    const std::string comm = i % 2 == 0 ? "prog" : std::string(text.substr(0, 15));
+    const std::vector<std::optional<std::string_view>> strings = {
+        std::nullopt, std::nullopt, i == 3 ? std::nullopt : std::optional<std::string_view>(comm)};
+    kwatch::watch::ConditionInputs in;
+    in.tid = static_cast<int64_t>(a & 0xffff);
+    in.numbers = numbers;
+    in.strings = strings;
+    (void)c->Matches(in);
+  }
+  const kwatch::watch::ConditionStats& st = c->stats();
+  if (st.evaluated != 4 || st.matched + st.missing_value + st.division_by_zero > st.evaluated) {
+    std::abort();
+  }
+  (void)c->Disassemble();
   return 0;
 }

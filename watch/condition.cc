@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -169,22 +170,23 @@ inline uint64_t ApplyUnary(Op op, uint64_t a) {
 }
 
 const char* OpName(Op op) {
-  static constexpr std::array<const char*, 37> kNames = {
-      "const",  "new", "old",  "tid",  "pid",  "cpu",  "len", "addr", "neg", "not",
-      "bitnot", "mul", "divu", "divs", "modu", "mods", "add", "sub",  "shl", "shru",
-      "shrs",   "ltu", "lts",  "leu",  "les",  "gtu",  "gts", "geu",  "ges", "eq",
-      "ne",     "and", "xor",  "or",   "jz",   "jnz",  "bool"};
+  static constexpr std::array<const char*, 40> kNames = {
+      "const",  "new", "old",  "tid",  "pid",  "cpu",  "len",  "addr", "neg",   "not",
+      "bitnot", "mul", "divu", "divs", "modu", "mods", "add",  "sub",  "shl",   "shru",
+      "shrs",   "ltu", "lts",  "leu",  "les",  "gtu",  "gts",  "geu",  "ges",   "eq",
+      "ne",     "and", "xor",  "or",   "jz",   "jnz",  "bool", "var",  "streq", "strne"};
   const auto i = static_cast<size_t>(op);
   return i < kNames.size() ? kNames[i] : "?";
 }
 
-enum class Tok : uint8_t { kEnd, kNumber, kName, kPunct };
+enum class Tok : uint8_t { kEnd, kNumber, kName, kPunct, kString };
 
 struct Token {
   Tok kind = Tok::kEnd;
   size_t pos = 0;          // byte offset in the text
   absl::string_view text;  // the token's spelling
   uint64_t value = 0;      // kNumber
+  std::string str;         // kString: the literal's bytes, escapes decoded
 };
 
 struct BinaryOp {
@@ -227,6 +229,10 @@ constexpr std::array<Name, 7> kNames = {{{"new", Op::kNew},
                                          {"cpu", Op::kCpu},
                                          {"len", Op::kLen},
                                          {"addr", Op::kAddr}}};
+// The built-in names a probe condition keeps.
+bool IsProbeBuiltin(Op op) {
+  return op == Op::kTid || op == Op::kPid || op == Op::kCpu;
+}
 
 bool IsDigit(char c) {
   return c >= '0' && c <= '9';
@@ -253,7 +259,8 @@ int HexDigit(char c) {
 // Recursive-descent parser (precedence climbing) that emits bytecode as it goes.
 class Compiler {
  public:
-  Compiler(absl::string_view text, bool signed_values) : text_(text), signed_(signed_values) {}
+  Compiler(absl::string_view text, bool signed_values, const ConditionOptions& opts)
+      : text_(text), signed_(signed_values), opts_(opts), used_(opts.variables.size(), false) {}
 
   absl::Status Run() {
     KW_RETURN_IF_ERROR(Advance());
@@ -267,16 +274,24 @@ class Compiler {
   std::vector<Insn> TakeCode() { return std::move(code_); }
   bool UsesNew() const { return uses_new_; }
   bool UsesOld() const { return uses_old_; }
+  const std::vector<bool>& Used() const { return used_; }
+  std::vector<std::pair<size_t, std::string>> TakeStringTests() { return std::move(string_tests_); }
+  // Reads the next token into tok_ (public for NamesIn).
+  absl::Status Next() { return Advance(); }
+  const Token& Current() const { return tok_; }
 
  private:
   absl::Status Error(size_t pos, absl::string_view what) const {
-    const size_t column = pos + 1;
+    const bool in_context = !opts_.context.empty();
+    const absl::string_view shown = in_context ? absl::string_view(opts_.context) : text_;
+    const size_t at = (in_context ? opts_.context_offset : 0) + pos;
     std::string caret;
-    for (size_t i = 0; i < pos && i < text_.size(); ++i) {
-      caret.push_back(text_[i] == '\t' ? '\t' : ' ');
+    for (size_t i = 0; i < at && i < shown.size(); ++i) {
+      caret.push_back(shown[i] == '\t' ? '\t' : ' ');
     }
-    return absl::InvalidArgumentError(absl::StrCat("--if '", text_, "': ", what, " at column ",
-                                                   column, "\n  ", text_, "\n  ", caret, "^"));
+    return absl::InvalidArgumentError(absl::StrCat(in_context ? "probe '" : "--if '", shown,
+                                                   "': ", what, " at column ", at + 1, "\n  ",
+                                                   shown, "\n  ", caret, "^"));
   }
 
   // Reads the next token into tok_.
@@ -295,10 +310,16 @@ class Compiler {
     if (IsDigit(c)) {
       return Number();
     }
-    if (IsNameStart(c)) {
-      size_t end = pos_;
+    if (c == '"' && !opts_.access_names) {
+      return StringLiteral();
+    }
+    if (IsNameStart(c) || (c == '$' && !opts_.access_names)) {
+      size_t end = pos_ + 1;
       while (end < text_.size() && IsNameChar(text_[end])) {
         ++end;
+      }
+      if (!opts_.access_names) {
+        end = PathEnd(end);
       }
       tok_.kind = Tok::kName;
       tok_.text = text_.substr(pos_, end - pos_);
@@ -330,6 +351,82 @@ class Compiler {
     }
     return Error(pos_, absl::StrCat("unexpected byte 0x",
                                     absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2)));
+  }
+
+  // The end of a path in perf's argument syntax that starts with a name ending at `end`:
+  // members (->f, .f) and subscripts ([N]) follow.
+  size_t PathEnd(size_t end) const {
+    for (;;) {
+      size_t next = end;
+      if (text_.substr(next, 2) == "->") {
+        next += 2;
+      } else if (next < text_.size() && text_[next] == '.') {
+        next += 1;
+      } else if (next < text_.size() && text_[next] == '[') {
+        size_t close = next + 1;
+        while (close < text_.size() && IsDigit(text_[close])) {
+          ++close;
+        }
+        if (close == next + 1 || close >= text_.size() || text_[close] != ']') {
+          return end;
+        }
+        end = close + 1;
+        continue;
+      } else {
+        return end;
+      }
+      if (next >= text_.size() || !IsNameStart(text_[next])) {
+        return end;
+      }
+      while (next < text_.size() && IsNameChar(text_[next])) {
+        ++next;
+      }
+      end = next;
+    }
+  }
+
+  // A "..." literal: \" \\ \n \t and \xNN escapes.
+  absl::Status StringLiteral() {
+    const size_t start = pos_;
+    std::string bytes;
+    size_t i = pos_ + 1;
+    for (; i < text_.size() && text_[i] != '"'; ++i) {
+      if (text_[i] != '\\') {
+        bytes.push_back(text_[i]);
+        continue;
+      }
+      if (++i == text_.size()) {
+        break;
+      }
+      switch (text_[i]) {
+        case 'n':
+          bytes.push_back('\n');
+          break;
+        case 't':
+          bytes.push_back('\t');
+          break;
+        case 'x': {
+          const int hi = i + 1 < text_.size() ? HexDigit(text_[i + 1]) : -1;
+          const int lo = i + 2 < text_.size() ? HexDigit(text_[i + 2]) : -1;
+          if (hi < 0 || lo < 0) {
+            return Error(i - 1, "\\x needs two hexadecimal digits");
+          }
+          bytes.push_back(static_cast<char>((hi << 4) | lo));
+          i += 2;
+          break;
+        }
+        default:
+          bytes.push_back(text_[i]);
+      }
+    }
+    if (i >= text_.size()) {
+      return Error(start, "string literal without its closing '\"'");
+    }
+    pos_ = i + 1;
+    tok_.kind = Tok::kString;
+    tok_.text = text_.substr(start, pos_ - start);
+    tok_.str = std::move(bytes);
+    return absl::OkStatus();
   }
 
   absl::Status Number() {
@@ -451,8 +548,25 @@ class Compiler {
         KW_RETURN_IF_ERROR(Emit(Op::kConst, value, pos));
         return Advance();
       }
-      case Tok::kName:
+      case Tok::kName: {
+        for (size_t i = 0; i < opts_.variables.size(); ++i) {
+          const ConditionVariable& v = opts_.variables[i];
+          if (v.name != tok_.text && (v.alias.empty() || v.alias != tok_.text)) {
+            continue;
+          }
+          used_[i] = true;
+          if (opts_.variables[i].kind == ConditionVariable::Kind::kString) {
+            return StringTest(i, pos);
+          }
+          KW_RETURN_IF_ERROR(Emit(Op::kVar, i, pos));
+          return Advance();
+        }
+        std::string known;
         for (const Name& n : kNames) {
+          if (!opts_.access_names && !IsProbeBuiltin(n.op)) {
+            continue;
+          }
+          absl::StrAppend(&known, known.empty() ? "" : ", ", n.spelling);
           if (n.spelling == tok_.text) {
             uses_new_ |= n.op == Op::kNew;
             uses_old_ |= n.op == Op::kOld;
@@ -460,8 +574,34 @@ class Compiler {
             return Advance();
           }
         }
-        return Error(pos, absl::StrCat("unknown name '", tok_.text,
-                                       "' (known: new, old, tid, pid, cpu, len, addr)"));
+        for (const ConditionVariable& v : opts_.variables) {
+          absl::StrAppend(&known, ", ", v.name);
+        }
+        return Error(pos, absl::StrCat("unknown name '", tok_.text, "' (known: ", known, ")"));
+      }
+      case Tok::kString: {
+        // "text" == NAME
+        const size_t literal_pos = pos;
+        std::string literal = tok_.str;
+        KW_RETURN_IF_ERROR(Advance());
+        const bool eq = IsPunct("==");
+        if (!eq && !IsPunct("!=")) {
+          return Error(tok_.pos, "a string literal is only compared with == or != to a string");
+        }
+        KW_RETURN_IF_ERROR(Advance());
+        for (size_t i = 0; tok_.kind == Tok::kName && i < opts_.variables.size(); ++i) {
+          const ConditionVariable& v = opts_.variables[i];
+          if ((v.name == tok_.text || (!v.alias.empty() && v.alias == tok_.text)) &&
+              v.kind == ConditionVariable::Kind::kString) {
+            used_[i] = true;
+            string_tests_.emplace_back(i, std::move(literal));
+            KW_RETURN_IF_ERROR(
+                Emit(eq ? Op::kStrEq : Op::kStrNe, string_tests_.size() - 1, literal_pos));
+            return Advance();
+          }
+        }
+        return Error(tok_.pos, "expected a string name (e.g. comm) to compare the literal with");
+      }
       case Tok::kPunct:
         if (IsPunct("(")) {
           KW_RETURN_IF_ERROR(Advance());
@@ -488,14 +628,36 @@ class Compiler {
     return Error(pos, "expected an operand");
   }
 
+  // NAME == "text" or NAME != "text", NAME the string variable `index` (tok_ is NAME).
+  absl::Status StringTest(size_t index, size_t pos) {
+    const std::string name(tok_.text);
+    KW_RETURN_IF_ERROR(Advance());
+    const bool eq = IsPunct("==");
+    if (!eq && !IsPunct("!=")) {
+      return Error(pos, absl::StrCat("'", name,
+                                     "' is a string: compare it with == or != to a "
+                                     "\"literal\""));
+    }
+    KW_RETURN_IF_ERROR(Advance());
+    if (tok_.kind != Tok::kString) {
+      return Error(tok_.pos, absl::StrCat("expected a \"literal\" to compare '", name, "' with"));
+    }
+    string_tests_.emplace_back(index, tok_.str);
+    KW_RETURN_IF_ERROR(Emit(eq ? Op::kStrEq : Op::kStrNe, string_tests_.size() - 1, pos));
+    return Advance();
+  }
+
   absl::string_view text_;
   bool signed_;
+  const ConditionOptions& opts_;
   size_t pos_ = 0;
   Token tok_;
   std::vector<Insn> code_;
   size_t depth_ = 0;
   bool uses_new_ = false;
   bool uses_old_ = false;
+  std::vector<bool> used_;
+  std::vector<std::pair<size_t, std::string>> string_tests_;
 };
 
 // The accessed bytes as the condition sees them: `width` bytes (1..8; 0 means 8),
@@ -516,22 +678,74 @@ inline uint64_t Extend(uint64_t raw, uint32_t width, bool is_signed) {
 }  // namespace
 
 absl::StatusOr<Condition> Condition::Parse(std::string_view text, const ConditionOptions& opts) {
-  Compiler compiler(absl::string_view(text.data(), text.size()), opts.signed_values);
+  const absl::string_view view(text.data(), text.size());
+  bool is_signed = opts.signed_values;
+  if (!opts.access_names) {
+    // As C: signed unless an unsigned value takes part (decided by a first pass).
+    Compiler first(view, /*signed_values=*/true, opts);
+    KW_RETURN_IF_ERROR(first.Run());
+    is_signed = true;
+    for (size_t i = 0; i < opts.variables.size(); ++i) {
+      if (first.Used()[i] && opts.variables[i].kind == ConditionVariable::Kind::kUnsigned) {
+        is_signed = false;
+      }
+    }
+  }
+  Compiler compiler(view, is_signed, opts);
   KW_RETURN_IF_ERROR(compiler.Run());
   Condition c;
   c.text_ = std::string(text);
   c.opts_ = opts;
+  c.opts_.signed_values = is_signed;
   c.code_ = compiler.TakeCode();
   c.uses_new_ = compiler.UsesNew();
   c.uses_old_ = compiler.UsesOld();
+  c.used_variables_ = compiler.Used();
+  for (auto& [variable, literal] : compiler.TakeStringTests()) {
+    c.string_tests_.push_back(StringTest{variable, std::move(literal)});
+  }
   return c;
 }
+
+std::vector<std::string> Condition::NamesIn(std::string_view text) {
+  ConditionOptions opts;
+  opts.access_names = false;
+  Compiler lexer(absl::string_view(text.data(), text.size()), true, opts);
+  std::vector<std::string> names;
+  for (absl::Status s = lexer.Next(); s.ok() && lexer.Current().kind != Tok::kEnd;
+       s = lexer.Next()) {
+    if (lexer.Current().kind != Tok::kName) {
+      continue;
+    }
+    std::string name(lexer.Current().text);
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(std::move(name));
+    }
+  }
+  return names;
+}
+
+bool Condition::uses_variable(size_t index) const {
+  return index < used_variables_.size() && used_variables_[index];
+}
+
+// Every value a condition's bytecode may push.
+struct Condition::Inputs {
+  uint64_t new_value = 0;
+  uint64_t old_value = 0;
+  uint64_t tid = 0;
+  uint64_t pid = 0;
+  uint64_t cpu = 0;
+  uint64_t len = 0;
+  uint64_t addr = 0;
+  std::span<const std::optional<uint64_t>> numbers;
+  std::span<const std::optional<std::string_view>> strings;
+};
 
 bool Condition::Matches(const core::AccessEvent& event) {
   ++stats_.evaluated;
   const uint32_t width = event.access_size != 0 ? event.access_size : event.len;
-  uint64_t new_value = 0;
-  uint64_t old_value = 0;
+  Inputs in;
   if (opts_.bitfield.has_value() && (uses_new_ || uses_old_)) {
     const EventValues v = ValuesOf(opts_.bitfield, event);
     if (uses_new_ && (!v.decoded || !v.value.has_value())) {
@@ -542,8 +756,8 @@ bool Condition::Matches(const core::AccessEvent& event) {
       ++stats_.missing_old;
       return false;
     }
-    new_value = v.value.value_or(0);
-    old_value = v.old_value.value_or(0);
+    in.new_value = v.value.value_or(0);
+    in.old_value = v.old_value.value_or(0);
   } else {
     if (uses_new_ && !event.value.has_value()) {
       ++stats_.missing_new;
@@ -553,49 +767,86 @@ bool Condition::Matches(const core::AccessEvent& event) {
       ++stats_.missing_old;
       return false;
     }
-    new_value = uses_new_ ? Extend(*event.value, width, opts_.signed_values) : 0;
-    old_value = uses_old_ ? Extend(*event.old_value, width, opts_.signed_values) : 0;
+    in.new_value = uses_new_ ? Extend(*event.value, width, opts_.signed_values) : 0;
+    in.old_value = uses_old_ ? Extend(*event.old_value, width, opts_.signed_values) : 0;
   }
+  in.tid = static_cast<uint64_t>(static_cast<int64_t>(event.tid));
+  in.pid = static_cast<uint64_t>(static_cast<int64_t>(event.pid));
+  in.cpu = event.cpu;
+  in.len = width;
+  in.addr = event.access_addr.value;
+  return Run(in);
+}
 
+bool Condition::Matches(const ConditionInputs& inputs) {
+  ++stats_.evaluated;
+  Inputs in;
+  in.tid = static_cast<uint64_t>(inputs.tid);
+  in.pid = static_cast<uint64_t>(inputs.pid);
+  in.cpu = inputs.cpu;
+  in.numbers = inputs.numbers;
+  in.strings = inputs.strings;
+  return Run(in);
+}
+
+bool Condition::Run(const Inputs& in) {
   std::array<uint64_t, kMaxStack> stack;  // NOLINT(cppcoreguidelines-pro-type-member-init)
   size_t sp = 0;                          // next free slot
   const Insn* code = code_.data();
   const size_t n = code_.size();
   for (size_t pc = 0; pc < n; ++pc) {
-    const Insn& in = code[pc];
-    switch (in.op) {
+    const Insn& ins = code[pc];
+    switch (ins.op) {
       case Op::kConst:
-        stack[sp++] = in.arg;
+        stack[sp++] = ins.arg;
         break;
       case Op::kNew:
-        stack[sp++] = new_value;
+        stack[sp++] = in.new_value;
         break;
       case Op::kOld:
-        stack[sp++] = old_value;
+        stack[sp++] = in.old_value;
         break;
       case Op::kTid:
-        stack[sp++] = static_cast<uint64_t>(static_cast<int64_t>(event.tid));
+        stack[sp++] = in.tid;
         break;
       case Op::kPid:
-        stack[sp++] = static_cast<uint64_t>(static_cast<int64_t>(event.pid));
+        stack[sp++] = in.pid;
         break;
       case Op::kCpu:
-        stack[sp++] = event.cpu;
+        stack[sp++] = in.cpu;
         break;
       case Op::kLen:
-        stack[sp++] = width;
+        stack[sp++] = in.len;
         break;
       case Op::kAddr:
-        stack[sp++] = event.access_addr.value;
+        stack[sp++] = in.addr;
         break;
+      case Op::kVar:
+        if (ins.arg >= in.numbers.size() || !in.numbers[ins.arg].has_value()) {
+          ++stats_.missing_value;
+          return false;
+        }
+        stack[sp++] = *in.numbers[ins.arg];
+        break;
+      case Op::kStrEq:
+      case Op::kStrNe: {
+        const StringTest& t = string_tests_[ins.arg];
+        if (t.variable >= in.strings.size() || !in.strings[t.variable].has_value()) {
+          ++stats_.missing_value;
+          return false;
+        }
+        const bool equal = *in.strings[t.variable] == t.literal;
+        stack[sp++] = static_cast<uint64_t>(ins.op == Op::kStrEq ? equal : !equal);
+        break;
+      }
       case Op::kNeg:
       case Op::kNot:
       case Op::kBitNot:
-        stack[sp - 1] = ApplyUnary(in.op, stack[sp - 1]);
+        stack[sp - 1] = ApplyUnary(ins.op, stack[sp - 1]);
         break;
       case Op::kJumpIfZero:
         if (stack[sp - 1] == 0) {
-          pc = in.arg - 1;
+          pc = ins.arg - 1;
         } else {
           --sp;
         }
@@ -603,7 +854,7 @@ bool Condition::Matches(const core::AccessEvent& event) {
       case Op::kJumpIfNonZero:
         if (stack[sp - 1] != 0) {
           stack[sp - 1] = 1;
-          pc = in.arg - 1;
+          pc = ins.arg - 1;
         } else {
           --sp;
         }
@@ -613,7 +864,7 @@ bool Condition::Matches(const core::AccessEvent& event) {
         break;
       default:
         --sp;
-        if (!ApplyBinary(in.op, stack[sp - 1], stack[sp], &stack[sp - 1])) {
+        if (!ApplyBinary(ins.op, stack[sp - 1], stack[sp], &stack[sp - 1])) {
           ++stats_.division_by_zero;
           return false;
         }
@@ -633,6 +884,11 @@ std::string Condition::Disassemble() const {
     absl::StrAppend(&out, i, ": ", OpName(in.op));
     if (in.op == Op::kConst) {
       absl::StrAppend(&out, " 0x", absl::Hex(in.arg));
+    } else if (in.op == Op::kVar) {
+      absl::StrAppend(&out, " ", opts_.variables[in.arg].name);
+    } else if (in.op == Op::kStrEq || in.op == Op::kStrNe) {
+      absl::StrAppend(&out, " ", opts_.variables[string_tests_[in.arg].variable].name, " \"",
+                      absl::CEscape(string_tests_[in.arg].literal), "\"");
     } else if (in.op == Op::kJumpIfZero || in.op == Op::kJumpIfNonZero) {
       absl::StrAppend(&out, " ", in.arg);
     }

@@ -4,8 +4,10 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 
 namespace kwatch::core::probe {
 
@@ -30,6 +32,38 @@ std::string QuoteFetchString(absl::string_view s, bool cut) {
     out += "...";
   }
   return out;
+}
+
+bool UnquoteFetchString(absl::string_view shown, std::string& out) {
+  absl::string_view s = shown;
+  bool cut = absl::ConsumeSuffix(&s, "...");
+  if (s.size() < 2 || s.front() != '"' || s.back() != '"') {
+    return false;
+  }
+  s = s.substr(1, s.size() - 2);
+  out.clear();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char e = s[++i];
+    if (e == 'n') {
+      out += '\n';
+    } else if (e == 't') {
+      out += '\t';
+    } else if (int v = 0;
+               e == 'x' && i + 2 < s.size() && absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
+      out += static_cast<char>(v);
+      i += 2;
+    } else {
+      out += e;
+    }
+  }
+  if (cut) {
+    out += "...";
+  }
+  return true;
 }
 
 std::string FormatFetchScalar(const CompiledArg& arg, uint64_t raw) {

@@ -23,6 +23,11 @@ inline constexpr absl::string_view kFetchFault = "(fault)";
 // 0x20..0x7e as \xNN; `cut` appends "..." after the closing quote.
 std::string QuoteFetchString(absl::string_view s, bool cut);
 
+// The inverse of QuoteFetchString: the bytes of a shown string ("..." with escapes; a cut one
+// keeps its "..." after the bytes). False when `shown` is not a quoted string ((fault), a
+// number).
+bool UnquoteFetchString(absl::string_view shown, std::string& out);
+
 // An integer or float of `arg`'s type (and bitfield) from the little-endian `raw`: decimal
 // for u/s, %g for floats, 0x.. for x.
 std::string FormatFetchScalar(const CompiledArg& arg, uint64_t raw);

@@ -4,6 +4,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -30,9 +32,14 @@ core::AccessEvent Event(std::optional<uint64_t> value, std::optional<uint64_t> o
   return e;
 }
 
+ConditionOptions SignedOptions(bool is_signed) {
+  ConditionOptions o;
+  o.signed_values = is_signed;
+  return o;
+}
+
 Condition Parse(const std::string& text, bool is_signed = false) {
-  auto c = Condition::Parse(text,
-                            ConditionOptions{.signed_values = is_signed, .bitfield = std::nullopt});
+  auto c = Condition::Parse(text, SignedOptions(is_signed));
   EXPECT_TRUE(c.ok()) << text << ": " << c.status();
   return c.ok() ? *std::move(c) : *Condition::Parse("0");
 }
@@ -324,4 +331,99 @@ TEST(TypeNames, QualifiersAreStrippedOnBothSides) {
 }
 
 }  // namespace
+// Probe conditions: the probe's arguments by index, paths as names, strings.
+ConditionOptions ProbeOptions() {
+  ConditionOptions o;
+  o.access_names = false;
+  o.variables = {{"x", ConditionVariable::Kind::kSigned, ""},
+                 {"r->len", ConditionVariable::Kind::kUnsigned, ""},
+                 {"comm", ConditionVariable::Kind::kString, "$comm"},
+                 {"arg1", ConditionVariable::Kind::kSigned, "$retval"}};
+  return o;
+}
+
+bool Probe(const std::string& text, std::vector<std::optional<uint64_t>> numbers,
+           std::optional<std::string_view> comm = std::nullopt) {
+  auto c = Condition::Parse(text, ProbeOptions());
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) {
+    return false;
+  }
+  numbers.resize(4);
+  std::vector<std::optional<std::string_view>> strings(4);
+  strings[2] = comm;
+  ConditionInputs in;
+  in.tid = 7;
+  in.pid = 5;
+  in.cpu = 1;
+  in.numbers = numbers;
+  in.strings = strings;
+  return c->Matches(in);
+}
+
+TEST(ConditionTest, ProbeVariablesByNameAndAlias) {
+  EXPECT_TRUE(Probe("x % 100 == 0", {300}));
+  EXPECT_FALSE(Probe("x % 100 == 0", {301}));
+  EXPECT_TRUE(Probe("r->len > 10 && tid == 7 && pid == 5 && cpu == 1", {0, 11}));
+  EXPECT_TRUE(Probe("$retval == -4", {0, 0, 0, static_cast<uint64_t>(-4)}));
+  EXPECT_TRUE(Probe("arg1 < 0", {0, 0, 0, static_cast<uint64_t>(-4)}));
+}
+
+TEST(ConditionTest, ProbeSignednessFollowsTheVariablesUsed) {
+  // x alone is signed: -1 < 0. With the unsigned r->len taking part, the comparison is
+  // unsigned, as C's usual arithmetic conversions make it: -1 is 2^64-1.
+  EXPECT_TRUE(Probe("x < 0", {static_cast<uint64_t>(-1), 5}));
+  EXPECT_FALSE(Probe("x < 0 + r->len", {static_cast<uint64_t>(-1), 5}));
+  EXPECT_TRUE(Probe("x / 2 == -3", {static_cast<uint64_t>(-7)}));
+}
+
+TEST(ConditionTest, ProbeStringsCompareWithLiterals) {
+  EXPECT_TRUE(Probe("comm == \"prog\"", {}, "prog"));
+  EXPECT_TRUE(Probe("\"prog\" == $comm", {}, "prog"));
+  EXPECT_FALSE(Probe("comm == \"prog\"", {}, "prog2"));
+  EXPECT_TRUE(Probe("comm != \"a\\tb\" && x == 1", {1}, "a b"));
+  EXPECT_TRUE(Probe("comm == \"a\\x41\\\"\"", {}, "aA\""));
+}
+
+TEST(ConditionTest, ProbeMissingValueIsFalseAndCounted) {
+  auto c = Condition::Parse("x == 1 || r->len == 2", ProbeOptions());
+  ASSERT_TRUE(c.ok());
+  std::vector<std::optional<uint64_t>> numbers = {std::nullopt, 2, std::nullopt, std::nullopt};
+  std::vector<std::optional<std::string_view>> strings(4);
+  ConditionInputs in;
+  in.numbers = numbers;
+  in.strings = strings;
+  EXPECT_FALSE(c->Matches(in));
+  EXPECT_EQ(c->stats().missing_value, 1U);
+  EXPECT_TRUE(c->uses_variable(0));
+  EXPECT_TRUE(c->uses_variable(1));
+  EXPECT_FALSE(c->uses_variable(2));
+}
+
+TEST(ConditionTest, ProbeErrorsPointIntoTheSpec) {
+  ConditionOptions o = ProbeOptions();
+  o.context = "tick x if x >> ";
+  o.context_offset = 10;
+  auto c = Condition::Parse("x >> ", o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "probe 'tick x if x >> ': expected an operand at column 16\n  tick x if x >> \n"
+            "                 ^");
+  EXPECT_THAT(Condition::Parse("new == 1", ProbeOptions()).status().message(),
+              HasSubstr("unknown name 'new' (known: tid, pid, cpu, x, r->len, comm, arg1)"));
+  EXPECT_THAT(Condition::Parse("comm + 1", ProbeOptions()).status().message(),
+              HasSubstr("'comm' is a string: compare it with == or != to a \"literal\""));
+  EXPECT_THAT(Condition::Parse("x == \"a", ProbeOptions()).status().message(),
+              HasSubstr("string literal without its closing"));
+  // Access conditions keep their names, and no strings or paths.
+  EXPECT_THAT(Condition::Parse("new == \"a\"").status().message(),
+              HasSubstr("unexpected character '\"'"));
+}
+
+TEST(ConditionTest, NamesInListsPathsOnce) {
+  EXPECT_THAT(Condition::NamesIn("r->len > 2 && x[3] == $retval || r->len < a.b->c"),
+              ::testing::ElementsAre("r->len", "x[3]", "$retval", "a.b->c"));
+  EXPECT_THAT(Condition::NamesIn("comm == \"x y\""), ::testing::ElementsAre("comm"));
+}
+
 }  // namespace kwatch::watch

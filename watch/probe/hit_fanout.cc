@@ -23,6 +23,15 @@ bool HitFanout::done() const {
   return std::any_of(sinks_.begin(), sinks_.end(), [](const HitSink* s) { return s->done(); });
 }
 
+std::string HitFanout::done_reason() const {
+  for (const HitSink* s : sinks_) {
+    if (s->done()) {
+      return s->done_reason();
+    }
+  }
+  return "";
+}
+
 void HitFanout::Flush() {
   for (HitSink* s : sinks_) {
     s->Flush();

@@ -3,6 +3,7 @@
 // One sink over several, so that a session's hits can be counted, recorded (-o) and printed at
 // once: the session is given a HitFanout over the tally, the recorder and a printer.
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@ class HitFanout final : public HitSink {
   void OnStart() override;
   bool Add(const ProbeHit& hit) override;
   bool done() const override;
+  std::string done_reason() const override;
   void Flush() override;
   absl::Status status() const override;
   void OnNote(const ProbeNote& note) override;

@@ -73,6 +73,9 @@ class HitSink {
   virtual bool Add(const ProbeHit& hit) = 0;
   // The hit limit is reached: later hits are not taken (the session stops).
   virtual bool done() const { return false; }
+  // Why done() ("--stop-on: tick hit by thread 12"); "" for the session's own "--count N
+  // reached".
+  virtual std::string done_reason() const { return ""; }
   // Writes what is pending (lines, recorded hits).
   virtual void Flush() {}
   // OK while the sink can go on; otherwise the session stops with the error's message as its

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,8 @@
 #include "core/base/syscall_status.h"
 #include "core/base/target_files.h"
 #include "core/probe/probe_spec.h"
+#include "watch/condition.h"
+#include "watch/probe/hit_filter.h"
 
 namespace kwatch::watch::probe {
 
@@ -60,6 +63,44 @@ bool UsesXmm(const core::probe::CompiledArg& arg) {
            (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31 && IsXmm(op.atom - DW_OP_breg0)) ||
            ((op.atom == DW_OP_regx || op.atom == DW_OP_bregx) && IsXmm(op.number));
   });
+}
+
+// The names of `def`'s condition that are not its arguments nor built in become hidden
+// arguments (a DWARF variable at the point, $retval, comm as $comm).
+absl::Status AddConditionArgs(const core::probe::ProbeTarget& target, ProbeDef& def) {
+  for (const std::string& name : watch::Condition::NamesIn(def.condition)) {
+    const bool listed = std::any_of(
+        def.args.begin(), def.args.end(),
+        [&](const core::probe::CompiledArg& a) { return a.name == name || a.text == name; });
+    if (listed || IsHitBuiltin(name)) {
+      continue;
+    }
+    const std::string text = name == "comm" ? std::string("$comm") : name;
+    const size_t at = def.spec.find(name, def.condition_offset);
+    absl::StatusOr<core::probe::ProbeArgSpec> arg = core::probe::ParseProbeArg(text);
+    absl::StatusOr<std::vector<core::probe::CompiledArg>> compiled =
+        arg.ok() ? core::probe::CompileArgs(target, def.point, {*arg})
+                 : absl::StatusOr<std::vector<core::probe::CompiledArg>>(arg.status());
+    if (!compiled.ok() || compiled->size() != 1) {
+      const absl::Status why =
+          compiled.ok() ? absl::InvalidArgumentError("several values") : compiled.status();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", name, "' in the condition is not an argument of the probe and cannot be fetched at ",
+          def.Location(), ": ", why.message(), "\n  ",
+          PointAt(def.spec, at == std::string::npos ? def.condition_offset : at, name.size())));
+    }
+    core::probe::CompiledArg hidden = std::move(compiled->front());
+    hidden.name = name;
+    def.args.push_back(std::move(hidden));
+    ++def.hidden_args;
+  }
+  return absl::OkStatus();
+}
+
+// Compiles `def`'s condition once, so that its errors come with the spec, before any target.
+absl::Status CheckCondition(const ProbeDef& def) {
+  KW_ASSIGN_OR_RETURN(watch::ConditionOptions opts, ConditionOptionsFor(def));
+  return watch::Condition::Parse(def.condition, opts).status();
 }
 
 }  // namespace
@@ -163,13 +204,31 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
           "empty probe spec: give a point (FUNC, FUNC+OFF, FUNC%return, SRC:LINE, 0xADDR) and "
           "optional arguments, e.g. 'tick i r->len'");
     }
+    // "POINT ARG... if COND": the condition is the rest of the spec after the word "if".
+    size_t arg_words = words.size();
+    std::string condition;
+    size_t condition_offset = 0;
+    for (size_t i = 1; i < words.size(); ++i) {
+      if (words[i].text == "if") {
+        arg_words = i;
+        condition_offset = words[i].pos + 2;
+        condition = std::string(absl::StripAsciiWhitespace(spec.substr(condition_offset)));
+        condition_offset = spec.find(condition, condition_offset);
+        if (condition.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("'if' without a condition: write e.g. 'tick i if i > 1'\n  ",
+                           PointAt(spec, words[i].pos, words[i].text.size())));
+        }
+        break;
+      }
+    }
     core::probe::ProbeSpec parsed;
     absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(words[0].text);
     if (!point.ok()) {
       return AtWord(point.status(), spec, words[0]);
     }
     parsed.point = *std::move(point);
-    for (size_t i = 1; i < words.size(); ++i) {
+    for (size_t i = 1; i < arg_words; ++i) {
       absl::StatusOr<core::probe::ProbeArgSpec> arg = core::probe::ParseProbeArg(words[i].text);
       if (!arg.ok()) {
         return AtWord(arg.status(), spec, words[i]);
@@ -199,6 +258,12 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
       def.spec = spec;
       def.point = p;
       def.args = *std::move(args);
+      if (!condition.empty()) {
+        def.condition = condition;
+        def.condition_offset = condition_offset;
+        KW_RETURN_IF_ERROR(AddConditionArgs(*set.target, def));
+        KW_RETURN_IF_ERROR(CheckCondition(def));
+      }
       for (const core::probe::CompiledArg& a : def.args) {
         def.needs_fpregs |= UsesXmm(a);
       }

@@ -26,6 +26,13 @@ struct ProbeDef {
   core::probe::ResolvedPoint point;
   std::vector<core::probe::CompiledArg> args;
   bool needs_fpregs = false;  // an argument lives in an %xmm register
+  // The spec's `if COND` ("" when none) and where COND starts in `spec`.
+  std::string condition;
+  size_t condition_offset = 0;
+  // The last `hidden_args` of `args` are fetched for the condition only ("tick if n > 2"
+  // fetches n): the filter (watch/probe/hit_filter.h) takes them off before a hit is shown,
+  // counted or recorded.
+  size_t hidden_args = 0;
 
   // "tick+0x0", "tick%return", "0x1149" (raw addresses outside any function).
   std::string Location() const;
@@ -39,9 +46,11 @@ struct ProbeSet {
   std::vector<ProbeDef> probes;
 };
 
-// Opens `path` and resolves every spec. Errors are for people: a bad argument or point is
-// shown under the spec with a caret at the offending word; unknown functions list near
-// matches (core/probe/probe_target.h).
+// Opens `path` and resolves every spec. A spec may end with `if COND` (a condition over its
+// arguments by name, tid, pid, cpu and comm, watch/condition.h; names it does not list as
+// arguments are fetched as hidden ones: DWARF variables, $retval). Errors are for people: a bad
+// argument or point is shown under the spec with a caret at the offending word; unknown functions
+// list near matches (core/probe/probe_target.h).
 absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
                                        const std::vector<std::string>& specs);
 

@@ -51,7 +51,8 @@ void ProbeSessionBase::Stop(std::string reason) {
 bool ProbeSessionBase::Deliver(const ProbeHit& hit) {
   const bool taken = sink_->Add(hit);
   if (sink_->done()) {
-    Stop(absl::StrCat("--count ", opts_.count, " reached"));
+    const std::string reason = sink_->done_reason();
+    Stop(reason.empty() ? absl::StrCat("--count ", opts_.count, " reached") : reason);
   }
   return taken;
 }

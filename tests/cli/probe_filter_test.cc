@@ -1,0 +1,170 @@
+// End-to-end tests of what decides which probe hits are taken: `if COND` at the end of a spec,
+// --skip and -c EVENT:N, on every backend, against tests/targets/probe_args.c, whose calls
+// and arguments are known (see its header).
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/cli/probe_test_util.h"
+#include "tests/test_util.h"
+
+namespace kwatch {
+namespace {
+
+using ::kwatch::testing::json;
+using ::kwatch::testing::JsonRun;
+using ::kwatch::testing::KwatchProbe;
+using ::kwatch::testing::OfEvent;
+using ::kwatch::testing::ParseJson;
+using ::kwatch::testing::PrivateTargetPath;
+using ::kwatch::testing::RunResult;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<long> ArgValues(const std::vector<json>& hits, const std::string& arg) {
+  std::vector<long> out;
+  for (const json& h : hits) {
+    out.push_back(h["args"].at(arg).get<long>());
+  }
+  return out;
+}
+
+const json& ProbeSummary(const JsonRun& run, const std::string& event) {
+  for (const json& p : run.summary["probes"]) {
+    if (p["event"] == event) {
+      return p;
+    }
+  }
+  static const json kNone;
+  ADD_FAILURE() << "no probe " << event << " in " << run.summary.dump();
+  return kNone;
+}
+
+class ProbeConditions : public ::testing::TestWithParam<std::string> {};
+
+// add_ints(i, 10 * i) for i = 0..4; fact(5) recurses with n = 5..1 and returns 1, 2, 6, 24,
+// 120 (innermost first); name_len is called once with ("hello probe", 64).
+TEST_P(ProbeConditions, FilterExactlyOnEachBackend) {
+  const RunResult r =
+      KwatchProbe({"--json", "--backend", GetParam(), "add_ints a b if b >= 20 && a != 3",
+                   "fact n if n % 2 == 1", "fact%return $retval if $retval > 2",
+                   "name_len if comm == \"probe_args\" && limit == 64", "sum_item if p->id == 202",
+                   "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "add_ints"), "a"), ElementsAre(2, 4));
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "add_ints"), "b"), ElementsAre(20, 40));
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "fact"), "n"), ElementsAre(5, 3, 1));
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "fact__return"), "arg1"), ElementsAre(6, 24, 120));
+  ASSERT_EQ(OfEvent(run.hits, "name_len").size(), 1U);
+  // A name the spec does not list is fetched for the condition only: not shown.
+  EXPECT_TRUE(OfEvent(run.hits, "name_len")[0]["args"].empty());
+  // The uprobe backend samples registers and the stack only: g_items' ids are not read (no
+  // value: not matched), the third call's item is on the stack (303: not matched).
+  const bool uprobe = GetParam() == "uprobe";
+  ASSERT_EQ(OfEvent(run.hits, "sum_item").size(), uprobe ? 0U : 1U);
+  if (!uprobe) {
+    EXPECT_TRUE(OfEvent(run.hits, "sum_item")[0]["args"].empty());
+  }
+
+  struct Expected {
+    std::string event;
+    std::string condition;
+    int seen;
+    int matched;
+    int no_value = 0;
+  };
+  for (const Expected& e : std::vector<Expected>{
+           {"add_ints", "b >= 20 && a != 3", 5, 2},
+           {"fact", "n % 2 == 1", 5, 3},
+           {"fact__return", "$retval > 2", 5, 3},
+           {"name_len", "comm == \"probe_args\" && limit == 64", 1, 1},
+           {"sum_item", "p->id == 202", 3, uprobe ? 0 : 1, uprobe ? 2 : 0},
+       }) {
+    const json& p = ProbeSummary(run, e.event);
+    EXPECT_EQ(p["condition"], e.condition) << e.event;
+    EXPECT_EQ(p["seen"], e.seen) << e.event;
+    EXPECT_EQ(p["matched"], e.matched) << e.event;
+    EXPECT_EQ(p["no_value"], e.no_value) << e.event;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProbeConditions, ::testing::Values("agent", "ptrace", "uprobe"));
+
+TEST(ProbeFilter, TextSummaryCountsSeenAndMatched) {
+  const RunResult r = KwatchProbe({"-q", "--backend", "ptrace", "add_ints a if a < 0 || b == 30",
+                                   "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("    if a < 0 || b == 30: 1 of 5 hits matched\n"));
+  EXPECT_THAT(r.out, HasSubstr("    a                1 distinct: 3 (1)\n"));
+}
+
+TEST(ProbeFilter, SkipAndPerProbeCountsTakeExactlyTheirHits) {
+  const RunResult r =
+      KwatchProbe({"--json", "--skip", "add_ints:1", "-c", "add_ints:2", "--skip", "1",
+                   "add_ints a", "fact n", "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  // add_ints: the first hit skipped, the next two taken, the last two over the count.
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "add_ints"), "a"), ElementsAre(1, 2));
+  // fact: --skip 1 applies to every probe without its own.
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "fact"), "n"), ElementsAre(4, 3, 2, 1));
+  const json& add = ProbeSummary(run, "add_ints");
+  EXPECT_EQ(add["skipped"], 1);
+  EXPECT_EQ(add["over_count"], 2);
+  EXPECT_EQ(ProbeSummary(run, "fact")["skipped"], 1);
+  EXPECT_EQ(run.summary["stop_reason"], "target exited");
+}
+
+TEST(ProbeFilter, EveryProbeAtItsCountEndsTheSession) {
+  const RunResult r = KwatchProbe({"--json", "-c", "add_ints:2", "-c", "fact:1", "add_ints a",
+                                   "fact n", "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "add_ints"), "a"), ElementsAre(0, 1));
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "fact"), "n"), ElementsAre(5));
+  EXPECT_EQ(run.summary["stop_reason"], "every probe reached its -c count");
+}
+
+TEST(ProbeFilter, BadConditionsArePointedAtBeforeAnythingRuns) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string target = PrivateTargetPath("probe_args");
+  for (const Case& c : std::vector<Case>{
+           {{"add_ints a if a >> "},
+            "probe 'add_ints a if a >> ': expected an operand at column 19\n"
+            "  add_ints a if a >> \n"
+            "                    ^"},
+           {{"add_ints a if zz > 1"},
+            "'zz' in the condition is not an argument of the probe and cannot be fetched at "
+            "add_ints: no variable 'zz' at add_ints (available: a, b)\n"
+            "  add_ints a if zz > 1\n"
+            "                ^~"},
+           {{"scale x if x > 1"},
+            "probe 'scale x if x > 1': 'x' is a floating-point value: conditions compare "
+            "integers and strings"},
+           {{"add_ints if comm > 2"},
+            "'comm' is a string: compare it with == or != to a \"literal\" at column 13"},
+           {{"add_ints a if"}, "'if' without a condition"},
+           {{"add_ints if $retval > 0"},
+            "'$retval' in the condition is not an argument of the probe"},
+           {{"-c", "nosuch:2", "add_ints"},
+            "-c nosuch:2: no probe is named 'nosuch' (events: add_ints)"},
+           {{"--skip", "x:y", "add_ints"}, "--skip 'x:y': expected N or EVENT:N"},
+       }) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--", target});
+    const RunResult r = KwatchProbe(args);
+    EXPECT_NE(r.exit_code, 0) << c.args[0];
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args[0];
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("armed"))) << c.args[0];
+  }
+}
+
+}  // namespace
+}  // namespace kwatch

@@ -1,0 +1,104 @@
+#pragma once
+
+// What decides which hits of a probe session are taken: each probe's `if COND`, gdb's ignore
+// count (--skip) and a count per probe (-c EVENT:N). A HitSink in front of the
+// session's fan-out (tally, recorder, printer): a hit it leaves out reaches none of them, and a
+// hit it passes has its hidden arguments (those fetched for the condition only) taken off.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "watch/condition.h"
+#include "watch/probe/hit_sink.h"
+#include "watch/probe/probe_set.h"
+
+namespace kwatch::watch::probe {
+
+// The names a hit gives a condition besides its arguments: tid, pid, cpu.
+bool IsHitBuiltin(const std::string& name);
+
+// How `def`'s condition names its arguments: variable i is def.args[i]. InvalidArgument when
+// the condition uses a float argument (conditions compare integers and strings).
+absl::StatusOr<ConditionOptions> ConditionOptionsFor(const ProbeDef& def);
+
+// A probe's EVENT:N (or N for every probe) from the command line: --skip, -c.
+struct PerProbeCounts {
+  std::optional<uint64_t> every;          // N: each probe
+  std::map<std::string, uint64_t> event;  // EVENT:N
+};
+
+// Parses "N" or "EVENT:N" into `counts`; `option` names the option in errors.
+absl::Status ParsePerProbeCount(const std::string& text, const std::string& option,
+                                PerProbeCounts& counts);
+
+struct HitFilterOptions {
+  PerProbeCounts skip;   // --skip: matching hits ignored first (gdb's ignore count)
+  PerProbeCounts count;  // -c EVENT:N: matching hits taken, then the probe's hits are not
+};
+
+// What the filter did with one probe's hits.
+struct ProbeFilterStats {
+  uint64_t seen = 0;        // hits the backend delivered
+  uint64_t matched = 0;     // of those, the condition held (every hit without a condition)
+  uint64_t skipped = 0;     // matched hits ignored by --skip
+  uint64_t over_count = 0;  // matched hits after the probe's -c EVENT:N was reached
+  std::optional<ConditionStats> condition;  // the condition's own counters
+};
+
+// Not thread-safe. Made before the session starts (its errors come first), then given the
+// sink it passes hits to (Attach) before the first hit; that sink is the caller's and outlives
+// the filter, as `probes` do.
+class HitFilter final : public HitSink {
+ public:
+  // InvalidArgument for an EVENT that names no probe, or a condition that does not compile.
+  static absl::StatusOr<std::unique_ptr<HitFilter>> Make(const std::vector<ProbeDef>& probes,
+                                                         HitFilterOptions opts);
+  void Attach(HitSink& next) { next_ = &next; }
+
+  void OnStart() override { next_->OnStart(); }
+  // Passes `hit` on when it matches, is past its skip count and under its count. Always true:
+  // a hit left out was still taken (the backend goes on with the next one).
+  bool Add(const ProbeHit& hit) override;
+  bool done() const override;
+  std::string done_reason() const override;
+  void Flush() override { next_->Flush(); }
+  absl::Status status() const override { return next_->status(); }
+  void OnNote(const ProbeNote& note) override { next_->OnNote(note); }
+
+  // By ProbeDef::id (every probe has an entry).
+  ProbeFilterStats stats(uint32_t probe_id) const;
+  // Whether any probe has a condition, --skip or a count (the summary then shows the columns).
+  bool filters() const { return filters_; }
+
+ private:
+  struct PerProbe {
+    const ProbeDef* def = nullptr;
+    std::optional<Condition> condition;
+    std::vector<ConditionVariable::Kind> kinds;  // of each argument, as the condition reads it
+    uint64_t skip = 0;
+    std::optional<uint64_t> count;
+    uint64_t taken = 0;
+    ProbeFilterStats stats;
+  };
+
+  explicit HitFilter(HitFilterOptions opts) : opts_(std::move(opts)) {}
+  bool Matches(PerProbe& p, const ProbeHit& hit);
+
+  HitFilterOptions opts_;
+  HitSink* next_ = nullptr;
+  std::map<uint32_t, PerProbe> per_probe_;
+  bool filters_ = false;
+  // Scratch for Matches (no allocation per hit once grown).
+  std::vector<std::optional<uint64_t>> numbers_;
+  std::vector<std::optional<std::string_view>> strings_;
+  std::vector<std::string> string_values_;
+};
+
+}  // namespace kwatch::watch::probe
