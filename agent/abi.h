@@ -25,7 +25,7 @@
 namespace kwatch::agent {
 
 inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
-inline constexpr uint32_t kKwAbiVersion = 4;
+inline constexpr uint32_t kKwAbiVersion = 5;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -302,7 +302,7 @@ struct KwProbeSlot {
 //  - Each argument that captures anything starts with kKwOpBeginArg (a = its number); the
 //    record gets a KwArgHeader, then the bytes its copy ops (Read, ReadStr, StoreAcc, Xmm,
 //    RegsAll, Stack) append (`len`, the sum), then zero padding to 8. The argument ends at
-//    the next kKwOpBeginArg or kKwOpEnd. Arguments that capture nothing ($comm, constants)
+//    the next kKwOpBeginArg or kKwOpEnd. Arguments that capture nothing (constants)
 //    have no ops and no header: the headers are in program order, with gaps in `arg`.
 //  - Safe reads: an address below 4096 or non-canonical, or any byte not readable by the
 //    thread, is a fault (status kKwArgFault, record flag 1, KwProbe::faults); the rest of
@@ -331,6 +331,7 @@ enum KwFetchOpcode : uint16_t {
   kKwOpRegsAll = 10,  // copy the whole KwRegs into the record (a fallback for the controller)
   kKwOpStack = 11,    // copy b bytes from regs.rsp up into the record (safe)
   kKwOpTls = 12,      // acc = the thread's fs base
+  kKwOpComm = 13,     // copy the thread's name (prctl PR_GET_NAME), before its NUL, at most 15
 };
 
 struct KwFetchOp {

@@ -2,10 +2,13 @@
 // writing KwArgHeader + bytes per argument straight into the ring's reserved space. Every
 // read of the target's memory goes through the safe routines (safe.S); no libc call.
 
+#include <linux/prctl.h>
+
 #include <array>
 #include <cstdint>
 
 #include "agent/agent.h"
+#include "agent/sys.h"
 
 namespace kwatch::agent {
 
@@ -185,6 +188,27 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
       case kKwOpTls:
         acc = regs.fs_base;
         break;
+      case kKwOpComm: {
+        // The name at the hit: the thread may be gone (and its /proc entry) by the drain.
+        char name[16] = {};
+        if (Sys(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name)) != 0) {
+          fail(kStatusFault);
+          break;
+        }
+        uint32_t n = 0;
+        while (n < 15 && name[n] != 0) {
+          ++n;
+        }
+        if (n > w.Space()) {
+          w.Cut();
+          break;
+        }
+        for (uint32_t k = 0; k < n; ++k) {
+          w.Cursor()[k] = static_cast<uint8_t>(name[k]);
+        }
+        w.Advance(n);
+        break;
+      }
       case kKwOpRead: {
         uint32_t n = op.b;
         const bool cut = n > w.Space();

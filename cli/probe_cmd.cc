@@ -21,6 +21,7 @@
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
 #include "watch/event_loop.h"
+#include "watch/probe/aggregation.h"
 #include "watch/probe/hit_filter.h"
 #include "watch/probe/probe_set.h"
 
@@ -112,7 +113,9 @@ int List(const std::string& file, const std::string& what, bool lines) {
 }
 
 absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
-  KW_ASSIGN_OR_RETURN(watch::probe::ProbeSet set, watch::probe::ResolveProbes(file, opts.specs));
+  KW_ASSIGN_OR_RETURN(
+      watch::probe::ProbeSet set,
+      watch::probe::ResolveProbes(file, opts.specs, watch::probe::NamesToFetch(opts.aggs)));
   // Signals arrive through a signalfd, in order with the target's events
   // (watch/event_loop.h); the session owns it. A launched target starts with every signal
   // unblocked (core/process.cc). SIGPIPE is blocked too: a closed stdout shows as a write
@@ -200,6 +203,18 @@ int ProbeMain(const std::vector<std::string>& argv) {
       ->type_name("N|EVENT:N");
   app.add_option("-d,--duration", opts.session.duration, "Stop after SECS seconds")
       ->check(CLI::PositiveNumber);
+  std::vector<std::string> aggs;
+  app.add_option("--agg", aggs,
+                 "Aggregate the hits taken: count(), sum(X), min(X), max(X), avg(X), hist(X) "
+                 "(power-of-two buckets), lhist(X, MIN, MAX, STEP), optionally `by KEY[,KEY]` "
+                 "(tid, pid, cpu, comm, an argument); X an argument, tid, pid or cpu; EVENT: "
+                 "first applies it to one probe. Printed at the end (JSON: "
+                 "{\"type\":\"aggregate\"} lines)")
+      ->allow_extra_args(false)
+      ->type_name("[EVENT:]FUNC(X) [by KEY]");
+  app.add_option("--interval", opts.interval,
+                 "Print the aggregations every SECS seconds too (they keep accumulating)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("-q,--quiet", opts.session.quiet, "Print no hit lines, only the summary");
   app.add_flag("--json", opts.json, R"(JSON lines: one {"type":"hit"} per hit, then a summary)");
   app.add_option("-o,--output", opts.output,
@@ -278,6 +293,18 @@ int ProbeMain(const std::vector<std::string>& argv) {
       PrintError(parsed);
       return 2;
     }
+  }
+  for (const std::string& text : aggs) {
+    absl::StatusOr<watch::probe::AggregationSpec> agg = watch::probe::ParseAggregation(text);
+    if (!agg.ok()) {
+      PrintError(agg.status());
+      return 2;
+    }
+    opts.aggs.push_back(*std::move(agg));
+  }
+  if (opts.interval > 0 && opts.aggs.empty()) {
+    std::fprintf(stderr, "kwatch: error: --interval prints aggregations: give --agg too\n");
+    return 2;
   }
   for (const std::string& skip : skips) {
     if (absl::Status parsed = watch::probe::ParsePerProbeCount(skip, "--skip", opts.filter.skip);

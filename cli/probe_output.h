@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "core/base/remote_addr.h"
 #include "core/base/target_files.h"
+#include "watch/probe/aggregation.h"
 #include "watch/probe/hit_filter.h"
 #include "watch/probe/hit_sink.h"
 #include "watch/probe/hit_tally.h"
@@ -124,5 +125,13 @@ class ProbeJsonPrinter final : public ProbePrinter {
 // The value of an argument as JSON: a number for decimal integers and finite floats, the
 // string itself for quoted strings, the text otherwise ("0x64", "(fault)").
 std::string ArgValueJson(const std::string& formatted);
+
+// --agg's results: each table under a title line, keys and values in columns, histograms as
+// bpftrace draws them ("[4, 8)   3 |@@@@   |"). `elapsed`: seconds into the session (a title for
+// --interval), negative at the end.
+void PrintAggregatesText(FILE* out, const watch::probe::Aggregator& agg, double elapsed);
+// The same as JSON lines: one {"type":"aggregate"} per key (count, sum, min, max, avg: "value";
+// hist and lhist: one per bucket, "low", "high", "count").
+void PrintAggregatesJson(FILE* out, const watch::probe::Aggregator& agg, double elapsed);
 
 }  // namespace kwatch::cli

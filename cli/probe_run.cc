@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -82,8 +83,16 @@ bool FinishRecording(core::store::TraceWriter* writer, const HitRecorder* record
 class SessionOutput {
  public:
   SessionOutput(const ProbeCmdOptions& opts, const ProbeSet& set, std::string backend,
-                std::unique_ptr<watch::probe::HitFilter> filter)
-      : opts_(opts), set_(set), backend_(std::move(backend)), filter_(std::move(filter)) {}
+                std::unique_ptr<watch::probe::HitFilter> filter,
+                std::unique_ptr<watch::probe::Aggregator> aggregator)
+      : opts_(opts),
+        set_(set),
+        backend_(std::move(backend)),
+        filter_(std::move(filter)),
+        aggregator_(std::move(aggregator)) {}
+
+  // --interval: the aggregations so far, `elapsed` seconds into the session.
+  void PrintAggregates(double elapsed);
 
   watch::probe::ProbeSessionHooks Hooks();
 
@@ -100,8 +109,23 @@ class SessionOutput {
   std::unique_ptr<HitRecorder> recorder_;
   std::unique_ptr<ProbePrinter> printer_;
   std::unique_ptr<watch::probe::HitFanout> sink_;
-  std::unique_ptr<watch::probe::HitFilter> filter_;  // in front of sink_
+  std::unique_ptr<watch::probe::HitFilter> filter_;       // in front of sink_
+  std::unique_ptr<watch::probe::Aggregator> aggregator_;  // --agg (null without)
 };
+
+void SessionOutput::PrintAggregates(double elapsed) {
+  if (aggregator_ == nullptr || sink_ == nullptr) {
+    return;
+  }
+  filter_->Flush();
+  std::fflush(stdout);
+  if (opts_.json) {
+    PrintAggregatesJson(stdout, *aggregator_, elapsed);
+  } else {
+    PrintAggregatesText(stdout, *aggregator_, elapsed);
+  }
+  std::fflush(stdout);
+}
 
 watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
   watch::probe::ProbeSessionHooks hooks;
@@ -131,6 +155,9 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
     sinks.push_back(printer_.get());
     sink_ = std::make_unique<watch::probe::HitFanout>(std::move(sinks));
     filter_->Attach(*sink_);
+    if (aggregator_ != nullptr) {
+      filter_->AlsoGiveTaken(*aggregator_);
+    }
     return *filter_;
   };
   return hooks;
@@ -140,9 +167,26 @@ bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
   filter_->Flush();
   std::fflush(stdout);
   const bool recorded = FinishRecording(writer_.get(), recorder_.get(), end.info);
+  if (aggregator_ != nullptr && opts_.json) {
+    PrintAggregatesJson(stdout, *aggregator_, -1);  // before the summary, the last line
+  }
   printer_->PrintSummary(stdout, ProbeSummary{set_.probes, *tally_, end, filter_.get()});
+  if (aggregator_ != nullptr && !opts_.json) {
+    PrintAggregatesText(stdout, *aggregator_, -1);
+  }
   std::fflush(stdout);
   return recorded;
+}
+
+// The aggregator of --agg (null without); RunProbeSession made one first for its errors.
+std::unique_ptr<watch::probe::Aggregator> MakeAggregator(const ProbeCmdOptions& opts,
+                                                         const ProbeSet& set) {
+  if (opts.aggs.empty()) {
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<watch::probe::Aggregator>> a =
+      watch::probe::Aggregator::Make(set.probes, opts.aggs);
+  return a.ok() ? *std::move(a) : nullptr;
 }
 
 // Starts the session of `backend` ("agent", "uprobe", "hw" or "ptrace") with `sigfd`.
@@ -180,10 +224,15 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                  "but an exec'd process is not probed again)\n");
     backend = "ptrace";
   }
-  // The filter's errors (a bad EVENT, a condition) come before any target is touched.
+  // The filter's and the aggregations' errors (a bad EVENT, a condition, a value a probe
+  // lacks) come before any target is touched.
+  if (!opts.aggs.empty()) {
+    KW_RETURN_IF_ERROR(watch::probe::Aggregator::Make(set.probes, opts.aggs).status());
+  }
   KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::HitFilter> filter,
                       watch::probe::HitFilter::Make(set.probes, opts.filter));
-  auto out = std::make_unique<SessionOutput>(opts, set, backend, std::move(filter));
+  auto out = std::make_unique<SessionOutput>(opts, set, backend, std::move(filter),
+                                             MakeAggregator(opts, set));
   absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> started =
       StartSession(backend, opts, set, std::move(sigfd), *out);
   if (!started.ok() && backend == "agent" && opts.backend == "auto" &&
@@ -193,15 +242,26 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                  std::string{started.status().message()}.c_str());
     backend = "ptrace";
     KW_ASSIGN_OR_RETURN(filter, watch::probe::HitFilter::Make(set.probes, opts.filter));
-    out = std::make_unique<SessionOutput>(opts, set, backend, std::move(filter));
+    out = std::make_unique<SessionOutput>(opts, set, backend, std::move(filter),
+                                          MakeAggregator(opts, set));
     KW_ASSIGN_OR_RETURN(core::UniqueFd fresh_sigfd, watch::BlockSessionSignals());
     started = StartSession(backend, opts, set, std::move(fresh_sigfd), *out);
   }
   KW_ASSIGN_OR_RETURN(std::unique_ptr<watch::probe::ProbeSession> session, std::move(started));
+  const absl::Time began = absl::Now();
+  absl::Time next_interval = began + absl::Seconds(opts.interval);
   for (;;) {
-    absl::StatusOr<bool> more = session->Step(absl::Seconds(1));
+    const absl::Duration wait =
+        opts.interval > 0
+            ? std::clamp(next_interval - absl::Now(), absl::ZeroDuration(), absl::Seconds(1))
+            : absl::Seconds(1);
+    absl::StatusOr<bool> more = session->Step(wait);
     if (!more.ok() || !*more) {
       break;  // a failure comes back from Finish
+    }
+    if (opts.interval > 0 && absl::Now() >= next_interval) {
+      out->PrintAggregates(absl::ToDoubleSeconds(absl::Now() - began));
+      next_interval += absl::Seconds(opts.interval);
     }
   }
   KW_ASSIGN_OR_RETURN(watch::probe::ProbeSessionEnd end, session->Finish());

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/base/unique_fd.h"
+#include "watch/probe/aggregation.h"
 #include "watch/probe/hit_filter.h"
 #include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
@@ -31,7 +32,9 @@ struct ProbeCmdOptions {
   std::string backend = "auto";           // auto, agent, ptrace, uprobe
   bool no_jump = false;                   // agent: every probe through INT3 (--no-jump)
   std::string output;                     // -o
-  watch::probe::HitFilterOptions filter;  // --skip, -c EVENT:N, --stop-on
+  watch::probe::HitFilterOptions filter;  // --skip, -c EVENT:N
+  std::vector<watch::probe::AggregationSpec> aggs;  // --agg
+  double interval = 0;                              // --interval: seconds, 0: at the end only
 };
 
 // Runs the probes of `set` with the backend the options name (ptrace, uprobe, or --hw's debug

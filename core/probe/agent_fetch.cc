@@ -493,7 +493,9 @@ std::optional<LoweredArg> LowerArg(const CompiledArg& arg, uint64_t load_bias, s
   Lowered place;
   switch (arg.base) {
     case CompiledArg::Base::kComm:
-      out.plan.kind = AgentArgPlan::Kind::kComm;
+      out.plan.kind = AgentArgPlan::Kind::kString;
+      out.ops.push_back(Op(agent::kKwOpComm));
+      out.max_bytes = 16;
       return out;
     case CompiledArg::Base::kRegister:
       if (arg.reg_offset % 8 != 0 || arg.reg_offset >= sizeof(KwRegs) ||
@@ -694,7 +696,7 @@ absl::StatusOr<AgentArgValues> FormatAgentRecord(std::span<const CompiledArg> ar
   AgentArgValues out;
   out.args.reserve(args.size());
   size_t pos = 0;
-  // What core::Evaluate says without memory: $comm, and $retval outside a return.
+  // What core::Evaluate says without memory: $retval outside a return.
   const user_regs_struct no_regs{};
   FetchContext plain;
   plain.regs = &no_regs;
@@ -742,9 +744,6 @@ absl::StatusOr<AgentArgValues> FormatAgentRecord(std::span<const CompiledArg> ar
       continue;
     }
     switch (plan.kind) {
-      case AgentArgPlan::Kind::kComm:
-        put(Evaluate(arg, plain));
-        break;
       case AgentArgPlan::Kind::kConstant:
         put(FormatFetchBytes(arg, plan.constant, plan.first_step));
         break;

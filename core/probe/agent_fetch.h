@@ -54,14 +54,12 @@ struct AgentArgPlan {
     // (then first_step == steps.size()). The formatter applies the remaining steps (offsets
     // within the bytes) and the final read.
     kBytes,
-    // The record holds a string read by kKwOpReadStr (its header says fault).
+    // The record holds a string read by kKwOpReadStr (its header says fault), or the
+    // thread's name at the hit ($comm, kKwOpComm).
     kString,
     // Known when compiling: `constant` holds the place's bytes after steps [0, first_step).
     // Nothing in the record.
     kConstant,
-    // $comm: nothing in the record; formatting reads /proc/TID/comm (the thread's name at
-    // drain time, an error once the thread is gone).
-    kComm,
     // A value the DWARF expression computes from several parts: the record holds the parts
     // the agent can compute (a register plus constants and dereferences, a register's bytes,
     // a piece of memory), and the formatter evaluates `location` (the expression with each
@@ -83,7 +81,7 @@ struct AgentArgPlan {
   uint32_t stack_bytes = 0;  // kFallback: most stack bytes captured
   std::string reason;        // kFallback: why the program cannot compute the value
 
-  bool captures() const { return kind != Kind::kConstant && kind != Kind::kComm; }
+  bool captures() const { return kind != Kind::kConstant; }
 };
 
 struct AgentFetchOptions {

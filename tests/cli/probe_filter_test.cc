@@ -2,6 +2,8 @@
 // --skip and -c EVENT:N, on every backend, against tests/targets/probe_args.c, whose calls
 // and arguments are known (see its header).
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -163,6 +165,135 @@ TEST(ProbeFilter, BadConditionsArePointedAtBeforeAnythingRuns) {
     EXPECT_NE(r.exit_code, 0) << c.args[0];
     EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args[0];
     EXPECT_THAT(r.err, ::testing::Not(HasSubstr("armed"))) << c.args[0];
+  }
+}
+
+// The aggregations of one event and agg, by their key's JSON text ("null" without a key).
+std::map<std::string, json> Aggregates(const JsonRun& run, const std::string& event,
+                                       const std::string& agg) {
+  std::map<std::string, json> out;
+  for (const json& a : run.aggregates) {
+    if (a["event"] == event && a["agg"] == agg) {
+      std::string key = a["key"].dump();
+      if (a.contains("low")) {
+        key += " " + a["low"].dump();
+      }
+      out[key] = a;
+    }
+  }
+  return out;
+}
+
+class ProbeAggregations : public ::testing::TestWithParam<std::string> {};
+
+// uprobe_loop with 4 threads: each calls tick(i, r) for i = 0..999, r->len = 100 + its index
+// (few enough that the agent's per-thread rings hold every record of both probes).
+TEST_P(ProbeAggregations, ExactPerKeyAndPerBucket) {
+  const RunResult r = KwatchProbe({"--json",    "-q",
+                                   "--backend", GetParam(),
+                                   "--agg",     "count() by tid",
+                                   "--agg",     "sum(i) by r->len",
+                                   "--agg",     "hist(i)",
+                                   "--agg",     "lhist(i, 0, 1000, 250)",
+                                   "--agg",     "min(i)",
+                                   "--agg",     "max(i)",
+                                   "--agg",     "avg(i)",
+                                   "--agg",     "even:count() by comm",
+                                   "tick i",    "even=tick if i % 2 == 0",
+                                   "--",        PrivateTargetPath("uprobe_loop"),
+                                   "1000",      "--threads",
+                                   "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  EXPECT_TRUE(run.hits.empty());  // -q
+
+  const std::map<std::string, json> by_tid = Aggregates(run, "tick", "count() by tid");
+  ASSERT_EQ(by_tid.size(), 4U) << r.out;
+  for (const auto& [key, a] : by_tid) {
+    EXPECT_EQ(a["value"], 1000) << key;
+    EXPECT_TRUE(a["key"]["tid"].is_number()) << key;
+  }
+  const std::map<std::string, json> sums = Aggregates(run, "tick", "sum(i) by r->len");
+  ASSERT_EQ(sums.size(), 4U);
+  for (int len = 100; len < 104; ++len) {
+    const std::string key = "{\"r->len\":" + std::to_string(len) + "}";
+    ASSERT_EQ(sums.count(key), 1U) << key;
+    EXPECT_EQ(sums.at(key)["value"], 1000 * 999 / 2) << key;
+  }
+  // Power-of-two buckets of i = 0..999, four times.
+  const std::map<std::string, json> hist = Aggregates(run, "tick", "hist(i)");
+  std::vector<std::vector<long>> rows;
+  for (const auto& [key, a] : hist) {
+    rows.push_back({a["low"].get<long>(), a["high"].get<long>(), a["count"].get<long>()});
+  }
+  std::sort(rows.begin(), rows.end());
+  std::vector<std::vector<long>> expected = {{0, 1, 4}, {1, 2, 4}};
+  for (long low = 2; low < 1024; low *= 2) {
+    expected.push_back({low, low * 2, 4 * (std::min(low * 2, 1000L) - low)});
+  }
+  EXPECT_EQ(rows, expected);
+  const std::map<std::string, json> lhist = Aggregates(run, "tick", "lhist(i, 0, 1000, 250)");
+  ASSERT_EQ(lhist.size(), 4U);
+  for (const auto& [key, a] : lhist) {
+    EXPECT_EQ(a["count"], 1000) << key;
+    EXPECT_EQ(a["high"].get<long>() - a["low"].get<long>(), 250) << key;
+  }
+  EXPECT_EQ(Aggregates(run, "tick", "min(i)").at("null")["value"], 0);
+  EXPECT_EQ(Aggregates(run, "tick", "max(i)").at("null")["value"], 999);
+  EXPECT_DOUBLE_EQ(Aggregates(run, "tick", "avg(i)").at("null")["value"].get<double>(), 499.5);
+  // The condition comes first: only even i are counted, by the thread's name (a hidden $comm).
+  const std::map<std::string, json> even = Aggregates(run, "even", "count() by comm");
+  ASSERT_EQ(even.size(), 1U) << r.out;
+  EXPECT_EQ(even.begin()->second["value"], 2000);
+  EXPECT_EQ(even.begin()->second["key"]["comm"], "uprobe_loop");
+  // The aggregate lines come before the summary, the last line.
+  EXPECT_EQ(run.summary["hits"].get<int>() > 0, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProbeAggregations, ::testing::Values("agent", "ptrace"));
+
+TEST(ProbeAggregation, TextHistogramAndInterval) {
+  const RunResult r = KwatchProbe({"-q", "--agg", "fact:hist(n)", "--agg", "add_ints:sum(b)",
+                                   "add_ints", "fact", "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\n== aggregations ==\nfact: hist(n)\n"
+                               "    [1, 2)                            1 |" +
+                               std::string(25, '@') + std::string(25, ' ') +
+                               "|\n"
+                               "    [2, 4)                            2 |" +
+                               std::string(50, '@') +
+                               "|\n"
+                               "    [4, 8)                            2 |" +
+                               std::string(50, '@') +
+                               "|\n"
+                               "add_ints: sum(b)\n"
+                               "    -                                        100\n"));
+}
+
+TEST(ProbeAggregation, BadAggregationsArePointedAt) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string target = PrivateTargetPath("probe_args");
+  for (const Case& c : std::vector<Case>{
+           {{"--agg", "hist(n", "fact"},
+            "--agg 'hist(n': expected ')' at column 7\n  hist(n\n        ^"},
+           {{"--agg", "median(n)", "fact"}, "unknown aggregation 'median'"},
+           {{"--agg", "lhist(n, 10, 0, 1)", "fact"}, "lhist needs MIN < MAX and 0 < STEP"},
+           {{"--agg", "sum(n)", "fact", "add_ints"},
+            "--agg 'sum(n)': probe add_ints has no value 'n' (it has: tid, pid, cpu; give "
+            "EVENT: to aggregate one probe)"},
+           {{"--agg", "nosuch:count()", "fact"}, "no probe is named 'nosuch' (events: fact)"},
+           {{"--agg", "count() by ustack", "fact"}, "stacks as keys are not collected"},
+           {{"--interval", "1", "fact"}, "--interval prints aggregations: give --agg too"},
+       }) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--", target});
+    const RunResult r = KwatchProbe(args);
+    EXPECT_NE(r.exit_code, 0) << c.args[1];
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args[1];
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("armed"))) << c.args[1];
   }
 }
 

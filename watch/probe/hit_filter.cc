@@ -18,8 +18,9 @@ namespace {
 
 using Kind = ConditionVariable::Kind;
 
-// How a condition reads an argument of type `t`; nullopt for floats.
-std::optional<Kind> KindOf(const core::probe::ArgType& t) {
+}  // namespace
+
+std::optional<Kind> ConditionKindOf(const core::probe::ArgType& t) {
   switch (t.kind) {
     case core::probe::ArgType::Kind::kSigned:
       return Kind::kSigned;
@@ -34,9 +35,8 @@ std::optional<Kind> KindOf(const core::probe::ArgType& t) {
   return std::nullopt;
 }
 
-// An integer as the argument's text shows it (decimal, -decimal, 0x hex); nullopt for
-// "(fault)" and errors.
-std::optional<uint64_t> NumberOf(absl::string_view shown, Kind kind) {
+std::optional<uint64_t> ArgNumber(std::string_view text, Kind kind) {
+  absl::string_view shown(text.data(), text.size());
   if (kind == Kind::kSigned) {
     int64_t v = 0;
     if (absl::SimpleAtoi(shown, &v)) {
@@ -51,6 +51,8 @@ std::optional<uint64_t> NumberOf(absl::string_view shown, Kind kind) {
   }
   return std::nullopt;
 }
+
+namespace {
 
 // The probes' event names, for errors.
 std::string EventNames(const std::vector<ProbeDef>& probes) {
@@ -93,13 +95,13 @@ absl::StatusOr<ConditionOptions> ConditionOptionsFor(const ProbeDef& def) {
   opts.context = def.spec;
   opts.context_offset = def.condition_offset;
   for (const core::probe::CompiledArg& a : def.args) {
-    const std::optional<Kind> kind = KindOf(a.type);
+    const std::optional<Kind> kind = ConditionKindOf(a.type);
     opts.variables.push_back(ConditionVariable{a.name, kind.value_or(Kind::kSigned),
                                                a.text != a.name ? a.text : std::string()});
   }
   for (const std::string& name : Condition::NamesIn(def.condition)) {
     const bool is_float = std::any_of(def.args.begin(), def.args.end(), [&](const auto& a) {
-      return (a.name == name || a.text == name) && !KindOf(a.type).has_value();
+      return (a.name == name || a.text == name) && !ConditionKindOf(a.type).has_value();
     });
     if (is_float) {
       return absl::InvalidArgumentError(
@@ -176,7 +178,7 @@ bool HitFilter::Matches(PerProbe& p, const ProbeHit& hit) {
         strings_[i] = string_values_[i];
       }
     } else {
-      numbers_[i] = NumberOf(shown, p.kinds[i]);
+      numbers_[i] = ArgNumber(shown, p.kinds[i]);
     }
   }
   ConditionInputs in;
@@ -217,6 +219,9 @@ bool HitFilter::Add(const ProbeHit& hit) {
     taken = next_->Add(shown);
   }
   p.taken += static_cast<uint64_t>(taken);
+  if (taken && also_ != nullptr) {
+    also_->Add(hit);
+  }
   return true;
 }
 

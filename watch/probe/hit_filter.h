@@ -24,6 +24,13 @@ namespace kwatch::watch::probe {
 // The names a hit gives a condition besides its arguments: tid, pid, cpu.
 bool IsHitBuiltin(const std::string& name);
 
+// How a condition reads an argument of type `t`; nullopt for floats.
+std::optional<ConditionVariable::Kind> ConditionKindOf(const core::probe::ArgType& t);
+
+// An integer as an argument's text shows it (decimal, -decimal, 0x hex) read as `kind`; nullopt
+// for "(fault)", "(not sampled)" and errors.
+std::optional<uint64_t> ArgNumber(std::string_view shown, ConditionVariable::Kind kind);
+
 // How `def`'s condition names its arguments: variable i is def.args[i]. InvalidArgument when
 // the condition uses a float argument (conditions compare integers and strings).
 absl::StatusOr<ConditionOptions> ConditionOptionsFor(const ProbeDef& def);
@@ -61,6 +68,9 @@ class HitFilter final : public HitSink {
   static absl::StatusOr<std::unique_ptr<HitFilter>> Make(const std::vector<ProbeDef>& probes,
                                                          HitFilterOptions opts);
   void Attach(HitSink& next) { next_ = &next; }
+  // Also gives `also` every hit `next` took, hidden arguments included (the aggregations read
+  // them).
+  void AlsoGiveTaken(HitSink& also) { also_ = &also; }
 
   void OnStart() override { next_->OnStart(); }
   // Passes `hit` on when it matches, is past its skip count and under its count. Always true:
@@ -93,6 +103,7 @@ class HitFilter final : public HitSink {
 
   HitFilterOptions opts_;
   HitSink* next_ = nullptr;
+  HitSink* also_ = nullptr;
   std::map<uint32_t, PerProbe> per_probe_;
   bool filters_ = false;
   // Scratch for Matches (no allocation per hit once grown).

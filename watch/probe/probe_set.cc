@@ -67,34 +67,66 @@ bool UsesXmm(const core::probe::CompiledArg& arg) {
 
 // The names of `def`'s condition that are not its arguments nor built in become hidden
 // arguments (a DWARF variable at the point, $retval, comm as $comm).
+// Whether `def` has an argument named (or written) `name`.
+bool HasArg(const ProbeDef& def, const std::string& name) {
+  return std::any_of(def.args.begin(), def.args.end(), [&](const core::probe::CompiledArg& a) {
+    return a.name == name || a.text == name;
+  });
+}
+
+// `name` compiled as an argument of `def` (comm as $comm), named `name`.
+absl::StatusOr<core::probe::CompiledArg> CompileHidden(const core::probe::ProbeTarget& target,
+                                                       const ProbeDef& def,
+                                                       const std::string& name) {
+  const std::string text = name == "comm" ? std::string("$comm") : name;
+  KW_ASSIGN_OR_RETURN(core::probe::ProbeArgSpec arg, core::probe::ParseProbeArg(text));
+  KW_ASSIGN_OR_RETURN(std::vector<core::probe::CompiledArg> compiled,
+                      core::probe::CompileArgs(target, def.point, {arg}));
+  if (compiled.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' names several values"));
+  }
+  compiled.front().name = name;
+  return std::move(compiled.front());
+}
+
+void AddHidden(ProbeDef& def, core::probe::CompiledArg arg) {
+  def.args.push_back(std::move(arg));
+  ++def.hidden_args;
+}
+
+// The names of `def`'s condition that are not its arguments nor built in become hidden
+// arguments (a DWARF variable at the point, $retval, comm as $comm).
 absl::Status AddConditionArgs(const core::probe::ProbeTarget& target, ProbeDef& def) {
   for (const std::string& name : watch::Condition::NamesIn(def.condition)) {
-    const bool listed = std::any_of(
-        def.args.begin(), def.args.end(),
-        [&](const core::probe::CompiledArg& a) { return a.name == name || a.text == name; });
-    if (listed || IsHitBuiltin(name)) {
+    if (HasArg(def, name) || IsHitBuiltin(name)) {
       continue;
     }
-    const std::string text = name == "comm" ? std::string("$comm") : name;
-    const size_t at = def.spec.find(name, def.condition_offset);
-    absl::StatusOr<core::probe::ProbeArgSpec> arg = core::probe::ParseProbeArg(text);
-    absl::StatusOr<std::vector<core::probe::CompiledArg>> compiled =
-        arg.ok() ? core::probe::CompileArgs(target, def.point, {*arg})
-                 : absl::StatusOr<std::vector<core::probe::CompiledArg>>(arg.status());
-    if (!compiled.ok() || compiled->size() != 1) {
-      const absl::Status why =
-          compiled.ok() ? absl::InvalidArgumentError("several values") : compiled.status();
+    absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
+    if (!hidden.ok()) {
+      const size_t at = def.spec.find(name, def.condition_offset);
       return absl::InvalidArgumentError(absl::StrCat(
           "'", name, "' in the condition is not an argument of the probe and cannot be fetched at ",
-          def.Location(), ": ", why.message(), "\n  ",
+          def.Location(), ": ", hidden.status().message(), "\n  ",
           PointAt(def.spec, at == std::string::npos ? def.condition_offset : at, name.size())));
     }
-    core::probe::CompiledArg hidden = std::move(compiled->front());
-    hidden.name = name;
-    def.args.push_back(std::move(hidden));
-    ++def.hidden_args;
+    AddHidden(def, *std::move(hidden));
   }
   return absl::OkStatus();
+}
+
+// `names` (what --agg reads) that `def` can fetch become hidden arguments; the others are left
+// for the aggregation to refuse, naming the probe.
+void AddAlsoFetched(const core::probe::ProbeTarget& target, ProbeDef& def,
+                    const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    if (HasArg(def, name) || IsHitBuiltin(name)) {
+      continue;
+    }
+    if (absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
+        hidden.ok()) {
+      AddHidden(def, *std::move(hidden));
+    }
+  }
 }
 
 // Compiles `def`'s condition once, so that its errors come with the spec, before any target.
@@ -192,7 +224,8 @@ absl::StatusOr<std::string> ProbedFile(const std::string& binary, const std::str
 }
 
 absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
-                                       const std::vector<std::string>& specs) {
+                                       const std::vector<std::string>& specs,
+                                       const std::vector<std::string>& also_fetch) {
   ProbeSet set;
   set.path = path;
   KW_ASSIGN_OR_RETURN(set.target, core::probe::ProbeTarget::Open(path));
@@ -264,6 +297,7 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
         KW_RETURN_IF_ERROR(AddConditionArgs(*set.target, def));
         KW_RETURN_IF_ERROR(CheckCondition(def));
       }
+      AddAlsoFetched(*set.target, def, also_fetch);
       for (const core::probe::CompiledArg& a : def.args) {
         def.needs_fpregs |= UsesXmm(a);
       }

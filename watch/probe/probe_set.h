@@ -50,9 +50,11 @@ struct ProbeSet {
 // arguments by name, tid, pid, cpu and comm, watch/condition.h; names it does not list as
 // arguments are fetched as hidden ones: DWARF variables, $retval). Errors are for people: a bad
 // argument or point is shown under the spec with a caret at the offending word; unknown functions
-// list near matches (core/probe/probe_target.h).
+// list near matches (core/probe/probe_target.h). The names of `also_fetch` (what --agg reads)
+// are fetched as hidden arguments by every probe where they compile.
 absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
-                                       const std::vector<std::string>& specs);
+                                       const std::vector<std::string>& specs,
+                                       const std::vector<std::string>& also_fetch = {});
 
 // The file a command would execute: `name` itself when it contains a '/', else the first
 // executable `name` in $PATH. NotFound otherwise.

@@ -274,15 +274,15 @@ TEST_F(AgentFetchPure, AddressesTakeTheLoadBias) {
   EXPECT_EQ(b.agent, b.evaluated);
 }
 
-TEST_F(AgentFetchPure, CommIsReadWhenFormatting) {
+TEST_F(AgentFetchPure, CommIsReadAtTheHit) {
   CompiledArg a;
   a.name = a.text = "$comm";
   a.base = CompiledArg::Base::kComm;
   a.type = kString;
   const Both b = m_.Run(a);
-  EXPECT_THAT(Shape(b.program), ElementsAre("0:0:0:0"));  // nothing captured
-  EXPECT_EQ(b.program.args[0].kind, AgentArgPlan::Kind::kComm);
-  EXPECT_EQ(b.program.record_bytes, 0u);
+  EXPECT_THAT(Shape(b.program), ElementsAre("1:0:0:0", "13:0:0:0", "0:0:0:0"));
+  EXPECT_EQ(b.program.args[0].kind, AgentArgPlan::Kind::kString);
+  EXPECT_EQ(b.program.record_bytes, 8u + 16u);
   EXPECT_EQ(b.agent, b.evaluated);
   EXPECT_EQ(b.agent.front(), '"');
 }
@@ -786,6 +786,7 @@ class AgentFetchLive : public ::testing::Test {
         ctx.regs, p.program.needs_fpregs ? &fp : nullptr, [&](uint64_t a, std::span<uint8_t> out) {
           return maps.ok() && readable(a, out.size()) && proc_->ReadMemory(RemoteAddr{a}, out).ok();
         });
+    interp.RunAsThread(ctx.tid);
     const std::vector<uint8_t> payload = interp.Run(p.program.ops, p.program.record_bytes);
     EXPECT_LE(payload.size(), p.program.record_bytes);
     AgentRecordContext rc;
@@ -843,10 +844,9 @@ TEST_F(AgentFetchLive, FetchTestArgumentsOnProbeArgs) {
   EXPECT_THAT(evaluated(), ::testing::Contains("scale x=-0.25 factor=8"));
   EXPECT_THAT(evaluated(), ::testing::Contains("fact__return arg1=120 r=120"));
   EXPECT_EQ(agent().size(), 5u + 3 + 1 + 2 + 5 + 5 + 1 + 1 + 4 + 1 + 4);
-  // -O1 with frame pointers: every argument lowers, $comm is read when formatting.
+  // -O1 with frame pointers: every argument lowers, $comm is read at the hit.
   EXPECT_EQ(plans(AgentArgPlan::Kind::kFallback), 0) << absl::StrJoin(reasons_, "; ");
-  EXPECT_EQ(plans(AgentArgPlan::Kind::kComm), 1);
-  EXPECT_GT(plans(AgentArgPlan::Kind::kString), 5);
+  EXPECT_GT(plans(AgentArgPlan::Kind::kString), 6);
 }
 
 // Strings of 255, 256, 257 and 300 bytes, one running into an unmapped page, an unmapped

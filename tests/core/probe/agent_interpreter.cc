@@ -1,9 +1,15 @@
 #include "tests/core/probe/agent_interpreter.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "agent/agent.h"
 
 namespace kwatch::testing {
@@ -46,9 +52,20 @@ std::vector<uint8_t> AgentInterpreter::Run(std::span<const agent::KwFetchOp> ops
   const uint32_t bound = (limit + 7U) & ~7U;  // as the agent's hit path rounds it
   std::vector<uint8_t> out(bound);
   flags_ = 0;
+  std::array<char, 16> own{};
+  std::string name;
+  if (tid_ > 0) {
+    std::ifstream comm(absl::StrCat("/proc/", tid_, "/comm"));
+    std::getline(comm, name);
+    ::prctl(PR_GET_NAME, own.data());
+    ::prctl(PR_SET_NAME, name.c_str());
+  }
   t_memory = &memory_;
   const uint32_t used = agent::RunFetch(s, probe, regs_, xmm_.data(), out.data(), bound, &flags_);
   t_memory = nullptr;
+  if (tid_ > 0) {
+    ::prctl(PR_SET_NAME, own.data());
+  }
   out.resize(used);
   return out;
 }

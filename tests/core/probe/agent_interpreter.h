@@ -7,6 +7,7 @@
 // up or a stopped target's. Tests compare what core::FormatAgentRecord makes of the payload
 // with core::Evaluate over the same registers and memory.
 
+#include <sys/types.h>
 #include <sys/user.h>
 
 #include <cstdint>
@@ -35,11 +36,16 @@ class AgentInterpreter {
   // The KwRecord flags of the last Run (1: a fault, 2: cut at the record's end).
   uint16_t flags() const { return flags_; }
 
+  // $comm (kKwOpComm) reads the name of the thread running the program: Run gives the test's
+  // thread the name of the thread at the hit, /proc/TID/comm of `tid`, for its duration.
+  void RunAsThread(pid_t tid) { tid_ = tid; }
+
  private:
   agent::KwRegs regs_{};
   std::vector<uint8_t> xmm_;  // 16 registers of 16 bytes
   FetchMemory memory_;
   uint16_t flags_ = 0;
+  pid_t tid_ = 0;
 };
 
 }  // namespace kwatch::testing
