@@ -52,7 +52,7 @@ fuzz: deps
 lint: configure
 	@./scripts/lint.py $(BUILD) -j $(JOBS)
 
-SOURCES = $(shell find agent core drmgr watch cli gui tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
+SOURCES = $(shell find agent core drmgr watch cli gui version tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
 SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh) .ci/run
 
 format:

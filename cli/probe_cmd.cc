@@ -20,12 +20,9 @@
 #include "core/base/unique_fd.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
+#include "version/version.h"
 #include "watch/event_loop.h"
 #include "watch/probe/probe_set.h"
-
-#ifndef KWATCH_VERSION
-#define KWATCH_VERSION "dev"
-#endif
 
 namespace kwatch::cli {
 
@@ -151,7 +148,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "$params, $vars, +OFF(ARG), NAME=ARG, ARG:TYPE (u8..u64 s8..s64 x8..x64 string).\n"
       "A spec with arguments is one shell word: quote it.",
       "kwatch probe"};
-  app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
+  app.set_version_flag("--version", "kwatch " + version::Full());
   app.add_option("spec", opts.specs, "Probes: POINT [ARG...] each (quoted)");
   app.add_option("-a,--add", opts.specs, "Add a probe (same as a positional SPEC)");
   app.add_option("-x,--exec", opts.binary,
