@@ -53,7 +53,7 @@ lint: configure
 	@./scripts/lint.py $(BUILD) -j $(JOBS)
 
 SOURCES = $(shell find agent core drmgr watch cli gui version tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
-SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh) .ci/run
+SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh tests/packaging/*.sh) .ci/run
 
 format:
 	@clang-format -i $(SOURCES)
