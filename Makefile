@@ -2,12 +2,15 @@
 #   make demo   install dependencies, build, watch the bundled workload
 #   make test   install dependencies, build, run every test (ctest)
 #   make fuzz   build the libFuzzer targets (clang) and run each for FUZZ_SECONDS (fuzz/)
+#   make install   build, then install under PREFIX (default /usr/local; DESTDIR stages)
+#   make package   build, then the .deb (CPack) in $(BUILD)
 PRESET ?= default
 BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+PREFIX ?= /usr/local
 
-.PHONY: all deps configure build demo test test-asan bench lint format format-check shellcheck clean fuzz
+.PHONY: all deps configure build demo test test-asan bench lint format format-check shellcheck clean fuzz install package
 
 all: build
 
@@ -25,6 +28,15 @@ demo: build
 
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
+
+# bin/kwatch, bin/kwatch-gui, lib/kwatch/libkwatch-agent.so, man pages, completions and the
+# desktop entry (packaging/CMakeLists.txt). DESTDIR, when set, is honoured by cmake --install.
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+
+# kwatch_VERSION_amd64.deb in $(BUILD), its Depends from dpkg-shlibdeps.
+package: build
+	@cd $(BUILD) && cpack -G DEB
 
 # The libraries' tests under ASan + UBSan (core, drmgr, watch, agent: the asan presets). The
 # command tests (tests/cli) start kwatch hundreds of times: under ASan each start costs seconds
@@ -52,8 +64,8 @@ fuzz: deps
 lint: configure
 	@./scripts/lint.py $(BUILD) -j $(JOBS)
 
-SOURCES = $(shell find agent core drmgr watch cli gui tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
-SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh) .ci/run
+SOURCES = $(shell find agent core drmgr watch cli gui version tests bench fuzz \( -name '*.h' -o -name '*.cc' \) -not -path '*/build/*')
+SCRIPTS = $(wildcard scripts/*.sh bench/compare/*.sh fuzz/*.sh tests/packaging/*.sh) .ci/run
 
 format:
 	@clang-format -i $(SOURCES)

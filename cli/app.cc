@@ -34,6 +34,7 @@
 #include "core/symbols/symbols.h"
 #include "drmgr/debug_regs.h"
 #include "drmgr/slot_registry.h"
+#include "version/version.h"
 #include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
@@ -44,10 +45,6 @@
 #include "watch/session.h"
 #include "watch/summary.h"
 #include "watch/target_set.h"
-
-#ifndef KWATCH_VERSION
-#define KWATCH_VERSION "dev"
-#endif
 
 namespace kwatch::cli {
 
@@ -287,7 +284,7 @@ int Main(int argc, char** argv) {
       "what does not fit follows --overcommit; with page protection (--backend page) any\n"
       "variable or structure is watched exactly, per field.",
       "kwatch"};
-  app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
+  app.set_version_flag("--version", "kwatch " + version::Full());
   auto* w = app.add_flag("-w,--write", opts.write, "Report writes (default)");
   auto* a = app.add_flag("-a,--rw", opts.rw, "Report reads and writes (gdb's awatch)");
   auto* r = app.add_flag("-r,--read", opts.read,

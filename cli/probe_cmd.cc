@@ -20,14 +20,11 @@
 #include "core/base/unique_fd.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
+#include "version/version.h"
 #include "watch/event_loop.h"
 #include "watch/probe/aggregation.h"
 #include "watch/probe/hit_filter.h"
 #include "watch/probe/probe_set.h"
-
-#ifndef KWATCH_VERSION
-#define KWATCH_VERSION "dev"
-#endif
 
 namespace kwatch::cli {
 
@@ -157,7 +154,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "tid, pid, cpu, comm (`comm == \"prog\"`): 'compute x if x % 100 == 0'.\n"
       "A spec with arguments is one shell word: quote it.",
       "kwatch probe"};
-  app.set_version_flag("--version", "kwatch " KWATCH_VERSION);
+  app.set_version_flag("--version", "kwatch " + version::Full());
   app.add_option("spec", opts.specs, "Probes: POINT [ARG...] each (quoted)");
   app.add_option("-a,--add", opts.specs, "Add a probe (same as a positional SPEC)");
   app.add_option("-x,--exec", opts.binary,

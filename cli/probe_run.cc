@@ -14,6 +14,7 @@
 #include "core/base/target_files.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
+#include "version/version.h"
 #include "watch/event_loop.h"
 #include "watch/probe/agent_session.h"
 #include "watch/probe/hit_fanout.h"
@@ -23,10 +24,6 @@
 #include "watch/probe/probe_session.h"
 #include "watch/probe/ptrace_session.h"
 #include "watch/probe/uprobe_session.h"
-
-#ifndef KWATCH_VERSION
-#define KWATCH_VERSION "dev"
-#endif
 
 namespace kwatch::cli {
 
@@ -50,7 +47,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> OpenRecording(const Pr
   if (const pid_t own = core::OwnPid(pid); own != pid) {
     rec.ns_pid = own;
   }
-  rec.kwatch_version = KWATCH_VERSION;
+  rec.kwatch_version = version::Full();
   rec.mode = "probe";
   rec.backend = backend;
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> w,

@@ -3,15 +3,12 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
-
-#ifndef KWATCH_VERSION
-#define KWATCH_VERSION "dev"
-#endif
+#include "version/version.h"
 
 namespace kwatch::cli {
 
 watch::RecordingSpec RecordingSpecFor(const WatchOptions& opts) {
-  return watch::RecordingSpec{opts.output, opts.command_line, KWATCH_VERSION};
+  return watch::RecordingSpec{opts.output, opts.command_line, version::Full()};
 }
 
 bool SayRecordingEnd(const watch::RecordingOutcome& outcome, bool hits) {

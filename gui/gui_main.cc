@@ -11,6 +11,7 @@
 
 #include "gui/main_window.h"
 #include "gui/session_model.h"
+#include "version/version.h"
 
 namespace kwatch::gui {
 
@@ -53,7 +54,7 @@ int GuiMain(int argc, char** argv) {
   QApplication app(argc, argv);
   QApplication::setApplicationName(QStringLiteral("kwatch-gui"));
   QApplication::setOrganizationName(QStringLiteral("kwatch"));
-  QApplication::setApplicationVersion(QStringLiteral(KWATCH_VERSION));
+  QApplication::setApplicationVersion(QString::fromStdString(version::Full()));
 
   QCommandLineParser parser;
   parser.setApplicationDescription(QStringLiteral(

@@ -32,7 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLEAN_FILE = os.path.join(ROOT, "scripts", "lint-clean.txt")
-FOLDERS = ("agent", "core", "drmgr", "watch", "cli", "gui")
+FOLDERS = ("agent", "core", "drmgr", "watch", "cli", "gui", "version")
 HEADER_FILTER = "^" + re.escape(ROOT) + "/(" + "|".join(FOLDERS) + ")/"
 SOURCE_RE = re.compile(HEADER_FILTER + r".*\.cc$")
 CLANG_TIDY = "clang-tidy"
