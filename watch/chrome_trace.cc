@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,9 +57,9 @@ class TraceOut {
   void Open() { std::fputs("{\"traceEvents\":[", out_); }
 
   void Put(const Json& ev) {
-    std::fputs(first_ ? "\n" : ",\n", out_);
+    std::fputs(first_ ? "\n" : ",\n", out_);  // one event a line; ASCII only, as --format json
     first_ = false;
-    const std::string s = ev.dump(-1, ' ', false, Json::error_handler_t::replace);
+    const std::string s = ev.dump(-1, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
     std::fwrite(s.data(), 1, s.size(), out_);
   }
 
@@ -217,8 +217,9 @@ class Counters {
         bucket_ns_(bucket_ns) {}
 
   void Add(uint64_t time_ns, size_t track, core::AccessKind kind) {
+    // An event before the session's start (a clock read racing the first one) counts in bin 0.
     const int64_t bin =
-        time_ns < start_ns_ ? -1 : static_cast<int64_t>((time_ns - start_ns_) / bucket_ns_);
+        time_ns < start_ns_ ? 0 : static_cast<int64_t>((time_ns - start_ns_) / bucket_ns_);
     if (bin != bin_) {
       Flush(bin);
     }
@@ -389,12 +390,12 @@ absl::StatusOr<ChromeTraceCounts> WriteChromeTrace(const core::store::TraceReade
     probes.emplace(p.id, &p);
   }
   const CallPairs pairs = PairProbes(reader.probes());
-  struct Open {
-    uint64_t time_ns;
+  struct OpenCall {
+    uint64_t time_ns = 0;
     Json args;
   };
   // (tid, function) -> the calls entered and not yet returned, innermost last.
-  std::map<std::pair<pid_t, std::string>, std::vector<Open>> open;
+  std::map<std::pair<pid_t, std::string>, std::vector<OpenCall>> open;
   st = reader.ForEachHit(hf, [&](const core::store::HitRecord& h) {
     tracks.See(h.pid, h.tid);
     auto pit = probes.find(h.probe_id);
@@ -415,15 +416,15 @@ absl::StatusOr<ChromeTraceCounts> WriteChromeTrace(const core::store::TraceReade
                    {"args", std::move(args)}});
     ++counts.hits;
     if (auto e = pairs.entry.find(h.probe_id); e != pairs.entry.end()) {
-      std::vector<Open>& calls = open[{h.tid, e->second}];
+      std::vector<OpenCall>& calls = open[{h.tid, e->second}];
       if (calls.size() == kMaxOpenCalls) {
         calls.erase(calls.begin());  // the oldest never returned (longjmp, thread exit)
       }
-      calls.push_back(Open{h.time_ns, ArgsJson(h.args)});
+      calls.push_back(OpenCall{h.time_ns, ArgsJson(h.args)});
     } else if (auto r = pairs.ret.find(h.probe_id); r != pairs.ret.end()) {
       auto it = open.find({h.tid, r->second});
       if (it != open.end() && !it->second.empty()) {
-        Open call = std::move(it->second.back());
+        OpenCall call = std::move(it->second.back());
         it->second.pop_back();
         if (it->second.empty()) {
           open.erase(it);
