@@ -75,6 +75,12 @@ def main():
              + ["--fork"], "watch", None),
             ("perf overcommit", ["--write", "g_stats.hits", "g_stats.misses", "g_stats.flags",
                                  "g_stats.tag", "g_sink", "--"] + fw, "watch", None),
+            ("perf multiplex", ["--backend", "perf", "--overcommit", "multiplex", "--write",
+                                "g_stats.hits", "g_stats.misses", "g_stats.flags", "g_stats.tag",
+                                "g_sink", "--"] + fw, "watch", None),
+            ("page syscalls", ["--backend", "page", "--write", "g_page.value", "--",
+                               t("page_syscalls"), "pipe", "5"], "watch",
+             r"pipe 5 last=4 text='msg 4'"),
             ("kernel", ["--write", "&jiffies", "--duration", "0.3", "--stack"], "kernel", None),
             ("kernel-accesses", ["--kernel-accesses", "--write", "buf", "--len", "8", "--",
                                  piper, "5"], "kernel", None),
@@ -93,6 +99,7 @@ def main():
                 objs = validate(validator, name, lines)
                 check_sequence(name, kind, objs)
                 check_strict(validator, name, objs)
+                check_exercised(name, objs)
                 print(f"ok   {name}: {len(objs)} objects")
             except Failure as e:
                 failures.append(str(e))
@@ -167,6 +174,27 @@ def check_sequence(name, kind, objs):
     kernel_fields = kind == "kernel"
     if any(("comm" in e) != kernel_fields for e in events):
         raise Failure(f"{name}: events of the wrong kind (kernel fields: {kernel_fields})")
+
+
+# Optional members each mode must print, so that their part of the schema is exercised.
+EXERCISED = {
+    "stop": ["if", "slots"],
+    "page -f": ["processes", "profile"],
+    "perf overcommit": ["placement"],
+    "perf multiplex": ["multiplexed"],
+    "page syscalls": ["kernel"],
+    "kernel": ["stack"],
+    "probe agent": ["return_address", "caller"],
+    "probe uprobe": ["kernel_count"],
+    "probe hw": ["debug_register", "stray_traps"],
+}
+
+
+def check_exercised(name, objs):
+    text = "\n".join(json.dumps(o) for o in objs)
+    for key in EXERCISED.get(name, []):
+        if f'"{key}":' not in text:
+            raise Failure(f"{name}: no \"{key}\" in its output: the test no longer exercises it")
 
 
 def check_strict(validator, name, objs):
