@@ -333,6 +333,24 @@ class KernelJsonPrinter final : public KernelPrinter {
  public:
   using KernelPrinter::KernelPrinter;
 
+  // One `watch` object per watch, as process sessions print them (docs/output.md).
+  void Start(const KernelWatchSession& session) override {
+    KernelPrinter::Start(session);
+    if (opts_.quiet) {
+      return;
+    }
+    const std::vector<KernelWatch>& watches = session.watches();
+    for (size_t i = 0; i < watches.size(); ++i) {
+      const KernelWatch& w = watches[i];
+      std::printf(
+          "{\"type\":\"watch\",\"id\":%zu,\"expr\":%s,\"display\":%s,\"addr\":\"0x%llx\","
+          "\"len\":%u,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"perf\"}\n",
+          i, JsonString(w.expr).c_str(), JsonString(w.display).c_str(),
+          static_cast<unsigned long long>(w.addr), w.len,
+          std::string(drmgr::DrKindName(kind_)).c_str(), JsonString(w.type_name).c_str());
+    }
+  }
+
   absl::Status OnEvent(const KernelEvent& ev, const KernelWatch& w) override {
     if (opts_.quiet) {
       return absl::OkStatus();
@@ -345,7 +363,7 @@ class KernelJsonPrinter final : public KernelPrinter {
         ev.value.has_value()
             ? absl::StrCat(ValueOf(*ev.value, w.len), ev.value_at_access ? R"(,"value_at":"access")"
                                                                          : R"(,"value_at":"drain")")
-            : "null";
+            : R"(null,"value_at":null)";
     const std::string stack =
         frames.empty()
             ? ""

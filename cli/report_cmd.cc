@@ -19,6 +19,7 @@
 #include "cli/heatmap_png.h"
 #include "core/base/printable.h"
 #include "core/store/trace_reader.h"
+#include "watch/chrome_trace.h"
 #include "watch/probe_tally.h"
 #include "watch/profile/heatmap_panels.h"
 #include "watch/profile/report_render.h"
@@ -181,6 +182,27 @@ nlohmann::json ProbesJson(const core::store::TraceReader& r,
   return out;
 }
 
+// Writes the recording as a Chrome trace on stdout; what it holds on stderr. Returns the exit
+// status.
+int WriteChromeTrace(const core::store::TraceReader& r, const watch::RecordingSlice& slice,
+                     double bucket_ms) {
+  const auto bucket_ns = static_cast<uint64_t>(bucket_ms * 1e6);
+  const absl::StatusOr<watch::ChromeTraceCounts> c =
+      watch::WriteChromeTrace(r, watch::ChromeTraceOptions{slice, bucket_ns}, stdout);
+  if (!c.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n", Shown(std::string{c.status().message()}).c_str());
+    return 1;
+  }
+  std::fprintf(stderr,
+               "kwatch: chrome trace: %llu accesses, %llu probe hits, %llu calls, %llu counter "
+               "samples, %llu threads\n",
+               static_cast<unsigned long long>(c->accesses),
+               static_cast<unsigned long long>(c->hits), static_cast<unsigned long long>(c->calls),
+               static_cast<unsigned long long>(c->counters),
+               static_cast<unsigned long long>(c->threads));
+  return 0;
+}
+
 }  // namespace
 
 int ReportMain(const std::vector<std::string>& args) {
@@ -192,8 +214,10 @@ int ReportMain(const std::vector<std::string>& args) {
       "probe recordings the hits per probe with their argument values.",
       "kwatch report"};
   app.add_option("file", o.file, "The recording (.kwdb)")->required();
-  app.add_option("--format", o.format, "Output format")
-      ->check(CLI::IsMember({"text", "json", "csv"}))
+  app.add_option("--format", o.format,
+                 "Output format (chrome-trace: the Chrome trace-event JSON that ui.perfetto.dev "
+                 "and chrome://tracing open)")
+      ->check(CLI::IsMember({"text", "json", "csv", "chrome-trace"}))
       ->capture_default_str();
   app.add_option("--field", o.field, "Only fields whose path contains this text");
   app.add_option("--thread", o.thread, "Only events of this thread (tid)");
@@ -222,6 +246,9 @@ int ReportMain(const std::vector<std::string>& args) {
   }
   const core::store::TraceReader& r = **reader;
   watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
+  if (o.format == "chrome-trace") {
+    return WriteChromeTrace(r, slice, o.bucket_ms);
+  }
   auto profile = watch::ProfileFromRecording(r, slice, watch::ReportProfileOptions(r, o.bucket_ms));
   if (!profile.ok()) {
     std::fprintf(stderr, "kwatch: error: %s\n",

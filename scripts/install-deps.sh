@@ -8,7 +8,7 @@ PACKAGES=(
   libdw-dev libelf-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libzydis-dev libsqlite3-dev sqlite3 libcli11-dev nlohmann-json3-dev libcairo2-dev
   libbpf-dev bpftool dwarves
-  clang-14 clang libclang-rt-14-dev clang-format clang-tidy shellcheck python3
+  clang-14 clang libclang-rt-14-dev clang-format clang-tidy shellcheck python3 python3-jsonschema
   qt6-base-dev qt6-charts-dev qt6-svg-dev libqt6opengl6-dev fonts-dejavu-core
   man-db groff-base zsh dpkg-dev
 )

@@ -144,13 +144,43 @@ TEST(HostileReport, JsonIsAsciiAndKeepsTheExactNames) {
             "\xef\xbf\xbd\xef\xbf\xbd");  // U+FFFD x2
 }
 
+TEST(HostileReport, ChromeTraceIsAsciiAndKeepsTheExactNames) {
+  const std::string path = EvilRecording();
+  const RunResult r = RunKwatch({"report", path, "--format", "chrome-trace"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char c : r.out) {
+    ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << static_cast<int>(c);
+  }
+  const json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  int accesses = 0;
+  int hits = 0;
+  int thread_names = 0;
+  for (const json& e : j["traceEvents"]) {
+    if (e["ph"] == "i" && e["cat"] == "access" && e["args"]["field"] == kEvil + ".a" + kEvil) {
+      ++accesses;
+      EXPECT_EQ(e["args"]["site"], absl::StrCat(kEvil, "+0x0 (", kEvil, ":7)"));
+    } else if (e["ph"] == "i" && e["cat"] == "probe") {
+      ++hits;
+      EXPECT_EQ(e["name"], kEvil);
+      EXPECT_EQ(e["args"][kEvil], kEvil);
+    } else if (e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == 101) {
+      ++thread_names;
+      EXPECT_EQ(e["args"]["name"], absl::StrCat("tid 101 (", kEvil, ")"));
+    }
+  }
+  EXPECT_EQ(accesses, 1) << r.out;
+  EXPECT_EQ(hits, 1) << r.out;
+  EXPECT_EQ(thread_names, 1) << r.out;
+}
+
 TEST(HostileReport, OversizedNamesAreRefusedWithTheLimit) {
   const std::string path = Fresh("long");
   ASSERT_TRUE(WriteCraftBase(path, {}).ok());
   ASSERT_TRUE(CraftSql(path, "UPDATE fields SET path = ?1 WHERE idx = 1",
                        {std::string(core::store::kMaxRecordedText + 1, 'p')})
                   .ok());
-  for (const char* format : {"text", "json", "csv"}) {
+  for (const char* format : {"text", "json", "csv", "chrome-trace"}) {
     const RunResult r = RunKwatch({"report", path, "--format", format});
     EXPECT_EQ(r.exit_code, 1) << format;
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat("kwatch: error: ", path,

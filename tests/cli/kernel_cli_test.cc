@@ -466,11 +466,14 @@ TEST_F(KernelCli, MemberExpressionWithBtfType) {
                          "(KASLR slide +0x1e00000)\n",
                          size, addr + off, map)));
   EXPECT_THAT(r.out, StartsWith(absl::StrFormat(
+                         "{\"type\":\"watch\",\"id\":0,\"expr\":\"init_task.prio\",\"display\":"
+                         "\"init_task.prio\",\"addr\":\"0x%x\",\"len\":4,\"kind\":\"write\","
+                         "\"type_name\":\"int\",\"backend\":\"perf\"}\n"
                          "{\"type\":\"summary\",\"events\":0,\"lost\":0,\"stop_reason\":"
                          "\"--duration 0.2s elapsed\",\"watches\":[{\"id\":0,\"expr\":"
                          "\"init_task.prio\",\"addr\":\"0x%x\",\"len\":4,\"kind\":\"write\","
                          "\"type\":\"int\",",
-                         addr + off)));
+                         addr + off, addr + off)));
 
   // Without a type, a member path cannot be resolved: say how to give one.
   const RunResult untyped = RunKwatch({"--write", "init_task.prio", "--system-map", map});
