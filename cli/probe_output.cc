@@ -70,6 +70,9 @@ uint64_t TotalHits(const ProbeSummary& s) {
   bool counted = false;
   uint64_t total = 0;
   for (const ProbeDef& p : s.probes) {
+    if (p.internal()) {
+      continue;  // a return probe's entry, for its $duration
+    }
     counted = counted || StatsOf(s, p.id).counted.has_value();
     total += HitsOf(s, p.id);
   }
@@ -247,6 +250,9 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                   "LOST");
   }
   for (const ProbeDef& p : s.probes) {
+    if (p.internal()) {
+      continue;  // a return probe's entry, for its $duration
+    }
     const ProbeEndStats st = StatsOf(s, p.id);
     const std::string source = p.SourceLine().empty() ? "-" : p.SourceLine();
     if (agent) {
@@ -339,6 +345,9 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
   }
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ProbeDef& p : s.probes) {
+    if (p.internal()) {
+      continue;  // a return probe's entry, for its $duration
+    }
     const ProbeEndStats st = StatsOf(s, p.id);
     nlohmann::ordered_json pj = {{"id", p.id},
                                  {"event", p.point.event},

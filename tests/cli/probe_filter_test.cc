@@ -297,5 +297,66 @@ TEST(ProbeAggregation, BadAggregationsArePointedAt) {
   }
 }
 
+class ProbeDurations : public ::testing::TestWithParam<std::string> {};
+
+// call_latency: nap(1), nap(20), nap(5) sleep that many ms; dive(0) recurses to 4 and
+// longjmps out (five calls that never return); dive(4) then returns at once; nap(2) last.
+TEST_P(ProbeDurations, TimeSinceTheEntryOfTheSameCall) {
+  const RunResult r = KwatchProbe(
+      {"--json", "--backend", GetParam(), "nap%return $retval $duration", "dive%return $duration",
+       "long=nap%return if $duration > 10000000", "--agg", "nap__return:hist($duration)", "--agg",
+       "nap__return:max($duration)", "--", PrivateTargetPath("call_latency")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  const std::vector<json> naps = OfEvent(run.hits, "nap__return");
+  ASSERT_EQ(naps.size(), 4U) << r.out;
+  std::vector<long> ms;
+  std::vector<long> ns;
+  for (const json& h : naps) {
+    ms.push_back(h["args"]["arg1"].get<long>());
+    ns.push_back(h["args"]["$duration"].get<long>());
+  }
+  ASSERT_THAT(ms, ElementsAre(1, 20, 5, 2));
+  // Each at least its sleep, and well under the next longer one (bounds, not exact times).
+  for (size_t k = 0; k < ms.size(); ++k) {
+    EXPECT_GE(ns[k], ms[k] * 1'000'000) << k;
+    EXPECT_LT(ns[k], ms[k] * 1'000'000 + 200'000'000) << k;
+  }
+  EXPECT_LT(ns[3], ns[2]);  // 2 ms < 5 ms
+  EXPECT_LT(ns[2], ns[1]);  // 5 ms < 20 ms
+  // dive(4) after the longjmp pairs with its own entry, not with the five abandoned ones.
+  const std::vector<json> dives = OfEvent(run.hits, "dive__return");
+  ASSERT_EQ(dives.size(), 1U);
+  EXPECT_LT(dives[0]["args"]["$duration"].get<long>(), ns[0]);
+  // The condition on $duration keeps the one call over 10 ms.
+  const std::vector<json> longs = OfEvent(run.hits, "long");
+  ASSERT_EQ(longs.size(), 1U);
+  EXPECT_TRUE(longs[0]["args"].empty());  // $duration not listed: not shown
+  const std::map<std::string, json> max = Aggregates(run, "nap__return", "max($duration)");
+  ASSERT_EQ(max.size(), 1U);
+  EXPECT_EQ(max.begin()->second["value"].get<long>(), ns[1]);
+  long bucketed = 0;
+  for (const auto& [key, a] : Aggregates(run, "nap__return", "hist($duration)")) {
+    bucketed += a["count"].get<long>();
+  }
+  EXPECT_EQ(bucketed, 4);
+  // The internal entry probes are not in the summary.
+  for (const json& p : run.summary["probes"]) {
+    EXPECT_THAT(p["event"].get<std::string>(), ::testing::Not(HasSubstr("__entry")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProbeDurations, ::testing::Values("agent", "ptrace", "uprobe"));
+
+TEST(ProbeDuration, OnlyOnReturnProbes) {
+  const RunResult r = KwatchProbe({"nap ms $duration", "--", PrivateTargetPath("call_latency")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("$duration is the time of a call: it is for FUNC%return probes"));
+  const RunResult c =
+      KwatchProbe({"nap if $duration > 1", "--", PrivateTargetPath("call_latency")});
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_THAT(c.err, HasSubstr("$duration is the time of a call"));
+}
+
 }  // namespace
 }  // namespace kwatch

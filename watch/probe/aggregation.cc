@@ -127,6 +127,9 @@ std::string ShownArgs(const ProbeDef& def) {
   for (size_t i = 0; i + def.hidden_args < def.args.size(); ++i) {
     names.push_back(def.args[i].name);
   }
+  if (def.duration) {
+    names.emplace_back(kDurationName);
+  }
   return absl::StrJoin(names, ", ");
 }
 
@@ -240,7 +243,7 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
   for (const AggregationSpec& spec : a->specs_) {
     bool any = false;
     for (const ProbeDef& def : probes) {
-      if (!spec.event.empty() && def.point.event != spec.event) {
+      if (def.internal() || (!spec.event.empty() && def.point.event != spec.event)) {
         continue;
       }
       any = true;
@@ -252,6 +255,10 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
       if (!spec.value.empty()) {
         if (IsBuiltin(spec.value)) {
           b.value_builtin = spec.value;
+        } else if (spec.value == kDurationName && def.duration) {
+          b.value_arg = static_cast<int>(def.args.size());  // the filter appends it
+          b.kind = Kind::kUnsigned;
+          t.is_signed = false;
         } else {
           b.value_arg = ArgIndex(def, spec.value);
           if (b.value_arg < 0) {
@@ -284,7 +291,9 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
     if (!any) {
       std::vector<std::string> events;
       for (const ProbeDef& def : probes) {
-        events.push_back(def.point.event);
+        if (!def.internal()) {
+          events.push_back(def.point.event);
+        }
       }
       return absl::InvalidArgumentError(
           absl::StrCat("--agg '", spec.text, "': no probe is named '", spec.event,

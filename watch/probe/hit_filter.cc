@@ -58,7 +58,9 @@ namespace {
 std::string EventNames(const std::vector<ProbeDef>& probes) {
   std::vector<std::string> names;
   for (const ProbeDef& p : probes) {
-    names.push_back(p.point.event);
+    if (!p.internal()) {
+      names.push_back(p.point.event);
+    }
   }
   return absl::StrJoin(names, ", ");
 }
@@ -67,8 +69,9 @@ std::string EventNames(const std::vector<ProbeDef>& probes) {
 absl::Status CheckEvents(const PerProbeCounts& counts, const std::vector<ProbeDef>& probes,
                          const std::string& option) {
   for (const auto& [event, n] : counts.event) {
-    const bool known = std::any_of(probes.begin(), probes.end(),
-                                   [&](const ProbeDef& p) { return p.point.event == event; });
+    const bool known = std::any_of(probes.begin(), probes.end(), [&](const ProbeDef& p) {
+      return !p.internal() && p.point.event == event;
+    });
     if (!known) {
       return absl::InvalidArgumentError(absl::StrCat(option, " ", event, ":", n,
                                                      ": no probe is named '", event,
@@ -85,6 +88,10 @@ std::optional<uint64_t> CountFor(const PerProbeCounts& counts, const std::string
 
 }  // namespace
 
+std::string DurationText(std::optional<uint64_t> ns) {
+  return ns.has_value() ? absl::StrCat(*ns) : std::string("(no entry)");
+}
+
 bool IsHitBuiltin(const std::string& name) {
   return name == "tid" || name == "pid" || name == "cpu";
 }
@@ -98,6 +105,9 @@ absl::StatusOr<ConditionOptions> ConditionOptionsFor(const ProbeDef& def) {
     const std::optional<Kind> kind = ConditionKindOf(a.type);
     opts.variables.push_back(ConditionVariable{a.name, kind.value_or(Kind::kSigned),
                                                a.text != a.name ? a.text : std::string()});
+  }
+  if (def.duration) {
+    opts.variables.push_back(ConditionVariable{std::string(kDurationName), Kind::kUnsigned, ""});
   }
   for (const std::string& name : Condition::NamesIn(def.condition)) {
     const bool is_float = std::any_of(def.args.begin(), def.args.end(), [&](const auto& a) {
@@ -149,7 +159,7 @@ absl::StatusOr<std::unique_ptr<HitFilter>> HitFilter::Make(const std::vector<Pro
     if (def.condition.empty()) {
       continue;
     }
-    KW_ASSIGN_OR_RETURN(ConditionOptions co, ConditionOptionsFor(def));
+    KW_ASSIGN_OR_RETURN(ConditionOptions co, ConditionOptionsFor(def));  // $duration last
     for (const ConditionVariable& v : co.variables) {
       p.kinds.push_back(v.kind);
     }
@@ -160,7 +170,7 @@ absl::StatusOr<std::unique_ptr<HitFilter>> HitFilter::Make(const std::vector<Pro
   return f;
 }
 
-bool HitFilter::Matches(PerProbe& p, const ProbeHit& hit) {
+bool HitFilter::Matches(PerProbe& p, const ProbeHit& hit, std::optional<uint64_t> duration) {
   if (!p.condition.has_value()) {
     return true;
   }
@@ -168,6 +178,9 @@ bool HitFilter::Matches(PerProbe& p, const ProbeHit& hit) {
   numbers_.assign(n, std::nullopt);
   strings_.assign(n, std::nullopt);
   string_values_.resize(std::max(string_values_.size(), n));
+  if (p.def->duration && !numbers_.empty()) {
+    numbers_.back() = duration;  // $duration follows the arguments
+  }
   for (size_t i = 0; i < n && i < hit.args.size(); ++i) {
     if (!p.condition->uses_variable(i)) {
       continue;
@@ -190,14 +203,52 @@ bool HitFilter::Matches(PerProbe& p, const ProbeHit& hit) {
   return p.condition->Matches(in);
 }
 
+std::optional<uint64_t> HitFilter::Pair(const ProbeHit& hit) {
+  const ProbeDef& def = *hit.probe;
+  const size_t sp_arg = def.internal() ? 0 : def.sp_arg;
+  const std::optional<uint64_t> sp =
+      sp_arg < hit.args.size() ? ArgNumber(hit.args[sp_arg].second, Kind::kUnsigned) : std::nullopt;
+  const uint32_t ret_id = def.internal() ? def.pairs_with : def.id;
+  std::vector<Entry>& calls = calls_[CallKey{hit.pid, hit.tid, ret_id}];
+  if (def.internal()) {
+    if (sp.has_value()) {
+      calls.push_back(Entry{hit.time_ns, *sp});
+    }
+    return std::nullopt;
+  }
+  if (!sp.has_value()) {
+    return std::nullopt;
+  }
+  // The entry of this call had the stack pointer 8 below the return's (the return address
+  // popped). Entries below it are calls that never returned (longjmp, an exception).
+  const uint64_t entry_sp = *sp - 8;
+  while (!calls.empty() && calls.back().sp < entry_sp) {
+    calls.pop_back();
+    ++per_probe_[def.id].stats.unpaired_entries;
+  }
+  if (calls.empty() || calls.back().sp != entry_sp) {
+    return std::nullopt;  // entered before the session, or its entry hit was lost
+  }
+  const uint64_t began = calls.back().time_ns;
+  calls.pop_back();
+  return hit.time_ns >= began ? hit.time_ns - began : 0;
+}
+
 bool HitFilter::Add(const ProbeHit& hit) {
   auto it = per_probe_.find(hit.probe->id);
   if (it == per_probe_.end()) {
     return true;
   }
   PerProbe& p = it->second;
+  std::optional<uint64_t> duration;
+  if (p.def->internal() || p.def->duration) {
+    duration = Pair(hit);
+    if (p.def->internal()) {
+      return true;  // an entry, kept for its return
+    }
+  }
   ++p.stats.seen;
-  if (!Matches(p, hit)) {
+  if (!Matches(p, hit, duration)) {
     return true;
   }
   ++p.stats.matched;
@@ -211,16 +262,27 @@ bool HitFilter::Add(const ProbeHit& hit) {
   }
   const size_t hidden = p.def->hidden_args;
   bool taken = false;
-  if (hidden == 0 || hit.args.size() < hidden) {
+  if (!p.def->duration && (hidden == 0 || hit.args.size() < hidden)) {
     taken = next_->Add(hit);
   } else {
     ProbeHit shown = hit;
-    shown.args.resize(hit.args.size() - hidden);
+    shown.args.resize(hit.args.size() >= hidden ? hit.args.size() - hidden : hit.args.size());
+    if (p.def->duration_shown.has_value()) {
+      const size_t at = std::min(*p.def->duration_shown, shown.args.size());
+      shown.args.emplace(shown.args.begin() + static_cast<std::ptrdiff_t>(at),
+                         std::string(kDurationName), DurationText(duration));
+    }
     taken = next_->Add(shown);
   }
   p.taken += static_cast<uint64_t>(taken);
   if (taken && also_ != nullptr) {
-    also_->Add(hit);
+    if (p.def->duration) {
+      ProbeHit full = hit;  // $duration after the arguments, as the aggregations bind it
+      full.args.emplace_back(std::string(kDurationName), DurationText(duration));
+      also_->Add(full);
+    } else {
+      also_->Add(hit);
+    }
   }
   return true;
 }
@@ -234,7 +296,7 @@ bool HitFilter::done() const {
   }
   return std::all_of(per_probe_.begin(), per_probe_.end(), [](const auto& entry) {
     const PerProbe& p = entry.second;
-    return p.count.has_value() && p.taken >= *p.count;
+    return p.def->internal() || (p.count.has_value() && p.taken >= *p.count);
   });
 }
 

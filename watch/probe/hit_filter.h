@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,12 @@
 #include "watch/probe/probe_set.h"
 
 namespace kwatch::watch::probe {
+
+// A return probe's time since the entry of its call (ProbeDef::duration), in ns.
+inline constexpr std::string_view kDurationName = "$duration";
+// How a hit shows $duration: the ns, or "(no entry)" for a call entered before the session
+// (or whose entry hit was lost).
+std::string DurationText(std::optional<uint64_t> ns);
 
 // The names a hit gives a condition besides its arguments: tid, pid, cpu.
 bool IsHitBuiltin(const std::string& name);
@@ -52,10 +59,11 @@ struct HitFilterOptions {
 
 // What the filter did with one probe's hits.
 struct ProbeFilterStats {
-  uint64_t seen = 0;        // hits the backend delivered
-  uint64_t matched = 0;     // of those, the condition held (every hit without a condition)
-  uint64_t skipped = 0;     // matched hits ignored by --skip
-  uint64_t over_count = 0;  // matched hits after the probe's -c EVENT:N was reached
+  uint64_t seen = 0;              // hits the backend delivered
+  uint64_t matched = 0;           // of those, the condition held (every hit without a condition)
+  uint64_t skipped = 0;           // matched hits ignored by --skip
+  uint64_t over_count = 0;        // matched hits after the probe's -c EVENT:N was reached
+  uint64_t unpaired_entries = 0;  // $duration: entries whose call never returned (longjmp)
   std::optional<ConditionStats> condition;  // the condition's own counters
 };
 
@@ -98,13 +106,31 @@ class HitFilter final : public HitSink {
     ProbeFilterStats stats;
   };
 
+  // A thread's calls of a return probe with $duration, entered and not returned yet.
+  struct CallKey {
+    pid_t pid;
+    pid_t tid;
+    uint32_t probe;
+    bool operator<(const CallKey& o) const {
+      return std::tie(pid, tid, probe) < std::tie(o.pid, o.tid, o.probe);
+    }
+  };
+  struct Entry {
+    uint64_t time_ns;
+    uint64_t sp;
+  };
+
   explicit HitFilter(HitFilterOptions opts) : opts_(std::move(opts)) {}
-  bool Matches(PerProbe& p, const ProbeHit& hit);
+  bool Matches(PerProbe& p, const ProbeHit& hit, std::optional<uint64_t> duration);
+  // An entry hit of an internal probe: kept. A return hit: its $duration (nullopt without
+  // its entry).
+  std::optional<uint64_t> Pair(const ProbeHit& hit);
 
   HitFilterOptions opts_;
   HitSink* next_ = nullptr;
   HitSink* also_ = nullptr;
   std::map<uint32_t, PerProbe> per_probe_;
+  std::map<CallKey, std::vector<Entry>> calls_;
   bool filters_ = false;
   // Scratch for Matches (no allocation per hit once grown).
   std::vector<std::optional<uint64_t>> numbers_;

@@ -9,6 +9,9 @@ namespace kwatch::watch::probe {
 absl::Status AddProbes(core::store::TraceWriter& writer, const std::vector<ProbeDef>& probes,
                        uint64_t load_bias) {
   for (const ProbeDef& p : probes) {
+    if (p.internal()) {
+      continue;  // its hits are not recorded
+    }
     core::store::ProbeRecord r;
     r.id = p.id;
     r.event = p.point.event;

@@ -67,6 +67,8 @@ bool UsesXmm(const core::probe::CompiledArg& arg) {
 
 // The names of `def`'s condition that are not its arguments nor built in become hidden
 // arguments (a DWARF variable at the point, $retval, comm as $comm).
+constexpr absl::string_view kDuration = "$duration";
+
 // Whether `def` has an argument named (or written) `name`.
 bool HasArg(const ProbeDef& def, const std::string& name) {
   return std::any_of(def.args.begin(), def.args.end(), [&](const core::probe::CompiledArg& a) {
@@ -98,7 +100,7 @@ void AddHidden(ProbeDef& def, core::probe::CompiledArg arg) {
 // arguments (a DWARF variable at the point, $retval, comm as $comm).
 absl::Status AddConditionArgs(const core::probe::ProbeTarget& target, ProbeDef& def) {
   for (const std::string& name : watch::Condition::NamesIn(def.condition)) {
-    if (HasArg(def, name) || IsHitBuiltin(name)) {
+    if (HasArg(def, name) || IsHitBuiltin(name) || name == std::string(kDuration)) {
       continue;
     }
     absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
@@ -119,7 +121,7 @@ absl::Status AddConditionArgs(const core::probe::ProbeTarget& target, ProbeDef& 
 void AddAlsoFetched(const core::probe::ProbeTarget& target, ProbeDef& def,
                     const std::vector<std::string>& names) {
   for (const std::string& name : names) {
-    if (HasArg(def, name) || IsHitBuiltin(name)) {
+    if (HasArg(def, name) || IsHitBuiltin(name) || name == std::string(kDuration)) {
       continue;
     }
     if (absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
@@ -127,6 +129,26 @@ void AddAlsoFetched(const core::probe::ProbeTarget& target, ProbeDef& def,
       AddHidden(def, *std::move(hidden));
     }
   }
+}
+
+// For `ret`'s $duration: its stack pointer as a hidden argument, and the internal probe at
+// the function's entry (id `id`) whose hits the filter pairs with its own.
+absl::StatusOr<ProbeDef> PairForDuration(const core::probe::ProbeTarget& target, ProbeDef& ret,
+                                         uint32_t id) {
+  KW_ASSIGN_OR_RETURN(core::probe::CompiledArg sp, CompileHidden(target, ret, "$stack"));
+  ret.sp_arg = ret.args.size();
+  AddHidden(ret, sp);
+  ProbeDef entry;
+  entry.id = id;
+  entry.spec = ret.spec;
+  entry.point = ret.point;
+  entry.point.is_return = false;
+  entry.point.event = absl::StrCat(ret.point.event, "__entry");
+  KW_ASSIGN_OR_RETURN(core::probe::CompiledArg entry_sp, CompileHidden(target, entry, "$stack"));
+  entry.args.push_back(std::move(entry_sp));
+  entry.hidden_args = 1;
+  entry.pairs_with = ret.id;
+  return entry;
 }
 
 // Compiles `def`'s condition once, so that its errors come with the spec, before any target.
@@ -261,7 +283,17 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
       return AtWord(point.status(), spec, words[0]);
     }
     parsed.point = *std::move(point);
+    std::optional<size_t> duration_shown;
     for (size_t i = 1; i < arg_words; ++i) {
+      if (words[i].text == kDuration) {
+        if (!parsed.point.is_return) {
+          return AtWord(absl::InvalidArgumentError(
+                            "$duration is the time of a call: it is for FUNC%return probes"),
+                        spec, words[i]);
+        }
+        duration_shown = parsed.args.size();
+        continue;
+      }
       absl::StatusOr<core::probe::ProbeArgSpec> arg = core::probe::ParseProbeArg(words[i].text);
       if (!arg.ok()) {
         return AtWord(arg.status(), spec, words[i]);
@@ -291,17 +323,40 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
       def.spec = spec;
       def.point = p;
       def.args = *std::move(args);
+      def.duration_shown = duration_shown;
       if (!condition.empty()) {
         def.condition = condition;
         def.condition_offset = condition_offset;
+        const std::vector<std::string> names = watch::Condition::NamesIn(condition);
+        if (std::find(names.begin(), names.end(), std::string(kDuration)) != names.end()) {
+          if (!p.is_return) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("$duration is the time of a call: it is for FUNC%return probes\n  ",
+                             PointAt(spec, spec.find(std::string(kDuration), condition_offset),
+                                     kDuration.size())));
+          }
+          def.duration = true;
+        }
+      }
+      def.duration |= duration_shown.has_value() ||
+                      (p.is_return && std::find(also_fetch.begin(), also_fetch.end(),
+                                                std::string(kDuration)) != also_fetch.end());
+      if (!condition.empty()) {
         KW_RETURN_IF_ERROR(AddConditionArgs(*set.target, def));
         KW_RETURN_IF_ERROR(CheckCondition(def));
       }
       AddAlsoFetched(*set.target, def, also_fetch);
+      std::optional<ProbeDef> entry;
+      if (def.duration) {
+        KW_ASSIGN_OR_RETURN(entry, PairForDuration(*set.target, def, next_id++));
+      }
       for (const core::probe::CompiledArg& a : def.args) {
         def.needs_fpregs |= UsesXmm(a);
       }
       set.probes.push_back(std::move(def));
+      if (entry.has_value()) {
+        set.probes.push_back(*std::move(entry));
+      }
     }
   }
   // Two specs may name the same event (tick and tick@uprobe_loop.c): keep names unique, as

@@ -33,6 +33,19 @@ struct ProbeDef {
   // fetches n): the filter (watch/probe/hit_filter.h) takes them off before a hit is shown,
   // counted or recorded.
   size_t hidden_args = 0;
+  // A FUNC%return probe with $duration (among its arguments, in its condition or an --agg):
+  // the time since the entry of the same call, paired by the filter (watch/probe/hit_filter.h)
+  // with the hits of an internal probe at the function's entry, by thread and stack pointer
+  // (the return's is the entry's + 8: recursion and longjmp are told apart). `sp_arg`: the
+  // index in `args` of the stack pointer (a hidden $stack); `duration_shown`: where $duration
+  // shows among the shown arguments (nullopt: not shown).
+  bool duration = false;
+  size_t sp_arg = 0;
+  std::optional<size_t> duration_shown;
+  // An internal probe (the entry of a return probe with $duration): the id of the return probe
+  // it serves; 0 for the user's probes. Its hits are never shown, counted or recorded.
+  uint32_t pairs_with = 0;
+  bool internal() const { return pairs_with != 0; }
 
   // "tick+0x0", "tick%return", "0x1149" (raw addresses outside any function).
   std::string Location() const;
