@@ -23,6 +23,7 @@
 #include "version/version.h"
 #include "watch/event_loop.h"
 #include "watch/probe/aggregation.h"
+#include "watch/probe/dry_run.h"
 #include "watch/probe/hit_filter.h"
 #include "watch/probe/probe_set.h"
 
@@ -113,6 +114,21 @@ absl::StatusOr<int> RunProbes(ProbeCmdOptions& opts, const std::string& file) {
   KW_ASSIGN_OR_RETURN(
       watch::probe::ProbeSet set,
       watch::probe::ResolveProbes(file, opts.specs, watch::probe::NamesToFetch(opts.aggs)));
+  if (opts.dry_run) {
+    // What a session would refuse is refused here too, before the plan.
+    KW_RETURN_IF_ERROR(watch::probe::HitFilter::Make(set.probes, opts.filter).status());
+    if (!opts.aggs.empty()) {
+      KW_RETURN_IF_ERROR(watch::probe::Aggregator::Make(set.probes, opts.aggs).status());
+    }
+    watch::probe::DryRunOptions dro;
+    dro.backend = opts.hw ? "hw" : opts.backend;
+    dro.allow_jump = !opts.no_jump;
+    const std::vector<watch::probe::ProbePlan> plans = watch::probe::PlanProbes(set, dro);
+    std::fputs(opts.json ? watch::probe::PlansJson(plans).c_str()
+                         : watch::probe::PlansText(set, plans, dro).c_str(),
+               stdout);
+    return 0;
+  }
   // Signals arrive through a signalfd, in order with the target's events
   // (watch/event_loop.h); the session owns it. A launched target starts with every signal
   // unblocked (core/process.cc). SIGPIPE is blocked too: a closed stdout shows as a write
@@ -212,6 +228,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("--interval", opts.interval,
                  "Print the aggregations every SECS seconds too (they keep accumulating)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--dry-run", opts.dry_run,
+               "Print where each probe would go, the path it would take (jump, int3, ptrace, "
+               "uprobe, hw) and how each argument would be fetched, from the file alone: no "
+               "target is started or touched (with -p, only its program is read)");
   app.add_flag("-q,--quiet", opts.session.quiet, "Print no hit lines, only the summary");
   app.add_flag("--json", opts.json, R"(JSON lines: one {"type":"hit"} per hit, then a summary)");
   app.add_option("-o,--output", opts.output,
@@ -371,7 +391,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
     }
     opts.session.user = *std::move(as);
   }
-  if (!listing && !opts.session.pid.has_value() && opts.session.command.empty() &&
+  if (!listing && !opts.dry_run && !opts.session.pid.has_value() && opts.session.command.empty() &&
       !(opts.backend == "uprobe" && !opts.binary.empty())) {
     std::fprintf(stderr,
                  "kwatch: error: no target: give -p PID or a command after `--` (e.g. `-- ./prog "

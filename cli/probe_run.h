@@ -35,6 +35,7 @@ struct ProbeCmdOptions {
   watch::probe::HitFilterOptions filter;  // --skip, -c EVENT:N
   std::vector<watch::probe::AggregationSpec> aggs;  // --agg
   double interval = 0;                              // --interval: seconds, 0: at the end only
+  bool dry_run = false;                             // --dry-run
 };
 
 // Runs the probes of `set` with the backend the options name (ptrace, uprobe, or --hw's debug

@@ -358,5 +358,43 @@ TEST(ProbeDuration, OnlyOnReturnProbes) {
   EXPECT_THAT(c.err, HasSubstr("$duration is the time of a call"));
 }
 
+TEST(ProbeDryRun, SaysWhereEachProbeGoesAndTouchesNothing) {
+  const std::string target = PrivateTargetPath("probe_args");
+  const RunResult r =
+      KwatchProbe({"--dry-run", "add_ints a if b > 2", "fact%return $duration", "--", target});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The command was not run (it prints "sum=..."), nothing was armed.
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("sum=")));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("armed")));
+  EXPECT_THAT(r.out, HasSubstr("kwatch probe --dry-run: 3 probes in " + target +
+                               ", agent backend (auto: the ptrace backend if the agent cannot "
+                               "load); nothing was started or touched\n"));
+  EXPECT_THAT(r.out, HasSubstr("\nadd_ints  add_ints (probe_args.c:48) at 0x"));
+  EXPECT_THAT(r.out, HasSubstr(": int3\n    not jump: no jump at add_ints+0x0"));
+  EXPECT_THAT(r.out, HasSubstr("    if b > 2\n"
+                               "    a                s32     copied by the agent at the hit\n"
+                               "    b                s32     copied by the agent at the hit "
+                               "[not shown: for the condition or --agg]\n"));
+  EXPECT_THAT(r.out, HasSubstr(": jump\n    the jmp displaces: mov $0x1, %eax\n"));
+  EXPECT_THAT(r.out, HasSubstr("[internal: the entry of a return probe, for $duration]"));
+
+  const RunResult u =
+      KwatchProbe({"--dry-run", "--json", "--backend", "uprobe", "-x", target, "sum_item p->id"});
+  ASSERT_EQ(u.exit_code, 0) << u.err;
+  const json plan = json::parse(u.out);
+  EXPECT_EQ(plan["type"], "plan");
+  EXPECT_EQ(plan["event"], "sum_item");
+  EXPECT_EQ(plan["path"], "uprobe");
+  EXPECT_EQ(plan["args"][0]["name"], "p->id");
+  EXPECT_EQ(plan["args"][0]["type"], "s64");
+
+  const RunResult n = KwatchProbe({"--dry-run", "--no-jump", "-x", target, "fact n"});
+  EXPECT_THAT(n.out, HasSubstr(": int3\n    not jump: --no-jump\n"));
+  // Errors a session would give come first.
+  const RunResult bad = KwatchProbe({"--dry-run", "-x", target, "fact n if m > 1"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("'m' in the condition is not an argument"));
+}
+
 }  // namespace
 }  // namespace kwatch

@@ -40,6 +40,7 @@
 #include "watch/agent/controller.h"
 #include "watch/agent/int3_plan.h"
 #include "watch/agent/loader.h"
+#include "watch/probe/jump_plan.h"
 #include "watch/probe/session_base.h"
 
 namespace kwatch::watch::probe {
@@ -272,42 +273,7 @@ absl::Status AgentSession::LoadAgent() {
 
 core::probe::JumpDecision AgentSession::PlanJump(core::RemoteAddr addr,
                                                  const std::vector<core::RemoteAddr>& all) {
-  core::probe::JumpDecision none;
-  none.reason = "no function symbol with a size around it";
-  if (symbols_ == nullptr) {
-    return none;
-  }
-  const std::optional<core::symbols::FunctionSymbol> fn = symbols_->FunctionAt(addr);
-  if (!fn.has_value() || fn->size == 0) {
-    return none;
-  }
-  std::vector<uint8_t> bytes(fn->size);
-  if (absl::Status s = symbols_->ReadCode(fn->start, bytes); !s.ok()) {
-    none.reason = absl::StrCat("the code of ", fn->name, " cannot be read: ", s.message());
-    return none;
-  }
-  core::probe::JumpOptions jo;
-  // The function's cold part (gcc's FUNC.cold) may branch back into it.
-  std::vector<uint8_t> cold_bytes;
-  if (std::optional<core::symbols::FunctionSymbol> cold =
-          symbols_->FindFunction(fn->name + ".cold");
-      cold.has_value() && cold->size > 0) {
-    cold_bytes.resize(cold->size);
-    if (symbols_->ReadCode(cold->start, cold_bytes).ok()) {
-      jo.other_code.push_back(core::probe::FunctionCode{cold->name, cold->start, cold_bytes});
-    }
-  }
-  for (core::RemoteAddr a : all) {
-    if (a != addr) {
-      jo.other_probes.push_back(a);
-    }
-  }
-  const core::symbols::Symbols* syms = symbols_.get();
-  jo.read_image = [syms](core::RemoteAddr a, std::span<uint8_t> out) {
-    return syms->ReadCode(a, out);
-  };
-  return core::probe::PlanJumpProbe(core::probe::FunctionCode{fn->name, fn->start, bytes}, addr,
-                                    jo);
+  return PlanJumpAt(symbols_.get(), addr, all);
 }
 
 absl::StatusOr<bool> AgentSession::PlaceJump(const core::probe::JumpPlan& plan,

@@ -220,14 +220,15 @@ absl::StatusOr<AggregationSpec> ParseAggregation(const std::string& text) {
   return spec;
 }
 
-std::vector<std::string> NamesToFetch(const std::vector<AggregationSpec>& specs) {
-  std::vector<std::string> names;
-  auto add = [&](const std::string& n) {
-    if (!n.empty() && !IsBuiltin(n) && std::find(names.begin(), names.end(), n) == names.end()) {
-      names.push_back(n);
-    }
-  };
+std::vector<FetchFor> NamesToFetch(const std::vector<AggregationSpec>& specs) {
+  std::vector<FetchFor> names;
   for (const AggregationSpec& s : specs) {
+    auto add = [&](const std::string& n) {
+      const FetchFor f{s.event, n};
+      if (!n.empty() && !IsBuiltin(n) && std::find(names.begin(), names.end(), f) == names.end()) {
+        names.push_back(f);
+      }
+    };
     add(s.value);
     for (const std::string& k : s.keys) {
       add(k);

@@ -40,8 +40,8 @@ struct AggregationSpec {
 absl::StatusOr<AggregationSpec> ParseAggregation(const std::string& text);
 
 // The names aggregations read that a probe may have to fetch (values and keys but tid, pid,
-// cpu): ResolveProbes' also_fetch.
-std::vector<std::string> NamesToFetch(const std::vector<AggregationSpec>& specs);
+// cpu), each with the event it is for ("" for every probe): ResolveProbes' also_fetch.
+std::vector<FetchFor> NamesToFetch(const std::vector<AggregationSpec>& specs);
 
 // One histogram bucket: values in [low, high); nullopt low is "below" (negative values for
 // hist, values under MIN for lhist), nullopt high "MAX and above" (lhist).

@@ -119,9 +119,10 @@ absl::Status AddConditionArgs(const core::probe::ProbeTarget& target, ProbeDef& 
 // `names` (what --agg reads) that `def` can fetch become hidden arguments; the others are left
 // for the aggregation to refuse, naming the probe.
 void AddAlsoFetched(const core::probe::ProbeTarget& target, ProbeDef& def,
-                    const std::vector<std::string>& names) {
-  for (const std::string& name : names) {
-    if (HasArg(def, name) || IsHitBuiltin(name) || name == std::string(kDuration)) {
+                    const std::vector<FetchFor>& names) {
+  for (const auto& [event, name] : names) {
+    if ((!event.empty() && event != def.point.event) || HasArg(def, name) || IsHitBuiltin(name) ||
+        name == std::string(kDuration)) {
       continue;
     }
     if (absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
@@ -247,7 +248,7 @@ absl::StatusOr<std::string> ProbedFile(const std::string& binary, const std::str
 
 absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
                                        const std::vector<std::string>& specs,
-                                       const std::vector<std::string>& also_fetch) {
+                                       const std::vector<FetchFor>& also_fetch) {
   ProbeSet set;
   set.path = path;
   KW_ASSIGN_OR_RETURN(set.target, core::probe::ProbeTarget::Open(path));
@@ -338,9 +339,11 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
           def.duration = true;
         }
       }
-      def.duration |= duration_shown.has_value() ||
-                      (p.is_return && std::find(also_fetch.begin(), also_fetch.end(),
-                                                std::string(kDuration)) != also_fetch.end());
+      def.duration |=
+          duration_shown.has_value() ||
+          (p.is_return && std::any_of(also_fetch.begin(), also_fetch.end(), [&](const FetchFor& f) {
+             return f.name == kDuration && (f.event.empty() || f.event == p.event);
+           }));
       if (!condition.empty()) {
         KW_RETURN_IF_ERROR(AddConditionArgs(*set.target, def));
         KW_RETURN_IF_ERROR(CheckCondition(def));

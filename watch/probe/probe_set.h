@@ -53,6 +53,13 @@ struct ProbeDef {
   std::string SourceLine() const;
 };
 
+// A name an --agg reads, and the event it is for ("" for every probe).
+struct FetchFor {
+  std::string event;
+  std::string name;
+  bool operator==(const FetchFor&) const = default;
+};
+
 struct ProbeSet {
   std::string path;  // the ELF file the specs refer to
   std::unique_ptr<core::probe::ProbeTarget> target;
@@ -64,10 +71,11 @@ struct ProbeSet {
 // arguments are fetched as hidden ones: DWARF variables, $retval). Errors are for people: a bad
 // argument or point is shown under the spec with a caret at the offending word; unknown functions
 // list near matches (core/probe/probe_target.h). The names of `also_fetch` (what --agg reads)
-// are fetched as hidden arguments by every probe where they compile.
+// are fetched as hidden arguments by the probes of their event (every probe for "") where they
+// compile.
 absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
                                        const std::vector<std::string>& specs,
-                                       const std::vector<std::string>& also_fetch = {});
+                                       const std::vector<FetchFor>& also_fetch = {});
 
 // The file a command would execute: `name` itself when it contains a '/', else the first
 // executable `name` in $PATH. NotFound otherwise.
