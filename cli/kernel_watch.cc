@@ -339,6 +339,7 @@ class KernelJsonPrinter final : public KernelPrinter {
     if (opts_.quiet) {
       return;
     }
+    const std::string kind_name(drmgr::DrKindName(kind_));
     const std::vector<KernelWatch>& watches = session.watches();
     for (size_t i = 0; i < watches.size(); ++i) {
       const KernelWatch& w = watches[i];
@@ -346,8 +347,8 @@ class KernelJsonPrinter final : public KernelPrinter {
           "{\"type\":\"watch\",\"id\":%zu,\"expr\":%s,\"display\":%s,\"addr\":\"0x%llx\","
           "\"len\":%u,\"kind\":\"%s\",\"type_name\":%s,\"backend\":\"perf\"}\n",
           i, JsonString(w.expr).c_str(), JsonString(w.display).c_str(),
-          static_cast<unsigned long long>(w.addr), w.len,
-          std::string(drmgr::DrKindName(kind_)).c_str(), JsonString(w.type_name).c_str());
+          static_cast<unsigned long long>(w.addr), w.len, kind_name.c_str(),
+          JsonString(w.type_name).c_str());
     }
   }
 

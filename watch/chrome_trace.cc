@@ -357,7 +357,7 @@ absl::StatusOr<ChromeTraceCounts> WriteChromeTrace(const core::store::TraceReade
     const size_t track = fields.Find(ev);
     const FieldRef& f = fields.track(track);
     Json args{{"field", f.path},
-              {"access", std::string(core::AccessKindLetter(ev.kind))},
+              {"access", std::string{core::AccessKindLetter(ev.kind)}},
               {"addr", Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value)},
               {"size", ev.access_size > 0 ? ev.access_size : ev.len}};
     if (const std::string v = ValueText(ev, f); !v.empty()) {

@@ -92,7 +92,17 @@ def main():
              loop_out),
             ("probe hw", ["probe", "--hw", "tick i", "--"] + loop, "probe", loop_out),
         ]
+        # kwatch's auto backend checks whether this host delivers debug-register traps (some
+        # hypervisors drop them all: watch/hw_probe) and takes page protection where it does
+        # not; there the modes that need traps are skipped, as KW_REQUIRE_DEBUG_TRAPS does.
+        auto = run(kwatch, ["--json", "-q", "--write", "g_stats.hits", "--"] + fw, None)
+        traps = json.loads(auto[-1])["backend"] == "perf"
+        needs_traps = {"perf", "stop", "perf overcommit", "perf multiplex", "kernel",
+                       "kernel-accesses", "probe hw"}
         for name, args, kind, foreign in modes:
+            if not traps and name in needs_traps:
+                print(f"skip {name}: this host does not deliver debug-register traps")
+                continue
             try:
                 json_args = args[:1] + ["--json"] + args[1:] if args[0] == "probe" else ["--json"] + args
                 lines = run(kwatch, json_args, foreign)
