@@ -228,6 +228,14 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("--interval", opts.interval,
                  "Print the aggregations every SECS seconds too (they keep accumulating)")
       ->check(CLI::PositiveNumber);
+  bool stack = false;
+  app.add_flag("--stack", stack,
+               "Print the user stack of each hit, symbolized with file:line (unwound with the "
+               "program's CFI: at the stop with ptrace and --hw, from a copy of the stack taken "
+               "at the hit by the agent and the uprobe sample); `--agg 'count() by ustack'` "
+               "counts the distinct stacks");
+  app.add_option("--stack-depth", opts.session.stack_frames, "Frames per --stack (default 16)")
+      ->check(CLI::Range(1, 256));
   app.add_flag("--dry-run", opts.dry_run,
                "Print where each probe would go, the path it would take (jump, int3, ptrace, "
                "uprobe, hw) and how each argument would be fetched, from the file alone: no "
@@ -318,6 +326,13 @@ int ProbeMain(const std::vector<std::string>& argv) {
       return 2;
     }
     opts.aggs.push_back(*std::move(agg));
+  }
+  // --stack shows each hit's stack; 'by ustack' needs them captured too.
+  opts.show_stack = stack;
+  if ((stack || watch::probe::UsesStacks(opts.aggs)) && opts.session.stack_frames == 0) {
+    opts.session.stack_frames = 16;
+  } else if (!stack && !watch::probe::UsesStacks(opts.aggs)) {
+    opts.session.stack_frames = 0;  // --stack-depth alone captures nothing
   }
   if (opts.interval > 0 && opts.aggs.empty()) {
     std::fprintf(stderr, "kwatch: error: --interval prints aggregations: give --agg too\n");

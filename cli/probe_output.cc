@@ -42,6 +42,23 @@ bool IsDecimalInteger(absl::string_view s) {
          std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isdigit(c); });
 }
 
+// Where frame `i` of a --stack is: frame 0 is the hit's own address, the others are return
+// addresses, looked up one byte back to name the call (it may be the caller's last instruction).
+core::symbols::CodeLocation FrameAt(const PrinterOptions& o, const std::vector<core::RemoteAddr>& f,
+                                    size_t i) {
+  const core::RemoteAddr at = i == 0 ? f[i] : core::RemoteAddr{f[i].value - 1};
+  if (o.locate) {
+    return o.locate(at);
+  }
+  core::symbols::CodeLocation none;
+  none.ip = at;
+  return none;
+}
+
+std::string FrameText(const core::symbols::CodeLocation& loc) {
+  return loc.function.empty() ? Hex(loc.ip.value) : core::symbols::Symbolizer::Format(loc);
+}
+
 std::string ExitText(const ProbeRunInfo& info) {
   if (!info.exit.has_value()) {
     return "";
@@ -229,6 +246,9 @@ std::string ProbeTextPrinter::Line(const ProbeHit& hit) const {
     line.pop_back();
   }
   line += '\n';
+  for (size_t i = 0; opts().show_stack && i < hit.stack.size(); ++i) {
+    absl::StrAppendFormat(&line, "    #%-2d %s\n", i, FrameText(FrameAt(opts(), hit.stack, i)));
+  }
   return line;
 }
 
@@ -320,6 +340,18 @@ std::string ProbeJsonPrinter::Line(const ProbeHit& hit) const {
     if (opts().caller) {
       absl::StrAppend(&s, ",\"caller\":", JsonString(opts().caller(hit.return_address)));
     }
+  }
+  if (opts().show_stack && !hit.stack.empty()) {
+    s += ",\"stack\":[";
+    for (size_t i = 0; i < hit.stack.size(); ++i) {
+      const core::symbols::CodeLocation f = FrameAt(opts(), hit.stack, i);
+      absl::StrAppendFormat(&s,
+                            "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+                            "\"line\":%d}",
+                            i == 0 ? "" : ",", Hex(hit.stack[i].value), JsonString(f.function),
+                            f.offset, JsonString(f.file), f.line);
+    }
+    s += "]";
   }
   s += ",\"args\":{";
   for (size_t i = 0; i < hit.args.size(); ++i) {

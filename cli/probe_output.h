@@ -41,6 +41,9 @@ struct PrinterOptions {
   pid_t main_pid = 0;
   // Names a return address ("run+0x2a"); null: printed as hex (text) or left out (JSON).
   std::function<std::string(core::RemoteAddr)> caller;
+  // Where a code address is, for --stack frames; null: frames print as hex.
+  std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate;
+  bool show_stack = false;  // --stack: each hit's frames follow it
 };
 
 // What a summary shows: the probes, what the tally counted and how the session ended.

@@ -136,6 +136,11 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
     po.start_ns = start.start_ns;
     po.main_pid = start.main_pid;
     po.caller = start.caller;
+    po.locate = start.locate;
+    po.show_stack = opts_.show_stack;
+    if (aggregator_ != nullptr) {
+      aggregator_->SetLocate(start.locate);
+    }
     if (opts_.json) {
       printer_ = std::make_unique<ProbeJsonPrinter>(STDOUT_FILENO, std::move(po));
     } else {

@@ -36,6 +36,7 @@ struct ProbeCmdOptions {
   std::vector<watch::probe::AggregationSpec> aggs;  // --agg
   double interval = 0;                              // --interval: seconds, 0: at the end only
   bool dry_run = false;                             // --dry-run
+  bool show_stack = false;  // --stack: the hits' stacks are printed (else captured for ustack)
 };
 
 // Runs the probes of `set` with the backend the options name (ptrace, uprobe, or --hw's debug

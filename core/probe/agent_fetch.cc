@@ -680,6 +680,19 @@ absl::StatusOr<AgentFetchProgram> CompileAgentFetch(std::span<const CompiledArg>
     }
     prog.args.push_back(std::move(l->plan));
   }
+  if (opts.stack_copy_bytes > 0) {
+    if (opts.stack_copy_bytes > kMaxStackBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("a stack copy of ", opts.stack_copy_bytes,
+                                                     " bytes: the agent copies at most ",
+                                                     kMaxStackBytes));
+    }
+    const uint32_t copy = Pad8(opts.stack_copy_bytes);
+    prog.ops.push_back(Op(agent::kKwOpBeginArg, static_cast<uint32_t>(args.size())));
+    prog.ops.push_back(Op(agent::kKwOpRegsAll, 0, sizeof(KwRegs)));
+    prog.ops.push_back(Op(agent::kKwOpStack, 0, copy));
+    record_bytes += sizeof(KwArgHeader) + sizeof(KwRegs) + copy;
+    prog.stack_copy = true;
+  }
   prog.ops.push_back(Op(agent::kKwOpEnd));
   prog.record_bytes = static_cast<uint32_t>(record_bytes);
   return prog;
@@ -821,6 +834,24 @@ absl::StatusOr<AgentArgValues> FormatAgentRecord(std::span<const CompiledArg> ar
         out.not_sampled += not_sampled ? 1 : 0;
         break;
       }
+    }
+  }
+  if (program.stack_copy && pos + sizeof(KwArgHeader) <= payload.size()) {
+    KwArgHeader h{};
+    std::memcpy(&h, payload.data() + pos, sizeof(h));
+    if (h.arg != args.size() || h.len > payload.size() - pos - sizeof(h)) {
+      return absl::DataLossError(absl::StrFormat(
+          "record payload at byte %d: %d bytes of argument %d where the stack copy was due", pos,
+          h.len, h.arg));
+    }
+    const std::span<const uint8_t> bytes = payload.subspan(pos + sizeof(h), h.len);
+    pos += sizeof(h) + Pad8(h.len);
+    if (bytes.size() >= sizeof(KwRegs)) {
+      user_regs_struct regs{};
+      static_assert(sizeof(regs) == sizeof(KwRegs));
+      std::memcpy(&regs, bytes.data(), sizeof(regs));
+      out.stack_regs = regs;
+      out.stack.assign(bytes.begin() + sizeof(KwRegs), bytes.end());
     }
   }
   if (pos < payload.size()) {

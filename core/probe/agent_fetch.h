@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -88,6 +89,9 @@ struct AgentFetchOptions {
   // Fallback arguments: bytes of stack captured from rsp (the uprobe backend's --stack-bytes
   // default). Rounded up to 8; at most 65536.
   uint32_t stack_bytes = 512;
+  // --stack: after the arguments, the registers and this many bytes of stack from rsp, for
+  // kwatch to unwind the hit's stack from (0: none). Rounded up to 8; at most 65536.
+  uint32_t stack_copy_bytes = 0;
 };
 
 // One probe's program.
@@ -99,6 +103,7 @@ struct AgentFetchProgram {
   uint32_t record_bytes = 0;
   bool needs_fpregs = false;  // reads %xmm registers (KwProbe flag kKwProbeFpregs)
   uint32_t fallbacks = 0;     // arguments captured as the fallback
+  bool stack_copy = false;    // the payload ends with registers and stack (stack_copy_bytes)
 };
 
 // Compiles `args` (of one probe point) for a target where the file's load bias is
@@ -121,6 +126,11 @@ struct AgentArgValues {
   std::vector<std::pair<std::string, std::string>> args;
   // Fallback values that needed memory outside the captured stack (shown as kNotSampled).
   uint32_t not_sampled = 0;
+  // AgentFetchOptions::stack_copy_bytes: the registers at the hit and the stack copied from
+  // their rsp (fewer bytes where the stack's mapping ended). Nullopt without, or when the
+  // record was cut before them.
+  std::optional<user_regs_struct> stack_regs;
+  std::vector<uint8_t> stack;
 };
 
 // Formats the payload of a record written by `program` (compiled from `args`). An argument

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -285,7 +286,7 @@ TEST(ProbeAggregation, BadAggregationsArePointedAt) {
             "--agg 'sum(n)': probe add_ints has no value 'n' (it has: tid, pid, cpu; give "
             "EVENT: to aggregate one probe)"},
            {{"--agg", "nosuch:count()", "fact"}, "no probe is named 'nosuch' (events: fact)"},
-           {{"--agg", "count() by ustack", "fact"}, "stacks as keys are not collected"},
+           {{"--agg", "count() by stack", "fact"}, "the user stack is 'ustack'"},
            {{"--interval", "1", "fact"}, "--interval prints aggregations: give --agg too"},
        }) {
     std::vector<std::string> args = c.args;
@@ -394,6 +395,67 @@ TEST(ProbeDryRun, SaysWhereEachProbeGoesAndTouchesNothing) {
   const RunResult bad = KwatchProbe({"--dry-run", "-x", target, "fact n if m > 1"});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.err, HasSubstr("'m' in the condition is not an argument"));
+}
+
+class ProbeStacks : public ::testing::TestWithParam<std::string> {};
+
+// probe_args: fact(5) recurses down to fact(1) (five hits, each one frame deeper); loop_lines
+// calls tick four times.
+TEST_P(ProbeStacks, EachHitsUserStackAndCountsByStack) {
+  const RunResult r =
+      KwatchProbe({"--json", "--backend", GetParam(), "--stack", "--agg", "count() by ustack",
+                   "fact n", "tick", "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  const std::vector<json> facts = OfEvent(run.hits, "fact");
+  ASSERT_EQ(facts.size(), 5U);
+  for (size_t k = 0; k < facts.size(); ++k) {
+    const json& st = facts[k]["stack"];
+    ASSERT_GE(st.size(), k + 2) << facts[k].dump();
+    for (size_t f = 0; f <= k; ++f) {
+      EXPECT_EQ(st[f]["function"], "fact") << k << " " << f;
+    }
+    EXPECT_EQ(st[k + 1]["function"], "main") << k;
+    EXPECT_EQ(st[0]["line"], facts[k]["line"]);
+  }
+  // One stack per depth: "..._start;...;main;fact", then ";fact" once more per level.
+  const std::map<std::string, json> by_stack = Aggregates(run, "fact", "count() by ustack");
+  ASSERT_EQ(by_stack.size(), 5U) << r.out;
+  std::set<size_t> depths;
+  for (const auto& [key, a] : by_stack) {
+    const std::string folded = a["key"]["ustack"].get<std::string>();
+    const size_t main_at = folded.find(";main;");
+    ASSERT_NE(main_at, std::string::npos) << folded;
+    const std::string after = folded.substr(main_at + 6);
+    std::string expected = "fact";
+    size_t depth = 1;
+    while (expected.size() < after.size()) {
+      expected += ";fact";
+      ++depth;
+    }
+    EXPECT_EQ(after, expected) << folded;
+    EXPECT_EQ(a["value"], 1) << folded;
+    depths.insert(depth);
+  }
+  EXPECT_EQ(depths, (std::set<size_t>{1, 2, 3, 4, 5}));
+  const std::map<std::string, json> ticks = Aggregates(run, "tick", "count() by ustack");
+  ASSERT_EQ(ticks.size(), 1U);
+  const std::string folded = ticks.begin()->second["key"]["ustack"].get<std::string>();
+  EXPECT_TRUE(folded.size() > 20 &&
+              folded.compare(folded.size() - 20, 20, "main;loop_lines;tick") == 0)
+      << folded;
+  EXPECT_EQ(ticks.begin()->second["value"], 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProbeStacks, ::testing::Values("agent", "ptrace", "uprobe"));
+
+TEST(ProbeStack, DepthBoundsTheFramesAndTextShowsThem) {
+  const RunResult r = KwatchProbe({"--stack", "--stack-depth", "2", "--backend", "ptrace", "fact",
+                                   "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("    #0  fact (probe_args.c:69)\n    #1  main+0x"));
+  EXPECT_THAT(r.out, HasSubstr("    #0  fact (probe_args.c:69)\n    #1  fact+0x"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("    #2 ")));
 }
 
 }  // namespace

@@ -40,6 +40,7 @@
 #include "watch/agent/controller.h"
 #include "watch/agent/int3_plan.h"
 #include "watch/agent/loader.h"
+#include "watch/probe/hit_stacks.h"
 #include "watch/probe/jump_plan.h"
 #include "watch/probe/session_base.h"
 
@@ -192,6 +193,7 @@ class AgentSession : public ProbeSessionBase {
   std::unique_ptr<wa::Controller> ctl_;
   std::unique_ptr<core::symbols::Symbols> symbols_;
   std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
+  std::unique_ptr<HitStacks> stacks_;  // --stack: unwinds the copies in the records
   pid_t pid_ = 0;
   uint64_t bias_ = 0;
   bool launched_ = false;
@@ -337,7 +339,10 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
   Placed placed;
   placed.def = &def;
   absl::StatusOr<core::probe::AgentFetchProgram> program = core::probe::CompileAgentFetch(
-      def.args, bias_, core::probe::AgentFetchOptions{.stack_bytes = opts().stack_bytes});
+      def.args, bias_,
+      core::probe::AgentFetchOptions{
+          .stack_bytes = opts().stack_bytes,
+          .stack_copy_bytes = opts().stack_frames > 0 ? StackCopyBytes(opts()) : 0});
   if (!program.ok()) {
     return fail(program.status());
   }
@@ -430,6 +435,9 @@ absl::Status AgentSession::Start() {
     symbols_ = *std::move(syms);
     symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
   }
+  if (opts().stack_frames > 0) {
+    KW_ASSIGN_OR_RETURN(stacks_, HitStacks::ForProcess(pid_, nullptr));
+  }
   KW_RETURN_IF_ERROR(hooks().open_recording(pid_, bias_));
   KW_RETURN_IF_ERROR(PlaceAll());
   KW_RETURN_IF_ERROR(loop().Add(ctl_->lifeline_fd()));
@@ -437,7 +445,7 @@ absl::Status AgentSession::Start() {
   ctl_->Activate();
   ProbeSessionStart start;
   start.main_pid = pid_;
-  start.caller = [this](core::RemoteAddr ra) { return NameCode(symbolizer_.get(), ra); };
+  NameWith(symbolizer_.get(), start);
   BeginOutput(std::move(start)).OnStart();
   ProbeNote armed;
   armed.kind = ProbeNote::Kind::kArmed;
@@ -547,6 +555,9 @@ void AgentSession::OnRecord(const Drained& d) {
       core::probe::FormatAgentRecord(p.def->args, p.program, d.payload, ctx);
   if (v.ok()) {
     hit.args = std::move(v->args);
+    if (stacks_ != nullptr && v->stack_regs.has_value()) {
+      hit.stack = stacks_->UnwindCopy(d.tid, *v->stack_regs, v->stack, opts().stack_frames);
+    }
   } else {
     for (const core::probe::CompiledArg& a : p.def->args) {
       hit.args.emplace_back(a.name, core::probe::FetchErrorText(v.status()));

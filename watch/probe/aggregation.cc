@@ -208,8 +208,8 @@ absl::StatusOr<AggregationSpec> ParseAggregation(const std::string& text) {
     if (key.empty()) {
       return c.Error("expected a key: tid, pid, cpu, comm or an argument's name");
     }
-    if (key == "ustack" || key == "stack") {
-      return c.Error("stacks as keys are not collected by probes yet");
+    if (key == "stack") {
+      return c.Error("the user stack is 'ustack'");
     }
     spec.keys.push_back(std::move(key));
   } while (c.Take(','));
@@ -225,7 +225,8 @@ std::vector<FetchFor> NamesToFetch(const std::vector<AggregationSpec>& specs) {
   for (const AggregationSpec& s : specs) {
     auto add = [&](const std::string& n) {
       const FetchFor f{s.event, n};
-      if (!n.empty() && !IsBuiltin(n) && std::find(names.begin(), names.end(), f) == names.end()) {
+      if (!n.empty() && !IsBuiltin(n) && n != kUstack &&
+          std::find(names.begin(), names.end(), f) == names.end()) {
         names.push_back(f);
       }
     };
@@ -278,8 +279,8 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
         }
       }
       for (const std::string& key : spec.keys) {
-        const int index = IsBuiltin(key) ? -1 : ArgIndex(def, key);
-        if (index < 0 && !IsBuiltin(key)) {
+        const int index = IsBuiltin(key) || key == kUstack ? -1 : ArgIndex(def, key);
+        if (index < 0 && !IsBuiltin(key) && key != kUstack) {
           return absl::InvalidArgumentError(absl::StrCat("--agg '", spec.text, "': probe ",
                                                          def.point.event, " has no key '", key,
                                                          "' (it has: ", ShownArgs(def), ", comm)"));
@@ -302,6 +303,35 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
     }
   }
   return a;
+}
+
+std::string Aggregator::FoldedStack(const std::vector<core::RemoteAddr>& stack) const {
+  if (stack.empty()) {
+    return "[no stack]";
+  }
+  std::string out;
+  for (size_t i = stack.size(); i-- > 0;) {
+    // Return addresses are looked up one byte back: the call may end its function.
+    const core::RemoteAddr at = i == 0 ? stack[i] : core::RemoteAddr{stack[i].value - 1};
+    std::string name;
+    if (locate_) {
+      name = locate_(at).function;
+    }
+    if (name.empty()) {
+      name = absl::StrCat("0x", absl::Hex(stack[i].value));
+    }
+    absl::StrAppend(&out, out.empty() ? "" : ";", name);
+  }
+  return out;
+}
+
+bool UsesStacks(const std::vector<AggregationSpec>& specs) {
+  for (const AggregationSpec& s : specs) {
+    if (std::find(s.keys.begin(), s.keys.end(), kUstack) != s.keys.end()) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void Aggregator::Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value) const {
@@ -356,7 +386,9 @@ bool Aggregator::Add(const ProbeHit& hit) {
     for (size_t k = 0; k < b.key_args.size(); ++k) {
       const std::string& name = t.spec->keys[k];
       const int index = b.key_args[k];
-      if (index < 0) {
+      if (name == kUstack) {
+        key_.emplace_back(name, FoldedStack(hit.stack));
+      } else if (index < 0) {
         const uint64_t builtin = BuiltinOf(hit, name);
         key_.emplace_back(name, name == "cpu" ? absl::StrCat(builtin)
                                               : absl::StrCat(static_cast<int64_t>(builtin)));

@@ -7,14 +7,17 @@
 // the filter: it sees the hits the session takes.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/symbols/symbolizer.h"
 #include "watch/condition.h"
 #include "watch/probe/hit_sink.h"
 #include "watch/probe/probe_set.h"
@@ -34,6 +37,13 @@ struct AggregationSpec {
   // "hist(n)", "lhist(n, 0, 100, 10)", "count() by tid,comm": as JSON's "agg"
   std::string call;
 };
+
+// The key of the hit's user stack (--stack's frames), in the folded form flame-graph tools
+// read: "main;run;tick", outermost first, function names ("0x..." without a symbol).
+inline constexpr std::string_view kUstack = "ustack";
+
+// Whether any of `specs` is keyed by ustack (the session must capture stacks).
+bool UsesStacks(const std::vector<AggregationSpec>& specs);
 
 // Parses `text` ("[EVENT:]FUNC(ARGS) [by KEY[,KEY]]"). InvalidArgument with the column and a
 // caret: "--agg 'hist(x': expected ')' at column 7".
@@ -87,6 +97,10 @@ class Aggregator final : public HitSink {
                                                           std::vector<AggregationSpec> specs);
 
   bool Add(const ProbeHit& hit) override;
+  // Names the frames of ustack keys (null: hex addresses).
+  void SetLocate(std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate) {
+    locate_ = std::move(locate);
+  }
 
   // In the order of the specs, then of the probes.
   const std::vector<AggregateTable>& tables() const { return tables_; }
@@ -101,12 +115,14 @@ class Aggregator final : public HitSink {
   };
 
   Aggregator() = default;
+  std::string FoldedStack(const std::vector<core::RemoteAddr>& stack) const;
   void Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value) const;
 
   std::vector<AggregationSpec> specs_;
   std::vector<AggregateTable> tables_;
   std::map<uint32_t, std::vector<Binding>> by_probe_;  // ProbeDef::id -> its aggregations
   AggregateTable::Key key_;                            // scratch
+  std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate_;
 };
 
 }  // namespace kwatch::watch::probe

@@ -30,6 +30,9 @@ struct ProbeHit {
   core::RemoteAddr ip;              // the probed instruction (absolute)
   core::RemoteAddr return_address;  // return probes: where the function returned to
   core::store::ProbeArgs args;      // name -> value as perf formats it
+  // --stack: the user stack, innermost first (frame 0: the probed instruction, or for return
+  // probes where the function returned to; the others are return addresses). Empty without.
+  std::vector<core::RemoteAddr> stack;
 };
 
 // Counters a backend knows about a probe at the end of the session.

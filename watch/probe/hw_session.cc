@@ -19,6 +19,7 @@
 #include "core/symbols/symbols.h"
 #include "drmgr/slot_allocator.h"
 #include "drmgr/slot_registry.h"
+#include "watch/probe/hit_stacks.h"
 #include "watch/probe/hw_probes.h"
 #include "watch/probe/session_base.h"
 
@@ -55,6 +56,7 @@ class HwSession : public ProbeSessionBase {
   std::unique_ptr<core::ptrace::Process> proc_;
   std::unique_ptr<core::symbols::Symbols> symbols_;
   std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
+  std::unique_ptr<HitStacks> stacks_;  // --stack
   std::unique_ptr<HwProbes> hw_;
   core::symbols::MemoryReader read_;
   uint64_t bias_ = 0;
@@ -71,7 +73,11 @@ void HwSession::OnHit(const HwProbes::Hit& h) {
     ++misses_of_[h.probe->id];  // the registers come out once the loop runs again
     return;
   }
-  Deliver(EvaluateHwHit(h, proc_->pid(), bias_, read_));
+  ProbeHit hit = EvaluateHwHit(h, proc_->pid(), bias_, read_);
+  if (stacks_ != nullptr && h.regs != nullptr) {
+    hit.stack = stacks_->Unwind(h.tid, *h.regs, opts().stack_frames);
+  }
+  Deliver(hit);
 }
 
 absl::Status HwSession::Start() {
@@ -104,6 +110,9 @@ absl::Status HwSession::Start() {
   read_ = [proc](core::RemoteAddr a, std::span<uint8_t> out) { return proc->ReadMemory(a, out); };
   KW_ASSIGN_OR_RETURN(symbols_, core::symbols::Symbols::ForProcess(proc_->pid()));
   symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
+  if (opts().stack_frames > 0) {
+    KW_ASSIGN_OR_RETURN(stacks_, HitStacks::ForProcess(proc_->pid(), read_));
+  }
   KW_RETURN_IF_ERROR(hooks().open_recording(proc_->pid(), bias_));
   return Arm();
 }
@@ -153,8 +162,10 @@ void HwSession::Publish() {
 absl::Status HwSession::Arm() {
   hw_ = std::make_unique<HwProbes>(*proc_, *symbolizer_, set().probes, bias_,
                                    [this](const HwProbes::Hit& h) { OnHit(h); });
-  // No return probes under --hw: nothing to name a caller for.
-  BeginOutput(ProbeSessionStart{});
+  // No return probes under --hw: the names are for --stack frames.
+  ProbeSessionStart start;
+  NameWith(symbolizer_.get(), start);
+  BeginOutput(std::move(start));
   const uint64_t arm_start = core::MonotonicNs();
   KW_RETURN_IF_ERROR(hw_->Arm());
   const uint64_t arm_ns = core::MonotonicNs() - arm_start;

@@ -17,9 +17,15 @@
 #include "absl/time/time.h"
 #include "core/base/remote_addr.h"
 #include "core/ptrace/process.h"
+#include "core/symbols/symbolizer.h"
 #include "watch/probe/hit_sink.h"
 
 namespace kwatch::watch::probe {
+
+struct ProbeSessionOptions;
+// The bytes of stack the agent and the uprobe sample copy per hit for --stack: --stack-bytes
+// when given above its default, else 8192.
+uint32_t StackCopyBytes(const ProbeSessionOptions& opts);
 
 struct ProbeSessionOptions {
   std::optional<pid_t> pid;                 // attach to this process
@@ -31,6 +37,7 @@ struct ProbeSessionOptions {
   bool follow_forks = false;                // ptrace: children the target forks are probed too
   bool quiet = false;                       // no notes about followed children
   uint32_t maxactive = 0;                   // ptrace return probes, 0: engine default
+  uint32_t stack_frames = 0;                // --stack: user frames per hit (0: none)
   uint32_t stack_bytes = 512;               // uprobe: user stack sampled per hit
   // uprobe: data pages of each per-CPU ring, per probe (power of two). 1024: 4 MiB, about
   // 5,500 samples of 512 stack bytes before kwatch must have read them.
@@ -45,6 +52,9 @@ struct ProbeSessionStart {
   pid_t main_pid = 0;
   // Names a return address ("run+0x2a"); null when nothing can name it.
   std::function<std::string(core::RemoteAddr)> caller;
+  // Where a code address is (function, offset, file, line), for --stack frames; null when
+  // nothing can say.
+  std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate;
 };
 
 // How the session reaches its user: the recording is opened once the target and its load

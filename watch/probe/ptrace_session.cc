@@ -24,6 +24,7 @@
 #include "core/ptrace/process_group.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
+#include "watch/probe/hit_stacks.h"
 #include "watch/probe/session_base.h"
 
 namespace kwatch::watch::probe {
@@ -81,6 +82,7 @@ class PtraceSession : public ProbeSessionBase {
   std::unique_ptr<core::probe::Int3Engine> engine_;
   std::unique_ptr<core::symbols::Symbols> symbols_;
   std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
+  std::unique_ptr<HitStacks> stacks_;  // --stack
   core::symbols::MemoryReader read_;
   uint64_t bias_ = 0;
   std::map<uint32_t, core::probe::ProbeId> ids_;  // ProbeDef::id -> engine id
@@ -138,6 +140,9 @@ void PtraceSession::OnHit(const ProbeDef& def, const core::probe::ProbeContext& 
   if (def.needs_fpregs && ::ptrace(PTRACE_GETFPREGS, ctx.tid, nullptr, &fp) == 0) {
     fc.fpregs = &fp;
   }
+  if (stacks_ != nullptr && &ctx.process == proc_.get()) {
+    hit.stack = stacks_->Unwind(ctx.tid, ctx.regs, opts().stack_frames);
+  }
   hit.args.reserve(def.args.size());
   for (const core::probe::CompiledArg& a : def.args) {
     absl::StatusOr<std::string> v = core::probe::Evaluate(a, fc);
@@ -171,6 +176,9 @@ absl::Status PtraceSession::Start() {
   if (auto syms = core::symbols::Symbols::ForProcess(proc_->pid()); syms.ok()) {
     symbols_ = *std::move(syms);
     symbolizer_ = std::make_unique<core::symbols::Symbolizer>(*symbols_);
+  }
+  if (opts().stack_frames > 0) {
+    KW_ASSIGN_OR_RETURN(stacks_, HitStacks::ForProcess(proc_->pid(), read_));
   }
   KW_ASSIGN_OR_RETURN(guardian_, core::ptrace::Guardian::Start(proc_->pid()));
   engine_ = std::make_unique<core::probe::Int3Engine>(*proc_);
@@ -257,7 +265,7 @@ absl::Status PtraceSession::Arm() {
   ids_ = id_sets_[engine_.get()].back();
   ProbeSessionStart start;
   start.main_pid = proc_->pid();
-  start.caller = [this](core::RemoteAddr ra) { return NameCode(symbolizer_.get(), ra); };
+  NameWith(symbolizer_.get(), start);
   BeginOutput(std::move(start)).OnStart();
   ProbeNote armed;
   armed.kind = ProbeNote::Kind::kArmed;

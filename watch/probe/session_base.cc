@@ -1,5 +1,6 @@
 #include "watch/probe/session_base.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -88,6 +89,17 @@ std::string ProbeSessionBase::NameCode(core::symbols::Symbolizer* symbolizer,
   const core::symbols::CodeLocation& loc = symbolizer->Locate(addr);
   return loc.function.empty() ? absl::StrFormat("0x%x", addr.value)
                               : core::symbols::Symbolizer::Format(loc);
+}
+
+uint32_t StackCopyBytes(const ProbeSessionOptions& opts) {
+  return std::max<uint32_t>(opts.stack_bytes, 8192);
+}
+
+void ProbeSessionBase::NameWith(core::symbols::Symbolizer* symbolizer, ProbeSessionStart& start) {
+  start.caller = [symbolizer](core::RemoteAddr ra) { return NameCode(symbolizer, ra); };
+  if (symbolizer != nullptr) {
+    start.locate = [symbolizer](core::RemoteAddr a) { return symbolizer->Locate(a); };
+  }
 }
 
 absl::Status ProbeSessionBase::Fail(absl::Status s) {

@@ -132,6 +132,9 @@ class ProbeSessionBase : public ProbeSession {
   static std::string TargetEnded(const std::optional<core::ptrace::ExitInfo>& exit);
   // Names a code address ("run+0x2a (prog.c:12)"), or its hex without a symbol.
   static std::string NameCode(core::symbols::Symbolizer* symbolizer, core::RemoteAddr addr);
+  // ProbeSessionStart's caller and locate over `symbolizer` (which outlives the session's
+  // output; null: names are hex).
+  static void NameWith(core::symbols::Symbolizer* symbolizer, ProbeSessionStart& start);
 
  private:
   // What Step does when a round fails: remembers and returns the error.

@@ -30,6 +30,7 @@
 #include "core/ptrace/process.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
+#include "watch/probe/hit_stacks.h"
 #include "watch/probe/session_base.h"
 #include "watch/uprobe_event.h"
 
@@ -89,6 +90,7 @@ class UprobeSession : public ProbeSessionBase {
   std::vector<std::unique_ptr<watch::UprobeEvent>> events_;  // parallel to set().probes
   std::unique_ptr<core::symbols::Symbols> symbols_;
   std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
+  std::unique_ptr<HitStacks> stacks_;          // --stack (one target process)
   absl::flat_hash_map<pid_t, uint64_t> bias_;  // load bias of the file per process
   uint64_t not_sampled_ = 0;
   uint64_t other_processes_ = 0;   // hits of other processes running the file (dropped)
@@ -136,6 +138,9 @@ ProbeHit UprobeSession::MakeHit(const ProbeDef& def, const watch::UprobeHit& h) 
         core::probe::EvaluateSampled(a, fc, h.regs.rsp, h.stack, &outside);
     not_sampled_ += outside ? 1 : 0;
     hit.args.emplace_back(a.name, v.ok() ? *std::move(v) : core::probe::FetchErrorText(v.status()));
+  }
+  if (stacks_ != nullptr && h.pid == pid_) {
+    hit.stack = stacks_->UnwindCopy(h.tid, h.regs, h.stack, opts().stack_frames);
   }
   return hit;
 }
@@ -225,7 +230,7 @@ absl::Status UprobeSession::Start() {
     // per-task event could not follow the target's threads.
     req.pid = -1;
     req.inherit = false;
-    req.stack_bytes = opts().stack_bytes;
+    req.stack_bytes = opts().stack_frames > 0 ? StackCopyBytes(opts()) : opts().stack_bytes;
     req.ring_pages = opts().ring_pages;
     absl::StatusOr<std::unique_ptr<watch::UprobeEvent>> ev = watch::UprobeEvent::Open(req);
     if (!ev.ok()) {
@@ -268,7 +273,10 @@ absl::Status UprobeSession::Start() {
   }
   ProbeSessionStart start;
   if (symbolizer_ != nullptr) {
-    start.caller = [this](core::RemoteAddr ra) { return NameCode(symbolizer_.get(), ra); };
+    NameWith(symbolizer_.get(), start);
+  }
+  if (opts().stack_frames > 0 && pid_ > 0) {
+    KW_ASSIGN_OR_RETURN(stacks_, HitStacks::ForProcess(pid_, nullptr));
   }
   BeginOutput(std::move(start)).OnStart();
   ProbeNote armed;
