@@ -113,8 +113,8 @@ class Writer {
 
 // The calling thread's name (16 bytes, NUL-terminated): the one system call a fetch program
 // makes, only for $comm (tests/agent/agent_test.cc allows it here and nowhere else).
-__attribute__((noinline)) bool ThreadName(char (&name)[16]) {
-  return Sys(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name)) == 0;
+__attribute__((noinline)) bool ThreadName(std::array<char, 16>& name) {
+  return Sys(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name.data())) == 0;
 }
 
 uint64_t RegValue(const KwRegs& regs, uint32_t index) {
@@ -196,7 +196,7 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
         break;
       case kKwOpComm: {
         // The name at the hit: the thread may be gone (and its /proc entry) by the drain.
-        char name[16] = {};
+        std::array<char, 16> name{};
         if (!ThreadName(name)) {
           fail(kStatusFault);
           break;

@@ -236,6 +236,11 @@ int ProbeMain(const std::vector<std::string>& argv) {
                "counts the distinct stacks");
   app.add_option("--stack-depth", opts.session.stack_frames, "Frames per --stack (default 16)")
       ->check(CLI::Range(1, 256));
+  app.add_flag("--stop-on", opts.filter.stop_on,
+               "At the first hit that passes its probe's condition (after --skip): remove the "
+               "probes, leave the target stopped (SIGSTOP) and detached with that thread at the "
+               "probe (an entry: before the probed instruction; a return: just back in the "
+               "caller), and print how to take over with gdb -p PID (ptrace backend)");
   app.add_flag("--dry-run", opts.dry_run,
                "Print where each probe would go, the path it would take (jump, int3, ptrace, "
                "uprobe, hw) and how each argument would be fetched, from the file alone: no "
@@ -368,6 +373,21 @@ int ProbeMain(const std::vector<std::string>& argv) {
     std::fprintf(stderr,
                  "kwatch: error: --no-jump is for the agent backend (--backend agent or auto)\n");
     return 2;
+  }
+  if (opts.filter.stop_on) {
+    const char* why = opts.hw                     ? "--hw"
+                      : opts.session.follow_forks ? "-f"
+                      : opts.backend == "agent"   ? "--backend agent"
+                      : opts.backend == "uprobe"  ? "--backend uprobe"
+                                                  : nullptr;
+    if (why != nullptr) {
+      std::fprintf(stderr,
+                   "kwatch: error: --stop-on leaves the thread of its hit stopped at the probe, "
+                   "which the ptrace backend does (the thread is stopped there); drop %s\n",
+                   why);
+      return 2;
+    }
+    opts.session.stop_on = true;
   }
   if (opts.hw && opts.session.follow_forks) {
     std::fprintf(stderr,

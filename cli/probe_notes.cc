@@ -128,6 +128,12 @@ std::string ProbeNoteText(const ProbeNote& n) {
         return absl::StrFormat("probes removed; target %d keeps running", n.pid);
       }
       return absl::StrFormat("probes removed, detached; target %d keeps running", n.pid);
+    case Kind::kParked:
+      return absl::StrFormat(
+          "--stop-on: target %d is stopped (SIGSTOP) with its code restored, thread %d at %s; "
+          "take over with `gdb -p %d` (its first `continue` reports that SIGSTOP: `handle "
+          "SIGSTOP nostop noprint` passes it), or let it go on with `kill -CONT %d`",
+          n.pid, n.count, n.why, n.pid, n.pid);
     case Kind::kChildUnguarded:
       return absl::StrFormat("child %d is not guarded (the guardian did not start: %s)", n.pid,
                              n.why);

@@ -217,6 +217,12 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                         : opts.hw                  ? "hw"
                         : opts.backend == "ptrace" ? "ptrace"
                                                    : "agent";
+  if (backend == "agent" && opts.backend == "auto" && opts.filter.stop_on) {
+    std::fprintf(stderr,
+                 "kwatch: note: --stop-on uses the ptrace backend: the thread of the hit must be "
+                 "stopped at the probe (a stop per hit until then)\n");
+    backend = "ptrace";
+  }
   if (backend == "agent" && opts.backend == "auto" && opts.session.follow_forks) {
     // The agent follows forks but not an exec: a child that execs would run its new image
     // unprobed, where ptrace probes it again by the same specs.

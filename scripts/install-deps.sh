@@ -11,6 +11,7 @@ PACKAGES=(
   clang-14 clang libclang-rt-14-dev clang-format clang-tidy shellcheck python3 python3-jsonschema
   qt6-base-dev qt6-charts-dev qt6-svg-dev libqt6opengl6-dev fonts-dejavu-core
   man-db groff-base zsh dpkg-dev
+  gdb
 )
 
 missing=()

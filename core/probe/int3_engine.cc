@@ -1,8 +1,10 @@
 #include "core/probe/int3_engine.h"
 
 #include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <ctime>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 #include "core/probe/insn_emulate.h"
 
 namespace kwatch::core::probe {
@@ -596,6 +599,14 @@ absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpo
     }
   }
   std::move(not_in_handler).Invoke();
+  if (std::exchange(park_, false)) {
+    // --stop-on: the probed instruction has not run; the thread stops on SIGSTOP before it
+    // does (the signal is taken on the way back to user space).
+    for (const ProbeId id : tracked) {
+      --probes_.at(id).active;  // not tracked after all
+    }
+    return Park(tid, at);
+  }
 
   if (!tracked.empty()) {
     // Return probes: the trampoline replaces the return address at [rsp].
@@ -727,6 +738,19 @@ absl::Status Int3Engine::OnReturn(pid_t tid, user_regs_struct& regs) {
     }
   }
   in_handler_ = false;
+  if (std::exchange(park_, false)) {
+    return Park(tid, regs);  // in the caller, right after the return
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Int3Engine::Park(pid_t tid, const user_regs_struct& regs) {
+  KW_RETURN_IF_ERROR(process_.SetRegs(tid, regs));
+  if (::syscall(SYS_tgkill, process_.pid(), tid, SIGSTOP) != 0) {
+    const int err = errno;
+    return SyscallError(err, absl::StrFormat("tgkill(%d, %d, SIGSTOP)", process_.pid(), tid));
+  }
+  ++counters_.parked;
   return absl::OkStatus();
 }
 

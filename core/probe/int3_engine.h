@@ -118,6 +118,12 @@ class Int3Engine : public ptrace::SignalInterceptor {
   void SetGuardian(ptrace::Guardian* guardian) { guardian_ = guardian; }
   const XolAreas& xol() const { return xol_; }
   ptrace::Process& process() const { return process_; }
+  // From a pre handler (entry or return): once the handlers ran, the thread is left where the
+  // probe stopped it (an entry: at the probed instruction, not run yet; a return: in its
+  // caller, right after the return) and SIGSTOP is queued for it, so that it stops there
+  // before running anything (a group stop: the whole process stops, as job control keeps it;
+  // detaching leaves it stopped). For `kwatch probe --stop-on`.
+  void ParkCurrentThread() { park_ = in_handler_; }
   // How hits were handled, for tests and benches.
   struct Counters {
     uint64_t traps = 0;        // breakpoint hits
@@ -125,6 +131,7 @@ class Int3Engine : public ptrace::SignalInterceptor {
     uint64_t out_of_line = 0;  // sent out of line
     uint64_t post_traps = 0;   // second stops for post handlers
     uint64_t returns = 0;      // trampoline hits
+    uint64_t parked = 0;       // threads left stopped by ParkCurrentThread
   };
   const Counters& counters() const { return counters_; }
 
@@ -156,6 +163,8 @@ class Int3Engine : public ptrace::SignalInterceptor {
   absl::Status WithRemoteSyscalls(pid_t tid, const std::function<absl::Status()>& fn);
 
   absl::StatusOr<user_regs_struct> RegsOf(pid_t tid);
+  // ParkCurrentThread's end: `regs` set, SIGSTOP queued for the thread.
+  absl::Status Park(pid_t tid, const user_regs_struct& regs);
   absl::Status OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpoint& bp);
   absl::Status OnPostTrap(pid_t tid, user_regs_struct& regs, const Slot& slot);
   absl::Status OnReturn(pid_t tid, user_regs_struct& regs);
@@ -186,6 +195,7 @@ class Int3Engine : public ptrace::SignalInterceptor {
   ProbeId next_id_ = 1;
   int world_depth_ = 0;
   bool in_handler_ = false;
+  bool park_ = false;            // ParkCurrentThread was called by the handler running now
   uint32_t fault_handlers_ = 0;  // registered probes with a fault handler
   pid_t cached_tid_ = 0;         // registers read by Claims, for HandleInPlace
   user_regs_struct cached_regs_{};

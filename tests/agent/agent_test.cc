@@ -458,7 +458,8 @@ TEST(AgentLibrary, HitPathsCallNoLibcAndUseNoVectorRegisters) {
   // EnsureSlot: a thread's first hit; DieOfSignal; ThreadName: $comm's prctl(PR_GET_NAME).
   const std::set<std::string> may_syscall = {
       "_ZN6kwatch5agent10EnsureSlotERNS0_7SessionERNS0_11ThreadStateE",
-      "_ZN6kwatch5agent11DieOfSignalEi", "_ZN6kwatch5agent12_GLOBAL__N_110ThreadNameERA16_c"};
+      "_ZN6kwatch5agent11DieOfSignalEi",
+      "_ZN6kwatch5agent12_GLOBAL__N_110ThreadNameERSt5arrayIcLm16EE"};
   for (const auto& f : reach({"kwatch_agent_jump_hit", "kw_return_hit"})) {
     for (const auto& insn : body[f]) {
       if (absl::StrContains(insn, "\tsyscall")) {

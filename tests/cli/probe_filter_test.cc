@@ -2,7 +2,12 @@
 // --skip and -c EVENT:N, on every backend, against tests/targets/probe_args.c, whose calls
 // and arguments are known (see its header).
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -11,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "tests/cli/probe_test_util.h"
 #include "tests/test_util.h"
 
@@ -24,6 +30,7 @@ using ::kwatch::testing::OfEvent;
 using ::kwatch::testing::ParseJson;
 using ::kwatch::testing::PrivateTargetPath;
 using ::kwatch::testing::RunResult;
+using ::kwatch::testing::Spawned;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -456,6 +463,71 @@ TEST(ProbeStack, DepthBoundsTheFramesAndTextShowsThem) {
   EXPECT_THAT(r.out, HasSubstr("    #0  fact (probe_args.c:69)\n    #1  main+0x"));
   EXPECT_THAT(r.out, HasSubstr("    #0  fact (probe_args.c:69)\n    #1  fact+0x"));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("    #2 ")));
+}
+
+std::string ProcStatusLine(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// probe_cli_pause 10 GO: step(i) for i < 10, "phase1 sum=100", waits for GO, step(i) for
+// i = 10..19, "phase2 sum=400". --stop-on stops it at step(13), before step runs, for gdb.
+TEST(ProbeStopOn, LeavesTheTargetStoppedAtTheHitForGdb) {
+  const std::string go =
+      absl::StrCat(::testing::TempDir(), "/probe_filter_test.", getpid(), ".go-stop-on");
+  std::filesystem::remove(go);
+  auto target = Spawned::Start({PrivateTargetPath("probe_cli_pause"), "10", go});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("phase1 sum=100").ok());
+  const pid_t pid = (*target)->pid();
+  auto k = Spawned::Start({::kwatch::testing::KwatchPath(), "probe", "--json", "--stop-on", "-p",
+                           std::to_string(pid), "step i if i == 13"});
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
+  std::ofstream(go).put('1');
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->exit_code, 0) << r->err;
+  const JsonRun run = ParseJson(r->out);
+  ASSERT_EQ(run.hits.size(), 1U) << r->out;
+  EXPECT_EQ(run.hits[0]["args"]["i"], 13);
+  EXPECT_EQ(run.summary["stop_reason"], "--stop-on: step hit by thread " + std::to_string(pid));
+  EXPECT_THAT(r->err, HasSubstr("note: --stop-on uses the ptrace backend"));
+  EXPECT_THAT(r->err, HasSubstr("--stop-on: target " + std::to_string(pid) +
+                                " is stopped (SIGSTOP) with its code restored, thread " +
+                                std::to_string(pid) + " at step (probe_cli_pause.c:"));
+  // Stopped, detached, at step's first instruction with i = 13.
+  EXPECT_EQ(ProcStatusLine(pid, "State"), "State:\tT (stopped)");
+  EXPECT_EQ(ProcStatusLine(pid, "TracerPid"), "TracerPid:\t0");
+  const absl::StatusOr<RunResult> g =
+      ::kwatch::testing::Run({"/usr/bin/gdb", "-p", std::to_string(pid), "-batch", "-nx", "-ex",
+                              "p i", "-ex", "p $pc == (void *)step"});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(g->out, HasSubstr("$1 = 13\n$2 = 1\n")) << g->out << g->err;
+  // gdb takes over and lets it run to its end: the rest of its calls, unharmed.
+  const absl::StatusOr<RunResult> c =
+      ::kwatch::testing::Run({"/usr/bin/gdb", "-p", std::to_string(pid), "-batch", "-nx", "-ex",
+                              "handle SIGSTOP nostop noprint", "-ex", "continue"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->out, HasSubstr("exited normally")) << c->out << c->err;
+  auto t = (*target)->Finish();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->exit_code, 0);
+  EXPECT_THAT(t->out, HasSubstr("phase2 sum=400"));
+}
+
+TEST(ProbeStopOn, NeedsThePtraceBackend) {
+  const RunResult r = KwatchProbe(
+      {"--stop-on", "--backend", "agent", "step", "--", PrivateTargetPath("probe_args")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--stop-on leaves the thread of its hit stopped at the probe, "
+                               "which the ptrace backend does"));
 }
 
 }  // namespace

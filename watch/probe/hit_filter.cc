@@ -149,8 +149,9 @@ absl::StatusOr<std::unique_ptr<HitFilter>> HitFilter::Make(const std::vector<Pro
   KW_RETURN_IF_ERROR(CheckEvents(opts.skip, probes, "--skip"));
   KW_RETURN_IF_ERROR(CheckEvents(opts.count, probes, "-c"));
   std::unique_ptr<HitFilter> f(new HitFilter(std::move(opts)));
-  f->filters_ = f->opts_.skip.every.has_value() || !f->opts_.skip.event.empty() ||
-                f->opts_.count.every.has_value() || !f->opts_.count.event.empty();
+  f->filters_ = f->opts_.stop_on || f->opts_.skip.every.has_value() ||
+                !f->opts_.skip.event.empty() || f->opts_.count.every.has_value() ||
+                !f->opts_.count.event.empty();
   for (const ProbeDef& def : probes) {
     PerProbe& p = f->per_probe_[def.id];
     p.def = &def;
@@ -236,7 +237,7 @@ std::optional<uint64_t> HitFilter::Pair(const ProbeHit& hit) {
 
 bool HitFilter::Add(const ProbeHit& hit) {
   auto it = per_probe_.find(hit.probe->id);
-  if (it == per_probe_.end()) {
+  if (it == per_probe_.end() || stopped_at_.has_value()) {
     return true;
   }
   PerProbe& p = it->second;
@@ -275,6 +276,9 @@ bool HitFilter::Add(const ProbeHit& hit) {
     taken = next_->Add(shown);
   }
   p.taken += static_cast<uint64_t>(taken);
+  if (taken && opts_.stop_on && !stopped_at_.has_value()) {
+    stopped_at_ = hit;
+  }
   if (taken && also_ != nullptr) {
     if (p.def->duration) {
       ProbeHit full = hit;  // $duration after the arguments, as the aggregations bind it
@@ -288,7 +292,7 @@ bool HitFilter::Add(const ProbeHit& hit) {
 }
 
 bool HitFilter::done() const {
-  if (next_->done()) {
+  if (stopped_at_.has_value() || next_->done()) {
     return true;
   }
   if (opts_.count.event.empty() && !opts_.count.every.has_value()) {
@@ -301,6 +305,10 @@ bool HitFilter::done() const {
 }
 
 std::string HitFilter::done_reason() const {
+  if (stopped_at_.has_value()) {
+    return absl::StrCat("--stop-on: ", stopped_at_->probe->point.event, " hit by thread ",
+                        stopped_at_->tid);
+  }
   if (next_->done()) {
     return next_->done_reason();
   }

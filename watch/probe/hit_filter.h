@@ -55,6 +55,7 @@ absl::Status ParsePerProbeCount(const std::string& text, const std::string& opti
 struct HitFilterOptions {
   PerProbeCounts skip;   // --skip: matching hits ignored first (gdb's ignore count)
   PerProbeCounts count;  // -c EVENT:N: matching hits taken, then the probe's hits are not
+  bool stop_on = false;  // --stop-on: the first hit taken ends the session
 };
 
 // What the filter did with one probe's hits.
@@ -129,6 +130,7 @@ class HitFilter final : public HitSink {
   HitFilterOptions opts_;
   HitSink* next_ = nullptr;
   HitSink* also_ = nullptr;
+  std::optional<ProbeHit> stopped_at_;  // --stop-on's hit
   std::map<uint32_t, PerProbe> per_probe_;
   std::map<CallKey, std::vector<Entry>> calls_;
   bool filters_ = false;

@@ -49,6 +49,9 @@ struct ProbeNote {
                          // and still running
     kReleased,           // at the end: the probes are out of the target `pid` (the `backend`
                          // says how), which keeps running
+    kParked,             // --stop-on: target `pid` is left stopped (SIGSTOP) with its code
+                         // restored, thread `count` at `why` (where the hit stopped it); also
+                         // in the summary
     // In the summary only.
     kChildUnguarded,    // -f: child `pid` is not guarded: its guardian did not start (`why`)
     kForksNotFollowed,  // the target forked `count` children, not followed: they run the

@@ -38,7 +38,10 @@ struct ProbeSessionOptions {
   bool quiet = false;                       // no notes about followed children
   uint32_t maxactive = 0;                   // ptrace return probes, 0: engine default
   uint32_t stack_frames = 0;                // --stack: user frames per hit (0: none)
-  uint32_t stack_bytes = 512;               // uprobe: user stack sampled per hit
+  // --stop-on (ptrace): the hit that ends the session leaves its thread where it stopped and
+  // the target stopped (SIGSTOP), detached, for a debugger.
+  bool stop_on = false;
+  uint32_t stack_bytes = 512;  // uprobe: user stack sampled per hit
   // uprobe: data pages of each per-CPU ring, per probe (power of two). 1024: 4 MiB, about
   // 5,500 samples of 512 stack bytes before kwatch must have read them.
   uint32_t ring_pages = 1024;

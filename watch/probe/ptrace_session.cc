@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/clock.h"
@@ -83,6 +84,12 @@ class PtraceSession : public ProbeSessionBase {
   std::unique_ptr<core::symbols::Symbols> symbols_;
   std::unique_ptr<core::symbols::Symbolizer> symbolizer_;
   std::unique_ptr<HitStacks> stacks_;  // --stack
+  // --stop-on: the thread left stopped, and where.
+  struct Parked {
+    pid_t tid = 0;
+    std::string where;
+  };
+  std::optional<Parked> parked_;
   core::symbols::MemoryReader read_;
   uint64_t bias_ = 0;
   std::map<uint32_t, core::probe::ProbeId> ids_;  // ProbeDef::id -> engine id
@@ -150,6 +157,13 @@ void PtraceSession::OnHit(const ProbeDef& def, const core::probe::ProbeContext& 
         a.name, v.ok() ? *std::move(v) : absl::StrCat("<error: ", v.status().message(), ">"));
   }
   Deliver(hit);
+  if (opts().stop_on && !parked_.has_value() && stopping() &&
+      absl::StartsWith(stop_reason(), "--stop-on") && &ctx.process == proc_.get()) {
+    // This hit ends the session: its thread stays where the probe stopped it.
+    engine_->ParkCurrentThread();
+    parked_ = Parked{
+        ctx.tid, NameCode(symbolizer_.get(), def.point.is_return ? ctx.return_address : ctx.addr)};
+  }
 }
 
 absl::Status PtraceSession::Start() {
@@ -411,6 +425,9 @@ absl::Status PtraceSession::HandleEvents(core::ptrace::Process& proc,
         }
         break;
       case core::ptrace::ProcessEvent::Kind::kGroupStop: {
+        if (parked_.has_value() && main) {
+          break;  // --stop-on's own SIGSTOP
+        }
         ProbeNote n;
         n.kind = ProbeNote::Kind::kGroupStop;
         n.pid = proc.pid();
@@ -462,7 +479,17 @@ absl::Status PtraceSession::Release() {
     KW_RETURN_IF_ERROR(engine_->RestoreAll());
   }
   if (proc_->alive()) {
-    if (proc_->launched() && opts().kill_on_exit) {
+    if (parked_.has_value()) {
+      // The SIGSTOP queued at the hit stopped the process (a group stop): detached, it stays
+      // stopped, its thread at the probe.
+      KW_RETURN_IF_ERROR(proc_->Detach());
+      ProbeNote n;
+      n.kind = ProbeNote::Kind::kParked;
+      n.pid = proc_->pid();
+      n.count = static_cast<uint64_t>(parked_->tid);
+      n.why = parked_->where;
+      NoteAndKeep(n);
+    } else if (proc_->launched() && opts().kill_on_exit) {
       KW_RETURN_IF_ERROR(proc_->Kill());
       AppendToStopReason("; target killed (--kill-on-exit)");
     } else {
