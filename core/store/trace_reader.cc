@@ -94,6 +94,22 @@ int64_t ToBound(const std::optional<uint64_t>& to) {
   return static_cast<int64_t>(std::min<uint64_t>(*to, std::numeric_limits<int64_t>::max()));
 }
 
+// The most rows of the aggregation tables a reader loads (docs/recording.md, "Limits").
+struct AggregateLimit {
+  const char* table;
+  const char* what;
+  size_t max;
+};
+constexpr std::array<AggregateLimit, 3> kAggregateLimits = {{
+    {"aggregates", "the number of aggregations", kMaxRecordedAggregates},
+    {"aggregate_rows", "the number of aggregation rows", kMaxRecordedAggregateRows},
+    {"aggregate_buckets", "the number of histogram buckets", kMaxRecordedAggregateBuckets},
+}};
+
+// aggregates.func: what AggregationSpec's functions are named.
+constexpr std::array<absl::string_view, 7> kAggregateFuncs = {"count", "sum",  "min",  "max",
+                                                              "avg",   "hist", "lhist"};
+
 bool IsCorruption(int rc) {
   const int primary = rc & 0xff;
   return primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB;
@@ -502,15 +518,7 @@ absl::Status TraceReader::LoadAggregates() {
     return absl::OkStatus();  // no aggregations were recorded before schema 5
   }
   // Counted before anything is loaded.
-  const struct {
-    const char* table;
-    const char* what;
-    size_t max;
-  } kLimits[] = {
-      {"aggregates", "the number of aggregations", kMaxRecordedAggregates},
-      {"aggregate_rows", "the number of aggregation rows", kMaxRecordedAggregateRows},
-      {"aggregate_buckets", "the number of histogram buckets", kMaxRecordedAggregateBuckets}};
-  for (const auto& limit : kLimits) {
+  for (const AggregateLimit& limit : kAggregateLimits) {
     KW_ASSIGN_OR_RETURN(SqliteStmtPtr count,
                         Prepare(absl::StrCat("SELECT count(*) FROM ", limit.table)));
     if (const int rc = sqlite3_step(count.get()); rc != SQLITE_ROW) {
@@ -536,8 +544,8 @@ absl::Status TraceReader::LoadAggregates() {
                         LimitedText(s, 2, path_, {"aggregates.event", "aggregation", key}));
     KW_ASSIGN_OR_RETURN(a.agg, LimitedText(s, 3, path_, {"aggregates.agg", "aggregation", key}));
     KW_ASSIGN_OR_RETURN(a.func, LimitedText(s, 4, path_, {"aggregates.func", "aggregation", key}));
-    static constexpr const char* kFuncs[] = {"count", "sum", "min", "max", "avg", "hist", "lhist"};
-    if (std::find(std::begin(kFuncs), std::end(kFuncs), a.func) == std::end(kFuncs)) {
+    if (std::find(kAggregateFuncs.begin(), kAggregateFuncs.end(), a.func) ==
+        kAggregateFuncs.end()) {
       return NotARecording(path_, absl::StrCat("aggregation ", id, " has an unknown function"));
     }
     a.no_value = ColumnU64(s, 5);

@@ -215,8 +215,9 @@ std::string ReportAggregatesText(const std::vector<AggregateRecord>& aggs) {
 
 nlohmann::json ReportAggregatesJson(const std::vector<AggregateRecord>& aggs) {
   auto ascii = [](absl::string_view s) {
-    return nlohmann::json(std::string(s))
-        .dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+    const std::string text(s);
+    return nlohmann::json(text).dump(-1, ' ', /*ensure_ascii=*/true,
+                                     nlohmann::json::error_handler_t::replace);
   };
   nlohmann::json out = nlohmann::json::array();
   for (absl::string_view line :
