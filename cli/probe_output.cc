@@ -5,22 +5,18 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
 #include "cli/output.h"
 #include "cli/probe_notes.h"
-#include "core/probe/fetch_format.h"
+#include "watch/probe/aggregate_output.h"
 
 namespace kwatch::cli {
 
@@ -33,14 +29,6 @@ std::string Hex(uint64_t v) {
 }
 
 constexpr size_t kFlushBytes = size_t{64} * 1024;
-
-bool IsDecimalInteger(absl::string_view s) {
-  if (absl::ConsumePrefix(&s, "-") && s.empty()) {
-    return false;
-  }
-  return !s.empty() && s.size() <= 20 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isdigit(c); });
-}
 
 // Where frame `i` of a --stack is: frame 0 is the hit's own address, the others are return
 // addresses, looked up one byte back to name the call (it may be the caller's last instruction).
@@ -133,19 +121,7 @@ void PrintFilterLines(FILE* out, const ProbeDef& p, const watch::probe::ProbeFil
 }  // namespace
 
 std::string ArgValueJson(const std::string& formatted) {
-  if (IsDecimalInteger(formatted)) {
-    return formatted;
-  }
-  std::string s;
-  if (core::probe::UnquoteFetchString(formatted, s)) {
-    return JsonString(s);
-  }
-  double d = 0;
-  if (formatted.find_first_of(".e") != std::string::npos && absl::SimpleAtod(formatted, &d) &&
-      std::isfinite(d) && formatted.find_first_not_of("0123456789.e+-") == std::string::npos) {
-    return formatted;
-  }
-  return JsonString(formatted);
+  return watch::probe::ArgValueJson(formatted, JsonString);
 }
 
 void ProbePrinter::OnStart() {
@@ -458,102 +434,15 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
 
 namespace kwatch::cli {
 
-namespace {
-
-// "tid=12 comm=\"prog\"" (the values as the hits show them), "" for no key.
-std::string KeyText(const watch::probe::AggregateTable::Key& key) {
-  std::string out;
-  for (const auto& [name, value] : key) {
-    absl::StrAppend(&out, out.empty() ? "" : " ", name, "=", value);
-  }
-  return out;
-}
-
-std::string BoundText(const std::optional<int64_t>& v, const char* none) {
-  return v.has_value() ? absl::StrCat(*v) : std::string(none);
-}
-
-std::string ScalarText(const watch::probe::AggregateTable& t,
-                       const watch::probe::AggregateValue& v) {
-  if (t.spec->func == watch::probe::AggregationSpec::Func::kAvg) {
-    return absl::StrFormat("%.6g", t.AverageOf(v));
-  }
-  const uint64_t x = t.Scalar(v);
-  return t.is_signed ? absl::StrCat(static_cast<int64_t>(x)) : absl::StrCat(x);
-}
-
-bool IsHistogram(const watch::probe::AggregateTable& t) {
-  return t.spec->func == watch::probe::AggregationSpec::Func::kHist ||
-         t.spec->func == watch::probe::AggregationSpec::Func::kLhist;
-}
-
-}  // namespace
-
 void PrintAggregatesText(FILE* out, const watch::probe::Aggregator& agg, double elapsed) {
-  absl::FPrintF(out, elapsed < 0 ? "\n== aggregations ==\n" : "\n== aggregations at %.3f s ==\n",
-                elapsed);
-  for (const watch::probe::AggregateTable& t : agg.tables()) {
-    std::string title = absl::StrCat(t.probe->point.event, ": ", t.spec->call);
-    if (t.no_value > 0) {
-      absl::StrAppend(&title, " (", t.no_value, " hit", t.no_value == 1 ? "" : "s",
-                      " without a value left out)");
-    }
-    absl::FPrintF(out, "%s\n", title);
-    if (t.rows.empty()) {
-      absl::FPrintF(out, "    (no hits)\n");
-    }
-    for (const auto& [key, value] : t.rows) {
-      if (!IsHistogram(t)) {
-        absl::FPrintF(out, "    %-40s %s\n", key.empty() ? std::string("-") : KeyText(key),
-                      ScalarText(t, value));
-        continue;
-      }
-      if (!key.empty()) {
-        absl::FPrintF(out, "    %s\n", KeyText(key));
-      }
-      const std::vector<watch::probe::HistBucket> buckets = t.Buckets(value);
-      uint64_t most = 0;
-      for (const watch::probe::HistBucket& b : buckets) {
-        most = std::max(most, b.count);
-      }
-      for (const watch::probe::HistBucket& b : buckets) {
-        const std::string range =
-            absl::StrCat(b.low.has_value() ? "[" : "(", BoundText(b.low, "..."), ", ",
-                         BoundText(b.high, "..."), ")");
-        const size_t bar = most == 0 ? 0 : static_cast<size_t>(b.count * 50 / most);
-        absl::FPrintF(out, "    %-24s %10d |%-50s|\n", range, b.count, std::string(bar, '@'));
-      }
-    }
-  }
+  absl::FPrintF(out, "\n%s",
+                watch::probe::AggregatesText(watch::probe::AggregateResults(agg), elapsed));
 }
 
 void PrintAggregatesJson(FILE* out, const watch::probe::Aggregator& agg, double elapsed) {
-  for (const watch::probe::AggregateTable& t : agg.tables()) {
-    const std::string head = absl::StrCat(
-        R"({"type":"aggregate","event":)", JsonString(t.probe->point.event), R"(,"agg":)",
-        JsonString(t.spec->call),
-        ",\"time\":", elapsed < 0 ? std::string("null") : absl::StrFormat("%.6f", elapsed));
-    for (const auto& [key, value] : t.rows) {
-      std::string k = "null";
-      if (!key.empty()) {
-        k = "{";
-        for (size_t i = 0; i < key.size(); ++i) {
-          absl::StrAppend(&k, i == 0 ? "" : ",", JsonString(key[i].first), ":",
-                          ArgValueJson(key[i].second));
-        }
-        k += "}";
-      }
-      if (!IsHistogram(t)) {
-        absl::FPrintF(out, "%s,\"key\":%s,\"value\":%s,\"count\":%d}\n", head, k,
-                      ScalarText(t, value), value.count);
-        continue;
-      }
-      for (const watch::probe::HistBucket& b : t.Buckets(value)) {
-        absl::FPrintF(out, "%s,\"key\":%s,\"low\":%s,\"high\":%s,\"count\":%d}\n", head, k,
-                      BoundText(b.low, "null"), BoundText(b.high, "null"), b.count);
-      }
-    }
-  }
+  std::fputs(watch::probe::AggregatesJson(watch::probe::AggregateResults(agg), elapsed, JsonString)
+                 .c_str(),
+             out);
 }
 
 }  // namespace kwatch::cli

@@ -17,6 +17,7 @@
 #include "version/version.h"
 #include "watch/event_loop.h"
 #include "watch/probe/agent_session.h"
+#include "watch/probe/aggregate_output.h"
 #include "watch/probe/hit_fanout.h"
 #include "watch/probe/hit_recorder.h"
 #include "watch/probe/hit_tally.h"
@@ -56,22 +57,23 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> OpenRecording(const Pr
   return w;
 }
 
-// Finishes the recording and says so on stderr. False when recording failed (the caller
-// exits 1 after its summary).
+// Finishes the recording (after the aggregations' results, with --agg) and says so on stderr.
+// False when recording failed (the caller exits 1 after its summary).
 bool FinishRecording(core::store::TraceWriter* writer, const HitRecorder* recorder,
-                     const ProbeRunInfo& info) {
+                     const watch::probe::Aggregator* aggregator, const ProbeRunInfo& info) {
   if (writer == nullptr) {
     return true;
+  }
+  absl::Status error = recorder != nullptr ? recorder->error() : absl::OkStatus();
+  if (error.ok() && aggregator != nullptr) {
+    error = writer->AddAggregates(watch::probe::AggregateResults(*aggregator));
   }
   core::store::SessionEnd end;
   if (info.exit.has_value()) {
     end.exit_status = info.exit->ShellStatus();
   }
   end.exit_reason = info.stop_reason;
-  return SayRecordingEnd(
-      watch::FinishRecording(*writer, recorder != nullptr ? recorder->error() : absl::OkStatus(),
-                             end),
-      /*hits=*/true);
+  return SayRecordingEnd(watch::FinishRecording(*writer, error, end), /*hits=*/true);
 }
 
 // The output of one session, made through Hooks() as the session starts: the recording (-o),
@@ -168,7 +170,8 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
 bool SessionOutput::End(const watch::probe::ProbeSessionEnd& end) {
   filter_->Flush();
   std::fflush(stdout);
-  const bool recorded = FinishRecording(writer_.get(), recorder_.get(), end.info);
+  const bool recorded =
+      FinishRecording(writer_.get(), recorder_.get(), aggregator_.get(), end.info);
   if (aggregator_ != nullptr && opts_.json) {
     PrintAggregatesJson(stdout, *aggregator_, -1);  // before the summary, the last line
   }

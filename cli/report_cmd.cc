@@ -20,6 +20,7 @@
 #include "core/base/printable.h"
 #include "core/store/trace_reader.h"
 #include "watch/chrome_trace.h"
+#include "watch/probe/aggregate_output.h"
 #include "watch/probe_tally.h"
 #include "watch/profile/heatmap_panels.h"
 #include "watch/profile/report_render.h"
@@ -182,6 +183,18 @@ nlohmann::json ProbesJson(const core::store::TraceReader& r,
   return out;
 }
 
+// The report's JSON beside the profile: the session, the probes and, when recorded, the
+// aggregations' {"type":"aggregate"} objects.
+nlohmann::json ExtraJson(const core::store::TraceReader& r, uint64_t events, uint64_t hits,
+                         const std::map<uint32_t, watch::ProbeTally>& tallies) {
+  nlohmann::json extra{{"session", SessionJson(r, events, hits)},
+                       {"probes", ProbesJson(r, tallies)}};
+  if (!r.aggregates().empty()) {
+    extra["aggregates"] = watch::probe::ReportAggregatesJson(r.aggregates());
+  }
+  return extra;
+}
+
 // Writes the recording as a Chrome trace on stdout; what it holds on stderr. Returns the exit
 // status.
 int WriteChromeTrace(const core::store::TraceReader& r, const watch::RecordingSlice& slice,
@@ -298,9 +311,7 @@ int ReportMain(const std::vector<std::string>& args) {
     // Written a field at a time, ASCII only (\uXXXX) with bytes that are not UTF-8 replaced
     // (U+FFFD): any name a recording holds is valid JSON and nothing a terminal would obey.
     watch::profile::WriteJson(*profile, namer, ropts,
-                              nlohmann::json{{"session", SessionJson(r, profile->events(), hits)},
-                                             {"probes", ProbesJson(r, tallies)}},
-                              stdout);
+                              ExtraJson(r, profile->events(), hits, tallies), stdout);
   } else if (o.format == "csv") {
     std::fputs(watch::profile::RenderCsv(*profile, namer, ropts).c_str(), stdout);
   } else {
@@ -311,6 +322,7 @@ int ReportMain(const std::vector<std::string>& args) {
     if (!r.probes().empty()) {
       PrintProbesText(r, tallies);
     }
+    std::fputs(watch::probe::ReportAggregatesText(r.aggregates()).c_str(), stdout);
   }
   if (!o.png.empty()) {
     const std::vector<HeatmapPanel> panels = watch::profile::HeatmapPanels(*profile, o.field);

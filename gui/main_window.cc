@@ -31,6 +31,7 @@ namespace kwatch::gui {
 namespace {
 
 constexpr int kMaxRecent = 8;
+constexpr int kAggregationsTab = 2;
 
 // Shows the models' tooltips as the plain text they are: Qt renders a tooltip that looks like
 // HTML as rich text, and the names in a recording are anybody's ("<img src=...>").
@@ -113,6 +114,10 @@ MainWindow::MainWindow(SessionModel* session, QWidget* parent)
   tabs_ = new QTabWidget(this);
   tabs_->addTab(sites_split, tr("Sites"));
   tabs_->addTab(lines_split, tr("Cache lines"));
+  aggregates_ = new AggregatesWidget(this);
+  aggregates_->SetModels(session_->histograms(), session_->scalar_aggregates());
+  aggregates_->scalar_view()->setItemDelegate(new PlainToolTipDelegate(aggregates_->scalar_view()));
+  tabs_->addTab(aggregates_, tr("Aggregations"));
 
   right_split_ = new QSplitter(Qt::Vertical, this);
   right_split_->addWidget(heatmap_);
@@ -297,9 +302,21 @@ void MainWindow::OnLoaded() {
   for (int c = 0; c < FieldTreeModel::kColumnCount; ++c) {
     tree_->resizeColumnToContents(c);
   }
+  const bool aggregations = !snap->aggregates.empty();
+  tabs_->setTabText(kAggregationsTab, aggregations
+                                          ? tr("Aggregations (%1)").arg(snap->aggregates.size())
+                                          : tr("Aggregations"));
+  if (aggregations && p.objects().empty()) {
+    tabs_->setCurrentIndex(kAggregationsTab);
+  }
   FitPanes();
   status_->setText(session_->Summary());
-  if (p.objects().empty()) {
+  if (p.objects().empty() && aggregations) {
+    ShowBanner(tr("%1 has no watched memory: it is a probe recording; its aggregations are in the "
+                  "Aggregations tab (hits: `kwatch report %1`).")
+                   .arg(session_->path()),
+               false);
+  } else if (p.objects().empty()) {
     ShowBanner(tr("%1 has no watched memory: it is a probe recording (see `kwatch report %1`).")
                    .arg(session_->path()),
                false);
@@ -328,6 +345,12 @@ void MainWindow::FitPanes() {
       std::clamp(tree_w, tree_->minimumWidth(), std::max(tree_->minimumWidth(), total_w * 2 / 5));
   main_split_->setSizes({tree_w, std::max(0, total_w - tree_w)});
   const int total_h = right_split_->height();
+  if (session_->main_snapshot() && session_->main_snapshot()->profile->objects().empty() &&
+      !session_->main_snapshot()->aggregates.empty()) {
+    // A probe recording: no heatmap or access charts to show, the aggregations take the room.
+    right_split_->setSizes({0, 0, total_h});
+    return;
+  }
   const int heat_h = std::clamp(heatmap_->PreferredHeight(), 220, std::max(220, total_h * 11 / 20));
   const int charts_h = (total_h - heat_h) / 2;
   right_split_->setSizes({heat_h, charts_h, std::max(0, total_h - heat_h - charts_h)});

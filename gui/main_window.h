@@ -11,6 +11,7 @@
 #include <QTreeView>
 
 #include "absl/status/status.h"
+#include "gui/aggregates_widget.h"
 #include "gui/charts_widget.h"
 #include "gui/heatmap_widget.h"
 #include "gui/session_model.h"
@@ -33,6 +34,7 @@ class MainWindow : public QMainWindow {
 
   HeatmapWidget* heatmap() const { return heatmap_; }
   ChartsWidget* charts() const { return charts_; }
+  AggregatesWidget* aggregates() const { return aggregates_; }
   QTreeView* field_tree() const { return tree_; }
   QTableView* sites_view() const { return sites_view_; }
   QPlainTextEdit* source_view() const { return source_view_; }
@@ -71,6 +73,7 @@ class MainWindow : public QMainWindow {
   SessionModel* session_;
   HeatmapWidget* heatmap_;
   ChartsWidget* charts_;
+  AggregatesWidget* aggregates_;
   QTreeView* tree_;
   QTableView* sites_view_;
   QPlainTextEdit* source_view_;

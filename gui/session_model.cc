@@ -125,6 +125,8 @@ void SessionModel::OnFinished(const LoadResult& r) {
   heatmap_.SetThread(sel_.tid);
   heatmap_.SetSnapshot(main_);
   heatmap_.SetObject(sel_.object);
+  histograms_.SetSnapshot(main_);
+  scalar_aggregates_.SetSnapshot(main_);
   if (follow_ && main_->complete) {
     follow_timer_.stop();
     Q_EMIT FollowStatus(QStringLiteral("The recording is complete."));

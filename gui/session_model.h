@@ -10,6 +10,7 @@
 #include <QString>
 #include <QTimer>
 
+#include "gui/aggregate_model.h"
 #include "gui/cache_line_model.h"
 #include "gui/field_tree_model.h"
 #include "gui/heatmap_model.h"
@@ -80,6 +81,9 @@ class SessionModel : public QObject {
   SiteTableModel* sites() { return &sites_; }
   ThreadModel* threads() { return &threads_; }
   CacheLineModel* cache_lines() { return &lines_; }
+  // The recording's aggregations (from the main snapshot).
+  HistogramListModel* histograms() { return &histograms_; }
+  AggregateTableModel* scalar_aggregates() { return &scalar_aggregates_; }
 
  Q_SIGNALS:
   void LoadStarted(const QString& path);
@@ -119,6 +123,8 @@ class SessionModel : public QObject {
   SiteTableModel sites_;
   ThreadModel threads_;
   CacheLineModel lines_;
+  HistogramListModel histograms_;
+  AggregateTableModel scalar_aggregates_;
 };
 
 }  // namespace kwatch::gui

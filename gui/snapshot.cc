@@ -139,6 +139,7 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
     return snap;
   }
   snap->watches = reader->watches();
+  snap->aggregates = reader->aggregates();
   snap->sites.reserve(reader->sites().size());
   for (const core::store::SiteRecord& s : reader->sites()) {
     snap->sites.emplace(s.ip.value, s);

@@ -51,6 +51,8 @@ struct Snapshot {
   std::optional<core::store::SessionEnd> end;
   uint64_t recorded_events = 0;  // events in the file (all threads and times)
   std::vector<core::store::WatchRecord> watches;
+  // The probe session's aggregations (kwatch probe -o F --agg), as kwatch printed them at its end.
+  std::vector<core::store::AggregateRecord> aggregates;
   absl::flat_hash_map<uint64_t, core::store::SiteRecord> sites;  // by ip
   absl::flat_hash_map<uint64_t, SourceSnippet> sources;          // by ip, readable sources only
   std::optional<watch::profile::StorageProfile> profile;         // unset only when `unchanged`

@@ -28,4 +28,13 @@ inline constexpr size_t kMaxRecordedFields = size_t{1} << 18;
 // field's path), all watches together.
 inline constexpr size_t kMaxRecordedFieldNames = size_t{64} << 20;
 
+// Aggregations (`kwatch probe --agg`) of a recording, their rows (keys) and histogram buckets,
+// all aggregations together. A histogram row has at most 10002 buckets (lhist's limit).
+inline constexpr size_t kMaxRecordedAggregates = 4096;
+inline constexpr size_t kMaxRecordedAggregateRows = size_t{1} << 20;
+inline constexpr size_t kMaxRecordedAggregateBuckets = size_t{1} << 22;
+// Bytes of one row's key (aggregate_rows.key, JSON as hits.args), and of all keys together.
+inline constexpr size_t kMaxRecordedAggregateKey = kMaxRecordedArgs;
+inline constexpr size_t kMaxRecordedAggregateKeys = size_t{64} << 20;
+
 }  // namespace kwatch::core::store

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
@@ -91,6 +93,22 @@ int64_t ToBound(const std::optional<uint64_t>& to) {
   }
   return static_cast<int64_t>(std::min<uint64_t>(*to, std::numeric_limits<int64_t>::max()));
 }
+
+// The most rows of the aggregation tables a reader loads (docs/recording.md, "Limits").
+struct AggregateLimit {
+  const char* table;
+  const char* what;
+  size_t max;
+};
+constexpr std::array<AggregateLimit, 3> kAggregateLimits = {{
+    {"aggregates", "the number of aggregations", kMaxRecordedAggregates},
+    {"aggregate_rows", "the number of aggregation rows", kMaxRecordedAggregateRows},
+    {"aggregate_buckets", "the number of histogram buckets", kMaxRecordedAggregateBuckets},
+}};
+
+// aggregates.func: what AggregationSpec's functions are named.
+constexpr std::array<absl::string_view, 7> kAggregateFuncs = {"count", "sum",  "min",  "max",
+                                                              "avg",   "hist", "lhist"};
 
 bool IsCorruption(int rc) {
   const int primary = rc & 0xff;
@@ -283,7 +301,8 @@ absl::Status TraceReader::Load() {
     return NotARecording(path_, absl::StrCat("schema version ", *version));
   }
   schema_ = static_cast<int>(*version);
-  for (absl::Status s : {LoadSession(), LoadWatches(), LoadSites(), LoadTasks(), LoadProbes()}) {
+  for (absl::Status s :
+       {LoadSession(), LoadWatches(), LoadSites(), LoadTasks(), LoadProbes(), LoadAggregates()}) {
     if (!s.ok()) {
       // Missing tables or columns, or damage: either way not something we can read.
       if (s.code() == absl::StatusCode::kDataLoss ||
@@ -490,6 +509,158 @@ absl::Status TraceReader::LoadProbes() {
     p.line = static_cast<int>(sqlite3_column_int64(s, 6));
     p.is_return = sqlite3_column_int64(s, 7) != 0;
     probes_.push_back(std::move(p));
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+absl::Status TraceReader::LoadAggregates() {
+  if (schema_ < 5) {
+    return absl::OkStatus();  // no aggregations were recorded before schema 5
+  }
+  // Counted before anything is loaded.
+  for (const AggregateLimit& limit : kAggregateLimits) {
+    KW_ASSIGN_OR_RETURN(SqliteStmtPtr count,
+                        Prepare(absl::StrCat("SELECT count(*) FROM ", limit.table)));
+    if (const int rc = sqlite3_step(count.get()); rc != SQLITE_ROW) {
+      return ReadError(rc);
+    }
+    const uint64_t n = ColumnU64(count.get(), 0);
+    if (n > limit.max) {
+      return Refused(path_, limit.what, n, "rows", limit.max);
+    }
+  }
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr stmt,
+      Prepare("SELECT id,probe_id,event,agg,func,no_value FROM aggregates ORDER BY id"));
+  absl::flat_hash_map<int64_t, size_t> by_id;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    const int64_t id = sqlite3_column_int64(s, 0);
+    const auto key = static_cast<uint64_t>(id);
+    AggregateRecord a;
+    a.probe_id = static_cast<uint32_t>(sqlite3_column_int64(s, 1));
+    KW_ASSIGN_OR_RETURN(a.event,
+                        LimitedText(s, 2, path_, {"aggregates.event", "aggregation", key}));
+    KW_ASSIGN_OR_RETURN(a.agg, LimitedText(s, 3, path_, {"aggregates.agg", "aggregation", key}));
+    KW_ASSIGN_OR_RETURN(a.func, LimitedText(s, 4, path_, {"aggregates.func", "aggregation", key}));
+    if (std::find(kAggregateFuncs.begin(), kAggregateFuncs.end(), a.func) ==
+        kAggregateFuncs.end()) {
+      return NotARecording(path_, absl::StrCat("aggregation ", id, " has an unknown function"));
+    }
+    a.no_value = ColumnU64(s, 5);
+    by_id[id] = aggregates_.size();
+    aggregates_.push_back(std::move(a));
+  }
+  if (rc != SQLITE_DONE) {
+    return ReadError(rc);
+  }
+  KW_RETURN_IF_ERROR(LoadAggregateRows(by_id));
+  return LoadAggregateBuckets(by_id);
+}
+
+absl::Status TraceReader::LoadAggregateRows(const absl::flat_hash_map<int64_t, size_t>& by_id) {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare("SELECT aggregate_id,idx,key,value,count FROM aggregate_rows "
+                              "ORDER BY aggregate_id,idx"));
+  size_t key_bytes = 0;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    const int64_t id = sqlite3_column_int64(s, 0);
+    const auto it = by_id.find(id);
+    if (it == by_id.end()) {
+      continue;  // a row of no aggregation
+    }
+    AggregateRecord& a = aggregates_[it->second];
+    if (sqlite3_column_int64(s, 1) != static_cast<int64_t>(a.rows.size())) {
+      return NotARecording(path_, absl::StrCat("the rows of aggregation ", id,
+                                               " are not numbered "
+                                               "0, 1, 2, ..."));
+    }
+    const auto n = static_cast<size_t>(sqlite3_column_bytes(s, 2));
+    if (n > kMaxRecordedAggregateKey) {
+      return Refused(path_, absl::StrCat("the key of a row of aggregation ", id), n, "bytes",
+                     kMaxRecordedAggregateKey);
+    }
+    key_bytes += n;
+    if (key_bytes > kMaxRecordedAggregateKeys) {
+      return Refused(path_, "the keys of all aggregation rows", key_bytes, "bytes",
+                     kMaxRecordedAggregateKeys);
+    }
+    AggregateRowRecord row;
+    const std::string key = ColumnText(s, 2);
+    auto parsed = DecodeArgsJson(key);
+    if (!parsed.ok()) {
+      return NotARecording(path_,
+                           absl::StrCat("aggregation ", id, ": ", parsed.status().message()));
+    }
+    row.key = *std::move(parsed);
+    if (!a.histogram()) {
+      // A number as kwatch printed it, whatever the file holds: what the report prints unquoted
+      // in JSON must be one.
+      switch (sqlite3_column_type(s, 3)) {
+        case SQLITE_INTEGER:
+          row.value = absl::StrCat(sqlite3_column_int64(s, 3));
+          break;
+        case SQLITE_FLOAT:
+          if (const double d = sqlite3_column_double(s, 3); std::isfinite(d)) {
+            row.value = absl::StrFormat("%.6g", d);
+          }
+          break;
+        case SQLITE_TEXT: {
+          const std::string text = ColumnText(s, 3);
+          uint64_t u = 0;
+          if (!text.empty() && text.size() <= 20 && absl::SimpleAtoi(text, &u) &&
+              std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+            row.value = text;
+          }
+          break;
+        }
+        default:
+          break;
+      }
+      if (row.value.empty()) {
+        return NotARecording(path_, absl::StrCat("a row of aggregation ", id, " has no number"));
+      }
+    }
+    row.count = ColumnU64(s, 4);
+    a.rows.push_back(std::move(row));
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+absl::Status TraceReader::LoadAggregateBuckets(const absl::flat_hash_map<int64_t, size_t>& by_id) {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare("SELECT aggregate_id,row_idx,idx,low,high,count FROM "
+                              "aggregate_buckets ORDER BY aggregate_id,row_idx,idx"));
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    const int64_t id = sqlite3_column_int64(s, 0);
+    const auto it = by_id.find(id);
+    if (it == by_id.end() || !aggregates_[it->second].histogram()) {
+      continue;  // a bucket of no histogram
+    }
+    AggregateRecord& a = aggregates_[it->second];
+    const int64_t r = sqlite3_column_int64(s, 1);
+    if (r < 0 || static_cast<uint64_t>(r) >= a.rows.size()) {
+      continue;  // of no row
+    }
+    AggregateRowRecord& row = a.rows[static_cast<size_t>(r)];
+    if (sqlite3_column_int64(s, 2) != static_cast<int64_t>(row.buckets.size())) {
+      return NotARecording(
+          path_, absl::StrCat("the buckets of aggregation ", id, " are not numbered 0, 1, 2, ..."));
+    }
+    AggregateBucketRecord b;
+    if (!IsNull(s, 3)) {
+      b.low = sqlite3_column_int64(s, 3);
+    }
+    if (!IsNull(s, 4)) {
+      b.high = sqlite3_column_int64(s, 4);
+    }
+    b.count = ColumnU64(s, 5);
+    row.buckets.push_back(b);
   }
   return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +75,9 @@ class TraceReader {
   // The names of the tasks that made events (kernel sessions), by tid; empty for recordings
   // that store none.
   const std::vector<TaskRecord>& tasks() const { return tasks_; }
+  // The final results of the probe session's aggregations (`kwatch probe -o F --agg ...`), in
+  // the order printed; empty for recordings without (and before schema 5).
+  const std::vector<AggregateRecord>& aggregates() const { return aggregates_; }
 
   // Calls `fn` for each matching event in time order (ties in recording order), streaming
   // from the file; `fn` returns false to stop early. A corrupted file stops the stream with a
@@ -97,6 +101,9 @@ class TraceReader {
   absl::Status LoadSites();
   absl::Status LoadTasks();
   absl::Status LoadProbes();
+  absl::Status LoadAggregates();
+  absl::Status LoadAggregateRows(const absl::flat_hash_map<int64_t, size_t>& by_id);
+  absl::Status LoadAggregateBuckets(const absl::flat_hash_map<int64_t, size_t>& by_id);
   // DataLoss "not a kwatch recording or corrupted: <path>: <sqlite message>" for corruption,
   // else the SQLite error with the path.
   absl::Status ReadError(int rc) const;
@@ -124,6 +131,7 @@ class TraceReader {
   std::vector<SiteRecord> sites_;
   std::vector<ProbeRecord> probes_;
   std::vector<TaskRecord> tasks_;
+  std::vector<AggregateRecord> aggregates_;
 };
 
 }  // namespace kwatch::core::store

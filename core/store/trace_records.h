@@ -21,8 +21,9 @@ namespace kwatch::core::store {
 inline constexpr int32_t kTraceApplicationId = 0x6b776462;
 // PRAGMA user_version: the schema this kwatch writes, and the newest it reads.
 // 2: hits.pid. Schema 1 recordings (no pid per hit) are read with HitRecord::pid 0.
-// 3: fields.is_union, sites.inlined. 4: session.ns_pid.
-inline constexpr int32_t kTraceSchemaVersion = 4;
+// 3: fields.is_union, sites.inlined. 4: session.ns_pid. 5: the aggregates, aggregate_rows and
+// aggregate_buckets tables (older recordings read with no aggregations).
+inline constexpr int32_t kTraceSchemaVersion = 5;
 
 // How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
 // of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.
@@ -107,6 +108,45 @@ struct HitRecord {
   std::vector<std::pair<std::string, std::string>> args;  // name -> formatted value
 
   bool operator==(const HitRecord&) const = default;
+};
+
+// One bucket of a recorded histogram (hist, lhist): values in [low, high); no low is "below"
+// (negative values for hist, values under MIN for lhist), no high "from low up".
+struct AggregateBucketRecord {
+  std::optional<int64_t> low;
+  std::optional<int64_t> high;
+  uint64_t count = 0;
+
+  bool operator==(const AggregateBucketRecord&) const = default;
+};
+
+// One key's row of a recorded aggregation, as `kwatch probe --agg` printed it.
+struct AggregateRowRecord {
+  // The key's parts in order, name -> value as the hits show it ("tid" -> "1234", "comm" ->
+  // "\"prog\""); empty without `by`.
+  std::vector<std::pair<std::string, std::string>> key;
+  // count, sum, min, max, avg: the value as printed: a decimal integer ("-3",
+  // "18446744073709551615"), or avg's %.6g ("2.5", "1e+20"). "" for hist and lhist.
+  std::string value;
+  uint64_t count = 0;  // hits aggregated in this row
+  // hist, lhist: the buckets in order, the empty ones between the first and the last included.
+  std::vector<AggregateBucketRecord> buckets;
+
+  bool operator==(const AggregateRowRecord&) const = default;
+};
+
+// The final result of one aggregation on one probe (`kwatch probe -o F --agg ...`; schema 5).
+struct AggregateRecord {
+  uint32_t probe_id = 0;  // ProbeRecord::id
+  std::string event;      // the probe's event
+  std::string agg;        // as printed: "count() by tid", "hist(n)", "lhist(n, 0, 100, 10)"
+  std::string func;       // "count", "sum", "min", "max", "avg", "hist" or "lhist"
+  uint64_t no_value = 0;  // hits whose value (or a key) could not be read: not aggregated
+  std::vector<AggregateRowRecord> rows;  // in the order printed
+
+  // hist and lhist: rows hold buckets, not a value.
+  bool histogram() const { return func == "hist" || func == "lhist"; }
+  bool operator==(const AggregateRecord&) const = default;
 };
 
 // A session record for this host, now: kernel, host and both start clocks filled in.

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
@@ -21,8 +22,8 @@
 namespace kwatch::core::store {
 namespace {
 
-// Schema version 2 (docs/recording.md). Addresses and memory values are 64-bit patterns
-// stored as signed integers.
+// Schema version 5 (docs/recording.md; kTraceSchemaVersion). Addresses and memory values are 64-bit
+// patterns stored as signed integers.
 constexpr const char* kSchemaSql = R"sql(
 CREATE TABLE session(
   command_line TEXT NOT NULL,
@@ -122,6 +123,31 @@ CREATE TABLE hits(
   is_return INTEGER NOT NULL,
   args TEXT NOT NULL
 );
+CREATE TABLE aggregates(
+  id INTEGER PRIMARY KEY,
+  probe_id INTEGER NOT NULL,
+  event TEXT NOT NULL,
+  agg TEXT NOT NULL,
+  func TEXT NOT NULL,
+  no_value INTEGER NOT NULL
+);
+CREATE TABLE aggregate_rows(
+  aggregate_id INTEGER NOT NULL,
+  idx INTEGER NOT NULL,
+  key TEXT NOT NULL,
+  value,
+  count INTEGER NOT NULL,
+  PRIMARY KEY(aggregate_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE aggregate_buckets(
+  aggregate_id INTEGER NOT NULL,
+  row_idx INTEGER NOT NULL,
+  idx INTEGER NOT NULL,
+  low INTEGER,
+  high INTEGER,
+  count INTEGER NOT NULL,
+  PRIMARY KEY(aggregate_id, row_idx, idx)
+) WITHOUT ROWID;
 )sql";
 
 // Removes `p` if it exists (never following a symlink); ENOENT is success.
@@ -279,6 +305,30 @@ std::string InsertEventsSql(size_t rows) {
     sql += ")";
   }
   return sql;
+}
+
+void BindOptI64(sqlite3_stmt* s, int i, const std::optional<int64_t>& v) {
+  if (v.has_value()) {
+    sqlite3_bind_int64(s, i, *v);
+  } else {
+    sqlite3_bind_null(s, i);
+  }
+}
+
+// An aggregation's value as stored: INTEGER when the printed text is a 64-bit signed integer,
+// REAL for avg's other values ("2.5"), TEXT for an unsigned one above 2^63 - 1; NULL for "".
+void BindAggregateValue(sqlite3_stmt* s, int i, const std::string& value) {
+  int64_t n = 0;
+  double d = 0;
+  if (value.empty()) {
+    sqlite3_bind_null(s, i);
+  } else if (absl::SimpleAtoi(value, &n)) {
+    sqlite3_bind_int64(s, i, n);
+  } else if (value.find_first_of(".e") != std::string::npos && absl::SimpleAtod(value, &d)) {
+    sqlite3_bind_double(s, i, d);
+  } else {
+    BindText(s, i, value);
+  }
 }
 
 // Steps a statement that returns no rows and resets it.
@@ -522,6 +572,71 @@ absl::Status TraceWriter::AddProbe(const ProbeRecord& p) {
     if ((rc & 0xff) == SQLITE_CONSTRAINT) {
       return absl::InvalidArgumentError(st.message());
     }
+    return WriteFailure(st, 0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::AddAggregates(const std::vector<AggregateRecord>& aggregates) {
+  KW_RETURN_IF_ERROR(Check());
+  if (aggregates.empty()) {
+    return absl::OkStatus();
+  }
+  sqlite3* db = db_.get();
+  const std::string context = absl::StrCat("writing aggregations to ", path_);
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr as,
+                      SqlitePrepare(db, "INSERT INTO aggregates VALUES(?,?,?,?,?,?)", context));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr rs,
+                      SqlitePrepare(db, "INSERT INTO aggregate_rows VALUES(?,?,?,?,?)", context));
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr bs,
+      SqlitePrepare(db, "INSERT INTO aggregate_buckets VALUES(?,?,?,?,?,?)", context));
+  int rc = StepDone(begin_.get());
+  // Numbered after those already stored: the ids keep the order of the calls.
+  auto next = SqliteQueryInt(db, "SELECT ifnull(max(id) + 1, 0) FROM aggregates", context);
+  if (!next.ok()) {
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    return WriteFailure(next.status(), 0);
+  }
+  for (size_t a = 0; rc == SQLITE_OK && a < aggregates.size(); ++a) {
+    const AggregateRecord& agg = aggregates[a];
+    const int64_t id = *next + static_cast<int64_t>(a);
+    sqlite3_stmt* s = as.get();
+    sqlite3_bind_int64(s, 1, id);
+    sqlite3_bind_int64(s, 2, agg.probe_id);
+    BindText(s, 3, agg.event);
+    BindText(s, 4, agg.agg);
+    BindText(s, 5, agg.func);
+    BindU64(s, 6, agg.no_value);
+    rc = StepDone(s);
+    for (size_t r = 0; rc == SQLITE_OK && r < agg.rows.size(); ++r) {
+      const AggregateRowRecord& row = agg.rows[r];
+      s = rs.get();
+      sqlite3_bind_int64(s, 1, id);
+      sqlite3_bind_int64(s, 2, static_cast<int64_t>(r));
+      BindText(s, 3, EncodeArgsJson(row.key));
+      BindAggregateValue(s, 4, row.value);
+      BindU64(s, 5, row.count);
+      rc = StepDone(s);
+      for (size_t b = 0; rc == SQLITE_OK && b < row.buckets.size(); ++b) {
+        const AggregateBucketRecord& bucket = row.buckets[b];
+        s = bs.get();
+        sqlite3_bind_int64(s, 1, id);
+        sqlite3_bind_int64(s, 2, static_cast<int64_t>(r));
+        sqlite3_bind_int64(s, 3, static_cast<int64_t>(b));
+        BindOptI64(s, 4, bucket.low);
+        BindOptI64(s, 5, bucket.high);
+        BindU64(s, 6, bucket.count);
+        rc = StepDone(s);
+      }
+    }
+  }
+  if (rc == SQLITE_OK) {
+    rc = StepDone(commit_.get());
+  }
+  if (rc != SQLITE_OK) {
+    absl::Status st = SqliteError(db, rc, context);
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
     return WriteFailure(st, 0);
   }
   return absl::OkStatus();

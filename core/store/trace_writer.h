@@ -79,6 +79,11 @@ class TraceWriter {
   // Stores a probe now. `p.id` must be unique.
   absl::Status AddProbe(const ProbeRecord& p);
 
+  // Stores the final results of a probe session's aggregations now (in one transaction, after
+  // those stored before), for `kwatch report` to print them as the session did. Call it before
+  // Finish. A write error fails the writer as a failed commit does (the recording is cut short).
+  absl::Status AddAggregates(const std::vector<AggregateRecord>& aggregates);
+
   // Buffers a symbolized code address; later sites with an ip already added are ignored
   // (one hash lookup).
   absl::Status AddSite(const SiteRecord& s);

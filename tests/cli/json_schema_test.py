@@ -84,7 +84,8 @@ def main():
             ("kernel", ["--write", "&jiffies", "--duration", "0.3", "--stack"], "kernel", None),
             ("kernel-accesses", ["--kernel-accesses", "--write", "buf", "--len", "8", "--",
                                  piper, "5"], "kernel", None),
-            ("probe agent", ["probe", "-o", probe_rec, "tick i r->len", "tick%return $retval",
+            ("probe agent", ["probe", "-o", probe_rec, "--agg", "count() by tid", "--agg",
+                             "tick:hist(i)", "tick i r->len", "tick%return $retval",
                              "--"] + loop, "probe", loop_out),
             ("probe ptrace", ["probe", "--backend", "ptrace", "tick i", "tick%return $retval",
                               "--"] + loop, "probe", loop_out),
@@ -169,7 +170,10 @@ def check_sequence(name, kind, objs):
     summary = objs[-1]
     if kind == "probe":
         hits = types.count("hit")
-        if set(types) != {"hit", "summary"} or hits != summary["hits"] or hits == 0:
+        # --agg: the aggregate lines, after the hits and before the summary.
+        aggs = types.count("aggregate")
+        if set(types) - {"aggregate"} != {"hit", "summary"} or hits != summary["hits"] or \
+                hits == 0 or types[len(types) - 1 - aggs:-1] != ["aggregate"] * aggs:
             raise Failure(f"{name}: {hits} hit lines, the summary counts {summary['hits']}")
         return
     watches = [o for o in objs if o["type"] == "watch"]
@@ -194,7 +198,7 @@ EXERCISED = {
     "perf multiplex": ["multiplexed"],
     "page syscalls": ["kernel"],
     "kernel": ["stack"],
-    "probe agent": ["return_address", "caller"],
+    "probe agent": ["return_address", "caller", "low", "value"],
     "probe uprobe": ["kernel_count"],
     "probe hw": ["debug_register", "stray_traps"],
 }
@@ -230,6 +234,9 @@ def check_report(name, rec, report):
         raise Failure(f"{name}: no watches or events in the report")
     if "probe" in name and (len(report["probes"]) != 2 or report["session"]["hits"] != 50):
         raise Failure(f"{name}: expected 2 probes and 50 hits: {report['probes']}")
+    if "probe" in name and [a["agg"] for a in report.get("aggregates", [])][:2] != \
+            ["count() by tid", "count() by tid"]:
+        raise Failure(f"{name}: expected the recorded aggregations: {report.get('aggregates')}")
 
 
 if __name__ == "__main__":

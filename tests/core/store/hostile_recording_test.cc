@@ -245,3 +245,81 @@ TEST(HostileRecordingTest, EventsOfUnknownWatchesStillRead) {
 
 }  // namespace
 }  // namespace kwatch::core::store
+
+namespace kwatch::core::store {
+namespace {
+
+// A recording with one count() aggregation of one row (5 hits).
+std::string WithAggregation(const std::string& name) {
+  const std::string path = Base(name);
+  EXPECT_TRUE(CraftSql(path,
+                       "INSERT INTO aggregates VALUES(0, 0, 'ev', 'count()', 'count', 0);"
+                       "INSERT INTO aggregate_rows VALUES(0, 0, '{}', 5, 5);")
+                  .ok());
+  return path;
+}
+
+TEST(HostileRecordingTest, AggregationValuesAreNumbersOrTheRecordingIsRefused) {
+  {
+    auto r = TraceReader::Open(WithAggregation("agg-ok"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ((*r)->aggregates().size(), 1u);
+    EXPECT_EQ((*r)->aggregates()[0].rows.at(0).value, "5");
+  }
+  // What the report would print unquoted in JSON must be a number.
+  for (const char* sql :
+       {"UPDATE aggregate_rows SET value = '1},\"x\":{'", "UPDATE aggregate_rows SET value = NULL",
+        "UPDATE aggregate_rows SET value = x'3132'", "UPDATE aggregate_rows SET value = '-1'",
+        "UPDATE aggregates SET func = 'evil'", "UPDATE aggregate_rows SET key = '[1]'",
+        "UPDATE aggregate_rows SET idx = 7"}) {
+    const std::string path = WithAggregation("agg-bad");
+    ASSERT_TRUE(CraftSql(path, sql).ok()) << sql;
+    auto r = TraceReader::Open(path);
+    ASSERT_FALSE(r.ok()) << sql;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << sql << ": " << r.status();
+  }
+}
+
+TEST(HostileRecordingTest, AggregationsBeyondTheLimitsAreRefused) {
+  const std::string path = WithAggregation("agg-many");
+  ASSERT_TRUE(CraftSql(path, absl::StrCat("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
+                                          "FROM n WHERE i < ",
+                                          kMaxRecordedAggregates - 1,
+                                          ") INSERT INTO aggregates SELECT i, 0, 'ev', 'count()', "
+                                          "'count', 0 FROM n"))
+                  .ok());
+  {
+    auto r = TraceReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->aggregates().size(), kMaxRecordedAggregates);
+  }
+  ASSERT_TRUE(CraftSql(path, absl::StrCat("INSERT INTO aggregates VALUES(", kMaxRecordedAggregates,
+                                          ", 0, 'ev', 'count()', 'count', 0)"))
+                  .ok());
+  auto r = TraceReader::Open(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("the number of aggregations is ", kMaxRecordedAggregates + 1,
+                                     " rows; kwatch reads at most ", kMaxRecordedAggregates)));
+  // Buckets: a histogram row of more than the limit.
+  const std::string buckets = Base("agg-buckets");
+  ASSERT_TRUE(
+      CraftSql(buckets, absl::StrCat("INSERT INTO aggregates VALUES(0, 0, 'ev', 'hist(x)', 'hist', "
+                                     "0); INSERT INTO aggregate_rows VALUES(0, 0, '{}', NULL, 1);"
+                                     "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 "
+                                     "FROM n WHERE i < ",
+                                     kMaxRecordedAggregateBuckets,
+                                     ") INSERT INTO aggregate_buckets SELECT 0, 0, i, i, i + 1, 1 "
+                                     "FROM n"))
+          .ok());
+  r = TraceReader::Open(buckets);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("the number of histogram buckets is ",
+                                     kMaxRecordedAggregateBuckets + 1, " rows")));
+}
+
+}  // namespace
+}  // namespace kwatch::core::store

@@ -416,7 +416,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "4");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "5");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -899,7 +899,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 4");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 5");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {
@@ -1280,6 +1280,115 @@ TEST(TraceStoreTest, WalStaysBoundedWhileRecording) {
   auto r = OpenOk(path);
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(*r->CountEvents(), kEvents);
+}
+
+}  // namespace
+}  // namespace kwatch::core::store
+
+namespace kwatch::core::store {
+namespace {
+
+std::vector<AggregateRecord> SampleAggregates() {
+  AggregateRecord count;
+  count.probe_id = 0;
+  count.event = "add_ints";
+  count.agg = "count() by tid";
+  count.func = "count";
+  count.rows = {{{{"tid", "24912"}}, "5", 5, {}}, {{{"tid", "24913"}}, "2", 2, {}}};
+  AggregateRecord sum;
+  sum.probe_id = 0;
+  sum.event = "add_ints";
+  sum.agg = "sum(a) by comm,a";
+  sum.func = "sum";
+  sum.no_value = 3;
+  sum.rows = {{{{"comm", "\"prog\""}, {"a", "-7"}}, "-14", 2, {}},
+              {{{"comm", "\"\xc3\xa9\x1b\""}, {"a", "x"}}, "18446744073709551615", 1, {}}};
+  AggregateRecord avg;
+  avg.probe_id = 1;
+  avg.event = "fact";
+  avg.agg = "avg(n)";
+  avg.func = "avg";
+  avg.rows = {{{}, "2.5", 4, {}}};
+  AggregateRecord avg_whole = avg;
+  avg_whole.rows = {{{}, "3", 5, {}}};
+  AggregateRecord hist;
+  hist.probe_id = 1;
+  hist.event = "fact";
+  hist.agg = "hist(n)";
+  hist.func = "hist";
+  hist.rows = {{{},
+                "",
+                6,
+                {{std::nullopt, 0, 1},
+                 {0, 1, 0},
+                 {1, 2, 1},
+                 {2, 4, 2},
+                 {4, 8, 2},
+                 {int64_t{1} << 62, std::nullopt, 0}}}};
+  AggregateRecord lhist;
+  lhist.probe_id = 1;
+  lhist.event = "fact";
+  lhist.agg = "lhist(n, 0, 10, 5) by tid";
+  lhist.func = "lhist";
+  lhist.rows = {{{{"tid", "1"}}, "", 3, {{std::nullopt, 0, 1}, {0, 5, 2}}},
+                {{{"tid", "2"}}, "", 1, {{10, std::nullopt, 1}}}};
+  AggregateRecord empty;
+  empty.probe_id = 1;
+  empty.event = "fact";
+  empty.agg = "max(n)";
+  empty.func = "max";
+  empty.no_value = 9;
+  return {count, sum, avg, avg_whole, hist, lhist, empty};
+}
+
+TEST(TraceStoreTest, AggregationsReadBackExactly) {
+  TempDir dir;
+  const std::string path = dir.File("agg.kwdb");
+  const std::vector<AggregateRecord> aggs = SampleAggregates();
+  {
+    auto w = NewWriter(path);
+    // Two calls: the second's come after the first's.
+    ASSERT_TRUE(w->AddAggregates({aggs.begin(), aggs.begin() + 2}).ok());
+    ASSERT_TRUE(w->AddAggregates({aggs.begin() + 2, aggs.end()}).ok());
+    ASSERT_TRUE(w->AddAggregates({}).ok());
+    ASSERT_TRUE(w->Finish(SessionEnd{}).ok());
+  }
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->aggregates().size(), aggs.size());
+  for (size_t i = 0; i < aggs.size(); ++i) {
+    EXPECT_EQ(r->aggregates()[i], aggs[i]) << i << " " << aggs[i].agg;
+  }
+  // As sqlite3 shows them: numbers where they fit, buckets with NULL bounds.
+  EXPECT_EQ(Sql(path,
+                "SELECT group_concat(id || ':' || func || ':' || no_value, ' ') FROM "
+                "aggregates"),
+            "0:count:0 1:sum:3 2:avg:0 3:avg:0 4:hist:0 5:lhist:0 6:max:9");
+  EXPECT_EQ(Sql(path,
+                "SELECT group_concat(typeof(value) || '=' || ifnull(value, '-'), ' ') FROM "
+                "aggregate_rows"),
+            "integer=5 integer=2 integer=-14 text=18446744073709551615 real=2.5 integer=3 null=- "
+            "null=- null=-");
+  EXPECT_EQ(Sql(path, "SELECT key FROM aggregate_rows WHERE aggregate_id = 1 AND idx = 0"),
+            R"({"comm":"\"prog\"","a":"-7"})");
+  EXPECT_EQ(Sql(path,
+                "SELECT group_concat(ifnull(low, 'null') || '..' || ifnull(high, 'null') || "
+                "':' || count, ' ') FROM aggregate_buckets WHERE aggregate_id = 4"),
+            "null..0:1 0..1:0 1..2:1 2..4:2 4..8:2 4611686018427387904..null:0");
+}
+
+TEST(TraceStoreTest, SchemaFourRecordingsReadWithoutAggregations) {
+  TempDir dir;
+  const std::string path = dir.File("run.kwdb");
+  WriteFinished(path, 10);
+  for (const char* table : {"aggregates", "aggregate_rows", "aggregate_buckets"}) {
+    EXPECT_EQ(Sql(path, absl::StrCat("DROP TABLE ", table)), "");
+  }
+  Sql(path, "PRAGMA user_version=4");
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->aggregates().empty());
+  EXPECT_EQ(r->CountEvents().value_or(0), 10u);
 }
 
 }  // namespace
