@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -311,7 +312,7 @@ int ProbeMain(const std::vector<std::string>& argv) {
   }
   for (const std::string& c : counts) {
     absl::Status parsed = absl::OkStatus();
-    if (c.find(':') == std::string::npos) {
+    if (!absl::StrContains(c, ':')) {
       if (!absl::SimpleAtoi(c, &opts.session.count)) {
         parsed = absl::InvalidArgumentError(
             absl::StrCat("-c '", c, "': expected N or EVENT:N (N a whole number)"));

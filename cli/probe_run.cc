@@ -154,6 +154,7 @@ watch::probe::ProbeSessionHooks SessionOutput::Hooks() {
     std::vector<watch::probe::HitSink*> sinks = {tally_.get()};
     if (writer_ != nullptr) {
       recorder_ = std::make_unique<HitRecorder>(*writer_);
+      recorder_->SetLocate(start.locate);
       sinks.push_back(recorder_.get());
     }
     sinks.push_back(printer_.get());

@@ -20,6 +20,7 @@
 #include "core/base/printable.h"
 #include "core/store/trace_reader.h"
 #include "watch/chrome_trace.h"
+#include "watch/folded_stacks.h"
 #include "watch/probe/aggregate_output.h"
 #include "watch/probe_tally.h"
 #include "watch/profile/heatmap_panels.h"
@@ -229,8 +230,10 @@ int ReportMain(const std::vector<std::string>& args) {
   app.add_option("file", o.file, "The recording (.kwdb)")->required();
   app.add_option("--format", o.format,
                  "Output format (chrome-trace: the Chrome trace-event JSON that ui.perfetto.dev "
-                 "and chrome://tracing open)")
-      ->check(CLI::IsMember({"text", "json", "csv", "chrome-trace"}))
+                 "and chrome://tracing open; folded: the stacks recorded with kwatch probe "
+                 "--stack, one 'EVENT;outer;...;inner COUNT' line each, for flamegraph.pl and "
+                 "speedscope)")
+      ->check(CLI::IsMember({"text", "json", "csv", "chrome-trace", "folded"}))
       ->capture_default_str();
   app.add_option("--field", o.field, "Only fields whose path contains this text");
   app.add_option("--thread", o.thread, "Only events of this thread (tid)");
@@ -261,6 +264,19 @@ int ReportMain(const std::vector<std::string>& args) {
   watch::RecordingSlice slice{o.from_s, o.to_s, o.thread};
   if (o.format == "chrome-trace") {
     return WriteChromeTrace(r, slice, o.bucket_ms);
+  }
+  if (o.format == "folded") {
+    const absl::StatusOr<watch::FoldedStacks> f = watch::FoldStacks(r, slice);
+    if (!f.ok()) {
+      std::fprintf(stderr, "kwatch: error: %s\n", Shown(std::string{f.status().message()}).c_str());
+      return 1;
+    }
+    std::fputs(f->text.c_str(), stdout);
+    std::fprintf(
+        stderr, "kwatch: folded: %llu hits in %llu stacks%s\n",
+        static_cast<unsigned long long>(f->hits), static_cast<unsigned long long>(f->stacks),
+        f->without > 0 ? absl::StrCat(" (", f->without, " hits without a stack)").c_str() : "");
+    return 0;
   }
   auto profile = watch::ProfileFromRecording(r, slice, watch::ReportProfileOptions(r, o.bucket_ms));
   if (!profile.ok()) {

@@ -7,15 +7,7 @@ namespace kwatch::watch {
 absl::StatusOr<std::map<uint32_t, ProbeTally>> TallyHits(const core::store::TraceReader& reader,
                                                          const RecordingSlice& slice) {
   std::map<uint32_t, ProbeTally> out;
-  core::store::HitFilter f;
-  const uint64_t start = reader.session().start_mono_ns;
-  if (slice.from_s) {
-    f.from_ns = start + static_cast<uint64_t>(*slice.from_s * 1e9);
-  }
-  if (slice.to_s) {
-    f.to_ns = start + static_cast<uint64_t>(*slice.to_s * 1e9);
-  }
-  f.tid = slice.tid;
+  const core::store::HitFilter f = HitFilterOf(reader, slice);
   absl::Status st = reader.ForEachHit(f, [&](const core::store::HitRecord& h) {
     ProbeTally& t = out[h.probe_id];
     ++t.hits;

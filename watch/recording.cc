@@ -122,6 +122,20 @@ RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::S
   return out;
 }
 
+core::store::HitFilter HitFilterOf(const core::store::TraceReader& reader,
+                                   const RecordingSlice& slice) {
+  core::store::HitFilter f;
+  const uint64_t start = reader.session().start_mono_ns;
+  if (slice.from_s) {
+    f.from_ns = start + SecondsToNs(*slice.from_s);
+  }
+  if (slice.to_s) {
+    f.to_ns = start + SecondsToNs(*slice.to_s);
+  }
+  f.tid = slice.tid;
+  return f;
+}
+
 profile::ProfileOptions ReportProfileOptions(const core::store::TraceReader& reader,
                                              double bucket_ms) {
   profile::ProfileOptions popts;

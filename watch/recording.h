@@ -73,6 +73,10 @@ struct RecordingSlice {
   std::optional<pid_t> tid;
 };
 
+// The hits of `reader` within `slice` (times from the session's start).
+core::store::HitFilter HitFilterOf(const core::store::TraceReader& reader,
+                                   const RecordingSlice& slice);
+
 // Replays the events of `reader` (restricted to `slice`) into a profile of its watches,
 // with time columns starting at the session's start. Streams: memory does not grow with the
 // number of events.

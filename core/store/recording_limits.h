@@ -33,6 +33,8 @@ inline constexpr size_t kMaxRecordedFieldNames = size_t{64} << 20;
 inline constexpr size_t kMaxRecordedAggregates = 4096;
 inline constexpr size_t kMaxRecordedAggregateRows = size_t{1} << 20;
 inline constexpr size_t kMaxRecordedAggregateBuckets = size_t{1} << 22;
+// Frames of all the recorded stacks together (--stack: at most 256 per stack).
+inline constexpr size_t kMaxRecordedStackFrames = size_t{1} << 22;
 // Bytes of one row's key (aggregate_rows.key, JSON as hits.args), and of all keys together.
 inline constexpr size_t kMaxRecordedAggregateKey = kMaxRecordedArgs;
 inline constexpr size_t kMaxRecordedAggregateKeys = size_t{64} << 20;

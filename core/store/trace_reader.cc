@@ -513,6 +513,51 @@ absl::Status TraceReader::LoadProbes() {
   return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
 }
 
+absl::StatusOr<std::vector<StackRecord>> TraceReader::Stacks() const {
+  std::vector<StackRecord> stacks;
+  if (schema_ < 6) {
+    return stacks;  // no stacks were recorded before schema 6
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr count, Prepare("SELECT count(*) FROM stack_frames"));
+  if (const int rc = sqlite3_step(count.get()); rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  if (const uint64_t n = ColumnU64(count.get(), 0); n > kMaxRecordedStackFrames) {
+    return Refused(path_, "the number of stack frames", n, "rows", kMaxRecordedStackFrames);
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare("SELECT stack_id,idx,ip,function,offset,file,line FROM stack_frames "
+                              "ORDER BY stack_id, idx"));
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+    sqlite3_stmt* s = stmt.get();
+    const uint64_t id = ColumnU64(s, 0);
+    const uint64_t idx = ColumnU64(s, 1);
+    if (id == 0 || id > 0xffffffffULL) {
+      return NotARecording(path_, absl::StrCat("a stack frame names stack ", id));
+    }
+    if (stacks.empty() || stacks.back().id != id) {
+      stacks.push_back(StackRecord{static_cast<uint32_t>(id), {}});
+    }
+    StackRecord& stack = stacks.back();
+    if (idx != stack.frames.size()) {
+      return NotARecording(path_, absl::StrCat("stack ", id, " lacks frame ", stack.frames.size()));
+    }
+    StackFrameRecord f;
+    f.ip = RemoteAddr{ColumnU64(s, 2)};
+    KW_ASSIGN_OR_RETURN(f.function,
+                        LimitedText(s, 3, path_, {"stack_frames.function", "stack", id}));
+    f.offset = ColumnU64(s, 4);
+    KW_ASSIGN_OR_RETURN(f.file, LimitedText(s, 5, path_, {"stack_frames.file", "stack", id}));
+    f.line = static_cast<int>(sqlite3_column_int64(s, 6));
+    stack.frames.push_back(std::move(f));
+  }
+  if (rc != SQLITE_DONE) {
+    return ReadError(rc);
+  }
+  return stacks;
+}
+
 absl::Status TraceReader::LoadAggregates() {
   if (schema_ < 5) {
     return absl::OkStatus();  // no aggregations were recorded before schema 5
@@ -808,8 +853,9 @@ absl::Status TraceReader::ForEachHit(const HitFilter& filter,
                                      absl::FunctionRef<bool(const HitRecord&)> fn) const {
   KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("hits_in_order"));
   // Schema 1 had no pid per hit: read as 0.
-  std::string sql = absl::StrCat("SELECT time_ns,tid,cpu,probe_id,ip,is_return,args,",
-                                 schema_ >= 2 ? "pid" : "0", " FROM hits ");
+  std::string sql =
+      absl::StrCat("SELECT time_ns,tid,cpu,probe_id,ip,is_return,args,", schema_ >= 2 ? "pid" : "0",
+                   ",", schema_ >= 6 ? "ifnull(stack_id, 0)" : "0", " FROM hits ");
   int64_t start = std::numeric_limits<int64_t>::min();
   if (in_order) {
     if (filter.from_ns.has_value()) {
@@ -842,6 +888,7 @@ absl::Status TraceReader::ForEachHit(const HitFilter& filter,
     h.ip = RemoteAddr{ColumnU64(s, 4)};
     h.is_return = sqlite3_column_int64(s, 5) != 0;
     h.pid = static_cast<pid_t>(sqlite3_column_int64(s, 7));
+    h.stack_id = static_cast<uint32_t>(sqlite3_column_int64(s, 8));
     if (const auto n = static_cast<size_t>(sqlite3_column_bytes(s, 6)); n > kMaxRecordedArgs) {
       return Refused(path_, absl::StrFormat("the arguments (hits.args) of a hit at %d ns", t), n,
                      "bytes", kMaxRecordedArgs);

@@ -78,6 +78,9 @@ class TraceReader {
   // The final results of the probe session's aggregations (`kwatch probe -o F --agg ...`), in
   // the order printed; empty for recordings without (and before schema 5).
   const std::vector<AggregateRecord>& aggregates() const { return aggregates_; }
+  // The stacks hits name (`kwatch probe --stack -o F`), read now, by id; empty for recordings
+  // without (and before schema 6). Refused beyond kMaxRecordedStackFrames frames in all.
+  absl::StatusOr<std::vector<StackRecord>> Stacks() const;
 
   // Calls `fn` for each matching event in time order (ties in recording order), streaming
   // from the file; `fn` returns false to stop early. A corrupted file stops the stream with a

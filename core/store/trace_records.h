@@ -23,7 +23,7 @@ inline constexpr int32_t kTraceApplicationId = 0x6b776462;
 // 2: hits.pid. Schema 1 recordings (no pid per hit) are read with HitRecord::pid 0.
 // 3: fields.is_union, sites.inlined. 4: session.ns_pid. 5: the aggregates, aggregate_rows and
 // aggregate_buckets tables (older recordings read with no aggregations).
-inline constexpr int32_t kTraceSchemaVersion = 5;
+inline constexpr int32_t kTraceSchemaVersion = 6;
 
 // How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
 // of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.
@@ -97,6 +97,25 @@ struct ProbeRecord {
 };
 
 // One probe hit. Arguments keep their order; names need not be unique.
+// One frame of a recorded stack (--stack), symbolized when it was recorded.
+struct StackFrameRecord {
+  RemoteAddr ip;         // frame 0: the hit's address; the others: return addresses
+  std::string function;  // "" without a symbol
+  uint64_t offset = 0;   // of the looked-up address (a return address - 1) in `function`
+  std::string file;
+  int line = 0;
+
+  bool operator==(const StackFrameRecord&) const = default;
+};
+
+// A distinct stack of a recording, innermost frame first; hits name it by id (schema 6).
+struct StackRecord {
+  uint32_t id = 0;  // 1, 2, ...
+  std::vector<StackFrameRecord> frames;
+
+  bool operator==(const StackRecord&) const = default;
+};
+
 struct HitRecord {
   uint64_t time_ns = 0;  // CLOCK_MONOTONIC
   pid_t pid = 0;         // thread group of `tid` (0: a schema 1 recording, which had none)
@@ -106,6 +125,7 @@ struct HitRecord {
   RemoteAddr ip;
   bool is_return = false;
   std::vector<std::pair<std::string, std::string>> args;  // name -> formatted value
+  uint32_t stack_id = 0;  // --stack: the StackRecord of its user stack (0: none)
 
   bool operator==(const HitRecord&) const = default;
 };

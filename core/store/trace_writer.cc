@@ -121,8 +121,19 @@ CREATE TABLE hits(
   probe_id INTEGER NOT NULL,
   ip INTEGER NOT NULL,
   is_return INTEGER NOT NULL,
-  args TEXT NOT NULL
+  args TEXT NOT NULL,
+  stack_id INTEGER
 );
+CREATE TABLE stack_frames(
+  stack_id INTEGER NOT NULL,
+  idx INTEGER NOT NULL,
+  ip INTEGER NOT NULL,
+  function TEXT NOT NULL,
+  offset INTEGER NOT NULL,
+  file TEXT NOT NULL,
+  line INTEGER NOT NULL,
+  PRIMARY KEY(stack_id, idx)
+) WITHOUT ROWID;
 CREATE TABLE aggregates(
   id INTEGER PRIMARY KEY,
   probe_id INTEGER NOT NULL,
@@ -443,7 +454,11 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
   KW_ASSIGN_OR_RETURN(insert_events_,
                       SqlitePrepare(db, InsertEventsSql(kEventsPerInsert), context));
   KW_ASSIGN_OR_RETURN(
-      insert_hit_, SqlitePrepare(db, "INSERT INTO hits VALUES(?1,?2,?3,?4,?5,?6,?7,?8)", context));
+      insert_hit_,
+      SqlitePrepare(db, "INSERT INTO hits VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)", context));
+  KW_ASSIGN_OR_RETURN(
+      insert_frame_,
+      SqlitePrepare(db, "INSERT INTO stack_frames VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
   KW_ASSIGN_OR_RETURN(
       insert_site_,
       SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
@@ -650,6 +665,14 @@ absl::Status TraceWriter::AddSite(const SiteRecord& s) {
   return absl::OkStatus();
 }
 
+absl::Status TraceWriter::AddStack(const StackRecord& stack) {
+  KW_RETURN_IF_ERROR(Check());
+  if (stack_ids_.insert(stack.id).second) {
+    stacks_.push_back(stack);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TraceWriter::AddTask(const TaskRecord& t) {
   KW_RETURN_IF_ERROR(Check());
   if (task_keys_.insert({t.tid, t.comm}).second) {
@@ -692,9 +715,10 @@ absl::Status TraceWriter::Commit() {
     hits_.clear();
     sites_.clear();
     tasks_.clear();
+    stacks_.clear();
     return WriteFailure(s, dropped);
   }
-  if (events_.empty() && hits_.empty() && sites_.empty() && tasks_.empty()) {
+  if (events_.empty() && hits_.empty() && sites_.empty() && tasks_.empty() && stacks_.empty()) {
     return absl::OkStatus();
   }
   absl::Status s = WriteBatch();
@@ -710,6 +734,7 @@ absl::Status TraceWriter::Commit() {
   hits_.clear();
   sites_.clear();
   tasks_.clear();
+  stacks_.clear();
   if (!s.ok()) {
     sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
     return WriteFailure(s, dropped);
@@ -847,6 +872,22 @@ absl::Status TraceWriter::WriteBatch() {
       return Error(rc, "writing sites to");
     }
   }
+  s = insert_frame_.get();
+  for (const StackRecord& stack : stacks_) {
+    for (size_t f = 0; f < stack.frames.size(); ++f) {
+      const StackFrameRecord& frame = stack.frames[f];
+      sqlite3_bind_int64(s, 1, stack.id);
+      sqlite3_bind_int64(s, 2, static_cast<int64_t>(f));
+      BindU64(s, 3, frame.ip.value);
+      BindText(s, 4, frame.function);
+      BindU64(s, 5, frame.offset);
+      BindText(s, 6, frame.file);
+      sqlite3_bind_int64(s, 7, frame.line);
+      if (const int rc = StepDone(s); rc != SQLITE_OK) {
+        return Error(rc, "writing stacks to");
+      }
+    }
+  }
   s = insert_task_.get();
   for (const TaskRecord& t : tasks_) {
     sqlite3_bind_int64(s, 1, t.pid);
@@ -884,6 +925,11 @@ absl::Status TraceWriter::WriteBatch() {
     BindU64(s, 6, h.ip.value);
     sqlite3_bind_int(s, 7, h.is_return ? 1 : 0);
     BindText(s, 8, EncodeArgsJson(h.args));
+    if (h.stack_id != 0) {
+      sqlite3_bind_int64(s, 9, h.stack_id);
+    } else {
+      sqlite3_bind_null(s, 9);
+    }
     if (const int rc = StepDone(s); rc != SQLITE_OK) {
       return Error(rc, "writing probe hits to");
     }
@@ -975,6 +1021,7 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   insert_events_.reset();
   insert_hit_.reset();
   insert_site_.reset();
+  insert_frame_.reset();
   insert_task_.reset();
   update_counts_.reset();
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.

@@ -90,6 +90,10 @@ class TraceWriter {
   // Whether a site for `ip` was added: lets the caller symbolize each ip once.
   bool HasSite(RemoteAddr ip) const { return site_ips_.contains(ip.value); }
 
+  // Buffers a stack (committed with the next batch, before the hits naming it); a stack whose
+  // id was added is ignored. Ids are the caller's: 1, 2, ... (HitRecord::stack_id).
+  absl::Status AddStack(const StackRecord& stack);
+
   // Buffers a task's name (committed with the next batch); a (tid, comm) pair already added
   // is ignored.
   absl::Status AddTask(const TaskRecord& t);
@@ -171,6 +175,7 @@ class TraceWriter {
   SqliteStmtPtr insert_events_;  // kEventsPerInsert rows
   SqliteStmtPtr insert_hit_;
   SqliteStmtPtr insert_site_;
+  SqliteStmtPtr insert_frame_;
   SqliteStmtPtr insert_task_;
   SqliteStmtPtr update_counts_;
 
@@ -179,6 +184,8 @@ class TraceWriter {
   std::vector<SiteRecord> sites_;
   absl::flat_hash_set<uint64_t> site_ips_;
   std::vector<TaskRecord> tasks_;
+  std::vector<StackRecord> stacks_;
+  absl::flat_hash_set<uint32_t> stack_ids_;
   absl::flat_hash_set<std::pair<pid_t, std::string>> task_keys_;
 
   uint64_t events_committed_ = 0;

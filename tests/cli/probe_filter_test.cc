@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "tests/cli/probe_test_util.h"
 #include "tests/test_util.h"
 
@@ -463,6 +464,48 @@ TEST(ProbeStack, DepthBoundsTheFramesAndTextShowsThem) {
   EXPECT_THAT(r.out, HasSubstr("    #0  fact (probe_args.c:69)\n    #1  main+0x"));
   EXPECT_THAT(r.out, HasSubstr("    #0  fact (probe_args.c:69)\n    #1  fact+0x"));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("    #2 ")));
+}
+
+// kwatch probe --stack -o F, then kwatch report F --format folded: one line per distinct stack,
+// the probe's event first, outermost frame next, counts of the hits.
+TEST(ProbeStack, RecordedStacksReportAsFoldedStacks) {
+  const std::string file =
+      absl::StrCat(::testing::TempDir(), "/probe_filter_test.", getpid(), ".stacks.kwdb");
+  std::filesystem::remove(file);
+  const RunResult r = KwatchProbe(
+      {"-q", "--stack", "-o", file, "fact n", "tick", "--", PrivateTargetPath("probe_args")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const absl::StatusOr<RunResult> f = ::kwatch::testing::Run(
+      {::kwatch::testing::KwatchPath(), "report", file, "--format", "folded"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(f->exit_code, 0) << f->err;
+  EXPECT_THAT(f->err, HasSubstr("kwatch: folded: 9 hits in 6 stacks"));
+  std::vector<std::string> lines = absl::StrSplit(f->out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 6U) << f->out;
+  // Sorted: the five depths of fact, then tick (four calls from loop_lines).
+  std::string chain = ";main;fact";
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(lines[k].rfind("fact;", 0), 0U) << lines[k];
+    const std::string tail = chain + " 1";
+    EXPECT_EQ(lines[k].substr(lines[k].size() - std::min(tail.size(), lines[k].size())), tail)
+        << lines[k];
+    chain += ";fact";
+  }
+  EXPECT_EQ(lines[5].rfind("tick;", 0), 0U) << lines[5];
+  const std::string tick_tail = ";main;loop_lines;tick 4";
+  EXPECT_EQ(lines[5].substr(lines[5].size() - tick_tail.size()), tick_tail);
+
+  // Without --stack there is nothing to fold: said, with how to get them.
+  std::filesystem::remove(file);
+  ASSERT_EQ(
+      KwatchProbe({"-q", "-o", file, "fact", "--", PrivateTargetPath("probe_args")}).exit_code, 0);
+  const absl::StatusOr<RunResult> none = ::kwatch::testing::Run(
+      {::kwatch::testing::KwatchPath(), "report", file, "--format", "folded"});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->exit_code, 1);
+  EXPECT_THAT(none->err, HasSubstr("holds no stacks: record them with `kwatch probe --stack -o "
+                                   "FILE ...`"));
+  std::filesystem::remove(file);
 }
 
 std::string ProcStatusLine(pid_t pid, const std::string& field) {

@@ -39,7 +39,7 @@ expect "--no-jump" kwatch probe --n
 expect "probe report slots" kwatch ""
 expect "slots" kwatch sl
 expect "--field --format --from" kwatch report --f
-expect "chrome-trace csv json text" kwatch report --format ""
+expect "chrome-trace csv folded json text" kwatch report --format ""
 expect "--help --json --pid -h -p" kwatch slots -
 expect "--overcommit" kwatch -p 1 --overc
 expect "fail multiplex pages" kwatch --write x --overcommit ""

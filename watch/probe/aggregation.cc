@@ -1,6 +1,7 @@
 #include "watch/probe/aggregation.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <utility>
 
@@ -22,13 +23,16 @@ using Kind = ConditionVariable::Kind;
 
 struct FuncName {
   absl::string_view name;
-  Func func;
-  int args;  // after the value
+  Func func = Func::kCount;
+  int args = 0;  // after the value (-1: none, count())
 };
-constexpr FuncName kFuncs[] = {{"count", Func::kCount, -1}, {"sum", Func::kSum, 0},
-                               {"min", Func::kMin, 0},      {"max", Func::kMax, 0},
-                               {"avg", Func::kAvg, 0},      {"hist", Func::kHist, 0},
-                               {"lhist", Func::kLhist, 3}};
+constexpr std::array<FuncName, 7> kFuncs = {{{"count", Func::kCount, -1},
+                                             {"sum", Func::kSum, 0},
+                                             {"min", Func::kMin, 0},
+                                             {"max", Func::kMax, 0},
+                                             {"avg", Func::kAvg, 0},
+                                             {"hist", Func::kHist, 0},
+                                             {"lhist", Func::kLhist, 3}}};
 
 // A small cursor over the text, for errors with a column.
 class Cursor {
@@ -326,15 +330,12 @@ std::string Aggregator::FoldedStack(const std::vector<core::RemoteAddr>& stack) 
 }
 
 bool UsesStacks(const std::vector<AggregationSpec>& specs) {
-  for (const AggregationSpec& s : specs) {
-    if (std::find(s.keys.begin(), s.keys.end(), kUstack) != s.keys.end()) {
-      return true;
-    }
-  }
-  return false;
+  return std::ranges::any_of(specs, [](const AggregationSpec& s) {
+    return std::find(s.keys.begin(), s.keys.end(), kUstack) != s.keys.end();
+  });
 }
 
-void Aggregator::Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value) const {
+void Aggregator::Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value) {
   const AggregationSpec& spec = *t.spec;
   if (v.count == 0 || Less(value, v.min, t.is_signed)) {
     v.min = value;

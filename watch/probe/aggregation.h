@@ -116,7 +116,7 @@ class Aggregator final : public HitSink {
 
   Aggregator() = default;
   std::string FoldedStack(const std::vector<core::RemoteAddr>& stack) const;
-  void Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value) const;
+  static void Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value);
 
   std::vector<AggregationSpec> specs_;
   std::vector<AggregateTable> tables_;

@@ -35,8 +35,8 @@ std::optional<Kind> ConditionKindOf(const core::probe::ArgType& t) {
   return std::nullopt;
 }
 
-std::optional<uint64_t> ArgNumber(std::string_view text, Kind kind) {
-  absl::string_view shown(text.data(), text.size());
+std::optional<uint64_t> ArgNumber(std::string_view shown_text, Kind kind) {
+  absl::string_view shown(shown_text.data(), shown_text.size());
   if (kind == Kind::kSigned) {
     int64_t v = 0;
     if (absl::SimpleAtoi(shown, &v)) {
@@ -68,12 +68,13 @@ std::string EventNames(const std::vector<ProbeDef>& probes) {
 // Whether `counts` names only events of `probes`.
 absl::Status CheckEvents(const PerProbeCounts& counts, const std::vector<ProbeDef>& probes,
                          const std::string& option) {
-  for (const auto& [event, n] : counts.event) {
-    const bool known = std::any_of(probes.begin(), probes.end(), [&](const ProbeDef& p) {
+  for (const auto& entry : counts.event) {
+    const std::string& event = entry.first;
+    const bool known = std::any_of(probes.begin(), probes.end(), [&event](const ProbeDef& p) {
       return !p.internal() && p.point.event == event;
     });
     if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(option, " ", event, ":", n,
+      return absl::InvalidArgumentError(absl::StrCat(option, " ", event, ":", entry.second,
                                                      ": no probe is named '", event,
                                                      "' (events: ", EventNames(probes), ")"));
     }

@@ -36,7 +36,7 @@ std::optional<ConditionVariable::Kind> ConditionKindOf(const core::probe::ArgTyp
 
 // An integer as an argument's text shows it (decimal, -decimal, 0x hex) read as `kind`; nullopt
 // for "(fault)", "(not sampled)" and errors.
-std::optional<uint64_t> ArgNumber(std::string_view shown, ConditionVariable::Kind kind);
+std::optional<uint64_t> ArgNumber(std::string_view shown_text, ConditionVariable::Kind kind);
 
 // How `def`'s condition names its arguments: variable i is def.args[i]. InvalidArgument when
 // the condition uses a float argument (conditions compare integers and strings).

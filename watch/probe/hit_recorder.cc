@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/remote_addr.h"
+#include "core/base/status_macros.h"
 #include "core/store/trace_records.h"
 
 namespace kwatch::watch::probe {
@@ -53,12 +54,45 @@ bool HitRecorder::Add(const ProbeHit& hit) {
     r.ip = hit.ip;
     r.is_return = hit.probe->point.is_return;
     r.args = hit.args;
-    s = writer_.AppendHit(r);
+    if (!hit.stack.empty()) {
+      absl::StatusOr<uint32_t> id = StackId(hit.stack);
+      s = id.status();
+      r.stack_id = id.value_or(0);
+    }
+    if (s.ok()) {
+      s = writer_.AppendHit(r);
+    }
   }
   if (!s.ok()) {
     error_ = s;
   }
   return true;
+}
+
+absl::StatusOr<uint32_t> HitRecorder::StackId(const std::vector<core::RemoteAddr>& stack) {
+  const auto it = stack_ids_.find(stack);
+  if (it != stack_ids_.end()) {
+    return it->second;
+  }
+  core::store::StackRecord rec;
+  rec.id = static_cast<uint32_t>(stack_ids_.size() + 1);
+  for (size_t i = 0; i < stack.size(); ++i) {
+    core::store::StackFrameRecord f;
+    f.ip = stack[i];
+    if (locate_) {
+      // Return addresses are looked up one byte back: the call may end its function.
+      const core::symbols::CodeLocation loc =
+          locate_(i == 0 ? stack[i] : core::RemoteAddr{stack[i].value - 1});
+      f.function = loc.function;
+      f.offset = loc.offset;
+      f.file = loc.file;
+      f.line = loc.line;
+    }
+    rec.frames.push_back(std::move(f));
+  }
+  KW_RETURN_IF_ERROR(writer_.AddStack(rec));
+  stack_ids_.emplace(stack, rec.id);
+  return rec.id;
 }
 
 void HitRecorder::Flush() {

@@ -5,10 +5,14 @@
 // is the caller's, once the session has ended.
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "core/store/trace_writer.h"
+#include "core/symbols/symbolizer.h"
 #include "watch/probe/hit_sink.h"
 #include "watch/probe/probe_set.h"
 
@@ -36,9 +40,19 @@ class HitRecorder final : public HitSink {
   // The first failure, as the writer gave it; OK while recording works.
   const absl::Status& error() const { return error_; }
 
+  // Names the frames of the hits' stacks (--stack) as they are first recorded (null: hex only).
+  void SetLocate(std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate) {
+    locate_ = std::move(locate);
+  }
+
  private:
+  // The id of `stack` in the recording, adding it the first time.
+  absl::StatusOr<uint32_t> StackId(const std::vector<core::RemoteAddr>& stack);
+
   core::store::TraceWriter& writer_;
   absl::Status error_;
+  std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate_;
+  std::map<std::vector<core::RemoteAddr>, uint32_t> stack_ids_;
 };
 
 }  // namespace kwatch::watch::probe

@@ -67,7 +67,8 @@ bool UsesXmm(const core::probe::CompiledArg& arg) {
 
 // The names of `def`'s condition that are not its arguments nor built in become hidden
 // arguments (a DWARF variable at the point, $retval, comm as $comm).
-constexpr absl::string_view kDuration = "$duration";
+// $duration as a word of a spec.
+constexpr absl::string_view kDurationWord = "$duration";
 
 // Whether `def` has an argument named (or written) `name`.
 bool HasArg(const ProbeDef& def, const std::string& name) {
@@ -100,7 +101,7 @@ void AddHidden(ProbeDef& def, core::probe::CompiledArg arg) {
 // arguments (a DWARF variable at the point, $retval, comm as $comm).
 absl::Status AddConditionArgs(const core::probe::ProbeTarget& target, ProbeDef& def) {
   for (const std::string& name : watch::Condition::NamesIn(def.condition)) {
-    if (HasArg(def, name) || IsHitBuiltin(name) || name == std::string(kDuration)) {
+    if (HasArg(def, name) || IsHitBuiltin(name) || name == kDurationName) {
       continue;
     }
     absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
@@ -122,7 +123,7 @@ void AddAlsoFetched(const core::probe::ProbeTarget& target, ProbeDef& def,
                     const std::vector<FetchFor>& names) {
   for (const auto& [event, name] : names) {
     if ((!event.empty() && event != def.point.event) || HasArg(def, name) || IsHitBuiltin(name) ||
-        name == std::string(kDuration)) {
+        name == kDurationName) {
       continue;
     }
     if (absl::StatusOr<core::probe::CompiledArg> hidden = CompileHidden(target, def, name);
@@ -286,7 +287,7 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
     parsed.point = *std::move(point);
     std::optional<size_t> duration_shown;
     for (size_t i = 1; i < arg_words; ++i) {
-      if (words[i].text == kDuration) {
+      if (words[i].text == kDurationWord) {
         if (!parsed.point.is_return) {
           return AtWord(absl::InvalidArgumentError(
                             "$duration is the time of a call: it is for FUNC%return probes"),
@@ -329,12 +330,11 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
         def.condition = condition;
         def.condition_offset = condition_offset;
         const std::vector<std::string> names = watch::Condition::NamesIn(condition);
-        if (std::find(names.begin(), names.end(), std::string(kDuration)) != names.end()) {
+        if (std::find(names.begin(), names.end(), kDurationName) != names.end()) {
           if (!p.is_return) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("$duration is the time of a call: it is for FUNC%return probes\n  ",
-                             PointAt(spec, spec.find(std::string(kDuration), condition_offset),
-                                     kDuration.size())));
+            return absl::InvalidArgumentError(absl::StrCat(
+                "$duration is the time of a call: it is for FUNC%return probes\n  ",
+                PointAt(spec, spec.find(kDurationName, condition_offset), kDurationName.size())));
           }
           def.duration = true;
         }
@@ -342,7 +342,7 @@ absl::StatusOr<ProbeSet> ResolveProbes(const std::string& path,
       def.duration |=
           duration_shown.has_value() ||
           (p.is_return && std::any_of(also_fetch.begin(), also_fetch.end(), [&](const FetchFor& f) {
-             return f.name == kDuration && (f.event.empty() || f.event == p.event);
+             return f.name == kDurationName && (f.event.empty() || f.event == p.event);
            }));
       if (!condition.empty()) {
         KW_RETURN_IF_ERROR(AddConditionArgs(*set.target, def));

@@ -321,5 +321,38 @@ TEST(HostileRecordingTest, AggregationsBeyondTheLimitsAreRefused) {
                                      kMaxRecordedAggregateBuckets + 1, " rows")));
 }
 
+std::string WithStack(const std::string& name) {
+  const std::string path = Base(name);
+  EXPECT_TRUE(CraftSql(path,
+                       "INSERT INTO stack_frames VALUES(1, 0, 4096, 'tick', 0, 't.c', 3);"
+                       "INSERT INTO stack_frames VALUES(1, 1, 8192, 'main', 9, 't.c', 9);")
+                  .ok());
+  return path;
+}
+
+TEST(HostileRecordingTest, StacksReadBackOrAreRefusedWithTheReason) {
+  {
+    auto r = TraceReader::Open(WithStack("stack-ok"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    const absl::StatusOr<std::vector<StackRecord>> stacks = (*r)->Stacks();
+    ASSERT_TRUE(stacks.ok()) << stacks.status();
+    ASSERT_EQ(stacks->size(), 1u);
+    EXPECT_EQ((*stacks)[0].id, 1u);
+    ASSERT_EQ((*stacks)[0].frames.size(), 2u);
+    EXPECT_EQ((*stacks)[0].frames[1].function, "main");
+    EXPECT_EQ((*stacks)[0].frames[1].offset, 9u);
+  }
+  for (const char* sql :
+       {"UPDATE stack_frames SET idx = 5 WHERE idx = 1", "UPDATE stack_frames SET stack_id = 0"}) {
+    const std::string path = WithStack("stack-bad");
+    ASSERT_TRUE(CraftSql(path, sql).ok()) << sql;
+    auto r = TraceReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const absl::StatusOr<std::vector<StackRecord>> stacks = (*r)->Stacks();
+    ASSERT_FALSE(stacks.ok()) << sql;
+    EXPECT_EQ(stacks.status().code(), absl::StatusCode::kDataLoss) << sql << stacks.status();
+  }
+}
+
 }  // namespace
 }  // namespace kwatch::core::store

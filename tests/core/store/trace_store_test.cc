@@ -416,7 +416,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "5");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "6");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -508,6 +508,44 @@ TEST(TraceStoreTest, FlushCommitsPendingEventsHitsAndSites) {
   ASSERT_EQ(r->sites().size(), 1u);
   EXPECT_EQ(r->sites()[0].function, "f");
   EXPECT_FALSE(r->complete());
+}
+
+TEST(TraceStoreTest, StacksAndTheHitsNamingThemRoundTrip) {
+  TempDir dir;
+  const std::string path = dir.File("stacks.kwdb");
+  auto w = NewWriter(path);
+  const StackRecord deep{1,
+                         {{
+                              RemoteAddr{0x1000},
+                              "tick",
+                              0,
+                              "t.c",
+                              17,
+                          },
+                          {RemoteAddr{0x2010}, "run", 15, "t.c", 25},
+                          {RemoteAddr{0x3020}, "", 0, "", 0}}};
+  const StackRecord shallow{2, {{RemoteAddr{0x1000}, "tick", 0, "t.c", 17}}};
+  ASSERT_TRUE(w->AddStack(deep).ok());
+  ASSERT_TRUE(w->AddStack(shallow).ok());
+  ASSERT_TRUE(w->AddStack(deep).ok());  // an id already added: ignored
+  HitRecord a{1, 2, 2, 0, 1, RemoteAddr{0x1000}, false, {{"i", "1"}}, 1};
+  HitRecord b{2, 2, 2, 0, 1, RemoteAddr{0x1000}, false, {{"i", "2"}}, 2};
+  HitRecord c{3, 2, 2, 0, 1, RemoteAddr{0x1000}, false, {{"i", "3"}}, 0};
+  ASSERT_TRUE(w->AppendHit(a).ok());
+  ASSERT_TRUE(w->AppendHit(b).ok());
+  ASSERT_TRUE(w->AppendHit(c).ok());
+  ASSERT_TRUE(w->Flush().ok());
+  auto r = OpenOk(path);
+  ASSERT_NE(r, nullptr);
+  const absl::StatusOr<std::vector<StackRecord>> stacks = r->Stacks();
+  ASSERT_TRUE(stacks.ok()) << stacks.status();
+  EXPECT_EQ(*stacks, (std::vector<StackRecord>{deep, shallow}));
+  std::vector<HitRecord> hits;
+  ASSERT_TRUE(r->ForEachHit({}, [&](const HitRecord& h) {
+                 hits.push_back(h);
+                 return true;
+               }).ok());
+  EXPECT_EQ(hits, (std::vector<HitRecord>{a, b, c}));
 }
 
 // The writer's process dies by SIGKILL after committing a known number of batches and with
@@ -899,7 +937,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 5");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 6");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {
