@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -133,7 +134,7 @@ absl::Status ParsePerProbeCount(const std::string& text, const std::string& opti
     number = absl::string_view(text).substr(colon + 1);
   }
   uint64_t n = 0;
-  if (!absl::SimpleAtoi(number, &n) || (event.empty() && text.find(':') != std::string::npos)) {
+  if (!absl::SimpleAtoi(number, &n) || (event.empty() && absl::StrContains(text, ':'))) {
     return absl::InvalidArgumentError(
         absl::StrCat(option, " '", text, "': expected N or EVENT:N (N a whole number)"));
   }
