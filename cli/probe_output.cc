@@ -95,10 +95,15 @@ watch::probe::ProbePath PathOf(const ProbeSummary& s, uint32_t id) {
 
 // What the filter did with `p`'s hits: "if i > 1: 3 of 10 hits matched", the hits --skip
 // ignored and those after -c EVENT:N.
-void PrintFilterLines(FILE* out, const ProbeDef& p, const watch::probe::ProbeFilterStats& f) {
+void PrintFilterLines(FILE* out, const ProbeDef& p, const watch::probe::ProbeFilterStats& f,
+                      uint64_t lost) {
   if (!p.condition.empty()) {
     std::string line = absl::StrFormat("    if %s: %d of %d hit%s matched", p.condition, f.matched,
                                        f.seen, f.seen == 1 ? "" : "s");
+    if (lost > 0) {
+      // The condition runs in kwatch, on the hits it receives: a full ring's are not tested.
+      absl::StrAppend(&line, " (", lost, " lost in full rings were not tested)");
+    }
     if (f.condition.has_value() && f.condition->missing_value > 0) {
       absl::StrAppend(&line, ", ", f.condition->missing_value,
                       " without a value (not read: not matched)");
@@ -277,7 +282,7 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                     st.faults, st.faults == 1 ? "" : "s");
     }
     if (s.filter != nullptr) {
-      PrintFilterLines(out, p, s.filter->stats(p.id));
+      PrintFilterLines(out, p, s.filter->stats(p.id), st.lost);
     }
     for (const HitTally::ArgTally& t : s.tally.args(p.id)) {
       std::string line = absl::StrFormat("    %-16s %s%d distinct:", t.name, t.other > 0 ? ">" : "",
