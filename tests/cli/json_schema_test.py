@@ -87,8 +87,8 @@ def main():
             ("probe agent", ["probe", "-o", probe_rec, "--agg", "count() by tid", "--agg",
                              "tick:hist(i)", "tick i r->len", "tick%return $retval",
                              "--"] + loop, "probe", loop_out),
-            ("probe ptrace", ["probe", "--backend", "ptrace", "tick i", "tick%return $retval",
-                              "--"] + loop, "probe", loop_out),
+            ("probe ptrace", ["probe", "--backend", "ptrace", "--stack", "tick i if i % 2 == 0",
+                              "tick%return $retval $duration", "--"] + loop, "probe", loop_out),
             ("probe uprobe", ["probe", "--backend", "uprobe", "tick i", "--"] + loop, "probe",
              loop_out),
             ("probe hw", ["probe", "--hw", "tick i", "--"] + loop, "probe", loop_out),
@@ -199,6 +199,7 @@ EXERCISED = {
     "page syscalls": ["kernel"],
     "kernel": ["stack"],
     "probe agent": ["return_address", "caller", "low", "value"],
+    "probe ptrace": ["stack", "condition", "matched", "$duration"],
     "probe uprobe": ["kernel_count"],
     "probe hw": ["debug_register", "stray_traps"],
 }
