@@ -43,8 +43,10 @@ core::symbols::CodeLocation FrameAt(const PrinterOptions& o, const std::vector<c
   return none;
 }
 
-std::string FrameText(const core::symbols::CodeLocation& loc) {
-  return loc.function.empty() ? Hex(loc.ip.value) : core::symbols::Symbolizer::Format(loc);
+// A frame as text: where it is, or its own address (a return address as the stack holds it,
+// as gdb prints it) without a symbol.
+std::string FrameText(const core::symbols::CodeLocation& loc, core::RemoteAddr frame) {
+  return loc.function.empty() ? Hex(frame.value) : core::symbols::Symbolizer::Format(loc);
 }
 
 std::string ExitText(const ProbeRunInfo& info) {
@@ -228,7 +230,8 @@ std::string ProbeTextPrinter::Line(const ProbeHit& hit) const {
   }
   line += '\n';
   for (size_t i = 0; opts().show_stack && i < hit.stack.size(); ++i) {
-    absl::StrAppendFormat(&line, "    #%-2d %s\n", i, FrameText(FrameAt(opts(), hit.stack, i)));
+    absl::StrAppendFormat(&line, "    #%-2d %s\n", i,
+                          FrameText(FrameAt(opts(), hit.stack, i), hit.stack[i]));
   }
   return line;
 }

@@ -56,14 +56,15 @@ class Cursor {
     }
     return false;
   }
-  // A name as probes write their arguments: letters, digits, _ $ and paths (-> . [N]).
+  // A name as probes write their arguments: letters, digits, _ $ and paths (-> . [N]), or a
+  // register (%di).
   std::string Name() {
     SkipBlanks();
     const size_t start = pos_;
     while (pos_ < text_.size()) {
       const char c = text_[pos_];
       if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '.' ||
-          c == '[' || c == ']') {
+          c == '[' || c == ']' || (c == '%' && pos_ == start)) {
         ++pos_;
       } else if (c == '-' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '>') {
         pos_ += 2;
