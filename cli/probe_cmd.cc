@@ -221,9 +221,10 @@ int ProbeMain(const std::vector<std::string>& argv) {
   app.add_option("--agg", aggs,
                  "Aggregate the hits taken: count(), sum(X), min(X), max(X), avg(X), hist(X) "
                  "(power-of-two buckets), lhist(X, MIN, MAX, STEP), optionally `by KEY[,KEY]` "
-                 "(tid, pid, cpu, comm, an argument); X an argument, tid, pid or cpu; EVENT: "
+                 "(tid, pid, cpu, comm, ustack, an argument); X an argument, a register, tid, "
+                 "pid, cpu, or $duration on a %return probe (ns since the call's entry); EVENT: "
                  "first applies it to one probe. Printed at the end (JSON: "
-                 "{\"type\":\"aggregate\"} lines)")
+                 "{\"type\":\"aggregate\"} lines), recorded with -o")
       ->allow_extra_args(false)
       ->type_name("[EVENT:]FUNC(X) [by KEY]");
   app.add_option("--interval", opts.interval,
@@ -265,7 +266,8 @@ int ProbeMain(const std::vector<std::string>& argv) {
                  "Return probes (ptrace): calls tracked at once; more count as nmissed "
                  "(default 256)");
   app.add_option("--stack-bytes", opts.session.stack_bytes,
-                 "uprobe: bytes of user stack sampled per hit, from %sp up")
+                 "uprobe: bytes of user stack sampled per hit, from %sp up; with --stack, the "
+                 "bytes the agent and the uprobe sample copy for unwinding (at least 8192)")
       ->check(CLI::Range(8, 65528))
       ->capture_default_str();
   app.add_option("--ring-pages", opts.session.ring_pages,
