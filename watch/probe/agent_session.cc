@@ -450,7 +450,7 @@ absl::Status AgentSession::Start() {
   ProbeNote armed;
   armed.kind = ProbeNote::Kind::kArmed;
   armed.backend = backend();
-  armed.count = set().probes.size();
+  armed.count = UserProbes(set());
   armed.pid = pid_;
   armed.path = set().path;
   if (ctl_->agent().copied) {

@@ -177,7 +177,7 @@ absl::Status HwSession::Arm() {
   ProbeNote armed;
   armed.kind = ProbeNote::Kind::kArmed;
   armed.backend = backend();
-  armed.count = set().probes.size();
+  armed.count = UserProbes(set());
   armed.pid = proc_->pid();
   armed.path = set().path;
   armed.ms = static_cast<double>(arm_ns) / 1e6;

@@ -161,6 +161,11 @@ absl::Status CheckCondition(const ProbeDef& def) {
 
 }  // namespace
 
+size_t UserProbes(const ProbeSet& set) {
+  return static_cast<size_t>(std::count_if(set.probes.begin(), set.probes.end(),
+                                           [](const ProbeDef& d) { return !d.internal(); }));
+}
+
 std::string ProbeDef::Location() const {
   if (point.is_return) {
     return point.function.empty() ? absl::StrCat(point.Where(), "%return")

@@ -66,6 +66,9 @@ struct ProbeSet {
   std::vector<ProbeDef> probes;
 };
 
+// The probes of `set` the user asked for (not the internal entries $duration adds).
+size_t UserProbes(const ProbeSet& set);
+
 // Opens `path` and resolves every spec. A spec may end with `if COND` (a condition over its
 // arguments by name, tid, pid, cpu and comm, watch/condition.h; names it does not list as
 // arguments are fetched as hidden ones: DWARF variables, $retval). Errors are for people: a bad

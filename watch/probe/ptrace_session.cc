@@ -261,7 +261,7 @@ void PtraceSession::Rearm(core::ptrace::Process& proc, core::probe::Int3Engine& 
     }
     if (s.ok()) {
       n.rearm = ProbeNote::Rearm::kDone;
-      n.count = set().probes.size();
+      n.count = UserProbes(set());
     } else {
       n.rearm = ProbeNote::Rearm::kFailed;
       n.why = std::string{s.message()};
@@ -284,7 +284,7 @@ absl::Status PtraceSession::Arm() {
   ProbeNote armed;
   armed.kind = ProbeNote::Kind::kArmed;
   armed.backend = backend();
-  armed.count = set().probes.size();
+  armed.count = UserProbes(set());
   armed.pid = proc_->pid();
   armed.path = set().path;
   Note(armed);

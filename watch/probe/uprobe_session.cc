@@ -282,7 +282,7 @@ absl::Status UprobeSession::Start() {
   ProbeNote armed;
   armed.kind = ProbeNote::Kind::kArmed;
   armed.backend = backend();
-  armed.count = set().probes.size();
+  armed.count = UserProbes(set());
   armed.pid = pid_ > 0 ? pid_ : 0;
   armed.path = set().path;
   Note(armed);
