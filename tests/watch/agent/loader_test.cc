@@ -340,8 +340,11 @@ TEST(PickLoadThread, RefusesAThreadInsideTheLoaderAndTakesAnother) {
                   HasSubstr(absl::StrCat("thread ", (*target)->pid(),
                                          " is inside dl_iterate_phdr (libc)")));
     }
+    // SIGUSR1 while the target is stopped: its handler runs before the loop in the callback
+    // checks again. Sent after the detach, it could land between that check and pause(), and
+    // the target would wait forever (once in a full ctest under load).
+    ASSERT_EQ(::kill((*target)->pid(), SIGUSR1), 0);
     ASSERT_TRUE((*proc)->Detach().ok());
-    ::kill((*target)->pid(), SIGUSR1);
     auto done = (*target)->Finish();
     ASSERT_TRUE(done.ok());
     EXPECT_EQ(done->out, absl::StrCat("ready\njoined ", workers, "\n"));
