@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "core/symbols/symbolizer.h"
+#include "watch/probe/hit_stacks.h"
 #include "watch/profile/report_render.h"
 #include "watch/value_text.h"
 
@@ -113,12 +114,6 @@ std::string JsonString(absl::string_view s) {
 
 namespace {
 
-// Frame 0 is where the thread stopped; the others are return addresses, looked up one byte
-// back to name the call (which may be the caller's last instruction).
-core::RemoteAddr FrameLookup(const std::vector<core::RemoteAddr>& frames, size_t i) {
-  return i == 0 ? frames[i] : core::RemoteAddr{frames[i].value - 1};
-}
-
 // `,"stack":[...]` for an event with a backtrace, else "". Frame 0 is the accessing
 // instruction (the thread stopped after it).
 std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev) {
@@ -130,7 +125,7 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
   for (size_t i = 0; i < frames->size(); ++i) {
     const core::RemoteAddr at = i == 0 ? ev.ip : (*frames)[i];
     const core::symbols::CodeLocation& f =
-        session.symbolizer().Locate(i == 0 ? ev.ip : FrameLookup(*frames, i));
+        session.symbolizer().Locate(i == 0 ? ev.ip : watch::probe::FrameLookupAddress(*frames, i));
     absl::StrAppendFormat(&s,
                           "%s{\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
                           "\"line\":%d}",
@@ -284,7 +279,7 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
                 field, value, SiteText(loc, ev.ip));
   if (const std::vector<core::RemoteAddr>* frames = session.stack(ev.stack_id)) {
     for (size_t i = 0; i < frames->size(); ++i) {
-      const core::RemoteAddr at = i == 0 ? ev.ip : FrameLookup(*frames, i);
+      const core::RemoteAddr at = i == 0 ? ev.ip : watch::probe::FrameLookupAddress(*frames, i);
       const core::symbols::CodeLocation& f = session.symbolizer().Locate(at);
       absl::FPrintF(out_, "    #%-2d %s\n", i, SiteText(f, at));
     }

@@ -17,6 +17,7 @@
 #include "cli/output.h"
 #include "cli/probe_notes.h"
 #include "watch/probe/aggregate_output.h"
+#include "watch/probe/hit_stacks.h"
 
 namespace kwatch::cli {
 
@@ -30,11 +31,10 @@ std::string Hex(uint64_t v) {
 
 constexpr size_t kFlushBytes = size_t{64} * 1024;
 
-// Where frame `i` of a --stack is: frame 0 is the hit's own address, the others are return
-// addresses, looked up one byte back to name the call (it may be the caller's last instruction).
+// Where frame `i` of a --stack is (watch::probe::FrameLookupAddress).
 core::symbols::CodeLocation FrameAt(const PrinterOptions& o, const std::vector<core::RemoteAddr>& f,
                                     size_t i) {
-  const core::RemoteAddr at = i == 0 ? f[i] : core::RemoteAddr{f[i].value - 1};
+  const core::RemoteAddr at = watch::probe::FrameLookupAddress(f, i);
   if (o.locate) {
     return o.locate(at);
   }

@@ -338,15 +338,11 @@ absl::StatusOr<ChromeTraceCounts> WriteChromeTrace(const core::store::TraceReade
   trace.Open();
   Tracks tracks(reader, trace, counts);
 
+  const core::store::HitFilter hf = HitFilterOf(reader, opts.slice);
   core::store::EventFilter ef;
-  core::store::HitFilter hf;
-  if (opts.slice.from_s.has_value()) {
-    ef.from_ns = hf.from_ns = start + static_cast<uint64_t>(*opts.slice.from_s * 1e9);
-  }
-  if (opts.slice.to_s.has_value()) {
-    ef.to_ns = hf.to_ns = start + static_cast<uint64_t>(*opts.slice.to_s * 1e9);
-  }
-  ef.tid = hf.tid = opts.slice.tid;
+  ef.from_ns = hf.from_ns;
+  ef.to_ns = hf.to_ns;
+  ef.tid = hf.tid;
 
   FieldFinder fields(reader);
   Counters counters(trace, counts, fields, reader.session().pid, start,

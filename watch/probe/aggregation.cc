@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "core/base/status_macros.h"
 #include "watch/probe/hit_filter.h"
+#include "watch/probe/hit_stacks.h"
 
 namespace kwatch::watch::probe {
 
@@ -102,10 +103,6 @@ class Cursor {
   const std::string& text_;
   size_t pos_ = 0;
 };
-
-bool IsBuiltin(const std::string& name) {
-  return IsHitBuiltin(name);
-}
 
 uint64_t BuiltinOf(const ProbeHit& hit, const std::string& name) {
   if (name == "tid") {
@@ -230,7 +227,7 @@ std::vector<FetchFor> NamesToFetch(const std::vector<AggregationSpec>& specs) {
   for (const AggregationSpec& s : specs) {
     auto add = [&](const std::string& n) {
       const FetchFor f{s.event, n};
-      if (!n.empty() && !IsBuiltin(n) && n != kUstack &&
+      if (!n.empty() && !IsHitBuiltin(n) && n != kUstack &&
           std::find(names.begin(), names.end(), f) == names.end()) {
         names.push_back(f);
       }
@@ -260,7 +257,7 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
       t.probe = &def;
       t.spec = &spec;
       if (!spec.value.empty()) {
-        if (IsBuiltin(spec.value)) {
+        if (IsHitBuiltin(spec.value)) {
           b.value_builtin = spec.value;
         } else if (spec.value == kDurationName && def.duration) {
           b.value_arg = static_cast<int>(def.args.size());  // the filter appends it
@@ -284,8 +281,8 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Make(const std::vector<P
         }
       }
       for (const std::string& key : spec.keys) {
-        const int index = IsBuiltin(key) || key == kUstack ? -1 : ArgIndex(def, key);
-        if (index < 0 && !IsBuiltin(key) && key != kUstack) {
+        const int index = IsHitBuiltin(key) || key == kUstack ? -1 : ArgIndex(def, key);
+        if (index < 0 && !IsHitBuiltin(key) && key != kUstack) {
           return absl::InvalidArgumentError(absl::StrCat("--agg '", spec.text, "': probe ",
                                                          def.point.event, " has no key '", key,
                                                          "' (it has: ", ShownArgs(def), ", comm)"));
@@ -316,8 +313,7 @@ std::string Aggregator::FoldedStack(const std::vector<core::RemoteAddr>& stack) 
   }
   std::string out;
   for (size_t i = stack.size(); i-- > 0;) {
-    // Return addresses are looked up one byte back: the call may end its function.
-    const core::RemoteAddr at = i == 0 ? stack[i] : core::RemoteAddr{stack[i].value - 1};
+    const core::RemoteAddr at = FrameLookupAddress(stack, i);
     std::string name;
     if (locate_) {
       name = locate_(at).function;

@@ -4,6 +4,7 @@
 #include "core/base/remote_addr.h"
 #include "core/base/status_macros.h"
 #include "core/store/trace_records.h"
+#include "watch/probe/hit_stacks.h"
 
 namespace kwatch::watch::probe {
 
@@ -80,9 +81,7 @@ absl::StatusOr<uint32_t> HitRecorder::StackId(const std::vector<core::RemoteAddr
     core::store::StackFrameRecord f;
     f.ip = stack[i];
     if (locate_) {
-      // Return addresses are looked up one byte back: the call may end its function.
-      const core::symbols::CodeLocation loc =
-          locate_(i == 0 ? stack[i] : core::RemoteAddr{stack[i].value - 1});
+      const core::symbols::CodeLocation loc = locate_(FrameLookupAddress(stack, i));
       f.function = loc.function;
       f.offset = loc.offset;
       f.file = loc.file;

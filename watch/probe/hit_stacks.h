@@ -20,6 +20,13 @@
 
 namespace kwatch::watch::probe {
 
+// Where frame `i` of an unwound stack is looked up: frame 0 is where the thread stopped; the
+// others are return addresses, looked up one byte back to name the call (it may be the
+// caller's last instruction).
+inline core::RemoteAddr FrameLookupAddress(const std::vector<core::RemoteAddr>& frames, size_t i) {
+  return i == 0 ? frames[i] : core::RemoteAddr{frames[i].value - 1};
+}
+
 // Not thread-safe.
 class HitStacks {
  public:
