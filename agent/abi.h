@@ -25,7 +25,7 @@
 namespace kwatch::agent {
 
 inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
-inline constexpr uint32_t kKwAbiVersion = 5;
+inline constexpr uint32_t kKwAbiVersion = 6;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -115,6 +115,11 @@ struct alignas(64) KwControl {
   uint32_t process_capacity;
   uint32_t reserved1;
   std::atomic<uint64_t> forks_followed;  // fork children that kept their probes (the agent)
+
+  // The aggregations' area ("Aggregations" below): KwAggregate headers and their rows, placed
+  // by kwatch before it publishes their probes. 0 bytes: none.
+  uint64_t aggs_offset;
+  uint64_t aggs_bytes;
 };
 
 // KwControl::init_error: the step of kwatch_agent_init that failed (its return value is the
@@ -238,6 +243,14 @@ struct alignas(64) KwProbe {
   // The fetch program (KwFetchOp[], in the code pool) run at each hit.
   uint32_t fetch_offset;  // ops from code_offset
   uint32_t fetch_len;     // ops
+  // The filter program (a probe's `if COND`, "Filter programs" below), right after the fetch
+  // program in the pool (ops from code_offset); 0 ops: every hit is taken. Run before the
+  // record is written: a hit it rejects writes nothing and counts in filtered/filter_*.
+  uint32_t filter_offset;
+  uint32_t filter_len;
+  // The probe's first aggregation (KwAggregate): its byte offset in the aggregations' area + 1
+  // (0: none). Each hit the filter takes is aggregated, before its record is written.
+  uint32_t agg;
   uint32_t record_bytes;  // upper bound of the payload a hit writes (kwatch computes)
   // Return probes: calls tracked at once, all threads together (0: kKwDefaultMaxActive), as
   // core's Int3Engine; a thread also tracks at most kKwMaxInstances (the rest: nmissed).
@@ -256,6 +269,10 @@ struct alignas(64) KwProbe {
   std::atomic<uint64_t> lost;       // records dropped because the thread's ring was full
   std::atomic<uint64_t> faults;     // fetches that touched unreadable memory (value: fault)
   std::atomic<uint64_t> abandoned;  // return instances dropped (longjmp, exceptions)
+  // The filter program's verdicts on hits it rejected (taken hits count in `hits`):
+  std::atomic<uint64_t> filtered;         // the condition was false
+  std::atomic<uint64_t> filter_no_value;  // a value it reads faulted (not matched)
+  std::atomic<uint64_t> filter_div0;      // it divided by zero (not matched)
 };
 static_assert(sizeof(KwProbe) == 192);
 
@@ -333,6 +350,125 @@ enum KwFetchOpcode : uint16_t {
   kKwOpTls = 12,      // acc = the thread's fs base
   kKwOpComm = 13,     // copy the thread's name (prctl PR_GET_NAME), before its NUL, at most 15
 };
+
+// ---------------------------------------------------------------------------------------
+// Filter programs: a probe's condition (`kwatch probe 'f x if x > 1'`), compiled by kwatch
+// from watch::Condition's bytecode (watch/probe/agent_filter.h), run at each hit before the
+// record is written. A stack machine of 64-bit words (at most kKwFilterStack deep) plus the
+// fetch programs' accumulator: the acc ops (kKwOpReg, Imm, Add, Deref, Tls) compute a value's
+// raw bytes, kKwFilterPushAcc pushes it as the argument's type reads it. Semantics are
+// watch::Condition's: arithmetic wraps modulo 2^64, signed operators on two's complement, a
+// shift by 64 or more gives 0 (or -1 for a negative value's arithmetic shift).
+// Verdicts: the top of the stack at kKwFilterEnd is non-zero: the hit is taken. A faulting
+// kKwOpDeref: no value (KwProbe::filter_no_value). A '/' or '%' by 0: KwProbe::filter_div0.
+// An op or operand the agent refuses counts as no value (a kwatch bug).
+inline constexpr uint32_t kKwFilterStack = 32;
+
+enum KwFilterOpcode : uint16_t {
+  kKwFilterEnd = 32,          // the verdict: top != 0
+  kKwFilterPushAcc = 33,      // push acc as a value: see below
+  kKwFilterPushImm = 34,      // push imm
+  kKwFilterPushTid = 35,      // push the thread's id (the target's pid namespace)
+  kKwFilterPushPid = 36,      // push the process's id (the target's pid namespace)
+  kKwFilterUnary = 37,        // top = a(top), a: KwFilterOperator
+  kKwFilterBinary = 38,       // x = pop; top = a(top, x)
+  kKwFilterJumpZero = 39,     // top == 0: jump to op b (of this program), keeping it; else pop
+  kKwFilterJumpNonZero = 40,  // top != 0: top = 1, jump to op b; else pop
+  kKwFilterToBool = 41,       // top = (top != 0)
+};
+// kKwFilterPushAcc: acc holds the value's little-endian bytes zero-extended; the value is
+// ((acc & raw_mask) >> shift) & mask(a bits), sign-extended from a bits when imm & 1, where
+// b = raw_bits | shift << 8 (raw_bits 1..64: the bytes the record would hold, times 8).
+// This is how kwatch shows the argument (core/probe/fetch_format's FormatFetchScalar).
+enum KwFilterOperator : uint16_t {
+  kKwFilterNeg = 0,
+  kKwFilterNot,
+  kKwFilterBitNot,
+  kKwFilterMul,
+  kKwFilterDivU,
+  kKwFilterDivS,
+  kKwFilterModU,
+  kKwFilterModS,
+  kKwFilterAdd,
+  kKwFilterSub,
+  kKwFilterShl,
+  kKwFilterShrU,
+  kKwFilterShrS,
+  kKwFilterLtU,
+  kKwFilterLtS,
+  kKwFilterLeU,
+  kKwFilterLeS,
+  kKwFilterGtU,
+  kKwFilterGtS,
+  kKwFilterGeU,
+  kKwFilterGeS,
+  kKwFilterEq,
+  kKwFilterNe,
+  kKwFilterAnd,
+  kKwFilterXor,
+  kKwFilterOr,
+  kKwFilterOperatorCount
+};
+
+// ---------------------------------------------------------------------------------------
+// Aggregations in the target (`kwatch probe --agg 'hist(x) by tid'`, watch/probe/
+// agent_aggregation.h): each hit a probe takes updates its aggregations' rows in the shared
+// memory, so that they count every hit however fast the program runs (records may be lost,
+// aggregations are not). Values and keys are filter programs (the same machine) whose top at
+// kKwFilterEnd is the value or the key; a key program that ends without a value gives the
+// row of the faulted key (KwAggRow::flags), a value program the no_value count.
+//
+// Rows: open addressing by key (hash = key * 0x9E3779B97F4A7C15 >> shift, linear probing). A
+// thread claims a free row (state 0 -> 1, CAS), writes key, flags, min and max (its value),
+// then state 2 (release); then every update is an atomic add (count, sum, the bucket) or a CAS
+// loop (min, max). A row being claimed by another thread (state 1) is waited for a bounded
+// time, then passed over: a key may then hold two rows, which kwatch adds together.
+
+enum KwAggFunc : uint32_t {
+  kKwAggCount = 0,  // count only (count())
+  kKwAggStats = 1,  // count, sum, min, max of the value (sum, min, max, avg)
+  kKwAggHist = 2,   // and power-of-two buckets: word 0 values < 0 (signed), 1 the value 0,
+                    // k + 1 the values in [2^(k-1), 2^k) (k = 1..64)
+  kKwAggLhist = 3,  // and linear buckets: word 0 below low, 1 + (v - low) / step up to high,
+                    // then one for high and above (buckets = that count + 2)
+};
+
+enum KwAggFlags : uint32_t {
+  kKwAggSigned = 1U << 0,  // min, max and buckets read the value as int64
+};
+
+struct alignas(64) KwAggregate {
+  uint32_t func;          // KwAggFunc
+  uint32_t flags;         // KwAggFlags
+  uint32_t next;          // the probe's next aggregation: byte offset in the area + 1 (0: none)
+  uint32_t buckets;       // bucket words per row (0 unless hist or lhist)
+  uint32_t value_offset;  // ops from code_offset: the value's program (0 ops: count())
+  uint32_t value_len;
+  uint32_t key_offset;  // ops from code_offset: the key's program (0 ops: one row, key 0)
+  uint32_t key_len;
+  int64_t low;            // lhist
+  int64_t high;           // lhist
+  int64_t step;           // lhist (> 0)
+  uint64_t rows;          // byte offset in the area of the rows
+  uint32_t row_capacity;  // power of two
+  uint32_t row_bytes;     // sizeof(KwAggRow) + 8 * buckets
+  // The agent counts (relaxed):
+  std::atomic<uint64_t> no_value;  // hits whose value could not be read: not aggregated
+  std::atomic<uint64_t> no_row;    // hits of a new key with every row taken: not aggregated
+};
+static_assert(sizeof(KwAggregate) == 128);
+
+struct KwAggRow {
+  std::atomic<uint32_t> state;  // 0 free, 1 being claimed, 2 ready (the agent)
+  uint32_t flags;               // 1: the key's program faulted (its value is 0)
+  uint64_t key;
+  std::atomic<uint64_t> count;
+  std::atomic<uint64_t> sum;  // wraps modulo 2^64
+  std::atomic<uint64_t> min;
+  std::atomic<uint64_t> max;
+  // then KwAggregate::buckets std::atomic<uint64_t> words
+};
+static_assert(sizeof(KwAggRow) == 48);
 
 struct KwFetchOp {
   uint16_t op;  // KwFetchOpcode

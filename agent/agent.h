@@ -34,6 +34,8 @@ struct Session {
   uint8_t* rings = nullptr;
   KwPatch* patches = nullptr;
   KwProcess* processes = nullptr;
+  uint8_t* aggs = nullptr;  // the aggregations' area (aggs_bytes)
+  uint64_t aggs_bytes = 0;
   uint32_t probe_capacity = 0;
   uint32_t hash_capacity = 0;
   uint32_t hash_shift = 0;
@@ -176,6 +178,23 @@ extern "C" uint64_t kw_return_hit(KwRegs* regs);  // NOLINT(readability-identifi
 // counts faults.
 uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const uint8_t* xmm,
                   uint8_t* out, uint32_t limit, uint16_t* flags);
+// The accumulator ops fetch and filter programs share (kKwOpReg, Imm, Add, Deref, Tls) applied
+// to `acc`; kNotAcc leaves it alone for the caller's own ops.
+enum class AccStep : uint8_t { kDone, kFault, kInvalid, kNotAcc };
+AccStep StepAcc(const KwFetchOp& op, const KwRegs& regs, uint64_t& acc);
+
+// ---- filter.cc: filter programs (abi.h "Filter programs").
+// Runs the program of `count` ops at `first` (ops from the code pool): the top of its stack at
+// kKwFilterEnd (kValue), or why there is none.
+enum class EvalResult : uint8_t { kValue, kNoValue, kDivZero };
+EvalResult RunProgram(const Session& s, uint32_t first, uint32_t count, const KwRegs& regs,
+                      int32_t tid, uint64_t& top);
+// True when the hit is taken (no program, or it held); else counts the verdict in the probe's
+// filter counters.
+bool RunFilter(const Session& s, KwProbe& probe, const KwRegs& regs, int32_t tid);
+
+// ---- aggregate.cc: the probe's aggregations (abi.h "Aggregations") updated for a hit it took.
+void RunAggregates(const Session& s, const KwProbe& probe, const KwRegs& regs, int32_t tid);
 
 // ---- trap.cc: the SIGTRAP path. True when the trap was the agent's (handled: rip set).
 bool HandleTrap(const siginfo_t* info, ucontext_t* uc);

@@ -128,6 +128,40 @@ uint64_t ZeroExtend(uint64_t v, uint32_t bytes) {
 
 }  // namespace
 
+AccStep StepAcc(const KwFetchOp& op, const KwRegs& regs, uint64_t& acc) {
+  switch (op.op) {
+    case kKwOpReg:
+      if (op.a >= kKwRegCount || op.b == 0 || op.b > 8) {
+        return AccStep::kInvalid;
+      }
+      acc = ZeroExtend(RegValue(regs, op.a), op.b);
+      return AccStep::kDone;
+    case kKwOpImm:
+      acc = static_cast<uint64_t>(op.imm);
+      return AccStep::kDone;
+    case kKwOpAdd:
+      acc += static_cast<uint64_t>(op.imm);
+      return AccStep::kDone;
+    case kKwOpDeref: {
+      const uint32_t n = op.b == 0 ? 8 : op.b;
+      if (n > 8) {
+        return AccStep::kInvalid;
+      }
+      uint64_t v = 0;
+      if (!(n == 8 ? SafeRead8(acc, &v) : SafeRead(acc, &v, n))) {
+        return AccStep::kFault;
+      }
+      acc = v;  // little-endian: the n bytes, zero-extended
+      return AccStep::kDone;
+    }
+    case kKwOpTls:
+      acc = regs.fs_base;
+      return AccStep::kDone;
+    default:
+      return AccStep::kNotAcc;
+  }
+}
+
 uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const uint8_t* xmm,
                   uint8_t* out, uint32_t limit, uint16_t* flags) {
   const uint32_t first = probe.fetch_offset;
@@ -163,37 +197,19 @@ uint32_t RunFetch(const Session& s, KwProbe& probe, const KwRegs& regs, const ui
     if (skip || !w.Open()) {
       continue;
     }
+    switch (StepAcc(op, regs, acc)) {
+      case AccStep::kDone:
+        continue;
+      case AccStep::kFault:
+        fail(kStatusFault);
+        continue;
+      case AccStep::kInvalid:
+        fail(kStatusInvalid);
+        continue;
+      case AccStep::kNotAcc:
+        break;
+    }
     switch (op.op) {
-      case kKwOpReg:
-        if (op.a >= kKwRegCount || op.b == 0 || op.b > 8) {
-          fail(kStatusInvalid);
-          break;
-        }
-        acc = ZeroExtend(RegValue(regs, op.a), op.b);
-        break;
-      case kKwOpImm:
-        acc = static_cast<uint64_t>(op.imm);
-        break;
-      case kKwOpAdd:
-        acc += static_cast<uint64_t>(op.imm);
-        break;
-      case kKwOpDeref: {
-        const uint32_t n = op.b == 0 ? 8 : op.b;
-        if (n > 8) {
-          fail(kStatusInvalid);
-          break;
-        }
-        uint64_t v = 0;
-        if (!(n == 8 ? SafeRead8(acc, &v) : SafeRead(acc, &v, n))) {
-          fail(kStatusFault);
-          break;
-        }
-        acc = v;  // little-endian: the n bytes, zero-extended
-        break;
-      }
-      case kKwOpTls:
-        acc = regs.fs_base;
-        break;
       case kKwOpComm: {
         // The name at the hit: the thread may be gone (and its /proc entry) by the drain.
         std::array<char, 16> name{};

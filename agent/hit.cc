@@ -128,6 +128,33 @@ void Record(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, uint16_t
   Bump(probe.hits);
 }
 
+// The thread's id, learnt once (a system call; tests/agent allows it here).
+__attribute__((noinline)) void LearnTid(ThreadState& t) {
+  t.tid = static_cast<int32_t>(SysGettid());
+}
+
+// The probe's filter program (none: every hit is taken).
+inline bool Filter(const Session& s, ThreadState& t, KwProbe& probe, const KwRegs& regs) {
+  if (probe.filter_len == 0) {
+    return true;
+  }
+  if (t.tid == 0) {
+    LearnTid(t);
+  }
+  return RunFilter(s, probe, regs, t.tid);
+}
+
+// The probe's aggregations, for a hit it took.
+inline void Aggregate(const Session& s, ThreadState& t, const KwProbe& probe, const KwRegs& regs) {
+  if (probe.agg == 0) {
+    return;
+  }
+  if (t.tid == 0) {
+    LearnTid(t);
+  }
+  RunAggregates(s, probe, regs, t.tid);
+}
+
 void Abandon(Session* s, const KwInstance& inst) {
   if ((inst.flags & kInstanceUncounted) != 0 || s == nullptr ||
       inst.probe_index >= s->probe_capacity) {
@@ -227,7 +254,8 @@ void RunProbes(Session& s, uint32_t index, KwRegs& regs, const uint8_t* xmm) {
         Bump(p.missed);
       } else if ((flags & kKwProbeReturn) != 0) {
         ArmReturn(s, t, p, i, regs, arm);
-      } else {
+      } else if (Filter(s, t, p, regs)) {
+        Aggregate(s, t, p, regs);
         Record(s, t, p, i, kKwRecordHit, regs, xmm, tsc, p.addr, 0);
       }
     }
@@ -275,6 +303,10 @@ bool PopReturn(Session* s, ThreadState& t, KwInstance* stack, uint32_t* count, u
     p.active.fetch_sub(1, std::memory_order_relaxed);
     const uint32_t flags = p.flags.load(std::memory_order_acquire);
     if (record && (flags & kKwProbeEnabled) != 0) {
+      if (!Filter(*s, t, p, regs)) {
+        continue;
+      }
+      Aggregate(*s, t, p, regs);
       Record(*s, t, p, inst.probe_index, kKwRecordReturn, regs, nullptr, tsc, inst.function, real);
     } else {
       Bump(p.missed);

@@ -74,6 +74,9 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   if (!Fits(size, c.processes_offset, c.process_capacity, sizeof(KwProcess))) {
     return false;
   }
+  if (c.aggs_bytes > 0 && !Fits(size, c.aggs_offset, c.aggs_bytes, 1)) {
+    return false;
+  }
   auto* base = reinterpret_cast<uint8_t*>(const_cast<KwControl*>(&c));
   s.base = base;
   s.size = size;
@@ -85,6 +88,8 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   s.rings = base + c.rings_offset;
   s.patches = reinterpret_cast<KwPatch*>(base + c.patches_offset);
   s.processes = reinterpret_cast<KwProcess*>(base + c.processes_offset);
+  s.aggs = c.aggs_bytes > 0 ? base + c.aggs_offset : nullptr;
+  s.aggs_bytes = c.aggs_bytes;
   s.probe_capacity = c.probe_capacity;
   s.hash_capacity = c.hash_capacity;
   s.hash_shift = 64 - static_cast<uint32_t>(__builtin_ctzll(c.hash_capacity));

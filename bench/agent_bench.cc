@@ -10,6 +10,10 @@
 //  - AgentJumpHit: a jump probe with two register arguments through a trampoline written
 //    as docs/agent.md specifies (kwt_tramp): the whole call, trampoline included.
 //  - AgentJumpHitDeref: the same with a third argument read through a pointer (safe read).
+//  - AgentJumpFilteredOut: AgentJumpHit's probe with `if a % 1000 == 7` as the agent's filter
+//    program, false at every hit: no record is written (issue 18 asks <= 2x AgentJumpHit).
+//  - AgentJumpFilteredIn: the same condition true at every hit (`a % 1000 == 1`): the filter's
+//    cost on top of AgentJumpHit.
 // Times are CPU times (Google Benchmark's default, and ratio_to_floor from this thread's CPU
 // clock). Records go into the thread's ring; every 256 hits the benchmark consumes them (tail =
 // head, as a drain that keeps up), so that none is lost; the counter `lost` says if one was.
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <vector>
 
 #include <benchmark/benchmark.h>
 
@@ -81,6 +86,8 @@ struct Setup {
   uint32_t int3 = 0;
   uint32_t jump = 0;
   uint32_t jump_deref = 0;
+  uint32_t filtered_out = 0;
+  uint32_t filtered_in = 0;
   bool ok = false;
 };
 
@@ -113,6 +120,23 @@ Setup& Agent() {
     jd.fetch = {OpBegin(0), OpReg(kKwRdi), OpStore(8), OpBegin(1), OpReg(kKwRsi), OpStore(8),
                 OpBegin(2), OpReg(kKwRdx), OpDeref(),  OpStore(8), OpEnd()};
     s.jump_deref = s.c->AddProbe(jd);
+    // `a % 1000 == K` over %rdi as a long, as watch/probe/agent_filter.cc compiles it.
+    const auto filter = [](int64_t k) {
+      return std::vector<KwFetchOp>{
+          KwFetchOp{kKwOpReg, kKwRdi, 8, 0},       KwFetchOp{kKwFilterPushAcc, 64, 64, 1},
+          KwFetchOp{kKwFilterPushImm, 0, 0, 1000}, KwFetchOp{kKwFilterBinary, kKwFilterModS, 0, 0},
+          KwFetchOp{kKwFilterPushImm, 0, 0, k},    KwFetchOp{kKwFilterBinary, kKwFilterEq, 0, 0},
+          KwFetchOp{kKwFilterEnd, 0, 0, 0},
+      };
+    };
+    ProbeSpec out = j;
+    out.in_hash = false;
+    out.filter = filter(7);
+    s.filtered_out = s.c->AddProbe(out);
+    ProbeSpec in = j;
+    in.in_hash = false;
+    in.filter = filter(1);
+    s.filtered_in = s.c->AddProbe(in);
     s.c->SetState(kKwStateActive);
     s.c->PatchInt3(Addr(&kwt_args), s.int3);
     kwt_jump_entry = s.c->ctl().jump_entry;
@@ -142,6 +166,7 @@ void RunHits(benchmark::State& state, uint32_t probe, F hit) {
   KwProbe& p = s.c->probe(probe);
   const uint64_t hits0 = p.hits.load();
   const uint64_t lost0 = p.lost.load();
+  const uint64_t filtered0 = p.filtered.load();
   uint64_t n = 0;
   const double t0 = NowNs();
   for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
@@ -155,7 +180,7 @@ void RunHits(benchmark::State& state, uint32_t probe, F hit) {
   if (g_floor_ns > 0) {
     state.counters["ratio_to_floor"] = per_hit / g_floor_ns;
   }
-  const uint64_t hits = p.hits.load() - hits0;
+  const uint64_t hits = p.hits.load() - hits0 + p.filtered.load() - filtered0;
   if (hits != static_cast<uint64_t>(state.iterations())) {
     state.SkipWithError("the probe did not count every hit");
   }
@@ -187,6 +212,25 @@ void AgentJumpHitDeref(benchmark::State& state) {
   kwt_tramp_index = Agent().jump;
 }
 BENCHMARK(AgentJumpHitDeref);
+
+void JumpThrough(benchmark::State& state, uint32_t probe) {
+  kwt_tramp_index = probe;
+  RunHits(state, probe, [] { benchmark::DoNotOptimize(kwt_jfunc(1, 2)); });
+  kwt_tramp_index = Agent().jump;
+}
+
+void AgentJumpFilteredOut(benchmark::State& state) {
+  JumpThrough(state, Agent().filtered_out);
+  if (Agent().c->probe(Agent().filtered_out).hits.load() != 0) {
+    state.SkipWithError("a hit passed a filter that is false at every hit");
+  }
+}
+BENCHMARK(AgentJumpFilteredOut);
+
+void AgentJumpFilteredIn(benchmark::State& state) {
+  JumpThrough(state, Agent().filtered_in);
+}
+BENCHMARK(AgentJumpFilteredIn);
 
 }  // namespace
 }  // namespace kwatch::agent

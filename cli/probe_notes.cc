@@ -172,6 +172,11 @@ std::string ProbeNoteText(const ProbeNote& n) {
     case Kind::kAgentDropped:
       return absl::StrFormat("the agent dropped %d hit%s (%s)", n.count, Plural(n.count, "s"),
                              n.why);
+    case Kind::kAggregateShort:
+      return absl::StrFormat(
+          "%s was aggregated by kwatch from the records it received (not in the target: %s): "
+          "the %d hit%s whose records were lost in full rings are not in it",
+          n.path, n.why, n.count, Plural(n.count, "s"));
     case Kind::kSamplesDropped:
       return absl::StrFormat(
           "the kernel dropped %d samples of probe %d (ring full): counts are short", n.count,

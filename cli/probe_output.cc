@@ -98,13 +98,18 @@ watch::probe::ProbePath PathOf(const ProbeSummary& s, uint32_t id) {
 // What the filter did with `p`'s hits: "if i > 1: 3 of 10 hits matched", the hits --skip
 // ignored and those after -c EVENT:N.
 void PrintFilterLines(FILE* out, const ProbeDef& p, const watch::probe::ProbeFilterStats& f,
-                      uint64_t lost) {
+                      const ProbeEndStats& st) {
   if (!p.condition.empty()) {
     std::string line = absl::StrFormat("    if %s: %d of %d hit%s matched", p.condition, f.matched,
                                        f.seen, f.seen == 1 ? "" : "s");
-    if (lost > 0) {
+    if (st.target_filter.has_value()) {
+      absl::StrAppend(&line, " (tested in the target)");
+    } else if (!st.condition_in_kwatch_why.empty()) {
+      absl::StrAppend(&line, " (tested in kwatch: ", st.condition_in_kwatch_why, ")");
+    }
+    if (st.lost > 0 && !st.target_filter.has_value()) {
       // The condition runs in kwatch, on the hits it receives: a full ring's are not tested.
-      absl::StrAppend(&line, " (", lost, " lost in full rings were not tested)");
+      absl::StrAppend(&line, " (", st.lost, " lost in full rings were not tested)");
     }
     if (f.condition.has_value() && f.condition->missing_value > 0) {
       absl::StrAppend(&line, ", ", f.condition->missing_value,
@@ -285,7 +290,7 @@ void ProbeTextPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                     st.faults, st.faults == 1 ? "" : "s");
     }
     if (s.filter != nullptr) {
-      PrintFilterLines(out, p, s.filter->stats(p.id), st.lost);
+      PrintFilterLines(out, p, watch::probe::SummaryFilterStats(s.filter->stats(p.id), st), st);
     }
     for (const HitTally::ArgTally& t : s.tally.args(p.id)) {
       std::string line = absl::StrFormat("    %-16s %s%d distinct:", t.name, t.other > 0 ? ">" : "",
@@ -382,9 +387,13 @@ void ProbeJsonPrinter::PrintSummary(FILE* out, const ProbeSummary& s) const {
                                  {"faults", st.faults},
                                  {"lost", st.lost}};
     if (s.filter != nullptr && s.filter->filters()) {
-      const watch::probe::ProbeFilterStats f = s.filter->stats(p.id);
+      const watch::probe::ProbeFilterStats f =
+          watch::probe::SummaryFilterStats(s.filter->stats(p.id), st);
       pj["condition"] = p.condition.empty() ? nlohmann::ordered_json(nullptr)
                                             : nlohmann::ordered_json(p.condition);
+      if (!p.condition.empty()) {
+        pj["condition_in"] = st.target_filter.has_value() ? "target" : "kwatch";
+      }
       pj["seen"] = f.seen;
       pj["matched"] = f.matched;
       pj["skipped"] = f.skipped;

@@ -94,6 +94,15 @@ class SessionOutput {
   void PrintAggregates(double elapsed);
 
   watch::probe::ProbeSessionHooks Hooks();
+  // The aggregator the agent may accumulate in the target: none when kwatch decides which hits
+  // are taken (--skip, -c, --count, --stop-on), since the target would count the others too.
+  watch::probe::Aggregator* AggregatorForTarget() const {
+    const bool kwatch_takes =
+        opts_.session.count > 0 || opts_.filter.stop_on || opts_.filter.skip.every.has_value() ||
+        !opts_.filter.skip.event.empty() || opts_.filter.count.every.has_value() ||
+        !opts_.filter.count.event.empty();
+    return kwatch_takes ? nullptr : aggregator_.get();
+  }
 
   // After the session's Finish: writes what is pending, closes the recording, prints the
   // summary. False when -o was not honoured.
@@ -118,6 +127,7 @@ void SessionOutput::PrintAggregates(double elapsed) {
   }
   filter_->Flush();
   std::fflush(stdout);
+  aggregator_->Refresh();  // the target's rows so far
   if (opts_.json) {
     PrintAggregatesJson(stdout, *aggregator_, elapsed);
   } else {
@@ -202,6 +212,7 @@ absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> StartSession(
   if (backend == "agent") {
     watch::probe::AgentSessionOptions ao;
     ao.allow_jump = !opts.no_jump;
+    ao.aggregator = out.AggregatorForTarget();
     return watch::probe::StartAgentSession(opts.session, ao, set, std::move(sigfd), out.Hooks());
   }
   if (backend == "uprobe") {

@@ -160,6 +160,8 @@ class Condition {
   };
   // Deepest evaluation stack a condition may need; deeper ones are refused at parse time.
   static constexpr size_t kMaxStack = 64;
+  // The bytecode Matches runs (for compilers into other machines: the agent's filters).
+  const std::vector<Insn>& code() const { return code_; }
 
  private:
   Condition() = default;

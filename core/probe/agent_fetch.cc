@@ -39,8 +39,9 @@ uint32_t Pad8(uint64_t n) {
   return static_cast<uint32_t>((n + 7) & ~uint64_t{7});
 }
 
-KwFetchOp Op(agent::KwFetchOpcode op, uint32_t a = 0, uint32_t b = 0, int64_t imm = 0) {
-  return KwFetchOp{static_cast<uint16_t>(op), static_cast<uint16_t>(a), b, imm};
+// An op of a fetch program (KwFetchOpcode) or of a filter program (KwFilterOpcode).
+KwFetchOp Op(uint16_t op, uint32_t a = 0, uint32_t b = 0, int64_t imm = 0) {
+  return KwFetchOp{op, static_cast<uint16_t>(a), b, imm};
 }
 
 std::optional<uint16_t> KwRegOfDwarf(int regno) {
@@ -646,6 +647,57 @@ struct ArgBytes {
 };
 
 }  // namespace
+
+std::optional<std::vector<KwFetchOp>> AgentFilterValue(const CompiledArg& arg, uint64_t load_bias,
+                                                       bool at_return, std::string* why) {
+  const auto refuse = [why](std::string text) {
+    *why = std::move(text);
+    return std::nullopt;
+  };
+  if (arg.type.kind == ArgType::Kind::kString || arg.base == CompiledArg::Base::kComm) {
+    return refuse(absl::StrCat("'", arg.name, "' is a string"));
+  }
+  if (arg.type.kind == ArgType::Kind::kFloat) {
+    return refuse(absl::StrCat("'", arg.name, "' is a float"));
+  }
+  if (arg.needs_return && !at_return) {
+    return refuse(absl::StrCat("'", arg.name, "' is read at a return only"));
+  }
+  std::string lowered_why;
+  std::optional<LoweredArg> l = LowerArg(arg, load_bias, &lowered_why);
+  if (!l.has_value()) {
+    return refuse(absl::StrCat("'", arg.name, "' is read by kwatch (", lowered_why, ")"));
+  }
+  if (l->plan.kind != AgentArgPlan::Kind::kBytes || l->ops.empty() ||
+      l->plan.first_step != arg.steps.size() || !l->plan.xmm.empty()) {
+    return refuse(absl::StrCat("'", arg.name, "' is finished by kwatch from the record"));
+  }
+  std::vector<KwFetchOp> ops = std::move(l->ops);
+  KwFetchOp& last = ops.back();
+  uint32_t bytes = 0;
+  if (last.op == agent::kKwOpStoreAcc) {
+    bytes = last.b;
+    ops.pop_back();
+  } else if (last.op == agent::kKwOpRead) {
+    bytes = last.b;
+    last = Op(agent::kKwOpDeref, 0, bytes);
+  } else {
+    return refuse(absl::StrCat("'", arg.name, "' is finished by kwatch from the record"));
+  }
+  // As FormatFetchBytes reads them: the record's bytes, at most the argument's size.
+  const auto raw_bytes = std::min<uint32_t>({arg.size, 8, bytes});
+  if (raw_bytes == 0) {
+    return refuse(absl::StrCat("'", arg.name, "' has no bytes"));
+  }
+  const uint32_t bits = arg.bit_size != 0 ? arg.bit_size : arg.type.bits;
+  const uint32_t shift = arg.bit_size != 0 ? arg.bit_offset : 0;
+  if (bits == 0 || bits > 64) {
+    return refuse(absl::StrCat("'", arg.name, "' is ", bits, " bits wide"));
+  }
+  ops.push_back(Op(agent::kKwFilterPushAcc, bits, (raw_bytes * 8) | (shift << 8),
+                   arg.type.kind == ArgType::Kind::kSigned ? 1 : 0));
+  return ops;
+}
 
 absl::StatusOr<AgentFetchProgram> CompileAgentFetch(std::span<const CompiledArg> args,
                                                     uint64_t load_bias,

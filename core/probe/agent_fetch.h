@@ -112,6 +112,16 @@ absl::StatusOr<AgentFetchProgram> CompileAgentFetch(std::span<const CompiledArg>
                                                     uint64_t load_bias,
                                                     const AgentFetchOptions& opts = {});
 
+// A filter program's value of `arg` (agent/abi.h "Filter programs"): the ops that leave its
+// bytes in the accumulator, then the kKwFilterPushAcc that pushes it as kwatch shows it (the
+// number FormatFetchScalar prints). Nullopt, with `why`, when the agent cannot compute the
+// value whole: strings, floats, $comm, a value kwatch finishes itself (a DWARF expression of
+// several parts, the fallback), bytes within a register's value, %xmm, a constant, $retval
+// outside a return (`at_return`).
+std::optional<std::vector<agent::KwFetchOp>> AgentFilterValue(const CompiledArg& arg,
+                                                              uint64_t load_bias, bool at_return,
+                                                              std::string* why);
+
 // What a record was taken at.
 struct AgentRecordContext {
   uint64_t load_bias = 0;  // the one the program was compiled with

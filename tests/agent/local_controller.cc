@@ -175,13 +175,17 @@ void LocalController::HashInsert(uint64_t addr, uint32_t index) {
 
 uint32_t LocalController::AddProbe(const ProbeSpec& spec) {
   const uint32_t index = next_probe_++;
-  if (index >= ctl_->probe_capacity || next_code_ + spec.fetch.size() > ctl_->code_capacity) {
+  if (index >= ctl_->probe_capacity ||
+      next_code_ + spec.fetch.size() + spec.filter.size() > ctl_->code_capacity) {
     std::fprintf(stderr, "local controller: probe table or code pool full\n");
     std::abort();
   }
   auto* code = reinterpret_cast<KwFetchOp*>(base_ + ctl_->code_offset);
   uint32_t at = next_code_;
   for (const KwFetchOp& op : spec.fetch) {
+    code[at++] = op;
+  }
+  for (const KwFetchOp& op : spec.filter) {
     code[at++] = op;
   }
   KwProbe& p = probe(index);
@@ -200,10 +204,12 @@ uint32_t LocalController::AddProbe(const ProbeSpec& spec) {
   p.ind_flags = spec.ind_flags;
   p.fetch_offset = next_code_;
   p.fetch_len = static_cast<uint32_t>(spec.fetch.size());
+  p.filter_offset = next_code_ + p.fetch_len;
+  p.filter_len = static_cast<uint32_t>(spec.filter.size());
   p.record_bytes = spec.record_bytes;
   p.maxactive = spec.maxactive;
   p.next = 0;
-  next_code_ += static_cast<uint32_t>(spec.fetch.size());
+  next_code_ += static_cast<uint32_t>(spec.fetch.size() + spec.filter.size());
   p.flags.store(spec.flags, std::memory_order_release);
   if (spec.in_hash) {
     HashInsert(spec.addr, index);

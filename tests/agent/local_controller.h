@@ -49,7 +49,8 @@ struct ProbeSpec {
   uint32_t maxactive = 0;
   uint32_t record_bytes = 256;
   std::vector<KwFetchOp> fetch;
-  bool in_hash = true;  // the head of its address (chained probes: only the first)
+  std::vector<KwFetchOp> filter;  // a filter program (abi.h "Filter programs"), or none
+  bool in_hash = true;            // the head of its address (chained probes: only the first)
 };
 
 // A decoded record.

@@ -87,12 +87,15 @@ TEST_P(ProbeConditions, FilterExactlyOnEachBackend) {
     int seen;
     int matched;
     int no_value = 0;
+    // With the agent, where the condition is tested: in the target unless it compares strings.
+    std::string in_agent = "target";
   };
+  const bool agent = GetParam() == "agent";
   for (const Expected& e : std::vector<Expected>{
            {"add_ints", "b >= 20 && a != 3", 5, 2},
            {"fact", "n % 2 == 1", 5, 3},
            {"fact__return", "$retval > 2", 5, 3},
-           {"name_len", "comm == \"probe_args\" && limit == 64", 1, 1},
+           {"name_len", "comm == \"probe_args\" && limit == 64", 1, 1, 0, "kwatch"},
            {"sum_item", "p->id == 202", 3, uprobe ? 0 : 1, uprobe ? 2 : 0},
        }) {
     const json& p = ProbeSummary(run, e.event);
@@ -100,7 +103,42 @@ TEST_P(ProbeConditions, FilterExactlyOnEachBackend) {
     EXPECT_EQ(p["seen"], e.seen) << e.event;
     EXPECT_EQ(p["matched"], e.matched) << e.event;
     EXPECT_EQ(p["no_value"], e.no_value) << e.event;
+    EXPECT_EQ(p["condition_in"], agent ? e.in_agent : "kwatch") << e.event;
   }
+}
+
+// With the agent, a condition is tested in the target before the hit's record is written: four
+// threads calling tick() flat out fill their rings, yet every hit is tested and counted, and
+// the hits that match are all delivered when few match. uprobe_loop: thread k calls tick(i, r)
+// for i = 0..N-1 with r->len == 100 + k.
+TEST(ProbeFilter, TheAgentTestsEveryHitInTheTarget) {
+  const RunResult r = KwatchProbe({"--json", "--backend", "agent", "tick i if i % 1000 == 7",
+                                   "t2=tick r->len if r->len == 102 && i < 5", "--",
+                                   PrivateTargetPath("uprobe_loop"), "200000", "--threads", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  const json& tick = ProbeSummary(run, "tick");
+  EXPECT_EQ(tick["condition_in"], "target");
+  EXPECT_EQ(tick["seen"], 800000);
+  EXPECT_EQ(tick["matched"], 800);
+  EXPECT_EQ(tick["hits"], 800);
+  EXPECT_EQ(tick["lost"], 0);
+  const std::vector<long> is = ArgValues(OfEvent(run.hits, "tick"), "i");
+  ASSERT_EQ(is.size(), 800U);
+  EXPECT_TRUE(std::all_of(is.begin(), is.end(), [](long i) { return i % 1000 == 7; }));
+  const json& t2 = ProbeSummary(run, "t2");
+  EXPECT_EQ(t2["seen"], 800000);
+  EXPECT_EQ(t2["matched"], 5);
+  EXPECT_THAT(ArgValues(OfEvent(run.hits, "t2"), "r->len"), ElementsAre(102, 102, 102, 102, 102));
+
+  // The text summary says where it was tested; a string comparison stays in kwatch, saying why.
+  const RunResult text =
+      KwatchProbe({"-q", "--backend", "agent", "tick i if i < 0", "name=tick if comm == \"nobody\"",
+                   "--", PrivateTargetPath("uprobe_loop"), "1000"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("    if i < 0: 0 of 1000 hits matched (tested in the target)\n"));
+  EXPECT_THAT(text.out, HasSubstr("    if comm == \"nobody\": 0 of 1000 hits matched (tested in "
+                                  "kwatch: it compares strings)\n"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ProbeConditions, ::testing::Values("agent", "ptrace", "uprobe"));
@@ -261,6 +299,69 @@ TEST_P(ProbeAggregations, ExactPerKeyAndPerBucket) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ProbeAggregations, ::testing::Values("agent", "ptrace"));
 
+// With the agent, aggregations are accumulated in the target before the records are written:
+// four threads calling tick() flat out lose records in their full rings, yet every hit is in
+// the aggregations. A key the target cannot compute (comm) stays in kwatch, which says what
+// it missed. uprobe_loop: thread k calls tick(i, r) for i = 0..199999, r->len = 100 + k.
+TEST(ProbeAggregation, TheTargetAggregatesEveryHit) {
+  const RunResult r = KwatchProbe({"--json",    "-q",
+                                   "--backend", "agent",
+                                   "--agg",     "tick:count() by tid",
+                                   "--agg",     "tick:sum(i) by r->len",
+                                   "--agg",     "tick:hist(i)",
+                                   "--agg",     "tick:lhist(i, 0, 200000, 50000)",
+                                   "--agg",     "even:count()",
+                                   "--agg",     "even:count() by comm",
+                                   "tick i",    "even=tick if i % 2 == 0",
+                                   "--",        PrivateTargetPath("uprobe_loop"),
+                                   "200000",    "--threads",
+                                   "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJson(r.out);
+  const std::map<std::string, json> by_tid = Aggregates(run, "tick", "count() by tid");
+  ASSERT_EQ(by_tid.size(), 4U) << r.out;
+  for (const auto& [key, a] : by_tid) {
+    EXPECT_EQ(a["value"], 200000) << key;
+  }
+  const std::map<std::string, json> sums = Aggregates(run, "tick", "sum(i) by r->len");
+  ASSERT_EQ(sums.size(), 4U);
+  for (const char* len : {"100", "101", "102", "103"}) {
+    const std::string key = std::string(R"({"r->len":)") + len + "}";
+    ASSERT_TRUE(sums.contains(key)) << key << " in " << r.out;
+    EXPECT_EQ(sums.at(key)["value"], 19999900000LL) << key;  // 0 + 1 + ... + 199999
+  }
+  // Power-of-two buckets: [2^(k-1), 2^k) holds 2^(k-1) values of each thread; the last one,
+  // [131072, 262144), the 68928 values from 131072 to 199999.
+  const std::map<std::string, json> hist = Aggregates(run, "tick", "hist(i)");
+  uint64_t total = 0;
+  for (const auto& [key, a] : hist) {
+    total += a["count"].get<uint64_t>();
+  }
+  EXPECT_EQ(total, 800000U);
+  EXPECT_EQ(hist.at("null 0")["count"], 4);
+  EXPECT_EQ(hist.at("null 1")["count"], 4);
+  EXPECT_EQ(hist.at("null 65536")["count"], 4 * 65536);
+  EXPECT_EQ(hist.at("null 131072")["count"], 4 * 68928);
+  const std::map<std::string, json> lhist = Aggregates(run, "tick", "lhist(i, 0, 200000, 50000)");
+  for (const char* low : {"0", "50000", "100000", "150000"}) {
+    EXPECT_EQ(lhist.at(std::string("null ") + low)["count"], 200000) << low;
+  }
+  EXPECT_EQ(Aggregates(run, "even", "count()").at("null")["value"], 400000);
+  const json& even = ProbeSummary(run, "even");
+  EXPECT_EQ(even["matched"], 400000);
+  EXPECT_EQ(even["condition_in"], "target");
+  // comm is a string: kwatch counts the records it received, and says so when some were lost.
+  const std::map<std::string, json> by_comm = Aggregates(run, "even", "count() by comm");
+  ASSERT_EQ(by_comm.size(), 1U);
+  const uint64_t lost = even["lost"].get<uint64_t>();
+  EXPECT_EQ(by_comm.begin()->second["value"].get<uint64_t>(), 400000U - lost);
+  if (lost > 0) {
+    EXPECT_THAT(run.summary["notes"].dump(),
+                HasSubstr("even: count() by comm was aggregated by kwatch from the records it "
+                          "received (not in the target: comm is a string)"));
+  }
+}
+
 TEST(ProbeAggregation, TextHistogramAndInterval) {
   const RunResult r = KwatchProbe({"-q", "--agg", "fact:hist(n)", "--agg", "add_ints:sum(b)",
                                    "add_ints", "fact", "--", PrivateTargetPath("probe_args")});
@@ -380,7 +481,7 @@ TEST(ProbeDryRun, SaysWhereEachProbeGoesAndTouchesNothing) {
                                "load); nothing was started or touched\n"));
   EXPECT_THAT(r.out, HasSubstr("\nadd_ints  add_ints (probe_args.c:48) at 0x"));
   EXPECT_THAT(r.out, HasSubstr(": int3\n    not jump: no jump at add_ints+0x0"));
-  EXPECT_THAT(r.out, HasSubstr("    if b > 2\n"
+  EXPECT_THAT(r.out, HasSubstr("    if b > 2  (tested in the target)\n"
                                "    a                s32     copied by the agent at the hit\n"
                                "    b                s32     copied by the agent at the hit "
                                "[not shown: for the condition or --agg]\n"));

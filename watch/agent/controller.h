@@ -91,6 +91,8 @@ class Controller {
   const TscClock& clock() const { return clock_; }
   int lifeline_fd() const { return agent_.lifeline.get(); }
   int pidfd() const { return pidfd_.get(); }
+  // Whether the agent's tids and pids are kwatch's (the target shares kwatch's pid namespace).
+  bool ids_are_kwatchs() const { return ids_.identity(); }
 
   // ---- Arming: every thread of `proc` stopped. ----
 

@@ -76,6 +76,11 @@ absl::StatusOr<ShmLayout> ComputeLayout(const ShmConfig& config) {
   at = AlignUp(at + uint64_t{l.thread_capacity} * sizeof(KwThread), kAlign);
   l.rings_offset = at;
   at += uint64_t{l.thread_capacity} * l.ring_stride();
+  l.aggs_bytes = AlignUp(config.aggs_bytes, kAlign);
+  l.aggs_offset = l.aggs_bytes > 0 ? AlignUp(at, kPage) : 0;
+  if (l.aggs_bytes > 0) {
+    at = l.aggs_offset + l.aggs_bytes;
+  }
   l.total_size = AlignUp(at, kPage);
   if (l.total_size > kMaxTotal) {
     return absl::InvalidArgumentError(
@@ -109,6 +114,8 @@ void InitControl(std::span<uint8_t> shm, const ShmLayout& layout, uint32_t flags
   c->patch_capacity = layout.patch_capacity;
   c->processes_offset = layout.processes_offset;
   c->process_capacity = layout.process_capacity;
+  c->aggs_offset = layout.aggs_offset;
+  c->aggs_bytes = layout.aggs_bytes;
   c->state.store(kwatch::agent::kKwStateInit, std::memory_order_release);
   c->generation.store(0, std::memory_order_release);
 }

@@ -5,7 +5,7 @@
 //
 //   KwControl | KwProbe[probe_capacity] | KwProbeSlot[hash_capacity] | KwFetchOp[code_capacity]
 //   | KwPatch[patch_capacity] | KwProcess[process_capacity] | KwThread[thread_capacity]
-//   | KwRing[thread_capacity]
+//   | KwRing[thread_capacity] | the aggregations' area (aggs_bytes)
 //
 // every part 64-byte aligned, each ring sizeof(KwRing) + ring_bytes. Pure arithmetic.
 
@@ -28,6 +28,8 @@ struct ShmConfig {
   uint32_t ring_bytes = 256 * 1024;  // per thread: a power of two, >= 4096
   uint32_t process_capacity = 1024;  // fork children followed at once (kKwFollowForks)
   uint32_t flags = 0;                // KwControlFlags
+  // --agg in the target: KwAggregate headers and rows (pages are allocated as rows are used).
+  uint64_t aggs_bytes = 0;
 };
 
 struct ShmLayout {
@@ -45,6 +47,8 @@ struct ShmLayout {
   uint64_t processes_offset = 0;
   uint64_t threads_offset = 0;
   uint64_t rings_offset = 0;
+  uint64_t aggs_offset = 0;
+  uint64_t aggs_bytes = 0;
   uint64_t total_size = 0;  // a multiple of the page size
 
   // Bytes from one ring's header to the next one's.

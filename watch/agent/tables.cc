@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <iterator>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -177,8 +178,14 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   if (program.empty() || program.back().op != ka::kKwOpEnd) {
     program.push_back(KwFetchOp{.op = ka::kKwOpEnd, .a = 0, .b = 0, .imm = 0});
   }
-  KW_ASSIGN_OR_RETURN(const uint32_t code_at, AllocateCode(static_cast<uint32_t>(program.size())));
+  // The filter program right after the fetch program: one block, freed as one.
+  const auto ops = static_cast<uint32_t>(program.size() + entry.filter.size());
+  KW_ASSIGN_OR_RETURN(const uint32_t code_at, AllocateCode(ops));
   std::memcpy(code() + code_at, program.data(), program.size() * sizeof(KwFetchOp));
+  if (!entry.filter.empty()) {
+    std::memcpy(code() + code_at + program.size(), entry.filter.data(),
+                entry.filter.size() * sizeof(KwFetchOp));
+  }
 
   // Not reachable yet: no hash slot names it and its code is not patched.
   KwProbe& p = probe(*index);
@@ -197,12 +204,16 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   p.ind_flags = entry.ind_flags;
   p.fetch_offset = code_at;
   p.fetch_len = static_cast<uint32_t>(program.size());
+  p.filter_offset = code_at + p.fetch_len;
+  p.filter_len = static_cast<uint32_t>(entry.filter.size());
+  p.agg = entry.agg;
   p.record_bytes = entry.record_bytes;
   p.maxactive = entry.maxactive;
   p.next = 0;
   p.active.store(0, std::memory_order_relaxed);
   for (std::atomic<uint64_t>* counter :
-       {&p.hits, &p.missed, &p.nmissed, &p.lost, &p.faults, &p.abandoned}) {
+       {&p.hits, &p.missed, &p.nmissed, &p.lost, &p.faults, &p.abandoned, &p.filtered,
+        &p.filter_no_value, &p.filter_div0}) {
     counter->store(0, std::memory_order_relaxed);
   }
   p.flags.store(entry.flags | ka::kKwProbeUsed, std::memory_order_release);
@@ -225,11 +236,83 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   EndWrite();
   if (!inserted.ok()) {
     p.flags.store(0, std::memory_order_release);
-    FreeCode(code_at, static_cast<uint32_t>(program.size()));
+    FreeCode(code_at, ops);
     return inserted;
   }
   ++live_probes_;
   return *index;
+}
+
+absl::StatusOr<uint32_t> ShmTables::AddAggregate(const AggregateEntry& entry) {
+  const AggregateEntry& h = entry;
+  if (h.row_capacity == 0 || !std::has_single_bit(h.row_capacity)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an aggregation of ", h.row_capacity, " rows (a power of two is needed)"));
+  }
+  const uint64_t row_bytes = sizeof(ka::KwAggRow) + uint64_t{h.buckets} * 8;
+  const uint64_t at = (aggs_used_ + 63) & ~uint64_t{63};
+  const uint64_t rows = at + sizeof(ka::KwAggregate);
+  const uint64_t end = rows + uint64_t{h.row_capacity} * row_bytes;
+  if (end > layout_.aggs_bytes || at + 1 > UINT32_MAX) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the agent's aggregation area (", layout_.aggs_bytes, " bytes) has no room for ",
+        h.row_capacity, " more rows of ", row_bytes, " bytes"));
+  }
+  std::vector<KwFetchOp> programs = entry.value;
+  programs.insert(programs.end(), entry.key.begin(), entry.key.end());
+  uint32_t code_at = 0;
+  if (!programs.empty()) {
+    KW_ASSIGN_OR_RETURN(code_at, AllocateCode(static_cast<uint32_t>(programs.size())));
+    std::memcpy(code() + code_at, programs.data(), programs.size() * sizeof(KwFetchOp));
+  }
+  auto* a = new (shm_.data() + layout_.aggs_offset + at) ka::KwAggregate{};
+  a->func = h.func;
+  a->flags = h.flags;
+  a->next = entry.next;
+  a->buckets = h.buckets;
+  a->value_offset = code_at;
+  a->value_len = static_cast<uint32_t>(entry.value.size());
+  a->key_offset = code_at + a->value_len;
+  a->key_len = static_cast<uint32_t>(entry.key.size());
+  a->low = h.low;
+  a->high = h.high;
+  a->step = h.step;
+  a->rows = rows;
+  a->row_capacity = h.row_capacity;
+  a->row_bytes = static_cast<uint32_t>(row_bytes);
+  std::memset(shm_.data() + layout_.aggs_offset + rows, 0, end - rows);
+  aggs_used_ = end;
+  return static_cast<uint32_t>(at + 1);
+}
+
+const ka::KwAggregate& ShmTables::aggregate(uint32_t handle) const {
+  KW_CHECK(handle != 0 && handle - 1 + sizeof(ka::KwAggregate) <= aggs_used_);
+  return At<ka::KwAggregate>(layout_.aggs_offset + handle - 1);
+}
+
+std::vector<AggregateRowView> ShmTables::AggregateRows(uint32_t handle) const {
+  const ka::KwAggregate& a = aggregate(handle);
+  std::vector<AggregateRowView> out;
+  for (uint32_t i = 0; i < a.row_capacity; ++i) {
+    const uint64_t at = layout_.aggs_offset + a.rows + uint64_t{i} * a.row_bytes;
+    const auto& row = At<ka::KwAggRow>(at);
+    if (row.state.load(std::memory_order_acquire) != 2) {  // free, or being claimed
+      continue;
+    }
+    AggregateRowView v;
+    v.key = row.key;
+    v.key_faulted = row.flags != 0;
+    v.count = row.count.load(std::memory_order_relaxed);
+    v.sum = row.sum.load(std::memory_order_relaxed);
+    v.min = row.min.load(std::memory_order_relaxed);
+    v.max = row.max.load(std::memory_order_relaxed);
+    const auto* words = &At<std::atomic<uint64_t>>(at + sizeof(ka::KwAggRow));
+    for (uint32_t b = 0; b < a.buckets; ++b) {
+      v.buckets.push_back(words[b].load(std::memory_order_relaxed));
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 absl::Status ShmTables::RemoveProbe(uint32_t index) {
@@ -269,8 +352,9 @@ absl::Status ShmTables::RemoveProbe(uint32_t index) {
   p.flags.store(0, std::memory_order_release);
   p.next = 0;
   EndWrite();
-  FreeCode(p.fetch_offset, p.fetch_len);
+  FreeCode(p.fetch_offset, p.fetch_len + p.filter_len);
   p.fetch_len = 0;
+  p.filter_len = 0;
   --live_probes_;
   return absl::OkStatus();
 }

@@ -57,8 +57,36 @@ struct ProbeEntry {
   uint32_t ind_scale = 1;
   uint32_t ind_flags = 0;
   std::vector<KwFetchOp> program{};  // kKwOpEnd is appended when missing
+  std::vector<KwFetchOp> filter{};   // the filter program (ends with kKwFilterEnd), or none
+  uint32_t agg = 0;                  // its first aggregation (AddAggregate's handle), or 0
   uint32_t record_bytes = 0;
   uint32_t maxactive = 0;
+};
+
+// One aggregation as the controller plans it (agent/abi.h "Aggregations", KwAggregate for
+// each field's meaning); AddAggregate places the programs and the rows.
+struct AggregateEntry {
+  uint32_t func = kwatch::agent::kKwAggCount;
+  uint32_t flags = 0;
+  uint32_t buckets = 0;
+  int64_t low = 0;
+  int64_t high = 0;
+  int64_t step = 1;
+  uint32_t row_capacity = 1;
+  std::vector<KwFetchOp> value{};  // the value's program (ends with kKwFilterEnd), or none
+  std::vector<KwFetchOp> key{};    // the key's program, or none (one row)
+  uint32_t next = 0;               // the probe's next aggregation (a handle), or 0
+};
+
+// One row of an aggregation as kwatch reads it.
+struct AggregateRowView {
+  uint64_t key = 0;
+  bool key_faulted = false;
+  uint64_t count = 0;
+  uint64_t sum = 0;
+  uint64_t min = 0;
+  uint64_t max = 0;
+  std::vector<uint64_t> buckets;  // KwAggregate::buckets words
 };
 
 // One patch as kwatch is about to make it.
@@ -110,6 +138,15 @@ class ShmTables {
   std::optional<uint32_t> Lookup(core::RemoteAddr addr) const;
   size_t live_probes() const { return live_probes_; }
 
+  // Writes an aggregation (its programs into the pool, its header and rows into the area)
+  // for a probe not published yet: returns its handle (ProbeEntry::agg, AggregateEntry::next).
+  // ResourceExhausted when the area or the pool is full.
+  absl::StatusOr<uint32_t> AddAggregate(const AggregateEntry& entry);
+  // The aggregation of `handle`: its header and its ready rows (while the agent may be adding
+  // to them: each word is read atomically, a row as a whole is not).
+  const kwatch::agent::KwAggregate& aggregate(uint32_t handle) const;
+  std::vector<AggregateRowView> AggregateRows(uint32_t handle) const;
+
   // Journals a patch before its bytes are written: returns the entry's index.
   // ResourceExhausted when the journal is full; InvalidArgument for bad lengths.
   absl::StatusOr<uint32_t> Journal(const PatchEntry& entry);
@@ -154,6 +191,7 @@ class ShmTables {
   size_t live_probes_ = 0;
   uint32_t tombstones_ = 0;
   std::map<uint32_t, uint32_t> free_code_;  // offset -> ops, coalesced
+  uint64_t aggs_used_ = 0;                  // bytes of the aggregations' area handed out
 };
 
 // Hash slot values besides addresses.

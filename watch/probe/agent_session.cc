@@ -40,6 +40,8 @@
 #include "watch/agent/controller.h"
 #include "watch/agent/int3_plan.h"
 #include "watch/agent/loader.h"
+#include "watch/probe/agent_aggregation.h"
+#include "watch/probe/agent_filter.h"
 #include "watch/probe/hit_stacks.h"
 #include "watch/probe/jump_plan.h"
 #include "watch/probe/session_base.h"
@@ -143,8 +145,10 @@ class AgentSession : public ProbeSessionBase {
     uint32_t index = 0;  // in the agent's probe table
     core::probe::AgentFetchProgram program;
     ProbePath path;
-    uint64_t after_stop = 0;    // records drained once the session was stopping
-    uint64_t lost_at_stop = 0;  // KwProbe::lost when the session got its stop reason
+    uint64_t after_stop = 0;        // records drained once the session was stopping
+    uint64_t lost_at_stop = 0;      // KwProbe::lost when the session got its stop reason
+    bool filter_in_target = false;  // its condition runs in the agent (else kwatch: why)
+    std::string filter_why;
   };
 
   absl::Status Start() override;
@@ -170,6 +174,12 @@ class AgentSession : public ProbeSessionBase {
   // Places every probe, with the world stopped.
   absl::Status PlaceAll();
   absl::Status Place(const ProbeDef& def, const std::vector<core::RemoteAddr>& all);
+  // --agg: the aggregations of `def` the target can accumulate, written and linked from
+  // `entry` (the others stay in kwatch, with the reason).
+  absl::Status PlaceAggregates(const ProbeDef& def, wa::ProbeEntry& entry);
+  // At the end: a note for each aggregation kwatch made from the records while some of its
+  // probe's records were lost.
+  void NoteShortAggregates();
   // The first probe at its address: a jump if the optimizer and the threads allow, else INT3.
   // Returns whether it took the jump; errors carry no probe name (Place adds it).
   absl::StatusOr<bool> PlaceFirst(const wa::ProbeEntry& entry,
@@ -257,6 +267,9 @@ absl::Status AgentSession::LoadAgent() {
   wa::LoadOptions lopts;
   lopts.agent_path = agent_opts_.agent_path;
   lopts.shm = ShmFor(set());
+  if (agent_opts_.aggregator != nullptr) {
+    lopts.shm.aggs_bytes = kAgentAggregateBytes;
+  }
   if (opts().follow_forks) {
     lopts.shm.flags |= ka::kKwFollowForks;  // a fork child keeps the probes, and says so
   }
@@ -354,6 +367,13 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
                 (placed.program.needs_fpregs ? ka::kKwProbeFpregs : 0U);
   entry.program = placed.program.ops;
   entry.record_bytes = placed.program.record_bytes;
+  AgentFilter filter = CompileAgentFilter(def, bias_, ctl_->ids_are_kwatchs());
+  placed.filter_in_target = !filter.ops.empty();
+  placed.filter_why = std::move(filter.in_kwatch_why);
+  entry.filter = std::move(filter.ops);
+  if (absl::Status s = PlaceAggregates(def, entry); !s.ok()) {
+    return fail(s);
+  }
   entry.maxactive = opts().maxactive;
   if (auto first = first_at_.find(entry.addr.value); first != first_at_.end()) {
     // Another probe at a placed address: it joins that probe's chain (KwProbe::next) with the
@@ -386,6 +406,58 @@ absl::Status AgentSession::Place(const ProbeDef& def, const std::vector<core::Re
   }
   by_index_[placed.index] = placed_.size();
   placed_.push_back(std::move(placed));
+  return absl::OkStatus();
+}
+
+void AgentSession::NoteShortAggregates() {
+  for (const AggregateTable& t : agent_opts_.aggregator->tables()) {
+    if (t.in_target || t.in_kwatch_why.empty()) {
+      continue;
+    }
+    for (const Placed& p : placed_) {
+      const uint64_t lost = p.def == t.probe ? ctl_->tables().probe(p.index).lost.load() : 0;
+      if (lost > 0) {
+        ProbeNote n;
+        n.kind = ProbeNote::Kind::kAggregateShort;
+        n.path = absl::StrCat(t.probe->point.event, ": ", t.spec->call);
+        n.why = t.in_kwatch_why;
+        n.count = lost;
+        Keep(std::move(n));
+      }
+    }
+  }
+}
+
+absl::Status AgentSession::PlaceAggregates(const ProbeDef& def, wa::ProbeEntry& entry) {
+  Aggregator* agg = agent_opts_.aggregator;
+  if (agg == nullptr) {
+    return absl::OkStatus();
+  }
+  // Linked in reverse, so that the agent updates them in the tables' order.
+  for (size_t i = agg->tables().size(); i-- > 0;) {
+    if (agg->tables()[i].probe != &def) {
+      continue;
+    }
+    std::string why;
+    std::optional<wa::AggregateEntry> e =
+        CompileAgentAggregate(*agg, i, bias_, ctl_->ids_are_kwatchs(), &why);
+    if (!e.has_value()) {
+      agg->KeepInKwatch(i, std::move(why));
+      continue;
+    }
+    e->next = entry.agg;
+    absl::StatusOr<uint32_t> handle = ctl_->tables().AddAggregate(*e);
+    if (!handle.ok()) {
+      agg->KeepInKwatch(i, std::string{handle.status().message()});
+      continue;
+    }
+    entry.agg = *handle;
+    agg->TakeOver(i, [this, agg, i, h = *handle](AggregateTable& t) {
+      if (ctl_ != nullptr) {
+        ReadAgentAggregate(ctl_->tables(), h, agg->binding(i), t);
+      }
+    });
+  }
   return absl::OkStatus();
 }
 
@@ -821,6 +893,10 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
       }
     }
   }
+  if (agent_opts_.aggregator != nullptr) {
+    agent_opts_.aggregator->Release();  // the target's rows, final: it takes no more hits
+    NoteShortAggregates();
+  }
   ProbeSessionEnd end;
   for (const Placed& p : placed_) {
     const ka::KwProbe& kp = ctl_->tables().probe(p.index);
@@ -838,6 +914,13 @@ absl::StatusOr<ProbeSessionEnd> AgentSession::Finish() {
       const uint64_t lost_after = stop_noted_ ? st.lost - std::min(st.lost, p.lost_at_stop) : 0;
       const uint64_t hits = kp.hits.load();
       st.counted = hits - std::min(hits, p.after_stop + lost_after);
+    }
+    if (p.filter_in_target) {
+      st.target_filter = ProbeEndStats::TargetFilter{.rejected = kp.filtered.load(),
+                                                     .no_value = kp.filter_no_value.load(),
+                                                     .division_by_zero = kp.filter_div0.load()};
+    } else {
+      st.condition_in_kwatch_why = p.filter_why;
     }
     end.stats[p.def->id] = st;
     end.paths[p.def->id] = p.path;

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/base/unique_fd.h"
+#include "watch/probe/aggregation.h"
 #include "watch/probe/probe_session.h"
 #include "watch/probe/probe_set.h"
 
@@ -25,6 +26,10 @@ namespace kwatch::watch::probe {
 struct AgentSessionOptions {
   bool allow_jump = true;  // false: every probe takes the INT3 path (--no-jump)
   std::string agent_path;  // "" : watch::agent::FindAgentLibrary()
+  // --agg: the aggregator whose tables the target may accumulate itself
+  // (watch/probe/agent_aggregation.h); null: kwatch aggregates the hits it receives. The
+  // caller's; outlives the session. The session reads the target's rows into it at the end.
+  Aggregator* aggregator = nullptr;
 };
 
 // Launches the command (held at its entry point) or attaches to `pid`, loads the agent,

@@ -360,6 +360,39 @@ void Aggregator::Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value
   }
 }
 
+const Aggregator::Binding& Aggregator::binding(size_t table) const {
+  const ProbeDef* probe = tables_.at(table).probe;
+  for (const Binding& b : by_probe_.at(probe->id)) {
+    if (b.table == table) {
+      return b;
+    }
+  }
+  KW_CHECK(false && "every table has its binding");
+  return by_probe_.begin()->second.front();
+}
+
+void Aggregator::TakeOver(size_t table, TableReader read) {
+  tables_.at(table).in_target = true;
+  tables_.at(table).in_kwatch_why.clear();
+  readers_[table] = std::move(read);
+}
+
+void Aggregator::KeepInKwatch(size_t table, std::string why) {
+  tables_.at(table).in_target = false;
+  tables_.at(table).in_kwatch_why = std::move(why);
+}
+
+void Aggregator::Refresh() {
+  for (auto& [table, read] : readers_) {
+    read(tables_[table]);
+  }
+}
+
+void Aggregator::Release() {
+  Refresh();
+  readers_.clear();
+}
+
 bool Aggregator::Add(const ProbeHit& hit) {
   const auto it = by_probe_.find(hit.probe->id);
   if (it == by_probe_.end()) {
@@ -367,6 +400,9 @@ bool Aggregator::Add(const ProbeHit& hit) {
   }
   for (const Binding& b : it->second) {
     AggregateTable& t = tables_[b.table];
+    if (t.in_target) {
+      continue;  // the target accumulates it (TakeOver)
+    }
     uint64_t value = 1;
     if (b.value_arg >= 0) {
       const std::optional<uint64_t> v = static_cast<size_t>(b.value_arg) < hit.args.size()

@@ -80,6 +80,11 @@ struct AggregateTable {
   using Key = std::vector<std::pair<std::string, std::string>>;
   std::map<Key, AggregateValue> rows;
   uint64_t no_value = 0;  // hits whose value (or a key) could not be read: not aggregated
+  // The agent backend: whether the rows are the target's own (watch/probe/agent_aggregation.h)
+  // or, when kwatch aggregated the hits it received, why the target could not.
+  bool in_target = false;
+  std::string in_kwatch_why;
+  uint64_t no_row = 0;  // in the target: hits of a new key when every row was taken
 
   // The value a row shows for count/sum/min/max (avg: AverageOf).
   uint64_t Scalar(const AggregateValue& v) const;
@@ -105,7 +110,7 @@ class Aggregator final : public HitSink {
   // In the order of the specs, then of the probes.
   const std::vector<AggregateTable>& tables() const { return tables_; }
 
- private:
+  // What a table reads from each hit.
   struct Binding {
     size_t table = 0;
     int value_arg = -1;         // index in the hit's args; -1: count() or a builtin
@@ -113,7 +118,20 @@ class Aggregator final : public HitSink {
     ConditionVariable::Kind kind = ConditionVariable::Kind::kSigned;
     std::vector<int> key_args;  // per key: index in args, or -1 for a builtin
   };
+  const Binding& binding(size_t table) const;
 
+  // A table the backend accumulates itself (the agent, in the target): Add leaves it alone and
+  // `read` sets its rows and counters from the backend's at each Refresh.
+  using TableReader = std::function<void(AggregateTable&)>;
+  void TakeOver(size_t table, TableReader read);
+  // A table kwatch accumulates on the agent backend, and why the target could not.
+  void KeepInKwatch(size_t table, std::string why);
+  // Reads the tables taken over (before printing them).
+  void Refresh();
+  // Reads them a last time and forgets the readers (the backend is going).
+  void Release();
+
+ private:
   Aggregator() = default;
   std::string FoldedStack(const std::vector<core::RemoteAddr>& stack) const;
   static void Accumulate(AggregateTable& t, AggregateValue& v, uint64_t value);
@@ -122,6 +140,7 @@ class Aggregator final : public HitSink {
   std::vector<AggregateTable> tables_;
   std::map<uint32_t, std::vector<Binding>> by_probe_;  // ProbeDef::id -> its aggregations
   AggregateTable::Key key_;                            // scratch
+  std::map<size_t, TableReader> readers_;              // tables taken over
   std::function<core::symbols::CodeLocation(core::RemoteAddr)> locate_;
 };
 

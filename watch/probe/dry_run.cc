@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/probe/agent_fetch.h"
 #include "core/symbols/symbols.h"
+#include "watch/probe/agent_filter.h"
 #include "watch/probe/jump_plan.h"
 
 namespace kwatch::watch::probe {
@@ -106,6 +107,16 @@ std::vector<ProbePlan> PlanProbes(const ProbeSet& set, const DryRunOptions& opts
         program = *std::move(p);
       }
     }
+    if (!def.condition.empty()) {
+      plan.condition_in = "kwatch";
+      if (backend == "agent") {
+        // The target's ids are taken as kwatch's: a target in another pid namespace tests
+        // conditions on tid and pid in kwatch (said when it runs).
+        AgentFilter f = CompileAgentFilter(def, 0, true);
+        plan.condition_in = f.ops.empty() ? "kwatch" : "target";
+        plan.condition_why = std::move(f.in_kwatch_why);
+      }
+    }
     for (size_t i = 0; i < def.args.size(); ++i) {
       const CompiledArg& a = def.args[i];
       ProbePlan::Arg arg;
@@ -153,7 +164,9 @@ std::string PlansText(const ProbeSet& set, const std::vector<ProbePlan>& plans,
       absl::StrAppend(&out, "    not jump: ", p.why, "\n");
     }
     if (!def.condition.empty()) {
-      absl::StrAppend(&out, "    if ", def.condition, "\n");
+      absl::StrAppend(&out, "    if ", def.condition, "  (tested in ",
+                      p.condition_in == "target" ? "the target" : "kwatch",
+                      p.condition_why.empty() ? "" : absl::StrCat(": ", p.condition_why), ")\n");
     }
     for (const ProbePlan::Arg& a : p.args) {
       absl::StrAppend(&out,
@@ -191,6 +204,8 @@ std::string PlansJson(const std::vector<ProbePlan>& plans) {
         {"shared", p.shared},
         {"condition", def.condition.empty() ? nlohmann::ordered_json(nullptr)
                                             : nlohmann::ordered_json(def.condition)},
+        {"condition_in", p.condition_in.empty() ? nlohmann::ordered_json(nullptr)
+                                                : nlohmann::ordered_json(p.condition_in)},
         {"internal", def.internal()},
         {"args", args}};
     absl::StrAppend(&out, j.dump(), "\n");

@@ -23,6 +23,10 @@ struct ProbePlan {
   std::string why;                     // why not a faster path ("" when none)
   std::vector<std::string> displaced;  // jump: the instructions the jmp overwrites
   bool shared = false;  // the agent: runs in the patch of an earlier probe at its address
+  // With a condition: "target" (the agent tests it before the record) or "kwatch", and why
+  // kwatch when the backend is the agent.
+  std::string condition_in;
+  std::string condition_why;
   struct Arg {
     std::string name;
     std::string type;     // "s32", "string"...

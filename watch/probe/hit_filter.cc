@@ -320,6 +320,22 @@ std::string HitFilter::done_reason() const {
   return "";
 }
 
+ProbeFilterStats SummaryFilterStats(ProbeFilterStats filter, const ProbeEndStats& end) {
+  if (!end.target_filter.has_value()) {
+    return filter;
+  }
+  const ProbeEndStats::TargetFilter& t = *end.target_filter;
+  filter.matched = end.counted.value_or(filter.matched);
+  filter.seen = filter.matched + t.rejected + t.no_value + t.division_by_zero;
+  ConditionStats c;
+  c.evaluated = filter.seen;
+  c.matched = filter.matched;
+  c.missing_value = t.no_value;
+  c.division_by_zero = t.division_by_zero;
+  filter.condition = c;
+  return filter;
+}
+
 ProbeFilterStats HitFilter::stats(uint32_t probe_id) const {
   const auto it = per_probe_.find(probe_id);
   if (it == per_probe_.end()) {

@@ -68,6 +68,12 @@ struct ProbeFilterStats {
   std::optional<ConditionStats> condition;  // the condition's own counters
 };
 
+// The filter's counters of a probe as the summary shows them: when its condition ran in the
+// target (ProbeEndStats::target_filter), seen and matched are the target's (every hit tested,
+// records lost in full rings included) and the condition's counters the target's; --skip and
+// -c's stay the filter's.
+ProbeFilterStats SummaryFilterStats(ProbeFilterStats filter, const ProbeEndStats& end);
+
 // Not thread-safe. Made before the session starts (its errors come first), then given the
 // sink it passes hits to (Attach) before the first hit; that sink is the caller's and outlives
 // the filter, as `probes` do.

@@ -47,6 +47,17 @@ struct ProbeEndStats {
   // those whose records were lost in a full ring included. When set, the summary's HITS; else
   // HITS is the hits delivered.
   std::optional<uint64_t> counted;
+  // agent: the probe's `if COND` ran in the target (watch/probe/agent_filter.h), before the
+  // records were written: the hits it rejected there (those it took are `counted`). Nullopt
+  // when kwatch evaluated it on the hits it received; then `condition_in_kwatch_why` says why
+  // the target could not (agent backend only).
+  struct TargetFilter {
+    uint64_t rejected = 0;          // the condition was false
+    uint64_t no_value = 0;          // a value it reads faulted (not matched)
+    uint64_t division_by_zero = 0;  // not matched
+  };
+  std::optional<TargetFilter> target_filter;
+  std::string condition_in_kwatch_why;
 };
 
 // How the session ended, for the summary.

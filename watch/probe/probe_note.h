@@ -64,6 +64,9 @@ struct ProbeNote {
     kOtherProcesses,    // uprobe: `count` hits of other processes running `path` were left out
     kSamplesDropped,    // uprobe: the kernel dropped `count` samples of `probe` (ring full)
     kAgentDropped,      // agent: `count` hits were dropped (`why`)
+    kAggregateShort,    // agent: the aggregation `path` ("EVENT: AGG") was made by kwatch from
+                        // the hits it received (the target could not: `why`), and `count`
+                        // records of its probe were lost in full rings
   };
   // kExec: what became of the probes in the new image.
   enum class Rearm : uint8_t {

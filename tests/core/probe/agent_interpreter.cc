@@ -70,7 +70,40 @@ std::vector<uint8_t> AgentInterpreter::Run(std::span<const agent::KwFetchOp> ops
   return out;
 }
 
+AgentInterpreter::Verdict AgentInterpreter::RunFilter(std::span<const agent::KwFetchOp> ops,
+                                                      int32_t tid, int32_t pid) {
+  std::vector<agent::KwFetchOp> code(ops.begin(), ops.end());
+  agent::Session s;
+  s.code = code.data();
+  s.code_capacity = static_cast<uint32_t>(code.size());
+  agent::KwProbe probe{};
+  probe.filter_offset = 0;
+  probe.filter_len = static_cast<uint32_t>(code.size());
+  agent::g_pid = pid;
+  t_memory = &memory_;
+  const bool taken = agent::RunFilter(s, probe, regs_, tid);
+  t_memory = nullptr;
+  if (taken) {
+    return Verdict::kTaken;
+  }
+  if (probe.filter_no_value.load() > 0) {
+    return Verdict::kNoValue;
+  }
+  return probe.filter_div0.load() > 0 ? Verdict::kDivisionByZero : Verdict::kRejected;
+}
+
+void AgentInterpreter::RunAggregates(const agent::Session& s, const agent::KwProbe& probe,
+                                     int32_t tid, int32_t pid) {
+  agent::g_pid = pid;
+  t_memory = &memory_;
+  agent::RunAggregates(s, probe, regs_, tid);
+  t_memory = nullptr;
+}
+
 }  // namespace kwatch::testing
+
+// The agent's process id (agent/init.cc in the library): RunFilter's `pid`.
+int kwatch::agent::g_pid = 0;  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
 
 // The safe routines of agent/safe.S, as the agent's interpreter sees them, over t_memory.
 extern "C" {

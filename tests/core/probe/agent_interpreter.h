@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "agent/abi.h"
+#include "agent/agent.h"
 
 namespace kwatch::testing {
 
@@ -32,6 +33,15 @@ class AgentInterpreter {
   // The payload the agent writes for `ops` (ending with kKwOpEnd) into a record of at most
   // `limit` bytes (KwProbe::record_bytes).
   std::vector<uint8_t> Run(std::span<const agent::KwFetchOp> ops, uint32_t limit);
+
+  // The agent's verdict on a filter program (agent/abi.h "Filter programs", agent/filter.cc)
+  // at a hit of thread `tid` of process `pid`.
+  enum class Verdict { kTaken, kRejected, kNoValue, kDivisionByZero };
+  Verdict RunFilter(std::span<const agent::KwFetchOp> ops, int32_t tid, int32_t pid);
+  // The agent's aggregations of `probe` (KwProbe::agg in `s`'s area, agent/aggregate.cc)
+  // updated for a hit of thread `tid` of process `pid`.
+  void RunAggregates(const agent::Session& s, const agent::KwProbe& probe, int32_t tid,
+                     int32_t pid);
 
   // The KwRecord flags of the last Run (1: a fault, 2: cut at the record's end).
   uint16_t flags() const { return flags_; }
