@@ -434,10 +434,12 @@ TEST_P(ProbeDurations, TimeSinceTheEntryOfTheSameCall) {
   }
   EXPECT_LT(ns[3], ns[2]);  // 2 ms < 5 ms
   EXPECT_LT(ns[2], ns[1]);  // 5 ms < 20 ms
-  // dive(4) after the longjmp pairs with its own entry, not with the five abandoned ones.
+  // dive(4) after the longjmp pairs with its own entry, not with the five abandoned ones: it
+  // returns at once, so its time is the backend's own between two hits (on the ptrace backend
+  // two stops, which a loaded machine stretched past nap(1)'s 1.2 ms once: bounded by nap(20)).
   const std::vector<json> dives = OfEvent(run.hits, "dive__return");
   ASSERT_EQ(dives.size(), 1U);
-  EXPECT_LT(dives[0]["args"]["$duration"].get<long>(), ns[0]);
+  EXPECT_LT(dives[0]["args"]["$duration"].get<long>(), ns[1]);
   // The condition on $duration keeps the one call over 10 ms.
   const std::vector<json> longs = OfEvent(run.hits, "long");
   ASSERT_EQ(longs.size(), 1U);
