@@ -22,8 +22,8 @@
 # row checks the path the summary names for the probe ("path": jump or int3); a run placed on
 # another path is recorded under its own label saying so. Its cost per hit is, as for every
 # tool here, the whole run's: the hit in the program and kwatch draining and counting its
-# record (the hit alone: bench/agent_bench). A thread's ring holds 256 KiB of records
-# (watch/probe/agent_session.cc: 6,553 of tick's), drained every 10 ms: uprobe_loop's tight
+# record (the hit alone: bench/agent_bench). A thread's ring holds 1 MiB of records
+# (watch/probe/agent_session.cc: about 18,700 of tick's), drained every 10 ms: uprobe_loop's tight
 # loop on the jump path fills it long before, the records beyond are lost (counted in the
 # summary's "lost"), and the row says so rather than show a cost for hits kwatch never read.
 # The floor under the in-process INT3 path is bench/compare/int3_floor.c: uprobe_loop's loop
