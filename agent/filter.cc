@@ -9,27 +9,19 @@
 #include <cstdint>
 
 #include "agent/agent.h"
+#include "agent/int_ops.h"
 
 namespace kwatch::agent {
 
 namespace {
 
-constexpr uint64_t kSignBit = uint64_t{1} << 63;
-
-inline bool Negative(uint64_t a) {
-  return (a & kSignBit) != 0;
-}
-inline uint64_t Negate(uint64_t a) {
-  return ~a + 1;
-}
-// Signed order of two's-complement values held in uint64: flipping the sign bit maps it onto
-// the unsigned order.
-inline bool LessSigned(uint64_t a, uint64_t b) {
-  return (a ^ kSignBit) < (b ^ kSignBit);
-}
-inline uint64_t Magnitude(uint64_t a) {
-  return Negative(a) ? Negate(a) : a;
-}
+using int_ops::DivSigned;
+using int_ops::LessSigned;
+using int_ops::ModSigned;
+using int_ops::Negate;
+using int_ops::Shl;
+using int_ops::ShrS;
+using int_ops::ShrU;
 
 enum class Verdict : uint8_t { kValue, kDivZero, kInvalid };
 
@@ -50,12 +42,10 @@ Verdict Binary(uint32_t op, uint64_t x, uint64_t y, uint64_t& out) {
         out = x / y;
       } else if (op == kKwFilterModU) {
         out = x % y;
-      } else if (op == kKwFilterDivS) {  // truncating towards zero; INT64_MIN / -1 wraps
-        const uint64_t q = Magnitude(x) / Magnitude(y);
-        out = Negative(x) != Negative(y) ? Negate(q) : q;
-      } else {  // the remainder has the dividend's sign (C99)
-        const uint64_t r = Magnitude(x) % Magnitude(y);
-        out = Negative(x) ? Negate(r) : r;
+      } else if (op == kKwFilterDivS) {
+        out = DivSigned(x, y);
+      } else {
+        out = ModSigned(x, y);
       }
       return Verdict::kValue;
     case kKwFilterAdd:
@@ -65,20 +55,13 @@ Verdict Binary(uint32_t op, uint64_t x, uint64_t y, uint64_t& out) {
       out = x - y;
       return Verdict::kValue;
     case kKwFilterShl:
-      out = y >= 64 ? 0 : x << y;
+      out = Shl(x, y);
       return Verdict::kValue;
     case kKwFilterShrU:
-      out = y >= 64 ? 0 : x >> y;
+      out = ShrU(x, y);
       return Verdict::kValue;
     case kKwFilterShrS:
-      if (y >= 64) {
-        out = Negative(x) ? ~uint64_t{0} : 0;
-      } else {
-        out = x >> y;
-        if (Negative(x) && y > 0) {
-          out |= ~(~uint64_t{0} >> y);
-        }
-      }
+      out = ShrS(x, y);
       return Verdict::kValue;
     case kKwFilterLtU:
       out = static_cast<uint64_t>(x < y);

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "agent/int_ops.h"
 #include "core/base/status_macros.h"
 
 namespace kwatch::watch {
@@ -26,44 +27,14 @@ using Insn = Condition::Insn;
 // Parentheses and unary operators nest at most this deep (the parser recurses on them).
 constexpr int kMaxNesting = 200;
 
-constexpr uint64_t kSignBit = uint64_t{1} << 63;
-
-// Signed comparison of two's-complement values held in uint64 (no implementation-defined
-// conversions): flipping the sign bit maps int64 order onto uint64 order.
-inline bool LessSigned(uint64_t a, uint64_t b) {
-  return (a ^ kSignBit) < (b ^ kSignBit);
-}
-inline bool Negative(uint64_t a) {
-  return (a & kSignBit) != 0;
-}
-inline uint64_t Negate(uint64_t a) {
-  return ~a + 1;
-}
-
-// Signed division truncating towards zero, on two's-complement values; INT64_MIN / -1 wraps.
-inline uint64_t DivSigned(uint64_t a, uint64_t b) {
-  const bool neg = Negative(a) != Negative(b);
-  const uint64_t q = (Negative(a) ? Negate(a) : a) / (Negative(b) ? Negate(b) : b);
-  return neg ? Negate(q) : q;
-}
-// Remainder with the sign of the dividend (C99).
-inline uint64_t ModSigned(uint64_t a, uint64_t b) {
-  const uint64_t r = (Negative(a) ? Negate(a) : a) % (Negative(b) ? Negate(b) : b);
-  return Negative(a) ? Negate(r) : r;
-}
-inline uint64_t Shl(uint64_t a, uint64_t n) {
-  return n >= 64 ? 0 : a << n;
-}
-inline uint64_t ShrU(uint64_t a, uint64_t n) {
-  return n >= 64 ? 0 : a >> n;
-}
-inline uint64_t ShrS(uint64_t a, uint64_t n) {
-  if (n >= 64) {
-    return Negative(a) ? ~uint64_t{0} : 0;
-  }
-  const uint64_t shifted = a >> n;
-  return Negative(a) && n > 0 ? shifted | ~(~uint64_t{0} >> n) : shifted;
-}
+// The integer semantics the agent's filter programs share (agent/int_ops.h).
+using agent::int_ops::DivSigned;
+using agent::int_ops::LessSigned;
+using agent::int_ops::ModSigned;
+using agent::int_ops::Negate;
+using agent::int_ops::Shl;
+using agent::int_ops::ShrS;
+using agent::int_ops::ShrU;
 
 // Applies a binary operator; false for a division by zero.
 inline bool ApplyBinary(Op op, uint64_t a, uint64_t b, uint64_t* out) {
