@@ -290,7 +290,9 @@ int Main(int argc, char** argv) {
   auto* r = app.add_flag("-r,--read", opts.read,
                          "Report reads: x86 has no read-only watchpoint, so kwatch watches "
                          "read-write and filters writes out in software");
-  auto* x = app.add_flag("-x,--exec", opts.exec, "Report execution of the address");
+  auto* x = app.add_flag("-x,--exec", opts.exec,
+                         "Report execution of code: FUNC, FUNC+OFF, FILE:LINE (its first "
+                         "statement) or an address (an execute breakpoint)");
   w->excludes(a, r, x);
   a->excludes(r, x);
   r->excludes(x);

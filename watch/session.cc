@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/base/status_macros.h"
+#include "core/symbols/code_point.h"
 #include "core/symbols/expr.h"
 #include "drmgr/applier.h"
 #include "watch/hw_probe.h"
@@ -160,8 +161,24 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       [&proc](core::RemoteAddr addr, std::span<uint8_t> out) { return proc.ReadMemory(addr, out); };
   std::vector<Watch> watches;
   for (auto& req : requests) {
-    KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(req.expr));
-    auto resolved = symbols->Resolve(expr, reader);
+    // --exec takes code as `kwatch probe` writes it (FUNC, FUNC+OFF, FILE:LINE) before data.
+    std::optional<core::symbols::ResolvedExpr> code;
+    if (req.kind == drmgr::DrKind::kExec) {
+      absl::StatusOr<std::optional<core::symbols::ResolvedExpr>> c =
+          core::symbols::ResolveCodePoint(*symbols, req.expr);
+      if (!c.ok()) {
+        return absl::Status(c.status().code(),
+                            absl::StrCat("'", req.expr, "': ", c.status().message()));
+      }
+      code = *std::move(c);
+    }
+    absl::StatusOr<core::symbols::ResolvedExpr> resolved = absl::UnknownError("unresolved");
+    if (code.has_value()) {
+      resolved = *std::move(code);
+    } else {
+      KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(req.expr));
+      resolved = symbols->Resolve(expr, reader);
+    }
     if (!resolved.ok()) {
       return absl::Status(resolved.status().code(),
                           absl::StrCat("'", req.expr, "': ", resolved.status().message()));

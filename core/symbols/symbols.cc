@@ -117,8 +117,8 @@ class DwflSymbols final : public Symbols {
   std::optional<SourceLine> LineAt(RemoteAddr addr) const override;
   absl::Status ReadCode(RemoteAddr addr, std::span<uint8_t> out) const override;
   std::optional<FunctionSymbol> FindFunction(std::string_view name) const override;
-  absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file,
-                                                          int line) const override;
+  absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file, int line,
+                                                          bool statements) const override;
 
  private:
   // How a data symbol was found; lower ranks win when several modules or CUs define a name.
@@ -942,10 +942,12 @@ std::optional<FunctionSymbol> DwflSymbols::FindFunction(std::string_view name) c
 }
 
 absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string_view file,
-                                                                     int line) const {
+                                                                     int line,
+                                                                     bool statements) const {
   EnsureIndex();
   const std::string fname(file);
   std::vector<RemoteAddr> out;
+  std::vector<RemoteAddr> stmts;
   for (Dwfl_Module* mod : modules_) {
     Dwfl_Line** lines = nullptr;
     size_t n = 0;
@@ -958,6 +960,12 @@ absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string
       if (dwfl_lineinfo(lines[i], &a, &found_line, nullptr, nullptr, nullptr) != nullptr &&
           found_line == line) {
         out.push_back(RemoteAddr{a});
+        Dwarf_Addr bias = 0;
+        bool stmt = false;
+        Dwarf_Line* dl = dwfl_dwarf_line(lines[i], &bias);
+        if (dl != nullptr && dwarf_linebeginstatement(dl, &stmt) == 0 && stmt) {
+          stmts.push_back(RemoteAddr{a});
+        }
       }
     }
     free(lines);  // NOLINT(cppcoreguidelines-no-malloc): allocated by libdwfl
@@ -965,6 +973,9 @@ absl::StatusOr<std::vector<RemoteAddr>> DwflSymbols::AddressesOfLine(std::string
   if (out.empty()) {
     return absl::NotFoundError(
         absl::StrCat("no code for ", fname, ":", line, " in ", ModuleList()));
+  }
+  if (statements && !stmts.empty()) {
+    out = std::move(stmts);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -88,11 +88,14 @@ class Symbols {
   }
 
   // Absolute addresses of the line-table rows for `file`:`line` (`file` may be a basename
-  // or a path suffix such as "src/server.c"). NotFound when no module has such a line.
-  virtual absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file,
-                                                                  int line) const {
+  // or a path suffix such as "src/server.c"), sorted. `statements`: only the rows that begin a
+  // statement (is_stmt: where gdb's `break FILE:LINE` stops), unless the line has none.
+  // NotFound when no module has such a line.
+  virtual absl::StatusOr<std::vector<RemoteAddr>> AddressesOfLine(std::string_view file, int line,
+                                                                  bool statements = false) const {
     (void)file;
     (void)line;
+    (void)statements;
     return absl::UnimplementedError("line lookup is not available for this target");
   }
 

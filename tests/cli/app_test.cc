@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
+#include "tests/watch/debug_traps.h"
 
 namespace kwatch {
 namespace {
@@ -97,6 +98,61 @@ TEST(KwatchLaunch, EveryWriteOfAFieldPerThreadExactly) {
   ASSERT_EQ(w["sites"].size(), 1u);
   EXPECT_EQ(w["sites"][0]["line"], line);
   EXPECT_EQ(w["sites"][0]["writes"], 3000);
+}
+
+// --exec takes code as `kwatch probe` and gdb's `break` write it: a function's entry, an offset
+// into it, a source line (its first statement). field_writer 3 1000: Work runs once per thread,
+// and `g_stats.hits = i;` 1000 times in each.
+TEST(KwatchLaunch, ExecuteWatchesOnAFunctionAnOffsetAndALine) {
+  const int line = SourceLine("g_stats.hits = i;");
+  struct Case {
+    std::string where;
+    size_t events;
+    std::string display;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"Work", 3, "Work"},
+           {"field_writer.c:" + std::to_string(line), 3000, ""},
+       }) {
+    const RunResult r = RunKwatch({"--exec", c.where, "--json", "--", TargetPath("field_writer"),
+                                   "3", "1000", "--truth", TruthFile("exec-code")});
+    ASSERT_EQ(r.exit_code, 0) << c.where << ": " << r.err;
+    const JsonRun run = ParseJsonLines(r.out);
+    ASSERT_EQ(run.watches.size(), 1u);
+    EXPECT_EQ(run.watches[0]["kind"], "execute") << c.where;
+    EXPECT_EQ(run.watches[0]["len"], 1) << c.where;
+    if (!c.display.empty()) {
+      EXPECT_EQ(run.watches[0]["display"], c.display);
+    } else {
+      EXPECT_THAT(run.watches[0]["display"].get<std::string>(), HasSubstr(c.where + " (Work+0x"));
+    }
+    KW_REQUIRE_DEBUG_TRAPS();
+    EXPECT_EQ(run.events.size(), c.events) << c.where;
+    for (const auto& e : run.events) {
+      EXPECT_EQ(e["function"], "Work") << e.dump();
+      if (c.events == 3000) {
+        EXPECT_EQ(e["line"], line) << e.dump();
+      }
+    }
+  }
+  // An offset: the instruction there, exactly the one the watch names.
+  const RunResult off = RunKwatch({"--exec", "Work+0x4", "--json", "--", TargetPath("field_writer"),
+                                   "2", "10", "--truth", TruthFile("exec-offset")});
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  const JsonRun run = ParseJsonLines(off.out);
+  EXPECT_EQ(run.watches[0]["display"], "Work+0x4");
+  ASSERT_EQ(run.events.size(), 2u);
+  EXPECT_EQ(run.events[0]["offset"], 4);
+  // Bad places say what is wrong before anything runs.
+  for (const auto& [where, message] : std::vector<std::pair<std::string, std::string>>{
+           {"Work+0x100000", "'Work+0x100000': Work is "},
+           {"field_writer.c:100000", "'field_writer.c:100000': no code for field_writer.c:100000"},
+       }) {
+    const RunResult bad = RunKwatch({"--exec", where, "--", TargetPath("field_writer"), "1", "1",
+                                     "--truth", TruthFile("exec-bad")});
+    EXPECT_NE(bad.exit_code, 0) << where;
+    EXPECT_THAT(bad.err, HasSubstr(message)) << where;
+  }
 }
 
 TEST(KwatchLaunch, ReadWriteWatchTellsReadsFromWrites) {
