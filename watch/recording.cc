@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/base/target_files.h"
+#include "watch/recording_summary.h"
 
 namespace kwatch::watch {
 
@@ -86,6 +87,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
   rec.backend = std::string{BackendName(session.backend())};
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> writer,
                       core::store::TraceWriter::Create(spec.path, rec));
+  writer->SetSummarySource(MakeProfileSummarySource(rec.start_mono_ns));
   for (const Watch& wt : session.watches()) {
     const WatchPlacement placed = session.placement(wt.id);
     core::store::WatchRecord watch_record = WatchRecordFor(wt, placed.backend);
@@ -173,6 +175,14 @@ absl::StatusOr<profile::StorageProfile> ProfileFromRecording(const core::store::
     filter.to_ns = start + SecondsToNs(*slice.to_s);
   }
   filter.tid = slice.tid;
+  if (!slice.from_s.has_value() && !slice.to_s.has_value() && !slice.tid.has_value()) {
+    // The whole recording: from the profile it keeps, when it keeps one.
+    KW_ASSIGN_OR_RETURN(std::optional<profile::StorageProfile> kept,
+                        ProfileFromSummary(reader, opts));
+    if (kept.has_value()) {
+      return *std::move(kept);
+    }
+  }
   profile::StorageProfile profile(std::move(objects), opts);
   absl::Status s = reader.ForEachEvent(filter, [&](const core::AccessEvent& ev) {
     profile.Add(ev);
