@@ -43,6 +43,7 @@ struct ReportOptions {
   bool log_scale = false;
   double bucket_ms = 0;
   std::string color = "auto";
+  bool upgrade = false;
 };
 
 std::string WallTime(uint64_t ns) {
@@ -284,11 +285,31 @@ int ReportMain(const std::vector<std::string>& args) {
   app.add_option("--color", o.color, "Colour in the terminal heatmap")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+  app.add_flag("--upgrade", o.upgrade,
+               "Rewrite FILE, recorded by an older kwatch, as kwatch records now (events in "
+               "compressed blocks, the profile kept, which later reports read at once); "
+               "prints no report");
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (o.upgrade) {
+    const absl::StatusOr<std::optional<uint64_t>> n = watch::UpgradeRecording(o.file);
+    if (!n.ok()) {
+      std::fprintf(stderr, "kwatch: error: %s\n", Shown(std::string{n.status().message()}).c_str());
+      return 1;
+    }
+    if (!n->has_value()) {
+      std::fprintf(stderr, "kwatch: %s is current (schema %d); nothing to do\n",
+                   Shown(o.file).c_str(), core::store::kTraceSchemaVersion);
+    } else {
+      std::fprintf(stderr, "kwatch: %s upgraded to schema %d: %llu events in blocks\n",
+                   Shown(o.file).c_str(), core::store::kTraceSchemaVersion,
+                   static_cast<unsigned long long>(**n));
+    }
+    return 0;
   }
   auto reader = core::store::TraceReader::Open(o.file);
   if (!reader.ok()) {

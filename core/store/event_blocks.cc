@@ -148,7 +148,7 @@ std::string EncodeEventBlock(absl::Span<const AccessEvent> events) {
   }
   std::string out(ZSTD_compressBound(raw.size()), '\0');
   const size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), kZstdLevel);
-  KW_CHECK(!ZSTD_isError(n));  // the bound holds
+  KW_CHECK(ZSTD_isError(n) == 0);  // the bound holds
   out.resize(n);
   return out;
 }
@@ -169,9 +169,9 @@ absl::Status DecodeEventBlock(absl::string_view data, uint64_t count,
   }
   std::string raw(static_cast<size_t>(size), '\0');
   const size_t n = ZSTD_decompress(raw.data(), raw.size(), data.data(), data.size());
-  if (ZSTD_isError(n) || n != raw.size()) {
-    return Bad(
-        absl::StrCat("does not decompress: ", ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short"));
+  if (ZSTD_isError(n) != 0 || n != raw.size()) {
+    return Bad(absl::StrCat("does not decompress: ",
+                            ZSTD_isError(n) != 0 ? ZSTD_getErrorName(n) : "short"));
   }
   Cursor c(raw);
   uint8_t format = 0;

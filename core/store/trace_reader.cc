@@ -736,7 +736,7 @@ absl::StatusOr<bool> TraceReader::InOrder(const char* column) const {
 }
 
 absl::StatusOr<int64_t> TraceReader::FirstRowidAtLeast(const char* table, const char* expr,
-                                                       uint64_t from_ns) const {
+                                                       uint64_t value) const {
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr min_stmt,
                       Prepare(absl::StrCat("SELECT min(rowid) FROM ", table)));
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr max_stmt,
@@ -757,8 +757,8 @@ absl::StatusOr<int64_t> TraceReader::FirstRowidAtLeast(const char* table, const 
   }
   int64_t lo = sqlite3_column_int64(min_stmt.get(), 0);
   int64_t hi = sqlite3_column_int64(max_stmt.get(), 0);
-  const int64_t from = FromBound(from_ns);
-  // Invariant: rows below lo are earlier than from_ns; the answer is in [lo, hi + 1].
+  const int64_t from = FromBound(value);
+  // Invariant: rows below lo have expr below value; the answer is in [lo, hi + 1].
   if (hi == std::numeric_limits<int64_t>::max()) {
     return lo;  // cannot form hi + 1; scan from the start
   }

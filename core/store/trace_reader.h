@@ -63,6 +63,10 @@ class TraceReader {
   ~TraceReader() = default;
 
   const std::string& path() const { return path_; }
+  // PRAGMA user_version of the file (1 to kTraceSchemaVersion), and whether its events are in
+  // event_blocks (schema 7) rather than one row each.
+  int schema() const { return schema_; }
+  bool event_blocks() const { return event_blocks_; }
   const SessionRecord& session() const { return session_; }
   // False when the recording was cut short (the writer died before Finish).
   bool complete() const { return complete_; }

@@ -81,6 +81,7 @@ struct Session {
   bool finish = true;         // else the writer dies before Finish (cut short)
   bool out_of_order = false;  // a batch earlier than the one before
   bool summary = true;
+  bool rows = false;  // events one row each (as schema 6 and older stored them)
 };
 
 // Events of 6 threads over both watches: reads, writes, execs, unknown watches, events before
@@ -130,7 +131,9 @@ std::string Record(const std::string& name, const Session& s) {
   rec.start_wall_ns = 1;
   rec.mode = "watch";
   rec.backend = "perf";
-  auto w = core::store::TraceWriter::Create(path, rec);
+  auto w = core::store::TraceWriter::Create(
+      path, rec, core::store::TraceWriter::kDefaultBatchSize,
+      s.rows ? core::store::EventStorage::kRows : core::store::EventStorage::kBlocks);
   EXPECT_TRUE(w.ok()) << w.status();
   if (s.summary) {
     (*w)->SetSummarySource(MakeProfileSummarySource(kStart));
@@ -439,6 +442,117 @@ TEST(SummaryTest, BinsNamingNoSuchThreadAreAClearError) {
   EXPECT_EQ(p.status().message(),
             absl::StrCat("not a kwatch recording or corrupted: ", path,
                          ": profile_bins names a thread or field the profile has not"));
+  std::remove(path.c_str());
+}
+
+std::vector<core::AccessEvent> AllEvents(const core::store::TraceReader& r) {
+  std::vector<core::AccessEvent> out;
+  EXPECT_TRUE(r.ForEachEvent({}, [&](const core::AccessEvent& e) {
+                 out.push_back(e);
+                 return true;
+               }).ok());
+  return out;
+}
+
+std::string ReportText(const core::store::TraceReader& r, bool json) {
+  auto p = ProfileFromRecording(r, {}, ReportProfileOptions(r, 0));
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) {
+    return "";
+  }
+  profile::ReportRenderOptions ropts;
+  return json ? profile::RenderJson(*p, Namer, ropts).dump(1)
+              : profile::RenderText(*p, Namer, ropts);
+}
+
+std::string Sql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  std::string out;
+  sqlite3_exec(
+      db, sql.c_str(),
+      [](void* o, int n, char** v, char**) {
+        auto* s = static_cast<std::string*>(o);
+        for (int i = 0; i < n; ++i) {
+          absl::StrAppend(s, s->empty() ? "" : " ", v[i] == nullptr ? "NULL" : v[i]);
+        }
+        return 0;
+      },
+      &out, nullptr);
+  sqlite3_close(db);
+  return out;
+}
+
+TEST(UpgradeTest, AnOlderRecordingReportsTheSameAfterTheUpgrade) {
+  Session s = WithBatch(Make(30000, 5'000'000'000, 11), 3000);
+  s.summary = false;
+  s.rows = true;
+  const std::string path = Record("upgrade", s);
+  // What schema 6 had: none of schema 7's columns and tables.
+  ASSERT_TRUE(testing::CraftSql(path,
+                                "ALTER TABLE session DROP COLUMN summary_events;"
+                                "ALTER TABLE session DROP COLUMN event_blocks;"
+                                "DROP TABLE event_blocks; DROP TABLE profile_snapshot;"
+                                "DROP TABLE profile_bins; PRAGMA user_version = 6;")
+                  .ok());
+  std::string text;
+  std::string json;
+  std::vector<core::AccessEvent> events;
+  {
+    auto r = core::store::TraceReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->schema(), 6);
+    text = ReportText(**r, false);
+    json = ReportText(**r, true);
+    events = AllEvents(**r);
+  }
+  auto n = UpgradeRecording(path);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_TRUE(n->has_value());
+  EXPECT_EQ(**n, 30000U);
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "SELECT event_blocks, summary_events, event_count, complete FROM session"),
+            "1 30000 30000 1");
+  EXPECT_EQ(Sql(path, "SELECT count(*), sum(count) FROM event_blocks"), "4 30000");
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM events"), "0");
+  auto r = core::store::TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto kept = (*r)->ProfileSummary();
+  ASSERT_TRUE(kept.ok());
+  ASSERT_TRUE(kept->has_value());
+  EXPECT_EQ(ReportText(**r, false), text);
+  EXPECT_EQ(ReportText(**r, true), json);
+  const std::vector<core::AccessEvent> after = AllEvents(**r);
+  ASSERT_EQ(after.size(), events.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    ASSERT_EQ(after[i].time_ns, events[i].time_ns) << i;
+    ASSERT_EQ(after[i].tid, events[i].tid) << i;
+    ASSERT_EQ(after[i].access_addr, events[i].access_addr) << i;
+    ASSERT_EQ(after[i].value, events[i].value) << i;
+    ASSERT_EQ(after[i].old_value, events[i].old_value) << i;
+    ASSERT_EQ(after[i].kind, events[i].kind) << i;
+  }
+  // Current now: nothing to do.
+  auto again = UpgradeRecording(path);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+  std::remove(path.c_str());
+}
+
+TEST(UpgradeTest, ARecordingCutShortIsLeftAsItIs) {
+  Session s = Make(3000, 1'000'000'000, 12);
+  s.rows = true;
+  s.finish = false;
+  const std::string path = Record("cut", s);
+  auto n = UpgradeRecording(path);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(n.status().message(),
+            absl::StrCat(path,
+                         ": was cut short; only a finished recording is upgraded (`kwatch export "
+                         "--sql OUT ",
+                         path, "` copies any)"));
+  EXPECT_EQ(Sql(path, "SELECT event_blocks, count(*) FROM session"), "0 1");
   std::remove(path.c_str());
 }
 
