@@ -427,7 +427,7 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
   const std::string context = absl::StrCat("creating ", path_);
   // Page size first: it is fixed once the first table exists.
   KW_RETURN_IF_ERROR(SqliteExec(db,
-                                "PRAGMA page_size=16384;"
+                                "PRAGMA page_size=4096;"
                                 "PRAGMA secure_delete=OFF;"
                                 "PRAGMA cache_size=-16384;",
                                 context));

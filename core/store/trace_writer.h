@@ -145,8 +145,8 @@ class TraceWriter {
 
  private:
   static constexpr size_t kEventsPerInsert = 32;
-  static constexpr int kCheckpointPages = 1024;    // 16 MiB of 16 KiB pages
-  static constexpr int kRestartPages = 4096;       // 64 MiB: the writer restarts the WAL
+  static constexpr int kCheckpointPages = 4096;    // 16 MiB of 4 KiB pages
+  static constexpr int kRestartPages = 16384;      // 64 MiB: the writer restarts the WAL
   static constexpr off_t kReserveBytes = 1 << 20;  // released on a failure for the last commit
 
   TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file,
