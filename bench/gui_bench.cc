@@ -25,6 +25,10 @@
 #include "core/event.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
+#if __has_include("watch/recording_summary.h")
+#include "watch/recording_summary.h"
+#define KWATCH_BENCH_SUMMARY 1
+#endif
 #include "gui/cache_line_model.h"
 #include "gui/field_tree_model.h"
 #include "gui/headless_app.h"
@@ -38,7 +42,12 @@
 namespace kwatch {
 namespace {
 
-constexpr uint64_t kEvents = 1'000'000;
+// $KWATCH_BENCH_EVENTS events (default 1 million; the names say 1M whatever it is).
+uint64_t EventCount() {
+  const char* n = std::getenv("KWATCH_BENCH_EVENTS");  // NOLINT(concurrency-mt-unsafe)
+  return n != nullptr ? std::strtoull(n, nullptr, 10) : 1'000'000;
+}
+const uint64_t kEvents = EventCount();
 constexpr uint64_t kStepNs = 5000;
 constexpr uint64_t kStart = 1'000'000'000'000ULL;
 constexpr uint64_t kStruct = 0x555555560040ULL;
@@ -120,6 +129,9 @@ class Recording {
       std::fprintf(stderr, "gui_bench: %s\n", std::string(w.status().message()).c_str());
       std::exit(1);  // NOLINT(concurrency-mt-unsafe)
     }
+#ifdef KWATCH_BENCH_SUMMARY
+    (*w)->SetSummarySource(watch::MakeProfileSummarySource(kStart));  // as kwatch -o keeps it
+#endif
     (void)(*w)->AddWatch(StructWatch());
     (void)(*w)->AddWatch(TableWatch());
     for (uint64_t ip = 0; ip < 48; ++ip) {
@@ -143,10 +155,14 @@ class Recording {
     end.exit_reason = "target exited";
     (void)(*w)->Finish(end);
   }
-  ~Recording() { std::remove(path_.c_str()); }
+  ~Recording() {
+    std::remove(path_.c_str());
+  }
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;
-  const std::string& path() const { return path_; }
+  const std::string& path() const {
+    return path_;
+  }
 
  private:
   std::string path_;

@@ -257,6 +257,9 @@ int Main(int argc, char** argv) {
   if (argc > 1 && absl::string_view(argv[1]) == "report") {
     return ReportMain(std::vector<std::string>(argv + 2, argv + argc));
   }
+  if (argc > 1 && absl::string_view(argv[1]) == "export") {
+    return ExportMain(std::vector<std::string>(argv + 2, argv + argc));
+  }
   // Everything after the first "--" is the command to launch.
   std::vector<std::string> args;
   Options opts;
@@ -276,7 +279,8 @@ int Main(int argc, char** argv) {
       "  kwatch --rw g_stats -o run.kwdb -- ./prog      record; then `kwatch report run.kwdb`\n"
       "  kwatch --write &jiffies                        no -p and no command: a kernel variable,\n"
       "                                                 on every CPU (root; see --system-map)\n\n"
-      "Subcommands: `kwatch report FILE` (storage profile of a recording), `kwatch probe`\n"
+      "Subcommands: `kwatch report FILE` (storage profile of a recording), `kwatch export\n"
+      "--sql OUT FILE` (a recording with one SQL row per event), `kwatch probe`\n"
       "(INT3 and uprobe probes), `kwatch slots [-p PID]` (who holds the debug registers);\n"
       "see --help of each.\n"
       "Expressions: name, &name, name.field, name[3], ptr->field, 0xADDR, 0xADDR:LEN.\n"

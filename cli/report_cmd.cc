@@ -19,6 +19,7 @@
 #include "cli/heatmap_png.h"
 #include "core/base/printable.h"
 #include "core/store/trace_reader.h"
+#include "core/store/trace_writer.h"
 #include "watch/chrome_trace.h"
 #include "watch/folded_stacks.h"
 #include "watch/probe/aggregate_output.h"
@@ -42,6 +43,7 @@ struct ReportOptions {
   bool log_scale = false;
   double bucket_ms = 0;
   std::string color = "auto";
+  bool upgrade = false;
 };
 
 std::string WallTime(uint64_t ns) {
@@ -219,6 +221,41 @@ int WriteChromeTrace(const core::store::TraceReader& r, const watch::RecordingSl
 
 }  // namespace
 
+int ExportMain(const std::vector<std::string>& args) {
+  std::string file;
+  std::string sql_out;
+  CLI::App app{
+      "kwatch export: a recording for other tools. --sql OUT writes OUT, a copy of FILE whose\n"
+      "events are one row each in table `events` (time_ns, pid, tid, cpu, watch_id, ip, trap_ip,\n"
+      "addr, len, access_addr, access_size, kind, value, old_value, value_exact), as sqlite3\n"
+      "queries expect them; kwatch stores them in compressed blocks (docs/recording.md).",
+      "kwatch export"};
+  app.add_option("file", file, "The recording (.kwdb)")->required();
+  app.add_option("--sql", sql_out, "Write the copy with one row per event to this new file")
+      ->required();
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto reader = core::store::TraceReader::Open(file);
+  if (!reader.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 Shown(std::string{reader.status().message()}).c_str());
+    return 1;
+  }
+  const absl::StatusOr<uint64_t> rows = core::store::ExportEventRows(**reader, sql_out);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "kwatch: error: %s\n",
+                 Shown(std::string{rows.status().message()}).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "kwatch: %s: %llu events as rows of table events\n", Shown(sql_out).c_str(),
+               static_cast<unsigned long long>(*rows));
+  return 0;
+}
+
 int ReportMain(const std::vector<std::string>& args) {
   ReportOptions o;
   CLI::App app{
@@ -248,11 +285,31 @@ int ReportMain(const std::vector<std::string>& args) {
   app.add_option("--color", o.color, "Colour in the terminal heatmap")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+  app.add_flag("--upgrade", o.upgrade,
+               "Rewrite FILE, recorded by an older kwatch, as kwatch records now (events in "
+               "compressed blocks, the profile kept, which later reports read at once); "
+               "prints no report");
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (o.upgrade) {
+    const absl::StatusOr<std::optional<uint64_t>> n = watch::UpgradeRecording(o.file);
+    if (!n.ok()) {
+      std::fprintf(stderr, "kwatch: error: %s\n", Shown(std::string{n.status().message()}).c_str());
+      return 1;
+    }
+    if (!n->has_value()) {
+      std::fprintf(stderr, "kwatch: %s is current (schema %d); nothing to do\n",
+                   Shown(o.file).c_str(), core::store::kTraceSchemaVersion);
+    } else {
+      std::fprintf(stderr, "kwatch: %s upgraded to schema %d: %llu events in blocks\n",
+                   Shown(o.file).c_str(), core::store::kTraceSchemaVersion,
+                   static_cast<unsigned long long>(**n));
+    }
+    return 0;
   }
   auto reader = core::store::TraceReader::Open(o.file);
   if (!reader.ok()) {

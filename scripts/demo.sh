@@ -45,4 +45,4 @@ for f in live.txt summary.txt run.kwdb report.txt report.json heatmap.png false_
          events.jsonl; do
   printf '  %s/%s\n' "$OUT" "$f"
 done
-echo "  (open a recording with: sqlite3 $OUT/run.kwdb, see docs/recording.md)"
+echo "  (open a recording with: sqlite3 $OUT/run.kwdb; one row per event: kwatch export --sql rows.kwdb $OUT/run.kwdb; see docs/recording.md)"

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libdw-dev libelf-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libzydis-dev libsqlite3-dev sqlite3 libcli11-dev nlohmann-json3-dev libcairo2-dev
+  libzydis-dev libsqlite3-dev sqlite3 libzstd-dev libcli11-dev nlohmann-json3-dev libcairo2-dev
   libbpf-dev bpftool dwarves
   clang-14 clang libclang-rt-14-dev clang-format clang-tidy shellcheck python3 python3-jsonschema
   qt6-base-dev qt6-charts-dev qt6-svg-dev libqt6opengl6-dev fonts-dejavu-core

@@ -112,7 +112,7 @@ echo "memory_soak: kwatch exited with status $RC; log $LOG"
 EVENTS=
 if command -v sqlite3 >/dev/null && [ -s "$REC" ]; then
   if [ "$MODE" = watch ]; then
-    EVENTS=$(sqlite3 -readonly "$REC" 'SELECT count(*) FROM events' 2>/dev/null || true)
+    EVENTS=$(sqlite3 -readonly "$REC" 'SELECT event_count FROM session' 2>/dev/null || true)
   else
     EVENTS=$(sqlite3 -readonly "$REC" 'SELECT count(*) FROM hits' 2>/dev/null || true)
   fi

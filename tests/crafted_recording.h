@@ -69,8 +69,11 @@ inline absl::Status WriteCraftBase(const std::string& path, const CraftSpec& spe
   session.kwatch_version = "0.1.0";
   session.mode = spec.probes.empty() ? "watch" : "probe";
   session.backend = "page";
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> w,
-                      core::store::TraceWriter::Create(path, session));
+  // Events as rows, which SQL can change one by one (kwatch's blocks: event_blocks_test.cc).
+  KW_ASSIGN_OR_RETURN(
+      std::unique_ptr<core::store::TraceWriter> w,
+      core::store::TraceWriter::Create(path, session, core::store::TraceWriter::kDefaultBatchSize,
+                                       core::store::EventStorage::kRows));
   core::store::WatchRecord watch;
   watch.id = 0;
   watch.expr = "g";

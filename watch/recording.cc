@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/base/target_files.h"
+#include "watch/recording_summary.h"
 
 namespace kwatch::watch {
 
@@ -86,6 +87,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
   rec.backend = std::string{BackendName(session.backend())};
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> writer,
                       core::store::TraceWriter::Create(spec.path, rec));
+  writer->SetSummarySource(MakeProfileSummarySource(rec.start_mono_ns));
   for (const Watch& wt : session.watches()) {
     const WatchPlacement placed = session.placement(wt.id);
     core::store::WatchRecord watch_record = WatchRecordFor(wt, placed.backend);
@@ -120,6 +122,66 @@ RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::S
   out.path = writer.path();
   out.warning = writer.finish_warning();
   return out;
+}
+
+absl::StatusOr<std::optional<uint64_t>> UpgradeRecording(const std::string& path) {
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceReader> reader,
+                      core::store::TraceReader::Open(path));
+  const core::store::TraceReader& r = *reader;
+  if (!r.complete() || !r.end().has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     ": was cut short; only a finished recording is upgraded (`kwatch export "
+                     "--sql OUT ",
+                     path, "` copies any)"));
+  }
+  if (r.schema() == core::store::kTraceSchemaVersion && r.event_blocks()) {
+    return std::nullopt;
+  }
+  KW_ASSIGN_OR_RETURN(std::vector<core::store::StackRecord> stacks, r.Stacks());
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> w,
+                      core::store::TraceWriter::Create(path, r.session()));
+  if (!r.watches().empty()) {
+    w->SetSummarySource(MakeProfileSummarySource(r.session().start_mono_ns));
+  }
+  for (const core::store::WatchRecord& watch : r.watches()) {
+    KW_RETURN_IF_ERROR(w->AddWatch(watch));
+  }
+  for (const core::store::ProbeRecord& p : r.probes()) {
+    KW_RETURN_IF_ERROR(w->AddProbe(p));
+  }
+  for (const core::store::SiteRecord& s : r.sites()) {
+    KW_RETURN_IF_ERROR(w->AddSite(s));
+  }
+  for (const core::store::TaskRecord& t : r.tasks()) {
+    KW_RETURN_IF_ERROR(w->AddTask(t));
+  }
+  for (const core::store::StackRecord& s : stacks) {
+    KW_RETURN_IF_ERROR(w->AddStack(s));
+  }
+  absl::Status append;
+  uint64_t events = 0;
+  KW_RETURN_IF_ERROR(r.ForEachEvent({}, [&](const core::AccessEvent& e) {
+    append = w->Append(e);
+    ++events;
+    return append.ok();
+  }));
+  KW_RETURN_IF_ERROR(append);
+  KW_RETURN_IF_ERROR(r.ForEachHit({}, [&](const core::store::HitRecord& h) {
+    append = w->AppendHit(h);
+    return append.ok();
+  }));
+  KW_RETURN_IF_ERROR(append);
+  if (!r.aggregates().empty()) {
+    KW_RETURN_IF_ERROR(w->AddAggregates(r.aggregates()));
+  }
+  KW_RETURN_IF_ERROR(w->Finish(*r.end()));
+  if (!w->replaces().empty()) {
+    return absl::InternalError(absl::StrCat("the upgraded recording is complete in ", w->path(),
+                                            " but could not replace ", path, ": ",
+                                            w->finish_warning()));
+  }
+  return std::optional<uint64_t>(events);
 }
 
 core::store::HitFilter HitFilterOf(const core::store::TraceReader& reader,
@@ -173,6 +235,14 @@ absl::StatusOr<profile::StorageProfile> ProfileFromRecording(const core::store::
     filter.to_ns = start + SecondsToNs(*slice.to_s);
   }
   filter.tid = slice.tid;
+  if (!slice.from_s.has_value() && !slice.to_s.has_value() && !slice.tid.has_value()) {
+    // The whole recording: from the profile it keeps, when it keeps one.
+    KW_ASSIGN_OR_RETURN(std::optional<profile::StorageProfile> kept,
+                        ProfileFromSummary(reader, opts));
+    if (kept.has_value()) {
+      return *std::move(kept);
+    }
+  }
   profile::StorageProfile profile(std::move(objects), opts);
   absl::Status s = reader.ForEachEvent(filter, [&](const core::AccessEvent& ev) {
     profile.Add(ev);

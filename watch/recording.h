@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,15 @@ struct RecordingOutcome {
 // `end` (Finish); else leaves it as it is, cut short, and tells where its committed events are.
 RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::Status& record_error,
                                  const core::store::SessionEnd& end);
+
+// `kwatch report --upgrade FILE`: rewrites the finished recording at `path`, of any older schema
+// (or of schema 7 with its events as rows, as `kwatch export --sql` writes them), as kwatch
+// records now: events in blocks and, for a watch recording, the profile kept with them. The
+// new file replaces the old one only once complete (TraceWriter's rule: the old one stays as
+// it was on any failure). Returns the number of events rewritten; nullopt, with nothing done,
+// when the recording is current. FailedPrecondition for a recording cut short (upgrade what was
+// recorded with `kwatch export --sql` instead); else the reader's and the writer's errors.
+absl::StatusOr<std::optional<uint64_t>> UpgradeRecording(const std::string& path);
 
 // What part of a recording to profile. Times are seconds from the session's start.
 struct RecordingSlice {

@@ -38,5 +38,8 @@ inline constexpr size_t kMaxRecordedStackFrames = size_t{1} << 22;
 // Bytes of one row's key (aggregate_rows.key, JSON as hits.args), and of all keys together.
 inline constexpr size_t kMaxRecordedAggregateKey = kMaxRecordedArgs;
 inline constexpr size_t kMaxRecordedAggregateKeys = size_t{64} << 20;
+// Bytes of the profile written while recording (profile_snapshot, all chunks together); kwatch
+// writes none larger (the report then replays the events).
+inline constexpr size_t kMaxRecordedSnapshot = size_t{64} << 20;
 
 }  // namespace kwatch::core::store

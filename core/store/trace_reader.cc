@@ -11,8 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <queue>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,6 +26,7 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/store/args_json.h"
+#include "core/store/event_blocks.h"
 #include "core/store/recording_limits.h"
 
 namespace kwatch::core::store {
@@ -321,7 +325,8 @@ absl::Status TraceReader::LoadSession() {
       Prepare(absl::StrCat(
           "SELECT command_line,pid,kernel,host,start_wall_ns,start_mono_ns,kwatch_version,"
           "mode,backend,end_wall_ns,end_mono_ns,exit_status,exit_reason,lost_count,complete,",
-          schema_ >= 4 ? "ns_pid" : "NULL", " FROM session")));
+          schema_ >= 4 ? "ns_pid" : "NULL", ",", schema_ >= 7 ? "event_blocks" : "0",
+          " FROM session")));
   sqlite3_stmt* s = stmt.get();
   const int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE) {
@@ -344,6 +349,7 @@ absl::Status TraceReader::LoadSession() {
   KW_ASSIGN_OR_RETURN(session_.backend, LimitedText(s, 8, path_, {"session.backend"}));
   complete_ = sqlite3_column_int64(s, 14) != 0;
   session_.ns_pid = static_cast<pid_t>(sqlite3_column_int64(s, 15));  // NULL: 0
+  event_blocks_ = sqlite3_column_int64(s, 16) != 0;
   if (complete_) {
     SessionEnd end;
     end.end_wall_ns = ColumnU64(s, 9);
@@ -729,14 +735,14 @@ absl::StatusOr<bool> TraceReader::InOrder(const char* column) const {
   return sqlite3_column_int64(stmt.get(), 0) != 0;
 }
 
-absl::StatusOr<int64_t> TraceReader::FirstRowidAtOrAfter(const char* table,
-                                                         uint64_t from_ns) const {
+absl::StatusOr<int64_t> TraceReader::FirstRowidAtLeast(const char* table, const char* expr,
+                                                       uint64_t value) const {
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr min_stmt,
                       Prepare(absl::StrCat("SELECT min(rowid) FROM ", table)));
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr max_stmt,
                       Prepare(absl::StrCat("SELECT max(rowid) FROM ", table)));
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr probe,
-                      Prepare(absl::StrCat("SELECT rowid,time_ns FROM ", table,
+                      Prepare(absl::StrCat("SELECT rowid,", expr, " FROM ", table,
                                            " WHERE rowid >= ?1 ORDER BY rowid LIMIT 1")));
   int rc = sqlite3_step(min_stmt.get());
   if (rc != SQLITE_ROW) {
@@ -751,8 +757,8 @@ absl::StatusOr<int64_t> TraceReader::FirstRowidAtOrAfter(const char* table,
   }
   int64_t lo = sqlite3_column_int64(min_stmt.get(), 0);
   int64_t hi = sqlite3_column_int64(max_stmt.get(), 0);
-  const int64_t from = FromBound(from_ns);
-  // Invariant: rows below lo are earlier than from_ns; the answer is in [lo, hi + 1].
+  const int64_t from = FromBound(value);
+  // Invariant: rows below lo have expr below value; the answer is in [lo, hi + 1].
   if (hi == std::numeric_limits<int64_t>::max()) {
     return lo;  // cannot form hi + 1; scan from the start
   }
@@ -781,27 +787,189 @@ absl::StatusOr<int64_t> TraceReader::FirstRowidAtOrAfter(const char* table,
   return lo;
 }
 
+absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_order,
+                                            absl::FunctionRef<bool(const AccessEvent&)> fn) const {
+  const int64_t from = FromBound(filter.from_ns);
+  const int64_t to = ToBound(filter.to_ns);
+  const uint64_t first_index = filter.first_index.value_or(0);
+  const uint64_t last_index = filter.last_index.value_or(UINT64_MAX);
+  // Whether event `e`, number `index`, is wanted; a time or index past the filter's end is
+  // reported through `past` (nothing later in time order or in recording order matches).
+  auto wanted = [&](const AccessEvent& e, uint64_t index) {
+    const auto t = static_cast<int64_t>(e.time_ns);
+    return t >= from && t <= to && index >= first_index && index <= last_index &&
+           (!filter.tid.has_value() || e.tid == *filter.tid) &&
+           (!filter.watch_id.has_value() || e.watch_id == *filter.watch_id);
+  };
+  std::vector<AccessEvent> events;
+  auto decode = [&](sqlite3_stmt* s, int col, uint64_t count) -> absl::Status {
+    events.clear();
+    const void* p = sqlite3_column_blob(s, col);
+    const absl::string_view data(static_cast<const char*>(p),
+                                 static_cast<size_t>(sqlite3_column_bytes(s, col)));
+    if (absl::Status st = DecodeEventBlock(data, count, &events); !st.ok()) {
+      return NotARecording(path_, st.message());
+    }
+    return absl::OkStatus();
+  };
+  if (in_order) {
+    // Block order is time order: start at the first block that reaches both lower bounds.
+    int64_t start = std::numeric_limits<int64_t>::min();
+    if (filter.from_ns.has_value()) {
+      KW_ASSIGN_OR_RETURN(start, FirstRowidAtLeast("event_blocks", "last_ns", *filter.from_ns));
+    }
+    if (filter.first_index.has_value()) {
+      KW_ASSIGN_OR_RETURN(const int64_t by_index,
+                          FirstRowidAtLeast("event_blocks", "first_index+count-1", first_index));
+      start = std::max(start, by_index);
+    }
+    KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                        Prepare("SELECT first_index,count,first_ns,data FROM event_blocks "
+                                "WHERE id >= ?1 ORDER BY id"));
+    sqlite3_stmt* s = stmt.get();
+    sqlite3_bind_int64(s, 1, start);
+    int rc = SQLITE_OK;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+      const uint64_t index = ColumnU64(s, 0);
+      if (sqlite3_column_int64(s, 2) > to || index > last_index) {
+        return absl::OkStatus();
+      }
+      KW_RETURN_IF_ERROR(decode(s, 3, ColumnU64(s, 1)));
+      for (size_t i = 0; i < events.size(); ++i) {
+        const AccessEvent& e = events[i];
+        if (static_cast<int64_t>(e.time_ns) > to || index + i > last_index) {
+          return absl::OkStatus();
+        }
+        if (wanted(e, index + i) && !fn(e)) {
+          return absl::OkStatus();
+        }
+      }
+    }
+    return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+  }
+  // Blocks that overlap in time: merged, in time order, ties in recording order.
+  struct Meta {
+    int64_t id;
+    uint64_t first_index;
+    uint64_t count;
+    int64_t first_ns;
+    int64_t last_ns;
+  };
+  std::vector<Meta> metas;
+  {
+    KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                        Prepare("SELECT id,first_index,count,first_ns,last_ns FROM event_blocks "
+                                "ORDER BY first_ns, id"));
+    int rc = SQLITE_OK;
+    while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
+      sqlite3_stmt* s = stmt.get();
+      metas.push_back(Meta{sqlite3_column_int64(s, 0), ColumnU64(s, 1), ColumnU64(s, 2),
+                           sqlite3_column_int64(s, 3), sqlite3_column_int64(s, 4)});
+    }
+    if (rc != SQLITE_DONE) {
+      return ReadError(rc);
+    }
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr load, Prepare("SELECT data FROM event_blocks WHERE id = ?1"));
+  struct Open {
+    std::vector<AccessEvent> events;
+    uint64_t first_index = 0;
+    size_t pos = 0;
+  };
+  std::vector<Open> open;
+  // (time, index, slot in open): the next event of each open block; smallest first.
+  using Next = std::tuple<int64_t, uint64_t, size_t>;
+  std::priority_queue<Next, std::vector<Next>, std::greater<>> heap;
+  std::vector<size_t> free_slots;
+  size_t next = 0;
+  for (;;) {
+    while (next < metas.size() &&
+           (heap.empty() || metas[next].first_ns <= std::get<0>(heap.top()))) {
+      const Meta& m = metas[next++];
+      if (m.first_ns > to) {
+        next = metas.size();  // sorted by first_ns: none later starts in range
+        break;
+      }
+      if (m.last_ns < from || m.first_index > last_index ||
+          m.first_index + m.count <= first_index) {
+        continue;
+      }
+      sqlite3_reset(load.get());
+      sqlite3_bind_int64(load.get(), 1, m.id);
+      if (const int rc = sqlite3_step(load.get()); rc != SQLITE_ROW) {
+        return rc == SQLITE_DONE ? NotARecording(path_, "an event block vanished") : ReadError(rc);
+      }
+      KW_RETURN_IF_ERROR(decode(load.get(), 0, m.count));
+      size_t slot = 0;
+      if (free_slots.empty()) {
+        slot = open.size();
+        open.emplace_back();
+      } else {
+        slot = free_slots.back();
+        free_slots.pop_back();
+      }
+      open[slot] = Open{std::move(events), m.first_index, 0};
+      events = {};
+      heap.emplace(static_cast<int64_t>(open[slot].events[0].time_ns), m.first_index, slot);
+    }
+    if (heap.empty()) {
+      return absl::OkStatus();
+    }
+    const auto [t, index, slot] = heap.top();
+    heap.pop();
+    if (t > to) {
+      return absl::OkStatus();
+    }
+    Open& o = open[slot];
+    if (wanted(o.events[o.pos], index) && !fn(o.events[o.pos])) {
+      return absl::OkStatus();
+    }
+    if (++o.pos < o.events.size()) {
+      heap.emplace(static_cast<int64_t>(o.events[o.pos].time_ns), o.first_index + o.pos, slot);
+    } else {
+      o.events = {};
+      free_slots.push_back(slot);
+    }
+  }
+}
+
 absl::Status TraceReader::ForEachEvent(const EventFilter& filter,
                                        absl::FunctionRef<bool(const AccessEvent&)> fn) const {
   KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("events_in_order"));
+  if (event_blocks_) {
+    return ForEachBlockEvent(filter, in_order, fn);
+  }
   std::string sql =
       "SELECT time_ns,pid,tid,cpu,watch_id,ip,trap_ip,addr,len,access_addr,access_size,kind,"
       "value,old_value,value_exact FROM events ";
   int64_t start = std::numeric_limits<int64_t>::min();
+  const int64_t first_index =
+      filter.first_index.has_value()
+          ? static_cast<int64_t>(std::min<uint64_t>(*filter.first_index, INT64_MAX))
+          : std::numeric_limits<int64_t>::min();
+  const int64_t last_index =
+      filter.last_index.has_value()
+          ? static_cast<int64_t>(std::min<uint64_t>(*filter.last_index, INT64_MAX))
+          : std::numeric_limits<int64_t>::max();
   if (in_order) {
     // Rowid order is time order: start at the first row in range, no sort and no index.
     if (filter.from_ns.has_value()) {
       KW_ASSIGN_OR_RETURN(start, FirstRowidAtOrAfter("events", *filter.from_ns));
     }
-    sql += "WHERE rowid >= ?1 ORDER BY rowid";
+    start = std::max(start, first_index);
+    sql += "WHERE rowid >= ?1 AND rowid <= ?2 ORDER BY rowid";
   } else {
     // Uses events_by_time when Finish created it; else SQLite sorts (in temporary files).
     start = FromBound(filter.from_ns);
-    sql += "WHERE time_ns >= ?1 ORDER BY time_ns, rowid";
+    sql += "WHERE time_ns >= ?1 AND rowid <= ?2 AND rowid >= ?3 ORDER BY time_ns, rowid";
   }
   KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt, Prepare(sql));
   sqlite3_stmt* s = stmt.get();
   sqlite3_bind_int64(s, 1, start);
+  sqlite3_bind_int64(s, 2, last_index);
+  if (!in_order) {
+    sqlite3_bind_int64(s, 3, first_index);
+  }
   const int64_t to = ToBound(filter.to_ns);
   AccessEvent e;
   int rc = SQLITE_OK;
@@ -845,6 +1013,131 @@ absl::Status TraceReader::ForEachEvent(const EventFilter& filter,
     if (!fn(e)) {
       return absl::OkStatus();
     }
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
+}
+
+TraceReader::ReadSnapshot::~ReadSnapshot() {
+  if (r_ != nullptr) {
+    sqlite3_exec(r_->db_.get(), "COMMIT", nullptr, nullptr, nullptr);
+  }
+}
+
+absl::Status TraceReader::CopyTo(const std::string& out) const {
+  UniqueFd fd(::open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("open(", out, ", O_CREAT|O_EXCL)"));
+  }
+  fd.Reset();
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(out.c_str(), &raw,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
+                           nullptr);
+  SqlitePtr dest(raw);
+  if (rc != SQLITE_OK) {
+    return SqliteError(raw, rc, absl::StrCat("opening ", out));
+  }
+  sqlite3_backup* b = sqlite3_backup_init(raw, "main", db_.get(), "main");
+  if (b == nullptr) {
+    return SqliteError(raw, sqlite3_errcode(raw), absl::StrCat("copying ", path_, " to ", out));
+  }
+  rc = sqlite3_backup_step(b, -1);
+  sqlite3_backup_finish(b);
+  if (rc != SQLITE_DONE) {
+    return SqliteError(raw, rc, absl::StrCat("copying ", path_, " to ", out));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TraceReader::ReadSnapshot> TraceReader::HoldSnapshot() const {
+  if (const int rc = sqlite3_exec(db_.get(), "BEGIN", nullptr, nullptr, nullptr); rc != SQLITE_OK) {
+    return ReadError(rc);
+  }
+  // The transaction's snapshot is taken at its first read.
+  if (const int rc =
+          sqlite3_exec(db_.get(), "SELECT count(*) FROM session", nullptr, nullptr, nullptr);
+      rc != SQLITE_OK) {
+    sqlite3_exec(db_.get(), "COMMIT", nullptr, nullptr, nullptr);
+    return ReadError(rc);
+  }
+  return ReadSnapshot(this);
+}
+
+absl::StatusOr<std::optional<StoredProfileSummary>> TraceReader::ProfileSummary() const {
+  if (schema_ < 7) {
+    return std::nullopt;
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr head,
+                      Prepare("SELECT summary_events, events_in_order FROM session"));
+  int rc = sqlite3_step(head.get());
+  if (rc == SQLITE_DONE) {
+    return NotARecording(path_, "no session record");
+  }
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  if (IsNull(head.get(), 0) || sqlite3_column_int64(head.get(), 1) == 0) {
+    return std::nullopt;
+  }
+  StoredProfileSummary out;
+  out.events = ColumnU64(head.get(), 0);
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr size,
+                      Prepare("SELECT count(*), ifnull(sum(length(data)), 0) FROM "
+                              "profile_snapshot"));
+  if (rc = sqlite3_step(size.get()); rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  const uint64_t bytes = ColumnU64(size.get(), 1);
+  if (bytes > kMaxRecordedSnapshot) {
+    return Refused(path_, "the profile snapshot (profile_snapshot)", bytes, "bytes",
+                   kMaxRecordedSnapshot);
+  }
+  out.snapshot.reserve(bytes);
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr chunks,
+                      Prepare("SELECT idx, data FROM profile_snapshot ORDER BY idx"));
+  int64_t expect = 0;
+  while ((rc = sqlite3_step(chunks.get())) == SQLITE_ROW) {
+    if (sqlite3_column_int64(chunks.get(), 0) != expect++) {
+      return NotARecording(path_, "the chunks of profile_snapshot are not numbered 0, 1, 2, ...");
+    }
+    const void* p = sqlite3_column_blob(chunks.get(), 1);
+    const auto n = static_cast<size_t>(sqlite3_column_bytes(chunks.get(), 1));
+    if (out.snapshot.size() + n > bytes) {
+      return NotARecording(path_, "profile_snapshot changed while read");
+    }
+    out.snapshot.append(static_cast<const char*>(p), n);
+  }
+  if (rc != SQLITE_DONE) {
+    return ReadError(rc);
+  }
+  return out;
+}
+
+absl::Status TraceReader::ForEachProfileBin(
+    uint32_t level, int64_t bin_lo, int64_t bin_hi,
+    absl::FunctionRef<void(const ProfileBinCell&)> fn) const {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare("SELECT bin, tid, field, reads, writes FROM profile_bins WHERE "
+                              "level = ?1 AND bin >= ?2 AND bin < ?3"));
+  sqlite3_stmt* s = stmt.get();
+  sqlite3_bind_int64(s, 1, level);
+  sqlite3_bind_int64(s, 2, bin_lo);
+  sqlite3_bind_int64(s, 3, bin_hi);
+  ProfileBinCell c;
+  c.level = level;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    c.bin = sqlite3_column_int64(s, 0);
+    c.tid = static_cast<pid_t>(sqlite3_column_int64(s, 1));
+    const int64_t field = sqlite3_column_int64(s, 2);
+    if (field < 0 || field > INT32_MAX) {
+      return NotARecording(path_, absl::StrCat("profile_bins names field ", field));
+    }
+    c.field = static_cast<uint32_t>(field);
+    c.reads = ColumnU64(s, 3);
+    c.writes = ColumnU64(s, 4);
+    fn(c);
   }
   return rc == SQLITE_DONE ? absl::OkStatus() : ReadError(rc);
 }
@@ -942,6 +1235,24 @@ absl::StatusOr<uint64_t> TraceReader::CountRows(absl::string_view table,
 }
 
 absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) const {
+  if (event_blocks_) {
+    if (!filter.from_ns && !filter.to_ns && !filter.tid && !filter.watch_id &&
+        !filter.first_index && !filter.last_index) {
+      KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                          Prepare("SELECT ifnull(sum(count), 0) FROM event_blocks"));
+      const int rc = sqlite3_step(stmt.get());
+      if (rc != SQLITE_ROW) {
+        return ReadError(rc);
+      }
+      return ColumnU64(stmt.get(), 0);
+    }
+    uint64_t n = 0;
+    KW_RETURN_IF_ERROR(ForEachEvent(filter, [&](const AccessEvent&) {
+      ++n;
+      return true;
+    }));
+    return n;
+  }
   return CountRows("events", "watch_id", filter.from_ns, filter.to_ns, filter.tid, filter.watch_id);
 }
 

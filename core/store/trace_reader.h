@@ -17,6 +17,7 @@
 #include "core/event.h"
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
+#include "core/store/trace_summary.h"
 
 namespace kwatch::core::store {
 
@@ -27,6 +28,10 @@ struct EventFilter {
   std::optional<uint64_t> to_ns;
   std::optional<pid_t> tid;
   std::optional<uint32_t> watch_id;
+  // Recording order: only the events numbered [first_index, last_index] (1, 2, ... as
+  // committed; ProfileSummary's `events` counts them so).
+  std::optional<uint64_t> first_index;
+  std::optional<uint64_t> last_index;
 };
 
 // Which probe hits to read (as EventFilter).
@@ -58,6 +63,10 @@ class TraceReader {
   ~TraceReader() = default;
 
   const std::string& path() const { return path_; }
+  // PRAGMA user_version of the file (1 to kTraceSchemaVersion), and whether its events are in
+  // event_blocks (schema 7) rather than one row each.
+  int schema() const { return schema_; }
+  bool event_blocks() const { return event_blocks_; }
   const SessionRecord& session() const { return session_; }
   // False when the recording was cut short (the writer died before Finish).
   bool complete() const { return complete_; }
@@ -91,6 +100,35 @@ class TraceReader {
   absl::Status ForEachHit(const HitFilter& filter,
                           absl::FunctionRef<bool(const HitRecord&)> fn) const;
 
+  // The profile written while recording (schema 7, core/store/trace_summary.h), read now;
+  // nullopt when there is none to use: an older schema, none written yet, or events committed
+  // out of time order (the snapshot saw them in another order than a replay would). Refused
+  // beyond kMaxRecordedSnapshot bytes.
+  absl::StatusOr<std::optional<StoredProfileSummary>> ProfileSummary() const;
+  // Calls `fn` for each profile_bins cell of `level` with bin in [bin_lo, bin_hi).
+  absl::Status ForEachProfileBin(uint32_t level, int64_t bin_lo, int64_t bin_hi,
+                                 absl::FunctionRef<void(const ProfileBinCell&)> fn) const;
+
+  // Until the returned object is destroyed, every read of this reader sees the recording as it
+  // is now (one read transaction), however a live writer commits meanwhile. One at a time.
+  class ReadSnapshot {
+   public:
+    explicit ReadSnapshot(const TraceReader* r) : r_(r) {}
+    ReadSnapshot(ReadSnapshot&& o) noexcept : r_(o.r_) { o.r_ = nullptr; }
+    ReadSnapshot(const ReadSnapshot&) = delete;
+    ReadSnapshot& operator=(const ReadSnapshot&) = delete;
+    ReadSnapshot& operator=(ReadSnapshot&&) = delete;
+    ~ReadSnapshot();
+
+   private:
+    const TraceReader* r_;
+  };
+  absl::StatusOr<ReadSnapshot> HoldSnapshot() const;
+
+  // Copies the recording, as it is now, into a new file `out` (SQLite's backup), which must not
+  // exist.
+  absl::Status CopyTo(const std::string& out) const;
+
   // Number of matching events / hits committed so far.
   absl::StatusOr<uint64_t> CountEvents(const EventFilter& filter = {}) const;
   absl::StatusOr<uint64_t> CountHits(const HitFilter& filter = {}) const;
@@ -113,7 +151,16 @@ class TraceReader {
   // Whether rowid order of `table` is time order (read fresh: a live writer may change it).
   absl::StatusOr<bool> InOrder(const char* column) const;
   // The smallest rowid from which a scan of `table` (in time order by rowid) meets from_ns.
-  absl::StatusOr<int64_t> FirstRowidAtOrAfter(const char* table, uint64_t from_ns) const;
+  absl::StatusOr<int64_t> FirstRowidAtOrAfter(const char* table, uint64_t from_ns) const {
+    return FirstRowidAtLeast(table, "time_ns", from_ns);
+  }
+  // The smallest rowid from which a scan of `table` in rowid order meets a row whose `expr` is
+  // at least `value` (`expr` grows with the rowid).
+  absl::StatusOr<int64_t> FirstRowidAtLeast(const char* table, const char* expr,
+                                            uint64_t value) const;
+  // ForEachEvent of a recording whose events are in event_blocks.
+  absl::Status ForEachBlockEvent(const EventFilter& filter, bool in_order,
+                                 absl::FunctionRef<bool(const AccessEvent&)> fn) const;
   absl::StatusOr<SqliteStmtPtr> Prepare(const std::string& sql) const;
   // count(*) of `table` ("events", "hits") within the filter's bounds, `id_column` holding
   // the watch or probe id.
@@ -125,7 +172,8 @@ class TraceReader {
 
   std::string path_;
   SqlitePtr db_;
-  int schema_ = 0;  // PRAGMA user_version of the file
+  int schema_ = 0;             // PRAGMA user_version of the file
+  bool event_blocks_ = false;  // events in event_blocks (schema 7), not in events
   SessionRecord session_;
   bool complete_ = false;
   std::string cut_reason_;

@@ -17,12 +17,16 @@
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/store/args_json.h"
+#include "core/store/event_blocks.h"
+#include "core/store/recording_limits.h"
+#include "core/store/trace_reader.h"
+#include "core/store/trace_summary.h"
 #include "core/store/wal_checkpointer.h"
 
 namespace kwatch::core::store {
 namespace {
 
-// Schema version 5 (docs/recording.md; kTraceSchemaVersion). Addresses and memory values are 64-bit
+// Schema version 7 (docs/recording.md; kTraceSchemaVersion). Addresses and memory values are 64-bit
 // patterns stored as signed integers.
 constexpr const char* kSchemaSql = R"sql(
 CREATE TABLE session(
@@ -45,7 +49,9 @@ CREATE TABLE session(
   lost_count INTEGER,
   events_in_order INTEGER NOT NULL DEFAULT 1,
   hits_in_order INTEGER NOT NULL DEFAULT 1,
-  complete INTEGER NOT NULL DEFAULT 0
+  complete INTEGER NOT NULL DEFAULT 0,
+  summary_events INTEGER,
+  event_blocks INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE watches(
   id INTEGER PRIMARY KEY,
@@ -149,6 +155,27 @@ CREATE TABLE aggregate_rows(
   value,
   count INTEGER NOT NULL,
   PRIMARY KEY(aggregate_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE event_blocks(
+  id INTEGER PRIMARY KEY,
+  first_index INTEGER NOT NULL,
+  count INTEGER NOT NULL,
+  first_ns INTEGER NOT NULL,
+  last_ns INTEGER NOT NULL,
+  data BLOB NOT NULL
+);
+CREATE TABLE profile_snapshot(
+  idx INTEGER PRIMARY KEY,
+  data BLOB NOT NULL
+);
+CREATE TABLE profile_bins(
+  level INTEGER NOT NULL,
+  bin INTEGER NOT NULL,
+  tid INTEGER NOT NULL,
+  field INTEGER NOT NULL,
+  reads INTEGER NOT NULL,
+  writes INTEGER NOT NULL,
+  PRIMARY KEY(level, bin, tid, field)
 ) WITHOUT ROWID;
 CREATE TABLE aggregate_buckets(
   aggregate_id INTEGER NOT NULL,
@@ -351,17 +378,20 @@ int StepDone(sqlite3_stmt* s) {
 
 }  // namespace
 
-TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file)
+TraceWriter::TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file,
+                         EventStorage storage)
     : path_(std::move(path)),
       db_(std::move(db)),
       batch_size_(std::max<size_t>(batch_size, 1)),
-      file_(std::move(file)) {
+      file_(std::move(file)),
+      storage_(storage) {
   events_.reserve(batch_size_);
 }
 
 absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& final_path,
                                                                  const SessionRecord& session,
-                                                                 size_t batch_size) {
+                                                                 size_t batch_size,
+                                                                 EventStorage storage) {
   KW_ASSIGN_OR_RETURN(const bool exists, ExistingRecordingAt(final_path));
   // An existing file is replaced only by a complete recording: until Finish, the new one is
   // written beside it.
@@ -376,7 +406,8 @@ absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::stri
   if (rc != SQLITE_OK) {
     return SqliteError(db.get(), rc, absl::StrCat("opening ", path));
   }
-  std::unique_ptr<TraceWriter> w(new TraceWriter(path, std::move(db), batch_size, std::move(file)));
+  std::unique_ptr<TraceWriter> w(
+      new TraceWriter(path, std::move(db), batch_size, std::move(file), storage));
   if (exists) {
     w->replaces_ = final_path;
   }
@@ -396,7 +427,7 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
   const std::string context = absl::StrCat("creating ", path_);
   // Page size first: it is fixed once the first table exists.
   KW_RETURN_IF_ERROR(SqliteExec(db,
-                                "PRAGMA page_size=16384;"
+                                "PRAGMA page_size=4096;"
                                 "PRAGMA secure_delete=OFF;"
                                 "PRAGMA cache_size=-16384;",
                                 context));
@@ -464,6 +495,27 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
       SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
   KW_ASSIGN_OR_RETURN(insert_task_,
                       SqlitePrepare(db, "INSERT OR IGNORE INTO tasks VALUES(?1,?2,?3)", context));
+  KW_ASSIGN_OR_RETURN(insert_block_,
+                      SqlitePrepare(db,
+                                    "INSERT INTO event_blocks(first_index,count,first_ns,last_ns,"
+                                    "data) VALUES(?1,?2,?3,?4,?5)",
+                                    context));
+  KW_ASSIGN_OR_RETURN(delete_block_,
+                      SqlitePrepare(db, "DELETE FROM event_blocks WHERE id=?1", context));
+  if (storage_ == EventStorage::kBlocks) {
+    KW_RETURN_IF_ERROR(SqliteExec(db, "UPDATE session SET event_blocks=1", context));
+  }
+  KW_ASSIGN_OR_RETURN(delete_snapshot_, SqlitePrepare(db, "DELETE FROM profile_snapshot", context));
+  KW_ASSIGN_OR_RETURN(insert_snapshot_,
+                      SqlitePrepare(db, "INSERT INTO profile_snapshot VALUES(?1,?2)", context));
+  KW_ASSIGN_OR_RETURN(upsert_bin_,
+                      SqlitePrepare(db,
+                                    "INSERT INTO profile_bins VALUES(?1,?2,?3,?4,?5,?6) "
+                                    "ON CONFLICT(level,bin,tid,field) DO UPDATE SET "
+                                    "reads=reads+excluded.reads, writes=writes+excluded.writes",
+                                    context));
+  KW_ASSIGN_OR_RETURN(update_summary_,
+                      SqlitePrepare(db, "UPDATE session SET summary_events=?1", context));
   KW_ASSIGN_OR_RETURN(update_counts_,
                       SqlitePrepare(db,
                                     "UPDATE session SET event_count=?1, hit_count=?2, "
@@ -564,6 +616,96 @@ absl::Status TraceWriter::AddWatch(const WatchRecord& w) {
     }
     return WriteFailure(st, 0);
   }
+  if (summary_ != nullptr) {
+    summary_->OnWatch(w);
+  }
+  return absl::OkStatus();
+}
+
+void TraceWriter::SetSummarySource(std::unique_ptr<SummarySource> source) {
+  KW_CHECK(events_committed_ == 0 && events_.empty());
+  summary_ = std::move(source);
+}
+
+absl::Status TraceWriter::WriteSummary() {
+  ProfileSummaryUpdate u = summary_->TakeUpdate();
+  summary_pending_ = 0;
+  summary_written_ = true;
+  if (const int rc = StepDone(delete_snapshot_.get()); rc != SQLITE_OK) {
+    return Error(rc, "writing the profile to");
+  }
+  sqlite3_stmt* s = insert_snapshot_.get();
+  for (size_t off = 0, idx = 0; off < u.snapshot.size(); off += kSnapshotChunkBytes, ++idx) {
+    const size_t n = std::min(kSnapshotChunkBytes, u.snapshot.size() - off);
+    sqlite3_bind_int64(s, 1, static_cast<int64_t>(idx));
+    sqlite3_bind_blob(s, 2, u.snapshot.data() + off, static_cast<int>(n), SQLITE_STATIC);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing the profile to");
+    }
+  }
+  s = upsert_bin_.get();
+  for (const ProfileBinCell& c : u.cells) {
+    sqlite3_bind_int64(s, 1, c.level);
+    sqlite3_bind_int64(s, 2, c.bin);
+    sqlite3_bind_int64(s, 3, c.tid);
+    sqlite3_bind_int64(s, 4, c.field);
+    BindU64(s, 5, c.reads);
+    BindU64(s, 6, c.writes);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing the profile to");
+    }
+  }
+  s = update_summary_.get();
+  if (u.snapshot.empty()) {
+    sqlite3_bind_null(s, 1);  // no profile to read: the report replays the events
+  } else {
+    BindU64(s, 1, events_committed_ + events_.size());
+  }
+  if (const int rc = StepDone(s); rc != SQLITE_OK) {
+    return Error(rc, "writing the profile to");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::WriteBlocks() {
+  // The last block while small, and in time order with this batch, takes this batch's first
+  // events: blocks stay thousands of events long at low rates too.
+  const bool merge = !tail_.empty() && tail_.back().time_ns <= events_.front().time_ns;
+  std::vector<AccessEvent> merged;
+  absl::Span<const AccessEvent> all = events_;
+  uint64_t index = events_committed_ + 1;
+  if (merge) {
+    sqlite3_bind_int64(delete_block_.get(), 1, tail_id_);
+    if (const int rc = StepDone(delete_block_.get()); rc != SQLITE_OK) {
+      return Error(rc, "writing events to");
+    }
+    merged.reserve(tail_.size() + events_.size());
+    merged = tail_;
+    merged.insert(merged.end(), events_.begin(), events_.end());
+    all = merged;
+    index = tail_index_;
+  }
+  sqlite3_stmt* s = insert_block_.get();
+  std::vector<AccessEvent> last;
+  for (size_t off = 0; off < all.size(); off += kBlockEvents) {
+    const absl::Span<const AccessEvent> block = all.subspan(off, kBlockEvents);
+    const std::string data = EncodeEventBlock(block);
+    BindU64(s, 1, index + off);
+    BindU64(s, 2, block.size());
+    BindU64(s, 3, block.front().time_ns);
+    BindU64(s, 4, block.back().time_ns);
+    sqlite3_bind_blob(s, 5, data.data(), static_cast<int>(data.size()), SQLITE_STATIC);
+    if (const int rc = StepDone(s); rc != SQLITE_OK) {
+      return Error(rc, "writing events to");
+    }
+    if (off + kBlockEvents >= all.size() && block.size() < kBlockEvents / 8) {
+      last.assign(block.begin(), block.end());
+      tail_id_ = sqlite3_last_insert_rowid(db_.get());
+      tail_index_ = index + off;
+    }
+  }
+  // Only once committed does tail_ move on; WriteBatch's caller clears it on a failure.
+  pending_tail_ = std::move(last);
   return absl::OkStatus();
 }
 
@@ -898,7 +1040,10 @@ absl::Status TraceWriter::WriteBatch() {
     }
   }
   // Most events go kEventsPerInsert at a time (one statement step per chunk); the rest one by one.
-  size_t i = 0;
+  size_t i = storage_ == EventStorage::kBlocks ? events_.size() : 0;
+  if (storage_ == EventStorage::kBlocks && !events_.empty()) {
+    KW_RETURN_IF_ERROR(WriteBlocks());
+  }
   for (; i + kEventsPerInsert <= events_.size(); i += kEventsPerInsert) {
     s = insert_events_.get();
     for (size_t j = 0; j < kEventsPerInsert; ++j) {
@@ -913,6 +1058,13 @@ absl::Status TraceWriter::WriteBatch() {
     BindEvent(s, 0, events_[i]);
     if (const int rc = StepDone(s); rc != SQLITE_OK) {
       return Error(rc, "writing events to");
+    }
+  }
+  if (summary_ != nullptr && !events_.empty()) {
+    summary_->OnEvents(events_);
+    summary_pending_ += events_.size();
+    if (summary_->WantsUpdate()) {
+      KW_RETURN_IF_ERROR(WriteSummary());
     }
   }
   s = insert_hit_.get();
@@ -955,6 +1107,10 @@ absl::Status TraceWriter::WriteBatch() {
     max_hit_time_ = std::max(max_hit_time_, hits_.back().time_ns);
   }
   events_committed_ = events_total;
+  if (storage_ == EventStorage::kBlocks && !events_.empty()) {
+    tail_ = std::move(pending_tail_);
+    pending_tail_.clear();
+  }
   hits_committed_ = hits_total;
   events_in_order_ = events_in_order;
   hits_in_order_ = hits_in_order;
@@ -974,6 +1130,12 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   };
   if (const int rc = StepDone(begin_.get()); rc != SQLITE_OK) {
     return fail(SqliteError(db, rc, context));
+  }
+  // The profile as of the last event.
+  if (summary_ != nullptr && (summary_pending_ > 0 || !summary_written_)) {
+    if (absl::Status s = WriteSummary(); !s.ok()) {
+      return fail(s);
+    }
   }
   // Recordings whose batches overlap in time get an index, so that reading in time order
   // needs no sort.
@@ -1024,6 +1186,12 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   insert_frame_.reset();
   insert_task_.reset();
   update_counts_.reset();
+  delete_snapshot_.reset();
+  insert_snapshot_.reset();
+  upsert_bin_.reset();
+  update_summary_.reset();
+  insert_block_.reset();
+  delete_block_.reset();
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.
   // A failure from here on leaves a complete recording whose last batches are in path-wal.
   auto fold_failed = [&](const absl::Status& s) {
@@ -1062,6 +1230,82 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   }
   TakeFinalName(/*with_wal=*/false);
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ExportEventRows(const TraceReader& reader, const std::string& out) {
+  KW_RETURN_IF_ERROR(reader.CopyTo(out));
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(out.c_str(), &raw,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
+                           nullptr);
+  SqlitePtr db(raw);
+  const std::string context = absl::StrCat("writing ", out);
+  if (rc != SQLITE_OK) {
+    return SqliteError(raw, rc, context);
+  }
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
+  KW_ASSIGN_OR_RETURN(const int64_t version, SqliteQueryInt(raw, "PRAGMA user_version", context));
+  if (version < 7) {
+    return uint64_t{0};  // the events are rows already
+  }
+  KW_ASSIGN_OR_RETURN(const int64_t blocks,
+                      SqliteQueryInt(raw, "SELECT event_blocks FROM session", context));
+  if (blocks == 0) {
+    return uint64_t{0};
+  }
+  KW_RETURN_IF_ERROR(SqliteExec(raw, "PRAGMA journal_mode=MEMORY; BEGIN", context));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr read,
+                      SqlitePrepare(raw,
+                                    "SELECT first_index,count,data FROM event_blocks ORDER BY "
+                                    "first_index",
+                                    context));
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr insert,
+      SqlitePrepare(raw,
+                    "INSERT INTO events(rowid,time_ns,pid,tid,cpu,watch_id,ip,trap_ip,addr,len,"
+                    "access_addr,access_size,kind,value,old_value,value_exact) "
+                    "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    context));
+  std::vector<AccessEvent> events;
+  uint64_t n = 0;
+  while ((rc = sqlite3_step(read.get())) == SQLITE_ROW) {
+    const uint64_t first = FromSqlInt(sqlite3_column_int64(read.get(), 0));
+    const uint64_t count = FromSqlInt(sqlite3_column_int64(read.get(), 1));
+    const absl::string_view data(static_cast<const char*>(sqlite3_column_blob(read.get(), 2)),
+                                 static_cast<size_t>(sqlite3_column_bytes(read.get(), 2)));
+    events.clear();
+    if (absl::Status s = DecodeEventBlock(data, count, &events); !s.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("not a kwatch recording or corrupted: ", reader.path(), ": ", s.message()));
+    }
+    for (size_t i = 0; i < events.size(); ++i) {
+      sqlite3_stmt* s = insert.get();
+      BindU64(s, 1, first + i);
+      BindEvent(s, 1, events[i]);
+      if (const int irc = StepDone(s); irc != SQLITE_OK) {
+        return SqliteError(raw, irc, context);
+      }
+      ++n;
+    }
+  }
+  if (rc != SQLITE_DONE) {
+    return SqliteError(raw, rc, context);
+  }
+  read.reset();
+  insert.reset();
+  KW_RETURN_IF_ERROR(
+      SqliteExec(raw, "DELETE FROM event_blocks; UPDATE session SET event_blocks=0", context));
+  KW_ASSIGN_OR_RETURN(const int64_t in_order,
+                      SqliteQueryInt(raw, "SELECT events_in_order FROM session", context));
+  if (in_order == 0) {
+    KW_RETURN_IF_ERROR(
+        SqliteExec(raw, "CREATE INDEX IF NOT EXISTS events_by_time ON events(time_ns)", context));
+  }
+  KW_RETURN_IF_ERROR(SqliteExec(raw, "COMMIT; VACUUM", context));
+  if (const int crc = sqlite3_close(db.release()); crc != SQLITE_OK) {
+    return SqliteError(nullptr, crc, context);
+  }
+  return n;
 }
 
 void TraceWriter::TakeFinalName(bool with_wal) {

@@ -17,10 +17,15 @@
 #include "core/event.h"
 #include "core/store/sqlite_handle.h"
 #include "core/store/trace_records.h"
+#include "core/store/trace_summary.h"
 
 namespace kwatch::core::store {
 
 class WalCheckpointer;
+
+// How a recording stores its events: in compressed blocks (event_blocks, schema 7: what kwatch
+// writes), or one row each in `events` (what `kwatch export --sql` gives, and older schemas).
+enum class EventStorage { kBlocks, kRows };
 
 // Writes one recording (`kwatch ... -o run.kwdb`): a SQLite database in the schema of
 // docs/recording.md.
@@ -63,9 +68,9 @@ class TraceWriter {
   // where, replaces() names the old one), and Finish renames it over `path` (removing the old
   // one's -wal / -shm / -journal). A session that fails or is killed leaves the old file as it
   // was. The parent directory must exist.
-  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
-                                                             const SessionRecord& session,
-                                                             size_t batch_size = kDefaultBatchSize);
+  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(
+      const std::string& path, const SessionRecord& session, size_t batch_size = kDefaultBatchSize,
+      EventStorage storage = EventStorage::kBlocks);
 
   // Without Finish(): commits what is pending and leaves WAL mode (best effort); the
   // recording stays marked cut short.
@@ -75,6 +80,11 @@ class TraceWriter {
 
   // Stores a watch (fields included) now. `w.id` must be unique.
   absl::Status AddWatch(const WatchRecord& w);
+
+  // Keeps the recording's profile (core/store/trace_summary.h) with `source`, which sees every
+  // watch added after this call and every committed batch; the writer stores its updates
+  // when it asks, and at Finish. Call it before the first event.
+  void SetSummarySource(std::unique_ptr<SummarySource> source);
 
   // Stores a probe now. `p.id` must be unique.
   absl::Status AddProbe(const ProbeRecord& p);
@@ -135,15 +145,21 @@ class TraceWriter {
 
  private:
   static constexpr size_t kEventsPerInsert = 32;
-  static constexpr int kCheckpointPages = 1024;    // 16 MiB of 16 KiB pages
-  static constexpr int kRestartPages = 4096;       // 64 MiB: the writer restarts the WAL
+  static constexpr int kCheckpointPages = 4096;    // 16 MiB of 4 KiB pages
+  static constexpr int kRestartPages = 16384;      // 64 MiB: the writer restarts the WAL
   static constexpr off_t kReserveBytes = 1 << 20;  // released on a failure for the last commit
 
-  TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file);
+  TraceWriter(std::string path, SqlitePtr db, size_t batch_size, UniqueFd file,
+              EventStorage storage);
 
   absl::Status Init(const SessionRecord& session);
   absl::Status Commit();
   absl::Status WriteBatch();
+  // Stores events_ as blocks (inside the open transaction), merged with the last block while
+  // that one is small.
+  absl::Status WriteBlocks();
+  // Stores the summary source's update (inside the open transaction).
+  absl::Status WriteSummary();
   absl::Status Fail(absl::Status s);
   absl::Status Check() const;
   absl::Status Error(int rc, const char* what);
@@ -178,6 +194,22 @@ class TraceWriter {
   SqliteStmtPtr insert_frame_;
   SqliteStmtPtr insert_task_;
   SqliteStmtPtr update_counts_;
+  SqliteStmtPtr delete_snapshot_;
+  SqliteStmtPtr insert_snapshot_;
+  SqliteStmtPtr upsert_bin_;
+  SqliteStmtPtr update_summary_;
+  EventStorage storage_;
+  SqliteStmtPtr insert_block_;
+  SqliteStmtPtr delete_block_;
+  // The last block while it holds few events (it is rewritten with the next batch's): its
+  // events, its id and its first event's index (1-based).
+  std::vector<AccessEvent> tail_;
+  int64_t tail_id_ = 0;
+  uint64_t tail_index_ = 0;
+  std::vector<AccessEvent> pending_tail_;  // tail_ once this batch commits
+  std::unique_ptr<SummarySource> summary_;
+  uint64_t summary_pending_ = 0;  // events given to summary_ since its last stored update
+  bool summary_written_ = false;
 
   std::vector<AccessEvent> events_;
   std::vector<HitRecord> hits_;
@@ -195,5 +227,12 @@ class TraceWriter {
   bool events_in_order_ = true;  // rowid order is time order
   bool hits_in_order_ = true;
 };
+
+class TraceReader;
+
+// `kwatch export --sql`: writes `out` (a new file), a copy of the recording `reader` reads with
+// its events one row each in `events` (docs/recording.md, "Schema"), for sqlite3 users; the
+// copy reads as the recording does. Returns the number of events written as rows.
+absl::StatusOr<uint64_t> ExportEventRows(const TraceReader& reader, const std::string& out);
 
 }  // namespace kwatch::core::store

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
 #include "watch/recording_sink.h"
+#include "watch/recording_summary.h"
 
 namespace kwatch::watch::kernel {
 
@@ -19,6 +20,7 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateKernelRecording(
   rec.mode = pid == 0 ? "kernel" : "kernel-accesses";
   rec.backend = "perf";
   KW_ASSIGN_OR_RETURN(auto writer, core::store::TraceWriter::Create(spec.path, rec));
+  writer->SetSummarySource(MakeProfileSummarySource(rec.start_mono_ns));
   for (size_t i = 0; i < watches.size(); ++i) {
     const KernelWatch& w = watches[i];
     core::store::WatchRecord wr;

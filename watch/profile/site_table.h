@@ -76,6 +76,7 @@ class SiteTable {
 
   // The tracked IPs by total count, descending (ties: lower IP first).
   std::vector<SiteCount> Ranked() const;
+  friend class ProfileCodec;
   // Accesses of IPs beyond the capacity.
   const RwCounts& other() const { return other_; }
   // Distinct IPs with exact counts (<= capacity()).

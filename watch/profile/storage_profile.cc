@@ -202,7 +202,8 @@ uint32_t StorageProfile::ThreadFor(const core::AccessEvent& ev) {
   return idx;
 }
 
-void StorageProfile::Add(const core::AccessEvent& ev) {
+template <bool kCollect>
+void StorageProfile::AddImpl(const core::AccessEvent& ev, std::vector<uint32_t>* touched) {
   ++events_;
   const uint32_t obj = ev.watch_id < object_by_id_.size() ? object_by_id_[ev.watch_id] : kNone;
   if (obj == kNone) {
@@ -286,6 +287,9 @@ void StorageProfile::Add(const core::AccessEvent& ev) {
     tf.counts.Add(w);
     field_sites_[h.field].Add(ev.ip, w);
     if (col != TimeBins::kLate) {
+      if constexpr (kCollect) {
+        touched->push_back(h.field);
+      }
       bins_.Increment(2 * h.field + wi, col);
       if (tf.row == kNone) {  // sparse: most threads touch a field in a few columns
         tf.row = bins_.AddSparseRow();
@@ -314,6 +318,9 @@ void StorageProfile::Add(const core::AccessEvent& ev) {
     shapes_.pop_back();
   }
 }
+
+template void StorageProfile::AddImpl<false>(const core::AccessEvent&, std::vector<uint32_t>*);
+template void StorageProfile::AddImpl<true>(const core::AccessEvent&, std::vector<uint32_t>*);
 
 const RwCounts& StorageProfile::ThreadFieldCounts(uint32_t thread, uint32_t field) const {
   const auto it = thread_field_index_.find(ThreadFieldKey(thread, field));

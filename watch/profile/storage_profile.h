@@ -42,7 +42,13 @@ class StorageProfile {
  public:
   StorageProfile(std::vector<WatchedObject> objects, const ProfileOptions& opts);
 
-  void Add(const core::AccessEvent& ev);
+  void Add(const core::AccessEvent& ev) { AddImpl<false>(ev, nullptr); }
+  // Add, and appends the global indices of the fields the event was counted in (binned) to
+  // `touched` (none for execute events and events of unknown watches).
+  void AddCollect(const core::AccessEvent& ev, std::vector<uint32_t>* touched) {
+    AddImpl<true>(ev, touched);
+  }
+  friend class ProfileCodec;
 
   const ProfileOptions& options() const { return opts_; }
 
@@ -162,6 +168,8 @@ class StorageProfile {
     return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);
   }
 
+  template <bool kCollect>
+  void AddImpl(const core::AccessEvent& ev, std::vector<uint32_t>* touched);
   uint32_t ThreadFor(const core::AccessEvent& ev);
   void BuildShape(uint32_t obj, uint64_t start, uint64_t size);
 

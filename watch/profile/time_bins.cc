@@ -54,6 +54,27 @@ void TimeBins::IncrementSlow(uint32_t row, uint32_t column) {
   }
 }
 
+void TimeBins::Add(uint32_t row, uint32_t column, uint64_t n) {
+  if (n == 0) {
+    return;
+  }
+  const uint32_t block = blocks_[row];
+  if (block < kSparse) {
+    cells_[static_cast<size_t>(block) * max_ + column] += n;
+    return;
+  }
+  IncrementSlow(row, column);  // creates the cell (or the block) with 1
+  const uint32_t now = blocks_[row];
+  if (now < kSparse) {
+    cells_[static_cast<size_t>(now) * max_ + column] += n - 1;
+    return;
+  }
+  SparseRow& v = sparse_[now - kSparse];
+  const auto it = std::lower_bound(v.begin(), v.end(), column,
+                                   [](const auto& cell, uint32_t c) { return cell.first < c; });
+  it->second += n - 1;
+}
+
 std::vector<uint64_t> TimeBins::RowCopy(uint32_t row) const {
   const uint32_t block = blocks_[row];
   if (block == kNoBlock || block < kSparse) {

@@ -62,6 +62,9 @@ class TimeBins {
     }
   }
 
+  // Adds `n` to a cell (as n Increments).
+  void Add(uint32_t row, uint32_t column, uint64_t n);
+
   // The first columns() counters of `row` (columns() covers everything seen so far). A full
   // row (AddRow) only.
   absl::Span<const uint64_t> Row(uint32_t row) const {

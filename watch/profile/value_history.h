@@ -53,6 +53,7 @@ class ValueRing {
 
   // Oldest first.
   std::vector<ValueSample> Samples() const;
+  friend class ProfileCodec;
   // Samples ever pushed (>= the number kept).
   uint64_t pushed() const { return pushed_; }
   size_t capacity() const { return capacity_; }

@@ -149,9 +149,12 @@ std::vector<AccessEvent> ReadAll(const TraceReader& r, const EventFilter& f = {}
   return out;
 }
 
+// Events one row each (EventStorage::kRows): what the tests below read back with SQL, and what
+// schemas 1 to 6 stored; tests/core/store/event_blocks_test.cc covers the blocks kwatch writes.
 std::unique_ptr<TraceWriter> NewWriter(const std::string& path,
-                                       size_t batch = TraceWriter::kDefaultBatchSize) {
-  auto w = TraceWriter::Create(path, TestSession(), batch);
+                                       size_t batch = TraceWriter::kDefaultBatchSize,
+                                       EventStorage storage = EventStorage::kRows) {
+  auto w = TraceWriter::Create(path, TestSession(), batch, storage);
   KW_CHECK(w.ok());
   return *std::move(w);
 }
@@ -416,7 +419,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "6");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -937,7 +940,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 6");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 7");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {
