@@ -87,9 +87,11 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
 }
 
 // After the first stop: the loop of a session with kwatch's watches (TargetSet).
-absl::StatusOr<int> RunWithWatches(TargetSet& set, GdbServer& server) {
+absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
+                                   GdbServer& server) {
   core::ptrace::Process& proc = set.target_process();
   bool reported = false;
+  bool said_detached = server.state() != GdbServer::State::kServing;
   for (;;) {
     absl::StatusOr<bool> more = set.Step(absl::Milliseconds(50));
     if (!more.ok()) {
@@ -102,6 +104,11 @@ absl::StatusOr<int> RunWithWatches(TargetSet& set, GdbServer& server) {
     }
     if (proc.alive()) {
       KW_RETURN_IF_ERROR(server.PollConnection());
+    }
+    if (!said_detached && proc.alive() && server.state() == GdbServer::State::kDetached) {
+      said_detached = true;
+      Say(opts, absl::StrCat("gdbserver: gdb detached; pid ", proc.pid(),
+                             " runs on and kwatch goes on watching it"));
     }
     if (!*more) {
       break;
@@ -195,11 +202,12 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     abandon();
     return s;
   }
-  if (server.state() == GdbServer::State::kDetached) {
-    Say(opts, "gdbserver: gdb detached; kwatch goes on");
+  if (watching && server.state() == GdbServer::State::kDetached) {
+    Say(opts, absl::StrCat("gdbserver: gdb detached; pid ", proc->pid(),
+                           " runs on and kwatch goes on watching it"));
   }
   absl::StatusOr<int> code = watching
-                                 ? RunWithWatches(*set, server)
+                                 ? RunWithWatches(opts, *set, server)
                                  : RunAlone(opts, std::move(alone_sigfd), *proc, server, *conn);
   if (!code.ok()) {
     abandon();
