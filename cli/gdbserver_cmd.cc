@@ -43,7 +43,7 @@ int GdbServerMain(const std::vector<std::string>& args) {
   std::vector<std::string> exprs;
   std::optional<pid_t> pid;
   std::string backend = "auto";
-  std::string overcommit = "fail";
+  std::string overcommit = "multiplex";
   bool json = false;
   bool quiet = false;
   CLI::App app{
@@ -77,7 +77,9 @@ int GdbServerMain(const std::vector<std::string>& args) {
       ->check(CLI::IsMember({"auto", "perf"}))
       ->capture_default_str();
   app.add_option("--overcommit", overcommit,
-                 "kwatch watches beyond the debug registers: fail or multiplex (pages: not here)")
+                 "kwatch watches beyond the debug registers, or when gdb's hardware "
+                 "watchpoints take theirs (debugger priority): multiplex (take turns, counts "
+                 "scaled by coverage) or fail (wait, counting nothing); pages: not here")
       ->check(CLI::IsMember({"fail", "multiplex"}))
       ->capture_default_str();
   app.add_flag("--json", json, "kwatch's events as JSON lines");
@@ -117,6 +119,10 @@ int GdbServerMain(const std::vector<std::string>& args) {
       overcommit == "multiplex" ? watch::Overcommit::kMultiplex : watch::Overcommit::kFail;
   opts.session.hardware_asked = overcommit != "multiplex";
   opts.say = SayLine;
+  opts.command_line = "kwatch gdbserver";
+  for (const std::string& arg : args) {
+    absl::StrAppend(&opts.command_line, " ", arg);
+  }
   std::unique_ptr<AccessPrinter> printer;
   if (json) {
     printer = std::make_unique<AccessJsonPrinter>(stdout, quiet);

@@ -187,6 +187,54 @@ TEST(GdbServer, DetachLeavesTheTargetRunningAndKwatchCounting) {
   EXPECT_EQ(summary["watches"][0]["writes"], 1000) << summary.dump();
 }
 
+// Arbitration: kwatch's four watches hold every debug register; gdb's `watch` (debugger
+// priority) takes one, kwatch's watches take turns in the other three meanwhile (multiplexed,
+// said on the event stream and in the summary), and get it back once gdb deletes its watch.
+TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_stats.hits", "g_stats.misses",
+                        "g_stats.flags", "g_values[3]", "--", TargetPath("gdb_target"), "10"},
+                       port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  const RunResult g = RunGdb(absl::StrCat("127.0.0.1:", port),
+                             {"break Bump", "continue", "delete", "watch g_counter", "continue",
+                              "continue", "delete", "continue"});
+  const std::string all = g.out + g.err;
+  EXPECT_THAT(all, HasSubstr("Hardware watchpoint 2: g_counter")) << all;
+  EXPECT_THAT(all, HasSubstr("Old value = 0\nNew value = 3\n")) << all;
+  EXPECT_THAT(all, HasSubstr("Old value = 3\nNew value = 6\n")) << all;
+  EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+  absl::StatusOr<RunResult> k = kw->Finish();
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 7) << k->err;
+  json summary;
+  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
+    if (line[0] == '{') {
+      json j = json::parse(std::string(line));
+      if (j.value("type", "") == "summary") {
+        summary = j;
+      }
+    }
+  }
+  ASSERT_TRUE(summary.is_object()) << k->out;
+  const std::string notes = summary["notes"].dump();
+  EXPECT_THAT(notes, HasSubstr("watch #1 g_stats.hits: taking turns for the debug registers left "
+                               "(multiplexed) (the debugger holds 1 debug register)"))
+      << notes;
+  EXPECT_THAT(notes, HasSubstr("watch #4 g_values[3]: back in a debug register (the debugger "
+                               "holds 0 debug registers)"))
+      << notes;
+  ASSERT_EQ(summary["watches"].size(), 4u);
+  // Multiplexed for a while: at most the truth, and back in hardware at the end.
+  EXPECT_LE(summary["watches"][0]["writes"].get<int>(), 10);
+  EXPECT_LE(summary["watches"][1]["writes"].get<int>(), 5);
+  EXPECT_EQ(summary["watches"][0]["multiplexed"], false);
+}
+
 TEST(GdbServer, APortInUseIsNamedAndNoTargetIsStarted) {
   core::UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(s.valid());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "core/ptrace/trap_origin.h"
 
@@ -33,6 +34,37 @@ HwPoints::~HwPoints() {
 }
 
 absl::Status HwPoints::Insert(HwKind kind, core::RemoteAddr addr, uint64_t len) {
+  absl::Status s = TryInsert(kind, addr, len);
+  // Debugger priority: kwatch's own watches give up registers, one at a time, until gdb's
+  // point fits or they hold none.
+  for (int more = 1; s.code() == absl::StatusCode::kResourceExhausted && lender_ &&
+                     registers() + more <= drmgr::kNumDebugRegisters;
+       ++more) {
+    lent_ = registers() + more;
+    KW_RETURN_IF_ERROR(lender_(lent_));
+    s = TryInsert(kind, addr, len);
+  }
+  if (lender_ && lent_ > registers()) {
+    absl::Status settled = lender_(lent_ = registers());  // what gdb did not need goes back
+    if (s.ok()) {
+      s = settled;
+    }
+  }
+  return s;
+}
+
+void HwPoints::Settle() {
+  if (lender_ && lent_ != registers()) {
+    lent_ = registers();
+    (void)lender_(lent_);
+  }
+}
+
+absl::Status HwPoints::TryInsert(HwKind kind, core::RemoteAddr addr, uint64_t len) {
+  // Registers the kernel refused before (ReportNoSpace) may have been given up since.
+  KW_ASSIGN_OR_RETURN(drmgr::Changes reset,
+                      alloc_.MarkExternallyHeld(drmgr::Scope::Process(proc_.pid()), 0));
+  KW_RETURN_IF_ERROR(Apply(reset));
   drmgr::SlotRequest r;
   r.addr = addr;
   r.len = kind == HwKind::kBreak ? 1 : len;
@@ -40,7 +72,9 @@ absl::Status HwPoints::Insert(HwKind kind, core::RemoteAddr addr, uint64_t len) 
   r.scope = drmgr::Scope::Process(proc_.pid());
   r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kDebugger);
   r.policy = drmgr::ShortagePolicy::kFail;
-  r.label = absl::StrCat("gdb Z", static_cast<int>(kind));
+  static constexpr const char* kNames[] = {"", "gdb hbreak", "gdb watch", "gdb rwatch",
+                                           "gdb awatch"};
+  r.label = absl::StrFormat("%s 0x%x", kNames[static_cast<int>(kind)], addr.value);
   KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_.Request(client_, r));
   if (g.state == drmgr::RequestState::kFailed) {
     (void)alloc_.Release(g.id);
@@ -85,6 +119,7 @@ void HwPoints::RemoveAll() {
   }
   armed_.clear();
   bps_.DropAll();
+  Settle();
 }
 
 std::optional<HwPoints::Hit> HwPoints::Fired(pid_t tid, const siginfo_t& si) const {

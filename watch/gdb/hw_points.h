@@ -14,6 +14,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -33,6 +34,17 @@ enum class HwKind : uint8_t { kBreak = 1, kWrite = 2, kRead = 3, kAccess = 4 };
 class HwPoints final : public drmgr::Applier {
  public:
   explicit HwPoints(core::ptrace::Process& proc);
+  // Arbitration with kwatch's own watches in the target (WatchSession::LendSlots): told how
+  // many debug registers gdb needs kept free for it, after every change, and asked for one
+  // more at a time when the kernel has none left for a new point of gdb's.
+  using Lender = std::function<absl::Status(int registers)>;
+  void set_lender(Lender lender) { lender_ = std::move(lender); }
+  // Tells the lender what gdb's points hold now. z1-z4 do not: gdb removes its points at every
+  // stop and inserts them again before resuming, so registers go back to kwatch's watches only
+  // when the target resumes without them (call Settle then).
+  void Settle();
+  // Debug registers gdb's points hold in each thread.
+  int registers() const { return static_cast<int>(armed_.size()); }
   ~HwPoints() override;
   HwPoints(const HwPoints&) = delete;
   HwPoints& operator=(const HwPoints&) = delete;
@@ -73,6 +85,7 @@ class HwPoints final : public drmgr::Applier {
   };
   using Layout = std::map<int, Armed>;  // by debug register
 
+  absl::Status TryInsert(HwKind kind, core::RemoteAddr addr, uint64_t len);
   // Makes every thread hold `next` instead of `cur` (all or nothing).
   absl::Status Write(const Layout& cur, const Layout& next);
 
@@ -83,6 +96,8 @@ class HwPoints final : public drmgr::Applier {
   Layout armed_;
   TrapBreakpoints bps_;
   std::optional<drmgr::Scope> refused_;
+  Lender lender_;
+  int lent_ = 0;  // what the lender was last told
 };
 
 }  // namespace kwatch::watch::gdb

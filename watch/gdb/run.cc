@@ -7,11 +7,13 @@
 #include <memory>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
+#include "drmgr/slot_registry.h"
 #include "watch/event_loop.h"
 #include "watch/gdb/connection.h"
 #include "watch/gdb/server.h"
@@ -36,6 +38,55 @@ absl::StatusOr<std::unique_ptr<Connection>> TakeStdio() {
     return core::SyscallError(err, "dup2 (stdin from /dev/null, stdout to stderr)");
   }
   return std::make_unique<Connection>(std::move(in), std::move(out));
+}
+
+// What `kwatch slots` shows: kwatch's watches' decisions, with the registers they count as
+// held outside kwatch shown as gdb's points (gdb's own allocator's requests, renumbered).
+drmgr::AllocatorSnapshot SlotsSnapshot(const WatchSession* session, const HwPoints& gdb) {
+  drmgr::AllocatorSnapshot snap;
+  if (session != nullptr && session->allocator() != nullptr) {
+    snap = session->allocator()->Snapshot();
+  }
+  constexpr uint64_t kGdbIds = uint64_t{1} << 32;
+  const drmgr::AllocatorSnapshot g = gdb.allocator().Snapshot();
+  for (drmgr::RequestView v : g.requests) {
+    v.id.value += kGdbIds;
+    snap.requests.push_back(std::move(v));
+  }
+  for (const drmgr::ScopeView& gs : g.scopes) {
+    drmgr::ScopeView* into = nullptr;
+    for (drmgr::ScopeView& s : snap.scopes) {
+      if (s.scope == gs.scope) {
+        into = &s;
+      }
+    }
+    if (into == nullptr) {
+      snap.scopes.push_back(gs);
+      into = &snap.scopes.back();
+      for (drmgr::SlotView& slot : into->slots) {
+        for (drmgr::RequestId& id : slot.holders) {
+          id.value += kGdbIds;
+        }
+      }
+      continue;
+    }
+    for (const drmgr::SlotView& gslot : gs.slots) {
+      if (gslot.state == drmgr::SlotState::kFree || gslot.state == drmgr::SlotState::kExternal) {
+        continue;
+      }
+      for (drmgr::SlotView& slot : into->slots) {
+        if (slot.state == drmgr::SlotState::kExternal || slot.state == drmgr::SlotState::kFree) {
+          slot = gslot;
+          for (drmgr::RequestId& id : slot.holders) {
+            id.value += kGdbIds;
+          }
+          into->external = std::max(0, into->external - 1);
+          break;
+        }
+      }
+    }
+  }
+  return snap;
 }
 
 void Say(const GdbServerOptions& o, const std::string& line) {
@@ -115,6 +166,7 @@ absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
     }
   }
   const bool killed = server.state() == GdbServer::State::kKilled;
+  server.SetSlotLender(nullptr);  // the watches end here
   KW_ASSIGN_OR_RETURN(const TargetSetEnd end, set.Finish());
   return killed ? 0 : end.exit_status.value_or(0);
 }
@@ -194,6 +246,33 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     abandon();
     return s;
   }
+  // `kwatch slots -p PID` shows kwatch's watches and gdb's points; gdb's points take registers
+  // from kwatch's watches (debugger priority) and give them back.
+  auto publish = [&] {
+    const WatchSession* session = set != nullptr ? set->target_session() : nullptr;
+    (void)drmgr::PublishSlots(proc->pid(), SlotsSnapshot(session, server.hw_points()),
+                              opts.command_line);
+  };
+  server.SetSlotLender([&](int registers) -> absl::Status {
+    if (set != nullptr && set->target_session() != nullptr &&
+        set->target_session() == &set->first_session()) {
+      absl::StatusOr<std::vector<std::string>> lines = set->first_session().LendSlots(registers);
+      if (lines.ok()) {
+        for (std::string& line : *lines) {
+          set->Note(std::move(line));
+        }
+      } else if (lines.status().code() != absl::StatusCode::kFailedPrecondition) {
+        return lines.status();
+      }
+    }
+    publish();
+    return absl::OkStatus();
+  });
+  publish();
+  absl::Cleanup unpublish = [&server] {
+    server.SetSlotLender(nullptr);
+    drmgr::UnpublishSlots();
+  };
   if (absl::Status s = server.ServeStopped(/*interrupted=*/false); !s.ok()) {
     abandon();
     return s;

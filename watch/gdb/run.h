@@ -28,6 +28,7 @@ struct GdbServerOptions {
   std::vector<WatchRequest> requests;
   SessionOptions session;
   TargetSetOptions target;
+  std::string command_line;  // as typed, for `kwatch slots`
   // Lines for people (stderr): where it listens, what gdb did.
   std::function<void(const std::string&)> say;
   // The watch session is armed (with watches only): the caller prints its header.

@@ -296,6 +296,7 @@ absl::StatusOr<GdbServer::Resume> GdbServer::Serve(StopInfo stop, bool quiet) {
     std::optional<Resume> resume;
     KW_RETURN_IF_ERROR(Dispatch((*f)->payload, stop, resume));
     if (resume.has_value()) {
+      hw_->Settle();  // registers gdb no longer uses go back to kwatch's watches
       return *resume;
     }
   }

@@ -75,6 +75,9 @@ class GdbServer final : public core::ptrace::SignalInterceptor {
   // breakpoints; gdb is told at the next stop it sees.
   void OnExec();
 
+  // Arbitration with kwatch's watches in the same target (HwPoints::set_lender); after Start.
+  void SetSlotLender(HwPoints::Lender lender) { hw_->set_lender(std::move(lender)); }
+
   State state() const { return state_; }
   // Stops gdb's requests reported (breakpoints, watchpoints, signals), for the summary.
   uint64_t stops() const { return stops_; }
