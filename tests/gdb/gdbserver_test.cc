@@ -338,5 +338,34 @@ TEST(GdbServer, MalformedPacketsGetErrorsAndTheTargetRunsOnUnharmed) {
   EXPECT_THAT(k->out, HasSubstr("counter 18 hits 6 misses 3")) << k->out;
 }
 
+// gdb's Ctrl-C (0x03) while the target runs stops every thread and reports SIGINT (gdb's 2);
+// `k` then kills the target.
+TEST(GdbServer, InterruptStopsTheRunningTargetAndKillEndsIt) {
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--", TargetPath("gdb_target"), "2000000000"}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  {
+    RawClient c(port);
+    ASSERT_TRUE(c.connected());
+    EXPECT_THAT(c.Ask("?"), HasSubstr("T05thread:"));
+    c.SendRaw(watch::gdb::EncodePacket("vCont;c"));
+    EXPECT_EQ(c.Next().kind, watch::gdb::Frame::Kind::kAck);
+    c.SendRaw("\x03");
+    const watch::gdb::Frame stop = c.Next();
+    EXPECT_EQ(stop.kind, watch::gdb::Frame::Kind::kPacket);
+    EXPECT_THAT(stop.payload, HasSubstr("T02thread:")) << stop.payload;
+    c.SendRaw("+");
+    EXPECT_THAT(c.Ask("qfThreadInfo"), HasSubstr("m"));
+    c.SendRaw(watch::gdb::EncodePacket("k"));
+    EXPECT_EQ(c.Next().kind, watch::gdb::Frame::Kind::kAck);
+  }
+  absl::StatusOr<RunResult> k = kw->Finish();
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->out, Not(HasSubstr("counter"))) << k->out;  // killed before its end
+}
+
 }  // namespace
 }  // namespace kwatch
