@@ -43,7 +43,8 @@ bool HaveGdb() {
 
 // gdb -batch -nx over `target remote TARGET` with `commands`, its output (stdout and stderr,
 // which carries kwatch's and, with --stdio, the program's) as one string.
-RunResult RunGdb(const std::string& target, const std::vector<std::string>& commands) {
+RunResult RunGdb(const std::string& target, const std::vector<std::string>& commands,
+                 const std::string& program = TargetPath("gdb_target")) {
   std::vector<std::string> argv = {kGdb,
                                    "-batch",
                                    "-nx",
@@ -57,7 +58,7 @@ RunResult RunGdb(const std::string& target, const std::vector<std::string>& comm
     argv.push_back("-ex");
     argv.push_back(c);
   }
-  argv.push_back(TargetPath("gdb_target"));
+  argv.push_back(program);
   absl::StatusOr<RunResult> r = ::kwatch::testing::Run(argv, 90);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : RunResult{};
@@ -233,6 +234,41 @@ TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
   EXPECT_LE(summary["watches"][0]["writes"].get<int>(), 10);
   EXPECT_LE(summary["watches"][1]["writes"].get<int>(), 5);
   EXPECT_EQ(summary["watches"][0]["multiplexed"], false);
+}
+
+// Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,
+// the breakpoint in Work stops two of its three workers in turn (each reported with its own
+// thread), and after the detach the program runs to its end with every write done.
+TEST(GdbServer, AttachBreaksInEachThreadAndDetachLeavesTheProgramWhole) {
+  KW_REQUIRE_GDB();
+  absl::StatusOr<std::unique_ptr<Spawned>> fw =
+      Spawned::Start({TargetPath("field_writer"), "3", "1000", "--wait"});
+  ASSERT_TRUE(fw.ok()) << fw.status();
+  ASSERT_TRUE((*fw)->WaitForStdout("ready").ok()) << (*fw)->out();
+  const pid_t pid = (*fw)->pid();
+  const RunResult g =
+      RunGdb(absl::StrCat("| ", KwatchPath(), " gdbserver --stdio -p ", pid),
+             {"break Work", "signal SIGUSR1", "info threads", "continue", "delete", "detach"},
+             TargetPath("field_writer"));
+  const std::string all = g.out + g.err;
+  const std::regex hit("Thread [0-9]+ hit Breakpoint 1, Work \\(arg=");
+  EXPECT_EQ(
+      std::distance(std::sregex_iterator(all.begin(), all.end(), hit), std::sregex_iterator()), 2)
+      << all;
+  EXPECT_THAT(all, HasSubstr("[Inferior 1 (Remote target) detached]")) << all;
+  absl::StatusOr<RunResult> r = (*fw)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  int workers = 0;
+  for (absl::string_view line : absl::StrSplit(r->out, '\n', absl::SkipEmpty())) {
+    if (line[0] == '{') {
+      const json j = json::parse(std::string(line));
+      EXPECT_EQ(j["hits_w"], 1000) << line;
+      EXPECT_EQ(j["misses_w"], 500) << line;
+      ++workers;
+    }
+  }
+  EXPECT_EQ(workers, 3) << r->out;
 }
 
 TEST(GdbServer, APortInUseIsNamedAndNoTargetIsStarted) {

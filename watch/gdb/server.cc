@@ -1,8 +1,11 @@
 #include "watch/gdb/server.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -15,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 #include "watch/gdb/amd64_regs.h"
 #include "watch/gdb/packet.h"
 #include "watch/gdb/signals.h"
@@ -98,7 +102,13 @@ pid_t GdbServer::ThreadFor(pid_t wanted) const {
   return threads.front();
 }
 
-std::string GdbServer::StopReply(const StopInfo& stop) const {
+std::string GdbServer::StopReply(const StopInfo& stop) {
+  // gdb takes the stopped thread as the one its next g, G, p, P, c and s are about (as
+  // gdbserver does).
+  if (!stop.exited && stop.tid > 0) {
+    g_thread_ = stop.tid;
+    c_thread_ = stop.tid;
+  }
   if (stop.exited) {
     return stop.exit.signaled ? absl::StrFormat("X%02x", ToGdbSignal(stop.exit.signal))
                               : absl::StrFormat("W%02x", stop.exit.code & 0xff);
@@ -114,8 +124,18 @@ std::string GdbServer::StopReply(const StopInfo& stop) const {
 // Stops.
 
 bool GdbServer::Claims(pid_t tid, const siginfo_t& si) {
-  if (!started_ || state_ != State::kServing) {
+  if (!started_) {
     return false;
+  }
+  if (si.si_signo == SIGSTOP && parked_.contains(tid)) {
+    return true;  // a Z0 hit's stop: kwatch's, also once gdb has gone (never the target's)
+  }
+  if (state_ != State::kServing) {
+    return false;
+  }
+  if (si.si_code == SI_TKILL && si.si_pid == ::getpid() &&
+      injected_.erase({tid, si.si_signo}) > 0) {
+    return false;  // a signal gdb resumed the thread with: the target's
   }
   if (std::optional<HwPoints::Hit> hit = hw_->Fired(tid, si); hit.has_value()) {
     if (stepping_) {
@@ -132,9 +152,6 @@ bool GdbServer::Claims(pid_t tid, const siginfo_t& si) {
     // Other traps (spurious debug exceptions, late traps of closed breakpoints) are absorbed
     // by Process.
     return si.si_code == SI_KERNEL || si.si_code <= 0;
-  }
-  if (sig == SIGSTOP && parked_.contains(tid)) {
-    return true;
   }
   return !pass_signals_.contains(sig);
 }
@@ -161,6 +178,12 @@ void GdbServer::OnExec() {
 absl::Status GdbServer::Handle(pid_t tid, const siginfo_t& si) {
   if (in_serve_) {
     return absl::OkStatus();  // not expected: the world is already held for gdb
+  }
+  if (state_ != State::kServing) {
+    // The stop of a Z0 hit that came after gdb detached: the thread goes on from the
+    // breakpoint's address, its instruction not run yet (the breakpoint is gone).
+    parked_.erase(tid);
+    return absl::OkStatus();
   }
   StopInfo stop;
   stop.tid = tid;
@@ -193,7 +216,11 @@ absl::Status GdbServer::Handle(pid_t tid, const siginfo_t& si) {
       regs.rip -= 1;  // back on the breakpoint's instruction
       KW_RETURN_IF_ERROR(proc_.SetRegs(tid, regs));
       stop.reason = "swbreak:";
+    } else {
+      stop.delivery = true;
     }
+  } else {
+    stop.delivery = true;  // the target's own signal
   }
   KW_ASSIGN_OR_RETURN(const Resume r, Serve(std::move(stop), /*quiet=*/false));
   (void)r;  // the thread resumes (HandleClaimed); kills and detaches were done in Serve
@@ -574,9 +601,22 @@ absl::StatusOr<bool> GdbServer::DoResume(absl::string_view p, StopInfo& stop) {
     }
   }
   for (const Action& a : actions) {
-    if (a.op == 'C' && a.gdb_sig != 0) {
-      const pid_t tid = a.tid > 0 ? a.tid : stop.tid;
-      KW_RETURN_IF_ERROR(proc_.SetPendingSignal(ThreadFor(tid), FromGdbSignal(a.gdb_sig)));
+    const int sig = FromGdbSignal(a.gdb_sig);
+    if (a.op != 'C' || sig == 0) {
+      continue;
+    }
+    const pid_t tid = ThreadFor(a.tid > 0 ? a.tid : stop.tid);
+    if (tid == stop.tid && stop.delivery) {
+      KW_RETURN_IF_ERROR(proc_.SetPendingSignal(tid, sig));  // in place of the one it stopped for
+      continue;
+    }
+    // Stopped for something else: the kernel delivers a signal only from a signal-delivery
+    // stop, so it is sent, and let through when it arrives.
+    injected_.insert({tid, sig});
+    if (::syscall(SYS_tgkill, proc_.pid(), tid, sig) != 0) {
+      const int err = errno;
+      injected_.erase({tid, sig});
+      return core::SyscallError(err, absl::StrCat("tgkill(", proc_.pid(), ", ", tid, ")"));
     }
   }
   return true;
@@ -774,7 +814,7 @@ void GdbServer::RemoveAllPoints() {
   if (hw_ != nullptr) {
     hw_->RemoveAll();
   }
-  parked_.clear();
+  // parked_ stays: the SIGSTOPs of hits already taken still arrive, and are dropped.
 }
 
 // ---------------------------------------------------------------------------------------

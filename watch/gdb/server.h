@@ -92,8 +92,9 @@ class GdbServer final : public core::ptrace::SignalInterceptor {
   // Why the target stopped, as the stop reply says it.
   struct StopInfo {
     pid_t tid = 0;
-    int signal = 0;      // Linux signal (SIGTRAP for breakpoints and steps)
-    std::string reason;  // "swbreak:", "hwbreak:", "watch:ADDR", ... ("" for none)
+    int signal = 0;         // Linux signal (SIGTRAP for breakpoints and steps)
+    std::string reason;     // "swbreak:", "hwbreak:", "watch:ADDR", ... ("" for none)
+    bool delivery = false;  // a signal-delivery stop: resuming `tid` can deliver a signal
     bool exited = false;
     core::ptrace::ExitInfo exit;
   };
@@ -105,7 +106,8 @@ class GdbServer final : public core::ptrace::SignalInterceptor {
   absl::StatusOr<Resume> Serve(StopInfo stop, bool quiet);
   // One packet; sets `resume` when it resumes the target.
   absl::Status Dispatch(absl::string_view p, StopInfo& stop, std::optional<Resume>& resume);
-  std::string StopReply(const StopInfo& stop) const;
+  // The stop reply; the stopped thread becomes the current one (Hg, Hc).
+  std::string StopReply(const StopInfo& stop);
   // vCont / c / C / s / S: steps are done here (the target stays stopped and a new stop is
   // set); true when the target is to run.
   absl::StatusOr<bool> DoResume(absl::string_view p, StopInfo& stop);
@@ -132,8 +134,11 @@ class GdbServer final : public core::ptrace::SignalInterceptor {
   std::map<core::RemoteAddr, uint8_t> raw_sw_;  // Z0 the engine refused: an INT3 of gdb's own
   std::map<pid_t, core::RemoteAddr> parked_;    // threads stopped at a Z0 of the engine
   std::set<int> pass_signals_;                  // QPassSignals (Linux numbers)
-  pid_t g_thread_ = 0;                          // Hg
-  pid_t c_thread_ = 0;                          // Hc
+  // Signals gdb gave a thread that was not stopped for a signal (C after a breakpoint, a step
+  // or the first stop): sent with tgkill, and let through to the target when they arrive.
+  std::set<std::pair<pid_t, int>> injected_;
+  pid_t g_thread_ = 0;  // Hg
+  pid_t c_thread_ = 0;  // Hc
   bool stepping_ = false;
   std::optional<HwPoints::Hit> step_hit_;  // a hardware point hit during a step
   bool in_serve_ = false;
