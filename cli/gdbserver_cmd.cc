@@ -141,7 +141,7 @@ int GdbServerMain(const std::vector<std::string>& args) {
   std::fflush(stdout);
   if (!code.ok()) {
     std::fprintf(stderr, "kwatch gdbserver: error: %s\n",
-                 std::string(code.status().message()).c_str());
+                 std::string{code.status().message()}.c_str());
     return 1;
   }
   return *code;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/ptrace/thread_regs.h"
@@ -23,8 +24,9 @@ constexpr size_t kFop = 6;
 constexpr size_t kFip = 8;
 constexpr size_t kFdp = 16;
 constexpr size_t kMxcsr = 24;
-constexpr size_t kSt = 32;    // 8 registers, 16 bytes apart, 10 used
-constexpr size_t kXmm = 160;  // 16 registers, 16 bytes each
+constexpr size_t kSt = 32;        // 8 registers, 16 bytes apart, 10 used
+constexpr size_t kXmm = 160;      // 16 registers, 16 bytes each
+constexpr size_t kRegBytes = 16;  // per x87 and SSE register in FXSAVE
 
 constexpr int kFirstSt = 24;
 constexpr int kFirstFpCtl = 32;
@@ -119,7 +121,7 @@ uint32_t FullTag(const user_fpregs_struct& fp) {
   for (uint32_t phys = 0; phys < 8; ++phys) {
     uint32_t t = 3;  // empty
     if ((abridged & (1U << phys)) != 0) {
-      const uint8_t* st = b + kSt + 16 * ((phys - top) & 7);
+      const uint8_t* st = b + kSt + size_t{16} * ((phys - top) & 7);
       uint64_t mantissa = 0;
       std::memcpy(&mantissa, st, 8);
       const uint32_t exponent = Load32(st + 8, 2) & 0x7fff;
@@ -168,68 +170,82 @@ constexpr std::array<FpCtl, 8> kFpCtl = {{
 
 const std::string& Amd64TargetXml() {
   static const std::string* const kXml = [] {
-    std::string x =
-        "<?xml version=\"1.0\"?>\n"
-        "<!DOCTYPE target SYSTEM \"gdb-target.dtd\">\n"
-        "<target version=\"1.0\">\n"
-        "<architecture>i386:x86-64</architecture>\n"
-        "<osabi>GNU/Linux</osabi>\n"
-        "<feature name=\"org.gnu.gdb.i386.core\">\n"
-        "<flags id=\"i386_eflags\" size=\"4\">"
-        "<field name=\"CF\" start=\"0\" end=\"0\"/><field name=\"\" start=\"1\" end=\"1\"/>"
-        "<field name=\"PF\" start=\"2\" end=\"2\"/><field name=\"AF\" start=\"4\" end=\"4\"/>"
-        "<field name=\"ZF\" start=\"6\" end=\"6\"/><field name=\"SF\" start=\"7\" end=\"7\"/>"
-        "<field name=\"TF\" start=\"8\" end=\"8\"/><field name=\"IF\" start=\"9\" end=\"9\"/>"
-        "<field name=\"DF\" start=\"10\" end=\"10\"/><field name=\"OF\" start=\"11\" end=\"11\"/>"
-        "<field name=\"NT\" start=\"14\" end=\"14\"/><field name=\"RF\" start=\"16\" end=\"16\"/>"
-        "<field name=\"VM\" start=\"17\" end=\"17\"/><field name=\"AC\" start=\"18\" end=\"18\"/>"
-        "<field name=\"VIF\" start=\"19\" end=\"19\"/>"
-        "<field name=\"VIP\" start=\"20\" end=\"20\"/>"
-        "<field name=\"ID\" start=\"21\" end=\"21\"/></flags>\n";
+    auto reg = [](absl::string_view name, int bits, absl::string_view type,
+                  absl::string_view group = "") {
+      return absl::StrFormat(R"(<reg name="%s" bitsize="%d" type="%s"%s/>)"
+                             "\n",
+                             name, bits, type,
+                             group.empty() ? "" : absl::StrCat(R"( group=")", group, R"(")"));
+    };
+    std::string x = R"(<?xml version="1.0"?>
+<!DOCTYPE target SYSTEM "gdb-target.dtd">
+<target version="1.0">
+<architecture>i386:x86-64</architecture>
+<osabi>GNU/Linux</osabi>
+<feature name="org.gnu.gdb.i386.core">
+<flags id="i386_eflags" size="4">)";
+    static constexpr std::array<std::pair<const char*, int>, 17> kFlags = {{
+        {"CF", 0},
+        {"", 1},
+        {"PF", 2},
+        {"AF", 4},
+        {"ZF", 6},
+        {"SF", 7},
+        {"TF", 8},
+        {"IF", 9},
+        {"DF", 10},
+        {"OF", 11},
+        {"NT", 14},
+        {"RF", 16},
+        {"VM", 17},
+        {"AC", 18},
+        {"VIF", 19},
+        {"VIP", 20},
+        {"ID", 21},
+    }};
+    for (const auto& [name, bit] : kFlags) {
+      absl::StrAppendFormat(&x, R"(<field name="%s" start="%d" end="%d"/>)", name, bit, bit);
+    }
+    x += "</flags>\n";
     static constexpr std::array<const char*, 16> kGp = {"rax", "rbx", "rcx", "rdx", "rsi", "rdi",
                                                         "rbp", "rsp", "r8",  "r9",  "r10", "r11",
                                                         "r12", "r13", "r14", "r15"};
     for (const char* name : kGp) {
       const absl::string_view n = name;
-      const char* type = n == "rbp" || n == "rsp" ? "data_ptr" : "int64";
-      absl::StrAppend(&x, "<reg name=\"", name, "\" bitsize=\"64\" type=\"", type, "\"/>\n");
+      x += reg(name, 64, n == "rbp" || n == "rsp" ? "data_ptr" : "int64");
     }
-    absl::StrAppend(&x, "<reg name=\"rip\" bitsize=\"64\" type=\"code_ptr\"/>\n",
-                    "<reg name=\"eflags\" bitsize=\"32\" type=\"i386_eflags\"/>\n");
+    x += reg("rip", 64, "code_ptr");
+    x += reg("eflags", 32, "i386_eflags");
     for (const char* seg : {"cs", "ss", "ds", "es", "fs", "gs"}) {
-      absl::StrAppend(&x, "<reg name=\"", seg, "\" bitsize=\"32\" type=\"int32\"/>\n");
+      x += reg(seg, 32, "int32");
     }
     for (int i = 0; i < 8; ++i) {
-      absl::StrAppend(&x, "<reg name=\"st", i, "\" bitsize=\"80\" type=\"i387_ext\"/>\n");
+      x += reg(absl::StrCat("st", i), 80, "i387_ext");
     }
     for (const char* ctl : {"fctrl", "fstat", "ftag", "fiseg", "fioff", "foseg", "fooff", "fop"}) {
-      absl::StrAppend(&x, "<reg name=\"", ctl,
-                      "\" bitsize=\"32\" type=\"int\" group=\"float\"/>\n");
+      x += reg(ctl, 32, "int", "float");
     }
-    absl::StrAppend(
-        &x, "</feature>\n<feature name=\"org.gnu.gdb.i386.sse\">\n",
-        "<vector id=\"v8bf16\" type=\"bfloat16\" count=\"8\"/>\n",
-        "<vector id=\"v4f\" type=\"ieee_single\" count=\"4\"/>\n",
-        "<vector id=\"v2d\" type=\"ieee_double\" count=\"2\"/>\n",
-        "<vector id=\"v16i8\" type=\"int8\" count=\"16\"/>\n",
-        "<vector id=\"v8i16\" type=\"int16\" count=\"8\"/>\n",
-        "<vector id=\"v4i32\" type=\"int32\" count=\"4\"/>\n",
-        "<vector id=\"v2i64\" type=\"int64\" count=\"2\"/>\n",
-        "<union id=\"vec128\"><field name=\"v8_bfloat16\" type=\"v8bf16\"/>"
-        "<field name=\"v4_float\" type=\"v4f\"/><field name=\"v2_double\" type=\"v2d\"/>"
-        "<field name=\"v16_int8\" type=\"v16i8\"/><field name=\"v8_int16\" type=\"v8i16\"/>"
-        "<field name=\"v4_int32\" type=\"v4i32\"/><field name=\"v2_int64\" type=\"v2i64\"/>"
-        "<field name=\"uint128\" type=\"uint128\"/></union>\n");
+    x += R"(</feature>
+<feature name="org.gnu.gdb.i386.sse">
+<vector id="v8bf16" type="bfloat16" count="8"/>
+<vector id="v4f" type="ieee_single" count="4"/>
+<vector id="v2d" type="ieee_double" count="2"/>
+<vector id="v16i8" type="int8" count="16"/>
+<vector id="v8i16" type="int16" count="8"/>
+<vector id="v4i32" type="int32" count="4"/>
+<vector id="v2i64" type="int64" count="2"/>
+<union id="vec128"><field name="v8_bfloat16" type="v8bf16"/><field name="v4_float" type="v4f"/><field name="v2_double" type="v2d"/><field name="v16_int8" type="v16i8"/><field name="v8_int16" type="v8i16"/><field name="v4_int32" type="v4i32"/><field name="v2_int64" type="v2i64"/><field name="uint128" type="uint128"/></union>
+)";
     for (int i = 0; i < 16; ++i) {
-      absl::StrAppend(&x, "<reg name=\"xmm", i, "\" bitsize=\"128\" type=\"vec128\"/>\n");
+      x += reg(absl::StrCat("xmm", i), 128, "vec128");
     }
-    absl::StrAppend(&x, "<reg name=\"mxcsr\" bitsize=\"32\" type=\"int\" group=\"vector\"/>\n",
-                    "</feature>\n<feature name=\"org.gnu.gdb.i386.linux\">\n",
-                    "<reg name=\"orig_rax\" bitsize=\"64\" type=\"int\" group=\"system\"/>\n",
-                    "</feature>\n<feature name=\"org.gnu.gdb.i386.segments\">\n",
-                    "<reg name=\"fs_base\" bitsize=\"64\" type=\"int\"/>\n",
-                    "<reg name=\"gs_base\" bitsize=\"64\" type=\"int\"/>\n",
-                    "</feature>\n</target>\n");
+    x += reg("mxcsr", 32, "int", "vector");
+    x += "</feature>\n<feature name=\"org.gnu.gdb.i386.linux\">\n";
+    x += reg("orig_rax", 64, "int", "system");
+    x += "</feature>\n<feature name=\"org.gnu.gdb.i386.segments\">\n";
+    x += reg("fs_base", 64, "int");
+    x += reg("gs_base", 64, "int");
+    x += "</feature>\n</target>\n";
     return new std::string(std::move(x));
   }();
   return *kXml;
@@ -287,7 +303,8 @@ absl::StatusOr<std::vector<uint8_t>> ThreadRegisters::Get(int regno) const {
       f != nullptr) {  // NOLINT(google-runtime-int)
     std::memcpy(out.data(), f, size);
   } else if (regno < kFirstFpCtl) {
-    std::memcpy(out.data(), FpBytes(fp) + kSt + 16 * (regno - kFirstSt), size);
+    std::memcpy(out.data(), FpBytes(fp) + kSt + kRegBytes * static_cast<size_t>(regno - kFirstSt),
+                size);
   } else if (regno < kFirstXmm) {
     const FpCtl& c = kFpCtl[regno - kFirstFpCtl];
     uint32_t v = regno == kFirstFpCtl + 2 ? FullTag(fp) : Load32(FpBytes(fp) + c.offset, c.size);
@@ -296,7 +313,8 @@ absl::StatusOr<std::vector<uint8_t>> ThreadRegisters::Get(int regno) const {
     }
     std::memcpy(out.data(), &v, 4);
   } else if (regno < kMxcsrReg) {
-    std::memcpy(out.data(), FpBytes(fp) + kXmm + 16 * (regno - kFirstXmm), size);
+    std::memcpy(out.data(), FpBytes(fp) + kXmm + kRegBytes * static_cast<size_t>(regno - kFirstXmm),
+                size);
   } else {
     std::memcpy(out.data(), FpBytes(fp) + kMxcsr, size);
   }
@@ -316,7 +334,8 @@ absl::Status ThreadRegisters::Set(int regno, std::span<const uint8_t> bytes) {
     *f = 0;
     std::memcpy(f, bytes.data(), size);
   } else if (regno < kFirstFpCtl) {
-    std::memcpy(FpBytes(fp) + kSt + 16 * (regno - kFirstSt), bytes.data(), size);
+    std::memcpy(FpBytes(fp) + kSt + kRegBytes * static_cast<size_t>(regno - kFirstSt), bytes.data(),
+                size);
   } else if (regno < kFirstXmm) {
     const FpCtl& c = kFpCtl[regno - kFirstFpCtl];
     uint32_t v = 0;
@@ -327,7 +346,8 @@ absl::Status ThreadRegisters::Set(int regno, std::span<const uint8_t> bytes) {
       std::memcpy(FpBytes(fp) + c.offset, &v, c.size);
     }
   } else if (regno < kMxcsrReg) {
-    std::memcpy(FpBytes(fp) + kXmm + 16 * (regno - kFirstXmm), bytes.data(), size);
+    std::memcpy(FpBytes(fp) + kXmm + kRegBytes * static_cast<size_t>(regno - kFirstXmm),
+                bytes.data(), size);
   } else {
     std::memcpy(FpBytes(fp) + kMxcsr, bytes.data(), size);
   }

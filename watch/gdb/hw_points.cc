@@ -1,6 +1,7 @@
 #include "watch/gdb/hw_points.h"
 
 #include <algorithm>
+#include <array>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,9 +73,9 @@ absl::Status HwPoints::TryInsert(HwKind kind, core::RemoteAddr addr, uint64_t le
   r.scope = drmgr::Scope::Process(proc_.pid());
   r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kDebugger);
   r.policy = drmgr::ShortagePolicy::kFail;
-  static constexpr const char* kNames[] = {"", "gdb hbreak", "gdb watch", "gdb rwatch",
-                                           "gdb awatch"};
-  r.label = absl::StrFormat("%s 0x%x", kNames[static_cast<int>(kind)], addr.value);
+  static constexpr std::array<absl::string_view, 5> kNames = {"", "gdb hbreak", "gdb watch",
+                                                              "gdb rwatch", "gdb awatch"};
+  r.label = absl::StrFormat("%s 0x%x", kNames[static_cast<size_t>(kind)], addr.value);
   KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_.Request(client_, r));
   if (g.state == drmgr::RequestState::kFailed) {
     (void)alloc_.Release(g.id);

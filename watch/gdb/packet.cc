@@ -77,15 +77,18 @@ void PacketDecoder::Finish(std::vector<Frame>& out) {
   const int hi = HexDigit(checksum_[0]);
   const int lo = HexDigit(checksum_[1]);
   state_ = State::kIdle;
-  if (overflow_ || hi < 0 || lo < 0) {
-    out.push_back({Frame::Kind::kMalformed, std::move(raw_)});
-  } else if (Checksum(raw_) != hi * 16 + lo) {
-    out.push_back({Frame::Kind::kBadChecksum, std::move(raw_)});
-  } else if (absl::StatusOr<std::string> p = UnescapePayload(raw_); p.ok()) {
-    out.push_back({Frame::Kind::kPacket, *std::move(p)});
-  } else {
-    out.push_back({Frame::Kind::kMalformed, std::move(raw_)});
+  Frame f{Frame::Kind::kMalformed, {}};
+  if (!overflow_ && hi >= 0 && lo >= 0) {
+    if (Checksum(raw_) != hi * 16 + lo) {
+      f.kind = Frame::Kind::kBadChecksum;
+    } else if (absl::StatusOr<std::string> p = UnescapePayload(raw_); p.ok()) {
+      f = {Frame::Kind::kPacket, *std::move(p)};
+    }
   }
+  if (f.kind != Frame::Kind::kPacket) {
+    f.payload = std::move(raw_);
+  }
+  out.push_back(std::move(f));
   raw_.clear();
   checksum_.clear();
   overflow_ = false;
@@ -134,7 +137,7 @@ void PacketDecoder::Feed(absl::string_view bytes, std::vector<Frame>& out) {
 }
 
 std::string ToHex(std::span<const uint8_t> bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
+  static constexpr absl::string_view kDigits = "0123456789abcdef";
   std::string out;
   out.reserve(bytes.size() * 2);
   for (const uint8_t b : bytes) {

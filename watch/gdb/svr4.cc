@@ -187,7 +187,7 @@ absl::StatusOr<std::string> LibraryListSvr4(const core::ptrace::Process& proc) {
     } else {
       KW_ASSIGN_OR_RETURN(const std::string name, ReadCString(proc, fields[1]));
       absl::StrAppendFormat(
-          &body, "<library name=\"%s\" lm=\"0x%x\" l_addr=\"0x%x\" l_ld=\"0x%x\" lmid=\"0x0\"/>",
+          &body, R"(<library name="%s" lm="0x%x" l_addr="0x%x" l_ld="0x%x" lmid="0x0"/>)",
           XmlEscape(name), lm, fields[0], fields[2]);
     }
     lm = fields[3];
