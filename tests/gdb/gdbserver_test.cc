@@ -92,7 +92,8 @@ TEST(GdbServer, GdbBreaksStepsReadsAndRunsToTheExitCode) {
   KW_REQUIRE_GDB();
   const RunResult r =
       RunGdb(Stdio("", 4), {"break Bump", "continue", "info registers rip", "bt", "x/4dw &g_values",
-                            "print g_counter", "step", "print g_counter", "delete", "continue"});
+                            "print g_counter", "step", "print g_counter", "print/x $fs_base",
+                            "set var g_counter = 100", "print g_counter", "delete", "continue"});
   const std::string all = r.out + r.err;
   EXPECT_EQ(r.exit_code, 0) << all;
   EXPECT_THAT(all, HasSubstr("Breakpoint 1, Bump (step=step@entry=3)")) << all;
@@ -101,7 +102,10 @@ TEST(GdbServer, GdbBreaksStepsReadsAndRunsToTheExitCode) {
   EXPECT_THAT(all, HasSubstr("<g_values>:\t10\t20\t30\t40")) << all;
   EXPECT_THAT(all, HasSubstr("$1 = 0\n")) << all;
   EXPECT_THAT(all, HasSubstr("$2 = 3\n")) << all;  // the step ran `g_counter += step`
-  EXPECT_THAT(all, HasSubstr("counter 12 hits 4 misses 2")) << all;
+  EXPECT_TRUE(std::regex_search(all, std::regex("\\$3 = 0x7f[0-9a-f]{6,}\n"))) << all;  // TLS
+  EXPECT_THAT(all, HasSubstr("$4 = 100\n")) << all;
+  // Written by gdb, then three more calls: 100 + 3 * 3.
+  EXPECT_THAT(all, HasSubstr("counter 109 hits 4 misses 2")) << all;
   EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
 }
 
