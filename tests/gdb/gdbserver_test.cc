@@ -44,16 +44,10 @@ bool HaveGdb() {
 // gdb -batch -nx over `target remote TARGET` with `commands`, its output (stdout and stderr,
 // which carries kwatch's and, with --stdio, the program's) as one string.
 RunResult RunGdb(const std::string& target, const std::vector<std::string>& commands,
-                 const std::string& program = TargetPath("gdb_target")) {
-  std::vector<std::string> argv = {kGdb,
-                                   "-batch",
-                                   "-nx",
-                                   "-ex",
-                                   "set confirm off",
-                                   "-ex",
-                                   "set sysroot /",
-                                   "-ex",
-                                   "target remote " + target};
+                 const std::string& program = TargetPath("gdb_target"),
+                 const std::string& how = "target remote ") {
+  std::vector<std::string> argv = {kGdb,  "-batch",        "-nx", "-ex",       "set confirm off",
+                                   "-ex", "set sysroot /", "-ex", how + target};
   for (const std::string& c : commands) {
     argv.push_back("-ex");
     argv.push_back(c);
@@ -107,6 +101,20 @@ TEST(GdbServer, GdbBreaksStepsReadsAndRunsToTheExitCode) {
   // Written by gdb, then three more calls: 100 + 3 * 3.
   EXPECT_THAT(all, HasSubstr("counter 109 hits 4 misses 2")) << all;
   EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+}
+
+TEST(GdbServer, ExtendedRemoteBreaksAndRunsToTheExit) {
+  KW_REQUIRE_GDB();
+  const RunResult r =
+      RunGdb(Stdio("", 4),
+             {"break Bump", "continue", "info threads", "delete", "continue", "info threads"},
+             TargetPath("gdb_target"), "target extended-remote ");
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(r.exit_code, 0) << all;
+  EXPECT_THAT(all, HasSubstr("Breakpoint 1, Bump (step=step@entry=3)")) << all;
+  EXPECT_TRUE(std::regex_search(all, std::regex("\\* 1 +Thread [0-9]+ +Bump"))) << all;
+  EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+  EXPECT_THAT(all, HasSubstr("No threads.")) << all;
 }
 
 TEST(GdbServer, HardwareWatchpointStopsWithExactOldAndNewValues) {
