@@ -668,7 +668,7 @@ std::string GdbServer::ReadMemoryReply(absl::string_view args) const {
   uint64_t addr = 0;
   uint64_t len = 0;
   if (!ParseAddrLen(args, addr, len)) {
-    return std::string(kErr);
+    return std::string{kErr};
   }
   len = std::min(len, kMaxMemoryPacket);
   std::vector<uint8_t> buf(len);
@@ -681,7 +681,7 @@ std::string GdbServer::ReadMemoryReply(absl::string_view args) const {
       ++n;
     }
     if (n == 0) {
-      return std::string(kErr);
+      return std::string{kErr};
     }
     buf.resize(n);
   }
@@ -768,7 +768,7 @@ absl::Status GdbServer::RemoveSoftware(core::RemoteAddr addr) {
 std::string GdbServer::Breakpoint(absl::string_view p, bool insert) {
   // Ztype,addr,kind[;cond...]
   if (p.size() < 4 || p[2] != ',') {
-    return std::string(kErr);
+    return std::string{kErr};
   }
   const char type = p[1];
   absl::string_view rest = p.substr(3);
@@ -776,7 +776,7 @@ std::string GdbServer::Breakpoint(absl::string_view p, bool insert) {
   uint64_t addr = 0;
   uint64_t len = 0;
   if (!ParseAddrLen(rest, addr, len)) {
-    return std::string(kErr);
+    return std::string{kErr};
   }
   absl::Status s;
   switch (type) {
@@ -789,7 +789,7 @@ std::string GdbServer::Breakpoint(absl::string_view p, bool insert) {
     case '4': {
       const auto kind = static_cast<HwKind>(type - '0');
       if (len == 0 && kind != HwKind::kBreak) {
-        return std::string(kErr);
+        return std::string{kErr};
       }
       s = insert ? hw_->Insert(kind, core::RemoteAddr{addr}, len)
                  : hw_->Remove(kind, core::RemoteAddr{addr}, len);
@@ -801,7 +801,7 @@ std::string GdbServer::Breakpoint(absl::string_view p, bool insert) {
     default:
       return "";  // not supported
   }
-  return std::string(s.ok() ? "OK" : kErr);
+  return std::string{s.ok() ? "OK" : kErr};
 }
 
 void GdbServer::RemoveAllPoints() {
@@ -829,7 +829,7 @@ std::string GdbServer::Xfer(absl::string_view p) {
   uint64_t off = 0;
   uint64_t len = 0;
   if (!ParseAddrLen(parts[4], off, len)) {
-    return std::string(kErr);
+    return std::string{kErr};
   }
   const absl::string_view object = parts[1];
   const absl::string_view annex = parts[3];
@@ -849,7 +849,7 @@ std::string GdbServer::Xfer(absl::string_view p) {
     return "";
   }
   if (!doc.ok()) {
-    return std::string(kErr);
+    return std::string{kErr};
   }
   if (off >= doc->size()) {
     return "l";
