@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <memory>
 #include <utility>
 
@@ -141,17 +142,12 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
 absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
                                    GdbServer& server) {
   core::ptrace::Process& proc = set.target_process();
-  bool reported = false;
   bool said_detached = server.state() != GdbServer::State::kServing;
   for (;;) {
     absl::StatusOr<bool> more = set.Step(absl::Milliseconds(50));
     if (!more.ok()) {
       set.Abandon();
       return more.status();
-    }
-    if (!proc.alive() && !reported && proc.exit_info().has_value()) {
-      reported = true;
-      KW_RETURN_IF_ERROR(server.ReportExit(*proc.exit_info()));
     }
     if (proc.alive()) {
       KW_RETURN_IF_ERROR(server.PollConnection());
@@ -168,12 +164,20 @@ absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
   const bool killed = server.state() == GdbServer::State::kKilled;
   server.SetSlotLender(nullptr);  // the watches end here
   KW_ASSIGN_OR_RETURN(const TargetSetEnd end, set.Finish());
+  // gdb hears of the exit after kwatch's summary, which it shows (--stdio: kwatch's stderr
+  // is gdb's, and gdb goes once the program has exited).
+  if (!proc.alive() && proc.exit_info().has_value()) {
+    KW_RETURN_IF_ERROR(server.ReportExit(*proc.exit_info()));
+  }
   return killed ? 0 : end.exit_status.value_or(0);
 }
 
 }  // namespace
 
 absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
+  // gdb may close the connection at any time: a write then fails (EPIPE) instead of killing
+  // kwatch with SIGPIPE while it still has a target to let go.
+  ::signal(SIGPIPE, SIG_IGN);
   // The transport first: a port in use fails before any target is touched.
   std::optional<Listener> listener;
   std::unique_ptr<Connection> conn;
