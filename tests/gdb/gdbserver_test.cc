@@ -251,6 +251,29 @@ TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
 // Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,
 // the breakpoint in Work stops two of its three workers in turn (each reported with its own
 // thread), and after the detach the program runs to its end with every write done.
+// `kwatch slots` while gdb's watchpoint is in: gdb's point holds a register as gdb's, and
+// kwatch's four watches (fields the program never writes) take turns in the other three.
+TEST(GdbServer, KwatchSlotsShowsGdbsWatchpointAsGdbs) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  const std::string slots = absl::StrCat(KwatchPath(), " slots");
+  // Waits (up to 10 s) for the session to publish gdb's point while the program still runs.
+  const std::string poll =
+      absl::StrCat("shell for i in $(seq 200); do ", slots,
+                   " | grep -q 'gdb watch' && break; sleep 0.05; done; ", slots);
+  const RunResult r =
+      RunGdb(Stdio("-q --write g_stats.flags g_stats.pad g_values[2] g_values[3]", 700000000),
+             {"watch g_values[0]", "continue &", poll});
+  const std::string all = r.out + r.err;
+  EXPECT_TRUE(std::regex_search(
+      all, std::regex("DR[0-3] +gdb watch 0x[0-9a-f]+ \\(kwatch [0-9]+\\) +4 bytes at "
+                      "0x[0-9a-f]+ +write +armed")))
+      << all;
+  EXPECT_TRUE(std::regex_search(all, std::regex("g_values\\[3\\] \\(kwatch [0-9]+\\): 4 bytes "
+                                                "at 0x[0-9a-f]+ write, multiplexed")))
+      << all;
+}
+
 TEST(GdbServer, AttachBreaksInEachThreadAndDetachLeavesTheProgramWhole) {
   KW_REQUIRE_GDB();
   absl::StatusOr<std::unique_ptr<Spawned>> fw =

@@ -55,9 +55,9 @@ absl::Status HwPoints::Insert(HwKind kind, core::RemoteAddr addr, uint64_t len) 
 }
 
 void HwPoints::Settle() {
-  if (lender_ && lent_ != registers()) {
+  if (lender_) {
     lent_ = registers();
-    (void)lender_(lent_);
+    (void)lender_(lent_);  // also publishes what gdb's points hold now
   }
 }
 

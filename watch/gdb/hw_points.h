@@ -39,9 +39,9 @@ class HwPoints final : public drmgr::Applier {
   // more at a time when the kernel has none left for a new point of gdb's.
   using Lender = std::function<absl::Status(int registers)>;
   void set_lender(Lender lender) { lender_ = std::move(lender); }
-  // Tells the lender what gdb's points hold now. z1-z4 do not: gdb removes its points at every
-  // stop and inserts them again before resuming, so registers go back to kwatch's watches only
-  // when the target resumes without them (call Settle then).
+  // Tells the lender what gdb's points hold now (at every resume). z1-z4 do not: gdb removes
+  // its points at every stop and inserts them again before resuming, so registers go back to
+  // kwatch's watches only when the target resumes without them.
   void Settle();
   // Debug registers gdb's points hold in each thread.
   int registers() const { return static_cast<int>(armed_.size()); }
