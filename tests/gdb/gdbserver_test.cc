@@ -103,6 +103,21 @@ TEST(GdbServer, GdbBreaksStepsReadsAndRunsToTheExitCode) {
   EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
 }
 
+// gdb steps over its own breakpoint while the condition is false (z0, a step, Z0 again), and
+// `finish` puts a temporary breakpoint at the return address.
+TEST(GdbServer, ConditionalBreakpointFinishAndNext) {
+  KW_REQUIRE_GDB();
+  const RunResult r =
+      RunGdb(Stdio("", 5), {"break Bump if g_counter == 6", "continue", "print g_counter", "finish",
+                            "next", "info breakpoints", "continue"});
+  const std::string all = r.out + r.err;
+  EXPECT_THAT(all, HasSubstr("$1 = 6\n")) << all;  // the third call: two were stepped over
+  EXPECT_THAT(all, HasSubstr("Value returned is $2 = 9")) << all;
+  EXPECT_THAT(all, HasSubstr("breakpoint already hit 1 time")) << all;
+  EXPECT_THAT(all, HasSubstr("counter 15 hits 5 misses 2")) << all;
+  EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+}
+
 TEST(GdbServer, ExtendedRemoteBreaksAndRunsToTheExit) {
   KW_REQUIRE_GDB();
   const RunResult r =
