@@ -6,7 +6,8 @@
 The one source of truth is the programs' option definitions (CLI11 for kwatch and its
 subcommands, QCommandLineParser for kwatch-gui): this script runs each command's --help,
 parses it, and writes
-    DIR/man/man1/kwatch.1, kwatch-probe.1, kwatch-report.1, kwatch-slots.1, kwatch-gui.1
+    DIR/man/man1/kwatch.1, kwatch-probe.1, kwatch-report.1, kwatch-slots.1,
+    kwatch-gdbserver.1, kwatch-gui.1
     DIR/completions/kwatch.bash   (bash: the functions for kwatch and kwatch-gui)
     DIR/completions/_kwatch       (zsh: #compdef kwatch kwatch-gui)
 Every option, its value, choices, default and exclusions, and every line of each help text
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 # Subcommands of kwatch, in the order the pages list them: (argv after kwatch, page name).
 SUBCOMMANDS = [([], "kwatch"), (["probe"], "kwatch-probe"), (["report"], "kwatch-report"),
-               (["slots"], "kwatch-slots")]
+               (["slots"], "kwatch-slots"), (["gdbserver"], "kwatch-gdbserver")]
 
 # How the shells complete an option's value. The options themselves, their values' types and
 # choices come from --help; only what a value names (a file, a directory, a pid, a user) is

@@ -21,6 +21,10 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
     s.group->Add(*s.proc);
   }
   absl::Cleanup abandon = [&s] { s.Abandon(); };
+  if (opts.hold_stopped) {
+    KW_RETURN_IF_ERROR(s.proc->StopAll());
+    s.proc->HoldStopped();
+  }
   s.session_options = opts.session;
   if (!opts.condition.empty()) {
     // Parsed once up front for its errors and for whether it needs exact values.

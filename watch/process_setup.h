@@ -25,6 +25,9 @@ struct ProcessSetupOptions {
   std::vector<WatchRequest> requests;
   SessionOptions session;  // exact_values follows from `condition`
   std::string condition;   // --if EXPR ("": none)
+  // The target stays stopped once armed (Process::HoldStopped, every thread stopped): the
+  // caller resumes it with Process::ReleaseHold (`kwatch gdbserver`: when gdb says so).
+  bool hold_stopped = false;
 };
 
 // A process watch session's pieces, armed and ready for TargetSet::Create. Until they are

@@ -419,6 +419,37 @@ absl::StatusOr<bool> WatchSession::Tick(absl::Time now) {
   return true;
 }
 
+absl::StatusOr<std::vector<std::string>> WatchSession::LendSlots(int n) {
+  if (alloc_ == nullptr || hw_ == nullptr || !armed_) {
+    return absl::FailedPreconditionError("kwatch's watches hold no debug register to lend");
+  }
+  alloc_->AdvanceClock(absl::Now());
+  KW_ASSIGN_OR_RETURN(drmgr::Changes changes,
+                      alloc_->MarkExternallyHeld(drmgr::Scope::Process(proc_.pid()), n));
+  const std::vector<drmgr::RequestChange> moved = changes.requests;
+  KW_RETURN_IF_ERROR(drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(changes)));
+  std::vector<std::string> lines;
+  multiplexing_ = false;
+  for (const auto& [watch_id, request] : request_of_) {
+    absl::StatusOr<drmgr::RequestView> v = alloc_->Describe(request);
+    multiplexing_ |= v.ok() && v->state == drmgr::RequestState::kMultiplexed;
+    for (const drmgr::RequestChange& c : moved) {
+      if (c.id != request || (c.from == c.to && c.was_armed == c.armed)) {
+        continue;
+      }
+      const Watch& w = watches_[watch_id];
+      std::string now = c.to == drmgr::RequestState::kHardware ? "back in a debug register"
+                        : c.to == drmgr::RequestState::kMultiplexed
+                            ? "taking turns for the debug registers left (multiplexed)"
+                            : "waiting for a debug register, counting nothing meanwhile";
+      lines.push_back(absl::StrCat("watch #", w.id + 1, " ", w.target.display, ": ", now,
+                                   " (the debugger holds ", n, " debug register", n == 1 ? "" : "s",
+                                   ")"));
+    }
+  }
+  return lines;
+}
+
 void WatchSession::Disarm() {
   if (alloc_ != nullptr && armed_) {
     alloc_->AdvanceClock(absl::Now());

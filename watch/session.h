@@ -118,6 +118,13 @@ class WatchSession {
   // True when the armed registers changed (Fds() changed).
   absl::StatusOr<bool> Tick(absl::Time now);
   bool multiplexing() const { return multiplexing_; }
+  // A debugger sharing the target (`kwatch gdbserver`) holds `n` (0-4) debug registers of the
+  // target's threads: drmgr counts them as held outside kwatch, so kwatch's lowest-ranked
+  // watches give theirs up (with --overcommit=multiplex they take turns in the rest, counted
+  // with coverage; otherwise they wait, counting nothing) and get them back when `n` drops.
+  // Returns a line for people per watch whose placement changed. FailedPrecondition for a
+  // session without debug registers.
+  absl::StatusOr<std::vector<std::string>> LendSlots(int n);
 
   std::vector<int> Fds() const;
   uint64_t lost() const;

@@ -92,6 +92,8 @@ class TargetSet {
   bool follows_forks() const { return group_ != nullptr; }
   // How many times multiplexed watches rotated through the debug registers.
   uint64_t rotations() const { return rotations_; }
+  // A line for the event stream (AccessNote::kText), kept for the summary's notes.
+  void Note(std::string text);
 
  private:
   struct Tracee;
@@ -116,7 +118,6 @@ class TargetSet {
   void Rearm(Tracee& t);
   bool AnyChildAlive() const;
   static std::string Who(const Tracee& t);
-  void Note(std::string text);
   // Ends the session with `reason` unless it already ends.
   void Stop(absl::string_view reason);
   // Removes the watches from every process, then lets each go.

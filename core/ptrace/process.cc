@@ -541,6 +541,15 @@ void Process::RecoverMissedStops(const std::function<bool(const Thread&)>& await
   }
 }
 
+absl::Status Process::SetPendingSignal(pid_t tid, int sig) {
+  auto it = threads_.find(tid);
+  if (it == threads_.end()) {
+    return absl::NotFoundError(absl::StrCat("thread ", tid, " of pid ", pid_, " is not traced"));
+  }
+  it->second.pending_signal = sig;
+  return absl::OkStatus();
+}
+
 absl::Status Process::ReleaseHold() {
   if (hold_ > 0 && --hold_ == 0) {
     return ResumeAll();

@@ -112,6 +112,16 @@ class Process {
   // Call after StopAll; ReleaseHold() ends it and resumes every thread.
   void HoldStopped() { ++hold_; }
   absl::Status ReleaseHold();
+  // Ends one HoldStopped without resuming anything: for a SignalInterceptor's Handle that held
+  // the world while it worked (its caller, HandleClaimed, resumes the threads afterwards).
+  void DropHold() {
+    if (hold_ > 0) {
+      --hold_;
+    }
+  }
+  // Stopped thread `tid` receives signal `sig` (0: none) when it is resumed, in place of
+  // whatever it would have received. NotFound when kwatch does not trace `tid`.
+  absl::Status SetPendingSignal(pid_t tid, int sig);
   // Reaps all pending wait statuses without blocking (or blocking for the first one when
   // `block`), handles ptrace stops, passes signals on to the target, and returns what
   // changed. Call it when SIGCHLD arrives.

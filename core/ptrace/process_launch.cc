@@ -480,7 +480,10 @@ absl::Status Process::FlushClaimedSignals() {
     for (const pid_t tid : TracedThreads()) {
       const std::string pending = ProcStatusField(tid, "SigPnd");
       uint64_t mask = 0;
-      constexpr uint64_t kClaimable = (1ULL << (SIGSEGV - 1)) | (1ULL << (SIGTRAP - 1));
+      // SIGSTOP: the stop of a thread an interceptor parked (gdbserver's breakpoints); one
+      // nobody claims is passed on as before.
+      constexpr uint64_t kClaimable =
+          (1ULL << (SIGSEGV - 1)) | (1ULL << (SIGTRAP - 1)) | (1ULL << (SIGSTOP - 1));
       if (pending.empty() || !absl::SimpleHexAtoi(pending, &mask) || (mask & kClaimable) == 0) {
         continue;
       }

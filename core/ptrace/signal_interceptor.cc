@@ -1,32 +1,49 @@
 #include "core/ptrace/signal_interceptor.h"
 
+#include <algorithm>
+
 #include "core/base/status_macros.h"
 
 namespace kwatch::core::ptrace {
 
 bool InterceptorFanOut::Claims(pid_t tid, const siginfo_t& si) {
-  claimer_ = nullptr;
   for (SignalInterceptor* i : all_) {
     if (i->Claims(tid, si)) {
-      claimer_ = i;
+      claimers_[tid] = i;
       return true;
     }
   }
+  claimers_.erase(tid);
   return false;
 }
 
+SignalInterceptor* InterceptorFanOut::ClaimerOf(pid_t tid, const siginfo_t& si) {
+  auto it = claimers_.find(tid);
+  if (it != claimers_.end() && std::find(all_.begin(), all_.end(), it->second) != all_.end()) {
+    return it->second;
+  }
+  return Claims(tid, si) ? claimers_.at(tid) : nullptr;
+}
+
 absl::Status InterceptorFanOut::Handle(pid_t tid, const siginfo_t& si) {
-  if (claimer_ == nullptr && !Claims(tid, si)) {
+  SignalInterceptor* claimer = ClaimerOf(tid, si);
+  if (claimer == nullptr) {
     return absl::InternalError("a claimed signal has no interceptor");
   }
-  return claimer_->Handle(tid, si);
+  claimers_.erase(tid);
+  return claimer->Handle(tid, si);
 }
 
 absl::StatusOr<bool> InterceptorFanOut::HandleInPlace(pid_t tid, const siginfo_t& si) {
-  if (claimer_ == nullptr && !Claims(tid, si)) {
+  SignalInterceptor* claimer = ClaimerOf(tid, si);
+  if (claimer == nullptr) {
     return false;
   }
-  return claimer_->HandleInPlace(tid, si);
+  absl::StatusOr<bool> done = claimer->HandleInPlace(tid, si);
+  if (done.ok() && *done) {
+    claimers_.erase(tid);
+  }
+  return done;
 }
 
 absl::Status InterceptorFanOut::OnFork(Process& child) {

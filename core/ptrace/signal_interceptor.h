@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <csignal>
+#include <map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,6 +63,8 @@ class SignalInterceptor {
 // Several interceptors as one (Process uses it when more than one backend owns signals of a
 // process): the first that claims a signal handles it; every one hears of forks, new threads
 // and system-call stops. Borrows the list, which its owner may change between signals.
+// Signals of several threads may be claimed before the first is handled (while the world
+// stops): each is handled by the interceptor that claimed it, remembered per thread.
 class InterceptorFanOut : public SignalInterceptor {
  public:
   explicit InterceptorFanOut(const std::vector<SignalInterceptor*>& all) : all_(all) {}
@@ -74,8 +77,11 @@ class InterceptorFanOut : public SignalInterceptor {
   absl::Status OnSyscallStop(pid_t tid, const SyscallStop& stop, bool world_stopped) override;
 
  private:
+  // The interceptor that claimed the signal `tid` stopped with (Claims again if none did).
+  SignalInterceptor* ClaimerOf(pid_t tid, const siginfo_t& si);
+
   const std::vector<SignalInterceptor*>& all_;
-  SignalInterceptor* claimer_ = nullptr;  // of the last signal claimed
+  std::map<pid_t, SignalInterceptor*> claimers_;  // of each thread's claimed signal
 };
 
 }  // namespace kwatch::core::ptrace

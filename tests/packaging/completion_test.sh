@@ -36,7 +36,7 @@ expect "page perf" kwatch --backend = p
 expect "1 2 4 8" kwatch --len ""
 expect "agent auto" kwatch probe --backend a
 expect "--no-jump" kwatch probe --n
-expect "probe report slots" kwatch ""
+expect "gdbserver probe report slots" kwatch ""
 expect "slots" kwatch sl
 expect "--field --format --from" kwatch report --f
 expect "chrome-trace csv folded json text" kwatch report --format ""
@@ -81,6 +81,7 @@ check_all kwatch "$kwatch" -- kwatch
 check_all "kwatch probe" "$kwatch" probe -- kwatch probe
 check_all "kwatch report" "$kwatch" report -- kwatch report
 check_all "kwatch slots" "$kwatch" slots -- kwatch slots
+check_all "kwatch gdbserver" "$kwatch" gdbserver -- kwatch gdbserver
 if [ -n "$gui" ]; then
   check_all kwatch-gui "$gui" -- kwatch-gui
 fi

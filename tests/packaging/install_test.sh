@@ -17,7 +17,8 @@ fail() {
 
 expected_files() {  # the installed files, relative to the prefix, sorted
   printf '%s\n' bin/kwatch lib/kwatch/libkwatch-agent.so \
-    share/bash-completion/completions/kwatch share/man/man1/kwatch-probe.1 \
+    share/bash-completion/completions/kwatch share/man/man1/kwatch-gdbserver.1 \
+    share/man/man1/kwatch-probe.1 \
     share/man/man1/kwatch-report.1 share/man/man1/kwatch-slots.1 share/man/man1/kwatch.1 \
     share/zsh/site-functions/_kwatch
   if [ -x "$build/gui/kwatch-gui" ]; then
@@ -41,7 +42,8 @@ diff <(expected_files | sed 's|^|usr/|' | sort) \
   fail "installed files under DESTDIR differ from the expected list (above)"
 
 kwatch=$prefix/bin/kwatch
-for args in "--version" "--help" "probe --help" "report --help" "slots --help"; do
+for args in "--version" "--help" "probe --help" "report --help" "slots --help" \
+  "gdbserver --help"; do
   # shellcheck disable=SC2086  # args are words
   [ "$("$kwatch" $args)" == "$("$build/cli/kwatch" $args)" ] ||
     fail "installed 'kwatch $args' prints other text than the build tree's"

@@ -19,7 +19,8 @@ kwatch, man_dir = sys.argv[1], sys.argv[2]
 gui = sys.argv[3] if len(sys.argv) > 3 else None
 env = dict(os.environ, LC_ALL="C", MANWIDTH="80", QT_QPA_PLATFORM="offscreen")
 commands = [([kwatch], "kwatch"), ([kwatch, "probe"], "kwatch-probe"),
-            ([kwatch, "report"], "kwatch-report"), ([kwatch, "slots"], "kwatch-slots")]
+            ([kwatch, "report"], "kwatch-report"), ([kwatch, "slots"], "kwatch-slots"),
+            ([kwatch, "gdbserver"], "kwatch-gdbserver")]
 if gui:
     commands.append(([gui], "kwatch-gui"))
 
