@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/store/varint.h"
 
 namespace kwatch::core::store {
 namespace {
@@ -20,58 +21,26 @@ constexpr uint8_t kHasOld = 8;
 constexpr uint8_t kExact = 16;
 
 void PutU(std::string& s, uint64_t v) {
-  while (v >= 0x80) {
-    s.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  s.push_back(static_cast<char>(v));
+  PutVarint(s, v);
 }
 
 // The difference a - b (mod 2^64) as a zigzag varint: small either way.
 void PutDelta(std::string& s, uint64_t a, uint64_t b) {
-  const auto d = static_cast<int64_t>(a - b);
-  PutU(s, (static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63));
+  PutZigzag(s, static_cast<int64_t>(a - b));
 }
 
-class Cursor {
+class Cursor : public VarintReader {
  public:
-  explicit Cursor(absl::string_view s) : s_(s) {}
-  bool U(uint64_t* v) {
-    uint64_t out = 0;
-    for (uint32_t shift = 0; shift < 64; shift += 7) {
-      if (pos_ >= s_.size()) {
-        return false;
-      }
-      const auto b = static_cast<uint8_t>(s_[pos_++]);
-      out |= uint64_t{b & 0x7fU} << shift;
-      if ((b & 0x80) == 0) {
-        *v = out;
-        return true;
-      }
-    }
-    return false;
-  }
+  using VarintReader::VarintReader;
   // b + the delta read (mod 2^64).
   bool Delta(uint64_t b, uint64_t* v) {
-    uint64_t z = 0;
-    if (!U(&z)) {
+    int64_t d = 0;
+    if (!Zigzag(&d)) {
       return false;
     }
-    *v = b + ((z >> 1) ^ (~(z & 1) + 1));
+    *v = b + static_cast<uint64_t>(d);
     return true;
   }
-  bool Byte(uint8_t* v) {
-    if (pos_ >= s_.size()) {
-      return false;
-    }
-    *v = static_cast<uint8_t>(s_[pos_++]);
-    return true;
-  }
-  bool done() const { return pos_ == s_.size(); }
-
- private:
-  absl::string_view s_;
-  size_t pos_ = 0;
 };
 
 uint8_t Flags(const AccessEvent& e) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/store/varint.h"
 
 namespace kwatch::watch::profile {
 namespace {
@@ -16,14 +17,8 @@ constexpr uint64_t kVersion = 1;
 
 class Out {
  public:
-  void U(uint64_t v) {
-    while (v >= 0x80) {
-      s_.push_back(static_cast<char>((v & 0x7f) | 0x80));
-      v >>= 7;
-    }
-    s_.push_back(static_cast<char>(v));
-  }
-  void I(int64_t v) { U((static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63)); }
+  void U(uint64_t v) { core::store::PutVarint(s_, v); }
+  void I(int64_t v) { core::store::PutZigzag(s_, v); }
   void Rw(const RwCounts& c) {
     U(c.reads);
     U(c.writes);
@@ -36,35 +31,13 @@ class Out {
 
 }  // namespace
 
-class ProfileCodec::In {
+class ProfileCodec::In : public core::store::VarintReader {
  public:
-  explicit In(absl::string_view s) : s_(s) {}
-  bool U(uint64_t* v) {
-    uint64_t out = 0;
-    for (uint32_t shift = 0; shift < 64; shift += 7) {
-      if (pos_ >= s_.size()) {
-        return false;
-      }
-      const auto b = static_cast<uint8_t>(s_[pos_++]);
-      out |= uint64_t{b & 0x7fU} << shift;
-      if ((b & 0x80) == 0) {
-        *v = out;
-        return true;
-      }
-    }
-    return false;
-  }
-  bool I(int64_t* v) {
-    uint64_t u = 0;
-    if (!U(&u)) {
-      return false;
-    }
-    *v = static_cast<int64_t>((u >> 1) ^ (~(u & 1) + 1));
-    return true;
-  }
+  using VarintReader::VarintReader;
+  bool I(int64_t* v) { return Zigzag(v); }
   // A count of items each taking at least `min_bytes`: refused when the rest cannot hold them.
   bool N(uint64_t* n, size_t min_bytes = 1) {
-    return U(n) && *n <= (s_.size() - pos_) / std::max<size_t>(min_bytes, 1);
+    return U(n) && *n <= remaining() / std::max<size_t>(min_bytes, 1);
   }
   bool U32(uint32_t* v) {
     uint64_t u = 0;
@@ -75,11 +48,6 @@ class ProfileCodec::In {
     return true;
   }
   bool Rw(RwCounts* c) { return U(&c->reads) && U(&c->writes); }
-  bool done() const { return pos_ == s_.size(); }
-
- private:
-  absl::string_view s_;
-  size_t pos_ = 0;
 };
 
 namespace {
