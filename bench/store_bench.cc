@@ -1,4 +1,5 @@
-// Trace store throughput: TraceWriter::Append (commits included) and TraceReader::ForEachEvent.
+// Trace store throughput: TraceWriter::Append and AppendHit (commits included) and
+// TraceReader::ForEachEvent.
 //
 // BM_Append writes kAppendEvents events into a fresh recording per iteration and times Append
 // plus the final Flush, i.e. every commit (WAL, synchronous=NORMAL, default batch of 8192);
@@ -7,7 +8,11 @@
 // BM_ForEachEventWindow reads the last 1% of it through a time filter. The recordings live in
 // $KWATCH_BENCH_DIR (default /tmp) and are removed at exit.
 //
-// Counters: items_per_second = events per second; bytes_per_event = file size / events.
+// BM_AppendHit/0 and /1 write kAppendHits probe hits of `kwatch probe 'tick i=%di r->len'`
+// (two arguments, 4 threads) in hit blocks (schema 8) and in `hits` rows (the schema 7 form,
+// what `kwatch export --sql` gives), timed the same way.
+//
+// Counters: items_per_second = events (hits) per second; bytes_per_event = file size / events.
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -125,6 +130,60 @@ void BM_Append(benchmark::State& state) {
       static_cast<double>(size) / static_cast<double>(kAppendEvents);
 }
 BENCHMARK(BM_Append)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+
+constexpr uint64_t kAppendHits = 2'000'000;
+
+store::HitRecord MakeHit(uint64_t i) {
+  store::HitRecord h;
+  h.time_ns = 1'000'000'000ULL + i * 70;
+  h.pid = 4242;
+  h.tid = static_cast<pid_t>(4242 + (i & 3));
+  h.probe_id = 1;
+  h.ip = RemoteAddr{0x555555555149ULL};
+  h.args = {{"i", std::to_string(i >> 2)}, {"r->len", std::to_string(100 + (i & 3))}};
+  return h;
+}
+
+void BM_AppendHit(benchmark::State& state) {
+  const auto storage =
+      state.range(0) == 0 ? store::EventStorage::kBlocks : store::EventStorage::kRows;
+  const std::string path = BenchPath("append_hit");
+  uint64_t size = 0;
+  for (auto _ : state) {
+    store::SessionRecord session = BenchSession();
+    session.mode = "probe";
+    auto writer =
+        store::TraceWriter::Create(path, session, store::TraceWriter::kDefaultBatchSize, storage);
+    if (!writer.ok()) {
+      state.SkipWithError(std::string(writer.status().message()).c_str());
+      return;
+    }
+    store::TraceWriter& w = **writer;
+    const auto t0 = std::chrono::steady_clock::now();
+    bool ok = true;
+    for (uint64_t i = 0; i < kAppendHits && ok; ++i) {
+      ok = w.AppendHit(MakeHit(i)).ok();
+    }
+    ok = ok && w.Flush().ok();
+    const auto t1 = std::chrono::steady_clock::now();
+    ok = ok && w.Finish(store::SessionEnd{}).ok();
+    if (!ok) {
+      state.SkipWithError("write failed");
+      return;
+    }
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    size = FileSize(path);
+  }
+  ::unlink(path.c_str());
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(kAppendHits));
+  state.counters["bytes_per_event"] = static_cast<double>(size) / static_cast<double>(kAppendHits);
+}
+BENCHMARK(BM_AppendHit)
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 // The 10-million-event recording, written once per process.
 const std::string& ReadFixture() {

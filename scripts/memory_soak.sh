@@ -114,7 +114,7 @@ if command -v sqlite3 >/dev/null && [ -s "$REC" ]; then
   if [ "$MODE" = watch ]; then
     EVENTS=$(sqlite3 -readonly "$REC" 'SELECT event_count FROM session' 2>/dev/null || true)
   else
-    EVENTS=$(sqlite3 -readonly "$REC" 'SELECT count(*) FROM hits' 2>/dev/null || true)
+    EVENTS=$(sqlite3 -readonly "$REC" 'SELECT hit_count FROM session' 2>/dev/null || true)
   fi
 fi
 awk -F, -v events="$EVENTS" -v total="$SECONDS_TOTAL" -v rec="$(size_of "$REC")" '

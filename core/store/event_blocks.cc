@@ -1,18 +1,16 @@
 #include "core/store/event_blocks.h"
 
-#include <zstd.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/store/varint.h"
+#include "core/store/zstd_block.h"
 
 namespace kwatch::core::store {
 namespace {
 
 constexpr uint8_t kFormat = 1;
-constexpr int kZstdLevel = 3;
 // Decompressed bytes per event at most: 13 varints of at most 10 bytes and a flags byte.
 constexpr size_t kMaxEventBytes = 160;
 
@@ -24,24 +22,7 @@ void PutU(std::string& s, uint64_t v) {
   PutVarint(s, v);
 }
 
-// The difference a - b (mod 2^64) as a zigzag varint: small either way.
-void PutDelta(std::string& s, uint64_t a, uint64_t b) {
-  PutZigzag(s, static_cast<int64_t>(a - b));
-}
-
-class Cursor : public VarintReader {
- public:
-  using VarintReader::VarintReader;
-  // b + the delta read (mod 2^64).
-  bool Delta(uint64_t b, uint64_t* v) {
-    int64_t d = 0;
-    if (!Zigzag(&d)) {
-      return false;
-    }
-    *v = b + static_cast<uint64_t>(d);
-    return true;
-  }
-};
+using Cursor = VarintReader;
 
 uint8_t Flags(const AccessEvent& e) {
   return static_cast<uint8_t>(static_cast<uint8_t>(e.kind) | (e.value ? kHasValue : 0) |
@@ -115,11 +96,7 @@ std::string EncodeEventBlock(absl::Span<const AccessEvent> events) {
       PutDelta(raw, *e.old_value, e.value.value_or(0));
     }
   }
-  std::string out(ZSTD_compressBound(raw.size()), '\0');
-  const size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), kZstdLevel);
-  KW_CHECK(ZSTD_isError(n) == 0);  // the bound holds
-  out.resize(n);
-  return out;
+  return ZstdCompress(raw);
 }
 
 absl::Status DecodeEventBlock(absl::string_view data, uint64_t count,
@@ -128,19 +105,10 @@ absl::Status DecodeEventBlock(absl::string_view data, uint64_t count,
     return Bad(
         absl::StrCat("says it holds ", count, " events; a block holds 1 to ", kMaxBlockEvents));
   }
-  const unsigned long long size = ZSTD_getFrameContentSize(data.data(), data.size());
-  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) {
-    return Bad("is not zstd data");
-  }
-  if (size > count * kMaxEventBytes + 1) {
-    return Bad(
-        absl::StrCat("would decompress to ", size, " bytes, more than ", count, " events take"));
-  }
-  std::string raw(static_cast<size_t>(size), '\0');
-  const size_t n = ZSTD_decompress(raw.data(), raw.size(), data.data(), data.size());
-  if (ZSTD_isError(n) != 0 || n != raw.size()) {
-    return Bad(absl::StrCat("does not decompress: ",
-                            ZSTD_isError(n) != 0 ? ZSTD_getErrorName(n) : "short"));
+  std::string raw;
+  if (absl::Status st = ZstdDecompress(data, count * kMaxEventBytes + 1, "an event block", &raw);
+      !st.ok()) {
+    return st;
   }
   Cursor c(raw);
   uint8_t format = 0;

@@ -27,6 +27,7 @@
 #include "core/base/unique_fd.h"
 #include "core/store/args_json.h"
 #include "core/store/event_blocks.h"
+#include "core/store/hit_blocks.h"
 #include "core/store/recording_limits.h"
 
 namespace kwatch::core::store {
@@ -325,8 +326,8 @@ absl::Status TraceReader::LoadSession() {
       Prepare(absl::StrCat(
           "SELECT command_line,pid,kernel,host,start_wall_ns,start_mono_ns,kwatch_version,"
           "mode,backend,end_wall_ns,end_mono_ns,exit_status,exit_reason,lost_count,complete,",
-          schema_ >= 4 ? "ns_pid" : "NULL", ",", schema_ >= 7 ? "event_blocks" : "0",
-          " FROM session")));
+          schema_ >= 4 ? "ns_pid" : "NULL", ",", schema_ >= 7 ? "event_blocks" : "0", ",",
+          schema_ >= 8 ? "hit_blocks" : "0", " FROM session")));
   sqlite3_stmt* s = stmt.get();
   const int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE) {
@@ -350,6 +351,7 @@ absl::Status TraceReader::LoadSession() {
   complete_ = sqlite3_column_int64(s, 14) != 0;
   session_.ns_pid = static_cast<pid_t>(sqlite3_column_int64(s, 15));  // NULL: 0
   event_blocks_ = sqlite3_column_int64(s, 16) != 0;
+  hit_blocks_ = sqlite3_column_int64(s, 17) != 0;
   if (complete_) {
     SessionEnd end;
     end.end_wall_ns = ColumnU64(s, 9);
@@ -787,45 +789,55 @@ absl::StatusOr<int64_t> TraceReader::FirstRowidAtLeast(const char* table, const 
   return lo;
 }
 
-absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_order,
-                                            absl::FunctionRef<bool(const AccessEvent&)> fn) const {
-  const int64_t from = FromBound(filter.from_ns);
-  const int64_t to = ToBound(filter.to_ns);
-  const uint64_t first_index = filter.first_index.value_or(0);
-  const uint64_t last_index = filter.last_index.value_or(UINT64_MAX);
-  // Whether event `e`, number `index`, is wanted; a time or index past the filter's end is
-  // reported through `past` (nothing later in time order or in recording order matches).
-  auto wanted = [&](const AccessEvent& e, uint64_t index) {
-    const auto t = static_cast<int64_t>(e.time_ns);
-    return t >= from && t <= to && index >= first_index && index <= last_index &&
-           (!filter.tid.has_value() || e.tid == *filter.tid) &&
-           (!filter.watch_id.has_value() || e.watch_id == *filter.watch_id);
-  };
-  std::vector<AccessEvent> events;
+namespace {
+
+absl::Status DecodeBlock(absl::string_view data, uint64_t count, std::vector<AccessEvent>* out) {
+  return DecodeEventBlock(data, count, out);
+}
+
+absl::Status DecodeBlock(absl::string_view data, uint64_t count, std::vector<HitRecord>* out) {
+  return DecodeHitBlock(data, count, out);
+}
+
+}  // namespace
+
+template <typename Record, typename Wanted, typename Fn>
+absl::Status TraceReader::ForEachInBlocks(const char* table, const BlockBounds& b, bool in_order,
+                                          Wanted wanted, Fn fn) const {
+  const int64_t from = FromBound(b.from_ns);
+  const int64_t to = ToBound(b.to_ns);
+  const uint64_t first_index = b.first_index.value_or(0);
+  const uint64_t last_index = b.last_index.value_or(UINT64_MAX);
+  std::vector<Record> records;
   auto decode = [&](sqlite3_stmt* s, int col, uint64_t count) -> absl::Status {
-    events.clear();
+    records.clear();
     const void* p = sqlite3_column_blob(s, col);
     const absl::string_view data(static_cast<const char*>(p),
                                  static_cast<size_t>(sqlite3_column_bytes(s, col)));
-    if (absl::Status st = DecodeEventBlock(data, count, &events); !st.ok()) {
+    if (absl::Status st = DecodeBlock(data, count, &records); !st.ok()) {
       return NotARecording(path_, st.message());
     }
     return absl::OkStatus();
   };
+  // Whether record `r`, number `index`, is wanted.
+  auto in_bounds = [&](const Record& r, uint64_t index) {
+    const auto t = static_cast<int64_t>(r.time_ns);
+    return t >= from && t <= to && index >= first_index && index <= last_index && wanted(r);
+  };
   if (in_order) {
     // Block order is time order: start at the first block that reaches both lower bounds.
     int64_t start = std::numeric_limits<int64_t>::min();
-    if (filter.from_ns.has_value()) {
-      KW_ASSIGN_OR_RETURN(start, FirstRowidAtLeast("event_blocks", "last_ns", *filter.from_ns));
+    if (b.from_ns.has_value()) {
+      KW_ASSIGN_OR_RETURN(start, FirstRowidAtLeast(table, "last_ns", *b.from_ns));
     }
-    if (filter.first_index.has_value()) {
+    if (b.first_index.has_value()) {
       KW_ASSIGN_OR_RETURN(const int64_t by_index,
-                          FirstRowidAtLeast("event_blocks", "first_index+count-1", first_index));
+                          FirstRowidAtLeast(table, "first_index+count-1", first_index));
       start = std::max(start, by_index);
     }
     KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
-                        Prepare("SELECT first_index,count,first_ns,data FROM event_blocks "
-                                "WHERE id >= ?1 ORDER BY id"));
+                        Prepare(absl::StrCat("SELECT first_index,count,first_ns,data FROM ", table,
+                                             " WHERE id >= ?1 ORDER BY id")));
     sqlite3_stmt* s = stmt.get();
     sqlite3_bind_int64(s, 1, start);
     int rc = SQLITE_OK;
@@ -835,12 +847,12 @@ absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_o
         return absl::OkStatus();
       }
       KW_RETURN_IF_ERROR(decode(s, 3, ColumnU64(s, 1)));
-      for (size_t i = 0; i < events.size(); ++i) {
-        const AccessEvent& e = events[i];
-        if (static_cast<int64_t>(e.time_ns) > to || index + i > last_index) {
+      for (size_t i = 0; i < records.size(); ++i) {
+        const Record& r = records[i];
+        if (static_cast<int64_t>(r.time_ns) > to || index + i > last_index) {
           return absl::OkStatus();
         }
-        if (wanted(e, index + i) && !fn(e)) {
+        if (in_bounds(r, index + i) && !fn(r)) {
           return absl::OkStatus();
         }
       }
@@ -858,8 +870,8 @@ absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_o
   std::vector<Meta> metas;
   {
     KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
-                        Prepare("SELECT id,first_index,count,first_ns,last_ns FROM event_blocks "
-                                "ORDER BY first_ns, id"));
+                        Prepare(absl::StrCat("SELECT id,first_index,count,first_ns,last_ns FROM ",
+                                             table, " ORDER BY first_ns, id")));
     int rc = SQLITE_OK;
     while ((rc = sqlite3_step(stmt.get())) == SQLITE_ROW) {
       sqlite3_stmt* s = stmt.get();
@@ -870,14 +882,15 @@ absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_o
       return ReadError(rc);
     }
   }
-  KW_ASSIGN_OR_RETURN(SqliteStmtPtr load, Prepare("SELECT data FROM event_blocks WHERE id = ?1"));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr load,
+                      Prepare(absl::StrCat("SELECT data FROM ", table, " WHERE id = ?1")));
   struct Open {
-    std::vector<AccessEvent> events;
+    std::vector<Record> records;
     uint64_t first_index = 0;
     size_t pos = 0;
   };
   std::vector<Open> open;
-  // (time, index, slot in open): the next event of each open block; smallest first.
+  // (time, index, slot in open): the next record of each open block; smallest first.
   using Next = std::tuple<int64_t, uint64_t, size_t>;
   std::priority_queue<Next, std::vector<Next>, std::greater<>> heap;
   std::vector<size_t> free_slots;
@@ -897,7 +910,9 @@ absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_o
       sqlite3_reset(load.get());
       sqlite3_bind_int64(load.get(), 1, m.id);
       if (const int rc = sqlite3_step(load.get()); rc != SQLITE_ROW) {
-        return rc == SQLITE_DONE ? NotARecording(path_, "an event block vanished") : ReadError(rc);
+        return rc == SQLITE_DONE
+                   ? NotARecording(path_, absl::StrCat("a block of ", table, " vanished"))
+                   : ReadError(rc);
       }
       KW_RETURN_IF_ERROR(decode(load.get(), 0, m.count));
       size_t slot = 0;
@@ -908,9 +923,9 @@ absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_o
         slot = free_slots.back();
         free_slots.pop_back();
       }
-      open[slot] = Open{std::move(events), m.first_index, 0};
-      events = {};
-      heap.emplace(static_cast<int64_t>(open[slot].events[0].time_ns), m.first_index, slot);
+      open[slot] = Open{std::move(records), m.first_index, 0};
+      records = {};
+      heap.emplace(static_cast<int64_t>(open[slot].records[0].time_ns), m.first_index, slot);
     }
     if (heap.empty()) {
       return absl::OkStatus();
@@ -921,13 +936,13 @@ absl::Status TraceReader::ForEachBlockEvent(const EventFilter& filter, bool in_o
       return absl::OkStatus();
     }
     Open& o = open[slot];
-    if (wanted(o.events[o.pos], index) && !fn(o.events[o.pos])) {
+    if (in_bounds(o.records[o.pos], index) && !fn(o.records[o.pos])) {
       return absl::OkStatus();
     }
-    if (++o.pos < o.events.size()) {
-      heap.emplace(static_cast<int64_t>(o.events[o.pos].time_ns), o.first_index + o.pos, slot);
+    if (++o.pos < o.records.size()) {
+      heap.emplace(static_cast<int64_t>(o.records[o.pos].time_ns), o.first_index + o.pos, slot);
     } else {
-      o.events = {};
+      o.records = {};
       free_slots.push_back(slot);
     }
   }
@@ -937,7 +952,14 @@ absl::Status TraceReader::ForEachEvent(const EventFilter& filter,
                                        absl::FunctionRef<bool(const AccessEvent&)> fn) const {
   KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("events_in_order"));
   if (event_blocks_) {
-    return ForEachBlockEvent(filter, in_order, fn);
+    const BlockBounds bounds{filter.from_ns, filter.to_ns, filter.first_index, filter.last_index};
+    return ForEachInBlocks<AccessEvent>(
+        "event_blocks", bounds, in_order,
+        [&filter](const AccessEvent& e) {
+          return (!filter.tid.has_value() || e.tid == *filter.tid) &&
+                 (!filter.watch_id.has_value() || e.watch_id == *filter.watch_id);
+        },
+        fn);
   }
   std::string sql =
       "SELECT time_ns,pid,tid,cpu,watch_id,ip,trap_ip,addr,len,access_addr,access_size,kind,"
@@ -1145,6 +1167,16 @@ absl::Status TraceReader::ForEachProfileBin(
 absl::Status TraceReader::ForEachHit(const HitFilter& filter,
                                      absl::FunctionRef<bool(const HitRecord&)> fn) const {
   KW_ASSIGN_OR_RETURN(const bool in_order, InOrder("hits_in_order"));
+  if (hit_blocks_) {
+    const BlockBounds bounds{filter.from_ns, filter.to_ns, std::nullopt, std::nullopt};
+    return ForEachInBlocks<HitRecord>(
+        "hit_blocks", bounds, in_order,
+        [&filter](const HitRecord& h) {
+          return (!filter.tid.has_value() || h.tid == *filter.tid) &&
+                 (!filter.probe_id.has_value() || h.probe_id == *filter.probe_id);
+        },
+        fn);
+  }
   // Schema 1 had no pid per hit: read as 0.
   std::string sql =
       absl::StrCat("SELECT time_ns,tid,cpu,probe_id,ip,is_return,args,", schema_ >= 2 ? "pid" : "0",
@@ -1234,17 +1266,21 @@ absl::StatusOr<uint64_t> TraceReader::CountRows(absl::string_view table,
   return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
 }
 
+absl::StatusOr<uint64_t> TraceReader::SumOfCounts(const char* table) const {
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
+                      Prepare(absl::StrCat("SELECT ifnull(sum(count), 0) FROM ", table)));
+  const int rc = sqlite3_step(stmt.get());
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  return ColumnU64(stmt.get(), 0);
+}
+
 absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) const {
   if (event_blocks_) {
     if (!filter.from_ns && !filter.to_ns && !filter.tid && !filter.watch_id &&
         !filter.first_index && !filter.last_index) {
-      KW_ASSIGN_OR_RETURN(SqliteStmtPtr stmt,
-                          Prepare("SELECT ifnull(sum(count), 0) FROM event_blocks"));
-      const int rc = sqlite3_step(stmt.get());
-      if (rc != SQLITE_ROW) {
-        return ReadError(rc);
-      }
-      return ColumnU64(stmt.get(), 0);
+      return SumOfCounts("event_blocks");
     }
     uint64_t n = 0;
     KW_RETURN_IF_ERROR(ForEachEvent(filter, [&](const AccessEvent&) {
@@ -1257,6 +1293,17 @@ absl::StatusOr<uint64_t> TraceReader::CountEvents(const EventFilter& filter) con
 }
 
 absl::StatusOr<uint64_t> TraceReader::CountHits(const HitFilter& filter) const {
+  if (hit_blocks_) {
+    if (!filter.from_ns && !filter.to_ns && !filter.tid && !filter.probe_id) {
+      return SumOfCounts("hit_blocks");
+    }
+    uint64_t n = 0;
+    KW_RETURN_IF_ERROR(ForEachHit(filter, [&](const HitRecord&) {
+      ++n;
+      return true;
+    }));
+    return n;
+  }
   return CountRows("hits", "probe_id", filter.from_ns, filter.to_ns, filter.tid, filter.probe_id);
 }
 

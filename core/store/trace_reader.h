@@ -158,9 +158,21 @@ class TraceReader {
   // at least `value` (`expr` grows with the rowid).
   absl::StatusOr<int64_t> FirstRowidAtLeast(const char* table, const char* expr,
                                             uint64_t value) const;
-  // ForEachEvent of a recording whose events are in event_blocks.
-  absl::Status ForEachBlockEvent(const EventFilter& filter, bool in_order,
-                                 absl::FunctionRef<bool(const AccessEvent&)> fn) const;
+  // The bounds every record of a block table has: time and recording order.
+  struct BlockBounds {
+    std::optional<uint64_t> from_ns;
+    std::optional<uint64_t> to_ns;
+    std::optional<uint64_t> first_index;
+    std::optional<uint64_t> last_index;
+  };
+  // Calls fn(record) for each record of the blocks of `table` (event_blocks, hit_blocks) within
+  // `bounds` for which wanted(record) holds, in time order (merging the blocks that overlap in
+  // time unless `in_order`), until fn returns false.
+  template <typename Record, typename Wanted, typename Fn>
+  absl::Status ForEachInBlocks(const char* table, const BlockBounds& bounds, bool in_order,
+                               Wanted wanted, Fn fn) const;
+  // sum(count) of the block table `table`.
+  absl::StatusOr<uint64_t> SumOfCounts(const char* table) const;
   absl::StatusOr<SqliteStmtPtr> Prepare(const std::string& sql) const;
   // count(*) of `table` ("events", "hits") within the filter's bounds, `id_column` holding
   // the watch or probe id.
@@ -174,6 +186,7 @@ class TraceReader {
   SqlitePtr db_;
   int schema_ = 0;             // PRAGMA user_version of the file
   bool event_blocks_ = false;  // events in event_blocks (schema 7), not in events
+  bool hit_blocks_ = false;    // probe hits in hit_blocks (schema 8), not in hits
   SessionRecord session_;
   bool complete_ = false;
   std::string cut_reason_;

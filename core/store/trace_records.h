@@ -24,8 +24,9 @@ inline constexpr int32_t kTraceApplicationId = 0x6b776462;
 // 3: fields.is_union, sites.inlined. 4: session.ns_pid. 5: the aggregates, aggregate_rows and
 // aggregate_buckets tables (older recordings read with no aggregations). 6: stack_frames,
 // hits.stack_id. 7: the profile written while recording (profile_snapshot, profile_bins,
-// session.summary_events; core/store/trace_summary.h); older recordings are replayed.
-inline constexpr int32_t kTraceSchemaVersion = 7;
+// session.summary_events; core/store/trace_summary.h); older recordings are replayed. 8: probe
+// hits in hit_blocks (session.hit_blocks; core/store/hit_blocks.h).
+inline constexpr int32_t kTraceSchemaVersion = 8;
 
 // How the recording started. Clocks: wall = CLOCK_REALTIME, mono = CLOCK_MONOTONIC (the clock
 // of AccessEvent::time_ns and HitRecord::time_ns), both in nanoseconds.

@@ -18,6 +18,7 @@
 #include "core/base/unique_fd.h"
 #include "core/store/args_json.h"
 #include "core/store/event_blocks.h"
+#include "core/store/hit_blocks.h"
 #include "core/store/recording_limits.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_summary.h"
@@ -51,7 +52,8 @@ CREATE TABLE session(
   hits_in_order INTEGER NOT NULL DEFAULT 1,
   complete INTEGER NOT NULL DEFAULT 0,
   summary_events INTEGER,
-  event_blocks INTEGER NOT NULL DEFAULT 0
+  event_blocks INTEGER NOT NULL DEFAULT 0,
+  hit_blocks INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE watches(
   id INTEGER PRIMARY KEY,
@@ -157,6 +159,14 @@ CREATE TABLE aggregate_rows(
   PRIMARY KEY(aggregate_id, idx)
 ) WITHOUT ROWID;
 CREATE TABLE event_blocks(
+  id INTEGER PRIMARY KEY,
+  first_index INTEGER NOT NULL,
+  count INTEGER NOT NULL,
+  first_ns INTEGER NOT NULL,
+  last_ns INTEGER NOT NULL,
+  data BLOB NOT NULL
+);
+CREATE TABLE hit_blocks(
   id INTEGER PRIMARY KEY,
   first_index INTEGER NOT NULL,
   count INTEGER NOT NULL,
@@ -332,6 +342,23 @@ void BindEvent(sqlite3_stmt* s, int base, const AccessEvent& e) {
   sqlite3_bind_int(s, base + 15, e.value_exact ? 1 : 0);
 }
 
+// Binds `h` to parameters base+1 ... base+9 (a row of `hits`).
+void BindHit(sqlite3_stmt* s, int base, const HitRecord& h) {
+  BindU64(s, base + 1, h.time_ns);
+  sqlite3_bind_int64(s, base + 2, h.pid);
+  sqlite3_bind_int64(s, base + 3, h.tid);
+  BindCpu(s, base + 4, h.cpu);
+  sqlite3_bind_int64(s, base + 5, h.probe_id);
+  BindU64(s, base + 6, h.ip.value);
+  sqlite3_bind_int(s, base + 7, h.is_return ? 1 : 0);
+  BindText(s, base + 8, EncodeArgsJson(h.args));
+  if (h.stack_id != 0) {
+    sqlite3_bind_int64(s, base + 9, h.stack_id);
+  } else {
+    sqlite3_bind_null(s, base + 9);
+  }
+}
+
 // "INSERT INTO events VALUES(?,...),(?,...)..." for `rows` rows.
 std::string InsertEventsSql(size_t rows) {
   std::string sql = "INSERT INTO events VALUES";
@@ -495,15 +522,27 @@ absl::Status TraceWriter::Init(const SessionRecord& session) {
       SqlitePrepare(db, "INSERT OR IGNORE INTO sites VALUES(?1,?2,?3,?4,?5,?6,?7)", context));
   KW_ASSIGN_OR_RETURN(insert_task_,
                       SqlitePrepare(db, "INSERT OR IGNORE INTO tasks VALUES(?1,?2,?3)", context));
-  KW_ASSIGN_OR_RETURN(insert_block_,
-                      SqlitePrepare(db,
-                                    "INSERT INTO event_blocks(first_index,count,first_ns,last_ns,"
-                                    "data) VALUES(?1,?2,?3,?4,?5)",
-                                    context));
-  KW_ASSIGN_OR_RETURN(delete_block_,
-                      SqlitePrepare(db, "DELETE FROM event_blocks WHERE id=?1", context));
+  for (const char* table : {"event_blocks", "hit_blocks"}) {
+    KW_ASSIGN_OR_RETURN(
+        SqliteStmtPtr insert,
+        SqlitePrepare(
+            db,
+            absl::StrCat("INSERT INTO ", table,
+                         "(first_index,count,first_ns,last_ns,data) VALUES(?1,?2,?3,?4,?5)"),
+            context));
+    KW_ASSIGN_OR_RETURN(
+        SqliteStmtPtr remove,
+        SqlitePrepare(db, absl::StrCat("DELETE FROM ", table, " WHERE id=?1"), context));
+    if (absl::string_view(table) == "event_blocks") {
+      event_blocks_.insert = std::move(insert);
+      event_blocks_.remove = std::move(remove);
+    } else {
+      hit_blocks_.insert = std::move(insert);
+      hit_blocks_.remove = std::move(remove);
+    }
+  }
   if (storage_ == EventStorage::kBlocks) {
-    KW_RETURN_IF_ERROR(SqliteExec(db, "UPDATE session SET event_blocks=1", context));
+    KW_RETURN_IF_ERROR(SqliteExec(db, "UPDATE session SET event_blocks=1, hit_blocks=1", context));
   }
   KW_ASSIGN_OR_RETURN(delete_snapshot_, SqlitePrepare(db, "DELETE FROM profile_snapshot", context));
   KW_ASSIGN_OR_RETURN(insert_snapshot_,
@@ -667,46 +706,83 @@ absl::Status TraceWriter::WriteSummary() {
   return absl::OkStatus();
 }
 
-absl::Status TraceWriter::WriteBlocks() {
-  // The last block while small, and in time order with this batch, takes this batch's first
-  // events: blocks stay thousands of events long at low rates too.
-  const bool merge = !tail_.empty() && tail_.back().time_ns <= events_.front().time_ns;
-  std::vector<AccessEvent> merged;
-  absl::Span<const AccessEvent> all = events_;
-  uint64_t index = events_committed_ + 1;
-  if (merge) {
-    sqlite3_bind_int64(delete_block_.get(), 1, tail_id_);
-    if (const int rc = StepDone(delete_block_.get()); rc != SQLITE_OK) {
-      return Error(rc, "writing events to");
-    }
-    merged.reserve(tail_.size() + events_.size());
-    merged = tail_;
-    merged.insert(merged.end(), events_.begin(), events_.end());
-    all = merged;
-    index = tail_index_;
+namespace {
+
+std::string EncodeBlock(absl::Span<const AccessEvent> events) {
+  return EncodeEventBlock(events);
+}
+
+std::string EncodeBlock(absl::Span<const HitRecord> hits) {
+  return EncodeHitBlock(hits);
+}
+
+// How many of `rest`'s first records make its next block.
+size_t BlockLength(absl::Span<const AccessEvent> rest) {
+  return std::min(rest.size(), kBlockEvents);
+}
+
+size_t BlockLength(absl::Span<const HitRecord> rest) {
+  size_t n = 0;
+  size_t bytes = 0;
+  while (n < rest.size() && n < kBlockEvents && (n == 0 || bytes < kHitBlockBytes)) {
+    bytes += HitBlockBytes(rest[n++]);
   }
-  sqlite3_stmt* s = insert_block_.get();
-  std::vector<AccessEvent> last;
-  for (size_t off = 0; off < all.size(); off += kBlockEvents) {
-    const absl::Span<const AccessEvent> block = all.subspan(off, kBlockEvents);
-    const std::string data = EncodeEventBlock(block);
+  return n;
+}
+
+}  // namespace
+
+template <typename Record>
+absl::Status TraceWriter::WriteBlocks(BlockTable<Record>& table, const std::vector<Record>& batch,
+                                      uint64_t committed, const char* what) {
+  // The last block while small, and in time order with this batch, takes this batch's first
+  // records: blocks stay thousands of records long at low rates too.
+  const bool merge = !table.tail.empty() && table.tail.back().time_ns <= batch.front().time_ns;
+  std::vector<Record> merged;
+  absl::Span<const Record> all = batch;
+  uint64_t index = committed + 1;
+  if (merge) {
+    sqlite3_bind_int64(table.remove.get(), 1, table.tail_id);
+    if (const int rc = StepDone(table.remove.get()); rc != SQLITE_OK) {
+      return Error(rc, what);
+    }
+    merged.reserve(table.tail.size() + batch.size());
+    merged = table.tail;
+    merged.insert(merged.end(), batch.begin(), batch.end());
+    all = merged;
+    index = table.tail_index;
+  }
+  sqlite3_stmt* s = table.insert.get();
+  std::vector<Record> last;
+  for (size_t off = 0; off < all.size();) {
+    const absl::Span<const Record> block = all.subspan(off, BlockLength(all.subspan(off)));
+    const std::string data = EncodeBlock(block);
     BindU64(s, 1, index + off);
     BindU64(s, 2, block.size());
     BindU64(s, 3, block.front().time_ns);
     BindU64(s, 4, block.back().time_ns);
     sqlite3_bind_blob(s, 5, data.data(), static_cast<int>(data.size()), SQLITE_STATIC);
     if (const int rc = StepDone(s); rc != SQLITE_OK) {
-      return Error(rc, "writing events to");
+      return Error(rc, what);
     }
-    if (off + kBlockEvents >= all.size() && block.size() < kBlockEvents / 8) {
+    if (off + block.size() >= all.size() && block.size() < kBlockEvents / 8) {
       last.assign(block.begin(), block.end());
-      tail_id_ = sqlite3_last_insert_rowid(db_.get());
-      tail_index_ = index + off;
+      table.tail_id = sqlite3_last_insert_rowid(db_.get());
+      table.tail_index = index + off;
     }
+    off += block.size();
   }
-  // Only once committed does tail_ move on; WriteBatch's caller clears it on a failure.
-  pending_tail_ = std::move(last);
+  // Only once committed does the tail move on (TakeTail); the caller clears it on a failure.
+  table.pending_tail = std::move(last);
   return absl::OkStatus();
+}
+
+template <typename Record>
+void TraceWriter::TakeTail(BlockTable<Record>& table, const std::vector<Record>& batch) {
+  if (!batch.empty()) {
+    table.tail = std::move(table.pending_tail);
+    table.pending_tail.clear();
+  }
 }
 
 absl::Status TraceWriter::AddProbe(const ProbeRecord& p) {
@@ -834,11 +910,11 @@ absl::Status TraceWriter::Append(const AccessEvent& e) {
   return absl::OkStatus();
 }
 
-absl::Status TraceWriter::AppendHit(const HitRecord& h) {
+absl::Status TraceWriter::AppendHit(HitRecord&& h) {
   if (!error_.ok() || finished_) {
     return Check();
   }
-  hits_.push_back(h);
+  hits_.push_back(std::move(h));
   if (events_.size() + hits_.size() >= batch_size_) {
     return Commit();
   }
@@ -1042,7 +1118,7 @@ absl::Status TraceWriter::WriteBatch() {
   // Most events go kEventsPerInsert at a time (one statement step per chunk); the rest one by one.
   size_t i = storage_ == EventStorage::kBlocks ? events_.size() : 0;
   if (storage_ == EventStorage::kBlocks && !events_.empty()) {
-    KW_RETURN_IF_ERROR(WriteBlocks());
+    KW_RETURN_IF_ERROR(WriteBlocks(event_blocks_, events_, events_committed_, "writing events to"));
   }
   for (; i + kEventsPerInsert <= events_.size(); i += kEventsPerInsert) {
     s = insert_events_.get();
@@ -1067,23 +1143,16 @@ absl::Status TraceWriter::WriteBatch() {
       KW_RETURN_IF_ERROR(WriteSummary());
     }
   }
-  s = insert_hit_.get();
-  for (const HitRecord& h : hits_) {
-    BindU64(s, 1, h.time_ns);
-    sqlite3_bind_int64(s, 2, h.pid);
-    sqlite3_bind_int64(s, 3, h.tid);
-    BindCpu(s, 4, h.cpu);
-    sqlite3_bind_int64(s, 5, h.probe_id);
-    BindU64(s, 6, h.ip.value);
-    sqlite3_bind_int(s, 7, h.is_return ? 1 : 0);
-    BindText(s, 8, EncodeArgsJson(h.args));
-    if (h.stack_id != 0) {
-      sqlite3_bind_int64(s, 9, h.stack_id);
-    } else {
-      sqlite3_bind_null(s, 9);
-    }
-    if (const int rc = StepDone(s); rc != SQLITE_OK) {
-      return Error(rc, "writing probe hits to");
+  if (storage_ == EventStorage::kBlocks && !hits_.empty()) {
+    KW_RETURN_IF_ERROR(WriteBlocks(hit_blocks_, hits_, hits_committed_, "writing probe hits to"));
+  }
+  if (storage_ == EventStorage::kRows) {
+    s = insert_hit_.get();
+    for (const HitRecord& h : hits_) {
+      BindHit(s, 0, h);
+      if (const int rc = StepDone(s); rc != SQLITE_OK) {
+        return Error(rc, "writing probe hits to");
+      }
     }
   }
   const uint64_t events_total = events_committed_ + events_.size();
@@ -1107,9 +1176,9 @@ absl::Status TraceWriter::WriteBatch() {
     max_hit_time_ = std::max(max_hit_time_, hits_.back().time_ns);
   }
   events_committed_ = events_total;
-  if (storage_ == EventStorage::kBlocks && !events_.empty()) {
-    tail_ = std::move(pending_tail_);
-    pending_tail_.clear();
+  if (storage_ == EventStorage::kBlocks) {
+    TakeTail(event_blocks_, events_);
+    TakeTail(hit_blocks_, hits_);
   }
   hits_committed_ = hits_total;
   events_in_order_ = events_in_order;
@@ -1190,8 +1259,8 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   insert_snapshot_.reset();
   upsert_bin_.reset();
   update_summary_.reset();
-  insert_block_.reset();
-  delete_block_.reset();
+  event_blocks_ = {};
+  hit_blocks_ = {};
   // Complete and committed. Now fold the WAL into the database and leave WAL mode.
   // A failure from here on leaves a complete recording whose last batches are in path-wal.
   auto fold_failed = [&](const absl::Status& s) {
@@ -1232,12 +1301,75 @@ absl::Status TraceWriter::Finish(const SessionEnd& end) {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status Decode(absl::string_view data, uint64_t count, std::vector<AccessEvent>* out) {
+  return DecodeEventBlock(data, count, out);
+}
+
+absl::Status Decode(absl::string_view data, uint64_t count, std::vector<HitRecord>* out) {
+  return DecodeHitBlock(data, count, out);
+}
+
+void BindRow(sqlite3_stmt* s, const AccessEvent& e) {
+  BindEvent(s, 1, e);
+}
+
+void BindRow(sqlite3_stmt* s, const HitRecord& h) {
+  BindHit(s, 1, h);
+}
+
+// Writes the records of the blocks in `table` as rows by `insert_sql` (rowid: the record's
+// number, then its columns), and empties `table`. Returns how many.
+template <typename Record>
+absl::StatusOr<uint64_t> BlocksToRows(sqlite3* db, const TraceReader& reader, const char* table,
+                                      const char* insert_sql, const std::string& context) {
+  KW_ASSIGN_OR_RETURN(
+      SqliteStmtPtr read,
+      SqlitePrepare(
+          db, absl::StrCat("SELECT first_index,count,data FROM ", table, " ORDER BY first_index"),
+          context));
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr insert, SqlitePrepare(db, insert_sql, context));
+  std::vector<Record> records;
+  uint64_t n = 0;
+  int rc = SQLITE_OK;
+  while ((rc = sqlite3_step(read.get())) == SQLITE_ROW) {
+    const uint64_t first = FromSqlInt(sqlite3_column_int64(read.get(), 0));
+    const uint64_t count = FromSqlInt(sqlite3_column_int64(read.get(), 1));
+    const absl::string_view data(static_cast<const char*>(sqlite3_column_blob(read.get(), 2)),
+                                 static_cast<size_t>(sqlite3_column_bytes(read.get(), 2)));
+    records.clear();
+    if (absl::Status s = Decode(data, count, &records); !s.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("not a kwatch recording or corrupted: ", reader.path(), ": ", s.message()));
+    }
+    for (size_t i = 0; i < records.size(); ++i) {
+      sqlite3_stmt* s = insert.get();
+      BindU64(s, 1, first + i);
+      BindRow(s, records[i]);
+      if (const int irc = StepDone(s); irc != SQLITE_OK) {
+        return SqliteError(db, irc, context);
+      }
+      ++n;
+    }
+  }
+  if (rc != SQLITE_DONE) {
+    return SqliteError(db, rc, context);
+  }
+  read.reset();
+  insert.reset();
+  KW_RETURN_IF_ERROR(SqliteExec(db, absl::StrCat("DELETE FROM ", table).c_str(), context));
+  return n;
+}
+
+}  // namespace
+
 absl::StatusOr<uint64_t> ExportEventRows(const TraceReader& reader, const std::string& out) {
   KW_RETURN_IF_ERROR(reader.CopyTo(out));
   sqlite3* raw = nullptr;
-  int rc = sqlite3_open_v2(out.c_str(), &raw,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
-                           nullptr);
+  const int rc = sqlite3_open_v2(
+      out.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
+      nullptr);
   SqlitePtr db(raw);
   const std::string context = absl::StrCat("writing ", out);
   if (rc != SQLITE_OK) {
@@ -1248,58 +1380,47 @@ absl::StatusOr<uint64_t> ExportEventRows(const TraceReader& reader, const std::s
   if (version < 7) {
     return uint64_t{0};  // the events are rows already
   }
-  KW_ASSIGN_OR_RETURN(const int64_t blocks,
+  KW_ASSIGN_OR_RETURN(const int64_t event_blocks,
                       SqliteQueryInt(raw, "SELECT event_blocks FROM session", context));
-  if (blocks == 0) {
+  int64_t hit_blocks = 0;
+  if (version >= 8) {
+    KW_ASSIGN_OR_RETURN(hit_blocks, SqliteQueryInt(raw, "SELECT hit_blocks FROM session", context));
+  }
+  if (event_blocks == 0 && hit_blocks == 0) {
     return uint64_t{0};
   }
   KW_RETURN_IF_ERROR(SqliteExec(raw, "PRAGMA journal_mode=MEMORY; BEGIN", context));
-  KW_ASSIGN_OR_RETURN(SqliteStmtPtr read,
-                      SqlitePrepare(raw,
-                                    "SELECT first_index,count,data FROM event_blocks ORDER BY "
-                                    "first_index",
-                                    context));
-  KW_ASSIGN_OR_RETURN(
-      SqliteStmtPtr insert,
-      SqlitePrepare(raw,
-                    "INSERT INTO events(rowid,time_ns,pid,tid,cpu,watch_id,ip,trap_ip,addr,len,"
-                    "access_addr,access_size,kind,value,old_value,value_exact) "
-                    "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    context));
-  std::vector<AccessEvent> events;
   uint64_t n = 0;
-  while ((rc = sqlite3_step(read.get())) == SQLITE_ROW) {
-    const uint64_t first = FromSqlInt(sqlite3_column_int64(read.get(), 0));
-    const uint64_t count = FromSqlInt(sqlite3_column_int64(read.get(), 1));
-    const absl::string_view data(static_cast<const char*>(sqlite3_column_blob(read.get(), 2)),
-                                 static_cast<size_t>(sqlite3_column_bytes(read.get(), 2)));
-    events.clear();
-    if (absl::Status s = DecodeEventBlock(data, count, &events); !s.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("not a kwatch recording or corrupted: ", reader.path(), ": ", s.message()));
-    }
-    for (size_t i = 0; i < events.size(); ++i) {
-      sqlite3_stmt* s = insert.get();
-      BindU64(s, 1, first + i);
-      BindEvent(s, 1, events[i]);
-      if (const int irc = StepDone(s); irc != SQLITE_OK) {
-        return SqliteError(raw, irc, context);
-      }
-      ++n;
+  if (event_blocks != 0) {
+    KW_ASSIGN_OR_RETURN(
+        n, BlocksToRows<AccessEvent>(
+               raw, reader, "event_blocks",
+               "INSERT INTO events(rowid,time_ns,pid,tid,cpu,watch_id,ip,trap_ip,addr,len,"
+               "access_addr,access_size,kind,value,old_value,value_exact) "
+               "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+               context));
+    KW_RETURN_IF_ERROR(SqliteExec(raw, "UPDATE session SET event_blocks=0", context));
+    KW_ASSIGN_OR_RETURN(const int64_t in_order,
+                        SqliteQueryInt(raw, "SELECT events_in_order FROM session", context));
+    if (in_order == 0) {
+      KW_RETURN_IF_ERROR(
+          SqliteExec(raw, "CREATE INDEX IF NOT EXISTS events_by_time ON events(time_ns)", context));
     }
   }
-  if (rc != SQLITE_DONE) {
-    return SqliteError(raw, rc, context);
-  }
-  read.reset();
-  insert.reset();
-  KW_RETURN_IF_ERROR(
-      SqliteExec(raw, "DELETE FROM event_blocks; UPDATE session SET event_blocks=0", context));
-  KW_ASSIGN_OR_RETURN(const int64_t in_order,
-                      SqliteQueryInt(raw, "SELECT events_in_order FROM session", context));
-  if (in_order == 0) {
-    KW_RETURN_IF_ERROR(
-        SqliteExec(raw, "CREATE INDEX IF NOT EXISTS events_by_time ON events(time_ns)", context));
+  if (hit_blocks != 0) {
+    KW_RETURN_IF_ERROR(BlocksToRows<HitRecord>(raw, reader, "hit_blocks",
+                                               "INSERT INTO hits(rowid,time_ns,pid,tid,cpu,"
+                                               "probe_id,ip,is_return,args,stack_id) "
+                                               "VALUES(?,?,?,?,?,?,?,?,?,?)",
+                                               context)
+                           .status());
+    KW_RETURN_IF_ERROR(SqliteExec(raw, "UPDATE session SET hit_blocks=0", context));
+    KW_ASSIGN_OR_RETURN(const int64_t in_order,
+                        SqliteQueryInt(raw, "SELECT hits_in_order FROM session", context));
+    if (in_order == 0) {
+      KW_RETURN_IF_ERROR(
+          SqliteExec(raw, "CREATE INDEX IF NOT EXISTS hits_by_time ON hits(time_ns)", context));
+    }
   }
   KW_RETURN_IF_ERROR(SqliteExec(raw, "COMMIT; VACUUM", context));
   if (const int crc = sqlite3_close(db.release()); crc != SQLITE_OK) {

@@ -23,8 +23,9 @@ namespace kwatch::core::store {
 
 class WalCheckpointer;
 
-// How a recording stores its events: in compressed blocks (event_blocks, schema 7: what kwatch
-// writes), or one row each in `events` (what `kwatch export --sql` gives, and older schemas).
+// How a recording stores its events and probe hits: in compressed blocks (event_blocks, schema
+// 7, and hit_blocks, schema 8: what kwatch writes), or one row each in `events` and `hits` (what
+// `kwatch export --sql` gives, and older schemas).
 enum class EventStorage { kBlocks, kRows };
 
 // Writes one recording (`kwatch ... -o run.kwdb`): a SQLite database in the schema of
@@ -108,11 +109,13 @@ class TraceWriter {
   // is ignored.
   absl::Status AddTask(const TaskRecord& t);
 
-  // Buffers an event / a probe hit; commits when the batch is full. Events need not arrive
+  // Buffers an event / a probe hit (moved from, for AppendHit of an rvalue); commits when the
+  // batch is full. Events need not arrive
   // in time order: each batch is sorted by time, and a recording whose batches overlap in time
   // gets an index on time at Finish().
   absl::Status Append(const AccessEvent& e);
-  absl::Status AppendHit(const HitRecord& h);
+  absl::Status AppendHit(const HitRecord& h) { return AppendHit(HitRecord(h)); }
+  absl::Status AppendHit(HitRecord&& h);
 
   // Commits everything pending (no-op when nothing is). Call it about every 100 ms.
   absl::Status Flush();
@@ -155,9 +158,26 @@ class TraceWriter {
   absl::Status Init(const SessionRecord& session);
   absl::Status Commit();
   absl::Status WriteBatch();
-  // Stores events_ as blocks (inside the open transaction), merged with the last block while
-  // that one is small.
-  absl::Status WriteBlocks();
+  // A table of blocks (event_blocks, hit_blocks) and its last block while it holds few records
+  // (it is rewritten with the next batch's): its records, its id and its first record's index
+  // (1-based).
+  template <typename Record>
+  struct BlockTable {
+    SqliteStmtPtr insert;
+    SqliteStmtPtr remove;
+    std::vector<Record> tail;
+    int64_t tail_id = 0;
+    uint64_t tail_index = 0;
+    std::vector<Record> pending_tail;  // tail once this batch commits
+  };
+  // Stores `batch` as blocks of `table` (inside the open transaction), merged with the last
+  // block while that one is small; `committed` records came before it.
+  template <typename Record>
+  absl::Status WriteBlocks(BlockTable<Record>& table, const std::vector<Record>& batch,
+                           uint64_t committed, const char* what);
+  // Once the batch committed: the tails move on.
+  template <typename Record>
+  static void TakeTail(BlockTable<Record>& table, const std::vector<Record>& batch);
   // Stores the summary source's update (inside the open transaction).
   absl::Status WriteSummary();
   absl::Status Fail(absl::Status s);
@@ -199,14 +219,8 @@ class TraceWriter {
   SqliteStmtPtr upsert_bin_;
   SqliteStmtPtr update_summary_;
   EventStorage storage_;
-  SqliteStmtPtr insert_block_;
-  SqliteStmtPtr delete_block_;
-  // The last block while it holds few events (it is rewritten with the next batch's): its
-  // events, its id and its first event's index (1-based).
-  std::vector<AccessEvent> tail_;
-  int64_t tail_id_ = 0;
-  uint64_t tail_index_ = 0;
-  std::vector<AccessEvent> pending_tail_;  // tail_ once this batch commits
+  BlockTable<AccessEvent> event_blocks_;
+  BlockTable<HitRecord> hit_blocks_;
   std::unique_ptr<SummarySource> summary_;
   uint64_t summary_pending_ = 0;  // events given to summary_ since its last stored update
   bool summary_written_ = false;
@@ -231,8 +245,9 @@ class TraceWriter {
 class TraceReader;
 
 // `kwatch export --sql`: writes `out` (a new file), a copy of the recording `reader` reads with
-// its events one row each in `events` (docs/recording.md, "Schema"), for sqlite3 users; the
-// copy reads as the recording does. Returns the number of events written as rows.
+// its events one row each in `events` and its probe hits one row each in `hits`
+// (docs/recording.md, "Schema"), for sqlite3 users; the copy reads as the recording does.
+// Returns the number of events written as rows.
 absl::StatusOr<uint64_t> ExportEventRows(const TraceReader& reader, const std::string& out);
 
 }  // namespace kwatch::core::store

@@ -510,7 +510,7 @@ TEST(UpgradeTest, AnOlderRecordingReportsTheSameAfterTheUpgrade) {
   ASSERT_TRUE(n.ok()) << n.status();
   ASSERT_TRUE(n->has_value());
   EXPECT_EQ(**n, 30000U);
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "8");
   EXPECT_EQ(Sql(path, "SELECT event_blocks, summary_events, event_count, complete FROM session"),
             "1 30000 30000 1");
   EXPECT_EQ(Sql(path, "SELECT count(*), sum(count) FROM event_blocks"), "4 30000");

@@ -419,7 +419,7 @@ TEST(TraceStoreTest, RoundTripsEveryColumn) {
             "\"GET /\"\n");
   EXPECT_EQ(Sql(path, "SELECT args FROM hits WHERE probe_id = 2"), "{}");
   EXPECT_EQ(Sql(path, "PRAGMA application_id"), std::to_string(0x6b776462));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "8");
   EXPECT_EQ(Sql(path, "SELECT event_count || ' ' || hit_count || ' ' || complete FROM session"),
             "100 2 1");
 }
@@ -940,7 +940,7 @@ TEST(TraceStoreTest, NewerSchemaIsRefusedWithTheVersions) {
   auto r = TraceReader::Open(path);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message(),
-            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 7");
+            path + ": recorded by a newer kwatch (schema 99); this kwatch reads schema <= 8");
 }
 
 TEST(TraceStoreTest, MissingTableIsCorrupted) {
