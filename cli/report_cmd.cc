@@ -251,8 +251,14 @@ int ExportMain(const std::vector<std::string>& args) {
                  Shown(std::string{rows.status().message()}).c_str());
     return 1;
   }
-  std::fprintf(stderr, "kwatch: %s: %llu events as rows of table events\n", Shown(sql_out).c_str(),
-               static_cast<unsigned long long>(*rows));
+  // Every event and hit of the copy is a row now (those of older recordings were already).
+  const absl::StatusOr<uint64_t> events = (*reader)->CountEvents();
+  const absl::StatusOr<uint64_t> hits = (*reader)->CountHits();
+  std::fprintf(
+      stderr,
+      "kwatch: %s: %llu events as rows of table events, %llu probe hits as rows of table hits\n",
+      Shown(sql_out).c_str(), static_cast<unsigned long long>(events.value_or(*rows)),
+      static_cast<unsigned long long>(hits.value_or(0)));
   return 0;
 }
 

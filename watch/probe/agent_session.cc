@@ -587,10 +587,28 @@ wa::HitFn AgentSession::Collector() {
 }
 
 void AgentSession::DeliverDrained() {
-  // Rings are per thread: merge them by time, as the hits happened (one thread's are in order).
+  // Rings are per thread, drained one after the other, each in time order: merge those runs by
+  // time, as the hits happened (pairwise, ties in drain order).
   const auto by_time = [](const Drained& a, const Drained& b) { return a.time_ns < b.time_ns; };
-  if (!std::is_sorted(drained_.begin(), drained_.end(), by_time)) {
-    std::stable_sort(drained_.begin(), drained_.end(), by_time);
+  std::vector<size_t> runs = {0};
+  for (size_t i = 1; i < drained_.size(); ++i) {
+    if (drained_[i].time_ns < drained_[i - 1].time_ns) {
+      runs.push_back(i);
+    }
+  }
+  runs.push_back(drained_.size());
+  while (runs.size() > 2) {
+    std::vector<size_t> merged = {0};
+    for (size_t r = 2; r < runs.size(); r += 2) {
+      std::inplace_merge(drained_.begin() + static_cast<ptrdiff_t>(runs[r - 2]),
+                         drained_.begin() + static_cast<ptrdiff_t>(runs[r - 1]),
+                         drained_.begin() + static_cast<ptrdiff_t>(runs[r]), by_time);
+      merged.push_back(runs[r]);
+    }
+    if (runs.size() % 2 == 0) {
+      merged.push_back(runs.back());  // an odd run out: merged next round
+    }
+    runs = std::move(merged);
   }
   for (const Drained& d : drained_) {
     OnRecord(d);

@@ -47,8 +47,9 @@ const std::vector<HitTally::ArgTally>& HitTally::args(uint32_t probe_id) const {
 
 std::vector<std::pair<std::string, uint64_t>> HitTally::Ranked(const ArgTally& t) {
   std::vector<std::pair<std::string, uint64_t>> v(t.values.begin(), t.values.end());
-  std::stable_sort(v.begin(), v.end(),
-                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
   return v;
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "watch/probe/hit_sink.h"
 #include "watch/probe/probe_set.h"
 
@@ -23,7 +24,7 @@ class HitTally final : public HitSink {
   // value beyond them are only counted in `other`.
   struct ArgTally {
     std::string name;
-    std::map<std::string, uint64_t> values;  // formatted value -> hits
+    absl::flat_hash_map<std::string, uint64_t> values;  // formatted value -> hits
     uint64_t other = 0;
   };
   static constexpr size_t kMaxValues = 1024;
@@ -41,7 +42,7 @@ class HitTally final : public HitSink {
   // The arguments of probe `probe_id`, in the order of its spec (empty before its first hit).
   const std::vector<ArgTally>& args(uint32_t probe_id) const;
 
-  // The values of `t`, most frequent first (ties in value order).
+  // The values of `t`, most frequent first (ties in value order: byte order of the text).
   static std::vector<std::pair<std::string, uint64_t>> Ranked(const ArgTally& t);
 
  private:
