@@ -21,6 +21,7 @@
 #include "core/store/trace_reader.h"
 #include "core/store/trace_writer.h"
 #include "tests/crafted_recording.h"
+#include "tests/scratch_store.h"
 #include "watch/profile/report_render.h"
 #include "watch/recording.h"
 
@@ -466,21 +467,7 @@ std::string ReportText(const core::store::TraceReader& r, bool json) {
 }
 
 std::string Sql(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  std::string out;
-  sqlite3_exec(
-      db, sql.c_str(),
-      [](void* o, int n, char** v, char**) {
-        auto* s = static_cast<std::string*>(o);
-        for (int i = 0; i < n; ++i) {
-          absl::StrAppend(s, s->empty() ? "" : " ", v[i] == nullptr ? "NULL" : v[i]);
-        }
-        return 0;
-      },
-      &out, nullptr);
-  sqlite3_close(db);
-  return out;
+  return ::kwatch::testing::SqlText(path, sql);
 }
 
 TEST(UpgradeTest, AnOlderRecordingReportsTheSameAfterTheUpgrade) {

@@ -5,13 +5,10 @@
 // block is a clear error.
 #include "core/store/event_blocks.h"
 
-#include <sqlite3.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -19,9 +16,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/base/status_macros.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_writer.h"
+#include "tests/scratch_store.h"
 
 namespace kwatch::core::store {
 namespace {
@@ -29,23 +26,9 @@ namespace {
 constexpr uint64_t kStart = 5'000'000'000ULL;
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
 
-class TempDir {
+class TempDir : public ::kwatch::testing::ScratchDir {
  public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kwatch_blocks_XXXXXX";
-    KW_CHECK(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : ScratchDir("kwatch_blocks") {}
 };
 
 // Every shape: unknown CPU, trap_ip apart from ip, values absent, present and all-ones, old
@@ -124,21 +107,7 @@ std::vector<AccessEvent> ReadAll(const std::string& path, const EventFilter& f =
 }
 
 std::string Sql(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  KW_CHECK(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK);
-  std::string out;
-  sqlite3_exec(
-      db, sql.c_str(),
-      [](void* o, int n, char** v, char**) {
-        auto* s = static_cast<std::string*>(o);
-        for (int i = 0; i < n; ++i) {
-          absl::StrAppend(s, s->empty() ? "" : " ", v[i] == nullptr ? "NULL" : v[i]);
-        }
-        return 0;
-      },
-      &out, nullptr);
-  sqlite3_close(db);
-  return out;
+  return ::kwatch::testing::SqlText(path, sql);
 }
 
 // 30 batches of 1000 events, 1 us apart, with ties (two events per time stamp every 7th).

@@ -6,43 +6,25 @@
 // row per hit; a damaged block is a clear error.
 #include "core/store/hit_blocks.h"
 
-#include <sqlite3.h>
-#include <unistd.h>
-
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/base/status_macros.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_writer.h"
+#include "tests/scratch_store.h"
 
 namespace kwatch::core::store {
 namespace {
 
 constexpr uint64_t kStart = 5'000'000'000ULL;
 
-class TempDir {
+class TempDir : public ::kwatch::testing::ScratchDir {
  public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kwatch_hit_blocks_XXXXXX";
-    KW_CHECK(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : ScratchDir("kwatch_hit_blocks") {}
 };
 
 // Every shape: unknown CPU, return probes, stacks, no arguments, kernel-looking addresses,
@@ -112,21 +94,7 @@ std::vector<HitRecord> ReadAll(const std::string& path, const HitFilter& f = {})
 }
 
 std::string Sql(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  KW_CHECK(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK);
-  std::string out;
-  sqlite3_exec(
-      db, sql.c_str(),
-      [](void* o, int n, char** v, char**) {
-        auto* s = static_cast<std::string*>(o);
-        for (int i = 0; i < n; ++i) {
-          absl::StrAppend(s, s->empty() ? "" : " ", v[i] == nullptr ? "NULL" : v[i]);
-        }
-        return 0;
-      },
-      &out, nullptr);
-  sqlite3_close(db);
-  return out;
+  return ::kwatch::testing::SqlText(path, sql);
 }
 
 // 30 batches of 1000 hits, 1 us apart, with ties (two hits per time stamp every 7th).

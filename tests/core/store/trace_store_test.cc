@@ -28,6 +28,7 @@
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
+#include "tests/scratch_store.h"
 
 namespace kwatch::core::store {
 namespace {
@@ -35,23 +36,9 @@ namespace {
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
 
 // A fresh directory per test, removed afterwards.
-class TempDir {
+class TempDir : public ::kwatch::testing::ScratchDir {
  public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kwatch_store_XXXXXX";
-    KW_CHECK(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : ScratchDir("kwatch_store") {}
 };
 
 bool Exists(const std::string& path) {

@@ -15,6 +15,7 @@
 #include "core/store/trace_reader.h"
 #include "core/store/trace_records.h"
 #include "core/store/trace_writer.h"
+#include "tests/scratch_store.h"
 #include "watch/probe/hit_fanout.h"
 #include "watch/probe/hit_recorder.h"
 #include "watch/probe/hit_tally.h"
@@ -180,23 +181,9 @@ TEST(HitFanout, StatusIsTheFirstFailingSinksInOrder) {
 }
 
 // A fresh directory, removed afterwards.
-class TempDir {
+class TempDir : public ::kwatch::testing::ScratchDir {
  public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kwatch_recorder_XXXXXX";
-    KW_CHECK(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : ScratchDir("kwatch_recorder") {}
 };
 
 TEST(HitRecorder, RecordsTheProbesEachSiteOnceAndEveryHit) {
