@@ -18,12 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_writer.h"
+#include "tests/core/store/block_recordings.h"
 #include "tests/scratch_store.h"
 
 namespace kwatch::core::store {
 namespace {
 
-constexpr uint64_t kStart = 5'000'000'000ULL;
+using testing::kStart;
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
 
 class TempDir : public ::kwatch::testing::ScratchDir {
@@ -73,54 +74,21 @@ void ExpectSameEvents(const std::vector<AccessEvent>& got, const std::vector<Acc
   }
 }
 
-// Writes `batches` (each committed by a Flush) in `storage`, finished.
 void Write(const std::string& path, const std::vector<std::vector<AccessEvent>>& batches,
            EventStorage storage) {
-  SessionRecord s;
-  s.command_line = "kwatch -o x";
-  s.start_mono_ns = kStart;
-  s.mode = "watch";
-  auto w = TraceWriter::Create(path, s, 1'000'000, storage);
-  ASSERT_TRUE(w.ok()) << w.status();
-  for (const auto& batch : batches) {
-    for (const AccessEvent& e : batch) {
-      ASSERT_TRUE((*w)->Append(e).ok());
-    }
-    ASSERT_TRUE((*w)->Flush().ok());
-  }
-  ASSERT_TRUE((*w)->Finish(SessionEnd{}).ok());
+  testing::WriteBatches(path, batches, storage);
 }
 
 std::vector<AccessEvent> ReadAll(const std::string& path, const EventFilter& f = {}) {
-  auto r = TraceReader::Open(path);
-  EXPECT_TRUE(r.ok()) << r.status();
-  std::vector<AccessEvent> out;
-  if (!r.ok()) {
-    return out;
-  }
-  const absl::Status s = (*r)->ForEachEvent(f, [&](const AccessEvent& e) {
-    out.push_back(e);
-    return true;
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  return out;
+  return testing::ReadRecords<AccessEvent>(path, f);
 }
 
 std::string Sql(const std::string& path, const std::string& sql) {
   return ::kwatch::testing::SqlText(path, sql);
 }
 
-// 30 batches of 1000 events, 1 us apart, with ties (two events per time stamp every 7th).
 std::vector<std::vector<AccessEvent>> InOrderBatches() {
-  std::vector<std::vector<AccessEvent>> batches(30);
-  uint64_t t = kStart - 5000;  // a few before the session's start
-  for (uint64_t i = 0; i < 30'000; ++i) {
-    if (i % 7 != 3) {
-      t += 1000;
-    }
-    batches[i / 1000].push_back(MakeEvent(i, t));
-  }
-  return batches;
+  return testing::InOrderBatches<AccessEvent>(MakeEvent);
 }
 
 TEST(EventBlocksTest, EncodeDecodeKeepsEveryColumn) {

@@ -15,12 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/store/trace_reader.h"
 #include "core/store/trace_writer.h"
+#include "tests/core/store/block_recordings.h"
 #include "tests/scratch_store.h"
 
 namespace kwatch::core::store {
 namespace {
 
-constexpr uint64_t kStart = 5'000'000'000ULL;
+using testing::kStart;
 
 class TempDir : public ::kwatch::testing::ScratchDir {
  public:
@@ -60,54 +61,21 @@ void ExpectSameHits(const std::vector<HitRecord>& got, const std::vector<HitReco
   }
 }
 
-// Writes `batches` (each committed by a Flush) in `storage`, finished.
 void Write(const std::string& path, const std::vector<std::vector<HitRecord>>& batches,
            EventStorage storage) {
-  SessionRecord s;
-  s.command_line = "kwatch probe -o x";
-  s.start_mono_ns = kStart;
-  s.mode = "probe";
-  auto w = TraceWriter::Create(path, s, 1'000'000, storage);
-  ASSERT_TRUE(w.ok()) << w.status();
-  for (const auto& batch : batches) {
-    for (const HitRecord& h : batch) {
-      ASSERT_TRUE((*w)->AppendHit(h).ok());
-    }
-    ASSERT_TRUE((*w)->Flush().ok());
-  }
-  ASSERT_TRUE((*w)->Finish(SessionEnd{}).ok());
+  testing::WriteBatches(path, batches, storage);
 }
 
 std::vector<HitRecord> ReadAll(const std::string& path, const HitFilter& f = {}) {
-  auto r = TraceReader::Open(path);
-  EXPECT_TRUE(r.ok()) << r.status();
-  std::vector<HitRecord> out;
-  if (!r.ok()) {
-    return out;
-  }
-  const absl::Status s = (*r)->ForEachHit(f, [&](const HitRecord& h) {
-    out.push_back(h);
-    return true;
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  return out;
+  return testing::ReadRecords<HitRecord>(path, f);
 }
 
 std::string Sql(const std::string& path, const std::string& sql) {
   return ::kwatch::testing::SqlText(path, sql);
 }
 
-// 30 batches of 1000 hits, 1 us apart, with ties (two hits per time stamp every 7th).
 std::vector<std::vector<HitRecord>> InOrderBatches() {
-  std::vector<std::vector<HitRecord>> batches(30);
-  uint64_t t = kStart - 5000;  // a few before the session's start
-  for (uint64_t i = 0; i < 30'000; ++i) {
-    if (i % 7 != 3) {
-      t += 1000;
-    }
-    batches[i / 1000].push_back(MakeHit(i, t));
-  }
-  return batches;
+  return testing::InOrderBatches<HitRecord>(MakeHit);
 }
 
 TEST(HitBlocksTest, EncodeDecodeKeepsEveryField) {
