@@ -84,9 +84,9 @@ absl::StatusOr<WindowHeat> HeatInWindow(const core::store::TraceReader& reader, 
 
   // The bins and the events after them as of one moment (a live writer commits on).
   KW_ASSIGN_OR_RETURN(core::store::TraceReader::ReadSnapshot hold, reader.HoldSnapshot());
-  KW_ASSIGN_OR_RETURN(std::optional<core::store::StoredProfileSummary> summary,
-                      reader.ProfileSummary());
-  const uint64_t covered = summary.has_value() ? summary->events : 0;
+  // Counts do not depend on the order the events were committed in: the bins serve recordings
+  // whose batches overlap in time too (their snapshot does not).
+  KW_ASSIGN_OR_RETURN(const uint64_t covered, reader.BinnedEvents());
   const uint64_t start = reader.session().start_mono_ns;
 
   // The fields an event touches, as the profile written while recording counts them.

@@ -38,10 +38,10 @@ struct WindowHeat {
 // exactly as a replay of the window's events would. Reads the recording's profile_bins (the
 // coarsest bins that lie inside a column, at every level down to 16.8 ms) and the events of
 // the 16.8 ms bins the column edges cut, plus the window's events committed after the profile
-// (a live recording); a recording without a usable profile (older schema, batches out of
-// time order) is read event by event. Time grows with the columns and the log of the window's
-// length, not with its events. `columns` >= 1, from_ns < to_ns.
-// Errors: the reader's; DataLoss for profile_bins naming fields the watches do not have.
+// (a live recording), whatever the order of the batches; a recording without bins (older
+// schema, a profile too large to keep) is read event by event. Time grows with the columns and the
+// log of the window's length, not with its events. `columns` >= 1, from_ns < to_ns. Errors: the
+// reader's; DataLoss for profile_bins naming fields the watches do not have.
 absl::StatusOr<WindowHeat> HeatInWindow(const core::store::TraceReader& reader, uint64_t from_ns,
                                         uint64_t to_ns, uint32_t columns, std::optional<pid_t> tid);
 
