@@ -281,6 +281,9 @@ TEST(FollowTest, AGrowingRecordingGrowsByExactlyTheAppendedEventsReadAlone) {
 
   // Follow off: nothing more is read; on again: the rest, still incrementally.
   session.SetFollow(false);
+  ASSERT_TRUE(session.WaitIdle(30000));  // a poll already under way ends first
+  const uint64_t shown = session.main_snapshot()->recorded_events;
+  ASSERT_EQ(shown, kFirst + kMore);
   Append(*w, kFirst + kMore, kFirst + 2 * kMore);
   WaitUntil([] { return false; }, 300);
   EXPECT_EQ(session.main_snapshot()->recorded_events, kFirst + kMore);
