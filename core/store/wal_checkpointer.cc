@@ -82,7 +82,9 @@ void WalCheckpointer::Request(int wal_pages) {
       sqlite3_wal_checkpoint_v2(writer_db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   std::lock_guard<std::mutex> lock(mu_);
   ++checkpoints_;
-  if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY && error_.ok()) {
+  // Busy or a full disk: the frames stay in the WAL (committed) and the WAL does not restart;
+  // on a full disk the next commit fails, and says so.
+  if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_FULL && error_.ok()) {
     error_ = SqliteError(writer_db_, rc, absl::StrCat("checkpointing ", path_));
   }
 }
@@ -105,7 +107,7 @@ int WalCheckpointer::durable_points() const {
 absl::Status WalCheckpointer::Durable() {
   const int rc =
       sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
-  if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY) {
+  if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_FULL) {
     return SqliteError(db_.get(), rc, absl::StrCat("checkpointing ", path_));
   }
   // The WAL first: what the database holds now came from it.
