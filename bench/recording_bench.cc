@@ -7,10 +7,17 @@
 // 4 KiB array of 512 fields, one event every 8.3 us (120,000 events/s: the rate of the 40-minute
 // full-rate soak), exact values. Removed at exit. Sizes: 1M and 10M events; with
 // KWATCH_BENCH_100M=1 also 100M (about 14 minutes on the project's VM for writing it).
+// KWATCH_BENCH_KEEP=1 leaves the recordings in place.
 //
-//   BM_Write/N          writing the recording: items_per_second, bytes_per_event (final file
-//                       size / events), write_amplification (/proc/self/io write_bytes during
-//                       the writing, WAL and checkpoints included, / final file size)
+//   BM_Write/N          writing the recording as fast as it goes: items_per_second,
+//                       bytes_per_event (final file size / events), write_amplification
+//                       (/proc/self/io write_bytes during the writing, WAL and checkpoints
+//                       included, / final file size), syscall_write_amplification (wchar:
+//                       the bytes handed to write(2) / final file size)
+//   BM_WritePaced/N     the same, paced at the session's own rate (120,000 events/s in real
+//                       time, a Flush every 50 ms): what a live session writes to disk, with
+//                       the kernel's writeback and kwatch's durable points (every 30 s) in it.
+//                       1M events take 8.3 s, 10M 83 s.
 //   BM_ReportText/N     `kwatch report FILE` to its text: open, profile (ReportProfileOptions),
 //                       render; what the user waits for
 //   BM_DrillDown1s/N    `kwatch report FILE --from 2 --to 3`: a one-second window, replayed
@@ -108,12 +115,15 @@ core::AccessEvent MakeEvent(uint64_t i) {
   return e;
 }
 
-uint64_t WriteBytesSoFar() {
+// A field of /proc/self/io ("write_bytes:": pages this process dirtied, i.e. what goes to the
+// disk; "wchar:": bytes passed to write(2) and pwrite(2)). Every thread counts (the checkpoint
+// thread too).
+uint64_t ProcIo(const std::string& field) {
   std::ifstream io("/proc/self/io");
   std::string key;
   uint64_t v = 0;
   while (io >> key >> v) {
-    if (key == "write_bytes:") {
+    if (key == field) {
       return v;
     }
   }
@@ -124,13 +134,15 @@ struct Written {
   std::string path;
   uint64_t events = 0;
   uint64_t file_bytes = 0;
-  uint64_t disk_writes = 0;  // /proc/self/io write_bytes while writing
+  uint64_t disk_writes = 0;     // /proc/self/io write_bytes while writing
+  uint64_t syscall_writes = 0;  // /proc/self/io wchar while writing
+  uint64_t cancelled = 0;       // /proc/self/io cancelled_write_bytes while writing
   double seconds = 0;
 };
 
-Written WriteRecording(uint64_t n) {
+Written WriteRecording(uint64_t n, bool paced) {
   Written out;
-  out.path = BenchPath(n);
+  out.path = absl::StrCat(BenchPath(n), paced ? ".paced" : "");
   out.events = n;
   core::store::SessionRecord s = core::store::SessionRecordForThisHost();
   s.command_line = "kwatch --rw g_stats g_table -o bench.kwdb -- ./bench";
@@ -140,7 +152,9 @@ Written WriteRecording(uint64_t n) {
   s.backend = "perf";
   s.start_mono_ns = kStart;
   ::sync();
-  const uint64_t io0 = WriteBytesSoFar();
+  const uint64_t io0 = ProcIo("write_bytes:");
+  const uint64_t wchar0 = ProcIo("wchar:");
+  const uint64_t cancel0 = ProcIo("cancelled_write_bytes:");
   const uint64_t t0 = core::store::MonotonicClockNs();
   auto w = core::store::TraceWriter::Create(out.path, s);
   if (!w.ok()) {
@@ -168,6 +182,12 @@ Written WriteRecording(uint64_t n) {
     }
     if (i % 6000 == 5999) {  // a drain every 50 ms of the session's time
       (void)(*w)->Flush();
+      if (paced) {  // ... and in real time
+        const uint64_t due = t0 + (i + 1) * kStepNs;
+        if (const uint64_t now = core::store::MonotonicClockNs(); now < due) {
+          ::usleep(static_cast<useconds_t>((due - now) / 1000));
+        }
+      }
     }
   }
   core::store::SessionEnd end;
@@ -181,26 +201,31 @@ Written WriteRecording(uint64_t n) {
   w->reset();
   ::sync();
   out.seconds = static_cast<double>(core::store::MonotonicClockNs() - t0) / 1e9;
-  out.disk_writes = WriteBytesSoFar() - io0;
+  out.disk_writes = ProcIo("write_bytes:") - io0;
+  out.syscall_writes = ProcIo("wchar:") - wchar0;
+  out.cancelled = ProcIo("cancelled_write_bytes:") - cancel0;
   struct stat st {};
   ::stat(out.path.c_str(), &st);
   out.file_bytes = static_cast<uint64_t>(st.st_size);
   std::fprintf(stderr,
-               "recording_bench: %llu events: %.1f s to write, %llu bytes (%.2f bytes/event), "
-               "%llu bytes written to disk (%.2fx)\n",
-               static_cast<unsigned long long>(n), out.seconds,
+               "recording_bench: %llu events%s: %.1f s to write, %llu bytes (%.2f bytes/event), "
+               "%llu bytes written to disk (%.2fx; %llu cancelled), %llu to write(2) (%.2fx)\n",
+               static_cast<unsigned long long>(n), paced ? " paced" : "", out.seconds,
                static_cast<unsigned long long>(out.file_bytes),
                static_cast<double>(out.file_bytes) / static_cast<double>(n),
                static_cast<unsigned long long>(out.disk_writes),
-               static_cast<double>(out.disk_writes) / static_cast<double>(out.file_bytes));
+               static_cast<double>(out.disk_writes) / static_cast<double>(out.file_bytes),
+               static_cast<unsigned long long>(out.cancelled),
+               static_cast<unsigned long long>(out.syscall_writes),
+               static_cast<double>(out.syscall_writes) / static_cast<double>(out.file_bytes));
   return out;
 }
 
-const Written& Recording(uint64_t n) {
-  static auto* recordings = new std::map<uint64_t, Written>();
-  auto it = recordings->find(n);
+const Written& Recording(uint64_t n, bool paced = false) {
+  static auto* recordings = new std::map<std::pair<uint64_t, bool>, Written>();
+  auto it = recordings->find({n, paced});
   if (it == recordings->end()) {
-    it = recordings->emplace(n, WriteRecording(n)).first;
+    it = recordings->emplace(std::make_pair(n, paced), WriteRecording(n, paced)).first;
   }
   return it->second;
 }
@@ -208,22 +233,31 @@ const Written& Recording(uint64_t n) {
 void RemoveRecordings() {
   for (uint64_t n : {uint64_t{1'000'000}, uint64_t{10'000'000}, uint64_t{100'000'000}}) {
     std::remove(BenchPath(n).c_str());
+    std::remove(absl::StrCat(BenchPath(n), ".paced").c_str());
   }
 }
 
-void BM_Write(benchmark::State& state) {
+void WriteCounters(benchmark::State& state, bool paced) {
   const auto n = static_cast<uint64_t>(state.range(0));
   for (auto _ : state) {
-    const Written& w = Recording(n);
+    const Written& w = Recording(n, paced);
     state.SetIterationTime(w.seconds);
   }
-  const Written& w = Recording(n);
+  const Written& w = Recording(n, paced);
   state.SetItemsProcessed(static_cast<int64_t>(n));
-  state.counters["bytes_per_event"] =
-      static_cast<double>(w.file_bytes) / static_cast<double>(w.events);
-  state.counters["write_amplification"] =
-      static_cast<double>(w.disk_writes) / static_cast<double>(w.file_bytes);
-  state.counters["file_MB"] = static_cast<double>(w.file_bytes) / 1e6;
+  const auto file = static_cast<double>(w.file_bytes);
+  state.counters["bytes_per_event"] = file / static_cast<double>(w.events);
+  state.counters["write_amplification"] = static_cast<double>(w.disk_writes) / file;
+  state.counters["syscall_write_amplification"] = static_cast<double>(w.syscall_writes) / file;
+  state.counters["file_MB"] = file / 1e6;
+}
+
+void BM_Write(benchmark::State& state) {
+  WriteCounters(state, false);
+}
+
+void BM_WritePaced(benchmark::State& state) {
+  WriteCounters(state, true);
 }
 
 watch::profile::SiteNamer NamerFor(const core::store::TraceReader& r) {
@@ -277,6 +311,12 @@ void Sizes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Write)->Apply(Sizes)->UseManualTime()->Unit(benchmark::kSecond)->Iterations(1);
+BENCHMARK(BM_WritePaced)
+    ->Arg(1'000'000)
+    ->Arg(10'000'000)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond)
+    ->Iterations(1);
 BENCHMARK(BM_ReportText)->Apply(Sizes)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 BENCHMARK(BM_DrillDown1s)
     ->Apply(Sizes)
@@ -291,6 +331,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  kwatch::RemoveRecordings();
+  if (std::getenv("KWATCH_BENCH_KEEP") == nullptr) {  // NOLINT(concurrency-mt-unsafe)
+    kwatch::RemoveRecordings();
+  }
   return 0;
 }

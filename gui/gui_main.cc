@@ -1,9 +1,12 @@
 #include "gui/gui_main.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <QApplication>
 #include <QCommandLineParser>
@@ -75,7 +78,12 @@ int GuiMain(int argc, char** argv) {
   const QCommandLineOption size(QStringLiteral("size"),
                                 QStringLiteral("Window size for exports (default 1600x1000)"),
                                 QStringLiteral("WxH"), QStringLiteral("1600x1000"));
-  parser.addOptions({follow, png, svg, size});
+  const QCommandLineOption view(
+      QStringLiteral("view"),
+      QStringLiteral("Show only FROM to TO seconds after the start, at their own resolution "
+                     "(the heatmap zoomed in, read from the recording's finer bins)"),
+      QStringLiteral("FROM:TO"));
+  parser.addOptions({follow, png, svg, size, view});
   parser.process(app);
   const QStringList files = parser.positionalArguments();
   if (files.size() > 1) {
@@ -83,6 +91,21 @@ int GuiMain(int argc, char** argv) {
     return 2;
   }
   const QString file = files.isEmpty() ? QString() : files.first();
+
+  std::optional<std::pair<uint64_t, uint64_t>> view_ns;
+  if (parser.isSet(view)) {
+    const QStringList parts = parser.value(view).split(QLatin1Char(':'));
+    bool ok_from = false;
+    bool ok_to = false;
+    const double from = parts.size() == 2 ? parts[0].toDouble(&ok_from) : 0;
+    const double to = parts.size() == 2 ? parts[1].toDouble(&ok_to) : 0;
+    if (!ok_from || !ok_to || from < 0 || to <= from || to > 1e9) {
+      Err(QStringLiteral("error: --view wants FROM:TO in seconds, FROM < TO (got %1)")
+              .arg(parser.value(view)));
+      return 2;
+    }
+    view_ns = std::make_pair(static_cast<uint64_t>(from * 1e9), static_cast<uint64_t>(to * 1e9));
+  }
 
   SessionModel session;
   MainWindow window(&session);
@@ -92,6 +115,9 @@ int GuiMain(int argc, char** argv) {
     window.show();
     if (!file.isEmpty()) {
       session.Open(file, parser.isSet(follow));
+      if (view_ns.has_value()) {
+        session.SetViewRange(view_ns);  // loaded once the recording is
+      }
     }
     return QApplication::exec();
   }
@@ -123,6 +149,9 @@ int GuiMain(int argc, char** argv) {
   window.show();
 
   session.Open(file, false);
+  if (view_ns.has_value()) {
+    session.SetViewRange(view_ns);
+  }
   if (!session.WaitIdle(300'000)) {
     Err(QStringLiteral("error: %1 did not load within 5 minutes").arg(file));
     return 1;

@@ -29,6 +29,13 @@ void HeatmapModel::SetSnapshot(SnapshotPtr snap) {
   endResetModel();
 }
 
+void HeatmapModel::SetZoom(ZoomPtr zoom) {
+  beginResetModel();
+  zoom_ = std::move(zoom);
+  Rebuild();
+  endResetModel();
+}
+
 void HeatmapModel::SetObject(uint32_t obj) {
   beginResetModel();
   object_ = obj;
@@ -83,9 +90,15 @@ void HeatmapModel::Rebuild() {
       lines_.push_back((o.addr.value + p->fields()[f].begin) &
                        ~(watch::profile::kCacheLineBytes - 1));
     }
-    columns_ = static_cast<int>(p->bins().columns());
-    bucket_ns_ = p->bins().width_ns();
-    first_column_ns_ = p->bins().ColumnStartNs(0);
+    if (zoom_ != nullptr) {
+      columns_ = static_cast<int>(zoom_->heat.columns);
+      bucket_ns_ = zoom_->heat.column_ns;
+      first_column_ns_ = zoom_->heat.from_ns;
+    } else {
+      columns_ = static_cast<int>(p->bins().columns());
+      bucket_ns_ = p->bins().width_ns();
+      first_column_ns_ = p->bins().ColumnStartNs(0);
+    }
   }
   RebuildCells();
 }
@@ -105,6 +118,27 @@ void HeatmapModel::RebuildCells() {
   const watch::profile::ThreadSelection threads(
       *p, tid_.has_value() ? std::vector<pid_t>{*tid_} : std::vector<pid_t>{});
   const auto width = static_cast<size_t>(columns_);
+  if (zoom_ != nullptr) {
+    for (size_t row = 0; row < fields_.size(); ++row) {
+      const auto it = zoom_->heat.fields.find(fields_[row]);
+      if (it == zoom_->heat.fields.end()) {
+        continue;
+      }
+      blocks_[row] = static_cast<uint32_t>(reads_.size() / width);
+      for (size_t c = 0; c < width; ++c) {
+        const watch::profile::RwCounts n =
+            c < it->second.size() ? it->second[c] : watch::profile::RwCounts{};
+        reads_.push_back(n.reads);
+        writes_.push_back(n.writes);
+      }
+      for (size_t c = 0; c < width; ++c) {
+        const uint64_t n = Count(static_cast<int>(row), static_cast<int>(c));
+        max_ = std::max(max_, n);
+        total_ += n;
+      }
+    }
+    return;
+  }
   for (size_t row = 0; row < fields_.size(); ++row) {
     const uint32_t f = fields_[row];
     if (threads.FieldCounts(f).total() == 0) {
@@ -165,6 +199,9 @@ QString HeatmapModel::RowLabel(int row) const {
 }
 
 uint64_t HeatmapModel::ColumnStartNs(int column) const {
+  if (zoom_ != nullptr && column >= columns_) {
+    return zoom_->heat.to_ns;  // the last column may be narrower
+  }
   return first_column_ns_ + static_cast<uint64_t>(column) * bucket_ns_;
 }
 

@@ -25,7 +25,10 @@ enum class AccessMode : uint8_t { kBoth = 0, kReads = 1, kWrites = 2 };
 // matrix is computed when an input changes (O(rows + accessed rows x columns)), never while
 // painting; only rows with accesses hold counters (a row nobody touched reads as zeros), so a
 // structure of thousands of fields costs what its accessed fields need.
-// Lives on the GUI thread; SetSnapshot and SetObject reset it, the other setters emit
+// Zoomed in (SetZoom), the columns are those of a ZoomGrid: a time window at its own
+// resolution, read from the recording's finer profile_bins, not the snapshot's columns
+// magnified; a new snapshot (follow mode) keeps the zoom until the caller replaces it.
+// Lives on the GUI thread; SetSnapshot, SetObject and SetZoom reset it, the other setters emit
 // dataChanged over every cell.
 class HeatmapModel : public QAbstractTableModel {
   Q_OBJECT
@@ -48,6 +51,9 @@ class HeatmapModel : public QAbstractTableModel {
   void SetMode(AccessMode mode);
   void SetThread(std::optional<pid_t> tid);  // nullopt: all threads
   void SetScale(Scale scale);                // colours only
+  // The window's grid (its tid must be thread()'s), or null: the snapshot's own columns.
+  void SetZoom(ZoomPtr zoom);
+  const ZoomGrid* zoom() const { return zoom_.get(); }
 
   // For painting (row and column in range).
   uint64_t Count(int row, int column) const;
@@ -95,6 +101,7 @@ class HeatmapModel : public QAbstractTableModel {
   void EmitAllChanged();
 
   SnapshotPtr snap_;
+  ZoomPtr zoom_;
   uint32_t object_ = 0;
   AccessMode mode_ = AccessMode::kBoth;
   std::optional<pid_t> tid_;

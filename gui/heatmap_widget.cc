@@ -70,7 +70,8 @@ void HeatmapWidget::SetModel(HeatmapModel* model) {
 
 void HeatmapWidget::OnModelReset() {
   const int columns = model_ == nullptr ? 0 : model_->columnCount();
-  if (whole_view_ || view_last_ > columns) {
+  // A zoom grid is the requested window: all of its columns are shown.
+  if (whole_view_ || view_last_ > columns || (model_ != nullptr && model_->zoom() != nullptr)) {
     view_first_ = 0;
     view_last_ = columns;
     whole_view_ = true;
@@ -105,22 +106,57 @@ void HeatmapWidget::SetTimeView(int first, int last) {
 
 void HeatmapWidget::ResetTimeView() {
   whole_view_ = true;
+  Q_EMIT TimeViewRequested(std::nullopt);
   OnModelReset();
+}
+
+void HeatmapWidget::RequestView(int64_t from_ns, int64_t to_ns) {
+  const Snapshot* snap = model_ == nullptr ? nullptr : model_->snapshot();
+  const auto total = static_cast<int64_t>(snap == nullptr ? 0 : snap->SpanNs());
+  if (total <= 0) {
+    return;
+  }
+  constexpr int64_t kMinSpanNs = 1000;
+  const int64_t span = std::clamp<int64_t>(to_ns - from_ns, kMinSpanNs, total);
+  from_ns = std::clamp<int64_t>(from_ns, 0, total - span);
+  if (span == total) {
+    Q_EMIT TimeViewRequested(std::nullopt);
+    return;
+  }
+  Q_EMIT TimeViewRequested(
+      std::make_pair(static_cast<uint64_t>(from_ns), static_cast<uint64_t>(from_ns + span)));
 }
 
 void HeatmapWidget::ZoomTime(double factor, int anchor_column) {
   const int span = view_last_ - view_first_;
-  if (span <= 0 || factor <= 0) {
+  if (span <= 0 || factor <= 0 || model_ == nullptr) {
     return;
   }
+  // In time: the window to ask the model for, at its own resolution.
+  const auto v0 = static_cast<double>(model_->ColumnStartNs(view_first_));
+  const auto v1 = static_cast<double>(model_->ColumnStartNs(view_last_));
+  const auto anchor_ns = static_cast<double>(model_->ColumnStartNs(anchor_column));
+  const double new_ns = (v1 - v0) / factor;
+  const double from = anchor_ns - (anchor_ns - v0) / (v1 - v0) * new_ns;
+  // In columns: the magnified view until the grid arrives.
   const int new_span = std::max(1, static_cast<int>(std::lround(span / factor)));
   const double rel = static_cast<double>(anchor_column - view_first_) / span;
   const int first = anchor_column - static_cast<int>(std::lround(rel * new_span));
   SetTimeView(first, first + new_span);
+  RequestView(std::llround(from), std::llround(from + new_ns));
 }
 
 void HeatmapWidget::PanTime(int columns) {
+  const int64_t shift = static_cast<int64_t>(columns) *
+                        static_cast<int64_t>(model_ == nullptr ? 0 : model_->bucket_ns());
+  const int64_t from =
+      model_ == nullptr ? 0 : static_cast<int64_t>(model_->ColumnStartNs(view_first_)) + shift;
+  const int64_t to =
+      model_ == nullptr ? 0 : static_cast<int64_t>(model_->ColumnStartNs(view_last_)) + shift;
   SetTimeView(view_first_ + columns, view_last_ + columns);
+  if (model_ != nullptr && (model_->zoom() != nullptr || !whole_view_)) {
+    RequestView(from, to);
+  }
 }
 
 void HeatmapWidget::ShowSelection(int row0, int row1,

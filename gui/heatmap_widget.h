@@ -55,6 +55,10 @@ class HeatmapWidget : public QAbstractScrollArea {
  Q_SIGNALS:
   // Rows [row0, row1] x columns [col0, col1] (inclusive); no columns: the whole time.
   void SelectionMade(int row0, int row1, std::optional<std::pair<int, int>> columns);
+  // The user zoomed or panned to [from, to) ns after the session start (nullopt: the whole
+  // recording): the model should get that window's own grid (SessionModel::SetViewRange).
+  // Until it does, the widget magnifies the columns it has.
+  void TimeViewRequested(std::optional<std::pair<uint64_t, uint64_t>> range_ns);
   void SelectionCleared();
 
  protected:
@@ -93,6 +97,8 @@ class HeatmapWidget : public QAbstractScrollArea {
   // Columns of the shown time selection, or nullopt.
   std::optional<std::pair<int, int>> SelectedColumns() const;
   int ColumnX(const Geometry& g, int column) const;  // left edge (may lie outside the plot)
+  // Asks for [from, to) ns (clamped to the recording), or for the whole when it covers it.
+  void RequestView(int64_t from_ns, int64_t to_ns);
 
   HeatmapModel* model_ = nullptr;
   int view_first_ = 0;

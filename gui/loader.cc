@@ -15,8 +15,9 @@ Loader::~Loader() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    pending_[0].reset();
-    pending_[1].reset();
+    for (std::optional<Job>& job : pending_) {
+      job.reset();
+    }
   }
   thread_.quit();
   thread_.wait();
@@ -43,26 +44,39 @@ void Loader::Drain() {
       if (stopping_) {
         return;
       }
-      if (pending_[0].has_value()) {
-        job = std::move(*pending_[0]);
-        pending_[0].reset();
-      } else if (pending_[1].has_value()) {
-        kind = LoadResult::Kind::kDetail;
-        job = std::move(*pending_[1]);
-        pending_[1].reset();
-      } else {
+      size_t k = 0;
+      while (k < pending_.size() && !pending_[k].has_value()) {
+        ++k;
+      }
+      if (k == pending_.size()) {
         return;
       }
+      kind = static_cast<LoadResult::Kind>(k);
+      job = std::move(*pending_[k]);
+      pending_[k].reset();
     }
     LoadResult result;
     result.kind = kind;
     result.generation = job.generation;
-    absl::StatusOr<SnapshotPtr> snap = LoadSnapshot(job.request);
-    if (snap.ok()) {
-      result.snapshot = std::move(*snap);
+    absl::Status status;
+    if (kind == LoadResult::Kind::kZoom) {
+      absl::StatusOr<ZoomPtr> zoom = LoadZoom(job.request);
+      if (zoom.ok()) {
+        result.zoom = std::move(*zoom);
+      } else {
+        status = zoom.status();
+      }
     } else {
-      result.code = snap.status().code();
-      result.error = QString::fromStdString(std::string{snap.status().message()});
+      absl::StatusOr<SnapshotPtr> snap = LoadSnapshot(job.request);
+      if (snap.ok()) {
+        result.snapshot = std::move(*snap);
+      } else {
+        status = snap.status();
+      }
+    }
+    if (!status.ok()) {
+      result.code = status.code();
+      result.error = QString::fromStdString(std::string{status.message()});
     }
     Q_EMIT Finished(std::move(result));
   }

@@ -17,10 +17,11 @@ namespace kwatch::gui {
 
 // What a load produced: a snapshot, or an error for people.
 struct LoadResult {
-  enum class Kind : uint8_t { kMain = 0, kDetail = 1 };
+  enum class Kind : uint8_t { kMain = 0, kDetail = 1, kZoom = 2 };
   Kind kind = Kind::kMain;
   uint64_t generation = 0;  // the submitter's tag, returned as given
-  SnapshotPtr snapshot;     // null on error
+  SnapshotPtr snapshot;     // kMain, kDetail: null on error
+  ZoomPtr zoom;             // kZoom: null on error
   absl::StatusCode code = absl::StatusCode::kOk;
   QString error;  // "" on success
 };
@@ -54,7 +55,7 @@ class Loader : public QObject {
   QThread thread_;
   QObject* worker_;  // lives on thread_; deleted after it stops
   std::mutex mu_;
-  std::array<std::optional<Job>, 2> pending_;  // by Kind
+  std::array<std::optional<Job>, 3> pending_;  // by Kind
   bool stopping_ = false;
 };
 

@@ -14,6 +14,7 @@
 #include <QMenuBar>
 #include <QMimeData>
 #include <QSettings>
+#include <QSignalBlocker>
 #include <QSplitter>
 #include <QStatusBar>
 #include <QStyledItemDelegate>
@@ -193,6 +194,11 @@ MainWindow::MainWindow(SessionModel* session, QWidget* parent)
         1, findings > 0 ? QColor(180, 0, 0) : palette().color(QPalette::WindowText));
   });
   connect(heatmap_, &HeatmapWidget::SelectionMade, this, &MainWindow::OnHeatmapSelection);
+  // Zoomed in: the window's own grid, from the recording's finer bins.
+  connect(heatmap_, &HeatmapWidget::TimeViewRequested, session_,
+          [this](std::optional<std::pair<uint64_t, uint64_t>> range) {
+            session_->SetViewRange(range);
+          });
   connect(heatmap_, &HeatmapWidget::SelectionCleared, session_, &SessionModel::ClearSelection);
   connect(tree_, &QTreeView::clicked, this, &MainWindow::OnTreeClicked);
   connect(sites_view_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
@@ -221,6 +227,17 @@ void MainWindow::BuildMenus() {
   });
   view->addAction(tr("Zoom time &out"), this, [this] {
     heatmap_->ZoomTime(1 / 1.5, (heatmap_->view_first() + heatmap_->view_last()) / 2);
+  });
+  view->addSeparator();
+  follow_action_ = view->addAction(tr("&Follow the recording"));
+  follow_action_->setCheckable(true);
+  follow_action_->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_F));
+  follow_action_->setToolTip(
+      tr("Read what kwatch adds to the recording as it is written (only the new events)"));
+  connect(follow_action_, &QAction::toggled, session_, &SessionModel::SetFollow);
+  connect(session_, &SessionModel::FollowChanged, follow_action_, [this](bool on) {
+    const QSignalBlocker block(follow_action_);
+    follow_action_->setChecked(on);
   });
 }
 
@@ -254,6 +271,7 @@ void MainWindow::BuildToolBar() {
   bar->addSeparator();
   bar->addAction(tr("Clear selection"), session_, &SessionModel::ClearSelection);
   bar->addAction(tr("Reset zoom"), heatmap_, &HeatmapWidget::ResetTimeView);
+  bar->addAction(follow_action_);
 
   connect(object_combo_, &QComboBox::activated, this,
           [this](int i) { session_->SetObject(static_cast<uint32_t>(std::max(i, 0))); });

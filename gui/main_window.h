@@ -16,6 +16,8 @@
 #include "gui/heatmap_widget.h"
 #include "gui/session_model.h"
 
+class QAction;
+
 namespace kwatch::gui {
 
 // The kwatch-gui window: the field tree on the left; the heatmap, the charts and the tabs
@@ -44,6 +46,7 @@ class MainWindow : public QMainWindow {
   QComboBox* mode_combo() const { return mode_combo_; }
   QComboBox* scale_combo() const { return scale_combo_; }
   QComboBox* thread_combo() const { return thread_combo_; }
+  QAction* follow_action() const { return follow_action_; }
   QLabel* banner() const { return banner_; }
   QTabWidget* tabs() const { return tabs_; }
 
@@ -88,6 +91,7 @@ class MainWindow : public QMainWindow {
   QComboBox* mode_combo_ = nullptr;
   QComboBox* scale_combo_ = nullptr;
   QComboBox* thread_combo_ = nullptr;
+  QAction* follow_action_ = nullptr;
   QMenu* recent_menu_ = nullptr;
 };
 

@@ -22,15 +22,61 @@ SessionModel::~SessionModel() = default;
 
 void SessionModel::Open(const QString& path, bool follow) {
   path_ = path;
-  follow_ = follow;
   error_.clear();
   ++main_generation_;
+  ++zoom_generation_;
+  zoom_in_flight_ = false;
+  view_.reset();
+  heatmap_.SetZoom(nullptr);
   SubmitMain(false);
-  if (follow_) {
+  follow_ = !follow;  // SetFollow reports the change
+  SetFollow(follow);
+}
+
+void SessionModel::SetFollow(bool on) {
+  if (on) {
     follow_timer_.start();
   } else {
     follow_timer_.stop();
   }
+  if (on != follow_) {
+    follow_ = on;
+    Q_EMIT FollowChanged(on);
+  }
+}
+
+void SessionModel::SetViewRange(std::optional<std::pair<uint64_t, uint64_t>> range,
+                                uint32_t columns) {
+  if (range.has_value() && range->first >= range->second) {
+    range.reset();
+  }
+  zoom_columns_ = std::max<uint32_t>(columns, 1);
+  view_ = range;
+  ++zoom_generation_;
+  if (!view_.has_value()) {
+    zoom_in_flight_ = false;
+    if (heatmap_.zoom() != nullptr) {
+      heatmap_.SetZoom(nullptr);
+    }
+    Q_EMIT ZoomLoaded();
+    return;
+  }
+  SubmitZoom();
+}
+
+void SessionModel::SubmitZoom() {
+  if (!view_.has_value() || !main_) {
+    return;  // submitted once the recording has loaded
+  }
+  LoadRequest req;
+  req.path = path_.toStdString();
+  req.from_ns = view_->first;
+  req.to_ns = view_->second;
+  req.tid = sel_.tid;
+  req.columns = zoom_columns_;
+  req.read_sources = false;
+  zoom_in_flight_ = true;
+  loader_.Submit(LoadResult::Kind::kZoom, zoom_generation_, std::move(req));
 }
 
 bool SessionModel::WaitIdle(int timeout_ms) const {
@@ -41,7 +87,7 @@ bool SessionModel::WaitIdle(int timeout_ms) const {
   tick.setInterval(10);
   connect(&tick, &QTimer::timeout, &loop, &QEventLoop::quit);
   tick.start();
-  while (main_in_flight_ || detail_in_flight_) {
+  while (main_in_flight_ || detail_in_flight_ || zoom_in_flight_) {
     if (elapsed.elapsed() > timeout_ms) {
       return false;
     }
@@ -56,6 +102,7 @@ void SessionModel::SubmitMain(bool follow_reload) {
   if (follow_reload && main_ && main_->request.path == req.path) {
     req.known_events = main_->recorded_events;
     req.known_complete = main_->complete;
+    req.base = main_;  // read only what is newer
   }
   main_in_flight_ = true;
   loader_.Submit(LoadResult::Kind::kMain, main_generation_, std::move(req));
@@ -71,6 +118,20 @@ void SessionModel::OnFollowTick() {
 }
 
 void SessionModel::OnFinished(const LoadResult& r) {
+  if (r.kind == LoadResult::Kind::kZoom) {
+    if (r.generation != zoom_generation_) {
+      return;  // the view changed since
+    }
+    zoom_in_flight_ = false;
+    if (!r.zoom) {
+      error_ = r.error;
+      Q_EMIT LoadFailed(error_);
+      return;
+    }
+    heatmap_.SetZoom(r.zoom);
+    Q_EMIT ZoomLoaded();
+    return;
+  }
   if (r.kind == LoadResult::Kind::kDetail) {
     if (r.generation != detail_generation_) {
       return;  // the selection changed since
@@ -111,7 +172,7 @@ void SessionModel::OnFinished(const LoadResult& r) {
   const bool reload = main_ && main_->request.path == r.snapshot->request.path;
   if (r.snapshot->unchanged) {
     if (follow_ && main_ && main_->complete) {
-      follow_timer_.stop();
+      SetFollow(false);
     }
     return;
   }
@@ -128,11 +189,15 @@ void SessionModel::OnFinished(const LoadResult& r) {
   histograms_.SetSnapshot(main_);
   scalar_aggregates_.SetSnapshot(main_);
   if (follow_ && main_->complete) {
-    follow_timer_.stop();
+    SetFollow(false);
     Q_EMIT FollowStatus(QStringLiteral("The recording is complete."));
   }
   Q_EMIT Loaded();
   UpdateSelectionModels();
+  if (view_.has_value()) {
+    ++zoom_generation_;
+    SubmitZoom();  // the window again, with what is new
+  }
 }
 
 void SessionModel::UpdateSelectionModels() {
@@ -220,6 +285,10 @@ void SessionModel::SetThreadFilter(std::optional<pid_t> tid) {
   sel_.tid = tid;
   heatmap_.SetThread(tid);
   UpdateSelectionModels();
+  if (view_.has_value()) {
+    ++zoom_generation_;
+    SubmitZoom();
+  }
 }
 
 void SessionModel::SetMode(AccessMode mode) {

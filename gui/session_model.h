@@ -31,8 +31,12 @@ namespace kwatch::gui {
 // timeline; a selection with a time range or a thread gets its own slice of the recording
 // ("detail", loaded in the background) for the sites table, the per-thread breakdown and the
 // cache lines, which keep showing the previous data until it arrives (DetailLoaded).
-// Follow mode reloads the main snapshot while the recording grows and stops when it is
-// complete. Lives on the GUI thread.
+// Follow mode polls the file while the recording grows: each poll reads only the events
+// committed since the last one and adds them to a copy of the shown profile (an incremental
+// snapshot), until the recording is complete (then loads it once whole). A view range
+// (SetViewRange: the heatmap zoomed in) loads that window's grid from the recording's finer
+// profile_bins (LoadZoom) and shows it in the heatmap, again after each follow update and thread
+// change. Lives on the GUI thread.
 class SessionModel : public QObject {
   Q_OBJECT
 
@@ -49,6 +53,13 @@ class SessionModel : public QObject {
   // For headless use (exports, benchmarks); a window never needs it.
   bool WaitIdle(int timeout_ms) const;
   void SetFollowInterval(int ms) { follow_timer_.setInterval(ms); }
+  // Follow mode on or off for the open recording (the toolbar's Follow).
+  void SetFollow(bool on);
+  // The heatmap's visible time range, ns after the session start, [from, to); nullopt: the
+  // whole recording at the snapshot's resolution. `columns`: the grid's columns.
+  void SetViewRange(std::optional<std::pair<uint64_t, uint64_t>> range, uint32_t columns = 240);
+  const std::optional<std::pair<uint64_t, uint64_t>>& view_range() const { return view_; }
+  bool zoom_pending() const { return zoom_in_flight_; }
   int follow_interval_ms() const { return follow_timer_.interval(); }
 
   void SetObject(uint32_t obj);
@@ -96,6 +107,10 @@ class SessionModel : public QObject {
   void SelectionChanged();
   // Follow mode: waiting for a missing file, or the recording completed.
   void FollowStatus(const QString& message);
+  // Follow mode switched on or off (SetFollow, Open, the recording completed).
+  void FollowChanged(bool on);
+  // The heatmap shows the grid of view_range() (or, after SetViewRange(nullopt), the whole).
+  void ZoomLoaded();
 
  private:
   void OnFinished(const LoadResult& r);
@@ -103,6 +118,7 @@ class SessionModel : public QObject {
   void SubmitMain(bool follow_reload);
   void UpdateSelectionModels();  // timeline now; detail models now or after a slice load
   void ApplyDetail();
+  void SubmitZoom();
 
   Loader loader_;
   QTimer follow_timer_;
@@ -112,6 +128,10 @@ class SessionModel : public QObject {
   uint64_t detail_generation_ = 0;
   bool main_in_flight_ = false;
   bool detail_in_flight_ = false;
+  uint64_t zoom_generation_ = 0;
+  bool zoom_in_flight_ = false;
+  std::optional<std::pair<uint64_t, uint64_t>> view_;
+  uint32_t zoom_columns_ = 240;
   QString error_;
   SnapshotPtr main_;
   SnapshotPtr detail_;

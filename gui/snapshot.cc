@@ -103,6 +103,62 @@ uint64_t NiceWidth(uint64_t ns) {
   }
 }
 
+// Reads the source lines around `sites` (but those `known` has already) into snap.sources: file
+// by file, one in memory at a time, at most kMaxSourceTotal bytes read in all (the recording
+// names the files and how many), at most kMaxSnippets kept.
+void ReadSources(const std::vector<core::store::SiteRecord>& sites, const Snapshot* known,
+                 Snapshot& snap) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (!sites[i].file.empty() && sites[i].line > 0 &&
+        (known == nullptr || !known->sites.contains(sites[i].ip.value))) {
+      order.push_back(i);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return sites[a].file < sites[b].file; });
+  uint64_t read_bytes = 0;
+  for (size_t g = 0; g < order.size() && read_bytes < kMaxSourceTotal;) {
+    const std::string& file = sites[order[g]].file;
+    size_t end = g;
+    while (end < order.size() && sites[order[end]].file == file) {
+      ++end;
+    }
+    const std::optional<std::vector<std::string>> lines = ReadLines(file, &read_bytes);
+    for (; g < end; ++g) {
+      const core::store::SiteRecord& s = sites[order[g]];
+      std::optional<SourceSnippet> snippet =
+          lines.has_value() ? SnippetFrom(*lines, s.file, s.line, kSnippetContext) : std::nullopt;
+      if (snippet.has_value()) {
+        snap.sources.emplace(s.ip.value, std::move(*snippet));
+      }
+    }
+  }
+  if (snap.sources.size() > kMaxSnippets) {  // keep the first ones by address
+    std::vector<uint64_t> ips;
+    ips.reserve(snap.sources.size());
+    for (const auto& [ip, snippet] : snap.sources) {
+      ips.push_back(ip);
+    }
+    std::nth_element(ips.begin(), ips.begin() + kMaxSnippets, ips.end());
+    const uint64_t cut = ips[kMaxSnippets];
+    absl::erase_if(snap.sources, [cut](const auto& kv) { return kv.first >= cut; });
+  }
+}
+
+// Follow mode: whether `req.base` can be extended with the events committed since (the same
+// file, still being written then and now, the whole recording at the same resolution).
+bool CanExtend(const LoadRequest& req, const Snapshot& now) {
+  const Snapshot* base = req.base.get();
+  return base != nullptr && base->profile.has_value() && !base->unchanged &&
+         base->request.path == req.path && !base->complete && !now.complete &&
+         !req.from_ns.has_value() && !req.to_ns.has_value() && !req.tid.has_value() &&
+         !base->request.from_ns.has_value() && !base->request.to_ns.has_value() &&
+         !base->request.tid.has_value() && base->request.columns == req.columns &&
+         now.recorded_events >= base->recorded_events &&
+         base->session.start_mono_ns == now.session.start_mono_ns;
+}
+
 }  // namespace
 
 uint64_t Snapshot::SpanNs() const {
@@ -132,12 +188,43 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   snap->session = reader->session();
   snap->complete = reader->complete();
   snap->end = reader->end();
-  KW_ASSIGN_OR_RETURN(snap->recorded_events, reader->CountEvents());
-  if (req.known_events.has_value() && *req.known_events == snap->recorded_events &&
-      req.known_complete == snap->complete) {
-    snap->unchanged = true;
-    return snap;
+  {
+    // The count and, when following, the events after base's as of one moment.
+    KW_ASSIGN_OR_RETURN(core::store::TraceReader::ReadSnapshot hold, reader->HoldSnapshot());
+    KW_ASSIGN_OR_RETURN(snap->recorded_events, reader->CountEvents());
+    if (req.known_events.has_value() && *req.known_events == snap->recorded_events &&
+        req.known_complete == snap->complete) {
+      snap->unchanged = true;
+      return snap;
+    }
+    if (CanExtend(req, *snap) && reader->watches().size() == req.base->watches.size()) {
+      const Snapshot& base = *req.base;
+      snap->incremental = true;
+      snap->request.base.reset();  // no chain of snapshots kept alive
+      snap->watches = base.watches;
+      snap->aggregates = reader->aggregates();
+      for (const core::store::SiteRecord& s : reader->sites()) {
+        snap->sites.emplace(s.ip.value, s);
+      }
+      snap->profile = *base.profile;
+      core::store::EventFilter newer;
+      newer.first_index = base.recorded_events + 1;
+      newer.last_index = snap->recorded_events;
+      KW_RETURN_IF_ERROR(reader->ForEachEvent(newer, [&](const core::AccessEvent& ev) {
+        snap->profile->Add(ev);
+        ++snap->events_read;
+        return true;
+      }));
+      snap->sources = base.sources;
+      if (req.read_sources) {
+        ReadSources(reader->sites(), &base, *snap);
+      }
+      snap->load_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return snap;
+    }
   }
+  snap->request.base.reset();
   snap->watches = reader->watches();
   snap->aggregates = reader->aggregates();
   snap->sites.reserve(reader->sites().size());
@@ -177,47 +264,27 @@ absl::StatusOr<SnapshotPtr> LoadSnapshot(const LoadRequest& req) {
   }
 
   if (req.read_sources) {
-    // File by file, one in memory at a time, at most kMaxSourceTotal bytes read in all: the
-    // recording names the files and how many.
-    const std::vector<core::store::SiteRecord>& sites = reader->sites();
-    std::vector<size_t> order;
-    for (size_t i = 0; i < sites.size(); ++i) {
-      if (!sites[i].file.empty() && sites[i].line > 0) {
-        order.push_back(i);
-      }
-    }
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return sites[a].file < sites[b].file; });
-    uint64_t read_bytes = 0;
-    for (size_t g = 0; g < order.size() && read_bytes < kMaxSourceTotal;) {
-      const std::string& file = sites[order[g]].file;
-      size_t end = g;
-      while (end < order.size() && sites[order[end]].file == file) {
-        ++end;
-      }
-      const std::optional<std::vector<std::string>> lines = ReadLines(file, &read_bytes);
-      for (; g < end; ++g) {
-        const core::store::SiteRecord& s = sites[order[g]];
-        std::optional<SourceSnippet> snippet =
-            lines.has_value() ? SnippetFrom(*lines, s.file, s.line, kSnippetContext) : std::nullopt;
-        if (snippet.has_value()) {
-          snap->sources.emplace(s.ip.value, std::move(*snippet));
-        }
-      }
-    }
-    if (snap->sources.size() > kMaxSnippets) {  // keep the first ones by address
-      std::vector<uint64_t> ips;
-      ips.reserve(snap->sources.size());
-      for (const auto& [ip, snippet] : snap->sources) {
-        ips.push_back(ip);
-      }
-      std::nth_element(ips.begin(), ips.begin() + kMaxSnippets, ips.end());
-      const uint64_t cut = ips[kMaxSnippets];
-      absl::erase_if(snap->sources, [cut](const auto& kv) { return kv.first >= cut; });
-    }
+    ReadSources(reader->sites(), nullptr, *snap);
   }
   snap->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return snap;
+}
+
+absl::StatusOr<ZoomPtr> LoadZoom(const LoadRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!req.from_ns.has_value() || !req.to_ns.has_value()) {
+    return absl::InvalidArgumentError("a zoom needs a time window");
+  }
+  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceReader> reader,
+                      core::store::TraceReader::Open(req.path));
+  auto zoom = std::make_shared<ZoomGrid>();
+  zoom->request = req;
+  zoom->request.base.reset();
+  KW_ASSIGN_OR_RETURN(zoom->recorded_events, reader->CountEvents());
+  KW_ASSIGN_OR_RETURN(zoom->heat, watch::HeatInWindow(*reader, *req.from_ns, *req.to_ns,
+                                                      std::max<uint32_t>(req.columns, 1), req.tid));
+  zoom->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return zoom;
 }
 
 }  // namespace kwatch::gui

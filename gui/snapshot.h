@@ -13,8 +13,11 @@
 #include "core/store/trace_records.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/recording.h"
+#include "watch/recording_window.h"
 
 namespace kwatch::gui {
+
+struct Snapshot;
 
 // What to load from a recording.
 struct LoadRequest {
@@ -31,6 +34,10 @@ struct LoadRequest {
   // the load stops early and returns a snapshot with `unchanged` set (follow mode).
   std::optional<uint64_t> known_events;
   bool known_complete = false;
+  // Follow mode: the last main snapshot of this file. While the recording is still being
+  // written (and was when `base` loaded), only the events committed after base's are read and
+  // added to a copy of its profile (Snapshot::incremental).
+  std::shared_ptr<const Snapshot> base;
 };
 
 // Source text around a site: lines [first_line, first_line + lines.size()).
@@ -45,7 +52,9 @@ struct SourceSnippet {
 // requested slice. Built on a worker thread, then shared read-only (std::shared_ptr<const>).
 struct Snapshot {
   LoadRequest request;
-  bool unchanged = false;  // follow mode: nothing new since request.known_events (no profile)
+  bool unchanged = false;    // follow mode: nothing new since request.known_events (no profile)
+  bool incremental = false;  // follow mode: request.base's profile plus the newer events
+  uint64_t events_read = 0;  // events read from the file by an incremental load
   core::store::SessionRecord session;
   bool complete = false;
   std::optional<core::store::SessionEnd> end;
@@ -63,6 +72,21 @@ struct Snapshot {
 };
 
 using SnapshotPtr = std::shared_ptr<const Snapshot>;
+
+// The heatmap of a time window at the resolution of its own columns (the viewer zoomed in):
+// request.from_ns/to_ns (both set), request.columns, request.tid.
+struct ZoomGrid {
+  LoadRequest request;
+  uint64_t recorded_events = 0;  // events in the file when it was read
+  watch::WindowHeat heat;
+  double load_seconds = 0;
+};
+using ZoomPtr = std::shared_ptr<const ZoomGrid>;
+
+// Reads the window's counts (watch::HeatInWindow: profile_bins at the finest level that fits,
+// events only at the columns' edges). Errors as LoadSnapshot's; InvalidArgument without a
+// window.
+absl::StatusOr<ZoomPtr> LoadZoom(const LoadRequest& req);
 
 // Opens `req.path` and builds its snapshot. Errors are TraceReader's (NotFound, DataLoss for a
 // corrupted file, InvalidArgument for another SQLite database, FailedPrecondition for a newer

@@ -14,9 +14,9 @@ namespace kwatch::watch {
 
 // The profile a recording keeps while it is written (core/store/trace_summary.h): a storage
 // profile of every committed event (default ProfileOptions from the session's start), stored
-// with a batch after at least 2^17 events (and twice as many events as the last snapshot took
-// bytes) since the last, and at Finish, with the (thread, field) counts of each 16.8 ms bin and
-// the coarser levels. `start_mono_ns`: the session's start.
+// with a batch after at least 2^17 events (and a quarter as many events as the last snapshot
+// took bytes) since the last, and at Finish, with the (thread, field) counts of each 16.8 ms bin
+// and the coarser levels. `start_mono_ns`: the session's start.
 std::unique_ptr<core::store::SummarySource> MakeProfileSummarySource(uint64_t start_mono_ns);
 
 // The profile of a whole recording (every event) as ProfileFromRecording would replay it with

@@ -1086,6 +1086,21 @@ absl::StatusOr<TraceReader::ReadSnapshot> TraceReader::HoldSnapshot() const {
   return ReadSnapshot(this);
 }
 
+absl::StatusOr<uint64_t> TraceReader::BinnedEvents() const {
+  if (schema_ < 7) {
+    return 0;
+  }
+  KW_ASSIGN_OR_RETURN(SqliteStmtPtr head, Prepare("SELECT summary_events FROM session"));
+  const int rc = sqlite3_step(head.get());
+  if (rc == SQLITE_DONE) {
+    return NotARecording(path_, "no session record");
+  }
+  if (rc != SQLITE_ROW) {
+    return ReadError(rc);
+  }
+  return IsNull(head.get(), 0) ? 0 : ColumnU64(head.get(), 0);
+}
+
 absl::StatusOr<std::optional<StoredProfileSummary>> TraceReader::ProfileSummary() const {
   if (schema_ < 7) {
     return std::nullopt;

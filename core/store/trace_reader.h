@@ -105,6 +105,10 @@ class TraceReader {
   // out of time order (the snapshot saw them in another order than a replay would). Refused
   // beyond kMaxRecordedSnapshot bytes.
   absl::StatusOr<std::optional<StoredProfileSummary>> ProfileSummary() const;
+  // How many events (the first ones in recording order) profile_bins counts, read now: the
+  // profile's events, whatever the order of the batches (counts do not depend on it); 0 when
+  // the recording keeps no bins to use (older schema, none written yet, no snapshot).
+  absl::StatusOr<uint64_t> BinnedEvents() const;
   // Calls `fn` for each profile_bins cell of `level` with bin in [bin_lo, bin_hi).
   absl::Status ForEachProfileBin(uint32_t level, int64_t bin_lo, int64_t bin_hi,
                                  absl::FunctionRef<void(const ProfileBinCell&)> fn) const;

@@ -33,14 +33,17 @@ enum class EventStorage { kBlocks, kRows };
 //
 // Durability: events, hits and sites are buffered in memory and committed in one transaction
 // when `batch_size` events plus hits are pending, or on Flush(). The database is in WAL mode
-// with synchronous=NORMAL while recording, so a writer killed at any moment (SIGKILL) leaves a
+// with synchronous=OFF while recording, so a writer killed at any moment (SIGKILL) leaves a
 // readable recording holding every committed batch, marked cut short (complete = 0); it
-// loses only what was pending. Watches and probes are committed at once.
+// loses only what was pending. Watches and probes are committed at once. The file is fsynced
+// at durable points (WalCheckpointer: every 30 s) and by Finish, not at each commit or
+// checkpoint: an OS crash or power loss may lose what came after the last durable point.
 // Finish() writes the end record, marks the recording complete, checkpoints and switches to
 // journal_mode=DELETE: a finished recording is one self-contained file.
 //
-// Checkpoints (copying the WAL into the database) run on a background thread with its own
-// connection (WalCheckpointer), so Append and Flush never wait for a checkpoint's fsyncs.
+// Checkpoints (copying the WAL into the database) follow the commits that fill 256 KiB of WAL,
+// without fsync (WalCheckpointer); its thread fsyncs at the durable points, so Append and Flush
+// never wait for an fsync.
 //
 // Errors: a failed write (disk full, quota, I/O error) returns a Status naming the path,
 // SQLite's message with the errno text, how many events and hits are committed and how many
@@ -148,7 +151,8 @@ class TraceWriter {
 
  private:
   static constexpr size_t kEventsPerInsert = 32;
-  static constexpr int kCheckpointPages = 4096;    // 16 MiB of 4 KiB pages
+  // A small WAL, rewritten in place while its pages are still in the page cache.
+  static constexpr int kCheckpointPages = 64;      // 256 KiB of 4 KiB pages
   static constexpr int kRestartPages = 16384;      // 64 MiB: the writer restarts the WAL
   static constexpr off_t kReserveBytes = 1 << 20;  // released on a failure for the last commit
 

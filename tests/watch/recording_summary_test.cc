@@ -246,10 +246,10 @@ TEST_P(SummaryExact, SameProfileAsReplayForEveryColumnWidth) {
   auto kept = r.ProfileSummary();
   ASSERT_TRUE(kept.ok()) << kept.status();
   ASSERT_TRUE(kept->has_value());
-  // Finished: the snapshot covers every event. Cut short ("tail"): the one stored with the first
-  // batch after 131072 events (batches of 5000: 135000); the next waits for twice as many
-  // events as it has bytes, more than the 165000 left: they are the tail.
-  EXPECT_EQ((*kept)->events, c.session.finish ? c.session.events : 135000U);
+  // Finished: the snapshot covers every event. Cut short ("tail"): the one stored with the
+  // batch that brings 131072 events since the last (batches of 5000: 135000, then 270000: the
+  // snapshot is far smaller than 4 x 131072 bytes); the 30000 after it are the tail.
+  EXPECT_EQ((*kept)->events, c.session.finish ? c.session.events : 270000U);
   std::vector<profile::ProfileOptions> all;
   all.push_back(ReportProfileOptions(r, 0));    // kwatch report
   all.push_back(ReportProfileOptions(r, 0.5));  // --bucket-ms 0.5
