@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/join_client.h"
+#include "cli/join_socket.h"
 #include "cli/output.h"
 #include "core/base/target_files.h"
 #include "watch/gdb/run.h"
@@ -87,7 +89,9 @@ int GdbServerMain(const std::vector<std::string>& args) {
   app.footer(
       "Supported: qSupported, target description (amd64), threads, registers, memory, continue\n"
       "and step (all-stop), Z0-Z4, watch/rwatch/awatch stop reasons, shared libraries\n"
-      "(libraries-svr4, auxv), detach, kill. See docs/gdbserver.md.");
+      "(libraries-svr4, auxv), detach, kill. See docs/gdbserver.md.\n"
+      "A process another kwatch session traces is refused with what can join it: gdbserver\n"
+      "cannot join a kwatch session yet (`kwatch --write EXPR -p PID` can).");
   std::vector<std::string> reversed(own.rbegin(), own.rend());
   try {
     app.parse(reversed);
@@ -102,6 +106,14 @@ int GdbServerMain(const std::vector<std::string>& args) {
   if (pid.has_value() == !opts.command.empty()) {
     std::fprintf(stderr, "kwatch gdbserver: error: give either -p PID or a command after `--`\n");
     return 2;
+  }
+  if (pid.has_value()) {
+    if (const std::optional<KwatchTracer> tracer = TracingKwatch(*pid); tracer.has_value()) {
+      std::fprintf(
+          stderr, "kwatch gdbserver: error: %s\n",
+          std::string{CannotJoinYet("`kwatch gdbserver`", *pid, *tracer).message()}.c_str());
+      return 1;
+    }
   }
   opts.pid = pid;
   opts.launch.kill_on_exit = true;
