@@ -155,11 +155,16 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
   publish(true);
 
   uint64_t rotations = set.rotations();
+  uint64_t guest_changes = set.guest_changes();
   while (true) {
     KW_ASSIGN_OR_RETURN(const bool more, set.Step());
     if (set.rotations() != rotations) {
       rotations = set.rotations();
       publish(false);
+    }
+    if (set.guest_changes() != guest_changes) {
+      guest_changes = set.guest_changes();
+      publish(true);  // a kwatch joined or left: `kwatch slots` shows its watches or not
     }
     if (!more) {
       break;

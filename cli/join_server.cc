@@ -165,7 +165,7 @@ void JoinServer::Arm(watch::WatchSession& session, Guest& g, std::vector<std::st
     r.length = g.len;
   }
   absl::StatusOr<std::vector<uint32_t>> ids =
-      session.AddWatches(g.requests, absl::StrCat("kwatch (joined, pid ", g.pid, ")"));
+      session.AddWatches(g.requests, absl::StrCat("joined kwatch pid ", g.pid));
   if (!ids.ok()) {
     Refuse(g, std::string(ids.status().message()));
     return;

@@ -258,13 +258,13 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::ForFork(WatchSession
 }
 
 std::string WatchSession::PeopleReason(const std::string& reason) const {
-  // drmgr names requests ("request 3 (watchpoint 'kwatch', g_stats.hits, priority 10)",
-  // "requests 2, 3"); a user knows the watches by number.
+  // drmgr names requests ("request 3 (watchpoint 'kwatch', g_stats.hits, priority 10)", a joined
+  // kwatch's client named otherwise; "requests 2, 3"); a user knows the watches by number.
   std::map<uint64_t, uint32_t> watch_of;
   for (const auto& [id, req] : request_of_) {
     watch_of[req.value] = id;
   }
-  static const std::regex kOne(R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
+  static const std::regex kOne(R"(request (\d+) \(watchpoint '[^']*', [^()]*, priority \d+\))");
   static const std::regex kMany(R"(requests? ((\d+)(, \d+)*))");
   std::string out = std::regex_replace(reason, kOne, "request $1");
   std::string result;
@@ -519,8 +519,9 @@ absl::StatusOr<std::vector<uint32_t>> WatchSession::AddWatches(std::vector<Watch
   const Overcommit policy =
       opts_.overcommit == Overcommit::kMultiplex ? Overcommit::kMultiplex : Overcommit::kFail;
   for (const Watch& w : added) {
-    KW_ASSIGN_OR_RETURN(drmgr::Grant g,
-                        alloc_->Request(client, SlotRequestFor(w, proc_.pid(), policy)));
+    drmgr::SlotRequest request = SlotRequestFor(w, proc_.pid(), policy);
+    request.label = absl::StrCat(w.target.display, " [", client_name, "]");  // `kwatch slots`
+    KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_->Request(client, std::move(request)));
     hw_->AddOwner(g.id, w.id);
     request_of_[w.id] = g.id;
     guest_client_[w.id] = client;

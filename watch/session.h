@@ -127,7 +127,8 @@ class WatchSession {
   absl::StatusOr<std::vector<std::string>> LendSlots(int n);
 
   // Joining (cli/join_server.h): another kwatch's watches, added to this armed hardware
-  // session as drmgr client `client_name` (its own client, at watchpoint priority). Each gets a
+  // session as drmgr client `client_name` (its own client, at watchpoint priority; `kwatch slots`
+  // shows each as "EXPR [client_name]"). Each gets a
   // register from the same drmgr or, with --overcommit=multiplex, takes turns; a watch that would
   // need page protection is refused (pages cannot be added to a running session yet), as is an
   // execute watch. All or nothing: on error no watch was added. Returns their ids (after the

@@ -412,6 +412,7 @@ absl::StatusOr<bool> TargetSet::Step(absl::Duration timeout) {
       target().proc->alive()) {
     for (std::string& line : guests_->Serve(*target().session)) {
       Note(std::move(line));
+      ++guest_changes_;
     }
   }
   if (deadline_ns_ != 0 && core::MonotonicNs() >= deadline_ns_) {

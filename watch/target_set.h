@@ -96,6 +96,8 @@ class TargetSet {
   // Other kwatch commands that joined the target's session (cli/join_server.h): their events
   // go to `guests`, which outlives the set, and it serves them at every Step. nullptr: none.
   void SetGuests(GuestRouter* guests) { guests_ = guests; }
+  // How many times joined kwatch commands came or went (their watches changed drmgr's state).
+  uint64_t guest_changes() const { return guest_changes_; }
   // A line for the event stream (AccessNote::kText), kept for the summary's notes.
   void Note(std::string text);
 
@@ -148,6 +150,7 @@ class TargetSet {
   bool exec_seen_ = false;  // the target's watches ended at an exec (not re-armed)
   std::vector<std::string> notes_;
   GuestRouter* guests_ = nullptr;
+  uint64_t guest_changes_ = 0;
 };
 
 }  // namespace kwatch::watch

@@ -98,6 +98,13 @@ TEST(KwatchJoin, TwoKwatchesEachCountTheirOwnFieldExactly) {
   ASSERT_TRUE(joiner.ok());
   ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
   EXPECT_THAT((*joiner)->err(), HasSubstr("debug register DR"));  // its own register
+  // `kwatch slots` shows the joiner's watch as its drmgr client's.
+  auto slots = kwatch::testing::Run({KwatchPath(), "slots", "-p", pid});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_THAT(slots->out,
+              HasSubstr(absl::StrCat("g_stats.misses [joined kwatch pid ", (*joiner)->pid(), "]")))
+      << slots->out;
+  EXPECT_THAT(slots->out, HasSubstr("g_stats.misses")) << slots->out;
   ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
 
   auto jr = (*joiner)->Finish();
