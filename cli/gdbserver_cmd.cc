@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/join_client.h"
+#include "cli/join_server.h"
 #include "cli/join_socket.h"
 #include "cli/output.h"
 #include "core/base/target_files.h"
@@ -141,9 +142,19 @@ int GdbServerMain(const std::vector<std::string>& args) {
   } else {
     printer = std::make_unique<AccessTextPrinter>(stdout, quiet);
   }
-  opts.armed = [&printer](watch::TargetSet& set) {
+  // A second kwatch on the process joins this session (cli/join_server.h), as with `kwatch`.
+  std::unique_ptr<JoinServer> joins;
+  opts.armed = [&printer, &joins](watch::TargetSet& set) {
     watch::WatchSession& session = set.first_session();
     printer->Start(session, set.start_ns(), set.target_process().pid());
+    if (absl::StatusOr<std::unique_ptr<JoinServer>> j =
+            JoinServer::Listen(set.target_process().pid());
+        j.ok()) {
+      joins = *std::move(j);
+      set.SetGuests(joins.get());
+    } else {
+      SayLine(absl::StrCat("note: no other kwatch can join this session: ", j.status().message()));
+    }
     for (const watch::Watch& wt : session.watches()) {
       SayLine(absl::StrCat("  watch #", wt.id + 1, " ", wt.target.display, ": ",
                            session.placement(wt.id).detail));
