@@ -1,6 +1,7 @@
 #include "cli/join_client.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,9 +94,8 @@ absl::StatusOr<int> JoinWatch(const WatchOptions& opts, const KwatchTracer& trac
   for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
     sigaddset(&set, sig);
   }
-  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
-    const int err = errno;
-    return core::SyscallError(err, "sigprocmask");
+  if (const int err = ::pthread_sigmask(SIG_BLOCK, &set, nullptr); err != 0) {
+    return core::SyscallError(err, "pthread_sigmask");
   }
   core::UniqueFd sigfd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!sigfd.valid()) {
@@ -116,7 +117,7 @@ absl::StatusOr<int> JoinWatch(const WatchOptions& opts, const KwatchTracer& trac
     absl::StrAppend(&request, "count ", opts.count, "\n");
   }
   for (const std::string& e : opts.exprs) {
-    if (e.find('\n') != std::string::npos) {
+    if (absl::StrContains(e, '\n')) {
       return absl::InvalidArgumentError(absl::StrCat("'", e, "': an expression has no newline"));
     }
     absl::StrAppend(&request, "expr ", e, "\n");

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -24,7 +25,7 @@
 namespace kwatch::cli {
 
 namespace {
-constexpr size_t kMaxRequestBytes = 64 * 1024;  // a joiner's request lines, before "go"
+constexpr size_t kMaxRequestBytes = size_t{64} * 1024;  // a joiner's request lines, before "go"
 }  // namespace
 
 // One kwatch that joined: its connection, what it asked, its output and its counts.
@@ -91,11 +92,11 @@ void JoinServer::Refuse(Guest& g, const std::string& message) {
 }
 
 bool JoinServer::Read(Guest& g) {
-  char buf[4096];
+  std::array<char, 4096> buf{};
   while (true) {
-    const ssize_t n = ::recv(g.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    const ssize_t n = ::recv(g.fd.get(), buf.data(), buf.size(), MSG_DONTWAIT);
     if (n > 0) {
-      g.in.append(buf, static_cast<size_t>(n));
+      g.in.append(buf.data(), static_cast<size_t>(n));
       if (!g.armed && g.in.size() > kMaxRequestBytes) {
         return false;
       }
@@ -167,7 +168,7 @@ void JoinServer::Arm(watch::WatchSession& session, Guest& g, std::vector<std::st
   absl::StatusOr<std::vector<uint32_t>> ids =
       session.AddWatches(g.requests, absl::StrCat("joined kwatch pid ", g.pid));
   if (!ids.ok()) {
-    Refuse(g, std::string(ids.status().message()));
+    Refuse(g, std::string{ids.status().message()});
     return;
   }
   g.armed = true;
@@ -239,7 +240,7 @@ void JoinServer::OnGuestEvent(watch::WatchSession& session, const core::AccessEv
   g.summary->Add(ev);
   g.profile->Add(ev);
   if (absl::Status s = g.printer->OnEvent(session, *g.summary, ev, ev); !s.ok()) {
-    g.stop_reason = std::string(s.message());
+    g.stop_reason = std::string{s.message()};
   }
   if (g.count > 0 && g.delivered >= g.count && g.stop_reason.empty()) {
     g.stop_reason = absl::StrCat("--count ", g.count, " reached");

@@ -44,17 +44,17 @@ class JoinServer final : public watch::GuestRouter {
 
   JoinServer(core::UniqueFd fd, std::string path, pid_t target);
   // Reads what `g` sent; false when it went away (EOF or an error).
-  bool Read(Guest& g);
+  static bool Read(Guest& g);
   // Handles complete request lines; arms the watches at "go".
   void Handle(watch::WatchSession& session, Guest& g, std::vector<std::string>& notes);
   void Arm(watch::WatchSession& session, Guest& g, std::vector<std::string>& notes);
   // Sends what its printer wrote since the last flush.
-  void Flush(Guest& g);
+  static void Flush(Guest& g);
   // Its summary (`reason`, the target's exit when it ended), then the end frame; its watches
   // removed from the session.
   void Finish(watch::WatchSession& session, Guest& g, const std::string& reason,
               const watch::RunInfo* owner_info, std::vector<std::string>& notes);
-  void Refuse(Guest& g, const std::string& message);
+  static void Refuse(Guest& g, const std::string& message);
 
   core::UniqueFd fd_;
   std::string path_;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -85,7 +86,7 @@ std::optional<KwatchTracer> TracingKwatch(pid_t pid) {
 
 absl::StatusOr<core::UniqueFd> ListenJoinSocket(pid_t target, std::string* path) {
   const std::string dir = JoinSocketDir(::geteuid());
-  if (dir.rfind("/run/user/", 0) != 0) {
+  if (!absl::StartsWith(dir, "/run/user/")) {
     if (absl::Status s = PrivateDir(dir); !s.ok()) {
       return s;
     }
