@@ -1,5 +1,7 @@
 #include "cli/app.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -19,6 +21,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "cli/join_client.h"
+#include "cli/join_server.h"
+#include "cli/join_socket.h"
 #include "cli/kernel_watch.h"
 #include "cli/output.h"
 #include "cli/report_cmd.h"
@@ -150,11 +155,16 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
   publish(true);
 
   uint64_t rotations = set.rotations();
+  uint64_t guest_changes = set.guest_changes();
   while (true) {
     KW_ASSIGN_OR_RETURN(const bool more, set.Step());
     if (set.rotations() != rotations) {
       rotations = set.rotations();
       publish(false);
+    }
+    if (set.guest_changes() != guest_changes) {
+      guest_changes = set.guest_changes();
+      publish(true);  // a kwatch joined or left: `kwatch slots` shows its watches or not
     }
     if (!more) {
       break;
@@ -229,6 +239,15 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   }
   watch::AccessSink& sink = recorder.has_value() ? static_cast<watch::AccessSink&>(*recorder)
                                                  : static_cast<watch::AccessSink&>(*printer);
+  // Other kwatch commands on the same process join this session (cli/join_server.h).
+  std::unique_ptr<JoinServer> joins;
+  if (absl::StatusOr<std::unique_ptr<JoinServer>> j = JoinServer::Listen(setup.proc->pid());
+      j.ok()) {
+    joins = *std::move(j);
+  } else {
+    std::fprintf(stderr, "kwatch: note: no other kwatch can join this session: %s\n",
+                 std::string{j.status().message()}.c_str());
+  }
   watch::TargetSetOptions to;
   to.count = opts.count;
   to.duration = opts.duration;
@@ -240,6 +259,9 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
       watch::TargetSet::Create(to, setup.session_options, std::move(setup.sigfd),
                                std::move(setup.group), std::move(setup.proc),
                                std::move(setup.session), std::move(setup.conditions), sink));
+  if (joins != nullptr) {
+    set->SetGuests(joins.get());
+  }
   auto code = RunTargetSet(opts, *set, *printer);
   if (!code.ok()) {
     set->Abandon();
@@ -384,7 +406,13 @@ int Main(int argc, char** argv) {
   app.footer(
       "Permissions: hardware watchpoints need root, or CAP_PERFMON + CAP_SYS_PTRACE, or\n"
       "`sysctl kernel.perf_event_paranoid=1` for your own processes. Everything after `--` is\n"
-      "the command to launch; kwatch exits with its exit status.");
+      "the command to launch; kwatch exits with its exit status.\n\n"
+      "Joining: `kwatch --write EXPR -p PID` on a process another kwatch of the same user\n"
+      "already watches joins that session through its control socket\n"
+      "(/run/user/UID/kwatch/PID.sock or /tmp/kwatch-UID/PID.sock, mode 0600): its watches get\n"
+      "debug registers from the same drmgr, its events and summary are its own, and its\n"
+      "watches are removed (their registers returned) when it ends or is killed. -c, -d, --len,\n"
+      "--json and -q join; -o, --if, --stack, --exec, -f, --backend and --overcommit do not yet.");
 
   opts.command_line = CommandLine(argc, argv);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -473,6 +501,18 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "kwatch: note: x86 has no read-only watchpoint; watching read-write and "
                  "filtering writes out in software\n");
+  }
+  if (opts.pid.has_value()) {
+    // A process another kwatch traces: this one joins its session.
+    if (const std::optional<KwatchTracer> tracer = TracingKwatch(*opts.pid);
+        tracer.has_value() && tracer->pid != ::getpid()) {
+      absl::StatusOr<int> joined = JoinWatch(opts, *tracer);
+      if (!joined.ok()) {
+        Error(joined.status());
+        return 1;
+      }
+      return *joined;
+    }
   }
   auto code = RunWatch(opts);
   if (!code.ok()) {

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/join_client.h"
+#include "cli/join_server.h"
+#include "cli/join_socket.h"
 #include "cli/output.h"
 #include "core/base/target_files.h"
 #include "watch/gdb/run.h"
@@ -87,7 +90,9 @@ int GdbServerMain(const std::vector<std::string>& args) {
   app.footer(
       "Supported: qSupported, target description (amd64), threads, registers, memory, continue\n"
       "and step (all-stop), Z0-Z4, watch/rwatch/awatch stop reasons, shared libraries\n"
-      "(libraries-svr4, auxv), detach, kill. See docs/gdbserver.md.");
+      "(libraries-svr4, auxv), detach, kill. See docs/gdbserver.md.\n"
+      "A process another kwatch session traces is refused with what can join it: gdbserver\n"
+      "cannot join a kwatch session yet (`kwatch --write EXPR -p PID` can).");
   std::vector<std::string> reversed(own.rbegin(), own.rend());
   try {
     app.parse(reversed);
@@ -102,6 +107,14 @@ int GdbServerMain(const std::vector<std::string>& args) {
   if (pid.has_value() == !opts.command.empty()) {
     std::fprintf(stderr, "kwatch gdbserver: error: give either -p PID or a command after `--`\n");
     return 2;
+  }
+  if (pid.has_value()) {
+    if (const std::optional<KwatchTracer> tracer = TracingKwatch(*pid); tracer.has_value()) {
+      std::fprintf(
+          stderr, "kwatch gdbserver: error: %s\n",
+          std::string{CannotJoinYet("`kwatch gdbserver`", *pid, *tracer).message()}.c_str());
+      return 1;
+    }
   }
   opts.pid = pid;
   opts.launch.kill_on_exit = true;
@@ -129,9 +142,19 @@ int GdbServerMain(const std::vector<std::string>& args) {
   } else {
     printer = std::make_unique<AccessTextPrinter>(stdout, quiet);
   }
-  opts.armed = [&printer](watch::TargetSet& set) {
+  // A second kwatch on the process joins this session (cli/join_server.h), as with `kwatch`.
+  std::unique_ptr<JoinServer> joins;
+  opts.armed = [&printer, &joins](watch::TargetSet& set) {
     watch::WatchSession& session = set.first_session();
     printer->Start(session, set.start_ns(), set.target_process().pid());
+    if (absl::StatusOr<std::unique_ptr<JoinServer>> j =
+            JoinServer::Listen(set.target_process().pid());
+        j.ok()) {
+      joins = *std::move(j);
+      set.SetGuests(joins.get());
+    } else {
+      SayLine(absl::StrCat("note: no other kwatch can join this session: ", j.status().message()));
+    }
     for (const watch::Watch& wt : session.watches()) {
       SayLine(absl::StrCat("  watch #", wt.id + 1, " ", wt.target.display, ": ",
                            session.placement(wt.id).detail));

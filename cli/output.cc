@@ -141,6 +141,11 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
 void AccessPrinter::Start(const watch::WatchSession& session, uint64_t start_ns, pid_t main_pid) {
   start_ns_ = start_ns;
   main_pid_ = main_pid;
+  if (shown_.empty()) {
+    for (const watch::Watch& w : session.watches()) {
+      shown_.push_back(w.id);
+    }
+  }
   if (!quiet_) {
     PrintHeader(session);
   }
@@ -197,6 +202,9 @@ void AccessPrinter::OnNote(const watch::AccessNote& note) {
 void AccessJsonPrinter::PrintHeader(const watch::WatchSession& session) {
   (void)ns_pid_.Of(session.process().pid());  // read while the process is there
   for (const auto& w : session.watches()) {
+    if (!Shown(w.id)) {
+      continue;
+    }
     absl::FPrintF(
         out_,
         "{\"type\":\"watch\",\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\","
@@ -311,13 +319,16 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
   }
   s += ",\"watches\":[";
   for (const auto& w : session.watches()) {
+    if (!Shown(w.id)) {
+      continue;
+    }
     const watch::WatchCounts& c = summary.counts(w.id);
     absl::StrAppendFormat(
         &s,
         "%s{\"id\":%d,\"expr\":%s,\"display\":%s,\"addr\":\"%s\",\"len\":%d,\"kind\":\"%s\","
         "\"backend\":\"%s\",\"events\":%d,\"reads\":%d,\"writes\":%d,",
-        w.id == 0 ? "" : ",", w.id, JsonString(w.request.expr), JsonString(w.target.display),
-        Hex(w.target.addr.value), w.target.length,
+        w.id == shown_.front() ? "" : ",", w.id, JsonString(w.request.expr),
+        JsonString(w.target.display), Hex(w.target.addr.value), w.target.length,
         w.request.reads_only ? "read" : drmgr::DrKindName(w.request.kind),
         watch::BackendName(session.placement(w.id).backend), c.total.total(), c.total.reads,
         c.total.writes);
@@ -429,6 +440,9 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
     absl::FPrintF(out, "; the counts below are of those that matched\n");
   }
   for (const auto& w : session.watches()) {
+    if (!Shown(w.id)) {
+      continue;
+    }
     const watch::WatchPlacement p = session.placement(w.id);
     absl::FPrintF(
         out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,

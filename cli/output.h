@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "core/base/target_files.h"
@@ -40,7 +41,11 @@ class AccessPrinter : public watch::AccessSink {
 
   // The session's clock (events' times are printed from it), the target's pid (events of
   // other processes, followed children, show PID/TID in text), then the header unless quiet.
+  // The watches it shows are the session's at Start (not those other kwatch commands add by
+  // joining it), or those of ShowOnly called before Start.
   void Start(const watch::WatchSession& session, uint64_t start_ns, pid_t main_pid);
+  // A joined kwatch's output (cli/join_server.h): only watches `ids` of the session.
+  void ShowOnly(std::vector<uint32_t> ids) { shown_ = std::move(ids); }
 
   void BeforeWait() override { std::fflush(out_); }
   void OnNote(const watch::AccessNote& note) override;
@@ -54,8 +59,13 @@ class AccessPrinter : public watch::AccessSink {
     return static_cast<double>(time_ns - std::min(time_ns, start_ns_)) / 1e9;
   }
 
+  bool Shown(uint32_t id) const {
+    return std::find(shown_.begin(), shown_.end(), id) != shown_.end();
+  }
+
   FILE* out_;
   bool quiet_;
+  std::vector<uint32_t> shown_;  // watch ids
   uint64_t start_ns_ = 0;
   pid_t main_pid_ = 0;
 };

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "cli/join_client.h"
+#include "cli/join_socket.h"
 #include "cli/probe_run.h"
 #include "core/base/status_macros.h"
 #include "core/base/unique_fd.h"
@@ -453,6 +455,13 @@ int ProbeMain(const std::vector<std::string>& argv) {
   }
   if (!opts.list_vars.empty()) {
     return List(*file, opts.list_vars, /*lines=*/false);
+  }
+  if (opts.session.pid.has_value() && opts.backend != "uprobe") {
+    if (const std::optional<KwatchTracer> tracer = TracingKwatch(*opts.session.pid);
+        tracer.has_value()) {
+      PrintError(CannotJoinYet("`kwatch probe`", *opts.session.pid, *tracer));
+      return 1;
+    }
   }
   absl::StatusOr<int> code = RunProbes(opts, *file);
   if (!code.ok()) {

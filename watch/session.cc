@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <regex>
+#include <set>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -257,13 +258,13 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::ForFork(WatchSession
 }
 
 std::string WatchSession::PeopleReason(const std::string& reason) const {
-  // drmgr names requests ("request 3 (watchpoint 'kwatch', g_stats.hits, priority 10)",
-  // "requests 2, 3"); a user knows the watches by number.
+  // drmgr names requests ("request 3 (watchpoint 'kwatch', g_stats.hits, priority 10)", a joined
+  // kwatch's client named otherwise; "requests 2, 3"); a user knows the watches by number.
   std::map<uint64_t, uint32_t> watch_of;
   for (const auto& [id, req] : request_of_) {
     watch_of[req.value] = id;
   }
-  static const std::regex kOne(R"(request (\d+) \(watchpoint 'kwatch', [^()]*, priority \d+\))");
+  static const std::regex kOne(R"(request (\d+) \(watchpoint '[^']*', [^()]*, priority \d+\))");
   static const std::regex kMany(R"(requests? ((\d+)(, \d+)*))");
   std::string out = std::regex_replace(reason, kOne, "request $1");
   std::string result;
@@ -450,6 +451,154 @@ absl::StatusOr<std::vector<std::string>> WatchSession::LendSlots(int n) {
   return lines;
 }
 
+absl::StatusOr<std::vector<uint32_t>> WatchSession::AddWatches(std::vector<WatchRequest> requests,
+                                                               const std::string& client_name) {
+  if (alloc_ == nullptr || hw_ == nullptr || !armed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the session of pid ", proc_.pid(),
+        " watches with page protection only, and a joined watch needs the debug registers of a "
+        "hardware session (page-protected watches cannot be added to a running session yet); "
+        "end that session, or start it with --backend perf"));
+  }
+  if (requests.empty()) {
+    return absl::InvalidArgumentError("nothing to watch: give at least one expression");
+  }
+  const core::symbols::MemoryReader reader = [this](core::RemoteAddr addr, std::span<uint8_t> out) {
+    return proc_.ReadMemory(addr, out);
+  };
+  std::vector<Watch> added;
+  for (WatchRequest& req : requests) {
+    if (req.kind == drmgr::DrKind::kExec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", req.expr,
+                       "': --exec cannot join another kwatch's session yet (only --write, --rw "
+                       "and --read watches can)"));
+    }
+    KW_ASSIGN_OR_RETURN(const core::symbols::Expr expr, core::symbols::ParseExpr(req.expr));
+    absl::StatusOr<core::symbols::ResolvedExpr> resolved = symbols_->Resolve(expr, reader);
+    if (!resolved.ok()) {
+      return absl::Status(resolved.status().code(),
+                          absl::StrCat("'", req.expr, "': ", resolved.status().message()));
+    }
+    if (req.length.has_value()) {
+      resolved->length = *req.length;
+    }
+    if (resolved->length == 0 || resolved->length > drmgr::kMaxRequestLen) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "'%s': %d bytes; a watch that joins another kwatch's session gets debug registers "
+          "only (at most %d bytes), and page protection cannot be added to a running session "
+          "yet: watch a field of it",
+          resolved->display, resolved->length, drmgr::kMaxRequestLen));
+    }
+    Watch w;
+    w.id = static_cast<uint32_t>(watches_.size() + added.size());
+    w.request = std::move(req);
+    w.target = *std::move(resolved);
+    added.push_back(std::move(w));
+  }
+  alloc_->AdvanceClock(absl::Now());
+  const drmgr::ClientId client = alloc_->AddClient(drmgr::ClientKind::kWatchpoint, client_name);
+  const size_t first = watches_.size();
+  for (const Watch& w : added) {
+    watches_.push_back(w);
+  }
+  removed_.resize(watches_.size(), false);
+  // On error, the client's requests are released and the watches forgotten.
+  absl::Cleanup undo = [this, client, first] {
+    if (absl::StatusOr<drmgr::Changes> c = alloc_->RemoveClient(client); c.ok()) {
+      (void)drmgr::ApplyWithRetry(*alloc_, *hw_, *std::move(c));
+    }
+    for (size_t id = first; id < watches_.size(); ++id) {
+      request_of_.erase(static_cast<uint32_t>(id));
+      guest_client_.erase(static_cast<uint32_t>(id));
+    }
+    watches_.resize(first);
+    removed_.resize(first);
+  };
+  // Joined watches never fall back to pages: what does not fit fails, or takes turns.
+  const Overcommit policy =
+      opts_.overcommit == Overcommit::kMultiplex ? Overcommit::kMultiplex : Overcommit::kFail;
+  for (const Watch& w : added) {
+    drmgr::SlotRequest request = SlotRequestFor(w, proc_.pid(), policy);
+    request.label = absl::StrCat(w.target.display, " [", client_name, "]");  // `kwatch slots`
+    KW_ASSIGN_OR_RETURN(drmgr::Grant g, alloc_->Request(client, std::move(request)));
+    hw_->AddOwner(g.id, w.id);
+    request_of_[w.id] = g.id;
+    guest_client_[w.id] = client;
+    if (g.state == drmgr::RequestState::kFailed) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "'", w.target.display, "': ", PeopleReason(g.reason),
+          opts_.overcommit == Overcommit::kMultiplex
+              ? ""
+              : "; the session joined has no debug register left for it (page protection "
+                "cannot be added to a running session yet): watch fewer fields, or start the "
+                "first kwatch with --overcommit=multiplex to let watches take turns"));
+    }
+    if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(g.changes)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("arming '", w.target.display, "': ", s.message()));
+    }
+  }
+  std::vector<uint32_t> ids;
+  for (const Watch& w : added) {
+    KW_ASSIGN_OR_RETURN(const drmgr::RequestView v, alloc_->Describe(request_of_[w.id]));
+    if (v.state == drmgr::RequestState::kMultiplexed) {
+      multiplexing_ = true;
+    } else if (v.state == drmgr::RequestState::kHardware) {
+      register_watches_.push_back(w);
+    } else {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("'", w.target.display, "': ", PeopleReason(v.reason)));
+    }
+    ids.push_back(w.id);
+  }
+  std::move(undo).Cancel();
+  return ids;
+}
+
+absl::Status WatchSession::RemoveWatches(const std::vector<uint32_t>& ids) {
+  for (const uint32_t id : ids) {
+    if (!guest_client_.contains(id) || removed_[id]) {
+      return absl::InvalidArgumentError(absl::StrCat("watch #", id + 1, " was not joined"));
+    }
+  }
+  if (alloc_ == nullptr || hw_ == nullptr) {
+    return absl::FailedPreconditionError("no debug registers in this session");
+  }
+  alloc_->AdvanceClock(absl::Now());
+  absl::Status status;
+  std::set<drmgr::ClientId> clients;
+  for (const uint32_t id : ids) {
+    removed_[id] = true;
+    clients.insert(guest_client_[id]);
+    std::erase_if(register_watches_, [id](const Watch& w) { return w.id == id; });
+    auto it = request_of_.find(id);
+    if (it == request_of_.end()) {
+      continue;
+    }
+    absl::StatusOr<drmgr::Changes> changes = alloc_->Release(it->second);
+    request_of_.erase(it);
+    if (!changes.ok()) {
+      status.Update(changes.status());
+      continue;
+    }
+    status.Update(drmgr::ApplyWithRetry(*alloc_, *hw_, *std::move(changes)));
+  }
+  for (const drmgr::ClientId client : clients) {
+    if (std::none_of(guest_client_.begin(), guest_client_.end(),
+                     [&](const auto& e) { return e.second == client && !removed_[e.first]; })) {
+      if (absl::StatusOr<drmgr::Changes> c = alloc_->RemoveClient(client); c.ok()) {
+        status.Update(drmgr::ApplyWithRetry(*alloc_, *hw_, *std::move(c)));
+      }
+    }
+  }
+  multiplexing_ = false;
+  for (const auto& [watch_id, request] : request_of_) {
+    absl::StatusOr<drmgr::RequestView> v = alloc_->Describe(request);
+    multiplexing_ |= v.ok() && v->state == drmgr::RequestState::kMultiplexed;
+  }
+  return status;
+}
+
 void WatchSession::Disarm() {
   if (alloc_ != nullptr && armed_) {
     alloc_->AdvanceClock(absl::Now());
@@ -510,6 +659,11 @@ int WatchSession::external_slots() const {
 
 WatchPlacement WatchSession::placement(uint32_t id) const {
   WatchPlacement p;
+  if (id < removed_.size() && removed_[id]) {
+    p.backend = kind_;
+    p.detail = "removed (the kwatch that joined with it ended; its debug registers went back)";
+    return p;
+  }
   const bool paged = std::any_of(page_watches_.begin(), page_watches_.end(),
                                  [id](const Watch& w) { return w.id == id; });
   auto it = request_of_.find(id);

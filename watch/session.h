@@ -126,6 +126,20 @@ class WatchSession {
   // session without debug registers.
   absl::StatusOr<std::vector<std::string>> LendSlots(int n);
 
+  // Joining (cli/join_server.h): another kwatch's watches, added to this armed hardware
+  // session as drmgr client `client_name` (its own client, at watchpoint priority; `kwatch slots`
+  // shows each as "EXPR [client_name]"). Each gets a
+  // register from the same drmgr or, with --overcommit=multiplex, takes turns; a watch that would
+  // need page protection is refused (pages cannot be added to a running session yet), as is an
+  // execute watch. All or nothing: on error no watch was added. Returns their ids (after the
+  // session's own); their events come out of Drain like the others'.
+  absl::StatusOr<std::vector<uint32_t>> AddWatches(std::vector<WatchRequest> requests,
+                                                   const std::string& client_name);
+  // Removes watches AddWatches added (Drain first: their samples still in the rings are
+  // dropped); their registers go back to drmgr, and waiting watches may get them. Their ids stay
+  // taken (placement() says "removed").
+  absl::Status RemoveWatches(const std::vector<uint32_t>& ids);
+
   std::vector<int> Fds() const;
   uint64_t lost() const;
   uint64_t unrelated() const;
@@ -173,7 +187,9 @@ class WatchSession {
   BackendKind kind_ = BackendKind::kPage;  // the hardware kind, or kPage for pages only
   std::unique_ptr<drmgr::SlotAllocator> alloc_;
   drmgr::ClientId client_;
-  std::map<uint32_t, drmgr::RequestId> request_of_;  // by watch id
+  std::map<uint32_t, drmgr::RequestId> request_of_;   // by watch id
+  std::map<uint32_t, drmgr::ClientId> guest_client_;  // joined watches, by id
+  std::vector<bool> removed_;  // by watch id: a joined watch that was removed
   std::unique_ptr<SlotBackend> hw_;
   std::vector<Watch> page_watches_;  // those watched with pages (ids kept)
   // Hybrid sessions: those in the registers, whose accesses the page backend reports when it

@@ -136,7 +136,15 @@ void TargetSet::DrainTracee(Tracee& t) {
     return;
   }
   WatchSession& session = *t.session;
+  const bool own_session = &t == &target() && t.ended.empty();
   session.Drain([&](const core::AccessEvent& ev) {
+    if (ev.watch_id >= watches_.size()) {
+      // A watch a joined kwatch added: its events are its own.
+      if (guests_ != nullptr && own_session) {
+        guests_->OnGuestEvent(session, ev);
+      }
+      return;
+    }
     if (opts_.count > 0 && delivered_ >= opts_.count) {
       return;
     }
@@ -400,6 +408,13 @@ absl::StatusOr<bool> TargetSet::Step(absl::Duration timeout) {
       Stop(s.message());
     }
   }
+  if (guests_ != nullptr && target().session != nullptr && target().session->armed() &&
+      target().proc->alive()) {
+    for (std::string& line : guests_->Serve(*target().session)) {
+      Note(std::move(line));
+      ++guest_changes_;
+    }
+  }
   if (deadline_ns_ != 0 && core::MonotonicNs() >= deadline_ns_) {
     Stop(absl::StrFormat("--duration %gs elapsed", opts_.duration));
   }
@@ -503,6 +518,11 @@ absl::StatusOr<TargetSetEnd> TargetSet::Finish() {
   info.pid = proc.pid();
   info.seconds = static_cast<double>(core::MonotonicNs() - start_ns_) / 1e9;
   info.stop_reason = stop_reason_;
+  if (guests_ != nullptr && target().session != nullptr) {
+    RunInfo told = info;
+    told.exit = proc.exit_info();
+    guests_->EndAll(*target().session, told);
+  }
   KW_RETURN_IF_ERROR(Release(info));
   if (exec_seen_) {
     info.stop_reason += "; the watches ended when the target called exec";

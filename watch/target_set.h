@@ -19,6 +19,7 @@
 #include "watch/access_sink.h"
 #include "watch/condition.h"
 #include "watch/event_loop.h"
+#include "watch/guests.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"
@@ -92,6 +93,11 @@ class TargetSet {
   bool follows_forks() const { return group_ != nullptr; }
   // How many times multiplexed watches rotated through the debug registers.
   uint64_t rotations() const { return rotations_; }
+  // Other kwatch commands that joined the target's session (cli/join_server.h): their events
+  // go to `guests`, which outlives the set, and it serves them at every Step. nullptr: none.
+  void SetGuests(GuestRouter* guests) { guests_ = guests; }
+  // How many times joined kwatch commands came or went (their watches changed drmgr's state).
+  uint64_t guest_changes() const { return guest_changes_; }
   // A line for the event stream (AccessNote::kText), kept for the summary's notes.
   void Note(std::string text);
 
@@ -143,6 +149,8 @@ class TargetSet {
   uint64_t rotations_ = 0;
   bool exec_seen_ = false;  // the target's watches ended at an exec (not re-armed)
   std::vector<std::string> notes_;
+  GuestRouter* guests_ = nullptr;
+  uint64_t guest_changes_ = 0;
 };
 
 }  // namespace kwatch::watch

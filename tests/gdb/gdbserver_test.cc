@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -319,6 +320,65 @@ TEST(GdbServer, AttachBreaksInEachThreadAndDetachLeavesTheProgramWhole) {
     }
   }
   EXPECT_EQ(workers, 3) << r->out;
+}
+
+// A second kwatch joins the session of `kwatch gdbserver` (attached with -p) while gdb runs the
+// program: each counts its own field of field_writer exactly (docs/gdbserver.md, "Joining").
+TEST(GdbServer, ASecondKwatchJoinsTheGdbserversSessionAndBothCountExactly) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  absl::StatusOr<std::unique_ptr<Spawned>> fw =
+      Spawned::Start({TargetPath("field_writer"), "2", "1000", "--wait"});
+  ASSERT_TRUE(fw.ok()) << fw.status();
+  ASSERT_TRUE((*fw)->WaitForStdout("ready").ok()) << (*fw)->out();
+  const std::string pid = absl::StrCat((*fw)->pid());
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_stats.hits", "-p", pid}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  // gdb lets the program run (it waits for SIGUSR1, which gdb passes without stopping).
+  absl::StatusOr<std::unique_ptr<Spawned>> gdb = Spawned::Start(
+      {kGdb, "-batch", "-nx", "-ex", "set confirm off", "-ex", "set sysroot /", "-ex",
+       absl::StrCat("target remote 127.0.0.1:", port), "-ex", "handle SIGUSR1 nostop noprint pass",
+       "-ex", "continue", TargetPath("field_writer")});
+  ASSERT_TRUE(gdb.ok()) << gdb.status();
+  absl::StatusOr<std::unique_ptr<Spawned>> joiner =
+      Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid});
+  ASSERT_TRUE(joiner.ok()) << joiner.status();
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  ASSERT_EQ(::kill((*fw)->pid(), SIGUSR1), 0);
+  absl::StatusOr<RunResult> g = (*gdb)->Finish(90);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(g->out + g->err, HasSubstr("exited normally")) << g->out << g->err;
+  absl::StatusOr<RunResult> j = (*joiner)->Finish();
+  absl::StatusOr<RunResult> k = kw->Finish();
+  ASSERT_TRUE(j.ok() && k.ok());
+  ASSERT_TRUE((*fw)->Finish().ok());
+  auto summary_of = [](const std::string& out) {
+    json summary;
+    for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+      if (line[0] == '{') {
+        json x = json::parse(std::string(line));
+        if (x.value("type", "") == "summary") {
+          summary = x;
+        }
+      }
+    }
+    return summary;
+  };
+  const json owned = summary_of(k->out);
+  ASSERT_TRUE(owned.is_object()) << k->out << k->err;
+  ASSERT_EQ(owned["watches"].size(), 1u);
+  EXPECT_EQ(owned["watches"][0]["display"], "g_stats.hits");
+  EXPECT_EQ(owned["events"], 2000) << owned.dump();  // 2 workers x 1000 writes
+  const json joined = summary_of(j->out);
+  ASSERT_TRUE(joined.is_object()) << j->out << j->err;
+  ASSERT_EQ(joined["watches"].size(), 1u);
+  EXPECT_EQ(joined["watches"][0]["display"], "g_stats.misses");
+  EXPECT_EQ(joined["events"], 1000) << joined.dump();  // every other iteration
+  EXPECT_EQ(j->exit_code, 0) << j->err;
+  EXPECT_THAT(j->err, HasSubstr("ended: target exited")) << j->err;
 }
 
 TEST(GdbServer, APortInUseIsNamedAndNoTargetIsStarted) {

@@ -1,0 +1,363 @@
+#include "cli/join_server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "cli/join_socket.h"
+#include "cli/output.h"
+#include "core/base/clock.h"
+#include "core/base/syscall_status.h"
+#include "watch/profile/storage_profile.h"
+#include "watch/summary.h"
+
+namespace kwatch::cli {
+
+namespace {
+constexpr size_t kMaxRequestBytes = size_t{64} * 1024;  // a joiner's request lines, before "go"
+}  // namespace
+
+// One kwatch that joined: its connection, what it asked, its output and its counts.
+struct JoinServer::Guest {
+  core::UniqueFd fd;
+  std::string in;  // bytes received, not yet a whole line
+  pid_t pid = 0;   // the joiner's (SO_PEERCRED)
+  bool armed = false;
+  bool gone = false;  // finished: to be dropped
+  std::vector<watch::WatchRequest> requests;
+  drmgr::DrKind kind = drmgr::DrKind::kWrite;
+  bool reads_only = false;
+  std::optional<uint64_t> len;
+  bool json = false;
+  bool quiet = false;
+  uint64_t count = 0;  // -c: its watches end after this many of its events
+  std::vector<uint32_t> ids;
+  std::vector<watch::Watch> all;  // the session's watches when it joined (Summary indexes by id)
+  std::optional<watch::Summary> summary;
+  std::optional<watch::profile::StorageProfile> profile;
+  char* text = nullptr;  // open_memstream: what its printer writes
+  size_t text_len = 0;
+  FILE* out = nullptr;
+  std::unique_ptr<AccessPrinter> printer;
+  uint64_t start_ns = 0;
+  uint64_t delivered = 0;
+  std::string stop_reason;  // set when it should end at the next Serve
+
+  Guest() = default;
+  Guest(const Guest&) = delete;
+  Guest& operator=(const Guest&) = delete;
+  Guest(Guest&&) = delete;
+  Guest& operator=(Guest&&) = delete;
+  ~Guest() {
+    printer.reset();
+    if (out != nullptr) {
+      (void)std::fclose(out);
+    }
+    std::free(text);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
+  }
+};
+
+JoinServer::JoinServer(core::UniqueFd fd, std::string path, pid_t target)
+    : fd_(std::move(fd)), path_(std::move(path)), target_(target) {}
+
+JoinServer::~JoinServer() {
+  guests_.clear();
+  (void)::unlink(path_.c_str());
+}
+
+absl::StatusOr<std::unique_ptr<JoinServer>> JoinServer::Listen(pid_t target) {
+  std::string path;
+  absl::StatusOr<core::UniqueFd> fd = ListenJoinSocket(target, &path);
+  if (!fd.ok()) {
+    return fd.status();
+  }
+  return std::unique_ptr<JoinServer>(new JoinServer(*std::move(fd), std::move(path), target));
+}
+
+void JoinServer::Refuse(Guest& g, const std::string& message) {
+  (void)SendFrame(g.fd.get(), 'E', absl::StrCat("kwatch: error: ", message, "\n"));
+  (void)SendFrame(g.fd.get(), 'X', "1");
+  g.gone = true;
+}
+
+bool JoinServer::Read(Guest& g) {
+  std::array<char, 4096> buf{};
+  while (true) {
+    const ssize_t n = ::recv(g.fd.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      g.in.append(buf.data(), static_cast<size_t>(n));
+      if (!g.armed && g.in.size() > kMaxRequestBytes) {
+        return false;
+      }
+      continue;
+    }
+    if (n == 0) {
+      return false;
+    }
+    const int err = errno;
+    if (err == EINTR) {
+      continue;
+    }
+    return err == EAGAIN || err == EWOULDBLOCK;
+  }
+}
+
+void JoinServer::Handle(watch::WatchSession& session, Guest& g, std::vector<std::string>& notes) {
+  size_t nl = 0;
+  while (!g.gone && (nl = g.in.find('\n')) != std::string::npos) {
+    const std::string line = g.in.substr(0, nl);
+    g.in.erase(0, nl + 1);
+    const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    const std::string& key = kv.first;
+    const std::string& value = kv.second;
+    uint64_t number = 0;
+    if (g.armed) {
+      if (key == "end") {
+        g.stop_reason = value.empty() ? "ended" : value;
+      }
+      continue;  // nothing else is asked once armed
+    }
+    if (key == "kwatch-join") {
+      if (value != "1") {
+        Refuse(g, absl::StrCat("this kwatch session speaks join protocol 1, not '", value,
+                               "': use the same kwatch for both"));
+      }
+    } else if (key == "kind") {
+      g.reads_only = value == "read";
+      g.kind = value == "write" ? drmgr::DrKind::kWrite : drmgr::DrKind::kReadWrite;
+      if (value != "write" && value != "rw" && value != "read") {
+        Refuse(g, absl::StrCat("unknown watch kind '", value, "'"));
+      }
+    } else if (key == "len" && absl::SimpleAtoi(value, &number)) {
+      g.len = number;
+    } else if (key == "json") {
+      g.json = value == "1";
+    } else if (key == "quiet") {
+      g.quiet = value == "1";
+    } else if (key == "count" && absl::SimpleAtoi(value, &number)) {
+      g.count = number;
+    } else if (key == "expr" && !value.empty()) {
+      watch::WatchRequest r;
+      r.expr = value;
+      g.requests.push_back(std::move(r));
+    } else if (key == "go") {
+      Arm(session, g, notes);
+    } else {
+      Refuse(g, absl::StrCat("malformed join request line '", line, "'"));
+    }
+  }
+}
+
+void JoinServer::Arm(watch::WatchSession& session, Guest& g, std::vector<std::string>& notes) {
+  for (watch::WatchRequest& r : g.requests) {
+    r.kind = g.kind;
+    r.reads_only = g.reads_only;
+    r.length = g.len;
+  }
+  absl::StatusOr<std::vector<uint32_t>> ids =
+      session.AddWatches(g.requests, absl::StrCat("joined kwatch pid ", g.pid));
+  if (!ids.ok()) {
+    Refuse(g, std::string{ids.status().message()});
+    return;
+  }
+  g.armed = true;
+  g.ids = *ids;
+  g.all = session.watches();
+  g.summary.emplace(g.all);
+  std::vector<watch::profile::WatchedObject> objects;
+  for (const uint32_t id : g.ids) {
+    owner_of_[id] = &g;
+    objects.push_back(watch::profile::ObjectForWatch(g.all[id]));
+  }
+  g.start_ns = core::MonotonicNs();
+  watch::profile::ProfileOptions popts;
+  popts.start_ns = g.start_ns;
+  g.profile.emplace(std::move(objects), popts);
+  g.out = ::open_memstream(&g.text, &g.text_len);
+  if (g.out == nullptr) {
+    const int err = errno;
+    Refuse(g, absl::StrCat("open_memstream: ", core::ErrnoText(err)));
+    return;
+  }
+  if (g.json) {
+    g.printer = std::make_unique<AccessJsonPrinter>(g.out, g.quiet);
+  } else {
+    g.printer = std::make_unique<AccessTextPrinter>(g.out, g.quiet);
+  }
+  g.printer->ShowOnly(g.ids);
+  g.printer->Start(session, g.start_ns, session.process().pid());
+  std::string err =
+      absl::StrCat("kwatch: joined the session of kwatch pid ", ::getpid(), " on pid ", target_,
+                   ": armed ", g.ids.size(), " watch", g.ids.size() == 1 ? "" : "es", "\n");
+  std::vector<std::string> names;
+  for (const uint32_t id : g.ids) {
+    const watch::Watch& w = g.all[id];
+    absl::StrAppend(&err, "kwatch:   watch #", id + 1, " ", w.target.display, ": ",
+                    session.placement(id).detail, "\n");
+    names.push_back(absl::StrCat("#", id + 1, " ", w.target.display));
+  }
+  (void)SendFrame(g.fd.get(), 'E', err);
+  notes.push_back(absl::StrCat("kwatch pid ", g.pid, " joined this session with watch",
+                               g.ids.size() == 1 ? " " : "es ", absl::StrJoin(names, ", ")));
+  Flush(g);
+}
+
+void JoinServer::Flush(Guest& g) {
+  if (g.out == nullptr) {
+    return;
+  }
+  std::fflush(g.out);
+  if (g.text_len > 0) {
+    if (!SendFrame(g.fd.get(), 'O', absl::string_view(g.text, g.text_len)).ok()) {
+      g.stop_reason = "its kwatch went away";
+    }
+    std::rewind(g.out);  // the next writes start over at the beginning of the buffer
+    std::fflush(g.out);
+  }
+}
+
+void JoinServer::OnGuestEvent(watch::WatchSession& session, const core::AccessEvent& ev) {
+  auto it = owner_of_.find(ev.watch_id);
+  if (it == owner_of_.end()) {
+    return;  // its joiner left
+  }
+  Guest& g = *it->second;
+  if (g.count > 0 && g.delivered >= g.count) {
+    return;
+  }
+  ++g.delivered;
+  g.summary->Add(ev);
+  g.profile->Add(ev);
+  if (absl::Status s = g.printer->OnEvent(session, *g.summary, ev, ev); !s.ok()) {
+    g.stop_reason = std::string{s.message()};
+  }
+  if (g.count > 0 && g.delivered >= g.count && g.stop_reason.empty()) {
+    g.stop_reason = absl::StrCat("--count ", g.count, " reached");
+  }
+}
+
+void JoinServer::Finish(watch::WatchSession& session, Guest& g, const std::string& reason,
+                        const watch::RunInfo* owner_info, std::vector<std::string>& notes) {
+  watch::RunInfo info;
+  info.stop_reason = reason;
+  info.pid = target_;
+  info.seconds = static_cast<double>(core::MonotonicNs() - g.start_ns) / 1e9;
+  if (owner_info != nullptr) {
+    info.exit = owner_info->exit;
+  }
+  g.printer->OnSummary(watch::AccessSummary{session, *g.summary, *g.profile, info});
+  Flush(g);
+  if (absl::Status s = session.RemoveWatches(g.ids); !s.ok()) {
+    notes.push_back(absl::StrCat("removing the watches of kwatch pid ", g.pid, ": ", s.message()));
+  }
+  for (const uint32_t id : g.ids) {
+    owner_of_.erase(id);
+  }
+  if (owner_info != nullptr) {
+    (void)SendFrame(g.fd.get(), 'E',
+                    absl::StrCat("kwatch: the session this kwatch joined (kwatch pid ", ::getpid(),
+                                 ") ended: ", owner_info->stop_reason, "\n"));
+  }
+  (void)SendFrame(g.fd.get(), 'X', "0");
+  g.gone = true;
+}
+
+std::vector<std::string> JoinServer::Serve(watch::WatchSession& session) {
+  std::vector<std::string> notes;
+  while (true) {
+    core::UniqueFd c(::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c.valid()) {
+      break;  // EAGAIN: nobody else waits (other errors: try again at the next Serve)
+    }
+    auto g = std::make_unique<Guest>();
+    g->fd = std::move(c);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(g->fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      continue;
+    }
+    g->pid = cred.pid;
+    timeval tv{2, 0};  // a joiner that stops reading does not stall this session for long
+    (void)::setsockopt(g->fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (cred.uid != ::geteuid()) {
+      Refuse(*g, absl::StrCat("the kwatch session of pid ", target_, " (kwatch pid ", ::getpid(),
+                              ") belongs to uid ", ::geteuid(), "; uid ", cred.uid,
+                              " may not join it"));
+      notes.push_back(absl::StrCat("refused pid ", cred.pid, " of uid ", cred.uid,
+                                   " that tried to join this session (only uid ", ::geteuid(),
+                                   " may)"));
+      continue;
+    }
+    guests_.push_back(std::move(g));
+  }
+  for (const std::unique_ptr<Guest>& g : guests_) {
+    if (g->gone) {
+      continue;
+    }
+    const bool here = Read(*g);
+    Handle(session, *g, notes);
+    if (!here && !g->gone) {
+      if (g->armed) {
+        // Killed, or went away without asking: its watches go, their registers back to drmgr.
+        std::vector<std::string> names;
+        for (const uint32_t id : g->ids) {
+          names.push_back(absl::StrCat("#", id + 1, " ", g->all[id].target.display));
+        }
+        if (absl::Status s = session.RemoveWatches(g->ids); !s.ok()) {
+          notes.push_back(
+              absl::StrCat("removing the watches of kwatch pid ", g->pid, ": ", s.message()));
+        }
+        for (const uint32_t id : g->ids) {
+          owner_of_.erase(id);
+        }
+        notes.push_back(absl::StrCat("kwatch pid ", g->pid,
+                                     " that joined this session went away: its watch",
+                                     g->ids.size() == 1 ? " " : "es ", absl::StrJoin(names, ", "),
+                                     " removed, their debug registers returned"));
+      }
+      g->gone = true;
+      continue;
+    }
+    if (g->armed && !g->stop_reason.empty()) {
+      const std::vector<uint32_t> ids = g->ids;
+      Finish(session, *g, g->stop_reason, nullptr, notes);
+      notes.push_back(absl::StrCat("kwatch pid ", g->pid, " that joined this session ended (",
+                                   g->stop_reason, "): its watch", ids.size() == 1 ? "" : "es",
+                                   " removed, their debug registers returned"));
+    } else if (g->armed) {
+      Flush(*g);
+    }
+  }
+  std::erase_if(guests_, [](const std::unique_ptr<Guest>& g) { return g->gone; });
+  return notes;
+}
+
+void JoinServer::EndAll(watch::WatchSession& session, const watch::RunInfo& info) {
+  std::vector<std::string> notes;
+  for (const std::unique_ptr<Guest>& g : guests_) {
+    if (g->gone) {
+      continue;
+    }
+    if (!g->armed) {
+      Refuse(*g, absl::StrCat("the session of pid ", target_,
+                              " ended before this kwatch joined it (", info.stop_reason, ")"));
+      continue;
+    }
+    Finish(session, *g, absl::StrCat("the session it joined ended: ", info.stop_reason), &info,
+           notes);
+  }
+  guests_.clear();
+}
+
+}  // namespace kwatch::cli

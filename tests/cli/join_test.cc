@@ -1,0 +1,306 @@
+// A second kwatch on a process that a kwatch session already traces joins that session through
+// its control socket (cli/join_server.h, cli/join_client.h): each kwatch counts its own watches
+// exactly against field_writer's ground truth; a joiner killed with SIGKILL gives its debug
+// registers back; a client of another uid is refused.
+#include <linux/capability.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/cli/cli_test_util.h"
+#include "tests/test_util.h"
+#include "tests/watch/debug_traps.h"
+
+namespace kwatch {
+namespace {
+
+using ::kwatch::clitest::JsonRun;
+using ::kwatch::clitest::ParseJsonLines;
+using ::kwatch::clitest::ReadTruth;
+using ::kwatch::clitest::TruthFile;
+using ::kwatch::testing::KwatchPath;
+using ::kwatch::testing::Spawned;
+using ::kwatch::testing::TargetPath;
+using ::testing::HasSubstr;
+
+struct Totals {
+  long hits = 0;
+  long misses = 0;
+};
+
+Totals Sum(const std::string& truth_path) {
+  Totals t;
+  for (const auto& [tid, truth] : ReadTruth(truth_path)) {
+    t.hits += truth.hits_w;
+    t.misses += truth.misses_w;
+  }
+  return t;
+}
+
+std::vector<std::string> Displays(const JsonRun& run) {
+  std::vector<std::string> out;
+  for (const auto& w : run.summary["watches"]) {
+    out.push_back(w["display"].get<std::string>());
+  }
+  return out;
+}
+
+// A waiting field_writer (THREADS x ITERS) and a kwatch watching g_stats.hits in it.
+struct Owned {
+  std::string truth_path;
+  std::unique_ptr<Spawned> target;
+  std::unique_ptr<Spawned> owner;
+};
+
+Owned StartOwned(const std::string& name, const std::string& threads, const std::string& iters) {
+  Owned o;
+  o.truth_path = TruthFile(name);
+  auto target = Spawned::Start(
+      {TargetPath("field_writer"), threads, iters, "--wait", "--truth", o.truth_path});
+  EXPECT_TRUE(target.ok());
+  if (!target.ok()) {
+    return o;
+  }
+  o.target = *std::move(target);
+  EXPECT_TRUE(o.target->WaitForStdout("ready").ok());
+  auto owner = Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.hits", "-p",
+                               absl::StrCat(o.target->pid())});
+  EXPECT_TRUE(owner.ok());
+  if (!owner.ok()) {
+    return o;
+  }
+  o.owner = *std::move(owner);
+  EXPECT_TRUE(o.owner->WaitForStderr("armed").ok()) << o.owner->err();
+  return o;
+}
+
+TEST(KwatchJoin, TwoKwatchesEachCountTheirOwnFieldExactly) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join", "2", "3000");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  auto joiner =
+      Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid});
+  ASSERT_TRUE(joiner.ok());
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  EXPECT_THAT((*joiner)->err(), HasSubstr("debug register DR"));  // its own register
+  // `kwatch slots` shows the joiner's watch as its drmgr client's.
+  auto slots = kwatch::testing::Run({KwatchPath(), "slots", "-p", pid});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_THAT(slots->out,
+              HasSubstr(absl::StrCat("g_stats.misses [joined kwatch pid ", (*joiner)->pid(), "]")))
+      << slots->out;
+  EXPECT_THAT(slots->out, HasSubstr("g_stats.misses")) << slots->out;
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+
+  auto jr = (*joiner)->Finish();
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(jr.ok() && orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  const Totals truth = Sum(o.truth_path);
+  ASSERT_EQ(truth.hits, 6000);
+  ASSERT_EQ(truth.misses, 3000);
+
+  EXPECT_EQ(jr->exit_code, 0) << jr->err;
+  const JsonRun joined = ParseJsonLines(jr->out);
+  EXPECT_EQ(joined.summary["events"], truth.misses) << jr->out;
+  EXPECT_EQ(joined.summary["lost"], 0);
+  EXPECT_THAT(Displays(joined), ::testing::ElementsAre("g_stats.misses"));
+  ASSERT_EQ(joined.summary["watches"].size(), 1u);
+  EXPECT_EQ(joined.summary["watches"][0]["writes"], truth.misses);
+  EXPECT_THAT(joined.summary["stop_reason"].get<std::string>(), HasSubstr("target exited"));
+  EXPECT_THAT(jr->err, HasSubstr("ended: target exited"));
+
+  EXPECT_EQ(orr->exit_code, 0) << orr->err;
+  const JsonRun owned = ParseJsonLines(orr->out);
+  EXPECT_EQ(owned.summary["events"], truth.hits) << orr->out;
+  EXPECT_EQ(owned.summary["lost"], 0);
+  EXPECT_THAT(Displays(owned), ::testing::ElementsAre("g_stats.hits"));
+  EXPECT_THAT(orr->err, HasSubstr("joined this session with watch #2 g_stats.misses"));
+}
+
+TEST(KwatchJoin, KilledJoinerGivesItsRegistersBackAndTheOwnerCountsOn) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join-kill", "2", "2000");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  // Three more registers: with the owner's, all four.
+  auto first = Spawned::Start({KwatchPath(), "-q", "--rw", "g_stats.misses", "g_stats.flags",
+                               "g_stats.inner.a", "-p", pid});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->WaitForStderr("armed 3 watches").ok()) << (*first)->err();
+  // None is left: a fourth watch is refused, clearly, and changes nothing.
+  auto full = Spawned::Start({KwatchPath(), "-q", "--write", "g_stats.inner.b", "-p", pid});
+  ASSERT_TRUE(full.ok());
+  auto fr = (*full)->Finish();
+  ASSERT_TRUE(fr.ok());
+  EXPECT_EQ(fr->exit_code, 1);
+  EXPECT_THAT(fr->err, HasSubstr("no debug register left"));
+
+  ASSERT_EQ(kill((*first)->pid(), SIGKILL), 0);
+  (void)(*first)->Finish();
+  ASSERT_TRUE(o.owner->WaitForStderr("went away").ok()) << o.owner->err();
+  EXPECT_THAT(o.owner->err(), HasSubstr("removed, their debug registers returned"));
+
+  // The three registers came back: three watches join again.
+  auto second = Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.misses",
+                                "g_stats.inner.a", "g_stats.inner.b", "-p", pid});
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->WaitForStderr("armed 3 watches").ok()) << (*second)->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto sr = (*second)->Finish();
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(sr.ok() && orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  const Totals truth = Sum(o.truth_path);
+  ASSERT_EQ(truth.hits, 4000);
+  const JsonRun owned = ParseJsonLines(orr->out);
+  EXPECT_EQ(owned.summary["events"], truth.hits) << orr->out;
+  EXPECT_EQ(owned.summary["lost"], 0);
+  const JsonRun joined = ParseJsonLines(sr->out);
+  EXPECT_EQ(joined.summary["events"], truth.misses) << sr->out;  // inner.a and .b: never written
+  EXPECT_THAT(Displays(joined),
+              ::testing::ElementsAre("g_stats.misses", "g_stats.inner.a", "g_stats.inner.b"));
+}
+
+TEST(KwatchJoin, JoinerEndsOnInterruptAndTheOwnerGoesOn) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join-int", "1", "1000");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  auto joiner = Spawned::Start({KwatchPath(), "--write", "g_stats.misses", "-p", pid});
+  ASSERT_TRUE(joiner.ok());
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  ASSERT_EQ(kill((*joiner)->pid(), SIGINT), 0);
+  auto jr = (*joiner)->Finish();
+  ASSERT_TRUE(jr.ok());
+  EXPECT_EQ(jr->exit_code, 0) << jr->err;
+  EXPECT_THAT(jr->out, HasSubstr("== kwatch summary: 0 events"));
+  EXPECT_THAT(jr->out, HasSubstr("(interrupted by INT)"));
+  ASSERT_TRUE(o.owner->WaitForStderr("that joined this session ended (interrupted by INT)").ok())
+      << o.owner->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], Sum(o.truth_path).hits);
+}
+
+TEST(KwatchJoin, ProbesAndGdbserverSayTheyCannotJoinYet) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join-probe", "1", "10");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  const auto probe = kwatch::testing::KwatchProbe({"-p", pid, "Work"});
+  EXPECT_EQ(probe.exit_code, 1);
+  EXPECT_THAT(probe.err, HasSubstr("cannot join another kwatch's session yet"));
+  EXPECT_THAT(probe.err, ::testing::Not(HasSubstr("already traced")));
+  auto gdb = kwatch::testing::Run({KwatchPath(), "gdbserver", "--listen", ":0", "-p", pid});
+  ASSERT_TRUE(gdb.ok());
+  EXPECT_EQ(gdb->exit_code, 1);
+  EXPECT_THAT(gdb->err, HasSubstr("cannot join another kwatch's session yet"));
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  ASSERT_TRUE(o.owner->Finish().ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+}
+
+// A kwatch of another user (nobody) cannot reach the socket (mode 0600 in a 0700 directory) and
+// says who may join.
+TEST(KwatchJoin, AnotherUsersKwatchIsRefused) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  ASSERT_EQ(geteuid(), 0u) << "runs the client as nobody";
+  Owned o = StartOwned("join-uid", "1", "10");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  auto r =
+      kwatch::testing::Run({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            KwatchPath(), "--write", "g_stats.misses", "-p", pid});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 1);
+  EXPECT_THAT(r->err, HasSubstr("belongs to uid 0 and this is uid 65534"));
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], Sum(o.truth_path).hits);
+}
+
+// A client of another uid that can open the socket anyway (CAP_DAC_OVERRIDE) is refused by the
+// session itself (SO_PEERCRED), with a message; nothing is armed for it.
+TEST(KwatchJoin, PeerOfAnotherUidIsRefusedBySoPeercred) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  ASSERT_EQ(geteuid(), 0u);
+  Owned o = StartOwned("join-cred", "1", "10");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string path = absl::StrCat("/tmp/kwatch-0/", o.target->pid(), ".sock");
+  std::array<int, 2> pipe_fds{};
+  ASSERT_EQ(pipe(pipe_fds.data()), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipe_fds[0]);
+    // nobody, keeping CAP_DAC_OVERRIDE only.
+    if (prctl(PR_SET_KEEPCAPS, 1) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0) {
+      _exit(3);
+    }
+    __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+    std::array<__user_cap_data_struct, 2> data{};
+    data[0].effective = data[0].permitted = 1U << CAP_DAC_OVERRIDE;
+    if (syscall(SYS_capset, &hdr, data.data()) != 0) {
+      _exit(4);
+    }
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      _exit(5);
+    }
+    const std::string req = "kwatch-join 1\nkind write\nexpr g_stats.misses\ngo\n";
+    (void)!write(fd, req.data(), req.size());
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) {
+      (void)!write(pipe_fds[1], buf, static_cast<size_t>(n));
+    }
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string got;
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = read(pipe_fds[0], buf, sizeof(buf))) > 0) {
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "3: setuid, 4: capset, 5: connect failed";
+  EXPECT_THAT(got, HasSubstr("uid 65534 may not join it"));
+  EXPECT_THAT(got, ::testing::Not(HasSubstr("joined")));
+  ASSERT_TRUE(o.owner->WaitForStderr("refused pid").ok()) << o.owner->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], Sum(o.truth_path).hits);
+}
+
+}  // namespace
+}  // namespace kwatch
