@@ -412,6 +412,22 @@ absl::Status Int3Engine::Unregister(ProbeId id) {
 // ---------------------------------------------------------------------------------------
 // Hits.
 
+void Int3Engine::Drop(pid_t tid, const siginfo_t& si) {
+  if (si.si_signo != SIGTRAP || si.si_code != SI_KERNEL) {
+    return;
+  }
+  absl::StatusOr<user_regs_struct> regs = process_.GetRegs(tid);
+  if (!regs.ok()) {
+    return;
+  }
+  const RemoteAddr at{regs->rip - 1};
+  if (breakpoints_.contains(at) || !retired_.contains(at)) {
+    return;  // a live probe would trap again; anything else is not a probe's address
+  }
+  regs->rip = at.value;
+  (void)process_.SetRegs(tid, *regs);
+}
+
 bool Int3Engine::Claims(pid_t tid, const siginfo_t& si) {
   if (si.si_signo == SIGTRAP && si.si_code == SI_KERNEL) {
     if (retired_.empty()) {

@@ -137,6 +137,9 @@ class Int3Engine : public ptrace::SignalInterceptor {
 
   // SignalInterceptor.
   bool Claims(pid_t tid, const siginfo_t& si) override;
+  // A trap at a probe that is gone (removed before kwatch detaches) goes back to the probed
+  // instruction, whose byte is restored: the thread runs it as if the probe never was.
+  void Drop(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
   absl::Status OnFork(ptrace::Process& child) override;

@@ -229,6 +229,9 @@ class Process {
   // Before detaching: lets signals kwatch caused that still wait in threads' queues arrive
   // and drops them, so that none reaches the target after kwatch has gone.
   absl::Status FlushClaimedSignals();
+  // Forgets `thread`'s claimed signal, letting the interceptor undo what it left
+  // (SignalInterceptor::Drop).
+  void DropClaimed(pid_t tid, Thread& thread);
   // Whether a wait status of `tid` concerns this process (adopting threads not seen yet);
   // false for a forked child's first stop (kept in foreign_stops_).
   bool Adopt(pid_t tid, int status);

@@ -466,12 +466,19 @@ absl::Status Process::Detach() {
   return absl::OkStatus();
 }
 
+void Process::DropClaimed(pid_t tid, Thread& thread) {
+  if (thread.claimed.has_value() && interceptor_ != nullptr) {
+    interceptor_->Drop(tid, *thread.claimed);
+  }
+  thread.claimed.reset();
+}
+
 absl::Status Process::FlushClaimedSignals() {
   if (interceptor_ == nullptr) {
     return absl::OkStatus();
   }
   for (auto& [tid, thread] : threads_) {
-    thread.claimed.reset();  // dropped: the faulting access re-runs after detach
+    DropClaimed(tid, thread);  // the faulting access re-runs after detach
   }
   // A signal kwatch caused may still wait in a thread's queue (raised just before the world
   // stopped): let each such thread take it now, while kwatch can still claim it.
@@ -521,7 +528,7 @@ absl::Status Process::FlushClaimedSignals() {
         }
       }
       if (auto it = threads_.find(tid); it != threads_.end()) {
-        it->second.claimed.reset();
+        DropClaimed(tid, it->second);
       }
     }
     if (!any) {

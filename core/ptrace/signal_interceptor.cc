@@ -34,6 +34,13 @@ absl::Status InterceptorFanOut::Handle(pid_t tid, const siginfo_t& si) {
   return claimer->Handle(tid, si);
 }
 
+void InterceptorFanOut::Drop(pid_t tid, const siginfo_t& si) {
+  if (SignalInterceptor* claimer = ClaimerOf(tid, si); claimer != nullptr) {
+    claimers_.erase(tid);
+    claimer->Drop(tid, si);
+  }
+}
+
 absl::StatusOr<bool> InterceptorFanOut::HandleInPlace(pid_t tid, const siginfo_t& si) {
   SignalInterceptor* claimer = ClaimerOf(tid, si);
   if (claimer == nullptr) {

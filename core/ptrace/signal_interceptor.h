@@ -30,6 +30,10 @@ class SignalInterceptor {
   virtual absl::StatusOr<bool> HandleInPlace(pid_t /*tid*/, const siginfo_t& /*si*/) {
     return false;
   }
+  // A claimed signal of `tid` (stopped) is dropped unhandled as kwatch lets go of the process
+  // (Process::Detach): undo what it left that the thread cannot run on from, e.g. a breakpoint
+  // trap's address one past the int3 of a probe that is gone.
+  virtual void Drop(pid_t /*tid*/, const siginfo_t& /*si*/) {}
   // The target forked: `child` (stopped, one thread) is a copy of the target, kwatch's
   // changes included. Undo them in it; kwatch then detaches from it (forks are not followed).
   virtual absl::Status OnFork(Process& /*child*/) { return absl::OkStatus(); }
@@ -71,6 +75,7 @@ class InterceptorFanOut : public SignalInterceptor {
   bool Claims(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+  void Drop(pid_t tid, const siginfo_t& si) override;
   absl::Status OnFork(Process& child) override;
   void OnFollowedFork(Process& child, pid_t parent_tid) override;
   absl::Status OnThreadStart(pid_t tid) override;
