@@ -53,22 +53,6 @@ const char* UnsupportedOption(const WatchOptions& opts) {
   return nullptr;
 }
 
-absl::Status SendAll(int fd, const std::string& text) {
-  size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t w = ::send(fd, text.data() + off, text.size() - off, MSG_NOSIGNAL);
-    if (w < 0) {
-      const int err = errno;
-      if (err == EINTR) {
-        continue;
-      }
-      return core::SyscallError(err, "send (kwatch control socket)");
-    }
-    off += static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status CannotJoinYet(absl::string_view command, pid_t pid, const KwatchTracer& tracer) {

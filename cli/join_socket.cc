@@ -177,9 +177,13 @@ absl::Status SendFrame(int fd, char channel, absl::string_view payload) {
     frame[1 + i] = static_cast<char>((n >> (8 * i)) & 0xff);
   }
   frame.append(payload.data(), payload.size());
+  return SendAll(fd, frame);
+}
+
+absl::Status SendAll(int fd, absl::string_view bytes) {
   size_t off = 0;
-  while (off < frame.size()) {
-    const ssize_t w = ::send(fd, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
+  while (off < bytes.size()) {
+    const ssize_t w = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
     if (w < 0) {
       const int err = errno;
       if (err == EINTR) {

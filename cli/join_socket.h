@@ -46,6 +46,8 @@ absl::StatusOr<uid_t> PeerUid(int fd);
 
 // Sends one frame (all of it; MSG_NOSIGNAL: a peer gone is an error, not a SIGPIPE).
 absl::Status SendFrame(int fd, char channel, absl::string_view payload);
+// Sends all of `bytes` on the control socket `fd` (retrying short sends and EINTR).
+absl::Status SendAll(int fd, absl::string_view bytes);
 
 struct JoinFrame {
   char channel = 0;
