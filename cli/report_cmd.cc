@@ -293,8 +293,8 @@ int ReportMain(const std::vector<std::string>& args) {
       ->capture_default_str();
   app.add_flag("--upgrade", o.upgrade,
                "Rewrite FILE, recorded by an older kwatch, as kwatch records now (events in "
-               "compressed blocks, the profile kept, which later reports read at once); "
-               "prints no report");
+               "compressed blocks and in time order, the profile kept, which later reports read "
+               "at once); prints no report");
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);

@@ -75,7 +75,8 @@ core::store::SiteRecord SiteRecordFor(core::symbols::Symbolizer& symbolizer, cor
 }
 
 absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
-    const RecordingSpec& spec, const WatchSession& session, pid_t pid) {
+    const RecordingSpec& spec, const WatchSession& session, pid_t pid,
+    std::span<const uint32_t> only) {
   core::store::SessionRecord rec = core::store::SessionRecordForThisHost();
   rec.command_line = spec.command_line;
   rec.pid = pid;
@@ -89,6 +90,9 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
                       core::store::TraceWriter::Create(spec.path, rec));
   writer->SetSummarySource(MakeProfileSummarySource(rec.start_mono_ns));
   for (const Watch& wt : session.watches()) {
+    if (!only.empty() && std::find(only.begin(), only.end(), wt.id) == only.end()) {
+      continue;
+    }
     const WatchPlacement placed = session.placement(wt.id);
     core::store::WatchRecord watch_record = WatchRecordFor(wt, placed.backend);
     if (session.allocator() != nullptr) {
@@ -136,7 +140,12 @@ absl::StatusOr<std::optional<uint64_t>> UpgradeRecording(const std::string& path
                      path, "` copies any)"));
   }
   if (r.schema() == core::store::kTraceSchemaVersion && r.event_blocks()) {
-    return std::nullopt;
+    // Current, unless its batches overlap in time with watches to profile: rewritten in time
+    // order, its profile serves the report at once.
+    KW_ASSIGN_OR_RETURN(const bool in_order, r.EventsInOrder());
+    if (in_order || r.watches().empty()) {
+      return std::nullopt;
+    }
   }
   KW_ASSIGN_OR_RETURN(std::vector<core::store::StackRecord> stacks, r.Stacks());
   KW_ASSIGN_OR_RETURN(std::unique_ptr<core::store::TraceWriter> w,

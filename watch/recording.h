@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,11 @@ struct RecordingSpec {
 
 // Creates the recording of a process watch session at spec.path (mode "watch", the session's
 // backend), with one watch row per watch of `session` on process `pid` (drmgr's placement as
-// its coverage when drmgr placed the watches). Errors: the writer's.
+// its coverage when drmgr placed the watches), or per watch whose id is in `only` when it is
+// not empty (a joined kwatch's own watches). Errors: the writer's.
 absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateWatchRecording(
-    const RecordingSpec& spec, const WatchSession& session, pid_t pid);
+    const RecordingSpec& spec, const WatchSession& session, pid_t pid,
+    std::span<const uint32_t> only = {});
 
 // How a recording ended (FinishRecording), for the command to say.
 struct RecordingOutcome {
@@ -68,8 +71,10 @@ RecordingOutcome FinishRecording(core::store::TraceWriter& writer, const absl::S
                                  const core::store::SessionEnd& end);
 
 // `kwatch report --upgrade FILE`: rewrites the finished recording at `path`, of any older schema
-// (or of schema 7 with its events as rows, as `kwatch export --sql` writes them), as kwatch
-// records now: events in blocks and, for a watch recording, the profile kept with them. The
+// (or of schema 7 with its events as rows, as `kwatch export --sql` writes them, or a watch
+// recording whose batches overlap in time: what kwatch wrote for multi-threaded perf sessions
+// before its events were put in time order), as kwatch records now: events in blocks, in time
+// order, and, for a watch recording, the profile kept with them. The
 // new file replaces the old one only once complete (TraceWriter's rule: the old one stays as
 // it was on any failure). Returns the number of events rewritten; nullopt, with nothing done,
 // when the recording is current. FailedPrecondition for a recording cut short (upgrade what was

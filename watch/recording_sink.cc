@@ -19,9 +19,7 @@ absl::Status AccessRecordingSink::OnEvent(WatchSession& session, Summary& summar
     if (!writer_.HasSite(ev.ip)) {
       error_ = writer_.AddSite(SiteRecordFor(session.symbolizer(), ev.ip));
     }
-    if (error_.ok()) {
-      error_ = writer_.Append(ev);
-    }
+    order_.Add(ev);
     out = RecordingFailed(error_);
   }
   (void)next_.OnEvent(session, summary, ev, as_counted);
@@ -29,6 +27,9 @@ absl::Status AccessRecordingSink::OnEvent(WatchSession& session, Summary& summar
 }
 
 absl::Status AccessRecordingSink::OnDrained() {
+  if (error_.ok()) {
+    error_ = order_.EndRound([&](const core::AccessEvent& e) { return writer_.Append(e); });
+  }
   if (error_.ok()) {
     error_ = writer_.Flush();
     KW_RETURN_IF_ERROR(RecordingFailed(error_));
@@ -44,6 +45,9 @@ void AccessRecordingSink::OnSummary(const AccessSummary& summary) {
   }
   end.exit_reason = info.stop_reason;
   end.lost_count = info.lost;
+  if (error_.ok()) {
+    error_ = order_.TakeAll([&](const core::AccessEvent& e) { return writer_.Append(e); });
+  }
   const RecordingOutcome outcome = FinishRecording(writer_, error_, end);
   failed_ = !outcome.complete;
   if (on_end_) {

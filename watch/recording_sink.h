@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "core/event.h"
+#include "core/store/round_order.h"
 #include "core/store/trace_writer.h"
 #include "watch/access_sink.h"
 #include "watch/recording.h"
@@ -12,8 +13,12 @@
 
 namespace kwatch::watch {
 
-// -o of a process watch session: records each event (with its site, once) before the next
-// sink shows it, flushes the recording after each drain, and at the summary ends the recording
+// -o of a process watch session: records each event (with its site, once) and hands it to the
+// next sink to show. Events reach the writer in time order (core/store/round_order.h: each
+// drain, OnDrained, is a round; an event waits one drain at most), so that the recording's
+// batches do not overlap in time and its profile snapshot serves `kwatch report` and the
+// viewer whatever the number of rings. The recording is flushed after each drain; the summary
+// hands it every event still held and ends it
 // (FinishRecording) and hands the outcome to `on_end` before the next sink gets the summary.
 // The first failure ends the session ("recording failed: ...") and stops the recording; the
 // next sink still gets every event. The writer and the next sink outlive it; not thread-safe.
@@ -37,6 +42,7 @@ class AccessRecordingSink final : public AccessSink {
   core::store::TraceWriter& writer_;
   AccessSink& next_;
   EndFn on_end_;
+  core::store::RoundOrder<core::AccessEvent> order_;
   absl::Status error_;  // the first failure while recording
   bool failed_ = false;
 };

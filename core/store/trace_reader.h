@@ -67,6 +67,9 @@ class TraceReader {
   // event_blocks (schema 7) rather than one row each.
   int schema() const { return schema_; }
   bool event_blocks() const { return event_blocks_; }
+  // Whether the recording's batches of events follow each other in time (session.events_in_order,
+  // read now): when not, its profile snapshot is not used and reports replay every event.
+  absl::StatusOr<bool> EventsInOrder() const { return InOrder("events_in_order"); }
   const SessionRecord& session() const { return session_; }
   // False when the recording was cut short (the writer died before Finish).
   bool complete() const { return complete_; }

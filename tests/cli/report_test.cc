@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/cli/cli_test_util.h"
+#include "tests/scratch_store.h"
 #include "tests/test_util.h"
 
 namespace kwatch {
@@ -35,6 +36,7 @@ using ::kwatch::clitest::Truth;
 using ::kwatch::clitest::TruthFile;
 using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
+using ::kwatch::testing::SqlText;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
@@ -133,6 +135,57 @@ TEST(Recording, ReportHasEveryAccessPerFieldAndThread) {
     }
   }
   EXPECT_EQ(heat, 3000u);
+}
+
+// Four threads on two CPUs: perf's rings, one per CPU, are drained one after the other, so the
+// events arrive out of time order; the recording still has them in time order (batches that do
+// not overlap: events_in_order), so its profile snapshot serves the report, which gives each
+// thread's exact counts, the same as a replay of every event (--from 0).
+TEST(Recording, EventsOfThreadsOnSeveralCpusAreRecordedInTimeOrder) {
+  const std::string db = TempFile("order.kwdb");
+  const std::string truth_path = TruthFile("order");
+  const RunResult rec =
+      RunKwatch({"-q", "--rw", "g_stats", "-o", db, "--", TargetPath("field_writer"), "4", "20000",
+                 "--truth", truth_path});
+  ASSERT_EQ(rec.exit_code, 0) << rec.err;
+  EXPECT_THAT(rec.err, HasSubstr(absl::StrCat("recorded 140000 events to ", db)));
+  EXPECT_EQ(SqlText(db,
+                    "SELECT event_count, lost_count, events_in_order, summary_events FROM "
+                    "session"),
+            "140000 0 1 140000");
+  const std::map<int, Truth> truth = ReadTruth(truth_path);
+  ASSERT_EQ(truth.size(), 4u);
+  auto per_thread = [](const json& report) {
+    std::map<int, Truth> got;
+    for (const json& t : report["watches"][0]["threads"]) {
+      Truth& g = got[t["tid"].get<int>()];
+      for (const json& f : t["fields"]) {
+        if (f["path"] == "g_stats.hits") {
+          g.hits_w = f["writes"].get<long>();
+        } else if (f["path"] == "g_stats.misses") {
+          g.misses_w = f["writes"].get<long>();
+        } else if (f["path"] == "g_stats.flags") {
+          g.flags_r = f["reads"].get<long>();
+        }
+      }
+    }
+    return got;
+  };
+  const json whole = ReportJson({db});
+  const json replayed = ReportJson({db, "--from=0"});
+  for (const json* j : {&whole, &replayed}) {
+    const std::map<int, Truth> got = per_thread(*j);
+    ASSERT_EQ(got.size(), 4u) << (*j)["watches"][0]["threads"].dump();
+    for (const auto& [tid, want] : truth) {
+      ASSERT_TRUE(got.contains(tid)) << tid;
+      EXPECT_EQ(got.at(tid).hits_w, want.hits_w) << tid;
+      EXPECT_EQ(got.at(tid).misses_w, want.misses_w) << tid;
+      EXPECT_EQ(got.at(tid).flags_r, want.flags_r) << tid;
+    }
+  }
+  // The last value written to hits, in time order, is the same whichever way the report reads.
+  EXPECT_EQ((*Field(whole["watches"][0], "g_stats.hits"))["last_values"],
+            (*Field(replayed["watches"][0], "g_stats.hits"))["last_values"]);
 }
 
 // A live session ends with the same profile: in JSON under "profile", in text as the report.

@@ -526,6 +526,50 @@ TEST(UpgradeTest, AnOlderRecordingReportsTheSameAfterTheUpgrade) {
   std::remove(path.c_str());
 }
 
+// A current recording whose batches overlap in time (what kwatch wrote for perf sessions of
+// several threads before it put events in time order) is rewritten in time order: its profile
+// is kept and serves the report, which says what the replay said.
+TEST(UpgradeTest, ARecordingWhoseBatchesOverlapIsRewrittenInTimeOrder) {
+  Session s = WithBatch(Make(20000, 2'000'000'000, 13), 1000);
+  s.out_of_order = true;
+  const std::string path = Record("overlap", s);
+  EXPECT_EQ(Sql(path, "SELECT events_in_order, event_blocks FROM session"), "0 1");
+  std::string json;
+  std::vector<core::AccessEvent> events;
+  {
+    auto r = core::store::TraceReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto kept = (*r)->ProfileSummary();
+    ASSERT_TRUE(kept.ok());
+    EXPECT_FALSE(kept->has_value());
+    json = ReportText(**r, true);
+    events = AllEvents(**r);
+  }
+  auto n = UpgradeRecording(path);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_TRUE(n->has_value());
+  EXPECT_EQ(**n, 20000U);
+  EXPECT_EQ(Sql(path, "SELECT events_in_order, summary_events, event_count FROM session"),
+            "1 20000 20000");
+  auto r = core::store::TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto kept = (*r)->ProfileSummary();
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->has_value());
+  EXPECT_EQ(ReportText(**r, true), json);
+  const std::vector<core::AccessEvent> after = AllEvents(**r);
+  ASSERT_EQ(after.size(), events.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    ASSERT_EQ(after[i].time_ns, events[i].time_ns) << i;
+    ASSERT_EQ(after[i].tid, events[i].tid) << i;
+    ASSERT_EQ(after[i].value, events[i].value) << i;
+  }
+  auto again = UpgradeRecording(path);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+  std::remove(path.c_str());
+}
+
 TEST(UpgradeTest, ARecordingCutShortIsLeftAsItIs) {
   Session s = Make(3000, 1'000'000'000, 12);
   s.rows = true;

@@ -40,9 +40,9 @@ absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateKernelRecording(
   return writer;
 }
 
-absl::Status RecordKernelEvent(core::store::TraceWriter& writer,
-                               core::kernel::KernelSymbolResolver& symbols, TaskNames& names,
-                               const KernelWatch& w, const KernelEvent& ev) {
+absl::StatusOr<core::AccessEvent> KernelEventForRecording(
+    core::store::TraceWriter& writer, core::kernel::KernelSymbolResolver& symbols, TaskNames& names,
+    const KernelWatch& w, const KernelEvent& ev) {
   const core::RemoteAddr ip{ev.s.ip};
   if (!writer.HasSite(ip)) {
     core::kernel::KernelSymbolResolver::CodeSite site = symbols.Locate(ev.s.ip);
@@ -72,13 +72,18 @@ absl::Status RecordKernelEvent(core::store::TraceWriter& writer,
   e.kind = core::AccessKind::kWrite;  // -o takes --write kernel watches only
   e.value = ev.value;                 // at the access (BPF), at drain time (DrainValues), or none
   e.value_exact = ev.value_at_access;
-  return writer.Append(e);
+  return e;
 }
 
 absl::Status KernelRecordingSink::OnEvent(const KernelEvent& ev, const KernelWatch& w) {
   absl::Status out;
   if (error_.ok()) {
-    error_ = RecordKernelEvent(writer_, symbols_, names_, w, ev);
+    absl::StatusOr<core::AccessEvent> e = KernelEventForRecording(writer_, symbols_, names_, w, ev);
+    if (e.ok()) {
+      order_.Add(*e);
+    } else {
+      error_ = e.status();
+    }
     out = RecordingFailed(error_);
   }
   (void)next_.OnEvent(ev, w);
@@ -86,6 +91,9 @@ absl::Status KernelRecordingSink::OnEvent(const KernelEvent& ev, const KernelWat
 }
 
 absl::Status KernelRecordingSink::OnStepEnd() {
+  if (error_.ok()) {
+    error_ = order_.EndRound([&](const core::AccessEvent& e) { return writer_.Append(e); });
+  }
   if (error_.ok()) {
     error_ = writer_.Flush();
     KW_RETURN_IF_ERROR(RecordingFailed(error_));
@@ -98,6 +106,9 @@ RecordingOutcome KernelRecordingSink::Finish(const KernelSessionEnd& end) {
   record.exit_status = end.exit_status;
   record.exit_reason = end.stop_reason;
   record.lost_count = end.lost;
+  if (error_.ok()) {
+    error_ = order_.TakeAll([&](const core::AccessEvent& e) { return writer_.Append(e); });
+  }
   return FinishRecording(writer_, error_, record);
 }
 

@@ -7,7 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/event.h"
 #include "core/kernel/kernel_symbols.h"
+#include "core/store/round_order.h"
 #include "core/store/trace_writer.h"
 #include "watch/kernel/kernel_event.h"
 #include "watch/kernel/kernel_session.h"
@@ -23,20 +25,22 @@ namespace kwatch::watch::kernel {
 absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> CreateKernelRecording(
     const RecordingSpec& spec, pid_t pid, std::span<const KernelWatch> watches);
 
-// Appends one event of watch `w` (event.watch) to the recording, with its site (once per IP:
-// function, offset and file:line as `symbols` locates them) and its task's name (`names`).
-// The event's ip is the trap IP: x86 reports data breakpoints after the access, and kwatch does
-// not read kernel code to find the instruction before it. It is stored as a write of the
-// watched range (recordings take kernel --write watches only) with the value read at drain
-// time, when there is one (not exact).
-absl::Status RecordKernelEvent(core::store::TraceWriter& writer,
-                               core::kernel::KernelSymbolResolver& symbols, TaskNames& names,
-                               const KernelWatch& w, const KernelEvent& ev);
+// The recording's event for one event of watch `w` (event.watch), after adding its site to
+// `writer` (once per IP: function, offset and file:line as `symbols` locates them) and its
+// task's name (`names`). The event's ip is the trap IP: x86 reports data breakpoints after the
+// access, and kwatch does not read kernel code to find the instruction before it. It is a
+// write of the watched range (recordings take kernel --write watches only) with the value read
+// at drain time, when there is one (not exact).
+absl::StatusOr<core::AccessEvent> KernelEventForRecording(
+    core::store::TraceWriter& writer, core::kernel::KernelSymbolResolver& symbols, TaskNames& names,
+    const KernelWatch& w, const KernelEvent& ev);
 
-// -o of a kernel session: records each event before the next sink shows it and flushes the
-// recording after each step. The first failure ends the session ("recording failed: ...") and
-// stops the recording; the next sink still gets every event. Finish ends the recording after
-// the session's end. The writer, resolver, names and next sink outlive it; not thread-safe.
+// -o of a kernel session: records each event and hands it to the next sink to show; events
+// reach the writer in time order (core/store/round_order.h, each step a round: the CPUs'
+// rings interleave), and the recording is flushed after each step. The first failure ends the
+// session ("recording failed: ...") and stops the recording; the next sink still gets every event.
+// Finish ends the recording after the session's end. The writer, resolver, names and next sink
+// outlive it; not thread-safe.
 class KernelRecordingSink final : public KernelEventSink {
  public:
   KernelRecordingSink(core::store::TraceWriter& writer, core::kernel::KernelSymbolResolver& symbols,
@@ -59,6 +63,7 @@ class KernelRecordingSink final : public KernelEventSink {
   core::kernel::KernelSymbolResolver& symbols_;
   TaskNames& names_;
   KernelEventSink& next_;
+  core::store::RoundOrder<core::AccessEvent> order_;
   absl::Status error_;  // the first failure
 };
 
