@@ -412,7 +412,8 @@ int Main(int argc, char** argv) {
       "(/run/user/UID/kwatch/PID.sock or /tmp/kwatch-UID/PID.sock, mode 0600): its watches get\n"
       "debug registers from the same drmgr, its events and summary are its own, and its\n"
       "watches are removed (their registers returned) when it ends or is killed. -c, -d, --len,\n"
-      "--json and -q join; -o, --if, --stack, --exec, -f, --backend and --overcommit do not yet.");
+      "--json, -q, --if and -o join (the session writes the recording); --stack, --exec, -f,\n"
+      "--backend and --overcommit do not yet.");
 
   opts.command_line = CommandLine(argc, argv);
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -10,12 +10,15 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "core/base/clock.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
@@ -28,12 +31,6 @@ namespace {
 const char* UnsupportedOption(const WatchOptions& opts) {
   if (opts.exec) {
     return "--exec";
-  }
-  if (!opts.output.empty()) {
-    return "-o/--output";
-  }
-  if (!opts.condition.empty()) {
-    return "--if";
   }
   if (opts.stack) {
     return "--stack";
@@ -105,6 +102,23 @@ absl::StatusOr<int> JoinWatch(const WatchOptions& opts, const KwatchTracer& trac
       return absl::InvalidArgumentError(absl::StrCat("'", e, "': an expression has no newline"));
     }
     absl::StrAppend(&request, "expr ", e, "\n");
+  }
+  if (!opts.condition.empty()) {
+    if (absl::StrContains(opts.condition, '\n')) {
+      return absl::InvalidArgumentError("--if: a condition has no newline");
+    }
+    absl::StrAppend(&request, "if ", opts.condition, "\n");
+  }
+  if (!opts.output.empty()) {
+    // The session writes the recording (as this uid): where this kwatch was asked, made absolute.
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(opts.output, ec);
+    if (ec || absl::StrContains(abs.string(), '\n')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-o ", opts.output, ": not a path this kwatch can pass on"));
+    }
+    absl::StrAppend(&request, "output ", abs.string(), "\ncommand ",
+                    absl::StrReplaceAll(opts.command_line, {{"\n", " "}}), "\n");
   }
   request += "go\n";
   if (absl::Status s = SendAll(fd, request); !s.ok()) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,9 +18,16 @@
 #include "absl/strings/strip.h"
 #include "cli/join_socket.h"
 #include "cli/output.h"
+#include "cli/watch_recording.h"
 #include "core/base/clock.h"
 #include "core/base/syscall_status.h"
+#include "core/store/trace_writer.h"
+#include "version/version.h"
+#include "watch/condition.h"
+#include "watch/process_setup.h"
 #include "watch/profile/storage_profile.h"
+#include "watch/recording.h"
+#include "watch/recording_sink.h"
 #include "watch/summary.h"
 
 namespace kwatch::cli {
@@ -41,7 +49,9 @@ struct JoinServer::Guest {
   std::optional<uint64_t> len;
   bool json = false;
   bool quiet = false;
-  uint64_t count = 0;  // -c: its watches end after this many of its events
+  uint64_t count = 0;     // -c: its watches end after this many of its events
+  std::string condition;  // --if, "" when none
+  std::map<uint32_t, watch::Condition> conditions;  // --if, per watch of its own (typed by it)
   std::vector<uint32_t> ids;
   std::vector<watch::Watch> all;  // the session's watches when it joined (Summary indexes by id)
   std::optional<watch::Summary> summary;
@@ -50,6 +60,14 @@ struct JoinServer::Guest {
   size_t text_len = 0;
   FILE* out = nullptr;
   std::unique_ptr<AccessPrinter> printer;
+  // -o: its recording, written by this session (the joiner's uid, SO_PEERCRED), events in front
+  // of its printer.
+  std::string output;        // absolute path, "" without -o
+  std::string command_line;  // the joiner's, for the recording's session row
+  std::unique_ptr<core::store::TraceWriter> writer;
+  std::unique_ptr<watch::AccessRecordingSink> recorder;
+  std::string recording_end;  // what its kwatch says of the recording at the end
+  bool recording_failed = false;
   uint64_t start_ns = 0;
   uint64_t delivered = 0;
   std::string stop_reason;  // set when it should end at the next Serve
@@ -59,7 +77,15 @@ struct JoinServer::Guest {
   Guest& operator=(const Guest&) = delete;
   Guest(Guest&&) = delete;
   Guest& operator=(Guest&&) = delete;
+  // Where its events, drains and summary go: the recorder (then the printer) with -o.
+  watch::AccessSink& sink() const {
+    return recorder != nullptr ? static_cast<watch::AccessSink&>(*recorder)
+                               : static_cast<watch::AccessSink&>(*printer);
+  }
+
   ~Guest() {
+    recorder.reset();
+    writer.reset();  // a joiner gone before its end leaves its recording cut short
     printer.reset();
     if (out != nullptr) {
       (void)std::fclose(out);
@@ -147,6 +173,12 @@ void JoinServer::Handle(watch::WatchSession& session, Guest& g, std::vector<std:
       g.quiet = value == "1";
     } else if (key == "count" && absl::SimpleAtoi(value, &number)) {
       g.count = number;
+    } else if (key == "if" && !value.empty()) {
+      g.condition = value;
+    } else if (key == "output" && absl::StartsWith(value, "/")) {
+      g.output = value;
+    } else if (key == "command") {
+      g.command_line = value;
     } else if (key == "expr" && !value.empty()) {
       watch::WatchRequest r;
       r.expr = value;
@@ -160,6 +192,23 @@ void JoinServer::Handle(watch::WatchSession& session, Guest& g, std::vector<std:
 }
 
 void JoinServer::Arm(watch::WatchSession& session, Guest& g, std::vector<std::string>& notes) {
+  if (!g.condition.empty()) {
+    // Its errors, and whether the session gives what it reads, before anything is armed.
+    absl::StatusOr<watch::Condition> c = watch::Condition::Parse(g.condition);
+    if (!c.ok()) {
+      Refuse(g, std::string{c.status().message()});
+      return;
+    }
+    if ((c->uses_new() || c->uses_old()) && session.backend() == watch::BackendKind::kPerf) {
+      Refuse(g, absl::StrCat("--if on new or old values needs the accessing thread stopped at the "
+                             "access, and the session joined (kwatch pid ",
+                             ::getpid(),
+                             ") runs in perf stream mode, which reads values later: --if on tid, "
+                             "pid, cpu, len or addr joins it; or end that session and start one "
+                             "with --stop or --backend page"));
+      return;
+    }
+  }
   for (watch::WatchRequest& r : g.requests) {
     r.kind = g.kind;
     r.reads_only = g.reads_only;
@@ -174,6 +223,18 @@ void JoinServer::Arm(watch::WatchSession& session, Guest& g, std::vector<std::st
   g.armed = true;
   g.ids = *ids;
   g.all = session.watches();
+  if (!g.condition.empty()) {
+    for (const uint32_t id : g.ids) {
+      absl::StatusOr<watch::Condition> c =
+          watch::Condition::Parse(g.condition, watch::WatchConditionOptions(g.all[id]));
+      if (!c.ok()) {
+        (void)session.RemoveWatches(g.ids);
+        Refuse(g, std::string{c.status().message()});
+        return;
+      }
+      g.conditions.emplace(id, *std::move(c));
+    }
+  }
   g.summary.emplace(g.all);
   std::vector<watch::profile::WatchedObject> objects;
   for (const uint32_t id : g.ids) {
@@ -196,6 +257,25 @@ void JoinServer::Arm(watch::WatchSession& session, Guest& g, std::vector<std::st
     g.printer = std::make_unique<AccessTextPrinter>(g.out, g.quiet);
   }
   g.printer->ShowOnly(g.ids);
+  if (!g.output.empty()) {
+    absl::StatusOr<std::unique_ptr<core::store::TraceWriter>> w = watch::CreateWatchRecording(
+        watch::RecordingSpec{g.output, g.command_line, version::Full()}, session, target_, g.ids);
+    if (!w.ok()) {
+      for (const uint32_t id : g.ids) {
+        owner_of_.erase(id);
+      }
+      (void)session.RemoveWatches(g.ids);
+      Refuse(g, std::string{w.status().message()});
+      return;
+    }
+    g.writer = *std::move(w);
+    Guest* guest = &g;
+    g.recorder = std::make_unique<watch::AccessRecordingSink>(
+        *g.writer, *g.printer, [guest](const watch::RecordingOutcome& o) {
+          guest->recording_end = RecordingEndText(o);
+          guest->recording_failed = !o.complete;
+        });
+  }
   g.printer->Start(session, g.start_ns, session.process().pid());
   std::string err =
       absl::StrCat("kwatch: joined the session of kwatch pid ", ::getpid(), " on pid ", target_,
@@ -236,10 +316,13 @@ void JoinServer::OnGuestEvent(watch::WatchSession& session, const core::AccessEv
   if (g.count > 0 && g.delivered >= g.count) {
     return;
   }
+  if (!g.conditions.empty() && !g.conditions.at(ev.watch_id).Matches(ev)) {
+    return;
+  }
   ++g.delivered;
   g.summary->Add(ev);
   g.profile->Add(ev);
-  if (absl::Status s = g.printer->OnEvent(session, *g.summary, ev, ev); !s.ok()) {
+  if (absl::Status s = g.sink().OnEvent(session, *g.summary, ev, ev); !s.ok()) {
     g.stop_reason = std::string{s.message()};
   }
   if (g.count > 0 && g.delivered >= g.count && g.stop_reason.empty()) {
@@ -256,8 +339,20 @@ void JoinServer::Finish(watch::WatchSession& session, Guest& g, const std::strin
   if (owner_info != nullptr) {
     info.exit = owner_info->exit;
   }
-  g.printer->OnSummary(watch::AccessSummary{session, *g.summary, *g.profile, info});
+  if (!g.conditions.empty()) {
+    info.condition = g.condition;
+    for (const auto& [id, c] : g.conditions) {
+      info.condition_evaluated += c.stats().evaluated;
+      info.condition_matched += c.stats().matched;
+      info.condition_undefined +=
+          c.stats().missing_new + c.stats().missing_old + c.stats().division_by_zero;
+    }
+  }
+  g.sink().OnSummary(watch::AccessSummary{session, *g.summary, *g.profile, info});
   Flush(g);
+  if (!g.recording_end.empty()) {
+    (void)SendFrame(g.fd.get(), 'E', g.recording_end);
+  }
   if (absl::Status s = session.RemoveWatches(g.ids); !s.ok()) {
     notes.push_back(absl::StrCat("removing the watches of kwatch pid ", g.pid, ": ", s.message()));
   }
@@ -269,7 +364,7 @@ void JoinServer::Finish(watch::WatchSession& session, Guest& g, const std::strin
                     absl::StrCat("kwatch: the session this kwatch joined (kwatch pid ", ::getpid(),
                                  ") ended: ", owner_info->stop_reason, "\n"));
   }
-  (void)SendFrame(g.fd.get(), 'X', "0");
+  (void)SendFrame(g.fd.get(), 'X', g.recording_failed ? "1" : "0");  // -o not honoured: 1
   g.gone = true;
 }
 
@@ -336,6 +431,10 @@ std::vector<std::string> JoinServer::Serve(watch::WatchSession& session) {
                                    g->stop_reason, "): its watch", ids.size() == 1 ? "" : "es",
                                    " removed, their debug registers returned"));
     } else if (g->armed) {
+      // One round of its recording per Step of the session (core/store/round_order.h).
+      if (absl::Status s = g->sink().OnDrained(); !s.ok()) {
+        g->stop_reason = std::string{s.message()};
+      }
       Flush(*g);
     }
   }

@@ -1,6 +1,7 @@
 #include "cli/watch_recording.h"
 
 #include <cstdio>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "version/version.h"
@@ -11,28 +12,35 @@ watch::RecordingSpec RecordingSpecFor(const WatchOptions& opts) {
   return watch::RecordingSpec{opts.output, opts.command_line, version::Full()};
 }
 
-bool SayRecordingEnd(const watch::RecordingOutcome& outcome, bool hits) {
+std::string RecordingEndText(const watch::RecordingOutcome& outcome, bool hits) {
   const char* what = hits ? "probe hits" : "events";
+  std::string out;
   if (!outcome.complete) {
-    absl::FPrintF(stderr, "kwatch: error: %s\n", outcome.error.message());
+    absl::StrAppendFormat(&out, "kwatch: error: %s\n", outcome.error.message());
     if (!outcome.kept_at.empty()) {
-      absl::FPrintF(stderr,
-                    "kwatch: the recording %s holds the %s committed before the failure; "
-                    "`kwatch report %s` reads it\n",
-                    outcome.kept_at, what, outcome.kept_at);
+      absl::StrAppendFormat(&out,
+                            "kwatch: the recording %s holds the %s committed before the failure; "
+                            "`kwatch report %s` reads it\n",
+                            outcome.kept_at, what, outcome.kept_at);
     }
     if (!outcome.previous.empty()) {
-      absl::FPrintF(stderr, "kwatch: %s, the recording that was there before, is left as it was\n",
-                    outcome.previous);
+      absl::StrAppendFormat(&out,
+                            "kwatch: %s, the recording that was there before, is left as it was\n",
+                            outcome.previous);
     }
-    return false;
+    return out;
   }
   if (!outcome.warning.empty()) {
-    absl::FPrintF(stderr, "kwatch: warning: %s\n", outcome.warning);
+    absl::StrAppendFormat(&out, "kwatch: warning: %s\n", outcome.warning);
   }
-  absl::FPrintF(stderr, "kwatch: recorded %d %s to %s (kwatch report %s)\n",
-                hits ? outcome.hits : outcome.events, what, outcome.path, outcome.path);
-  return true;
+  absl::StrAppendFormat(&out, "kwatch: recorded %d %s to %s (kwatch report %s)\n",
+                        hits ? outcome.hits : outcome.events, what, outcome.path, outcome.path);
+  return out;
+}
+
+bool SayRecordingEnd(const watch::RecordingOutcome& outcome, bool hits) {
+  std::fputs(RecordingEndText(outcome, hits).c_str(), stderr);
+  return outcome.complete;
 }
 
 }  // namespace kwatch::cli

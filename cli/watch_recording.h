@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 #include "cli/watch_options.h"
 #include "watch/recording.h"
 
@@ -13,5 +15,7 @@ watch::RecordingSpec RecordingSpecFor(const WatchOptions& opts);
 // are, and that the recording the file replaced is untouched. Returns whether the recording is
 // complete (else -o was not honoured: kwatch exits 1, docs/recording.md).
 bool SayRecordingEnd(const watch::RecordingOutcome& outcome, bool hits = false);
+// What SayRecordingEnd says, as text (for a joined kwatch, cli/join_server.h).
+std::string RecordingEndText(const watch::RecordingOutcome& outcome, bool hits = false);
 
 }  // namespace kwatch::cli

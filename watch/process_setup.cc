@@ -36,16 +36,20 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   KW_RETURN_IF_ERROR(s.session->Arm());
   if (!opts.condition.empty()) {
     for (const Watch& w : s.session->watches()) {
-      ConditionOptions co;
-      co.bitfield = WatchedBitfield(w.target);
-      co.signed_values =
-          co.bitfield.has_value() ? co.bitfield->is_signed : IsSignedType(w.target.type_name);
-      KW_ASSIGN_OR_RETURN(Condition c, Condition::Parse(opts.condition, co));
+      KW_ASSIGN_OR_RETURN(Condition c, Condition::Parse(opts.condition, WatchConditionOptions(w)));
       s.conditions.push_back(std::move(c));
     }
   }
   std::move(abandon).Cancel();
   return s;
+}
+
+ConditionOptions WatchConditionOptions(const Watch& w) {
+  ConditionOptions co;
+  co.bitfield = WatchedBitfield(w.target);
+  co.signed_values =
+      co.bitfield.has_value() ? co.bitfield->is_signed : IsSignedType(w.target.type_name);
+  return co;
 }
 
 }  // namespace kwatch::watch

@@ -55,4 +55,8 @@ struct ProcessSetup {
 // types). On error the target is let go as Abandon() does.
 absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts);
 
+// How an --if condition reads watch `w`'s values: signed for a signed C type, the bits of a
+// bitfield.
+ConditionOptions WatchConditionOptions(const Watch& w);
+
 }  // namespace kwatch::watch

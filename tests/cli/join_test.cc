@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -66,7 +67,8 @@ struct Owned {
   std::unique_ptr<Spawned> owner;
 };
 
-Owned StartOwned(const std::string& name, const std::string& threads, const std::string& iters) {
+Owned StartOwned(const std::string& name, const std::string& threads, const std::string& iters,
+                 const std::vector<std::string>& owner_options = {}) {
   Owned o;
   o.truth_path = TruthFile(name);
   auto target = Spawned::Start(
@@ -77,8 +79,13 @@ Owned StartOwned(const std::string& name, const std::string& threads, const std:
   }
   o.target = *std::move(target);
   EXPECT_TRUE(o.target->WaitForStdout("ready").ok());
-  auto owner = Spawned::Start({KwatchPath(), "--json", "-q", "--write", "g_stats.hits", "-p",
-                               absl::StrCat(o.target->pid())});
+  std::vector<std::string> argv = {KwatchPath(), "--json", "-q"};
+  argv.insert(argv.end(), owner_options.begin(), owner_options.end());
+  for (const std::string& a : {std::string("--write"), std::string("g_stats.hits"),
+                               std::string("-p"), absl::StrCat(o.target->pid())}) {
+    argv.push_back(a);
+  }
+  auto owner = Spawned::Start(argv);
   EXPECT_TRUE(owner.ok());
   if (!owner.ok()) {
     return o;
@@ -198,6 +205,109 @@ TEST(KwatchJoin, JoinerEndsOnInterruptAndTheOwnerGoesOn) {
   ASSERT_TRUE(orr.ok());
   ASSERT_TRUE(o.target->Finish().ok());
   EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], Sum(o.truth_path).hits);
+}
+
+// -o in a joiner: the session writes the joiner's own recording (its watches only, its command
+// line), which reports the joiner's exact count; a recording that cannot be created is refused
+// before anything is armed for it, and the owner counts on.
+TEST(KwatchJoin, JoinerRecordsItsOwnWatchesWithO) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join-o", "2", "2000");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  const std::string db = absl::StrCat(::testing::TempDir(), "/joined-", getpid(), ".kwdb");
+  std::filesystem::remove(db);
+  auto bad = kwatch::testing::Run(
+      {KwatchPath(), "-q", "--write", "g_stats.flags", "-p", pid, "-o", "/nonexistent/j.kwdb"});
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->exit_code, 1);
+  EXPECT_THAT(bad->err, HasSubstr("/nonexistent/j.kwdb"));
+  EXPECT_THAT(bad->err, ::testing::Not(HasSubstr("joined the session")));
+  auto joiner = Spawned::Start(
+      {KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid, "-o", db});
+  ASSERT_TRUE(joiner.ok());
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto jr = (*joiner)->Finish();
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(jr.ok() && orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  const Totals truth = Sum(o.truth_path);
+  ASSERT_EQ(truth.misses, 2000);
+  EXPECT_EQ(jr->exit_code, 0) << jr->err;
+  EXPECT_THAT(jr->err, HasSubstr(absl::StrCat("recorded 2000 events to ", db)));
+  EXPECT_EQ(ParseJsonLines(jr->out).summary["events"], truth.misses);
+  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], truth.hits);
+
+  auto report = kwatch::testing::Run({KwatchPath(), "report", db, "--format=json"});
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->exit_code, 0) << report->err;
+  const nlohmann::json j = nlohmann::json::parse(report->out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << report->out;
+  EXPECT_EQ(j["session"]["events"], 2000);
+  EXPECT_EQ(j["session"]["complete"], true);
+  EXPECT_THAT(j["session"]["command"].get<std::string>(), HasSubstr("--write g_stats.misses"));
+  ASSERT_EQ(j["watches"].size(), 1u);
+  EXPECT_EQ(j["watches"][0]["expr"], "g_stats.misses");
+  EXPECT_EQ(j["watches"][0]["writes"], 2000);
+  std::filesystem::remove(db);
+}
+
+// --if in a joiner: the owner (stop mode: exact values) filters the joiner's events with the
+// joiner's condition; field_writer writes misses = i for even i < 2000 in each of 2 threads, so
+// `new < 100` holds for 50 writes per thread. A perf stream session refuses `new` conditions
+// clearly, and takes one on tid.
+TEST(KwatchJoin, JoinerConditionFiltersItsOwnEvents) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join-if", "2", "2000", {"--stop"});
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  auto joiner = Spawned::Start(
+      {KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid, "--if", "new < 100"});
+  ASSERT_TRUE(joiner.ok());
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto jr = (*joiner)->Finish();
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(jr.ok() && orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  const Totals truth = Sum(o.truth_path);
+  ASSERT_EQ(truth.misses, 2000);
+  EXPECT_EQ(jr->exit_code, 0) << jr->err;
+  const JsonRun joined = ParseJsonLines(jr->out);
+  EXPECT_EQ(joined.summary["events"], 100) << jr->out;
+  EXPECT_EQ(joined.summary["if"]["text"], "new < 100") << joined.summary.dump();
+  EXPECT_EQ(joined.summary["if"]["evaluated"], truth.misses);
+  EXPECT_EQ(joined.summary["if"]["matched"], 100);
+  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], truth.hits);  // the owner's: unfiltered
+}
+
+TEST(KwatchJoin, PerfStreamSessionRefusesValueConditionsOfJoiners) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("join-if-perf", "1", "1000");
+  ASSERT_NE(o.owner, nullptr);
+  const std::string pid = absl::StrCat(o.target->pid());
+  auto bad = kwatch::testing::Run(
+      {KwatchPath(), "-q", "--write", "g_stats.misses", "-p", pid, "--if", "new == 4"});
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->exit_code, 1);
+  EXPECT_THAT(bad->err, HasSubstr("--if on new or old values needs the accessing thread stopped"));
+  EXPECT_THAT(bad->err, HasSubstr("perf stream mode"));
+  auto syntax = kwatch::testing::Run(
+      {KwatchPath(), "-q", "--write", "g_stats.misses", "-p", pid, "--if", "tid =="});
+  ASSERT_TRUE(syntax.ok());
+  EXPECT_EQ(syntax->exit_code, 2);  // refused by the joiner itself, as any --if
+  EXPECT_THAT(syntax->err, HasSubstr("expected an operand"));
+  auto on_tid = Spawned::Start(
+      {KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid, "--if", "tid != 0"});
+  ASSERT_TRUE(on_tid.ok());
+  ASSERT_TRUE((*on_tid)->WaitForStderr("joined the session").ok()) << (*on_tid)->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto tr = (*on_tid)->Finish();
+  ASSERT_TRUE(o.owner->Finish().ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  ASSERT_TRUE(tr.ok());
+  EXPECT_EQ(ParseJsonLines(tr->out).summary["events"], Sum(o.truth_path).misses) << tr->out;
 }
 
 TEST(KwatchJoin, ProbesAndGdbserverSayTheyCannotJoinYet) {
