@@ -95,6 +95,32 @@ Owned StartOwned(const std::string& name, const std::string& threads, const std:
   return o;
 }
 
+// A joiner (`kwatch --json -q ARGS -p PID`) of the session `o`, run to the target's end: what
+// the joiner and the owner printed, and field_writer's totals.
+struct Joined {
+  kwatch::testing::RunResult joiner;
+  kwatch::testing::RunResult owner;
+  Totals truth;
+};
+
+void RunJoinerToTheEnd(Owned& o, const std::vector<std::string>& args, Joined* out) {
+  std::vector<std::string> argv = {KwatchPath(), "--json", "-q"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("-p");
+  argv.push_back(absl::StrCat(o.target->pid()));
+  auto joiner = Spawned::Start(argv);
+  ASSERT_TRUE(joiner.ok());
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  auto jr = (*joiner)->Finish();
+  auto orr = o.owner->Finish();
+  ASSERT_TRUE(jr.ok() && orr.ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+  out->joiner = *std::move(jr);
+  out->owner = *std::move(orr);
+  out->truth = Sum(o.truth_path);
+}
+
 TEST(KwatchJoin, TwoKwatchesEachCountTheirOwnFieldExactly) {
   KW_REQUIRE_DEBUG_TRAPS();
   Owned o = StartOwned("join", "2", "3000");
@@ -223,21 +249,13 @@ TEST(KwatchJoin, JoinerRecordsItsOwnWatchesWithO) {
   EXPECT_EQ(bad->exit_code, 1);
   EXPECT_THAT(bad->err, HasSubstr("/nonexistent/j.kwdb"));
   EXPECT_THAT(bad->err, ::testing::Not(HasSubstr("joined the session")));
-  auto joiner = Spawned::Start(
-      {KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid, "-o", db});
-  ASSERT_TRUE(joiner.ok());
-  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
-  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
-  auto jr = (*joiner)->Finish();
-  auto orr = o.owner->Finish();
-  ASSERT_TRUE(jr.ok() && orr.ok());
-  ASSERT_TRUE(o.target->Finish().ok());
-  const Totals truth = Sum(o.truth_path);
-  ASSERT_EQ(truth.misses, 2000);
-  EXPECT_EQ(jr->exit_code, 0) << jr->err;
-  EXPECT_THAT(jr->err, HasSubstr(absl::StrCat("recorded 2000 events to ", db)));
-  EXPECT_EQ(ParseJsonLines(jr->out).summary["events"], truth.misses);
-  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], truth.hits);
+  Joined r;
+  ASSERT_NO_FATAL_FAILURE(RunJoinerToTheEnd(o, {"--write", "g_stats.misses", "-o", db}, &r));
+  ASSERT_EQ(r.truth.misses, 2000);
+  EXPECT_EQ(r.joiner.exit_code, 0) << r.joiner.err;
+  EXPECT_THAT(r.joiner.err, HasSubstr(absl::StrCat("recorded 2000 events to ", db)));
+  EXPECT_EQ(ParseJsonLines(r.joiner.out).summary["events"], r.truth.misses);
+  EXPECT_EQ(ParseJsonLines(r.owner.out).summary["events"], r.truth.hits);
 
   auto report = kwatch::testing::Run({KwatchPath(), "report", db, "--format=json"});
   ASSERT_TRUE(report.ok());
@@ -261,25 +279,17 @@ TEST(KwatchJoin, JoinerConditionFiltersItsOwnEvents) {
   KW_REQUIRE_DEBUG_TRAPS();
   Owned o = StartOwned("join-if", "2", "2000", {"--stop"});
   ASSERT_NE(o.owner, nullptr);
-  const std::string pid = absl::StrCat(o.target->pid());
-  auto joiner = Spawned::Start(
-      {KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid, "--if", "new < 100"});
-  ASSERT_TRUE(joiner.ok());
-  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
-  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
-  auto jr = (*joiner)->Finish();
-  auto orr = o.owner->Finish();
-  ASSERT_TRUE(jr.ok() && orr.ok());
-  ASSERT_TRUE(o.target->Finish().ok());
-  const Totals truth = Sum(o.truth_path);
-  ASSERT_EQ(truth.misses, 2000);
-  EXPECT_EQ(jr->exit_code, 0) << jr->err;
-  const JsonRun joined = ParseJsonLines(jr->out);
-  EXPECT_EQ(joined.summary["events"], 100) << jr->out;
+  Joined r;
+  ASSERT_NO_FATAL_FAILURE(
+      RunJoinerToTheEnd(o, {"--write", "g_stats.misses", "--if", "new < 100"}, &r));
+  ASSERT_EQ(r.truth.misses, 2000);
+  EXPECT_EQ(r.joiner.exit_code, 0) << r.joiner.err;
+  const JsonRun joined = ParseJsonLines(r.joiner.out);
+  EXPECT_EQ(joined.summary["events"], 100) << r.joiner.out;
   EXPECT_EQ(joined.summary["if"]["text"], "new < 100") << joined.summary.dump();
-  EXPECT_EQ(joined.summary["if"]["evaluated"], truth.misses);
+  EXPECT_EQ(joined.summary["if"]["evaluated"], r.truth.misses);
   EXPECT_EQ(joined.summary["if"]["matched"], 100);
-  EXPECT_EQ(ParseJsonLines(orr->out).summary["events"], truth.hits);  // the owner's: unfiltered
+  EXPECT_EQ(ParseJsonLines(r.owner.out).summary["events"], r.truth.hits);  // unfiltered
 }
 
 TEST(KwatchJoin, PerfStreamSessionRefusesValueConditionsOfJoiners) {
@@ -298,16 +308,10 @@ TEST(KwatchJoin, PerfStreamSessionRefusesValueConditionsOfJoiners) {
   ASSERT_TRUE(syntax.ok());
   EXPECT_EQ(syntax->exit_code, 2);  // refused by the joiner itself, as any --if
   EXPECT_THAT(syntax->err, HasSubstr("expected an operand"));
-  auto on_tid = Spawned::Start(
-      {KwatchPath(), "--json", "-q", "--write", "g_stats.misses", "-p", pid, "--if", "tid != 0"});
-  ASSERT_TRUE(on_tid.ok());
-  ASSERT_TRUE((*on_tid)->WaitForStderr("joined the session").ok()) << (*on_tid)->err();
-  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
-  auto tr = (*on_tid)->Finish();
-  ASSERT_TRUE(o.owner->Finish().ok());
-  ASSERT_TRUE(o.target->Finish().ok());
-  ASSERT_TRUE(tr.ok());
-  EXPECT_EQ(ParseJsonLines(tr->out).summary["events"], Sum(o.truth_path).misses) << tr->out;
+  Joined r;
+  ASSERT_NO_FATAL_FAILURE(
+      RunJoinerToTheEnd(o, {"--write", "g_stats.misses", "--if", "tid != 0"}, &r));
+  EXPECT_EQ(ParseJsonLines(r.joiner.out).summary["events"], r.truth.misses) << r.joiner.out;
 }
 
 TEST(KwatchJoin, ProbesAndGdbserverSayTheyCannotJoinYet) {

@@ -466,6 +466,20 @@ std::string ReportText(const core::store::TraceReader& r, bool json) {
               : profile::RenderText(*p, Namer, ropts);
 }
 
+// The same events, one by one, after an upgrade as before it.
+void ExpectSameEvents(const std::vector<core::AccessEvent>& after,
+                      const std::vector<core::AccessEvent>& before) {
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    ASSERT_EQ(after[i].time_ns, before[i].time_ns) << i;
+    ASSERT_EQ(after[i].tid, before[i].tid) << i;
+    ASSERT_EQ(after[i].access_addr, before[i].access_addr) << i;
+    ASSERT_EQ(after[i].value, before[i].value) << i;
+    ASSERT_EQ(after[i].old_value, before[i].old_value) << i;
+    ASSERT_EQ(after[i].kind, before[i].kind) << i;
+  }
+}
+
 std::string Sql(const std::string& path, const std::string& sql) {
   return ::kwatch::testing::SqlText(path, sql);
 }
@@ -509,16 +523,7 @@ TEST(UpgradeTest, AnOlderRecordingReportsTheSameAfterTheUpgrade) {
   ASSERT_TRUE(kept->has_value());
   EXPECT_EQ(ReportText(**r, false), text);
   EXPECT_EQ(ReportText(**r, true), json);
-  const std::vector<core::AccessEvent> after = AllEvents(**r);
-  ASSERT_EQ(after.size(), events.size());
-  for (size_t i = 0; i < after.size(); ++i) {
-    ASSERT_EQ(after[i].time_ns, events[i].time_ns) << i;
-    ASSERT_EQ(after[i].tid, events[i].tid) << i;
-    ASSERT_EQ(after[i].access_addr, events[i].access_addr) << i;
-    ASSERT_EQ(after[i].value, events[i].value) << i;
-    ASSERT_EQ(after[i].old_value, events[i].old_value) << i;
-    ASSERT_EQ(after[i].kind, events[i].kind) << i;
-  }
+  ExpectSameEvents(AllEvents(**r), events);
   // Current now: nothing to do.
   auto again = UpgradeRecording(path);
   ASSERT_TRUE(again.ok());
@@ -557,13 +562,7 @@ TEST(UpgradeTest, ARecordingWhoseBatchesOverlapIsRewrittenInTimeOrder) {
   ASSERT_TRUE(kept.ok());
   EXPECT_TRUE(kept->has_value());
   EXPECT_EQ(ReportText(**r, true), json);
-  const std::vector<core::AccessEvent> after = AllEvents(**r);
-  ASSERT_EQ(after.size(), events.size());
-  for (size_t i = 0; i < after.size(); ++i) {
-    ASSERT_EQ(after[i].time_ns, events[i].time_ns) << i;
-    ASSERT_EQ(after[i].tid, events[i].tid) << i;
-    ASSERT_EQ(after[i].value, events[i].value) << i;
-  }
+  ExpectSameEvents(AllEvents(**r), events);
   auto again = UpgradeRecording(path);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(again->has_value());
