@@ -251,6 +251,13 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   so.stack_frames = opts.stack ? opts.stack_depth : 0;
   po.condition = opts.condition;
   po.arm_at = opts.arm_at;
+  po.on_planted = [&opts](const std::string& point) {
+    std::fprintf(stderr,
+                 "kwatch: --arm-at %s: waiting for a thread to run %s; the watches are armed "
+                 "there\n",
+                 opts.arm_at.c_str(), point.c_str());
+    std::fflush(stderr);
+  };
   KW_ASSIGN_OR_RETURN(watch::ProcessSetup setup, watch::SetUpProcessWatch(std::move(po)));
   if (setup.session == nullptr) {
     return NeverArmed(opts, *setup.deferred);

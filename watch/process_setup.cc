@@ -51,6 +51,9 @@ absl::StatusOr<bool> RunToArmPoint(const ProcessSetupOptions& opts, ProcessSetup
   DeferredArming& d = s.deferred.emplace();
   d.spec = opts.arm_at;
   d.point = point->description();
+  if (opts.on_planted) {
+    opts.on_planted(d.point);
+  }
   d.start_ns = core::MonotonicNs();
   KW_ASSIGN_OR_RETURN(const ArmWait w, point->Wait(s.sigfd.get()));
   if (w.hit.has_value()) {

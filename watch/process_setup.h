@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,9 @@ struct ProcessSetupOptions {
   // --arm-at SPEC: the watches are resolved and armed when a thread first runs this probe
   // point (watch/arm_point.h), not at the start. "": at the start.
   std::string arm_at;
+  // --arm-at: called once the point is planted, before the target is let run to it, with
+  // what the point resolved to.
+  std::function<void(const std::string& point)> on_planted;
 };
 
 // --arm-at: how arming went.
