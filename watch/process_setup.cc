@@ -20,8 +20,10 @@ namespace {
 // --arm-at: the watches' mistakes (unknown symbols, members) show before the target runs:
 // each expression is resolved now with every pointer it follows taken as pointing somewhere
 // (the pointers are read for real at the point).
-absl::Status CheckDeferred(pid_t pid, const std::vector<WatchRequest>& requests) {
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::symbols::Symbols> symbols,
+// Returns the symbols read for it, for the session at the point.
+absl::StatusOr<std::shared_ptr<core::symbols::Symbols>> CheckDeferred(
+    pid_t pid, const std::vector<WatchRequest>& requests) {
+  KW_ASSIGN_OR_RETURN(std::shared_ptr<core::symbols::Symbols> symbols,
                       core::symbols::Symbols::ForProcess(pid));
   const core::symbols::MemoryReader anywhere = [](core::RemoteAddr /*addr*/,
                                                   std::span<uint8_t> out) {
@@ -40,13 +42,14 @@ absl::Status CheckDeferred(pid_t pid, const std::vector<WatchRequest>& requests)
                           absl::StrCat("'", req.expr, "': ", r.status().message()));
     }
   }
-  return absl::OkStatus();
+  return symbols;
 }
 
 // --arm-at: lets the target run to the point. True when it got there (every thread stopped,
 // held); false when it never did (`d.never` says why; the target was let go).
-absl::StatusOr<bool> RunToArmPoint(const ProcessSetupOptions& opts, ProcessSetup& s) {
-  KW_RETURN_IF_ERROR(CheckDeferred(s.proc->pid(), opts.requests));
+absl::StatusOr<bool> RunToArmPoint(const ProcessSetupOptions& opts, ProcessSetup& s,
+                                   std::shared_ptr<core::symbols::Symbols>& symbols) {
+  KW_ASSIGN_OR_RETURN(symbols, CheckDeferred(s.proc->pid(), opts.requests));
   KW_ASSIGN_OR_RETURN(std::unique_ptr<ArmPoint> point, ArmPoint::Plant(*s.proc, opts.arm_at));
   DeferredArming& d = s.deferred.emplace();
   d.spec = opts.arm_at;
@@ -98,8 +101,11 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
     KW_ASSIGN_OR_RETURN(const Condition c, Condition::Parse(opts.condition));
     s.session_options.exact_values = c.uses_new() || c.uses_old();
   }
+  // --arm-at: read before the point (the libraries a launched target links are mapped at its
+  // entry); a library it loads later with dlopen is not seen by the expressions.
+  std::shared_ptr<core::symbols::Symbols> symbols;
   if (!opts.arm_at.empty()) {
-    KW_ASSIGN_OR_RETURN(const bool reached, RunToArmPoint(opts, s));
+    KW_ASSIGN_OR_RETURN(const bool reached, RunToArmPoint(opts, s, symbols));
     if (!reached) {
       std::move(abandon).Cancel();  // already let go
       return s;
@@ -113,7 +119,7 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
     }
   };
   absl::StatusOr<std::unique_ptr<WatchSession>> created =
-      WatchSession::Create(*s.proc, std::move(opts.requests), s.session_options);
+      WatchSession::Create(*s.proc, std::move(opts.requests), s.session_options, symbols);
   if (!created.ok() && s.deferred.has_value()) {
     return absl::Status(created.status().code(),
                         absl::StrCat("at --arm-at ", s.deferred->hit->where, " (tid ",
