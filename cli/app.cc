@@ -104,7 +104,7 @@ void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session)
   if (session.backend() != watch::BackendKind::kPage && paged > 0) {
     absl::StrAppend(&mode, " (", paged, " with page protection)");
   }
-  if (const std::optional<watch::RunInfo::ArmedAt>& at = set.armed_at(); at.has_value()) {
+  if (const std::optional<watch::ArmedAt>& at = set.armed_at(); at.has_value()) {
     std::fprintf(stderr,
                  "kwatch: --arm-at %s: tid %d reached %s %.3f ms after the target was let run; "
                  "every thread stopped there while the watches were resolved and armed "
@@ -301,7 +301,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   to.condition = opts.condition;
   if (setup.deferred.has_value() && setup.deferred->hit.has_value()) {
     const watch::DeferredArming& d = *setup.deferred;
-    watch::RunInfo::ArmedAt& at = to.armed_at.emplace();
+    watch::ArmedAt& at = to.armed_at.emplace();
     at.spec = d.spec;
     at.where = d.hit->where;
     at.tid = d.hit->tid;

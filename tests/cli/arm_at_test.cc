@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -147,6 +148,27 @@ TEST(KwatchArmAt, KernelWatchesAndReturnProbesAreRefused) {
                                    TargetPath("late_pointer"), "5", "0"});
   EXPECT_EQ(ret.exit_code, 1);
   EXPECT_THAT(ret.err, HasSubstr("a return probe is not a point"));
+}
+
+// Four threads run Work at once: the first to reach it arms the watch while the others are
+// stopped (some trapped on the same INT3, sent back to it): every write of every thread counts,
+// and no thread dies of a stray SIGTRAP.
+TEST(KwatchArmAt, ThreadsRacingToThePointAreAllCountedExactly) {
+  const std::string truth_path = ::kwatch::clitest::TruthFile("arm-at-threads");
+  const RunResult r =
+      RunKwatch({"--json", "-q", "--write", "g_stats.hits", "--arm-at", "Work", "--",
+                 TargetPath("field_writer"), "4", "3000", "--truth", truth_path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  const std::map<int, ::kwatch::clitest::Truth> truth = ::kwatch::clitest::ReadTruth(truth_path);
+  ASSERT_EQ(truth.size(), 4u);
+  long total = 0;
+  for (const auto& [tid, t] : truth) {
+    total += t.hits_w;
+  }
+  EXPECT_EQ(total, 4 * 3000);
+  EXPECT_EQ(run.summary["events"], total);
+  EXPECT_EQ(run.summary["armed"], true);
 }
 
 // Attached: the target waits, kwatch plants the point, the target goes on.
