@@ -104,6 +104,13 @@ void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session)
   if (session.backend() != watch::BackendKind::kPage && paged > 0) {
     absl::StrAppend(&mode, " (", paged, " with page protection)");
   }
+  if (const std::optional<watch::ArmedAt>& at = set.armed_at(); at.has_value()) {
+    std::fprintf(stderr,
+                 "kwatch: --arm-at %s: tid %d reached %s %.3f ms after the target was let run; "
+                 "every thread stopped there while the watches were resolved and armed "
+                 "(%.0f us)\n",
+                 at->spec.c_str(), at->tid, at->where.c_str(), at->wait_ms, at->arm_us);
+  }
   std::fprintf(stderr, "kwatch: armed %zu watch%s on %s (%s), %s%s\n", session.watches().size(),
                session.watches().size() == 1 ? "" : "es", core::PidText(proc.pid()).c_str(),
                prog.c_str(), mode.c_str(), set.follows_forks() ? ", following forks (-f)" : "");
@@ -174,6 +181,33 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
   return end.exit_status.value_or(0);
 }
 
+// --arm-at: the target never ran the point (it ended, exec'd, or kwatch was interrupted): no
+// watch was armed. Says so in the summary's place; returns the launched target's status, or 0.
+int NeverArmed(const Options& opts, const watch::DeferredArming& d) {
+  std::string exprs = absl::StrJoin(opts.exprs, ", ");
+  if (opts.json) {
+    std::string s = absl::StrFormat(
+        "{\"type\":\"summary\",\"events\":0,\"armed\":false,\"arm_at\":{\"spec\":%s,"
+        "\"point\":%s,\"never\":%s}",
+        JsonString(d.spec), JsonString(d.point), JsonString(d.never));
+    if (d.exit.has_value()) {
+      absl::StrAppendFormat(&s, R"(,"exit_code":%d,"signal":%d)",
+                            d.exit->signaled ? -1 : d.exit->code, d.exit->signal);
+    }
+    s += "}\n";
+    std::fputs(s.c_str(), stdout);
+  } else {
+    std::printf(
+        "\n== kwatch summary: 0 events: the watches (%s) were never armed: --arm-at %s "
+        "(%s) never ran; %s ==\n",
+        exprs.c_str(), d.spec.c_str(), d.point.c_str(), d.never.c_str());
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "kwatch: --arm-at %s never ran (%s): the watches were never armed\n",
+               d.spec.c_str(), d.never.c_str());
+  return d.exit.has_value() && !opts.command.empty() ? d.exit->ShellStatus() : 0;
+}
+
 absl::StatusOr<int> RunWatch(const Options& opts) {
   watch::ProcessSetupOptions po;
   po.pid = opts.pid;
@@ -216,7 +250,18 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   so.mux_interval = absl::Milliseconds(opts.mux_interval_ms);
   so.stack_frames = opts.stack ? opts.stack_depth : 0;
   po.condition = opts.condition;
+  po.arm_at = opts.arm_at;
+  po.on_planted = [&opts](const std::string& point) {
+    std::fprintf(stderr,
+                 "kwatch: --arm-at %s: waiting for a thread to run %s; the watches are armed "
+                 "there\n",
+                 opts.arm_at.c_str(), point.c_str());
+    std::fflush(stderr);
+  };
   KW_ASSIGN_OR_RETURN(watch::ProcessSetup setup, watch::SetUpProcessWatch(std::move(po)));
+  if (setup.session == nullptr) {
+    return NeverArmed(opts, *setup.deferred);
+  }
   std::unique_ptr<core::store::TraceWriter> writer;
   if (!opts.output.empty()) {
     auto w = watch::CreateWatchRecording(RecordingSpecFor(opts), *setup.session, setup.proc->pid());
@@ -254,6 +299,15 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   to.kill_on_exit = opts.kill_on_exit;
   to.recording = writer != nullptr;
   to.condition = opts.condition;
+  if (setup.deferred.has_value() && setup.deferred->hit.has_value()) {
+    const watch::DeferredArming& d = *setup.deferred;
+    watch::ArmedAt& at = to.armed_at.emplace();
+    at.spec = d.spec;
+    at.where = d.hit->where;
+    at.tid = d.hit->tid;
+    at.wait_ms = static_cast<double>(d.hit->hit_ns - d.start_ns) / 1e6;
+    at.arm_us = static_cast<double>(d.armed_ns - d.hit->hit_ns) / 1e3;
+  }
   KW_ASSIGN_OR_RETURN(
       std::unique_ptr<watch::TargetSet> set,
       watch::TargetSet::Create(to, setup.session_options, std::move(setup.sigfd),
@@ -400,6 +454,13 @@ int Main(int argc, char** argv) {
                "summary counts every process; after an exec the watches are armed again by "
                "expression in the new image. Without -f a child runs with none of kwatch's "
                "watches");
+  app.add_option("--arm-at", opts.arm_at,
+                 "Arm the watches the first time a thread runs SPEC, a probe point as `kwatch "
+                 "probe` takes it (FUNC, FUNC+OFF, FUNC:RELLINE, FILE:LINE, 0xADDR, in the "
+                 "program's executable): expressions through pointers that start-up code sets "
+                 "are resolved there. Every thread stops at the point while the watches are "
+                 "armed; the breakpoint is then removed")
+      ->type_name("SPEC");
   app.add_flag(
       "--kill-on-exit", opts.kill_on_exit,
       "Kill a launched target when kwatch stops before it ends (default: leave it running)");
@@ -475,6 +536,22 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!opts.arm_at.empty()) {
+    const char* why = nullptr;
+    if (!opts.pid.has_value() && opts.command.empty()) {
+      why =
+          "kernel watches are armed at once, on every CPU: there is no program of yours to "
+          "stop at a point (give -p PID or a command after `--`)";
+    } else if (opts.kernel_accesses) {
+      why = "--kernel-accesses is armed at once; it does not take a point yet";
+    } else if (opts.follow_forks) {
+      why = "with -f, the point would have to be planted in each child: not supported yet";
+    }
+    if (why != nullptr) {
+      std::fprintf(stderr, "kwatch: error: --arm-at: %s\n", why);
+      return 2;
+    }
+  }
   if (!opts.pid.has_value() && opts.command.empty()) {
     if (opts.kernel_accesses) {
       std::fprintf(stderr,
@@ -507,6 +584,13 @@ int Main(int argc, char** argv) {
     // A process another kwatch traces: this one joins its session.
     if (const std::optional<KwatchTracer> tracer = TracingKwatch(*opts.pid);
         tracer.has_value() && tracer->pid != ::getpid()) {
+      if (!opts.arm_at.empty()) {
+        std::fprintf(stderr,
+                     "kwatch: error: --arm-at: pid %d is watched by kwatch %d already; joining "
+                     "its session arms at once (run without --arm-at, or end that session)\n",
+                     *opts.pid, tracer->pid);
+        return 2;
+      }
       absl::StatusOr<int> joined = JoinWatch(opts, *tracer);
       if (!joined.ok()) {
         Error(joined.status());

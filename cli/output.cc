@@ -310,6 +310,13 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
                           info.exit->signaled ? -1 : info.exit->code, info.exit->signal);
   }
   absl::StrAppendFormat(&s, ",\"external_slots\":%d", session.external_slots());
+  if (info.armed_at.has_value()) {
+    absl::StrAppendFormat(&s,
+                          ",\"armed\":true,\"arm_at\":{\"spec\":%s,\"point\":%s,\"tid\":%d,"
+                          "\"wait_ms\":%.3f,\"arm_us\":%.1f}",
+                          JsonString(info.armed_at->spec), JsonString(info.armed_at->where),
+                          info.armed_at->tid, info.armed_at->wait_ms, info.armed_at->arm_us);
+  }
   if (!info.condition.empty()) {
     absl::StrAppendFormat(&s,
                           ",\"if\":{\"text\":%s,\"evaluated\":%d,\"matched\":%d,"
@@ -438,6 +445,13 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
                     info.condition_undefined);
     }
     absl::FPrintF(out, "; the counts below are of those that matched\n");
+  }
+  if (info.armed_at.has_value()) {
+    absl::FPrintF(out,
+                  "armed at --arm-at %s: tid %d reached %s %.3f ms after the target was let run "
+                  "(watches armed %.0f us later); accesses before it were not watched\n",
+                  info.armed_at->spec, info.armed_at->tid, info.armed_at->where,
+                  info.armed_at->wait_ms, info.armed_at->arm_us);
   }
   for (const auto& w : session.watches()) {
     if (!Shown(w.id)) {

@@ -48,6 +48,7 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   bool values_at_drain = false;  // --values-at-drain: no BPF program on kernel breakpoints
   std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
   bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
+  std::string arm_at;            // --arm-at SPEC: arm when a thread first runs this point
 };
 
 }  // namespace kwatch::cli

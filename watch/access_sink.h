@@ -16,6 +16,15 @@
 
 namespace kwatch::watch {
 
+// --arm-at: the watches were armed when a thread first ran a probe point.
+struct ArmedAt {
+  std::string spec;    // as given
+  std::string where;   // the point it hit: "setup (late_pointer.c:21)"
+  pid_t tid = 0;       // the thread that ran it first
+  double wait_ms = 0;  // from letting the target run to the hit
+  double arm_us = 0;   // from the hit to the watches armed (every thread stopped meanwhile)
+};
+
 // What a process watch session ended with, for its summary.
 struct RunInfo {
   std::string stop_reason;  // "target exited", "--count 5 reached", "interrupted by INT", ...
@@ -38,8 +47,9 @@ struct RunInfo {
     std::vector<uint64_t> per_watch;  // ... by watch id
     std::optional<core::ptrace::ExitInfo> exit;
   };
-  std::vector<Process> processes;  // empty without -f
-  std::vector<std::string> notes;  // forks, execs and re-arms, for people
+  std::vector<Process> processes;   // empty without -f
+  std::vector<std::string> notes;   // forks, execs and re-arms, for people
+  std::optional<ArmedAt> armed_at;  // --arm-at
 };
 
 // Something a process watch session tells its user besides events.

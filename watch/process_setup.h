@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 #include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_group.h"
+#include "watch/arm_point.h"
 #include "watch/condition.h"
 #include "watch/session.h"
 
@@ -28,6 +30,23 @@ struct ProcessSetupOptions {
   // The target stays stopped once armed (Process::HoldStopped, every thread stopped): the
   // caller resumes it with Process::ReleaseHold (`kwatch gdbserver`: when gdb says so).
   bool hold_stopped = false;
+  // --arm-at SPEC: the watches are resolved and armed when a thread first runs this probe
+  // point (watch/arm_point.h), not at the start. "": at the start.
+  std::string arm_at;
+  // --arm-at: called once the point is planted, before the target is let run to it, with
+  // what the point resolved to.
+  std::function<void(const std::string& point)> on_planted;
+};
+
+// --arm-at: how arming went.
+struct DeferredArming {
+  std::string spec;           // as given
+  std::string point;          // what it resolved to ("setup (late_pointer.c:21)")
+  std::optional<ArmHit> hit;  // the thread and point that armed the watches
+  uint64_t start_ns = 0;      // CLOCK_MONOTONIC when the target was let run to the point
+  uint64_t armed_ns = 0;      // when the watches were armed (0: never)
+  std::string never;          // why the watches were never armed ("": they were)
+  std::optional<core::ptrace::ExitInfo> exit;  // the target's end, when it ended first
 };
 
 // A process watch session's pieces, armed and ready for TargetSet::Create. Until they are
@@ -40,6 +59,9 @@ struct ProcessSetup {
   std::unique_ptr<WatchSession> session;
   std::vector<Condition> conditions;  // one per watch (by id), typed by its watch; or none
   SessionOptions session_options;     // as the session was created with
+  // --arm-at: where and when the watches were armed; or, with `session` null, why never (the
+  // target was then let go: detached, or killed with kill_on_exit).
+  std::optional<DeferredArming> deferred;
 
   // Not const: it lets the target go, through `proc`.
   void Abandon() {  // NOLINT(readability-make-member-function-const)
@@ -51,8 +73,9 @@ struct ProcessSetup {
 
 // Blocks the session's signals, attaches to or launches the target (with -f, in a process
 // group that follows its forks), resolves the watches against its symbols, picks the backend,
-// arms the watches, and parses the condition once per watch (signed comparisons for signed
-// types). On error the target is let go as Abandon() does.
+// arms the watches (with arm_at: first lets the target run to that point; if it never gets
+// there the watches are never armed and the result says why), and parses the condition once per
+// watch (signed comparisons for signed types). On error the target is let go as Abandon() does.
 absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts);
 
 // How an --if condition reads watch `w`'s values: signed for a signed C type, the bits of a

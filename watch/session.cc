@@ -123,7 +123,8 @@ absl::string_view OvercommitName(Overcommit o) {
 }
 
 absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
-    core::ptrace::Process& proc, std::vector<WatchRequest> requests, const SessionOptions& opts) {
+    core::ptrace::Process& proc, std::vector<WatchRequest> requests, const SessionOptions& opts,
+    std::shared_ptr<core::symbols::Symbols> symbols) {
   if (requests.empty()) {
     return absl::InvalidArgumentError("nothing to watch: give at least one expression");
   }
@@ -156,8 +157,9 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
         " needs the accessing thread stopped at the access, and perf stream mode reads values "
         "later, at drain time: use --stop (debug registers through ptrace) or --backend page"));
   }
-  KW_ASSIGN_OR_RETURN(std::unique_ptr<core::symbols::Symbols> symbols,
-                      core::symbols::Symbols::ForProcess(proc.pid()));
+  if (symbols == nullptr) {
+    KW_ASSIGN_OR_RETURN(symbols, core::symbols::Symbols::ForProcess(proc.pid()));
+  }
   const core::symbols::MemoryReader reader =
       [&proc](core::RemoteAddr addr, std::span<uint8_t> out) { return proc.ReadMemory(addr, out); };
   std::vector<Watch> watches;
@@ -232,8 +234,7 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     }
   }
   auto session = std::unique_ptr<WatchSession>(
-      new WatchSession(proc, std::shared_ptr<core::symbols::Symbols>(std::move(symbols)), nullptr,
-                       std::move(watches)));
+      new WatchSession(proc, std::move(symbols), nullptr, std::move(watches)));
   session->backend_note_ = std::move(note);
   session->opts_ = opts;
   session->kind_ = kind;

@@ -84,9 +84,11 @@ class WatchSession {
   // checks that each fits the backend, and picks the backend (kAuto: hardware breakpoints
   // when this machine delivers their traps, else page protection, with a note saying why).
   // Nothing is armed yet.
-  static absl::StatusOr<std::unique_ptr<WatchSession>> Create(core::ptrace::Process& proc,
-                                                              std::vector<WatchRequest> requests,
-                                                              const SessionOptions& opts = {});
+  // `symbols`: the target's, read earlier (--arm-at: before the point, so that the world
+  // stops only for the resolution); nullptr: read from the process now.
+  static absl::StatusOr<std::unique_ptr<WatchSession>> Create(
+      core::ptrace::Process& proc, std::vector<WatchRequest> requests,
+      const SessionOptions& opts = {}, std::shared_ptr<core::symbols::Symbols> symbols = nullptr);
   // -f/--follow-forks: the session of `child`, a process `parent`'s target forked and kwatch
   // follows (stopped, one thread, not resumed yet): the same resolved watches (the child's
   // memory is a copy of the parent's), the same backend and options, the parent's symbols

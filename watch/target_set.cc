@@ -545,6 +545,7 @@ absl::StatusOr<TargetSetEnd> TargetSet::Finish() {
     }
   }
   info.notes = notes_;
+  info.armed_at = opts_.armed_at;
   info.exit = proc.exit_info();
   if (proc.launched() && info.exit.has_value()) {
     end.exit_status = info.exit->ShellStatus();

@@ -27,11 +27,12 @@
 namespace kwatch::watch {
 
 struct TargetSetOptions {
-  uint64_t count = 0;         // stop after this many delivered events (0: no limit)
-  double duration = 0;        // stop after this many seconds (0: no limit)
-  bool kill_on_exit = false;  // Finish kills a launched target (else detaches from it)
-  bool recording = false;     // -o: an exec re-arm refuses watches that moved
-  std::string condition;      // --if as typed, for the summary ("" when none)
+  uint64_t count = 0;               // stop after this many delivered events (0: no limit)
+  double duration = 0;              // stop after this many seconds (0: no limit)
+  bool kill_on_exit = false;        // Finish kills a launched target (else detaches from it)
+  bool recording = false;           // -o: an exec re-arm refuses watches that moved
+  std::string condition;            // --if as typed, for the summary ("" when none)
+  std::optional<ArmedAt> armed_at;  // --arm-at: for the summary
 };
 
 // How a session ended (Finish).
@@ -91,6 +92,8 @@ class TargetSet {
   // The target's first session: what the summary describes.
   WatchSession& first_session();
   bool follows_forks() const { return group_ != nullptr; }
+  // --arm-at: where and when the watches were armed; nullopt without --arm-at.
+  const std::optional<ArmedAt>& armed_at() const { return opts_.armed_at; }
   // How many times multiplexed watches rotated through the debug registers.
   uint64_t rotations() const { return rotations_; }
   // Other kwatch commands that joined the target's session (cli/join_server.h): their events

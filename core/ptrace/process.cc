@@ -607,6 +607,9 @@ absl::Status Process::HandleClaimed() {
     return absl::OkStatus();
   }
   handling_claimed_ = false;
+  if (hold_ > 0) {
+    return absl::OkStatus();  // a Handle held the world (HoldStopped): its holder resumes it
+  }
   KW_RETURN_IF_ERROR(SettleSyscallStops());
   for (auto& [tid, thread] : threads_) {
     if (thread.state == ThreadState::kStopped) {

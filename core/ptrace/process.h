@@ -109,7 +109,9 @@ class Process {
   absl::Status ResumeAll();
   // Keeps every thread stopped across several StopAll/ResumeAll pairs (a session arming two
   // backends, each stopping and resuming the world): ResumeAll resumes nothing while held.
-  // Call after StopAll; ReleaseHold() ends it and resumes every thread.
+  // Call after StopAll; ReleaseHold() ends it and resumes every thread. A SignalInterceptor's
+  // Handle may call it too (the world is stopped there): the threads then stay stopped after
+  // the claimed signals are handled, until the holder's ReleaseHold.
   void HoldStopped() { ++hold_; }
   absl::Status ReleaseHold();
   // Ends one HoldStopped without resuming anything: for a SignalInterceptor's Handle that held
