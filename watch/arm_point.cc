@@ -99,6 +99,8 @@ absl::StatusOr<std::unique_ptr<ArmPoint>> ArmPoint::Plant(core::ptrace::Process&
     sites.push_back(std::move(s));
   }
   std::unique_ptr<ArmPoint> ap(new ArmPoint(proc, spec, std::move(sites)));
+  KW_ASSIGN_OR_RETURN(ap->guardian_,
+                      core::ptrace::Guardian::Start(proc.pid(), ap->sites_.size() + 1));
   // Written with the world stopped: no thread runs a half-patched instruction.
   KW_RETURN_IF_ERROR(proc.StopAll());
   if (absl::Status s = ap->Patch(); !s.ok()) {
@@ -127,7 +129,11 @@ absl::Status ArmPoint::Patch() {
     KW_RETURN_IF_ERROR(proc_.ReadMemory(s.addr, b));
     s.original = b[0];
     const std::array<uint8_t, 1> int3{kInt3};
-    KW_RETURN_IF_ERROR(proc_.WriteMemory(s.addr, int3));
+    KW_ASSIGN_OR_RETURN(s.journal, guardian_->Record(s.addr, b, int3));
+    if (absl::Status w = proc_.WriteMemory(s.addr, int3); !w.ok()) {
+      guardian_->Forget(s.journal);
+      return w;
+    }
     s.patched = true;
   }
   return absl::OkStatus();
@@ -144,6 +150,7 @@ absl::Status ArmPoint::Restore() {
       first.Update(w);
       continue;
     }
+    guardian_->Forget(s.journal);
     s.patched = false;
   }
   return first;
@@ -250,6 +257,7 @@ absl::StatusOr<ArmWait> ArmPoint::Wait(int sigfd) {
         for (Site& s : sites_) {
           s.patched = false;
         }
+        guardian_->ForgetAll();
         out.why_not = "the target called exec first (the point was in the old image)";
         KW_RETURN_IF_ERROR(proc_.StopAll());
         return out;

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/base/remote_addr.h"
+#include "core/ptrace/guardian.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/signal_interceptor.h"
 
@@ -44,8 +45,10 @@ struct ArmWait {
 // back (OnFork).
 //
 // Lifetime: installed as one of the process's interceptors from Plant to the destructor, which
-// restores what is still patched when the target lives. The process must outlive it. Not
-// thread-safe: use it from the tracer thread.
+// restores what is still patched when the target lives. Each INT3 is journaled with a guardian
+// (core/ptrace/guardian.h) before it is written: a kwatch killed while it waits for the point
+// (SIGKILL, a crash) leaves the original bytes back in the target, not a stray INT3. The process
+// must outlive it. Not thread-safe: use it from the tracer thread.
 class ArmPoint final : public core::ptrace::SignalInterceptor {
  public:
   // Resolves `spec` against the target's executable and writes an INT3 at each address.
@@ -79,6 +82,7 @@ class ArmPoint final : public core::ptrace::SignalInterceptor {
     uint8_t original = 0;
     std::string where;
     bool patched = false;
+    core::ptrace::Guardian::Handle journal = 0;  // while patched
   };
 
   ArmPoint(core::ptrace::Process& proc, std::string spec, std::vector<Site> sites);
@@ -90,6 +94,7 @@ class ArmPoint final : public core::ptrace::SignalInterceptor {
   absl::Status Rewind(pid_t tid) const;
 
   core::ptrace::Process& proc_;
+  std::unique_ptr<core::ptrace::Guardian> guardian_;
   std::string spec_;
   std::vector<Site> sites_;
   std::string description_;

@@ -193,5 +193,29 @@ TEST(KwatchArmAt, AnAttachedTargetIsArmedAtThePoint) {
   EXPECT_EQ(run.summary["arm_at"]["tid"], (*target)->pid());
 }
 
+// kwatch killed (SIGKILL) while it waits for the point: its guardian puts the original byte
+// back, so the target runs through the point unharmed (without the guardian it died of SIGTRAP
+// there).
+TEST(KwatchArmAt, KwatchKilledWhileWaitingLeavesNoInt3Behind) {
+  auto target = kwatch::testing::Spawned::Start({TargetPath("late_pointer"), "9", "4", "--wait"});
+  ASSERT_TRUE(target.ok()) << target.status();
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok()) << (*target)->out();
+  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--write", "g_p->v", "--arm-at",
+                                            "write_through", "-p", absl::StrCat((*target)->pid())});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->WaitForStderr("waiting for a thread").ok()) << (*k)->err();
+  ASSERT_EQ(kill((*k)->pid(), SIGKILL), 0);
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 128 + SIGKILL);
+  // The guardian restores within about a millisecond of kwatch's death; give it ample time.
+  usleep(500 * 1000);
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  auto tr = (*target)->Finish();
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  EXPECT_EQ(tr->exit_code, 0) << tr->err;
+  EXPECT_THAT(tr->err, HasSubstr("a=0x"));
+}
+
 }  // namespace
 }  // namespace kwatch
