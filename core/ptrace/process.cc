@@ -616,6 +616,8 @@ absl::Status Process::HandleClaimed() {
   return absl::OkStatus();
 }
 
+// A SIGSEGV the interceptor claims at the stepped instruction outside its own handling (page
+// protection, at a debugger's step) is handled by it, which runs the instruction: that is the step.
 absl::StatusOr<int> Process::SingleStep(pid_t tid) {
   const auto step = [tid]() -> absl::Status {
     if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
@@ -650,12 +652,27 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
                              si.si_code <= 0 || si.si_code == TRAP_HWBKPT)) {
         return SIGTRAP;
       }
-      if (!(have_info && interceptor_ != nullptr && interceptor_->Claims(tid, si))) {
+      const bool claimed = have_info && interceptor_ != nullptr && interceptor_->Claims(tid, si);
+      if (!claimed) {
         threads_[tid].pending_signal = sig;  // the target's own: delivered on resume
         if (Debug()) {
           std::fprintf(stderr, "kwatch-debug: tid %d signal %d code %d addr %p during a step\n",
                        tid, sig, si.si_code, si.si_addr);
         }
+      } else if (sig == SIGSEGV && !handling_claimed_) {
+        // A fault of kwatch's page protection at the stepped instruction (a debugger's step
+        // with every other thread stopped): stepped again, it would fault again. The
+        // interceptor runs the instruction (emulated, or stepped with its page open) and
+        // reports the access: that was the step.
+        handling_claimed_ = true;
+        absl::StatusOr<bool> in_place = interceptor_->HandleInPlace(tid, si);
+        absl::Status s = in_place.status();
+        if (in_place.ok() && !*in_place) {
+          s = interceptor_->Handle(tid, si);
+        }
+        handling_claimed_ = false;
+        KW_RETURN_IF_ERROR(s);
+        return alive() ? SIGTRAP : 0;
       }
       // Claimed ones are dropped: the access that raised them runs again later.
       KW_RETURN_IF_ERROR(step());

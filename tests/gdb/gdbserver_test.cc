@@ -264,6 +264,62 @@ TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
   EXPECT_EQ(summary["watches"][0]["multiplexed"], false);
 }
 
+// Arbitration with page protection (the default): gdb's two hardware breakpoints leave kwatch's
+// three watches two registers; the lowest-ranked moves to page protection (said on the event
+// stream and in the summary) and counts on exactly, gdb's `next` steps over a store to the
+// protected page, and the watch gets its register back after gdb's `delete`. Every count is the
+// program's: Bump runs 10 times (g_counter written once each), g_stats.hits 10, misses 5.
+TEST(GdbServer, GdbsRegistersMoveAWatchToPagesWhereItCountsExactly) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_stats.hits", "g_stats.misses", "g_counter",
+                        "--", TargetPath("gdb_target"), "10"},
+                       port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  const RunResult g = RunGdb(absl::StrCat("127.0.0.1:", port),
+                             {"hbreak main", "hbreak Bump", "continue", "continue", "finish",
+                              "next", "print g_stats.hits", "delete", "continue"});
+  const std::string all = g.out + g.err;
+  EXPECT_THAT(all, HasSubstr("Hardware assisted breakpoint 2, Bump")) << all;
+  EXPECT_THAT(all, HasSubstr("Value returned is $1 = 3")) << all;
+  EXPECT_THAT(all, HasSubstr("$2 = 1\n")) << all;  // `next` ran the first g_stats.hits++
+  EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+  absl::StatusOr<RunResult> k = kw->Finish();
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 7) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("counter 30 hits 10 misses 5")) << k->out;
+  json summary;
+  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
+    if (line[0] == '{') {
+      json j = json::parse(std::string(line));
+      if (j.value("type", "") == "summary") {
+        summary = j;
+      }
+    }
+  }
+  ASSERT_TRUE(summary.is_object()) << k->out;
+  const std::string notes = summary["notes"].dump();
+  EXPECT_THAT(notes, ::testing::ContainsRegex(
+                         "watch #[123] [a-z_.]+: moved to page protection \\(exact counts go "
+                         "on, at a fault per access to its page\\) \\(the debugger holds 2 "
+                         "debug registers\\)"))
+      << notes;
+  EXPECT_THAT(notes, ::testing::ContainsRegex("watch #[123] [a-z_.]+: back in a debug register "
+                                              "\\(the debugger holds 0 debug registers\\)"))
+      << notes;
+  ASSERT_EQ(summary["watches"].size(), 3u);
+  EXPECT_EQ(summary["watches"][0]["writes"], 10) << summary.dump();
+  EXPECT_EQ(summary["watches"][1]["writes"], 5) << summary.dump();
+  EXPECT_EQ(summary["watches"][2]["writes"], 10) << summary.dump();
+  EXPECT_EQ(summary["lost"], 0);
+  for (const json& w : summary["watches"]) {
+    EXPECT_EQ(w["multiplexed"], false) << w.dump();  // never took turns: pages, then back
+  }
+}
+
 // Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,
 // the breakpoint in Work stops two of its three workers in turn (each reported with its own
 // thread), and after the detach the program runs to its end with every write done.

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,6 +46,16 @@ class HwPoints final : public drmgr::Applier {
   void Settle();
   // Debug registers gdb's points hold in each thread.
   int registers() const { return static_cast<int>(armed_.size()); }
+  // The data gdb's watchpoints (z2-z4) watch: absolute address and length of each.
+  std::vector<std::pair<uint64_t, uint64_t>> DataRanges() const {
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (const Point& p : points_) {
+      if (p.kind != HwKind::kBreak) {
+        out.emplace_back(p.addr.value, p.len);
+      }
+    }
+    return out;
+  }
   ~HwPoints() override;
   HwPoints(const HwPoints&) = delete;
   HwPoints& operator=(const HwPoints&) = delete;

@@ -260,7 +260,12 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
   server.SetSlotLender([&](int registers) -> absl::Status {
     if (set != nullptr && set->target_session() != nullptr &&
         set->target_session() == &set->first_session()) {
-      absl::StatusOr<std::vector<std::string>> lines = set->first_session().LendSlots(registers);
+      absl::StatusOr<std::vector<std::string>> lines =
+          set->first_session().LendSlots(registers, server.hw_points().DataRanges());
+      // A page backend armed for a displaced watch claims its faults first: the server stays
+      // the last of the process's interceptors.
+      proc->RemoveInterceptor(&server);
+      proc->AddInterceptor(&server);
       if (lines.ok()) {
         for (std::string& line : *lines) {
           set->Note(std::move(line));
