@@ -131,6 +131,7 @@ absl::Status WatchSession::SyncPages() {
   }
   auto ids = [](const std::vector<Watch>& ws) {
     std::vector<uint32_t> out;
+    out.reserve(ws.size());
     for (const Watch& w : ws) {
       out.push_back(w.id);
     }
