@@ -417,6 +417,10 @@ TEST(GdbServer, DisplacedWatchMovesToPagesCountsExactlyThroughGdbsStepsAndComesB
   EXPECT_EQ(summary["lost"], 0);
   for (const json& w : summary["watches"]) {
     EXPECT_EQ(w["multiplexed"], false) << w.dump();
+    // Back in a register at the end, the displaced one too (on pages it says "page").
+    EXPECT_EQ(w["backend"], "perf") << w.dump();
+    EXPECT_THAT(w["placement"].get<std::string>(), ::testing::StartsWith("debug register DR"))
+        << w.dump();
   }
 }
 
