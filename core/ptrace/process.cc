@@ -688,7 +688,9 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
         // interceptor's own step that touched another protected page). Stepped again, it
         // would fault again: the interceptor that claims the fault runs the instruction
         // (emulated, or stepped with its page open, counting the access), and that was the
-        // step. Its own step inside is not handed over again (faulting_steps_).
+        // step. Not for threads in faulting_steps_: the interceptor's own step inside, and a
+        // system call kwatch runs in the thread (RemoteSyscall: the fault is older than the
+        // `syscall` patched at rip, and comes back when the thread runs its instruction).
         KW_ASSIGN_OR_RETURN(const user_regs_struct before, GetRegs(tid));
         faulting_steps_.insert(tid);
         const bool was_handling = std::exchange(handling_claimed_, true);

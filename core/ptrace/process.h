@@ -256,7 +256,7 @@ class Process {
   int hold_ = 0;                              // HoldStopped depth
   bool detached_ = false;
   bool handling_claimed_ = false;
-  absl::flat_hash_set<pid_t> faulting_steps_;  // SingleStep: threads whose fault is being run
+  absl::flat_hash_set<pid_t> faulting_steps_;  // SingleStep drops their claimed faults
   std::vector<SignalInterceptor*> interceptors_;
   InterceptorFanOut fan_out_{interceptors_};  // used when there are several
   SignalInterceptor* interceptor_ = nullptr;  // the one, the fan-out, or nullptr
