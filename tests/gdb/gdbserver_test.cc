@@ -424,6 +424,54 @@ TEST(GdbServer, DisplacedWatchMovesToPagesCountsExactlyThroughGdbsStepsAndComesB
   }
 }
 
+// SIGTERM ends `kwatch gdbserver` while a watch gdb displaced runs on pages (a build of this
+// once spun at 100% CPU ignoring it), the pages restored: the target runs on to its own end
+// without kwatch and prints its totals (no SIGSEGV from a page left protected).
+TEST(GdbServer, SigtermEndsTheSessionWhileADisplacedWatchIsOnPages) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_rec.a", "g_rec.b", "g_rec.c", "g_rec.d", "--",
+                        TargetPath("gdb_pages"), "3000000"},
+                       port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  absl::StatusOr<std::unique_ptr<Spawned>> gdb =
+      Spawned::Start({kGdb, "-batch", "-nx", "-ex", "set confirm off", "-ex", "set sysroot /",
+                      "-ex", absl::StrCat("target remote 127.0.0.1:", port), "-ex", "hbreak abort",
+                      "-ex", "continue", TargetPath("gdb_pages")});
+  ASSERT_TRUE(gdb.ok()) << gdb.status();
+  ASSERT_TRUE(kw->WaitForStderr("moved to page protection").ok()) << kw->err();
+  ::usleep(300 * 1000);  // some writes through the pages
+  ASSERT_EQ(::kill(kw->pid(), SIGTERM), 0);
+  absl::StatusOr<RunResult> k = kw->Finish(30);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->err, HasSubstr("keeps running")) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("a 3000000 b 2999999 c 1500000 d 600000 far ")) << k->out;
+  json summary;
+  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
+    if (line[0] == '{') {
+      json j = json::parse(std::string(line));
+      if (j.value("type", "") == "summary") {
+        summary = j;
+      }
+    }
+  }
+  ASSERT_TRUE(summary.is_object()) << k->out;
+  EXPECT_EQ(summary["stop_reason"], "interrupted by TERM") << summary.dump();
+  EXPECT_EQ(summary["lost"], 0);
+  ASSERT_EQ(summary["watches"].size(), 4u);
+  int on_pages = 0;
+  for (const json& w : summary["watches"]) {
+    on_pages += w["backend"] == "page" ? 1 : 0;
+  }
+  EXPECT_EQ(on_pages, 1) << summary.dump();  // the displaced one, when SIGTERM came
+  absl::StatusOr<RunResult> g = (*gdb)->Finish(30);
+  EXPECT_TRUE(g.ok()) << g.status();
+}
+
 // Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,
 // the breakpoint in Work stops two of its three workers in turn (each reported with its own
 // thread), and after the detach the program runs to its end with every write done.
