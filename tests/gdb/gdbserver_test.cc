@@ -20,6 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/base/unique_fd.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -470,6 +472,35 @@ TEST(GdbServer, SigtermEndsTheSessionWhileADisplacedWatchIsOnPages) {
   EXPECT_EQ(on_pages, 1) << summary.dump();  // the displaced one, when SIGTERM came
   absl::StatusOr<RunResult> g = (*gdb)->Finish(30);
   EXPECT_TRUE(g.ok()) << g.status();
+}
+
+// SIGTERM also ends `kwatch gdbserver` while gdb holds the target stopped (the server waits for
+// gdb's next packet; it used to wait until gdb resumed or went away): gdb's points are removed,
+// the target runs on to its own end, and kwatch's summary says why it ended.
+TEST(GdbServer, SigtermEndsTheSessionWhileGdbHoldsTheTargetStopped) {
+  KW_REQUIRE_GDB();
+  int port = 0;
+  std::unique_ptr<Spawned> kw = ListenOnFreePort(
+      {"--json", "-q", "--write", "g_rec.a", "--", TargetPath("gdb_pages"), "1000"}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  absl::StatusOr<std::unique_ptr<Spawned>> gdb =
+      Spawned::Start({kGdb, "-batch", "-nx", "-ex", "set confirm off", "-ex", "set sysroot /",
+                      "-ex", absl::StrCat("target remote 127.0.0.1:", port), "-ex", "break Store",
+                      "-ex", "continue", "-ex", "shell sleep 30", TargetPath("gdb_pages")});
+  ASSERT_TRUE(gdb.ok()) << gdb.status();
+  ASSERT_TRUE((*gdb)->WaitForStdout("Breakpoint 1, Store").ok()) << (*gdb)->out();
+  const absl::Time sent = absl::Now();
+  ASSERT_EQ(::kill(kw->pid(), SIGTERM), 0);
+  absl::StatusOr<RunResult> k = kw->Finish(20);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(10));  // not after gdb's `shell sleep 30`
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->err, HasSubstr("a signal ends kwatch while gdb holds pid")) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("a 1000 b 999 c 500 d 200 far 500500")) << k->out;
+  EXPECT_THAT(k->out, HasSubstr("\"stop_reason\":\"interrupted by TERM\"")) << k->out;
+  ASSERT_EQ(::kill((*gdb)->pid(), SIGKILL), 0);  // its `shell sleep` would hold it 30 s
+  (void)(*gdb)->Finish(10);
 }
 
 // Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,

@@ -126,17 +126,20 @@ absl::Status Connection::Fill(absl::Duration timeout) {
   if (closed_) {
     return absl::UnavailableError("gdb closed the connection");
   }
-  pollfd p{in_.get(), POLLIN, 0};
-  const int ms = timeout == absl::InfiniteDuration()
-                     ? -1
-                     : static_cast<int>(absl::ToInt64Milliseconds(timeout));
-  const int r = ::poll(&p, 1, ms);
+  const bool forever = timeout == absl::InfiniteDuration();
+  std::array<pollfd, 2> p{pollfd{in_.get(), POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}};
+  const nfds_t n_fds = forever && wake_fd_ >= 0 ? 2 : 1;
+  const int ms = forever ? -1 : static_cast<int>(absl::ToInt64Milliseconds(timeout));
+  const int r = ::poll(p.data(), n_fds, ms);
   if (r < 0) {
     const int err = errno;
     return err == EINTR ? absl::OkStatus() : core::SyscallError(err, "poll (gdb connection)");
   }
   if (r == 0) {
     return absl::OkStatus();
+  }
+  if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+    return absl::CancelledError("kwatch is ending (SIGINT, SIGTERM or SIGHUP)");
   }
   std::array<char, 4096> buf{};
   const ssize_t n = ::read(in_.get(), buf.data(), buf.size());

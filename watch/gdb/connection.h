@@ -49,6 +49,10 @@ class Connection {
   // QStartNoAckMode: after the OK, neither side acknowledges.
   void set_no_ack() { no_ack_ = true; }
   int in_fd() const { return in_.get(); }
+  // While Next waits without a timeout (gdb holds the target stopped), `fd` becoming readable
+  // ends the wait with Cancelled: a signalfd of the signals that end kwatch, never read here
+  // (the session's loop reads the signal once the server lets go). -1: none. Not owned.
+  void set_wake_fd(int fd) { wake_fd_ = fd; }
   bool closed() const { return closed_; }
 
  private:
@@ -62,6 +66,7 @@ class Connection {
   std::deque<Frame> frames_;
   bool no_ack_ = false;
   bool closed_ = false;
+  int wake_fd_ = -1;
 };
 
 }  // namespace kwatch::watch::gdb

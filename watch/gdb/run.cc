@@ -1,6 +1,7 @@
 #include "watch/gdb/run.h"
 
 #include <fcntl.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +24,20 @@
 namespace kwatch::watch::gdb {
 
 namespace {
+
+// What kwatch says when the server let go of gdb: gdb detached or went away, or a signal that
+// ends kwatch (pending, blocked, read by the session's loop next) ended the wait for gdb.
+std::string LetGo(pid_t pid, absl::string_view after) {
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (::sigpending(&pending) == 0 &&
+      (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1 ||
+       sigismember(&pending, SIGHUP) == 1)) {
+    return absl::StrCat("gdbserver: a signal ends kwatch while gdb holds pid ", pid,
+                        " stopped: gdb's points removed, pid ", pid, " runs on");
+  }
+  return absl::StrCat("gdbserver: gdb detached; pid ", pid, " runs on", after);
+}
 
 // --stdio: gdb's pipe moves to descriptors of kwatch's own (close-on-exec), fd 0 becomes
 // /dev/null and fd 1 kwatch's stderr, so that a launched program inherits neither end.
@@ -104,7 +119,7 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
   while (proc.alive()) {
     if (server.state() == GdbServer::State::kDetached) {
       KW_RETURN_IF_ERROR(proc.Detach());
-      Say(opts, absl::StrCat("gdb detached; pid ", proc.pid(), " runs on"));
+      Say(opts, LetGo(proc.pid(), ""));
       return 0;
     }
     KW_ASSIGN_OR_RETURN(const EventLoop::Ready ready, loop->Wait(absl::Milliseconds(50)));
@@ -154,8 +169,7 @@ absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
     }
     if (!said_detached && proc.alive() && server.state() == GdbServer::State::kDetached) {
       said_detached = true;
-      Say(opts, absl::StrCat("gdbserver: gdb detached; pid ", proc.pid(),
-                             " runs on and kwatch goes on watching it"));
+      Say(opts, LetGo(proc.pid(), " and kwatch goes on watching it"));
     }
     if (!*more) {
       break;
@@ -245,6 +259,16 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     Say(opts, "gdbserver: gdb connected");
   }
 
+  // SIGINT, SIGTERM and SIGHUP (blocked, read by the session's loop) also end a wait for gdb
+  // while it holds the target stopped: the server lets go as if gdb had gone, and the loop
+  // then reads the signal and ends.
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    sigaddset(&ending, sig);
+  }
+  const core::UniqueFd wake(::signalfd(-1, &ending, SFD_CLOEXEC | SFD_NONBLOCK));
+  conn->set_wake_fd(wake.get());  // -1 (no signalfd): waits as before
   GdbServer server(*proc, *conn, /*attached=*/!proc->launched());
   if (absl::Status s = server.Start(); !s.ok()) {
     abandon();
@@ -291,8 +315,7 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     return s;
   }
   if (watching && server.state() == GdbServer::State::kDetached) {
-    Say(opts, absl::StrCat("gdbserver: gdb detached; pid ", proc->pid(),
-                           " runs on and kwatch goes on watching it"));
+    Say(opts, LetGo(proc->pid(), " and kwatch goes on watching it"));
   }
   absl::StatusOr<int> code = watching
                                  ? RunWithWatches(opts, *set, server)
