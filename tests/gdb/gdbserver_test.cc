@@ -503,6 +503,21 @@ TEST(GdbServer, SigtermEndsTheSessionWhileGdbHoldsTheTargetStopped) {
   (void)(*gdb)->Finish(10);
 }
 
+// And before gdb connects: kwatch ends at once, the launched target (which never ran) killed.
+TEST(GdbServer, SigtermBeforeGdbConnectsEndsKwatch) {
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"-q", "--write", "g_rec.a", "--", TargetPath("gdb_pages"), "10"}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  ASSERT_EQ(::kill(kw->pid(), SIGTERM), 0);
+  absl::StatusOr<RunResult> k = kw->Finish(20);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->err, HasSubstr("a signal ends kwatch before gdb connected; pid ")) << k->err;
+  EXPECT_THAT(k->err, HasSubstr(" killed (it never ran)")) << k->err;
+}
+
 // Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,
 // the breakpoint in Work stops two of its three workers in turn (each reported with its own
 // thread), and after the detach the program runs to its end with every write done.

@@ -87,8 +87,21 @@ absl::StatusOr<Listener> Listener::Bind(absl::string_view host_port) {
   return last;
 }
 
-absl::StatusOr<core::UniqueFd> Listener::Accept() {
+absl::StatusOr<core::UniqueFd> Listener::Accept(int wake_fd) {
   for (;;) {
+    if (wake_fd >= 0) {
+      std::array<pollfd, 2> p{pollfd{fd_.get(), POLLIN, 0}, pollfd{wake_fd, POLLIN, 0}};
+      if (::poll(p.data(), p.size(), -1) < 0) {
+        const int err = errno;
+        if (err == EINTR) {
+          continue;
+        }
+        return core::SyscallError(err, "poll (waiting for gdb)");
+      }
+      if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+        return absl::CancelledError("kwatch is ending (SIGINT, SIGTERM or SIGHUP)");
+      }
+    }
     core::UniqueFd c(::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (c) {
       const int one = 1;

@@ -27,8 +27,9 @@ class Listener {
   static absl::StatusOr<Listener> Bind(absl::string_view host_port);
   // The port it listens on (the one picked, for port 0).
   int port() const { return port_; }
-  // Waits for one client and stops listening.
-  absl::StatusOr<core::UniqueFd> Accept();
+  // Waits for one client and stops listening. Cancelled when `wake_fd` (-1: none; see
+  // Connection::set_wake_fd) becomes readable first.
+  absl::StatusOr<core::UniqueFd> Accept(int wake_fd = -1);
 
  private:
   core::UniqueFd fd_;

@@ -246,12 +246,27 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
   Say(opts, absl::StrCat("gdbserver: ", proc->launched() ? "launched" : "attached to", " pid ",
                          proc->pid(), ", stopped"));
 
+  // SIGINT, SIGTERM and SIGHUP (blocked, read by the session's loop) also end a wait for gdb:
+  // for it to connect (the target is let go), or while it holds the target stopped (the
+  // server lets go as if gdb had gone, and the loop then reads the signal and ends).
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    sigaddset(&ending, sig);
+  }
+  const core::UniqueFd wake(::signalfd(-1, &ending, SFD_CLOEXEC | SFD_NONBLOCK));
   if (listener.has_value()) {
     Say(opts, absl::StrCat("gdbserver: listening on port ", listener->port(),
                            " (gdb: target remote HOST:", listener->port(), ")"));
-    absl::StatusOr<core::UniqueFd> c = listener->Accept();
+    absl::StatusOr<core::UniqueFd> c = listener->Accept(wake.get());
     if (!c.ok()) {
+      const bool launched = proc->launched();
       abandon();
+      if (c.status().code() == absl::StatusCode::kCancelled) {
+        Say(opts, absl::StrCat("gdbserver: a signal ends kwatch before gdb connected; pid ",
+                               proc->pid(), launched ? " killed (it never ran)" : " released"));
+        return 0;
+      }
       return c.status();
     }
     core::UniqueFd out(::fcntl(c->get(), F_DUPFD_CLOEXEC, 3));
@@ -259,15 +274,6 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     Say(opts, "gdbserver: gdb connected");
   }
 
-  // SIGINT, SIGTERM and SIGHUP (blocked, read by the session's loop) also end a wait for gdb
-  // while it holds the target stopped: the server lets go as if gdb had gone, and the loop
-  // then reads the signal and ends.
-  sigset_t ending;
-  sigemptyset(&ending);
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
-    sigaddset(&ending, sig);
-  }
-  const core::UniqueFd wake(::signalfd(-1, &ending, SFD_CLOEXEC | SFD_NONBLOCK));
   conn->set_wake_fd(wake.get());  // -1 (no signalfd): waits as before
   GdbServer server(*proc, *conn, /*attached=*/!proc->launched());
   if (absl::Status s = server.Start(); !s.ok()) {
