@@ -152,6 +152,7 @@ absl::Status Connection::Fill(absl::Duration timeout) {
     return absl::OkStatus();
   }
   if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+    woken_ = true;
     return absl::CancelledError("kwatch is ending (SIGINT, SIGTERM or SIGHUP)");
   }
   std::array<char, 4096> buf{};

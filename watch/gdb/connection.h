@@ -54,6 +54,8 @@ class Connection {
   // ends the wait with Cancelled: a signalfd of the signals that end kwatch, never read here
   // (the session's loop reads the signal once the server lets go). -1: none. Not owned.
   void set_wake_fd(int fd) { wake_fd_ = fd; }
+  // Whether a wait ended that way.
+  bool woken() const { return woken_; }
   bool closed() const { return closed_; }
 
  private:
@@ -68,6 +70,7 @@ class Connection {
   bool no_ack_ = false;
   bool closed_ = false;
   int wake_fd_ = -1;
+  bool woken_ = false;
 };
 
 }  // namespace kwatch::watch::gdb

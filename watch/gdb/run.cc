@@ -26,13 +26,9 @@ namespace kwatch::watch::gdb {
 namespace {
 
 // What kwatch says when the server let go of gdb: gdb detached or went away, or a signal that
-// ends kwatch (pending, blocked, read by the session's loop next) ended the wait for gdb.
-std::string LetGo(pid_t pid, absl::string_view after) {
-  sigset_t pending;
-  sigemptyset(&pending);
-  if (::sigpending(&pending) == 0 &&
-      (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1 ||
-       sigismember(&pending, SIGHUP) == 1)) {
+// ends kwatch ended the wait for gdb's next packet (`woken`; the session's loop reads it).
+std::string LetGo(pid_t pid, bool woken, absl::string_view after) {
+  if (woken) {
     return absl::StrCat("gdbserver: a signal ends kwatch while gdb holds pid ", pid,
                         " stopped: gdb's points removed, pid ", pid, " runs on");
   }
@@ -119,7 +115,7 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
   while (proc.alive()) {
     if (server.state() == GdbServer::State::kDetached) {
       KW_RETURN_IF_ERROR(proc.Detach());
-      Say(opts, LetGo(proc.pid(), ""));
+      Say(opts, LetGo(proc.pid(), conn.woken(), ""));
       return 0;
     }
     KW_ASSIGN_OR_RETURN(const EventLoop::Ready ready, loop->Wait(absl::Milliseconds(50)));
@@ -154,8 +150,8 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
 }
 
 // After the first stop: the loop of a session with kwatch's watches (TargetSet).
-absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
-                                   GdbServer& server) {
+absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set, GdbServer& server,
+                                   const Connection& conn) {
   core::ptrace::Process& proc = set.target_process();
   bool said_detached = server.state() != GdbServer::State::kServing;
   for (;;) {
@@ -169,7 +165,7 @@ absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
     }
     if (!said_detached && proc.alive() && server.state() == GdbServer::State::kDetached) {
       said_detached = true;
-      Say(opts, LetGo(proc.pid(), " and kwatch goes on watching it"));
+      Say(opts, LetGo(proc.pid(), conn.woken(), " and kwatch goes on watching it"));
     }
     if (!*more) {
       break;
@@ -321,10 +317,10 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     return s;
   }
   if (watching && server.state() == GdbServer::State::kDetached) {
-    Say(opts, LetGo(proc->pid(), " and kwatch goes on watching it"));
+    Say(opts, LetGo(proc->pid(), conn->woken(), " and kwatch goes on watching it"));
   }
   absl::StatusOr<int> code = watching
-                                 ? RunWithWatches(opts, *set, server)
+                                 ? RunWithWatches(opts, *set, server, *conn)
                                  : RunAlone(opts, std::move(alone_sigfd), *proc, server, *conn);
   if (!code.ok()) {
     abandon();
