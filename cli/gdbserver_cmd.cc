@@ -46,7 +46,7 @@ int GdbServerMain(const std::vector<std::string>& args) {
   std::vector<std::string> exprs;
   std::optional<pid_t> pid;
   std::string backend = "auto";
-  std::string overcommit = "multiplex";
+  std::string overcommit = "pages";
   bool json = false;
   bool quiet = false;
   CLI::App app{
@@ -81,9 +81,11 @@ int GdbServerMain(const std::vector<std::string>& args) {
       ->capture_default_str();
   app.add_option("--overcommit", overcommit,
                  "kwatch watches beyond the debug registers, or when gdb's hardware "
-                 "watchpoints take theirs (debugger priority): multiplex (take turns, counts "
-                 "scaled by coverage) or fail (wait, counting nothing); pages: not here")
-      ->check(CLI::IsMember({"fail", "multiplex"}))
+                 "points take theirs (debugger priority): pages (page protection, exact counts; "
+                 "an execute watch, or one whose page holds data gdb watches, takes turns "
+                 "instead), multiplex (take turns, counts scaled by coverage) or fail (wait, "
+                 "counting nothing)")
+      ->check(CLI::IsMember({"pages", "fail", "multiplex"}))
       ->capture_default_str();
   app.add_flag("--json", json, "kwatch's events as JSON lines");
   app.add_flag("-q,--quiet", quiet, "No live events, only the summary");
@@ -128,9 +130,11 @@ int GdbServerMain(const std::vector<std::string>& args) {
     opts.requests.push_back(std::move(req));
   }
   opts.session.backend = watch::BackendKind::kPerf;
-  opts.session.overcommit =
-      overcommit == "multiplex" ? watch::Overcommit::kMultiplex : watch::Overcommit::kFail;
-  opts.session.hardware_asked = overcommit != "multiplex";
+  opts.session.overcommit = overcommit == "multiplex" ? watch::Overcommit::kMultiplex
+                            : overcommit == "fail"    ? watch::Overcommit::kFail
+                                                      : watch::Overcommit::kPages;
+  opts.session.hardware_asked = overcommit == "fail";
+  opts.session.debugger_shares = true;
   opts.say = SayLine;
   opts.command_line = "kwatch gdbserver";
   for (const std::string& arg : args) {

@@ -21,9 +21,12 @@
 #include "watch/hw_probe.h"
 #include "watch/page_backend.h"
 #include "watch/perf_backend.h"
+#include "watch/session_policy.h"
 #include "watch/stop_backend.h"
 
 namespace kwatch::watch {
+
+using session_internal::SlotRequestFor;
 
 namespace {
 constexpr uint64_t kMaxPageWatch = 64ULL << 20;
@@ -61,32 +64,6 @@ namespace {
 
 bool IsHardware(BackendKind kind) {
   return kind != BackendKind::kPage && kind != BackendKind::kAuto;
-}
-
-drmgr::ShortagePolicy PolicyFor(const WatchRequest& req, Overcommit o) {
-  switch (o) {
-    case Overcommit::kPages:
-      // Pages cannot watch execution: an execute watch needs a register or fails.
-      return req.kind == drmgr::DrKind::kExec ? drmgr::ShortagePolicy::kFail
-                                              : drmgr::ShortagePolicy::kFallbackPages;
-    case Overcommit::kMultiplex:
-      return drmgr::ShortagePolicy::kMultiplex;
-    case Overcommit::kFail:
-      return drmgr::ShortagePolicy::kFail;
-  }
-  return drmgr::ShortagePolicy::kFail;
-}
-
-drmgr::SlotRequest SlotRequestFor(const Watch& w, pid_t pid, Overcommit o) {
-  drmgr::SlotRequest r;
-  r.addr = w.target.addr;
-  r.len = w.target.length;
-  r.kind = w.request.kind;
-  r.scope = drmgr::Scope::Process(pid);
-  r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kWatchpoint);
-  r.policy = PolicyFor(w.request, o);
-  r.label = w.target.display;
-  return r;
 }
 
 // What to tell a user whose watch cannot have hardware.
@@ -220,7 +197,7 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
         continue;  // straight to pages
       }
       absl::StatusOr<drmgr::Grant> g =
-          dry.Request(client, SlotRequestFor(w, proc.pid(), opts.overcommit));
+          dry.Request(client, SlotRequestFor(w, proc.pid(), opts.overcommit, opts.debugger_shares));
       if (!g.ok()) {
         return absl::Status(g.status().code(),
                             absl::StrCat("'", w.target.display, "': ", g.status().message()));
@@ -329,11 +306,13 @@ absl::Status WatchSession::Arm() {
         page_watches_.push_back(w);  // Create allowed it only with --overcommit=pages
         continue;
       }
-      KW_ASSIGN_OR_RETURN(
-          drmgr::Grant g,
-          alloc_->Request(client_, SlotRequestFor(w, proc_.pid(), opts_.overcommit)));
+      KW_ASSIGN_OR_RETURN(drmgr::Grant g,
+                          alloc_->Request(client_, SlotRequestFor(w, proc_.pid(), opts_.overcommit,
+                                                                  opts_.debugger_shares)));
       hw_->AddOwner(g.id, w.id);
       request_of_[w.id] = g.id;
+      policy_of_[w.id] =
+          session_internal::PolicyFor(w.request, opts_.overcommit, opts_.debugger_shares);
       if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(g.changes)); !s.ok()) {
         return {s.code(), absl::StrCat("arming '", w.target.display, "': ", s.message())};
       }
@@ -419,37 +398,6 @@ absl::StatusOr<bool> WatchSession::Tick(absl::Time now) {
   }
   KW_RETURN_IF_ERROR(drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(changes)));
   return true;
-}
-
-absl::StatusOr<std::vector<std::string>> WatchSession::LendSlots(int n) {
-  if (alloc_ == nullptr || hw_ == nullptr || !armed_) {
-    return absl::FailedPreconditionError("kwatch's watches hold no debug register to lend");
-  }
-  alloc_->AdvanceClock(absl::Now());
-  KW_ASSIGN_OR_RETURN(drmgr::Changes changes,
-                      alloc_->MarkExternallyHeld(drmgr::Scope::Process(proc_.pid()), n));
-  const std::vector<drmgr::RequestChange> moved = changes.requests;
-  KW_RETURN_IF_ERROR(drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(changes)));
-  std::vector<std::string> lines;
-  multiplexing_ = false;
-  for (const auto& [watch_id, request] : request_of_) {
-    absl::StatusOr<drmgr::RequestView> v = alloc_->Describe(request);
-    multiplexing_ |= v.ok() && v->state == drmgr::RequestState::kMultiplexed;
-    for (const drmgr::RequestChange& c : moved) {
-      if (c.id != request || (c.from == c.to && c.was_armed == c.armed)) {
-        continue;
-      }
-      const Watch& w = watches_[watch_id];
-      std::string now = c.to == drmgr::RequestState::kHardware ? "back in a debug register"
-                        : c.to == drmgr::RequestState::kMultiplexed
-                            ? "taking turns for the debug registers left (multiplexed)"
-                            : "waiting for a debug register, counting nothing meanwhile";
-      lines.push_back(absl::StrCat("watch #", w.id + 1, " ", w.target.display, ": ", now,
-                                   " (the debugger holds ", n, " debug register", n == 1 ? "" : "s",
-                                   ")"));
-    }
-  }
-  return lines;
 }
 
 absl::StatusOr<std::vector<uint32_t>> WatchSession::AddWatches(std::vector<WatchRequest> requests,
@@ -718,6 +666,10 @@ size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sin
   }
   if (page_ != nullptr) {
     page_->Collect(batch_);
+  }
+  if (!carried_.empty()) {  // from page backends replaced since (LendSlots)
+    batch_.insert(batch_.end(), carried_.begin(), carried_.end());
+    carried_.clear();
   }
   if (batch_.empty()) {
     return 0;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -73,6 +74,10 @@ struct SessionOptions {
   size_t stack_frames = 0;      // --stack: backtrace of each access, at most this many frames
   size_t ring_pages = 256;      // per event, power of two
   uint32_t wakeup_events = 64;  // samples per wakeup; a periodic drain picks up the rest
+  // A debugger shares the registers and takes them when it needs them (`kwatch gdbserver`,
+  // LendSlots): with overcommit kPages, an execute watch it displaces takes turns (pages cannot
+  // watch execution) instead of failing.
+  bool debugger_shares = false;
 };
 
 // Watches of one target process. Resolves expressions against the target's symbols and
@@ -121,12 +126,17 @@ class WatchSession {
   absl::StatusOr<bool> Tick(absl::Time now);
   bool multiplexing() const { return multiplexing_; }
   // A debugger sharing the target (`kwatch gdbserver`) holds `n` (0-4) debug registers of the
-  // target's threads: drmgr counts them as held outside kwatch, so kwatch's lowest-ranked
-  // watches give theirs up (with --overcommit=multiplex they take turns in the rest, counted
-  // with coverage; otherwise they wait, counting nothing) and get them back when `n` drops.
-  // Returns a line for people per watch whose placement changed. FailedPrecondition for a
-  // session without debug registers.
-  absl::StatusOr<std::vector<std::string>> LendSlots(int n);
+  // target's threads, and watches `debugger_data` (absolute ranges: address, length) with them:
+  // drmgr counts the registers as held outside kwatch, so kwatch's lowest-ranked watches give
+  // theirs up and get them back when `n` drops. A displaced data watch moves to page protection
+  // (overcommit kPages: exact, its counts go on; the target must be stopped, as it is when a
+  // debugger inserts its points) unless its pages hold one of the debugger's data ranges (page
+  // protection would hide those accesses from the debugger's registers): that one, and an
+  // execute watch, take turns in the rest (multiplexed, counted with coverage), as with
+  // --overcommit=multiplex; with kFail they wait, counting nothing. Returns a line for people per
+  // watch whose placement changed. FailedPrecondition for a session without debug registers.
+  absl::StatusOr<std::vector<std::string>> LendSlots(
+      int n, const std::vector<std::pair<uint64_t, uint64_t>>& debugger_data = {});
 
   // Joining (cli/join_server.h): another kwatch's watches, added to this armed hardware
   // session as drmgr client `client_name` (its own client, at watchpoint priority; `kwatch slots`
@@ -189,7 +199,12 @@ class WatchSession {
   BackendKind kind_ = BackendKind::kPage;  // the hardware kind, or kPage for pages only
   std::unique_ptr<drmgr::SlotAllocator> alloc_;
   drmgr::ClientId client_;
-  std::map<uint32_t, drmgr::RequestId> request_of_;   // by watch id
+  std::map<uint32_t, drmgr::RequestId> request_of_;      // by watch id
+  std::map<uint32_t, drmgr::ShortagePolicy> policy_of_;  // own watches' requests, by id
+  std::vector<core::AccessEvent> carried_;  // collected from a page backend replaced since
+  // Makes drmgr's kFallbackPages decisions real: the page backend rebuilt over those watches
+  // (and those too long for registers), the others in registers (LendSlots).
+  absl::Status SyncPages();
   std::map<uint32_t, drmgr::ClientId> guest_client_;  // joined watches, by id
   std::vector<bool> removed_;  // by watch id: a joined watch that was removed
   std::unique_ptr<SlotBackend> hw_;

@@ -619,6 +619,17 @@ absl::Status Process::HandleClaimed() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether the instruction at `before` made progress: rip moved, or a string instruction's
+// registers counted (one iteration of `rep movs` leaves rip where it was).
+bool Progressed(const user_regs_struct& before, const user_regs_struct& after) {
+  return before.rip != after.rip || before.rcx != after.rcx || before.rsi != after.rsi ||
+         before.rdi != after.rdi;
+}
+
+}  // namespace
+
 absl::StatusOr<int> Process::SingleStep(pid_t tid) {
   const auto step = [tid]() -> absl::Status {
     if (::ptrace(PTRACE_SINGLESTEP, tid, nullptr, 0) != 0) {
@@ -626,6 +637,18 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
       return SyscallError(err, absl::StrCat("ptrace(PTRACE_SINGLESTEP, ", tid, ")"));
     }
     return absl::OkStatus();
+  };
+  // Steps started again without the instruction having run: bounded, so that a fault nobody
+  // resolves is an error instead of a loop that never reads another stop (or SIGTERM).
+  int retries = 0;
+  const auto again = [&](absl::string_view why) -> absl::Status {
+    if (++retries > kMaxStepRetries) {
+      return absl::InternalError(
+          absl::StrCat("single-stepping thread ", tid, " of pid ", pid_, ": ", kMaxStepRetries,
+                       " attempts stopped before the instruction ran (last: ", why,
+                       "); giving up instead of looping (a kwatch bug: please report it)"));
+    }
+    return step();
   };
   KW_RETURN_IF_ERROR(step());
   for (;;) {
@@ -653,21 +676,61 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
                              si.si_code <= 0 || si.si_code == TRAP_HWBKPT)) {
         return SIGTRAP;
       }
-      if (!(have_info && interceptor_ != nullptr && interceptor_->Claims(tid, si))) {
+      const bool claimed = have_info && interceptor_ != nullptr && interceptor_->Claims(tid, si);
+      if (!claimed) {
         threads_[tid].pending_signal = sig;  // the target's own: delivered on resume
         if (Debug()) {
           std::fprintf(stderr, "kwatch-debug: tid %d signal %d code %d addr %p during a step\n",
                        tid, sig, si.si_code, si.si_addr);
         }
+        KW_RETURN_IF_ERROR(again("a signal of the target's, set aside"));
+        continue;
+      }
+      if (sig == SIGSEGV && !faulting_steps_.contains(tid)) {
+        // kwatch's page protection stopped the stepped instruction (a debugger's step, or an
+        // interceptor's own step that touched another protected page). Stepped again, it
+        // would fault again: the interceptor that claims the fault runs the instruction
+        // (emulated, or stepped with its page open, counting the access), and that was the
+        // step. Not for threads in faulting_steps_: the interceptor's own step inside, and a
+        // system call kwatch runs in the thread (RemoteSyscall: the fault is older than the
+        // `syscall` patched at rip, and comes back when the thread runs its instruction).
+        KW_ASSIGN_OR_RETURN(const user_regs_struct before, GetRegs(tid));
+        faulting_steps_.insert(tid);
+        const bool was_handling = std::exchange(handling_claimed_, true);
+        absl::Status s;
+        {
+          absl::Cleanup restore = [&] {
+            faulting_steps_.erase(tid);
+            handling_claimed_ = was_handling;
+          };
+          absl::StatusOr<bool> in_place = interceptor_->HandleInPlace(tid, si);
+          s = in_place.status();
+          if (in_place.ok() && !*in_place) {
+            s = interceptor_->Handle(tid, si);
+          }
+        }
+        KW_RETURN_IF_ERROR(s);
+        if (!alive() || !threads_.contains(tid)) {
+          return 0;
+        }
+        KW_ASSIGN_OR_RETURN(const user_regs_struct after, GetRegs(tid));
+        if (Progressed(before, after)) {
+          return SIGTRAP;
+        }
+        // Dropped (a late fault of a page just unprotected): the instruction runs now.
+        KW_RETURN_IF_ERROR(again("a fault of kwatch's page protection, dropped"));
+        continue;
       }
       // Claimed ones are dropped: the access that raised them runs again later.
-      KW_RETURN_IF_ERROR(step());
+      KW_RETURN_IF_ERROR(again(absl::StrCat("signal ", sig, " code ", si.si_code, " at 0x",
+                                            absl::Hex(reinterpret_cast<uint64_t>(si.si_addr)),
+                                            ", claimed by kwatch")));
       continue;
     }
     if (event == PTRACE_EVENT_STOP && !IsStopSignal(sig)) {
       // An earlier PTRACE_INTERRUPT landed before the step: the step has not run yet.
       threads_[tid].interrupt_pending = false;
-      KW_RETURN_IF_ERROR(step());
+      KW_RETURN_IF_ERROR(again("an interrupt stop"));
       continue;
     }
     // A ptrace event (clone, exec, group stop) at the stepped instruction: recorded as

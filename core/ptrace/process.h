@@ -133,8 +133,12 @@ class Process {
   // Executes one instruction of stopped thread `tid` (PTRACE_SINGLESTEP) while the other
   // threads stay as they are. Signals that arrive first are set aside (the target's own are
   // delivered when the thread resumes; those the interceptor claims are dropped) and the step
-  // is retried. Returns SIGTRAP once the instruction ran, or 0 when the process ended.
+  // is retried. A fault of kwatch's page protection at the instruction goes to the interceptor
+  // that claims it, which runs the instruction (and counts the access): that is the step.
+  // Returns SIGTRAP once the instruction ran, or 0 when the process ended; Internal after
+  // kMaxStepRetries attempts that stopped before the instruction ran (never an endless loop).
   absl::StatusOr<int> SingleStep(pid_t tid);
+  static constexpr int kMaxStepRetries = 1000;
   // A stopped thread of the process (for RemoteSyscall), or 0 when none is stopped.
   pid_t AnyStoppedThread() const;
 
@@ -254,6 +258,7 @@ class Process {
   int hold_ = 0;                              // HoldStopped depth
   bool detached_ = false;
   bool handling_claimed_ = false;
+  absl::flat_hash_set<pid_t> faulting_steps_;  // SingleStep drops their claimed faults
   std::vector<SignalInterceptor*> interceptors_;
   InterceptorFanOut fan_out_{interceptors_};  // used when there are several
   SignalInterceptor* interceptor_ = nullptr;  // the one, the fan-out, or nullptr

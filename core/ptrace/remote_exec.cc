@@ -82,6 +82,15 @@ absl::StatusOr<int64_t> Process::RemoteSyscall(pid_t tid, long nr, std::span<con
   regs.r9 = a[5];
   KW_RETURN_IF_ERROR(SetRegs(tid, regs));
   const int pending = std::exchange(it->second.pending_signal, 0);
+  // A fault the thread raised before it stopped may be reported at this step: it belongs to the
+  // thread's own instruction, not to the `syscall` patched over it, so SingleStep drops it
+  // (the instruction faults again when the thread runs it) instead of handing it over.
+  const bool was_listed = !faulting_steps_.insert(tid).second;
+  absl::Cleanup unlist = [this, tid, was_listed] {
+    if (!was_listed) {
+      faulting_steps_.erase(tid);
+    }
+  };
   const auto ended = [this] {
     return absl::AbortedError(
         absl::StrCat("process ", pid_, " ended during a system call kwatch ran in it"));

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -19,6 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/base/unique_fd.h"
 #include "tests/test_util.h"
 #include "tests/watch/debug_traps.h"
@@ -218,7 +221,8 @@ TEST(GdbServer, DetachLeavesTheTargetRunningAndKwatchCounting) {
 
 // Arbitration: kwatch's four watches hold every debug register; gdb's `watch` (debugger
 // priority) takes one, kwatch's watches take turns in the other three meanwhile (multiplexed,
-// said on the event stream and in the summary), and get it back once gdb deletes its watch.
+// said on the event stream and in the summary: not page protection, the default, because
+// g_counter, which gdb watches, shares their page), and get it back once gdb deletes its watch.
 TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
   KW_REQUIRE_GDB();
   KW_REQUIRE_DEBUG_TRAPS();
@@ -252,7 +256,9 @@ TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
   ASSERT_TRUE(summary.is_object()) << k->out;
   const std::string notes = summary["notes"].dump();
   EXPECT_THAT(notes, HasSubstr("watch #1 g_stats.hits: taking turns for the debug registers left "
-                               "(multiplexed) (the debugger holds 1 debug register)"))
+                               "(multiplexed); not page protection, which would hide the "
+                               "accesses the debugger watches on its page (the debugger holds 1 "
+                               "debug register)"))
       << notes;
   EXPECT_THAT(notes, HasSubstr("watch #4 g_values[3]: back in a debug register (the debugger "
                                "holds 0 debug registers)"))
@@ -262,6 +268,254 @@ TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
   EXPECT_LE(summary["watches"][0]["writes"].get<int>(), 10);
   EXPECT_LE(summary["watches"][1]["writes"].get<int>(), 5);
   EXPECT_EQ(summary["watches"][0]["multiplexed"], false);
+}
+
+// Arbitration with page protection (the default): gdb's two hardware breakpoints leave kwatch's
+// three watches two registers; the lowest-ranked moves to page protection (said on the event
+// stream and in the summary) and counts on exactly, gdb's `next` steps over a store to the
+// protected page, and the watch gets its register back after gdb's `delete`. Every count is the
+// program's: Bump runs 10 times (g_counter written once each), g_stats.hits 10, misses 5.
+TEST(GdbServer, GdbsRegistersMoveAWatchToPagesWhereItCountsExactly) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_stats.hits", "g_stats.misses", "g_counter",
+                        "--", TargetPath("gdb_target"), "10"},
+                       port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  const RunResult g = RunGdb(absl::StrCat("127.0.0.1:", port),
+                             {"hbreak main", "hbreak Bump", "continue", "continue", "finish",
+                              "next", "print g_stats.hits", "delete", "continue"});
+  const std::string all = g.out + g.err;
+  EXPECT_THAT(all, HasSubstr("Breakpoint 2, Bump")) << all;
+  EXPECT_THAT(all, HasSubstr("Value returned is $1 = 3")) << all;
+  EXPECT_THAT(all, HasSubstr("$2 = 1\n")) << all;  // `next` ran the first g_stats.hits++
+  EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+  absl::StatusOr<RunResult> k = kw->Finish();
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 7) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("counter 30 hits 10 misses 5")) << k->out;
+  json summary;
+  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
+    if (line[0] == '{') {
+      json j = json::parse(std::string(line));
+      if (j.value("type", "") == "summary") {
+        summary = j;
+      }
+    }
+  }
+  ASSERT_TRUE(summary.is_object()) << k->out;
+  const std::string notes = summary["notes"].dump();
+  EXPECT_THAT(notes, ::testing::ContainsRegex(
+                         "watch #[123] [a-z_.]+: moved to page protection \\(exact counts go "
+                         "on, at a fault per access to its page\\) \\(the debugger holds 2 "
+                         "debug registers\\)"))
+      << notes;
+  EXPECT_THAT(notes, ::testing::ContainsRegex("watch #[123] [a-z_.]+: back in a debug register "
+                                              "\\(the debugger holds 0 debug registers\\)"))
+      << notes;
+  ASSERT_EQ(summary["watches"].size(), 3u);
+  EXPECT_EQ(summary["watches"][0]["writes"], 10) << summary.dump();
+  EXPECT_EQ(summary["watches"][1]["writes"], 5) << summary.dump();
+  EXPECT_EQ(summary["watches"][2]["writes"], 10) << summary.dump();
+  EXPECT_EQ(summary["lost"], 0);
+  for (const json& w : summary["watches"]) {
+    EXPECT_EQ(w["multiplexed"], false) << w.dump();  // never took turns: pages, then back
+  }
+}
+
+// Arbitration with page protection, the issue's case: kwatch watches the four fields of g_rec
+// (tests/targets/gdb_pages.c: a page of their own) in all four debug registers; gdb's `watch
+// g_far` (another page) takes one, and the watch drmgr displaces moves to page protection (said
+// in the notes and by `kwatch slots`: page-protected) and goes on counting exactly. gdb steps
+// (`next`) over an add to g_rec.a (the page backend steps it with the page open) and a plain
+// store to g_rec.b (emulated) on the protected page: both are normal steps for gdb and kwatch
+// events, never gdb stops. After gdb's `delete` the watch is back in a register. Every count
+// is the program's: 10 writes of a and b, 5 of c, 2 of d.
+TEST(GdbServer, DisplacedWatchMovesToPagesCountsExactlyThroughGdbsStepsAndComesBack) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "--write", "g_rec.a", "g_rec.b", "g_rec.c", "g_rec.d", "--",
+                        TargetPath("gdb_pages"), "10"},
+                       port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  const RunResult g = RunGdb(
+      absl::StrCat("127.0.0.1:", port),
+      {"break Touch", "continue", "watch g_far", "continue", "delete 1", "break Store", "continue",
+       absl::StrCat("shell ", KwatchPath(), " slots"), "next", "next", "print g_rec", "delete 3",
+       "continue", "continue", "continue", "continue", "delete", "continue"},
+      TargetPath("gdb_pages"));
+  const std::string all = g.out + g.err;
+  EXPECT_THAT(all, HasSubstr("Hardware watchpoint 2: g_far")) << all;
+  EXPECT_THAT(all, HasSubstr("Old value = 0\nNew value = 1\n")) << all;
+  EXPECT_THAT(all, HasSubstr("Breakpoint 3, Store (i=i@entry=1)")) << all;
+  // Two `next`s ran the add and the store of Store(1): the values are the program's.
+  EXPECT_THAT(all, HasSubstr("$1 = {a = 2, b = 1, c = 0, d = 0}")) << all;
+  EXPECT_THAT(all, Not(HasSubstr("SIGSEGV"))) << all;
+  // gdb's watchpoint stops in Touch(1) to Touch(4) (Store(4) writes g_rec.d), then no more.
+  EXPECT_THAT(all, HasSubstr("Old value = 10\nNew value = 15\n")) << all;
+  EXPECT_THAT(all, Not(HasSubstr("Old value = 15"))) << all;
+  EXPECT_TRUE(std::regex_search(all, std::regex("g_rec\\.[abcd] \\(kwatch [0-9]+\\): [0-9]+ "
+                                                "bytes at 0x[0-9a-f]+ write, page-protected")))
+      << all;
+  EXPECT_THAT(all, HasSubstr("exited with code 07")) << all;
+  absl::StatusOr<RunResult> k = kw->Finish();
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 7) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("a 10 b 9 c 5 d 2 far 55")) << k->out;
+  json summary;
+  std::map<std::string, int> events;  // by expression
+  std::map<std::string, int> paged;   // of those, the page backend's (ip and trap_ip alike)
+  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
+    if (line[0] != '{') {
+      continue;  // the program's own line
+    }
+    json j = json::parse(std::string(line));
+    if (j.value("type", "") == "summary") {
+      summary = j;
+    } else if (j.value("type", "") == "event") {
+      ++events[j["expr"].get<std::string>()];
+      if (j["ip"] == j["trap_ip"]) {
+        ++paged[j["expr"].get<std::string>()];
+      }
+    }
+  }
+  ASSERT_TRUE(summary.is_object()) << k->out;
+  const std::string notes = summary["notes"].dump();
+  std::smatch moved;
+  ASSERT_TRUE(std::regex_search(
+      notes, moved,
+      std::regex("watch #([1-4]) (g_rec\\.[abcd]): moved to page protection \\(exact counts go "
+                 "on, at a fault per access to its page\\) \\(the debugger holds 1 debug "
+                 "register\\)")))
+      << notes;
+  EXPECT_THAT(notes, HasSubstr(absl::StrCat("watch #", moved[1].str(), " ", moved[2].str(),
+                                            ": back in a debug register (the debugger holds 0 "
+                                            "debug registers)")))
+      << notes;
+  EXPECT_THAT(k->err, HasSubstr(absl::StrCat("watch #", moved[1].str(), " ", moved[2].str(),
+                                             ": moved to page protection")))
+      << k->err;
+  EXPECT_THAT(notes, Not(HasSubstr("multiplexed"))) << notes;
+  ASSERT_EQ(summary["watches"].size(), 4u);
+  EXPECT_EQ(summary["watches"][0]["writes"], 10) << summary.dump();
+  EXPECT_EQ(summary["watches"][1]["writes"], 10) << summary.dump();
+  EXPECT_EQ(summary["watches"][2]["writes"], 5) << summary.dump();
+  EXPECT_EQ(summary["watches"][3]["writes"], 2) << summary.dump();
+  EXPECT_EQ(summary["events"], 27) << summary.dump();
+  EXPECT_EQ(events, (std::map<std::string, int>{
+                        {"g_rec.a", 10}, {"g_rec.b", 10}, {"g_rec.c", 5}, {"g_rec.d", 2}}));
+  // While the watch was on pages every write to the page faulted: the page backend counted the
+  // displaced watch's writes, and the plain stores it emulated for the others (the debug
+  // registers never saw those), gdb's step over g_rec.b's store included; what it stepped with
+  // the page open the registers counted. Nothing twice, nothing lost (the counts above).
+  EXPECT_GE(paged[moved[2].str()], 1) << k->out;
+  EXPECT_GE(paged["g_rec.b"], 1) << k->out;
+  EXPECT_EQ(summary["lost"], 0);
+  for (const json& w : summary["watches"]) {
+    EXPECT_EQ(w["multiplexed"], false) << w.dump();
+    // Back in a register at the end, the displaced one too (on pages it says "page").
+    EXPECT_EQ(w["backend"], "perf") << w.dump();
+    EXPECT_THAT(w["placement"].get<std::string>(), ::testing::StartsWith("debug register DR"))
+        << w.dump();
+  }
+}
+
+// SIGTERM ends `kwatch gdbserver` while a watch gdb displaced runs on pages (a build of this
+// once spun at 100% CPU ignoring it), the pages restored: the target runs on to its own end
+// without kwatch and prints its totals (no SIGSEGV from a page left protected).
+TEST(GdbServer, SigtermEndsTheSessionWhileADisplacedWatchIsOnPages) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_rec.a", "g_rec.b", "g_rec.c", "g_rec.d", "--",
+                        TargetPath("gdb_pages"), "3000000"},
+                       port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  absl::StatusOr<std::unique_ptr<Spawned>> gdb =
+      Spawned::Start({kGdb, "-batch", "-nx", "-ex", "set confirm off", "-ex", "set sysroot /",
+                      "-ex", absl::StrCat("target remote 127.0.0.1:", port), "-ex", "hbreak abort",
+                      "-ex", "continue", TargetPath("gdb_pages")});
+  ASSERT_TRUE(gdb.ok()) << gdb.status();
+  ASSERT_TRUE(kw->WaitForStderr("moved to page protection").ok()) << kw->err();
+  ::usleep(300 * 1000);  // some writes through the pages
+  ASSERT_EQ(::kill(kw->pid(), SIGTERM), 0);
+  absl::StatusOr<RunResult> k = kw->Finish(30);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->err, HasSubstr("keeps running")) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("a 3000000 b 2999999 c 1500000 d 600000 far ")) << k->out;
+  json summary;
+  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
+    if (line[0] == '{') {
+      json j = json::parse(std::string(line));
+      if (j.value("type", "") == "summary") {
+        summary = j;
+      }
+    }
+  }
+  ASSERT_TRUE(summary.is_object()) << k->out;
+  EXPECT_EQ(summary["stop_reason"], "interrupted by TERM") << summary.dump();
+  EXPECT_EQ(summary["lost"], 0);
+  ASSERT_EQ(summary["watches"].size(), 4u);
+  int on_pages = 0;
+  for (const json& w : summary["watches"]) {
+    on_pages += w["backend"] == "page" ? 1 : 0;
+  }
+  EXPECT_EQ(on_pages, 1) << summary.dump();  // the displaced one, when SIGTERM came
+  absl::StatusOr<RunResult> g = (*gdb)->Finish(30);
+  EXPECT_TRUE(g.ok()) << g.status();
+}
+
+// SIGTERM also ends `kwatch gdbserver` while gdb holds the target stopped (the server waits for
+// gdb's next packet; it used to wait until gdb resumed or went away): gdb's points are removed,
+// the target runs on to its own end, and kwatch's summary says why it ended.
+TEST(GdbServer, SigtermEndsTheSessionWhileGdbHoldsTheTargetStopped) {
+  KW_REQUIRE_GDB();
+  int port = 0;
+  std::unique_ptr<Spawned> kw = ListenOnFreePort(
+      {"--json", "-q", "--write", "g_rec.a", "--", TargetPath("gdb_pages"), "1000"}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  absl::StatusOr<std::unique_ptr<Spawned>> gdb =
+      Spawned::Start({kGdb, "-batch", "-nx", "-ex", "set confirm off", "-ex", "set sysroot /",
+                      "-ex", absl::StrCat("target remote 127.0.0.1:", port), "-ex", "break Store",
+                      "-ex", "continue", "-ex", "shell sleep 30", TargetPath("gdb_pages")});
+  ASSERT_TRUE(gdb.ok()) << gdb.status();
+  ASSERT_TRUE((*gdb)->WaitForStdout("Breakpoint 1, Store").ok()) << (*gdb)->out();
+  const absl::Time sent = absl::Now();
+  ASSERT_EQ(::kill(kw->pid(), SIGTERM), 0);
+  absl::StatusOr<RunResult> k = kw->Finish(20);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(10));  // not after gdb's `shell sleep 30`
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->err, HasSubstr("a signal ends kwatch while gdb holds pid")) << k->err;
+  EXPECT_THAT(k->out, HasSubstr("a 1000 b 999 c 500 d 200 far 500500")) << k->out;
+  EXPECT_THAT(k->out, HasSubstr("\"stop_reason\":\"interrupted by TERM\"")) << k->out;
+  ASSERT_EQ(::kill((*gdb)->pid(), SIGKILL), 0);  // its `shell sleep` would hold it 30 s
+  (void)(*gdb)->Finish(10);
+}
+
+// And before gdb connects: kwatch ends at once, the launched target (which never ran) killed.
+TEST(GdbServer, SigtermBeforeGdbConnectsEndsKwatch) {
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"-q", "--write", "g_rec.a", "--", TargetPath("gdb_pages"), "10"}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  ASSERT_EQ(::kill(kw->pid(), SIGTERM), 0);
+  absl::StatusOr<RunResult> k = kw->Finish(20);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->exit_code, 0) << k->err;
+  EXPECT_THAT(k->err, HasSubstr("a signal ends kwatch before gdb connected; pid ")) << k->err;
+  EXPECT_THAT(k->err, HasSubstr(" killed (it never ran)")) << k->err;
 }
 
 // Attach (-p) to a threaded program waiting for SIGUSR1: gdb's `signal SIGUSR1` starts it,

@@ -87,8 +87,21 @@ absl::StatusOr<Listener> Listener::Bind(absl::string_view host_port) {
   return last;
 }
 
-absl::StatusOr<core::UniqueFd> Listener::Accept() {
+absl::StatusOr<core::UniqueFd> Listener::Accept(int wake_fd) {
   for (;;) {
+    if (wake_fd >= 0) {
+      std::array<pollfd, 2> p{pollfd{fd_.get(), POLLIN, 0}, pollfd{wake_fd, POLLIN, 0}};
+      if (::poll(p.data(), p.size(), -1) < 0) {
+        const int err = errno;
+        if (err == EINTR) {
+          continue;
+        }
+        return core::SyscallError(err, "poll (waiting for gdb)");
+      }
+      if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+        return absl::CancelledError("kwatch is ending (SIGINT, SIGTERM or SIGHUP)");
+      }
+    }
     core::UniqueFd c(::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (c) {
       const int one = 1;
@@ -126,17 +139,21 @@ absl::Status Connection::Fill(absl::Duration timeout) {
   if (closed_) {
     return absl::UnavailableError("gdb closed the connection");
   }
-  pollfd p{in_.get(), POLLIN, 0};
-  const int ms = timeout == absl::InfiniteDuration()
-                     ? -1
-                     : static_cast<int>(absl::ToInt64Milliseconds(timeout));
-  const int r = ::poll(&p, 1, ms);
+  const bool forever = timeout == absl::InfiniteDuration();
+  std::array<pollfd, 2> p{pollfd{in_.get(), POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}};
+  const nfds_t n_fds = forever && wake_fd_ >= 0 ? 2 : 1;
+  const int ms = forever ? -1 : static_cast<int>(absl::ToInt64Milliseconds(timeout));
+  const int r = ::poll(p.data(), n_fds, ms);
   if (r < 0) {
     const int err = errno;
     return err == EINTR ? absl::OkStatus() : core::SyscallError(err, "poll (gdb connection)");
   }
   if (r == 0) {
     return absl::OkStatus();
+  }
+  if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+    woken_ = true;
+    return absl::CancelledError("kwatch is ending (SIGINT, SIGTERM or SIGHUP)");
   }
   std::array<char, 4096> buf{};
   const ssize_t n = ::read(in_.get(), buf.data(), buf.size());

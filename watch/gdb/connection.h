@@ -27,8 +27,9 @@ class Listener {
   static absl::StatusOr<Listener> Bind(absl::string_view host_port);
   // The port it listens on (the one picked, for port 0).
   int port() const { return port_; }
-  // Waits for one client and stops listening.
-  absl::StatusOr<core::UniqueFd> Accept();
+  // Waits for one client and stops listening. Cancelled when `wake_fd` (-1: none; see
+  // Connection::set_wake_fd) becomes readable first.
+  absl::StatusOr<core::UniqueFd> Accept(int wake_fd = -1);
 
  private:
   core::UniqueFd fd_;
@@ -49,6 +50,12 @@ class Connection {
   // QStartNoAckMode: after the OK, neither side acknowledges.
   void set_no_ack() { no_ack_ = true; }
   int in_fd() const { return in_.get(); }
+  // While Next waits without a timeout (gdb holds the target stopped), `fd` becoming readable
+  // ends the wait with Cancelled: a signalfd of the signals that end kwatch, never read here
+  // (the session's loop reads the signal once the server lets go). -1: none. Not owned.
+  void set_wake_fd(int fd) { wake_fd_ = fd; }
+  // Whether a wait ended that way.
+  bool woken() const { return woken_; }
   bool closed() const { return closed_; }
 
  private:
@@ -62,6 +69,8 @@ class Connection {
   std::deque<Frame> frames_;
   bool no_ack_ = false;
   bool closed_ = false;
+  int wake_fd_ = -1;
+  bool woken_ = false;
 };
 
 }  // namespace kwatch::watch::gdb

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
@@ -34,7 +35,22 @@ HwPoints::~HwPoints() {
   RemoveAll();
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> HwPoints::DataRanges() const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const Point& p : points_) {
+    if (p.kind != HwKind::kBreak) {
+      out.emplace_back(p.addr.value, p.len);
+    }
+  }
+  if (placing_.has_value() && placing_->kind != HwKind::kBreak) {
+    out.emplace_back(placing_->addr.value, placing_->len);
+  }
+  return out;
+}
+
 absl::Status HwPoints::Insert(HwKind kind, core::RemoteAddr addr, uint64_t len) {
+  placing_ = Point{kind, addr, len, {}};
+  absl::Cleanup placed = [this] { placing_.reset(); };
   absl::Status s = TryInsert(kind, addr, len);
   // Debugger priority: kwatch's own watches give up registers, one at a time, until gdb's
   // point fits or they hold none.

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,6 +46,9 @@ class HwPoints final : public drmgr::Applier {
   void Settle();
   // Debug registers gdb's points hold in each thread.
   int registers() const { return static_cast<int>(armed_.size()); }
+  // The data gdb's watchpoints (Z2-Z4) watch, the one Insert is placing included (the lender
+  // hears of it before it has a register): absolute address and length of each.
+  std::vector<std::pair<uint64_t, uint64_t>> DataRanges() const;
   ~HwPoints() override;
   HwPoints(const HwPoints&) = delete;
   HwPoints& operator=(const HwPoints&) = delete;
@@ -93,6 +97,7 @@ class HwPoints final : public drmgr::Applier {
   drmgr::SlotAllocator alloc_;
   drmgr::ClientId client_;
   std::vector<Point> points_;
+  std::optional<Point> placing_;  // Insert: the point being placed, for DataRanges
   Layout armed_;
   TrapBreakpoints bps_;
   std::optional<drmgr::Scope> refused_;

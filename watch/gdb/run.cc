@@ -1,6 +1,7 @@
 #include "watch/gdb/run.h"
 
 #include <fcntl.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +24,16 @@
 namespace kwatch::watch::gdb {
 
 namespace {
+
+// What kwatch says when the server let go of gdb: gdb detached or went away, or a signal that
+// ends kwatch ended the wait for gdb's next packet (`woken`; the session's loop reads it).
+std::string LetGo(pid_t pid, bool woken, absl::string_view after) {
+  if (woken) {
+    return absl::StrCat("gdbserver: a signal ends kwatch while gdb holds pid ", pid,
+                        " stopped: gdb's points removed, pid ", pid, " runs on");
+  }
+  return absl::StrCat("gdbserver: gdb detached; pid ", pid, " runs on", after);
+}
 
 // --stdio: gdb's pipe moves to descriptors of kwatch's own (close-on-exec), fd 0 becomes
 // /dev/null and fd 1 kwatch's stderr, so that a launched program inherits neither end.
@@ -104,7 +115,7 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
   while (proc.alive()) {
     if (server.state() == GdbServer::State::kDetached) {
       KW_RETURN_IF_ERROR(proc.Detach());
-      Say(opts, absl::StrCat("gdb detached; pid ", proc.pid(), " runs on"));
+      Say(opts, LetGo(proc.pid(), conn.woken(), ""));
       return 0;
     }
     KW_ASSIGN_OR_RETURN(const EventLoop::Ready ready, loop->Wait(absl::Milliseconds(50)));
@@ -139,8 +150,8 @@ absl::StatusOr<int> RunAlone(const GdbServerOptions& opts, core::UniqueFd sigfd,
 }
 
 // After the first stop: the loop of a session with kwatch's watches (TargetSet).
-absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
-                                   GdbServer& server) {
+absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set, GdbServer& server,
+                                   const Connection& conn) {
   core::ptrace::Process& proc = set.target_process();
   bool said_detached = server.state() != GdbServer::State::kServing;
   for (;;) {
@@ -154,8 +165,7 @@ absl::StatusOr<int> RunWithWatches(const GdbServerOptions& opts, TargetSet& set,
     }
     if (!said_detached && proc.alive() && server.state() == GdbServer::State::kDetached) {
       said_detached = true;
-      Say(opts, absl::StrCat("gdbserver: gdb detached; pid ", proc.pid(),
-                             " runs on and kwatch goes on watching it"));
+      Say(opts, LetGo(proc.pid(), conn.woken(), " and kwatch goes on watching it"));
     }
     if (!*more) {
       break;
@@ -232,12 +242,27 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
   Say(opts, absl::StrCat("gdbserver: ", proc->launched() ? "launched" : "attached to", " pid ",
                          proc->pid(), ", stopped"));
 
+  // SIGINT, SIGTERM and SIGHUP (blocked, read by the session's loop) also end a wait for gdb:
+  // for it to connect (the target is let go), or while it holds the target stopped (the
+  // server lets go as if gdb had gone, and the loop then reads the signal and ends).
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    sigaddset(&ending, sig);
+  }
+  const core::UniqueFd wake(::signalfd(-1, &ending, SFD_CLOEXEC | SFD_NONBLOCK));
   if (listener.has_value()) {
     Say(opts, absl::StrCat("gdbserver: listening on port ", listener->port(),
                            " (gdb: target remote HOST:", listener->port(), ")"));
-    absl::StatusOr<core::UniqueFd> c = listener->Accept();
+    absl::StatusOr<core::UniqueFd> c = listener->Accept(wake.get());
     if (!c.ok()) {
+      const bool launched = proc->launched();
       abandon();
+      if (c.status().code() == absl::StatusCode::kCancelled) {
+        Say(opts, absl::StrCat("gdbserver: a signal ends kwatch before gdb connected; pid ",
+                               proc->pid(), launched ? " killed (it never ran)" : " released"));
+        return 0;
+      }
       return c.status();
     }
     core::UniqueFd out(::fcntl(c->get(), F_DUPFD_CLOEXEC, 3));
@@ -245,6 +270,7 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     Say(opts, "gdbserver: gdb connected");
   }
 
+  conn->set_wake_fd(wake.get());  // -1 (no signalfd): waits as before
   GdbServer server(*proc, *conn, /*attached=*/!proc->launched());
   if (absl::Status s = server.Start(); !s.ok()) {
     abandon();
@@ -260,7 +286,12 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
   server.SetSlotLender([&](int registers) -> absl::Status {
     if (set != nullptr && set->target_session() != nullptr &&
         set->target_session() == &set->first_session()) {
-      absl::StatusOr<std::vector<std::string>> lines = set->first_session().LendSlots(registers);
+      absl::StatusOr<std::vector<std::string>> lines =
+          set->first_session().LendSlots(registers, server.hw_points().DataRanges());
+      // A page backend armed for a displaced watch claims its faults first: the server stays
+      // the last of the process's interceptors.
+      proc->RemoveInterceptor(&server);
+      proc->AddInterceptor(&server);
       if (lines.ok()) {
         for (std::string& line : *lines) {
           set->Note(std::move(line));
@@ -286,11 +317,10 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     return s;
   }
   if (watching && server.state() == GdbServer::State::kDetached) {
-    Say(opts, absl::StrCat("gdbserver: gdb detached; pid ", proc->pid(),
-                           " runs on and kwatch goes on watching it"));
+    Say(opts, LetGo(proc->pid(), conn->woken(), " and kwatch goes on watching it"));
   }
   absl::StatusOr<int> code = watching
-                                 ? RunWithWatches(opts, *set, server)
+                                 ? RunWithWatches(opts, *set, server, *conn)
                                  : RunAlone(opts, std::move(alone_sigfd), *proc, server, *conn);
   if (!code.ok()) {
     abandon();
