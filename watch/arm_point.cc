@@ -19,6 +19,7 @@
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/base/target_files.h"
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
 #include "watch/event_loop.h"
@@ -28,19 +29,6 @@ namespace kwatch::watch {
 namespace {
 
 constexpr uint8_t kInt3 = 0xcc;
-
-// The target's executable, as its /proc link names it (the link itself when the file is gone).
-absl::StatusOr<std::string> ExecutableOf(pid_t pid) {
-  const std::string link = absl::StrCat("/proc/", pid, "/exe");
-  std::array<char, 4096> buf{};
-  const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
-  if (n < 0) {
-    const int err = errno;
-    return core::SyscallError(err, absl::StrCat("readlink(", link, ")"));
-  }
-  std::string path(buf.data(), static_cast<size_t>(n));
-  return ::access(path.c_str(), R_OK) == 0 ? path : link;
-}
 
 absl::Status OnOption(const absl::Status& s, const std::string& spec) {
   return {s.code(), absl::StrCat("--arm-at '", spec, "': ", s.message())};
@@ -70,7 +58,7 @@ absl::StatusOr<std::unique_ptr<ArmPoint>> ArmPoint::Plant(core::ptrace::Process&
         "': a return probe is not a point where code starts running; give FUNC, FUNC+OFF, "
         "FUNC:RELLINE or FILE:LINE (e.g. the line after the call)"));
   }
-  KW_ASSIGN_OR_RETURN(const std::string exe, ExecutableOf(proc.pid()));
+  KW_ASSIGN_OR_RETURN(const std::string exe, core::OpenableExecutable(proc.pid()));
   absl::StatusOr<std::unique_ptr<core::probe::ProbeTarget>> target =
       core::probe::ProbeTarget::Open(exe);
   if (!target.ok()) {

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,8 +19,29 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/base/proc_status.h"
+#include "core/base/syscall_status.h"
 
 namespace kwatch::core {
+
+absl::StatusOr<std::string> ExecutableLink(pid_t pid) {
+  const std::string link = absl::StrCat("/proc/", pid, "/exe");
+  std::array<char, 4096> buf{};
+  const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
+  if (n < 0) {
+    const int err = errno;
+    return SyscallError(err, absl::StrCat("readlink(", link, ")"));
+  }
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+absl::StatusOr<std::string> OpenableExecutable(pid_t pid) {
+  absl::StatusOr<std::string> path = ExecutableLink(pid);
+  if (!path.ok()) {
+    return path.status();
+  }
+  return ::access(path->c_str(), R_OK) == 0 ? *std::move(path)
+                                            : absl::StrCat("/proc/", pid, "/exe");
+}
 namespace {
 
 bool SameFile(const std::string& a, const std::string& b) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 
 namespace kwatch::core {
 
@@ -14,6 +15,15 @@ namespace kwatch::core {
 // chroot): /proc/PID/maps and /proc/PID/exe name them by their path in the target's
 // filesystem, which kwatch's own may not have, or have with other contents (the host's
 // libc.so.6 is not the container's). Such files are reached through /proc/PID/root.
+
+// What /proc/PID/exe names (the program `pid` runs, by its path in its own filesystem).
+// Errors: readlink's, as "readlink(/proc/PID/exe): <errno text>" with the errno's code.
+absl::StatusOr<std::string> ExecutableLink(pid_t pid);
+
+// A path kwatch can open the program of `pid` by: what /proc/PID/exe names when kwatch can read
+// it, else the link itself (a deleted or replaced program, another filesystem). Errors: as
+// ExecutableLink's.
+absl::StatusOr<std::string> OpenableExecutable(pid_t pid);
 
 // True when `pid` sees the filesystem kwatch sees: the same mount namespace and the same
 // root directory. False also when that cannot be told (the process is gone).

@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
+#include "core/base/target_files.h"
 #include "core/symbols/dwarf_types.h"
 #include "core/symbols/elf_index.h"
 #include "core/symbols/expr_resolver.h"
@@ -1014,13 +1015,7 @@ absl::StatusOr<std::unique_ptr<Symbols>> Symbols::ForProcess(pid_t pid) {
     return DwflError("dwfl_report_end");
   }
   finder->Adopt(dwfl.get());
-  std::string exe;
-  std::array<char, PATH_MAX> buf{};
-  const std::string link = absl::StrCat("/proc/", pid, "/exe");
-  const ssize_t n = readlink(link.c_str(), buf.data(), buf.size() - 1);
-  if (n > 0) {
-    exe.assign(buf.data(), static_cast<size_t>(n));
-  }
+  std::string exe = core::ExecutableLink(pid).value_or("");
   auto symbols = std::make_unique<DwflSymbols>(std::move(dwfl), std::move(exe), std::move(finder));
   // Open every file and index now, while /proc/PID still exists (the vdso is read from the
   // process), so that the symbols stay usable after the process exits.

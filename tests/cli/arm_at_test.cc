@@ -31,16 +31,7 @@ using ::testing::HasSubstr;
 
 // The 1-based line of late_pointer.c that contains `needle`.
 int LateLine(const std::string& needle) {
-  std::ifstream in(std::string(KWATCH_SOURCE_DIR) + "/tests/targets/late_pointer.c");
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.find(needle) != std::string::npos) {
-      return n;
-    }
-  }
-  return -1;
+  return clitest::TargetSourceLine("late_pointer.c", needle);
 }
 
 // "a=0x... b=0x..." from the target's stderr (mixed into kwatch's): object A's v field.

@@ -70,9 +70,9 @@ inline JsonRun ParseJsonLines(const std::string& out) {
   return run;
 }
 
-// The 1-based line of field_writer.c that contains `needle`.
-inline int SourceLine(const std::string& needle) {
-  std::ifstream in(std::string(KWATCH_SOURCE_DIR) + "/tests/targets/field_writer.c");
+// The 1-based line of tests/targets/`file` that contains `needle`; -1 when none does.
+inline int TargetSourceLine(const std::string& file, const std::string& needle) {
+  std::ifstream in(std::string(KWATCH_SOURCE_DIR) + "/tests/targets/" + file);
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -82,6 +82,11 @@ inline int SourceLine(const std::string& needle) {
     }
   }
   return -1;
+}
+
+// The 1-based line of field_writer.c that contains `needle`.
+inline int SourceLine(const std::string& needle) {
+  return TargetSourceLine("field_writer.c", needle);
 }
 
 inline std::string TruthFile(const std::string& name) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
+#include "core/base/target_files.h"
 #include "core/base/unique_fd.h"
 
 namespace kwatch::watch::gdb {
@@ -160,14 +161,7 @@ absl::StatusOr<std::string> ReadAuxv(pid_t pid) {
 }
 
 absl::StatusOr<std::string> ExecutablePath(pid_t pid) {
-  const std::string link = absl::StrCat("/proc/", pid, "/exe");
-  std::array<char, 4096> buf{};
-  const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
-  if (n < 0) {
-    const int err = errno;
-    return core::SyscallError(err, absl::StrCat("readlink(", link, ")"));
-  }
-  return std::string(buf.data(), static_cast<size_t>(n));
+  return core::ExecutableLink(pid);
 }
 
 absl::StatusOr<std::string> LibraryListSvr4(const core::ptrace::Process& proc) {

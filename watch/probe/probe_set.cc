@@ -232,21 +232,19 @@ absl::StatusOr<std::string> ProbedFile(const std::string& binary, const std::str
     return FindProgram(command[0]);
   }
   if (pid.has_value()) {
-    const std::string link = absl::StrCat("/proc/", *pid, "/exe");
-    std::array<char, 4096> buf{};
-    const ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size() - 1);
-    if (n < 0) {
-      const int err = errno;
-      return core::SyscallError(
-          err, absl::StrCat("readlink(", link, ")"),
-          err == ENOENT ? absl::StrCat("no process ", *pid)
-                        : std::string("tracing another user's process needs root or "
-                                      "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
-                                      "it further)"));
-    }
-    const std::string path(buf.data(), static_cast<size_t>(n));
     // A deleted or replaced program is still reachable through the link itself.
-    return ::access(path.c_str(), R_OK) == 0 ? path : link;
+    absl::StatusOr<std::string> exe = core::OpenableExecutable(*pid);
+    if (!exe.ok()) {
+      return absl::Status(
+          exe.status().code(),
+          absl::StrCat(exe.status().message(), "; ",
+                       absl::IsNotFound(exe.status())
+                           ? absl::StrCat("no process ", *pid)
+                           : std::string("tracing another user's process needs root or "
+                                         "CAP_SYS_PTRACE (kernel.yama.ptrace_scope may restrict "
+                                         "it further)")));
+    }
+    return exe;
   }
   return absl::InvalidArgumentError(
       "no program: give -x FILE, -p PID or a command after `--` (e.g. `-- ./prog args`)");
