@@ -299,14 +299,8 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   to.kill_on_exit = opts.kill_on_exit;
   to.recording = writer != nullptr;
   to.condition = opts.condition;
-  if (setup.deferred.has_value() && setup.deferred->hit.has_value()) {
-    const watch::DeferredArming& d = *setup.deferred;
-    watch::ArmedAt& at = to.armed_at.emplace();
-    at.spec = d.spec;
-    at.where = d.hit->where;
-    at.tid = d.hit->tid;
-    at.wait_ms = static_cast<double>(d.hit->hit_ns - d.start_ns) / 1e6;
-    at.arm_us = static_cast<double>(d.armed_ns - d.hit->hit_ns) / 1e3;
+  if (setup.deferred.has_value()) {
+    to.armed_at = setup.deferred->Armed();
   }
   KW_ASSIGN_OR_RETURN(
       std::unique_ptr<watch::TargetSet> set,

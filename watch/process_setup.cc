@@ -144,6 +144,19 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   return s;
 }
 
+std::optional<ArmedAt> DeferredArming::Armed() const {
+  if (!hit.has_value()) {
+    return std::nullopt;
+  }
+  ArmedAt at;
+  at.spec = spec;
+  at.where = hit->where;
+  at.tid = hit->tid;
+  at.wait_ms = static_cast<double>(hit->hit_ns - start_ns) / 1e6;
+  at.arm_us = static_cast<double>(armed_ns - hit->hit_ns) / 1e3;
+  return at;
+}
+
 ConditionOptions WatchConditionOptions(const Watch& w) {
   ConditionOptions co;
   co.bitfield = WatchedBitfield(w.target);

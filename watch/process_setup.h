@@ -12,6 +12,7 @@
 #include "core/base/unique_fd.h"
 #include "core/ptrace/process.h"
 #include "core/ptrace/process_group.h"
+#include "watch/access_sink.h"
 #include "watch/arm_point.h"
 #include "watch/condition.h"
 #include "watch/session.h"
@@ -47,6 +48,9 @@ struct DeferredArming {
   uint64_t armed_ns = 0;      // when the watches were armed (0: never)
   std::string never;          // why the watches were never armed ("": they were)
   std::optional<core::ptrace::ExitInfo> exit;  // the target's end, when it ended first
+
+  // Where and when the watches were armed, for the session's output; nullopt when never.
+  std::optional<ArmedAt> Armed() const;
 };
 
 // A process watch session's pieces, armed and ready for TargetSet::Create. Until they are

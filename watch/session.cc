@@ -276,7 +276,6 @@ absl::Status WatchSession::Arm() {
                               return proc_.ReadMemory(a, o);
                             }));
   }
-  auto hook = [this](pid_t tid) { return CaptureStack(tid); };
   // Both backends stop and resume the world while they arm: the target must not run between
   // the hardware registers and the protected pages.
   if (proc_.alive()) {
@@ -297,7 +296,7 @@ absl::Status WatchSession::Arm() {
                                           std::map<drmgr::RequestId, uint32_t>{});
     }
     if (unwinder_ != nullptr) {
-      hw_->SetStackHook(hook);
+      hw_->SetStackHook([this](pid_t tid) { return CaptureStack(tid); });
     }
     KW_RETURN_IF_ERROR(hw_->Arm());
     absl::Cleanup undo = [this] { hw_->Disarm(); };
@@ -344,29 +343,30 @@ absl::Status WatchSession::Arm() {
     }
     alloc_->AdvanceClock(absl::Now());  // multiplex coverage counts from here
     if (!page_watches_.empty()) {
-      auto page = std::make_unique<PageBackend>(proc_, page_watches_);
-      page->SetRegisterWatches(&register_watches_);
-      page_backend_ = page.get();
-      page_ = std::move(page);
-      if (unwinder_ != nullptr) {
-        page_->SetStackHook(hook);
-      }
-      KW_RETURN_IF_ERROR(page_->Arm());
+      KW_RETURN_IF_ERROR(ArmPages(&register_watches_));
     }
     std::move(undo).Cancel();
   } else {
     page_watches_ = watches_;
-    auto page = std::make_unique<PageBackend>(proc_, page_watches_);
-    page_backend_ = page.get();
-    page_ = std::move(page);
-    if (unwinder_ != nullptr) {
-      page_->SetStackHook(hook);
-    }
-    KW_RETURN_IF_ERROR(page_->Arm());
+    KW_RETURN_IF_ERROR(ArmPages(nullptr));
   }
   armed_ = true;
   std::move(release).Cancel();
   return proc_.ReleaseHold();
+}
+
+absl::Status WatchSession::ArmPages(const std::vector<Watch>* in_registers) {
+  auto page = std::make_unique<PageBackend>(proc_, page_watches_);
+  if (in_registers != nullptr) {
+    page->SetRegisterWatches(in_registers);
+  }
+  if (unwinder_ != nullptr) {
+    page->SetStackHook([this](pid_t tid) { return CaptureStack(tid); });
+  }
+  KW_RETURN_IF_ERROR(page->Arm());
+  page_backend_ = page.get();
+  page_ = std::move(page);
+  return absl::OkStatus();
 }
 
 uint32_t WatchSession::CaptureStack(pid_t tid) {

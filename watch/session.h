@@ -205,6 +205,9 @@ class WatchSession {
   // Makes drmgr's kFallbackPages decisions real: the page backend rebuilt over those watches
   // (and those too long for registers), the others in registers (LendSlots).
   absl::Status SyncPages();
+  // Builds the page backend over page_watches_ (told which watches hold registers, when some
+  // do: `in_registers`), with the stack hook under --stack, arms it and keeps it (page_).
+  absl::Status ArmPages(const std::vector<Watch>* in_registers);
   std::map<uint32_t, drmgr::ClientId> guest_client_;  // joined watches, by id
   std::vector<bool> removed_;  // by watch id: a joined watch that was removed
   std::unique_ptr<SlotBackend> hw_;

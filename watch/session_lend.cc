@@ -152,15 +152,7 @@ absl::Status WatchSession::SyncPages() {
   if (page_watches_.empty()) {
     return absl::OkStatus();
   }
-  auto page = std::make_unique<PageBackend>(proc_, page_watches_);
-  page->SetRegisterWatches(&register_watches_);
-  if (unwinder_ != nullptr) {
-    page->SetStackHook([this](pid_t tid) { return CaptureStack(tid); });
-  }
-  KW_RETURN_IF_ERROR(page->Arm());
-  page_backend_ = page.get();
-  page_ = std::move(page);
-  return absl::OkStatus();
+  return ArmPages(&register_watches_);
 }
 
 }  // namespace kwatch::watch

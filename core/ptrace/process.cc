@@ -577,6 +577,11 @@ absl::Status Process::ResumeAll() {
   return absl::OkStatus();
 }
 
+absl::Status Process::Intercept(pid_t tid, const siginfo_t& si) {
+  KW_ASSIGN_OR_RETURN(const bool done, interceptor_->HandleInPlace(tid, si));
+  return done ? absl::OkStatus() : interceptor_->Handle(tid, si);
+}
+
 absl::Status Process::HandleClaimed() {
   handling_claimed_ = true;
   absl::Cleanup done = [this] { handling_claimed_ = false; };
@@ -592,10 +597,7 @@ absl::Status Process::HandleClaimed() {
       const siginfo_t si = *thread.claimed;
       thread.claimed.reset();
       if (interceptor_ != nullptr) {
-        KW_ASSIGN_OR_RETURN(const bool done, interceptor_->HandleInPlace(tid, si));
-        if (!done) {
-          KW_RETURN_IF_ERROR(interceptor_->Handle(tid, si));
-        }
+        KW_RETURN_IF_ERROR(Intercept(tid, si));
       } else {
         thread.pending_signal = si.si_signo;
       }
@@ -703,11 +705,7 @@ absl::StatusOr<int> Process::SingleStep(pid_t tid) {
             faulting_steps_.erase(tid);
             handling_claimed_ = was_handling;
           };
-          absl::StatusOr<bool> in_place = interceptor_->HandleInPlace(tid, si);
-          s = in_place.status();
-          if (in_place.ok() && !*in_place) {
-            s = interceptor_->Handle(tid, si);
-          }
+          s = Intercept(tid, si);
         }
         KW_RETURN_IF_ERROR(s);
         if (!alive() || !threads_.contains(tid)) {

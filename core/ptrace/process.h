@@ -238,6 +238,9 @@ class Process {
   // Forgets `thread`'s claimed signal, letting the interceptor undo what it left
   // (SignalInterceptor::Drop).
   void DropClaimed(pid_t tid, Thread& thread);
+  // Hands the claimed signal `si` of stopped thread `tid` to the interceptor: in place when it
+  // can, else to its Handle.
+  absl::Status Intercept(pid_t tid, const siginfo_t& si);
   // Whether a wait status of `tid` concerns this process (adopting threads not seen yet);
   // false for a forked child's first stop (kept in foreign_stops_).
   bool Adopt(pid_t tid, int status);

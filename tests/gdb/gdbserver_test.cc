@@ -62,6 +62,22 @@ RunResult RunGdb(const std::string& target, const std::vector<std::string>& comm
   return r.ok() ? *r : RunResult{};
 }
 
+// The summary line of kwatch's --json output, which the program's own lines interleave; null
+// when there is none.
+json SummaryIn(const std::string& out) {
+  json summary;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    if (line[0] != '{') {
+      continue;  // the program's own line
+    }
+    json j = json::parse(std::string(line));
+    if (j.value("type", "") == "summary") {
+      summary = std::move(j);
+    }
+  }
+  return summary;
+}
+
 std::string Stdio(const std::string& kwatch_args, int n) {
   return absl::StrCat("| ", KwatchPath(), " gdbserver --stdio ", kwatch_args, " -- ",
                       TargetPath("gdb_target"), " ", n);
@@ -169,16 +185,7 @@ TEST(GdbServer, KwatchCountsExactlyWhileGdbsBreakpointHits) {
   absl::StatusOr<RunResult> k = kw->Finish();
   ASSERT_TRUE(k.ok()) << k.status();
   EXPECT_EQ(k->exit_code, 7) << k->err;
-  json summary;
-  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
-    if (line[0] != '{') {
-      continue;  // the program's own line
-    }
-    json j = json::parse(std::string(line));
-    if (j.value("type", "") == "summary") {
-      summary = j;
-    }
-  }
+  const json summary = SummaryIn(k->out);
   ASSERT_TRUE(summary.is_object()) << k->out;
   // gdb's three stops are not kwatch's events; kwatch's writes are all there.
   EXPECT_EQ(summary["events"], 15) << summary.dump();
@@ -205,16 +212,7 @@ TEST(GdbServer, DetachLeavesTheTargetRunningAndKwatchCounting) {
   EXPECT_EQ(k->exit_code, 7) << k->err;  // the target ran to its end
   EXPECT_THAT(k->out, HasSubstr("counter 3000 hits 1000 misses 500")) << k->out;
   EXPECT_THAT(k->err, HasSubstr("gdb detached")) << k->err;
-  json summary;
-  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
-    if (line.empty() || line[0] != '{') {
-      continue;  // the program's own line
-    }
-    json j = json::parse(std::string(line));
-    if (j.value("type", "") == "summary") {
-      summary = j;
-    }
-  }
+  const json summary = SummaryIn(k->out);
   ASSERT_TRUE(summary.is_object()) << k->out;
   EXPECT_EQ(summary["watches"][0]["writes"], 1000) << summary.dump();
 }
@@ -244,15 +242,7 @@ TEST(GdbServer, GdbsWatchpointTakesARegisterFromKwatchAndGivesItBack) {
   absl::StatusOr<RunResult> k = kw->Finish();
   ASSERT_TRUE(k.ok()) << k.status();
   EXPECT_EQ(k->exit_code, 7) << k->err;
-  json summary;
-  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
-    if (line[0] == '{') {
-      json j = json::parse(std::string(line));
-      if (j.value("type", "") == "summary") {
-        summary = j;
-      }
-    }
-  }
+  const json summary = SummaryIn(k->out);
   ASSERT_TRUE(summary.is_object()) << k->out;
   const std::string notes = summary["notes"].dump();
   EXPECT_THAT(notes, HasSubstr("watch #1 g_stats.hits: taking turns for the debug registers left "
@@ -297,15 +287,7 @@ TEST(GdbServer, GdbsRegistersMoveAWatchToPagesWhereItCountsExactly) {
   ASSERT_TRUE(k.ok()) << k.status();
   EXPECT_EQ(k->exit_code, 7) << k->err;
   EXPECT_THAT(k->out, HasSubstr("counter 30 hits 10 misses 5")) << k->out;
-  json summary;
-  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
-    if (line[0] == '{') {
-      json j = json::parse(std::string(line));
-      if (j.value("type", "") == "summary") {
-        summary = j;
-      }
-    }
-  }
+  const json summary = SummaryIn(k->out);
   ASSERT_TRUE(summary.is_object()) << k->out;
   const std::string notes = summary["notes"].dump();
   EXPECT_THAT(notes, ::testing::ContainsRegex(
@@ -452,15 +434,7 @@ TEST(GdbServer, SigtermEndsTheSessionWhileADisplacedWatchIsOnPages) {
   EXPECT_EQ(k->exit_code, 0) << k->err;
   EXPECT_THAT(k->err, HasSubstr("keeps running")) << k->err;
   EXPECT_THAT(k->out, HasSubstr("a 3000000 b 2999999 c 1500000 d 600000 far ")) << k->out;
-  json summary;
-  for (absl::string_view line : absl::StrSplit(k->out, '\n', absl::SkipEmpty())) {
-    if (line[0] == '{') {
-      json j = json::parse(std::string(line));
-      if (j.value("type", "") == "summary") {
-        summary = j;
-      }
-    }
-  }
+  const json summary = SummaryIn(k->out);
   ASSERT_TRUE(summary.is_object()) << k->out;
   EXPECT_EQ(summary["stop_reason"], "interrupted by TERM") << summary.dump();
   EXPECT_EQ(summary["lost"], 0);
@@ -609,24 +583,12 @@ TEST(GdbServer, ASecondKwatchJoinsTheGdbserversSessionAndBothCountExactly) {
   absl::StatusOr<RunResult> k = kw->Finish();
   ASSERT_TRUE(j.ok() && k.ok());
   ASSERT_TRUE((*fw)->Finish().ok());
-  auto summary_of = [](const std::string& out) {
-    json summary;
-    for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
-      if (line[0] == '{') {
-        json x = json::parse(std::string(line));
-        if (x.value("type", "") == "summary") {
-          summary = x;
-        }
-      }
-    }
-    return summary;
-  };
-  const json owned = summary_of(k->out);
+  const json owned = SummaryIn(k->out);
   ASSERT_TRUE(owned.is_object()) << k->out << k->err;
   ASSERT_EQ(owned["watches"].size(), 1u);
   EXPECT_EQ(owned["watches"][0]["display"], "g_stats.hits");
   EXPECT_EQ(owned["events"], 2000) << owned.dump();  // 2 workers x 1000 writes
-  const json joined = summary_of(j->out);
+  const json joined = SummaryIn(j->out);
   ASSERT_TRUE(joined.is_object()) << j->out << j->err;
   ASSERT_EQ(joined["watches"].size(), 1u);
   EXPECT_EQ(joined["watches"][0]["display"], "g_stats.misses");

@@ -14,6 +14,7 @@
 #include <QSignalSpy>
 
 #include "absl/strings/str_cat.h"
+#include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
 
 namespace kwatch::guitest {
@@ -75,16 +76,7 @@ const Recording& FieldWriterRecording(int threads, int iters) {
 }
 
 int FieldWriterLine(const std::string& needle) {
-  std::ifstream in(std::string(KWATCH_SOURCE_DIR) + "/tests/targets/field_writer.c");
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.find(needle) != std::string::npos) {
-      return n;
-    }
-  }
-  return -1;
+  return clitest::SourceLine(needle);
 }
 
 std::string TargetPath(const std::string& name) {
