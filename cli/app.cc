@@ -227,7 +227,11 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     r.kind = kind;
     r.reads_only = opts.read;
     r.length = opts.len;
-    po.requests.push_back(std::move(r));
+    if (!opts.in.empty()) {
+      po.calls.push_back(watch::CallWatchRequest{std::move(r), opts.in, opts.at});
+    } else {
+      po.requests.push_back(std::move(r));
+    }
   }
   watch::SessionOptions& so = po.session;
   so.backend = opts.backend == "perf"   ? watch::BackendKind::kPerf
@@ -455,6 +459,18 @@ int Main(int argc, char** argv) {
                  "are resolved there. Every thread stops at the point while the watches are "
                  "armed; the breakpoint is then removed")
       ->type_name("SPEC");
+  app.add_option("--in", opts.in,
+                 "Watch the expressions per call of FUNC, a function of the program's "
+                 "executable: at each call they are evaluated against its parameters and locals "
+                 "('r->len', 'sum', 'buf[2]') and armed in the calling thread's debug registers, "
+                 "and removed when that call returns (each call and thread its own; recursion "
+                 "too). `FUNC::EXPR` says the same for one expression, as gdb's scope syntax")
+      ->type_name("FUNC");
+  app.add_option("--at", opts.at,
+                 "With --in: look each call's objects up when the call reaches SPEC (FUNC+OFF, "
+                 "FUNC:RELLINE, FILE:LINE inside FUNC) instead of after FUNC's prologue (a local "
+                 "set later, a pointer assigned in the body)")
+      ->type_name("SPEC");
   app.add_flag(
       "--kill-on-exit", opts.kill_on_exit,
       "Kill a launched target when kwatch stops before it ends (default: leave it running)");
@@ -530,6 +546,32 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!opts.at.empty() && opts.in.empty()) {
+    std::fprintf(stderr, "kwatch: error: --at SPEC goes with --in FUNC (the call it is in)\n");
+    return 2;
+  }
+  if (!opts.in.empty()) {
+    const char* why = nullptr;
+    if (!opts.pid.has_value() && opts.command.empty()) {
+      why = "kernel watches have no calls of a program to follow (give -p PID or a command "
+            "after `--`)";
+    } else if (opts.kernel_accesses) {
+      why = "--kernel-accesses watches a whole process's memory from the kernel side";
+    } else if (opts.exec) {
+      why = "--exec watches code; --in watches the data of each call (--write, --rw, --read)";
+    } else if (opts.follow_forks) {
+      why = "with -f, each child would need the function's probes of its own: not supported yet";
+    } else if (!opts.arm_at.empty()) {
+      why = "each call arms its own watches: --arm-at has nothing left to arm";
+    } else if (opts.backend == "page") {
+      why = "a watch per call takes the debug registers of the calling thread; page protection "
+            "would stop every thread on the page (--backend perf or --stop)";
+    }
+    if (why != nullptr) {
+      std::fprintf(stderr, "kwatch: error: --in: %s\n", why);
+      return 2;
+    }
+  }
   if (!opts.arm_at.empty()) {
     const char* why = nullptr;
     if (!opts.pid.has_value() && opts.command.empty()) {
@@ -578,6 +620,13 @@ int Main(int argc, char** argv) {
     // A process another kwatch traces: this one joins its session.
     if (const std::optional<KwatchTracer> tracer = TracingKwatch(*opts.pid);
         tracer.has_value() && tracer->pid != ::getpid()) {
+      if (!opts.in.empty()) {
+        std::fprintf(stderr,
+                     "kwatch: error: --in: pid %d is watched by kwatch %d already; a watch per "
+                     "call cannot join its session yet (end that session first)\n",
+                     *opts.pid, tracer->pid);
+        return 2;
+      }
       if (!opts.arm_at.empty()) {
         std::fprintf(stderr,
                      "kwatch: error: --arm-at: pid %d is watched by kwatch %d already; joining "

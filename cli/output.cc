@@ -196,7 +196,49 @@ void AccessPrinter::OnNote(const watch::AccessNote& note) {
     case Kind::kDetached:
       std::fprintf(stderr, "kwatch: detached; target %d keeps running\n", note.pid);
       break;
+    case Kind::kCallEnded:
+      if (!quiet_ && note.call.has_value()) {
+        PrintCallEnd(*note.call, note.expr, note.text);
+      }
+      break;
   }
+}
+
+namespace {
+
+// How a per-call watch's call ended, for people: "compute returned after 3 accesses to the
+// object at 0x7ffc...; out of scope", "not watched: 'r->len': a pointer on the way is NULL".
+std::string CallEndText(const watch::CallRecord& r, const std::string& function) {
+  if (!r.armed) {
+    return absl::StrCat("not watched in this call: ", r.why);
+  }
+  const std::string how = r.returned ? absl::StrCat(function, " returned") : r.why;
+  return absl::StrFormat("out of scope: %s after %d access%s to the object at %s", how, r.events,
+                         r.events == 1 ? "" : "es", Hex(r.base.value));
+}
+
+// The field column of a per-call watch's lines: "r->len (call 3)".
+std::string CallField(const std::string& field, uint32_t call) {
+  return call == 0 ? field : absl::StrCat(field, " (call ", call, ")");
+}
+
+}  // namespace
+
+void AccessTextPrinter::PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
+                                     const std::string& function) {
+  absl::FPrintF(out_, "%-14.9f %-7d %-3s %-24s %s\n", Seconds(r.end_ns), r.tid, "-",
+                CallField(expr, r.call), CallEndText(r, function));
+}
+
+void AccessJsonPrinter::PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
+                                     const std::string& function) {
+  absl::FPrintF(out_,
+                "{\"type\":\"call_end\",\"time_ns\":%d,\"tid\":%d,\"watch_id\":%d,"
+                "\"expr\":%s,\"function\":%s,\"call\":%d,\"armed\":%s,\"addr\":\"%s\",\"events\":%d,"
+                "\"returned\":%s,\"why\":%s}\n",
+                r.end_ns, r.tid, r.watch_id, JsonString(expr), JsonString(function), r.call,
+                r.armed ? "true" : "false", Hex(r.base.value), r.events,
+                r.returned ? "true" : "false", JsonString(r.why));
 }
 
 void AccessJsonPrinter::PrintHeader(const watch::WatchSession& session) {
@@ -235,7 +277,8 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const watch::Watch& w = session.watches()[ev.watch_id];
   const std::string field = summary.FieldLabel(as_counted);
-  const watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(w.target), ev);
+  const watch::EventValues v =
+      watch::ValuesOf(watch::WatchedBitfield(w.target), ev.call != 0 ? as_counted : ev);
   std::string value = "null";
   if (v.value.has_value()) {
     value = ValueText(v, *v.value);
@@ -250,14 +293,15 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
                 "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
                 "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
                 "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-                "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s}\n",
+                "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s%s}\n",
                 ev.time_ns, ev.pid, ns_pid_.Of(ev.pid), ev.tid, cpu,
                 core::AccessKindLetter(ev.kind), Hex(ev.addr.value), ev.len,
                 Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
                 ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
                 JsonString(field), Hex(ev.ip.value), Hex(ev.trap_ip.value),
                 JsonString(loc.function), loc.offset, JsonString(loc.file), loc.line, value,
-                old_value, ev.value_exact ? "access" : "drain", stack_json);
+                old_value, ev.value_exact ? "access" : "drain",
+                ev.call == 0 ? std::string() : absl::StrCat(",\"call\":", ev.call), stack_json);
   return absl::OkStatus();
 }
 
@@ -268,10 +312,12 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
     return absl::OkStatus();
   }
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
-  const std::string field = summary.FieldLabel(as_counted);
+  const std::string field = CallField(summary.FieldLabel(as_counted), ev.call);
   const core::symbols::ResolvedExpr& target = session.watches()[ev.watch_id].target;
-  watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(target), ev);
-  v.field = watch::AccessedField(target, ev);  // text reads values as their type; JSON numbers
+  // A per-call watch's object lies at 0 in its declaration: its events are read as counted.
+  const core::AccessEvent& placed = ev.call != 0 ? as_counted : ev;
+  watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(target), placed);
+  v.field = watch::AccessedField(target, placed);  // text reads values as their type; JSON numbers
   const double t = Seconds(ev.time_ns);
   std::string value = "?";
   if (v.value.has_value()) {
@@ -410,6 +456,28 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
     }
     s += "]";
   }
+  if (const watch::CallWatches* calls = session.calls(); calls != nullptr) {
+    s += ",\"calls\":[";
+    bool first_call = true;
+    for (const watch::CallStats& st : calls->stats()) {
+      std::string why;
+      for (const auto& [text, n] : st.why_not) {
+        absl::StrAppend(&why, why.empty() ? "" : ",",
+                        absl::StrFormat(R"({"why":%s,"calls":%d})", JsonString(text), n));
+      }
+      absl::StrAppendFormat(
+          &s,
+          "%s{\"watch_id\":%d,\"function\":%s,\"point\":%s,\"calls\":%d,\"watched\":%d,"
+          "\"not_watched\":%d,\"missed\":%d,\"abandoned\":%d,\"running\":%d,"
+          "\"ended_watched\":%d,\"events_min\":%d,\"events_max\":%d,\"events_total\":%d,"
+          "\"why_not\":[%s]}",
+          first_call ? "" : ",", st.watch_id, JsonString(st.function), JsonString(st.point),
+          st.calls, st.armed, st.not_armed, st.missed, st.abandoned, st.running, st.ended_armed,
+          st.events_min, st.events_max, st.events_total, why);
+      first_call = false;
+    }
+    s += "]";
+  }
   s += ",\"profile\":";
   // Names from the target's debug information need not be UTF-8: replaced, never a throw.
   s += watch::profile::RenderJson(all.profile, SiteNamerFor(session), ropts)
@@ -459,11 +527,21 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
     }
     const watch::WatchPlacement p = session.placement(w.id);
     absl::FPrintF(
-        out, "watch #%d %s: %s%s%d bytes at %s, %s, %s\n", w.id + 1, w.target.display,
+        out, "watch #%d %s: %s%s%d bytes %s, %s, %s\n", w.id + 1, w.target.display,
         w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
-        Hex(w.target.addr.value),
+        session.per_call(w.id) ? "in each call's object (offsets from its start)"
+                               : absl::StrCat("at ", Hex(w.target.addr.value)),
         w.request.reads_only ? "read (read-write filtered)" : drmgr::DrKindName(w.request.kind),
         p.detail);
+    if (const watch::CallWatches* calls = session.calls(); calls != nullptr) {
+      for (const watch::CallStats& st : calls->stats()) {
+        if (st.watch_id == w.id) {
+          for (const std::string& line : watch::CallStatsLines(st)) {
+            absl::FPrintF(out, "  %s\n", line);
+          }
+        }
+      }
+    }
     if (p.multiplexed) {
       const watch::WatchCounts& c = summary.counts(w.id);
       absl::FPrintF(out, "  multiplexed: %d events seen in %.0f%% of the time, ~%.0f estimated\n",

@@ -52,6 +52,9 @@ class AccessPrinter : public watch::AccessSink {
 
  protected:
   virtual void PrintHeader(const watch::WatchSession& session) = 0;
+  // A per-call watch's call ended (AccessNote::kCallEnded): on the event stream.
+  virtual void PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
+                            const std::string& function) = 0;
   // Where both summaries start: the events flushed, the profile's rendering fit to `out_`.
   watch::profile::ReportRenderOptions SummaryStart();
   // Seconds from the session's start to an event's time.
@@ -83,6 +86,8 @@ class AccessTextPrinter final : public AccessPrinter {
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;
+  void PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
+                    const std::string& function) override;
 };
 
 // JSON lines: one object per watch, one per event, then one summary object (per watch: fields,
@@ -97,6 +102,8 @@ class AccessJsonPrinter final : public AccessPrinter {
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;
+  void PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
+                    const std::string& function) override;
 
   core::NsPidField ns_pid_;
 };

@@ -49,6 +49,8 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
   bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
   std::string arm_at;            // --arm-at SPEC: arm when a thread first runs this point
+  std::string in;                // --in FUNC: the expressions are watched per call of FUNC
+  std::string at;                // --at SPEC: where in FUNC each call's objects are looked up
 };
 
 }  // namespace kwatch::cli

@@ -48,6 +48,9 @@ struct AccessEvent {
   std::optional<uint64_t> old_value;  // ... and before it (exact modes only)
   bool value_exact = false;           // true: read right at the access; false: at drain time
   uint32_t stack_id = 0;              // --stack: the session's backtrace of the access (0: none)
+  // A per-call watch (--in FUNC): the call of FUNC whose object was accessed (from 1); 0 for
+  // the others.
+  uint32_t call = 0;
 };
 
 }  // namespace kwatch::core

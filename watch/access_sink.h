@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "core/event.h"
 #include "core/ptrace/process.h"
+#include "watch/call_watches.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"
@@ -62,6 +63,8 @@ struct AccessNote {
     kChildFollowed,     // -f: child `pid` of `parent` is watched (armed in `arm_us` us)
     kChildrenDetached,  // at the end: `count` followed children were let go, still running
     kDetached,          // at the end: the target `pid` was let go and keeps running
+    kCallEnded,         // a per-call watch's call ended (`call`; `text`: its function), its
+                        // events all delivered before
   };
   Kind kind = Kind::kText;
   std::string text;
@@ -71,6 +74,8 @@ struct AccessNote {
   std::optional<core::ptrace::ExitInfo> exit;
   double arm_us = 0;
   size_t count = 0;
+  std::optional<CallRecord> call;  // kCallEnded
+  std::string expr;                // kCallEnded: the watch's display name
 };
 
 // What the summary describes: the target's first session (its watches, placements and names),

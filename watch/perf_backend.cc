@@ -58,8 +58,13 @@ absl::Status PerfBackend::Apply(const drmgr::Changes& changes) {
   if (changes.slots.empty()) {
     return absl::OkStatus();
   }
-  // No thread may be created between listing the threads and opening their events.
-  const bool stop = proc_.alive();
+  // No thread may be created between listing the threads and opening their events. Changes
+  // of thread scopes alone (a per-call watch's) list no thread: nothing stops.
+  const bool stop =
+      proc_.alive() &&
+      std::any_of(changes.slots.begin(), changes.slots.end(), [](const drmgr::SlotChange& c) {
+        return c.scope.kind != drmgr::Scope::Kind::kThread;
+      });
   if (stop) {
     KW_RETURN_IF_ERROR(proc_.StopAll());
   }
@@ -240,6 +245,7 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
         const Watch& w = watches_[*owner];
         core::AccessEvent e = ev;
         e.watch_id = w.id;
+        e.call = CallOf(h.id);
         if (slot.kind == drmgr::DrKind::kExec) {
           e.addr = w.target.addr;
           e.len = 1;

@@ -96,6 +96,12 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
     s.proc->HoldStopped();
   }
   s.session_options = opts.session;
+  KW_RETURN_IF_ERROR(TakeScopedRequests(s.proc->pid(), opts.requests, opts.calls));
+  s.session_options.per_call = !opts.calls.empty();
+  if (!opts.calls.empty() && !opts.arm_at.empty()) {
+    return absl::InvalidArgumentError(
+        "--in and --arm-at do not go together yet: a watch per call is armed at each call");
+  }
   if (!opts.condition.empty()) {
     // Parsed once up front for its errors and for whether it needs exact values.
     KW_ASSIGN_OR_RETURN(const Condition c, Condition::Parse(opts.condition));
@@ -126,7 +132,19 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
                                      s.deferred->hit->tid, "): ", created.status().message()));
   }
   KW_ASSIGN_OR_RETURN(s.session, std::move(created));
+  if (!opts.calls.empty()) {
+    KW_ASSIGN_OR_RETURN(std::unique_ptr<CallWatches> calls,
+                        CallWatches::Create(*s.proc, *s.session, std::move(opts.calls)));
+    s.session->SetCalls(std::move(calls));
+    // No thread runs between the session's arming and the calls' probes.
+    KW_RETURN_IF_ERROR(s.proc->StopAll());
+    s.proc->HoldStopped();
+    held = true;
+  }
   KW_RETURN_IF_ERROR(s.session->Arm());
+  if (s.session->calls() != nullptr) {
+    KW_RETURN_IF_ERROR(s.session->calls()->Start());
+  }
   if (s.deferred.has_value()) {
     s.deferred->armed_ns = core::MonotonicNs();
   }

@@ -14,6 +14,7 @@
 #include "core/ptrace/process_group.h"
 #include "watch/access_sink.h"
 #include "watch/arm_point.h"
+#include "watch/call_watches.h"
 #include "watch/condition.h"
 #include "watch/session.h"
 
@@ -26,6 +27,7 @@ struct ProcessSetupOptions {
   core::ptrace::LaunchOptions launch;
   bool follow_forks = false;  // -f: the target and its children share one tracer
   std::vector<WatchRequest> requests;
+  std::vector<CallWatchRequest> calls;  // --in FUNC: watches armed per call (watch/call_watches.h)
   SessionOptions session;  // exact_values follows from `condition`
   std::string condition;   // --if EXPR ("": none)
   // The target stays stopped once armed (Process::HoldStopped, every thread stopped): the

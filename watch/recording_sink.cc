@@ -19,7 +19,9 @@ absl::Status AccessRecordingSink::OnEvent(WatchSession& session, Summary& summar
     if (!writer_.HasSite(ev.ip)) {
       error_ = writer_.AddSite(SiteRecordFor(session.symbolizer(), ev.ip));
     }
-    order_.Add(ev);
+    // A per-call watch's accesses are recorded at their offsets in the call's object, as the
+    // recording's one address per watch (0) and its profile count them.
+    order_.Add(ev.call != 0 ? as_counted : ev);
     out = RecordingFailed(error_);
   }
   (void)next_.OnEvent(session, summary, ev, as_counted);

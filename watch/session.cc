@@ -18,6 +18,7 @@
 #include "core/symbols/code_point.h"
 #include "core/symbols/expr.h"
 #include "drmgr/applier.h"
+#include "watch/call_watches.h"
 #include "watch/hw_probe.h"
 #include "watch/page_backend.h"
 #include "watch/perf_backend.h"
@@ -102,7 +103,7 @@ absl::string_view OvercommitName(Overcommit o) {
 absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
     core::ptrace::Process& proc, std::vector<WatchRequest> requests, const SessionOptions& opts,
     std::shared_ptr<core::symbols::Symbols> symbols) {
-  if (requests.empty()) {
+  if (requests.empty() && !opts.per_call) {
     return absl::InvalidArgumentError("nothing to watch: give at least one expression");
   }
   BackendKind kind = opts.backend;
@@ -301,6 +302,9 @@ absl::Status WatchSession::Arm() {
     KW_RETURN_IF_ERROR(hw_->Arm());
     absl::Cleanup undo = [this] { hw_->Disarm(); };
     for (const Watch& w : watches_) {
+      if (per_call(w.id)) {
+        continue;  // armed per call, in the calling thread (ArmCall)
+      }
       if (w.target.length > drmgr::kMaxRequestLen) {
         page_watches_.push_back(w);  // Create allowed it only with --overcommit=pages
         continue;
@@ -549,6 +553,9 @@ absl::Status WatchSession::RemoveWatches(const std::vector<uint32_t>& ids) {
 }
 
 void WatchSession::Disarm() {
+  if (calls_ != nullptr) {
+    (void)calls_->Remove();  // their probes first: no call arms anything after this
+  }
   if (alloc_ != nullptr && armed_) {
     alloc_->AdvanceClock(absl::Now());
   }
@@ -562,6 +569,9 @@ void WatchSession::Disarm() {
 }
 
 void WatchSession::Forget() {
+  if (calls_ != nullptr) {
+    calls_->Forget();
+  }
   if (alloc_ != nullptr && armed_) {
     alloc_->AdvanceClock(absl::Now());
   }
@@ -608,6 +618,15 @@ int WatchSession::external_slots() const {
 
 WatchPlacement WatchSession::placement(uint32_t id) const {
   WatchPlacement p;
+  if (per_call(id)) {
+    p.backend = kind_;
+    p.detail = absl::StrCat(
+        "a debug register of the calling thread during each call of ",
+        calls_ != nullptr ? calls_->FunctionOf(id) : std::string("its function"), " (",
+        kind_ == BackendKind::kPerf ? "perf breakpoint stream" : "stop mode",
+        "), when one is free");
+    return p;
+  }
   if (id < removed_.size() && removed_[id]) {
     p.backend = kind_;
     p.detail = "removed (the kwatch that joined with it ended; its debug registers went back)";

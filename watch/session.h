@@ -24,7 +24,12 @@
 
 namespace kwatch::watch {
 
+class CallWatches;
 class PageBackend;
+
+// drmgr priority of a per-call watch's request: below the session's own watches (10), whose
+// registers it never takes.
+inline constexpr int kCallWatchPriority = 5;
 
 // What the user asked to watch.
 struct WatchRequest {
@@ -78,6 +83,8 @@ struct SessionOptions {
   // LendSlots): with overcommit kPages, an execute watch it displaces takes turns (pages cannot
   // watch execution) instead of failing.
   bool debugger_shares = false;
+  // Per-call watches are declared after Create (DeclareCallWatch): Create takes no request then.
+  bool per_call = false;
 };
 
 // Watches of one target process. Resolves expressions against the target's symbols and
@@ -151,6 +158,25 @@ class WatchSession {
   // dropped); their registers go back to drmgr, and waiting watches may get them. Their ids stay
   // taken (placement() says "removed").
   absl::Status RemoveWatches(const std::vector<uint32_t>& ids);
+
+  // Per-call watches (watch/call_watches.h). DeclareCallWatch adds a watch of `shape` (its
+  // display, length, type and layout; its address 0: events of it count at their offset into
+  // each call's object) that is armed only per call, by ArmCall. Hardware sessions, before
+  // Arm; FailedPrecondition otherwise. Returns its id.
+  absl::StatusOr<uint32_t> DeclareCallWatch(WatchRequest request,
+                                            core::symbols::ResolvedExpr shape);
+  bool per_call(uint32_t id) const { return id < per_call_.size() && per_call_[id]; }
+  // Arms per-call watch `id` over its length at `addr`, in thread `tid` only, for call `call`:
+  // a drmgr request of the thread's scope at kCallWatchPriority that takes no one's register.
+  // Returns "" when it is in the registers, else why not (for people: no register free, a
+  // range the registers cannot cover...). The thread must be stopped.
+  absl::StatusOr<std::string> ArmCall(uint32_t id, uint32_t call, pid_t tid, core::RemoteAddr addr);
+  // Ends call `call` of watch `id` (no-op when it was not armed): its events in the rings are
+  // kept for the next Drain, and its register goes back.
+  absl::Status EndCall(uint32_t id, uint32_t call);
+  // The per-call watches' probes and calls; owned from here on (Disarm removes their probes).
+  void SetCalls(std::unique_ptr<CallWatches> calls);
+  CallWatches* calls() const { return calls_.get(); }
 
   std::vector<int> Fds() const;
   uint64_t lost() const;
@@ -228,6 +254,10 @@ class WatchSession {
   bool armed_ = false;
   std::vector<core::AccessEvent> batch_;
   uint64_t filtered_ = 0;
+  std::vector<bool> per_call_;  // by watch id
+  std::map<std::pair<uint32_t, uint32_t>, drmgr::RequestId> call_request_;  // (id, call)
+  // Last: destroyed first, while the backends its calls hold registers in still live.
+  std::unique_ptr<CallWatches> calls_;
 };
 
 }  // namespace kwatch::watch

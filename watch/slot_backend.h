@@ -31,8 +31,26 @@ class SlotBackend : public WatchBackend, public drmgr::Applier {
   // backend; the refused scope is the one its last Apply recorded.
   std::optional<drmgr::Scope> refused_scope() const override { return refused_scope_; }
 
-  // Request `id` belongs to watch `watch_id` (before the changes that arm it are applied).
-  void AddOwner(drmgr::RequestId id, uint32_t watch_id) { owners_[id] = watch_id; }
+  // Request `id` belongs to watch `watch_id` (before the changes that arm it are applied);
+  // for a per-call watch, to its call `call` (AccessEvent::call of its events).
+  void AddOwner(drmgr::RequestId id, uint32_t watch_id, uint32_t call = 0) {
+    owners_[id] = watch_id;
+    if (call != 0) {
+      calls_[id] = call;
+    }
+  }
+
+  // Forgets a released request (its slots were closed: their events are collected already).
+  void RemoveOwner(drmgr::RequestId id) {
+    owners_.erase(id);
+    calls_.erase(id);
+  }
+
+  // The call a request belongs to (0: not a per-call watch's).
+  uint32_t CallOf(drmgr::RequestId id) const {
+    auto it = calls_.find(id);
+    return it == calls_.end() ? 0 : it->second;
+  }
 
   // The watch a request belongs to, if any.
   std::optional<uint32_t> OwnerOf(drmgr::RequestId id) const {
@@ -48,6 +66,7 @@ class SlotBackend : public WatchBackend, public drmgr::Applier {
 
  private:
   std::map<drmgr::RequestId, uint32_t> owners_;
+  std::map<drmgr::RequestId, uint32_t> calls_;
 };
 
 }  // namespace kwatch::watch

@@ -216,12 +216,37 @@ absl::Status StopBackend::Apply(const drmgr::Changes& changes) {
     SeedShadows(slots_);
     return absl::OkStatus();
   }
-  KW_RETURN_IF_ERROR(proc_.StopAll());
-  absl::Cleanup resume = [this] { (void)proc_.ResumeAll(); };
+  // Changes of thread scopes alone (a per-call watch's, made while its thread is stopped at a
+  // probe) write those threads' registers only, and stop no other thread: a trap handler's
+  // thread must stay where it is.
+  std::set<pid_t> only;
+  for (const drmgr::SlotChange& c : changes.slots) {
+    if (c.scope.kind != drmgr::Scope::Kind::kThread) {
+      only.clear();
+      break;
+    }
+    only.insert(c.scope.tid);
+  }
+  const bool stop = only.empty();
+  if (stop) {
+    KW_RETURN_IF_ERROR(proc_.StopAll());
+  }
+  absl::Cleanup resume = [this, stop] {
+    if (stop) {
+      (void)proc_.ResumeAll();
+    }
+  };
   std::map<pid_t, ThreadState> wrote;                 // new state of each thread
   std::vector<std::pair<pid_t, ThreadState>> before;  // for the rollback
   absl::Status failed = absl::OkStatus();
-  for (pid_t tid : proc_.TracedThreads()) {
+  if (!stop) {
+    for (const auto& [tid, st] : threads_) {
+      if (!only.contains(tid)) {
+        wrote[tid] = st;  // unchanged
+      }
+    }
+  }
+  for (pid_t tid : stop ? proc_.TracedThreads() : std::vector<pid_t>(only.begin(), only.end())) {
     auto it = threads_.find(tid);
     const ThreadState cur = it == threads_.end() ? ThreadState{} : it->second;
     absl::StatusOr<ThreadState> want = Layout(tid, next, cur);
@@ -548,6 +573,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
     ev.pid = proc_.pid();
     ev.tid = tid;
     ev.watch_id = *owner;
+    ev.call = CallOf(id);
     ev.trap_ip = trap_ip;
     ev.ip = kind == core::AccessKind::kExec ? trap_ip : site.ip;
     ev.addr = core::RemoteAddr{w_lo};

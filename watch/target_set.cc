@@ -156,7 +156,10 @@ void TargetSet::DrainTracee(Tracee& t) {
     ++t.per_watch[ev.watch_id];
     core::AccessEvent rebased;
     const core::AccessEvent* counted = &ev;
-    if (!t.rebase.empty()) {
+    if (ev.call != 0 && session.calls() != nullptr) {
+      rebased = session.calls()->Rebase(ev);  // at its offset in the call's object
+      counted = &rebased;
+    } else if (!t.rebase.empty()) {
       rebased = ev;
       rebased.addr.value += t.rebase[ev.watch_id];
       rebased.access_addr.value += t.rebase[ev.watch_id];
@@ -168,6 +171,18 @@ void TargetSet::DrainTracee(Tracee& t) {
       Stop(s.message());
     }
   });
+  if (CallWatches* calls = session.calls(); calls != nullptr) {
+    // Calls that ended before this drain: their events were all in it.
+    for (CallRecord& r : calls->TakeEnded()) {
+      AccessNote note;
+      note.kind = AccessNote::Kind::kCallEnded;
+      note.pid = session.process().pid();
+      note.call = std::move(r);
+      note.text = calls->FunctionOf(note.call->watch_id);
+      note.expr = session.watches()[note.call->watch_id].target.display;
+      sink_.OnNote(note);
+    }
+  }
 }
 
 bool TargetSet::AnyChildAlive() const {
@@ -240,6 +255,11 @@ absl::Status TargetSet::HandleEvents(Tracee& t,
           Note(absl::StrCat(Who(t), " called exec: its watches ended there"));
         }
         KW_RETURN_IF_ERROR(proc.Resume(e.tid));
+        break;
+      case core::ptrace::ProcessEvent::Kind::kThreadExited:
+        if (t.session != nullptr && t.session->calls() != nullptr) {
+          t.session->calls()->OnThreadExit(e.tid);
+        }
         break;
       case core::ptrace::ProcessEvent::Kind::kForked:
         if (e.child != 0) {
@@ -489,6 +509,9 @@ void TargetSet::Abandon() {
 }
 
 absl::StatusOr<TargetSetEnd> TargetSet::Finish() {
+  if (WatchSession* s = target().session.get(); s != nullptr && s->calls() != nullptr) {
+    (void)s->calls()->Remove();  // calls still running end: their events are in this drain
+  }
   DrainAll();
   TargetSetEnd end;
   RunInfo& info = end.info;

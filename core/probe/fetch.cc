@@ -294,6 +294,8 @@ class Compiler {
 
   absl::Status Add(const ProbeArgSpec& spec);
   std::vector<CompiledArg> Take() { return std::move(out_); }
+  // CompileObject's work: `spec` is a DWARF variable expression.
+  absl::StatusOr<CompiledObject> Object(const ProbeArgSpec& spec);
 
  private:
   absl::StatusOr<const PcScope*> Scope() {
@@ -303,6 +305,9 @@ class Compiler {
     return &*scope_;
   }
   absl::Status AddVariable(const ProbeArgSpec& spec, CompiledArg arg);
+  // Looks the variable of `spec` up at the point and sets `arg`'s base to its location;
+  // returns its type.
+  absl::StatusOr<symbols::TypeRef> Variable(const ProbeArgSpec& spec, CompiledArg& arg);
   static absl::Status Raw(const ProbeArgSpec& spec, CompiledArg* arg);
 
   const ProbeTarget& target_;
@@ -311,7 +316,7 @@ class Compiler {
   std::vector<CompiledArg> out_;
 };
 
-absl::Status Compiler::AddVariable(const ProbeArgSpec& spec, CompiledArg arg) {
+absl::StatusOr<symbols::TypeRef> Compiler::Variable(const ProbeArgSpec& spec, CompiledArg& arg) {
   if (point_.is_return) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", spec.text, "' is a variable: a return probe (", point_.function,
@@ -342,7 +347,11 @@ absl::Status Compiler::AddVariable(const ProbeArgSpec& spec, CompiledArg arg) {
     return absl::FailedPreconditionError(
         absl::StrCat("'", spec.variable.base, "' has no type in the debug info"));
   }
-  symbols::TypeRef type{*type_die, 0};
+  return symbols::TypeRef{*type_die, 0};
+}
+
+absl::Status Compiler::AddVariable(const ProbeArgSpec& spec, CompiledArg arg) {
+  KW_ASSIGN_OR_RETURN(symbols::TypeRef type, Variable(spec, arg));
   std::optional<symbols::MemberInfo> bitfield;
   if (!spec.derefs.empty()) {
     // +OFF(var): the variable's value is an address.
@@ -358,6 +367,30 @@ absl::Status Compiler::AddVariable(const ProbeArgSpec& spec, CompiledArg arg) {
   }
   out_.push_back(std::move(arg));
   return absl::OkStatus();
+}
+
+absl::StatusOr<CompiledObject> Compiler::Object(const ProbeArgSpec& spec) {
+  CompiledObject obj;
+  obj.place.text = spec.text;
+  obj.place.name = spec.text;
+  KW_ASSIGN_OR_RETURN(symbols::TypeRef type, Variable(spec, obj.place));
+  std::optional<symbols::MemberInfo> bitfield;
+  KW_RETURN_IF_ERROR(VariableSteps(spec, &type, &obj.place, &bitfield));
+  if (bitfield.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", spec.text, "' is a bitfield: it has no address of its own; watch the structure "
+        "that holds it"));
+  }
+  obj.type_name = symbols::TypeName(type);
+  const std::optional<uint64_t> size = symbols::TypeSize(type);
+  if (!size.has_value() || *size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", spec.text, "' is ", obj.type_name, ", which has no size to watch"));
+  }
+  obj.length = *size;
+  obj.layout = symbols::FlattenLayout(type);
+  obj.place.size = 0;  // no final read
+  return obj;
 }
 
 // Type and final read of an argument without DWARF typing.
@@ -936,6 +969,79 @@ absl::StatusOr<std::vector<CompiledArg>> CompileArgStrings(const ProbeTarget& ta
     specs.push_back(std::move(spec));
   }
   return CompileArgs(target, point, specs);
+}
+
+absl::StatusOr<CompiledObject> CompileObject(const ProbeTarget& target, const ResolvedPoint& point,
+                                             const std::string& expr) {
+  KW_ASSIGN_OR_RETURN(ProbeArgSpec spec, ParseProbeArg(expr));
+  if (spec.kind != ProbeArgSpec::Kind::kVariable || !spec.name.empty() || spec.type.has_value() ||
+      !spec.derefs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", expr, "': a watched object is a variable of the function, with members, elements, "
+                   "'->' and '*' (e.g. 'r->len', 'buf[2]', '*p')"));
+  }
+  Compiler compiler(target, point);
+  return compiler.Object(spec);
+}
+
+absl::StatusOr<RemoteAddr> EvaluateObjectAddress(const CompiledArg& place,
+                                                 const FetchContext& ctx) {
+  if (ctx.regs == nullptr) {
+    return absl::InvalidArgumentError("no registers given to evaluate the object's address");
+  }
+  Evaluator ev(ctx);
+  Place at;
+  switch (place.base) {
+    case CompiledArg::Base::kAddress:
+      at = Place{true, place.address + ctx.load_bias, {}};
+      break;
+    case CompiledArg::Base::kLocation: {
+      absl::StatusOr<Place> p = ev.Location(place.location);
+      if (!p.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "'", place.text, "': ",
+            ev.Faulted() ? "memory its location needs cannot be read" : p.status().message()));
+      }
+      at = *std::move(p);
+      break;
+    }
+    case CompiledArg::Base::kRegister:
+    case CompiledArg::Base::kComm:
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", place.text, "' is not a variable: it has no address to watch"));
+  }
+  for (const FetchStep& step : place.steps) {
+    if (step.kind == FetchStep::Kind::kDeref) {
+      uint64_t ptr = 0;
+      if (at.memory) {
+        absl::StatusOr<uint64_t> v = ev.ReadU64(at.addr, 8);
+        if (!v.ok()) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "'%s': the pointer at 0x%x on the way cannot be read", place.text, at.addr));
+        }
+        ptr = *v;
+      } else {
+        std::memcpy(&ptr, at.bytes.data(), std::min<size_t>(8, at.bytes.size()));
+      }
+      if (ptr == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("'", place.text, "': a pointer on the way is NULL"));
+      }
+      at = Place{true, ptr, {}};
+    } else if (at.memory) {
+      at.addr += static_cast<uint64_t>(step.offset);
+    } else {
+      break;  // within a register: no address
+    }
+  }
+  if (!at.memory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", place.text,
+                     "' is in a register at this point: it has no address to watch (its function "
+                     "was compiled with optimisation; watch a variable that lives in memory, or "
+                     "pick the point with --at)"));
+  }
+  return RemoteAddr{at.addr};
 }
 
 absl::StatusOr<std::string> Evaluate(const CompiledArg& arg, const FetchContext& ctx) {

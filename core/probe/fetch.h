@@ -24,6 +24,7 @@
 #include "core/probe/probe_spec.h"
 #include "core/probe/probe_target.h"
 #include "core/symbols/symbols.h"
+#include "core/symbols/type_layout.h"
 
 namespace kwatch::core::probe {
 
@@ -86,6 +87,28 @@ struct FetchContext {
 absl::StatusOr<std::vector<CompiledArg>> CompileArgs(const ProbeTarget& target,
                                                      const ResolvedPoint& point,
                                                      const std::vector<ProbeArgSpec>& args);
+
+// The object a watch takes at a probe point (`kwatch --write 'r->len' --in compute`): a
+// variable visible there, with members, elements, '->' and '*' (a ProbeArgSpec's DWARF form
+// without a type suffix), compiled to the steps that find its address, with its type.
+struct CompiledObject {
+  CompiledArg place;       // its base and steps; no final read
+  uint64_t length = 0;     // bytes of its type
+  std::string type_name;   // C spelling
+  symbols::TypeLayout layout;
+};
+
+// Compiles `expr` as CompileArgs does a variable (the same errors: unknown variable with
+// those available, unknown member...), plus InvalidArgument for a bitfield (it has no address
+// of its own: watch the structure holding it), a type without a size, and a return point.
+absl::StatusOr<CompiledObject> CompileObject(const ProbeTarget& target, const ResolvedPoint& point,
+                                             const std::string& expr);
+
+// Where `place` (a CompiledObject's) lies in memory for this hit. FailedPrecondition when the
+// variable is not in memory there ("'sum' is in a register at this point: it has no address
+// to watch"), when a pointer on the way is NULL, or when a pointer cannot be read (naming the
+// address); the evaluator's own errors as Evaluate gives them.
+absl::StatusOr<RemoteAddr> EvaluateObjectAddress(const CompiledArg& place, const FetchContext& ctx);
 
 // Parses each of `args` and compiles them.
 absl::StatusOr<std::vector<CompiledArg>> CompileArgStrings(const ProbeTarget& target,

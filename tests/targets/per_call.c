@@ -1,0 +1,114 @@
+// Functions that write through their arguments and locals a known number of times per call:
+// for watches armed per call (`kwatch --write 'r->len' --in compute`).
+//
+//   per_call THREADS CALLS DEPTH [--wait]
+//
+// Each of THREADS threads (the main thread too when THREADS is 1) makes CALLS calls of
+// compute(r, 3), alternating an object on its stack and one on the heap: each call writes
+// r->len 3 times and r->flags once; then CALLS calls of run(5), whose local `sum` (in memory)
+// is written 6 times per call; then one recurse(r, DEPTH): DEPTH + 1 nested calls, each
+// writing its own object's r->len twice (once before, once after the inner call).
+// --wait: print "ready PID" on stdout and wait for SIGUSR1 before the work (attach).
+// Ground truth goes to stderr: "compute_writes=N run_writes=N recurse_calls=N".
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct req {
+  long id;
+  volatile int len;  // each write in the source is one store
+  volatile int flags;
+};
+
+static int g_calls;
+static int g_depth;
+volatile long g_sink;
+
+__attribute__((noinline)) void compute(struct req* r, int n) {
+  for (int i = 0; i < n; ++i) {
+    r->len = r->len + 1;
+  }
+  r->flags = 1;
+}
+
+__attribute__((noinline)) int run(int n) {
+  volatile int sum = 0;
+  for (int i = 1; i <= n; ++i) {
+    sum = sum + i;
+  }
+  return sum;
+}
+
+__attribute__((noinline)) void recurse(struct req* r, int depth) {
+  r->len = r->len + 1;
+  if (depth > 0) {
+    struct req inner;
+    memset(&inner, 0, sizeof(inner));
+    recurse(&inner, depth - 1);
+    g_sink = inner.len;
+  }
+  r->len = r->len + 1;
+}
+
+static void* worker(void* arg) {
+  (void)arg;
+  struct req* heap = calloc(1, sizeof(struct req));
+  for (int i = 0; i < g_calls; ++i) {
+    struct req local;
+    memset(&local, 0, sizeof(local));
+    compute(i % 2 == 0 ? &local : heap, 3);
+    g_sink = local.len;
+  }
+  long total = 0;
+  for (int i = 0; i < g_calls; ++i) {
+    total += run(5);
+  }
+  g_sink = total;
+  struct req top;
+  memset(&top, 0, sizeof(top));
+  recurse(&top, g_depth);
+  free(heap);
+  return NULL;
+}
+
+static void on_usr1(int sig) { (void)sig; }
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: per_call THREADS CALLS DEPTH [--wait]\n");
+    return 2;
+  }
+  const int threads = atoi(argv[1]);
+  g_calls = atoi(argv[2]);
+  g_depth = atoi(argv[3]);
+  if (argc > 4 && strcmp(argv[4], "--wait") == 0) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGUSR1, on_usr1);
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&set, &sig);
+  }
+  if (threads <= 1) {
+    worker(NULL);
+  } else {
+    pthread_t t[64];
+    const int n = threads > 64 ? 64 : threads;
+    for (int i = 0; i < n; ++i) {
+      pthread_create(&t[i], NULL, worker, NULL);
+    }
+    for (int i = 0; i < n; ++i) {
+      pthread_join(t[i], NULL);
+    }
+  }
+  const int n = threads <= 1 ? 1 : (threads > 64 ? 64 : threads);
+  fprintf(stderr, "compute_writes=%d run_writes=%d recurse_calls=%d\n", n * g_calls * 3,
+          n * g_calls * 6, n * (g_depth + 1));
+  return 0;
+}
