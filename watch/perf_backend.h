@@ -62,12 +62,13 @@ class PerfBackend final : public SlotBackend {
     drmgr::DrKind kind = drmgr::DrKind::kWrite;
     std::vector<drmgr::SlotHolder> holders;
     std::vector<std::unique_ptr<PerfBreakpoint>> bps;  // one per thread armed
+    pid_t thread = 0;  // a thread scope's slot: its thread (its event is parked at Close)
   };
   using SlotKey = std::pair<drmgr::Scope, int>;
 
   // Opens the slot's events on every traced thread of the process (scope process) or the one
   // thread (scope thread); all or nothing.
-  absl::StatusOr<Slot> Open(const drmgr::SlotChange& change) const;
+  absl::StatusOr<Slot> Open(const drmgr::SlotChange& change);
   // Drains the slot's rings into `out` (events for its holders).
   void DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out);
   // Closes a slot, keeping what its rings held for the next Collect.
@@ -79,6 +80,12 @@ class PerfBackend final : public SlotBackend {
   SessionOptions opts_;
   std::map<SlotKey, Slot> slots_;
   std::vector<core::AccessEvent> pending_;  // drained from slots that closed
+  // Events of thread scopes' slots that closed (a per-call watch arms and disarms at every
+  // call), drained and disabled, kept per thread for its next slot (PerfBreakpoint::Retarget:
+  // no open, mmap, close and munmap per call). The kernel keeps a debug register of their
+  // thread reserved for them: a change of any other scope closes them all first.
+  std::map<pid_t, std::vector<std::unique_ptr<PerfBreakpoint>>> parked_;
+  void CloseParked() { parked_.clear(); }
   uint64_t lost_closed_ = 0;
   uint64_t unrelated_ = 0;
 };

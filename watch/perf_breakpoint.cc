@@ -104,22 +104,11 @@ absl::StatusOr<core::UniqueFd> OpenOne(const perf_event_attr& attr, const Breakp
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const BreakpointRequest& req) {
-  const bool exec = req.kind == drmgr::DrKind::kExec;
-  if (exec) {
-    // Callers may pass 1 (one instruction start) or sizeof(long) (what perf wants on x86).
-    if (req.len != 1 && req.len != sizeof(long)) {
-      KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(req.addr, req.len, req.kind));
-    }
-  } else {
-    KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(req.addr, req.len, req.kind));
-  }
-  if (req.ring_pages != 0 && (req.ring_pages & (req.ring_pages - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("perf ring: %d data pages is not a power of two (the kernel requires 2^n)",
-                        req.ring_pages));
-  }
+namespace {
 
+// The event `req` asks for.
+perf_event_attr AttrFor(const BreakpointRequest& req) {
+  const bool exec = req.kind == drmgr::DrKind::kExec;
   perf_event_attr attr{};
   attr.type = PERF_TYPE_BREAKPOINT;
   attr.size = sizeof(attr);
@@ -138,8 +127,6 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
     attr.sample_type |= PERF_SAMPLE_REGS_USER;
     attr.sample_regs_user = req.sample_regs_user;
   }
-  const PerfSampleFormat format{.callchain = req.callchain_frames > 0,
-                                .regs_user = req.sample_regs_user};
   // Inheritance follows new tasks of a watched task; a CPU-wide event has none.
   attr.inherit = (req.inherit && req.tid != -1) ? 1 : 0;
   attr.inherit_thread = (attr.inherit != 0 && req.inherit_thread) ? 1 : 0;
@@ -151,6 +138,30 @@ absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const Break
   attr.wakeup_events = req.wakeup_events;
   attr.precise_ip = 0;
   attr.disabled = 0;
+  return attr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PerfBreakpoint>> PerfBreakpoint::Open(const BreakpointRequest& req) {
+  const bool exec = req.kind == drmgr::DrKind::kExec;
+  if (exec) {
+    // Callers may pass 1 (one instruction start) or sizeof(long) (what perf wants on x86).
+    if (req.len != 1 && req.len != sizeof(long)) {
+      KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(req.addr, req.len, req.kind));
+    }
+  } else {
+    KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(req.addr, req.len, req.kind));
+  }
+  if (req.ring_pages != 0 && (req.ring_pages & (req.ring_pages - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("perf ring: %d data pages is not a power of two (the kernel requires 2^n)",
+                        req.ring_pages));
+  }
+
+  perf_event_attr attr = AttrFor(req);
+  const PerfSampleFormat format{.callchain = req.callchain_frames > 0,
+                                .regs_user = req.sample_regs_user};
 
   // perf_mmap() refuses inherited per-task events (cpu -1) with EINVAL, in every kernel
   // since perf began: open the inherited task event once per CPU instead.
@@ -212,6 +223,23 @@ absl::StatusOr<uint64_t> PerfBreakpoint::Count() const {
     total += value;
   }
   return total;
+}
+
+absl::Status PerfBreakpoint::Retarget(core::RemoteAddr addr, uint32_t len, drmgr::DrKind kind) {
+  KW_RETURN_IF_ERROR(drmgr::CheckHardwareRange(addr, len, kind));
+  BreakpointRequest next = req_;
+  next.addr = addr;
+  next.len = len;
+  next.kind = kind;
+  perf_event_attr attr = AttrFor(next);
+  for (const int fd : fds()) {
+    if (::ioctl(fd, PERF_EVENT_IOC_MODIFY_ATTRIBUTES, &attr) != 0) {
+      const int err = errno;
+      return core::SyscallError(err, "ioctl(PERF_EVENT_IOC_MODIFY_ATTRIBUTES)");
+    }
+  }
+  req_ = next;
+  return absl::OkStatus();
 }
 
 // Not const: it changes the kernel state this object owns.

@@ -64,6 +64,10 @@ class PerfBreakpoint {
   // counts of inherited children, running or exited).
   absl::StatusOr<uint64_t> Count() const;
 
+  // Moves this breakpoint to another range (PERF_EVENT_IOC_MODIFY_ATTRIBUTES, Linux 4.17):
+  // the event, its ring and the debug register the kernel reserved for it stay. Drain the
+  // ring first. On error the breakpoint is where it was.
+  absl::Status Retarget(core::RemoteAddr addr, uint32_t len, drmgr::DrKind kind);
   // Enable or disable every event of this breakpoint (PERF_EVENT_IOC_ENABLE / _DISABLE).
   absl::Status Enable();
   absl::Status Disable();

@@ -1,7 +1,7 @@
 // Functions that write through their arguments and locals a known number of times per call:
 // for watches armed per call (`kwatch --write 'r->len' --in compute`).
 //
-//   per_call THREADS CALLS DEPTH [--wait]
+//   per_call THREADS CALLS DEPTH [--wait] [--usec N]
 //
 // Each of THREADS threads (the main thread too when THREADS is 1) makes CALLS calls of
 // compute(r, 3), alternating an object on its stack and one on the heap: each call writes
@@ -9,6 +9,8 @@
 // is written 6 times per call; then one recurse(r, DEPTH): DEPTH + 1 nested calls, each
 // writing its own object's r->len twice (once before, once after the inner call).
 // --wait: print "ready PID" on stdout and wait for SIGUSR1 before the work (attach).
+// --usec N: each call of compute sleeps N microseconds after its first write (calls in
+// flight most of the time: their return addresses are kwatch's while it tracks them).
 // Ground truth goes to stderr: "compute_writes=N run_writes=N recurse_calls=N".
 #include <pthread.h>
 #include <signal.h>
@@ -25,11 +27,15 @@ struct req {
 
 static int g_calls;
 static int g_depth;
+static int g_usec;
 volatile long g_sink;
 
 __attribute__((noinline)) void compute(struct req* r, int n) {
   for (int i = 0; i < n; ++i) {
     r->len = r->len + 1;
+    if (i == 0 && g_usec > 0) {
+      usleep(g_usec);
+    }
   }
   r->flags = 1;
 }
@@ -84,6 +90,11 @@ int main(int argc, char** argv) {
   const int threads = atoi(argv[1]);
   g_calls = atoi(argv[2]);
   g_depth = atoi(argv[3]);
+  for (int i = 4; i + 1 < argc; ++i) {
+    if (strcmp(argv[i], "--usec") == 0) {
+      g_usec = atoi(argv[i + 1]);
+    }
+  }
   if (argc > 4 && strcmp(argv[4], "--wait") == 0) {
     sigset_t set;
     sigemptyset(&set);
