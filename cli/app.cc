@@ -303,6 +303,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   to.kill_on_exit = opts.kill_on_exit;
   to.recording = writer != nullptr;
   to.condition = opts.condition;
+  to.start_ns = setup.armed_ns;
   if (setup.deferred.has_value()) {
     to.armed_at = setup.deferred->Armed();
   }

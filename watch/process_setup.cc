@@ -141,6 +141,7 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
     s.proc->HoldStopped();
     held = true;
   }
+  s.armed_ns = core::MonotonicNs();
   KW_RETURN_IF_ERROR(s.session->Arm());
   if (s.session->calls() != nullptr) {
     KW_RETURN_IF_ERROR(s.session->calls()->Start());

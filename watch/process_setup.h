@@ -64,6 +64,9 @@ struct ProcessSetup {
   std::unique_ptr<core::ptrace::Process> proc;
   std::unique_ptr<WatchSession> session;
   std::vector<Condition> conditions;  // one per watch (by id), typed by its watch; or none
+  // CLOCK_MONOTONIC just before the watches were armed (the target may run from then on):
+  // TargetSetOptions::start_ns.
+  uint64_t armed_ns = 0;
   SessionOptions session_options;     // as the session was created with
   // --arm-at: where and when the watches were armed; or, with `session` null, why never (the
   // target was then let go: detached, or killed with kill_on_exit).

@@ -33,6 +33,9 @@ struct TargetSetOptions {
   bool recording = false;           // -o: an exec re-arm refuses watches that moved
   std::string condition;            // --if as typed, for the summary ("" when none)
   std::optional<ArmedAt> armed_at;  // --arm-at: for the summary
+  // CLOCK_MONOTONIC when the armed target was let run (ProcessSetup::armed_ns): the session's
+  // start, so that no event comes before it. 0: when the set is created.
+  uint64_t start_ns = 0;
 };
 
 // How a session ended (Finish).

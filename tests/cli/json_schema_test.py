@@ -83,6 +83,8 @@ def main():
              r"pipe 5 last=4 text='msg 4'"),
             ("arm-at", ["--write", "g_p->v", "--arm-at", "write_through", "--",
                         t("late_pointer"), "20", "3"], "watch", None),
+            ("per call", ["--write", "r->len", "--in", "recurse", "--", t("per_call"), "2", "0",
+                          "5"], "watch", None),
             ("kernel", ["--write", "&jiffies", "--duration", "0.3", "--stack"], "kernel", None),
             ("kernel-accesses", ["--kernel-accesses", "--write", "buf", "--len", "8", "--",
                                  piper, "5"], "kernel", None),
@@ -100,7 +102,7 @@ def main():
         # not; there the modes that need traps are skipped, as KW_REQUIRE_DEBUG_TRAPS does.
         auto = run(kwatch, ["--json", "-q", "--write", "g_stats.hits", "--"] + fw, None)
         traps = json.loads(auto[-1])["backend"] == "perf"
-        needs_traps = {"perf", "stop", "perf overcommit", "perf multiplex", "kernel",
+        needs_traps = {"perf", "stop", "perf overcommit", "perf multiplex", "per call", "kernel",
                        "kernel-accesses", "probe hw"}
         for name, args, kind, foreign in modes:
             if not traps and name in needs_traps:
@@ -200,6 +202,7 @@ EXERCISED = {
     "perf multiplex": ["multiplexed"],
     "page syscalls": ["kernel"],
     "arm-at": ["arm_at", "armed"],
+    "per call": ["call", "calls", "why_not", "returned"],
     "kernel": ["stack"],
     "probe agent": ["return_address", "caller", "low", "value"],
     "probe ptrace": ["stack", "condition", "matched", "$duration"],
