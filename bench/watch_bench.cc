@@ -239,6 +239,88 @@ void BM_KwatchStreamWrite(benchmark::State& state) {
 }
 BENCHMARK(BM_KwatchStreamWrite);
 
+// A watch per call (`--in FUNC`): what arming and disarming one call's object costs in perf
+// stream mode, besides its hits. Each iteration is one call: a breakpoint on this call's object
+// (one of two globals, alternating, as calls alternate objects), one write to it, its ring
+// drained, the breakpoint gone. Open/close is a new event (perf_event_open, mmap of the
+// 64-page thread ring, munmap, close) per call; Retarget keeps one event and moves it
+// (PERF_EVENT_IOC_MODIFY_ATTRIBUTES, enable, disable), as PerfBackend parks a thread's events
+// between its calls. ns_per_call - ns_per_hit (BM_KwatchStreamWrite) is the arming cost.
+alignas(64) volatile uint64_t g_call_objects[16] = {};
+
+BreakpointRequest CallRequest(int call) {
+  BreakpointRequest req;
+  req.addr = core::RemoteAddr{reinterpret_cast<uintptr_t>(&g_call_objects[(call % 2) * 8])};
+  req.len = 8;
+  req.kind = drmgr::DrKind::kWrite;
+  req.tid = ::gettid();
+  req.inherit = false;
+  req.ring_pages = kRingPages;
+  return req;
+}
+
+void ReportCalls(benchmark::State& state, uint64_t elapsed_ns, uint64_t hits) {
+  const auto calls = static_cast<uint64_t>(state.iterations());
+  state.counters["ns_per_call"] =
+      calls == 0 ? 0.0 : static_cast<double>(elapsed_ns) / static_cast<double>(calls);
+  state.counters["hits"] = static_cast<double>(hits);
+  if (hits != calls) {
+    state.SetLabel("hits != calls: " + std::to_string(hits) + " of " + std::to_string(calls));
+  }
+}
+
+void BM_PerCallArmOpenClose(benchmark::State& state) {
+  if (!RequireDebugTraps(state)) {
+    return;
+  }
+  uint64_t hits = 0;
+  int call = 0;
+  const auto sink = [](const PerfSample& /*s*/) {};
+  const uint64_t t0 = core::MonotonicNs();
+  for (auto _ : state) {
+    const BreakpointRequest req = CallRequest(call);
+    auto bp = PerfBreakpoint::Open(req);
+    if (!bp.ok()) {
+      state.SkipWithError(bp.status().ToString().c_str());
+      return;
+    }
+    g_call_objects[(call % 2) * 8] = static_cast<uint64_t>(call);
+    hits += (*bp)->ring()->Drain(sink);
+    ++call;
+  }
+  ReportCalls(state, core::MonotonicNs() - t0, hits);
+}
+BENCHMARK(BM_PerCallArmOpenClose);
+
+void BM_PerCallArmRetarget(benchmark::State& state) {
+  if (!RequireDebugTraps(state)) {
+    return;
+  }
+  auto bp = PerfBreakpoint::Open(CallRequest(1));
+  if (!bp.ok() || !(*bp)->Disable().ok()) {
+    state.SkipWithError(bp.ok() ? "disable failed" : bp.status().ToString().c_str());
+    return;
+  }
+  uint64_t hits = 0;
+  int call = 0;
+  const auto sink = [](const PerfSample& /*s*/) {};
+  const uint64_t t0 = core::MonotonicNs();
+  for (auto _ : state) {
+    const BreakpointRequest req = CallRequest(call);
+    if (absl::Status s = (*bp)->Retarget(req.addr, req.len, req.kind); !s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+    (void)(*bp)->Enable();
+    g_call_objects[(call % 2) * 8] = static_cast<uint64_t>(call);
+    hits += (*bp)->ring()->Drain(sink);
+    (void)(*bp)->Disable();
+    ++call;
+  }
+  ReportCalls(state, core::MonotonicNs() - t0, hits);
+}
+BENCHMARK(BM_PerCallArmRetarget);
+
 // Synthetic ring (no kernel): K sample records, the first one wrapping around the end.
 void BM_RingDrain(benchmark::State& state) {
   const auto records = static_cast<size_t>(state.range(0));
