@@ -228,7 +228,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     r.reads_only = opts.read;
     r.length = opts.len;
     if (!opts.in.empty()) {
-      po.calls.push_back(watch::CallWatchRequest{std::move(r), opts.in, opts.at});
+      po.calls.push_back(watch::CallWatchRequest{std::move(r), opts.in, opts.at, opts.until});
     } else {
       po.requests.push_back(std::move(r));
     }
@@ -472,6 +472,10 @@ int Main(int argc, char** argv) {
                  "FUNC:RELLINE, FILE:LINE inside FUNC) instead of after FUNC's prologue (a local "
                  "set later, a pointer assigned in the body)")
       ->type_name("SPEC");
+  app.add_option("--until", opts.until,
+                 "With --in: end each call's watches when the call reaches SPEC (a point inside "
+                 "FUNC) instead of when it returns")
+      ->type_name("SPEC");
   app.add_flag(
       "--kill-on-exit", opts.kill_on_exit,
       "Kill a launched target when kwatch stops before it ends (default: leave it running)");
@@ -547,8 +551,9 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!opts.at.empty() && opts.in.empty()) {
-    std::fprintf(stderr, "kwatch: error: --at SPEC goes with --in FUNC (the call it is in)\n");
+  if ((!opts.at.empty() || !opts.until.empty()) && opts.in.empty()) {
+    std::fprintf(stderr, "kwatch: error: %s SPEC goes with --in FUNC (the call it is in)\n",
+                 opts.at.empty() ? "--until" : "--at");
     return 2;
   }
   if (!opts.in.empty()) {

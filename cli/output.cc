@@ -212,7 +212,7 @@ std::string CallEndText(const watch::CallRecord& r, const std::string& function)
   if (!r.armed) {
     return absl::StrCat("not watched in this call: ", r.why);
   }
-  const std::string how = r.returned ? absl::StrCat(function, " returned") : r.why;
+  const std::string how = r.why.empty() ? absl::StrCat(function, " returned") : r.why;
   return absl::StrFormat("out of scope: %s after %d access%s to the object at %s", how, r.events,
                          r.events == 1 ? "" : "es", Hex(r.base.value));
 }

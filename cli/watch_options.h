@@ -51,6 +51,7 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string arm_at;            // --arm-at SPEC: arm when a thread first runs this point
   std::string in;                // --in FUNC: the expressions are watched per call of FUNC
   std::string at;                // --at SPEC: where in FUNC each call's objects are looked up
+  std::string until;             // --until SPEC: where in FUNC each call's watches end
 };
 
 }  // namespace kwatch::cli

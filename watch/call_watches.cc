@@ -32,6 +32,34 @@ std::string PointText(const core::probe::ResolvedPoint& p) {
   return out;
 }
 
+// The one point of `spec` (option `option`) inside the function of `entry`: its own errors,
+// or InvalidArgument naming where it is when it is elsewhere (`why`: why it must be inside).
+absl::StatusOr<core::probe::ResolvedPoint> PointInside(const core::probe::ProbeTarget& target,
+                                                       const core::probe::ResolvedPoint& entry,
+                                                       const std::string& option,
+                                                       const std::string& spec,
+                                                       const std::string& why) {
+  absl::StatusOr<core::probe::ProbePoint> ap = core::probe::ParseProbePoint(spec);
+  if (!ap.ok()) {
+    return absl::Status(ap.status().code(),
+                        absl::StrCat(option, " '", spec, "': ", ap.status().message()));
+  }
+  absl::StatusOr<std::vector<core::probe::ResolvedPoint>> r = target.Resolve(*ap);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat(option, " '", spec, "': ", r.status().message()));
+  }
+  const auto inside = std::find_if(r->begin(), r->end(), [&](const auto& p) {
+    return !p.is_return && p.function_start == entry.function_start;
+  });
+  if (inside == r->end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        option, " '", spec, "' is not inside ", entry.function, " (it is at ",
+        r->empty() ? std::string("no code") : PointText(r->front()), "): ", why));
+  }
+  return *inside;
+}
+
 // Why a call's object was not armed, as the summary counts it (no addresses or numbers that
 // differ from call to call).
 constexpr const char* kNoRegister = "no debug register of the calling thread was free";
@@ -47,10 +75,12 @@ absl::StatusOr<std::unique_ptr<CallWatches>> CallWatches::Create(
   KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> maps, proc.Maps());
   KW_ASSIGN_OR_RETURN(cw->bias_, target->LoadBias(maps));
   // Resolved points by function, for the --at points of the same function.
-  std::map<std::pair<std::string, std::string>, size_t> index;  // (function, at) -> functions_
+  // (function, at and until) -> functions_
+  std::map<std::pair<std::string, std::string>, size_t> index;
   std::map<size_t, core::probe::ResolvedPoint> at_points;
   for (CallWatchRequest& req : reqs) {
-    auto [it, fresh] = index.try_emplace({req.function, req.at}, cw->functions_.size());
+    auto [it, fresh] = index.try_emplace({req.function, req.at + "\n" + req.until},
+                                         cw->functions_.size());
     if (fresh) {
       absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(req.function);
       if (!point.ok()) {
@@ -73,32 +103,21 @@ absl::StatusOr<std::unique_ptr<CallWatches>> CallWatches::Create(
       }
       core::probe::ResolvedPoint at = entry->front();
       if (!req.at.empty()) {
-        absl::StatusOr<core::probe::ProbePoint> ap = core::probe::ParseProbePoint(req.at);
-        if (!ap.ok()) {
-          return absl::Status(ap.status().code(),
-                              absl::StrCat("--at '", req.at, "': ", ap.status().message()));
-        }
-        absl::StatusOr<std::vector<core::probe::ResolvedPoint>> r = target->Resolve(*ap);
-        if (!r.ok()) {
-          return absl::Status(r.status().code(),
-                              absl::StrCat("--at '", req.at, "': ", r.status().message()));
-        }
-        const auto inside = std::find_if(r->begin(), r->end(), [&](const auto& p) {
-          return !p.is_return && p.function_start == entry->front().function_start;
-        });
-        if (inside == r->end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--at '", req.at, "' is not inside ", req.function, " (it is at ",
-                           r->empty() ? std::string("no code") : PointText(r->front()),
-                           "): each call's object is looked up in the call"));
-        }
-        at = *inside;
+        KW_ASSIGN_OR_RETURN(at, PointInside(*target, entry->front(), "--at", req.at,
+                                            "each call's object is looked up in the call"));
       }
       Function f;
       f.name = req.function;
       f.point = PointText(at);
       f.entry = core::RemoteAddr{entry->front().function_start.value + cw->bias_};
       f.at = core::RemoteAddr{at.vaddr.value + cw->bias_};
+      if (!req.until.empty()) {
+        KW_ASSIGN_OR_RETURN(const core::probe::ResolvedPoint until,
+                            PointInside(*target, entry->front(), "--until", req.until,
+                                        "a call's watch ends there, in the call"));
+        f.until = core::RemoteAddr{until.vaddr.value + cw->bias_};
+        f.until_text = absl::StrCat("reached --until ", PointText(until));
+      }
       cw->functions_.push_back(std::move(f));
       at_points[it->second] = at;
     }
@@ -216,6 +235,16 @@ absl::Status CallWatches::Start() {
       break;
     }
     f.at_probe = *p;
+    if (f.until.value != 0) {
+      core::probe::ProbeHandlers until;
+      until.pre = [this, &f](const core::probe::ProbeContext& ctx) { OnUntil(f, ctx); };
+      absl::StatusOr<core::probe::ProbeId> u = engine_->Register(f.until, std::move(until));
+      if (!u.ok()) {
+        s = absl::Status(u.status().code(), absl::StrCat("--until of --in '", f.name, "': ",
+                                                         u.status().message()));
+        break;
+      }
+    }
   }
   if (!s.ok()) {
     (void)engine_->RestoreAll();
@@ -292,6 +321,21 @@ void CallWatches::OnPoint(Function& f, const core::probe::ProbeContext& ctx) {
   }
 }
 
+void CallWatches::OnUntil(Function& f, const core::probe::ProbeContext& ctx) {
+  auto st = f.stacks.find(ctx.tid);
+  if (st == f.stacks.end() || st->second.empty()) {
+    return;
+  }
+  // The innermost call of this thread ends its watches here; its return ends nothing more.
+  const uint32_t call = st->second.back().first;
+  for (const Object& o : f.objects) {
+    auto it = calls_.find({o.watch_id, call});
+    if (it != calls_.end()) {
+      End(it->second, ctx.time_ns, f.until_text, /*normal=*/true);
+    }
+  }
+}
+
 void CallWatches::OnReturn(Function& f, const core::probe::ProbeContext& ctx) {
   auto st = f.stacks.find(ctx.tid);
   if (st == f.stacks.end()) {
@@ -316,7 +360,7 @@ void CallWatches::EndAll(Function& f, uint32_t call, uint64_t now_ns, const std:
   }
 }
 
-void CallWatches::End(CallRecord& r, uint64_t now_ns, const std::string& how) {
+void CallWatches::End(CallRecord& r, uint64_t now_ns, const std::string& how, bool normal) {
   if (r.state == CallRecord::State::kEnded) {
     return;
   }
@@ -331,7 +375,7 @@ void CallWatches::End(CallRecord& r, uint64_t now_ns, const std::string& how) {
     ++stats_[r.watch_id].why_not[r.why];
   }
   r.state = CallRecord::State::kEnded;
-  r.returned = how.empty();
+  r.returned = how.empty() || normal;
   if (!how.empty()) {
     r.why = how;
   }

@@ -29,6 +29,7 @@ struct CallWatchRequest {
   std::string function;  // --in FUNC
   std::string at;        // --at SPEC: where each call's object is looked up ("": the function's
                          // probe point, after its prologue, as `perf probe FUNC`)
+  std::string until;     // --until SPEC: where each call's watch ends ("": at its return)
 };
 
 // One call's watched object, while it runs and after.
@@ -46,7 +47,7 @@ struct CallRecord {
   };
   State state = State::kEntered;
   bool armed = false;     // was in a debug register
-  bool returned = false;  // ended by its return (false: abandoned, thread exit, session end)
+  bool returned = false;  // ended by its return or --until (false: abandoned, thread exit, end)
   std::string why;        // kNotArmed: why; kEnded: how it ended, when not by a return
   uint64_t events = 0;
   uint64_t start_ns = 0;
@@ -145,6 +146,8 @@ class CallWatches {
     std::string point;  // where objects are looked up, for people
     core::RemoteAddr entry;
     core::RemoteAddr at;
+    core::RemoteAddr until;  // --until: 0 when none
+    std::string until_text;  // "reached --until compute+0x20 (prog.c:33)"
     std::vector<Object> objects;
     uint32_t calls = 0;
     core::probe::ProbeId return_probe = 0;
@@ -157,8 +160,10 @@ class CallWatches {
   void OnEntry(Function& f, const core::probe::ProbeContext& ctx);
   void OnPoint(Function& f, const core::probe::ProbeContext& ctx);
   void OnReturn(Function& f, const core::probe::ProbeContext& ctx);
-  // Ends `r` (its register goes back); `how` says why when not by a return.
-  void End(CallRecord& r, uint64_t now_ns, const std::string& how);
+  void OnUntil(Function& f, const core::probe::ProbeContext& ctx);
+  // Ends `r` (its register goes back); `how` says why when not by a return (`normal`: at
+  // --until, as planned).
+  void End(CallRecord& r, uint64_t now_ns, const std::string& how, bool normal = false);
   // Ends call `call` of `f` for each of its objects.
   void EndAll(Function& f, uint32_t call, uint64_t now_ns, const std::string& how);
   void Retire(const CallRecord& r);

@@ -137,6 +137,33 @@ TEST(KwatchPerCall, EachRecursiveCallWatchesItsOwnObject) {
   EXPECT_EQ(CallStats(run)["events_total"], 6);
 }
 
+// --until: each call's watch ends at the line after the inner call (its second write is not
+// seen); the innermost call never gets there and keeps its watch to its return (2 writes).
+TEST(KwatchPerCall, UntilEndsEachCallsWatchAtAPoint) {
+  const int line = clitest::TargetSourceLine("per_call.c", "g_sink = inner.len;");
+  ASSERT_GT(line, 0);
+  const RunResult r =
+      RunKwatch({"--json", "--write", "r->len", "--in", "recurse", "--until",
+                 absl::StrCat("per_call.c:", line), "--", TargetPath("per_call"), "1", "0", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonRun run = ParseJsonLines(r.out);
+  const PerCall pc = GroupByCall(run);
+  ASSERT_EQ(pc.events.size(), 3u) << r.out;
+  for (const auto& [key, n] : pc.events) {
+    EXPECT_EQ(n, key.second == 3 ? 2 : 1) << "call " << key.second;
+  }
+  ASSERT_EQ(run.call_ends.size(), 3u);
+  for (const auto& c : run.call_ends) {
+    EXPECT_EQ(c["returned"], true);
+    if (c["call"] == 3) {
+      EXPECT_EQ(c["why"], "");
+    } else {
+      EXPECT_THAT(c["why"].get<std::string>(), HasSubstr("reached --until recurse+"));
+    }
+  }
+  EXPECT_EQ(CallStats(run)["abandoned"], 0);
+}
+
 // 6 nested calls in each of 2 threads, 4 debug registers per thread: the 4 outer calls of
 // each thread are watched, the 2 innermost are not (said, by reason); the watched ones are
 // exact.
@@ -292,6 +319,8 @@ TEST(KwatchPerCall, BadInputGetsClearErrors) {
        "--at 'recurse' is not inside compute"},
       {{"--write", "r->len", "--at", "compute+4", "--", prog, "1", "1", "0"},
        "--at SPEC goes with --in FUNC"},
+      {{"--write", "r->len", "--in", "compute", "--until", "run", "--", prog, "1", "1", "0"},
+       "--until 'run' is not inside compute"},
       {{"--write", "r->len", "--in", "compute", "--backend", "page", "--", prog, "1", "1", "0"},
        "--in: a watch per call takes the debug registers"},
       {{"--write", "r->len", "--in", "compute", "-f", "--", prog, "1", "1", "0"},
