@@ -98,6 +98,17 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   s.session_options = opts.session;
   KW_RETURN_IF_ERROR(TakeScopedRequests(s.proc->pid(), opts.requests, opts.calls));
   s.session_options.per_call = !opts.calls.empty();
+  if (!opts.calls.empty() && opts.session.debugger_shares) {
+    return absl::InvalidArgumentError(
+        "kwatch gdbserver does not take watches per call yet (--in FUNC, FUNC::EXPR): gdb's "
+        "breakpoints and steps would have to share their probes");
+  }
+  if (!opts.calls.empty() && opts.follow_forks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", opts.calls.front().function, "::", opts.calls.front().request.expr,
+        "': watches per call do not follow forks yet (-f): each child would need the "
+        "function's probes of its own"));
+  }
   if (!opts.calls.empty() && !opts.arm_at.empty()) {
     return absl::InvalidArgumentError(
         "--in and --arm-at do not go together yet: a watch per call is armed at each call");
