@@ -55,7 +55,7 @@ absl::StatusOr<core::probe::ResolvedPoint> PointInside(const core::probe::ProbeT
   if (inside == r->end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         option, " '", spec, "' is not inside ", entry.function, " (it is at ",
-        r->empty() ? std::string("no code") : PointText(r->front()), "): ", why));
+        r->empty() ? std::string{"no code"} : PointText(r->front()), "): ", why));
   }
   return *inside;
 }
@@ -301,7 +301,7 @@ void CallWatches::OnPoint(Function& f, const core::probe::ProbeContext& ctx) {
     absl::StatusOr<core::RemoteAddr> addr = core::probe::EvaluateObjectAddress(o.compiled.place, fc);
     if (!addr.ok()) {
       r.state = CallRecord::State::kNotArmed;
-      r.why = std::string(addr.status().message());
+      r.why = std::string{addr.status().message()};
       ++stats.not_armed;
       ++stats.why_not[r.why];
       continue;
@@ -310,9 +310,9 @@ void CallWatches::OnPoint(Function& f, const core::probe::ProbeContext& ctx) {
     absl::StatusOr<std::string> why = session_.ArmCall(o.watch_id, call, ctx.tid, *addr);
     if (!why.ok() || !why->empty()) {
       r.state = CallRecord::State::kNotArmed;
-      r.why = why.ok() ? *why : std::string(why.status().message());
+      r.why = why.ok() ? *why : std::string{why.status().message()};
       ++stats.not_armed;
-      ++stats.why_not[why.ok() ? std::string(kNoRegister) : r.why];
+      ++stats.why_not[why.ok() ? std::string{kNoRegister} : r.why];
       continue;
     }
     r.state = CallRecord::State::kArmed;

@@ -66,7 +66,7 @@ absl::StatusOr<std::string> WatchSession::ArmCall(uint32_t id, uint32_t call, pi
   r.label = absl::StrCat(w.target.display, " (call ", call, ")");
   absl::StatusOr<drmgr::Grant> g = alloc_->Request(client_, std::move(r));
   if (!g.ok()) {
-    return std::string(g.status().message());
+    return std::string{g.status().message()};
   }
   const auto give_back = [this](drmgr::RequestId rid) {
     if (absl::StatusOr<drmgr::Changes> c = alloc_->Release(rid); c.ok()) {
@@ -81,7 +81,7 @@ absl::StatusOr<std::string> WatchSession::ArmCall(uint32_t id, uint32_t call, pi
   hw_->AddOwner(g->id, id, call);
   if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(g->changes)); !s.ok()) {
     give_back(g->id);
-    return std::string(s.message());
+    return std::string{s.message()};
   }
   // The kernel may have said that a register of this thread is taken (ENOSPC): drmgr then
   // re-decided, and the request may have lost its place.

@@ -21,6 +21,7 @@
 #include "core/probe/x86_regs.h"
 #include "core/ptrace/maps.h"
 #include "core/symbols/dwarf_types.h"
+#include "core/symbols/expr.h"
 #include "core/symbols/symbol_match.h"
 
 namespace kwatch::core::probe {
@@ -973,13 +974,20 @@ absl::StatusOr<std::vector<CompiledArg>> CompileArgStrings(const ProbeTarget& ta
 
 absl::StatusOr<CompiledObject> CompileObject(const ProbeTarget& target, const ResolvedPoint& point,
                                              const std::string& expr) {
-  KW_ASSIGN_OR_RETURN(ProbeArgSpec spec, ParseProbeArg(expr));
-  if (spec.kind != ProbeArgSpec::Kind::kVariable || !spec.name.empty() || spec.type.has_value() ||
-      !spec.derefs.empty()) {
+  // A C expression as kwatch's watches take them (core/symbols/expr.h), of a variable.
+  absl::StatusOr<symbols::Expr> parsed = symbols::ParseExpr(expr);
+  if (!parsed.ok() || parsed->base.empty() || parsed->address.has_value() ||
+      parsed->cast.has_value() || parsed->address_of) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", expr, "': a watched object is a variable of the function, with members, elements, "
-                   "'->' and '*' (e.g. 'r->len', 'buf[2]', '*p')"));
+        "'", expr,
+        "': a watched object is a variable of the function, with members, elements, '->' and "
+        "'*' (e.g. 'r->len', 'buf[2]', '*p')",
+        parsed.ok() ? "" : absl::StrCat(": ", parsed.status().message())));
   }
+  ProbeArgSpec spec;
+  spec.kind = ProbeArgSpec::Kind::kVariable;
+  spec.text = expr;
+  spec.variable = *std::move(parsed);
   Compiler compiler(target, point);
   return compiler.Object(spec);
 }

@@ -432,5 +432,52 @@ TEST_F(FetchCompile, ParamsAndVarsExpand) {
   EXPECT_THAT(names, ElementsAre("i", "p", "total"));
 }
 
+// The objects a watch per call takes (`kwatch --write 'p->len' --in sum_item`): compiled to
+// their address, with their type's size, name and layout; their address at a hit.
+TEST_F(FetchCompile, ObjectsCompileToTheirAddressAndType) {
+  const ResolvedPoint at = At("sum_item");
+  auto len = CompileObject(*target_, at, "p->len");
+  ASSERT_TRUE(len.ok()) << len.status();
+  EXPECT_EQ(len->length, 4u);
+  EXPECT_EQ(len->type_name, "unsigned int");
+  auto whole = CompileObject(*target_, at, "*p");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->length, 48u);
+  EXPECT_EQ(whole->type_name, "struct item");
+  std::vector<std::string> paths;
+  for (const auto& f : whole->layout.fields) {
+    paths.push_back(f.path);
+  }
+  EXPECT_THAT(paths, ::testing::IsSupersetOf({".id", ".len", ".label", ".values[3]"}));
+  auto values = CompileObject(*target_, at, "p->values");  // arrays are objects too
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(values->length, 16u);
+
+  EXPECT_EQ(CompileObject(*target_, at, "p->hot").status().message(),
+            "'p->hot' is a bitfield: it has no address of its own; watch the structure that "
+            "holds it");
+  EXPECT_EQ(CompileObject(*target_, at, "p->lenn").status().message(),
+            "struct item has no member 'lenn'; did you mean 'len'? Members: id, len, flags, kind, "
+            "hot, label, next, values");
+  EXPECT_THAT(std::string(CompileObject(*target_, at, "p->len:u32").status().message()),
+              HasSubstr("a watched object is a variable of the function"));
+
+  // At the entry, p is in %rdi: p->len lies 8 bytes after it; p itself has no address.
+  user_regs_struct regs{};
+  regs.rdi = 0x10000;
+  FetchContext ctx;
+  ctx.regs = &regs;
+  auto addr = EvaluateObjectAddress(len->place, ctx);
+  ASSERT_TRUE(addr.ok()) << addr.status();
+  EXPECT_EQ(addr->value, 0x10008u);
+  regs.rdi = 0;
+  EXPECT_EQ(EvaluateObjectAddress(len->place, ctx).status().message(),
+            "'p->len': a pointer on the way is NULL");
+  auto p = CompileObject(*target_, at, "p");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(std::string(EvaluateObjectAddress(p->place, ctx).status().message()),
+              HasSubstr("'p' is in a register at this point: it has no address to watch"));
+}
+
 }  // namespace
 }  // namespace kwatch::core::probe
