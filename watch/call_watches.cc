@@ -453,6 +453,9 @@ absl::Status CallWatches::Remove() {
     return absl::OkStatus();
   }
   removed_ = true;
+  if (engine_ == nullptr && calls_.empty()) {
+    return absl::OkStatus();  // never started: nothing planted, and the target stays as it is
+  }
   // Every thread stopped: a call's registers are its thread's, written while it is stopped.
   const bool live = proc_.alive() && proc_.StopAll().ok();
   if (live) {
