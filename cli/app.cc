@@ -128,6 +128,12 @@ void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session)
                    ext, ext == 1 ? "" : "s", proc.pid(), ext == 1 ? "is" : "are", proc.pid());
     }
   }
+  if (session.calls() != nullptr) {
+    std::fprintf(stderr,
+                 "kwatch: note: watches per call run through ptrace: each call stops its thread "
+                 "at its entry and its return (tens of us a call); the in-process agent does "
+                 "not take them yet\n");
+  }
   std::fflush(stderr);
 }
 
