@@ -52,6 +52,8 @@ class AccessPrinter : public watch::AccessSink {
 
  protected:
   virtual void PrintHeader(const watch::WatchSession& session) = 0;
+  // --follow: a watch moved (in the event stream, unless quiet).
+  virtual void PrintMove(const watch::AccessNote& note) = 0;
   // Where both summaries start: the events flushed, the profile's rendering fit to `out_`.
   watch::profile::ReportRenderOptions SummaryStart();
   // Seconds from the session's start to an event's time.
@@ -83,6 +85,7 @@ class AccessTextPrinter final : public AccessPrinter {
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;
+  void PrintMove(const watch::AccessNote& note) override;
 };
 
 // JSON lines: one object per watch, one per event, then one summary object (per watch: fields,
@@ -97,6 +100,7 @@ class AccessJsonPrinter final : public AccessPrinter {
 
  private:
   void PrintHeader(const watch::WatchSession& session) override;
+  void PrintMove(const watch::AccessNote& note) override;
 
   core::NsPidField ns_pid_;
 };

@@ -49,6 +49,7 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
   bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
   std::string arm_at;            // --arm-at SPEC: arm when a thread first runs this point
+  bool follow = false;           // --follow: expressions follow their pointers (gdb's watch)
 };
 
 }  // namespace kwatch::cli

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -152,6 +153,12 @@ class TargetSet {
   uint64_t rotations_ = 0;
   bool exec_seen_ = false;  // the target's watches ended at an exec (not re-armed)
   std::vector<std::string> notes_;
+  // --follow: by watch id, the objects counted and moves (for the summary), and the index in
+  // `objects` of the one watched now (-1: parked).
+  std::map<uint32_t, RunInfo::Followed> followed_;
+  std::map<uint32_t, int> current_object_;
+  // Takes a move in time order: counts from now on go to its object; tells the sink.
+  void OnMove(WatchSession& session, const FollowMove& m);
   GuestRouter* guests_ = nullptr;
   uint64_t guest_changes_ = 0;
 };

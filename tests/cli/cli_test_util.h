@@ -49,6 +49,7 @@ inline std::map<int, Truth> ReadTruth(const std::string& path) {
 struct JsonRun {
   std::vector<json> events;
   std::vector<json> watches;
+  std::vector<json> moves;  // --follow
   json summary;
 };
 
@@ -61,6 +62,8 @@ inline JsonRun ParseJsonLines(const std::string& out) {
       run.events.push_back(std::move(j));
     } else if (type == "watch") {
       run.watches.push_back(std::move(j));
+    } else if (type == "move") {
+      run.moves.push_back(std::move(j));
     } else if (type == "summary") {
       run.summary = std::move(j);
     } else {
