@@ -166,11 +166,13 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
 
   uint64_t rotations = set.rotations();
   uint64_t guest_changes = set.guest_changes();
+  uint64_t moves = set.moves();
   while (true) {
     KW_ASSIGN_OR_RETURN(const bool more, set.Step());
-    if (set.rotations() != rotations) {
+    if (set.rotations() != rotations || set.moves() != moves) {
       rotations = set.rotations();
-      publish(false);
+      moves = set.moves();
+      publish(false);  // multiplexing rotated, or --follow moved watches
     }
     if (set.guest_changes() != guest_changes) {
       guest_changes = set.guest_changes();

@@ -153,9 +153,8 @@ std::string MoveJsonFields(const watch::FollowMove& m, const std::string& displa
     return a.has_value() ? absl::StrCat("\"", Hex(a->value), "\"") : std::string("null");
   };
   std::string s = absl::StrFormat(
-      "\"time_ns\":%d,\"tid\":%d,\"watch\":%d,\"expr\":%s,\"display\":%s,\"from\":%s,"
-      "\"to\":%s,\"pointer\":%s,\"ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-      "\"line\":%d",
+      R"("time_ns":%d,"tid":%d,"watch":%d,"expr":%s,"display":%s,"from":%s,"to":%s,)"
+      R"("pointer":%s,"ip":"%s","function":%s,"offset":%d,"file":%s,"line":%d)",
       m.time_ns, m.tid, m.watch_id, JsonString(expr), JsonString(display), addr(m.from), addr(m.to),
       JsonString(m.pointer), Hex(m.ip.value), JsonString(loc.function), loc.offset,
       JsonString(loc.file), loc.line);
@@ -400,11 +399,11 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
                             p.exact ? "true" : "false", JsonString(p.detail));
     }
     if (const RunInfo::Followed* f = FollowedIn(info, w.id); f != nullptr) {
-      s += "\"follow\":{\"pointers\":[";
+      s += R"("follow":{"pointers":[)";
       for (size_t i = 0; i < f->pointers.size(); ++i) {
         absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(f->pointers[i]));
       }
-      absl::StrAppendFormat(&s, "],\"parked\":%s,", f->parked ? "true" : "false");
+      absl::StrAppendFormat(&s, R"(],"parked":%s,)", f->parked ? "true" : "false");
       if (f->parked) {
         absl::StrAppend(&s, "\"why\":", JsonString(f->why), ",");
       }
@@ -415,7 +414,7 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
                               i == 0 ? "" : ",", Hex(o.addr.value), o.counts.total(),
                               o.counts.reads, o.counts.writes);
       }
-      s += "],\"moves\":[";
+      s += R"(],"moves":[)";
       for (size_t i = 0; i < f->moves.size(); ++i) {
         const core::symbols::CodeLocation loc = session.symbolizer().Locate(f->moves[i].ip);
         absl::StrAppend(&s, i == 0 ? "{" : ",{",

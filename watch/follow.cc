@@ -43,7 +43,7 @@ FollowResolution ResolveFollowed(const core::symbols::Symbols& symbols,
     r.target = *std::move(now);
     return r;
   }
-  r.why = std::string(now.status().message());
+  r.why = std::string{now.status().message()};
   // Same expression, same types: the k-th pointer read is the shape's k-th.
   for (size_t i = 0; i < seen.size() && i < shape.pointers.size(); ++i) {
     seen[i].display = shape.pointers[i].display;

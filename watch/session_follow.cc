@@ -40,8 +40,7 @@ absl::Status WatchSession::CheckFollow(const core::symbols::Symbols& symbols,
     KW_ASSIGN_OR_RETURN(fw.expr, core::symbols::ParseExpr(req.expr));
     absl::StatusOr<core::symbols::ResolvedExpr> shape = symbols.Resolve(fw.expr, AnywhereReader());
     if (!shape.ok()) {
-      return absl::Status(shape.status().code(),
-                          absl::StrCat("'", req.expr, "': ", shape.status().message()));
+      return {shape.status().code(), absl::StrCat("'", req.expr, "': ", shape.status().message())};
     }
     if (shape->pointers.empty()) {
       // gdb's `watch g_x` and `watch -l g_x` are the same watch: nothing to refuse.
@@ -161,7 +160,7 @@ absl::Status WatchSession::Refollow(uint32_t id, const core::AccessEvent& cause,
       return s;
     }
     // Not enough registers for the new chain: parked until the pointers change again.
-    why = std::string(s.message());
+    why = std::string{s.message()};
     now.target.reset();
   }
   // The object.

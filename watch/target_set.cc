@@ -206,6 +206,7 @@ void TargetSet::DrainTracee(Tracee& t) {
 }
 
 void TargetSet::OnMove(WatchSession& session, const FollowMove& m) {
+  ++moves_;
   RunInfo::Followed& f = followed_[m.watch_id];
   f.watch_id = m.watch_id;
   f.moves.push_back(m);

@@ -100,6 +100,8 @@ class TargetSet {
   // Other kwatch commands that joined the target's session (cli/join_server.h): their events
   // go to `guests`, which outlives the set, and it serves them at every Step. nullptr: none.
   void SetGuests(GuestRouter* guests) { guests_ = guests; }
+  // --follow: how many times a followed watch moved (its registers changed).
+  uint64_t moves() const { return moves_; }
   // How many times joined kwatch commands came or went (their watches changed drmgr's state).
   uint64_t guest_changes() const { return guest_changes_; }
   // A line for the event stream (AccessNote::kText), kept for the summary's notes.
@@ -157,6 +159,7 @@ class TargetSet {
   // `objects` of the one watched now (-1: parked).
   std::map<uint32_t, RunInfo::Followed> followed_;
   std::map<uint32_t, int> current_object_;
+  uint64_t moves_ = 0;
   // Takes a move in time order: counts from now on go to its object; tells the sink.
   void OnMove(WatchSession& session, const FollowMove& m);
   GuestRouter* guests_ = nullptr;
