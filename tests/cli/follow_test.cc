@@ -6,6 +6,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,36 @@ TEST(KwatchFollow, AnObjectItComesBackToIsCountedOnce) {
   EXPECT_EQ(ObjectAt(run, Norm(obj.at("a")))["writes"], 40 * 3);
   EXPECT_EQ(ObjectAt(run, Norm(obj.at("b")))["writes"], 40 * 2);
   EXPECT_EQ(FollowOf(run)["moves"].size(), 2u * 40);  // parked -> A, then A <-> B
+}
+
+// Two watches through the same pointer: its write watch is one register they share (3 in all),
+// and both move at each write of it.
+TEST(KwatchFollow, TwoWatchesThroughOnePointerShareItsRegister) {
+  const RunResult r = RunKwatch({"--json", "-q", "--follow", "--write", "g_p->v", "g_p->pad[1]",
+                                 "--", TargetPath("follow_chain"), "ptr", "6", "4", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::map<std::string, std::string> obj = Objects(r.err);
+  const JsonRun run = ParseJsonLines(r.out);
+  ASSERT_EQ(run.summary["watches"].size(), 2u);
+  const json& v = run.summary["watches"][0]["follow"];
+  const json& pad = run.summary["watches"][1]["follow"];
+  EXPECT_EQ(v["moves"].size(), 2u);
+  EXPECT_EQ(pad["moves"].size(), 2u);
+  EXPECT_EQ(v["objects"][0]["addr"], Norm(obj.at("a")));
+  EXPECT_EQ(v["objects"][0]["writes"], 6);
+  EXPECT_EQ(v["objects"][1]["writes"], 4);
+  EXPECT_EQ(pad["objects"][1]["writes"], 0);
+  EXPECT_EQ(pad["moves"][1]["to"],
+            absl::StrFormat("0x%x", std::stoull(obj.at("b"), nullptr, 16) + 16));
+  std::set<int> registers;
+  for (const json& w : run.summary["watches"]) {
+    for (const json& slot : w["slots"]) {
+      registers.insert(slot["dr"].get<int>());
+    }
+    EXPECT_THAT(w["placement"].get<std::string>(), HasSubstr("g_p in DR"));
+  }
+  EXPECT_EQ(registers.size(), 2u);  // the data; the pointer's is the third, shared
+  EXPECT_EQ(run.summary["external_slots"], 0);
 }
 
 // Attached while the pointers are still NULL: parked, then the same exact counts.
