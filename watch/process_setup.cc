@@ -1,7 +1,5 @@
 #include "watch/process_setup.h"
 
-#include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
