@@ -93,6 +93,9 @@ void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session)
   if (!session.backend_note().empty()) {
     std::fprintf(stderr, "kwatch: %s\n", session.backend_note().c_str());
   }
+  for (const std::string& note : session.follow_notes()) {
+    std::fprintf(stderr, "kwatch: note: %s\n", note.c_str());
+  }
   size_t paged = 0;
   for (const watch::Watch& w : session.watches()) {
     paged += session.placement(w.id).backend == watch::BackendKind::kPage ? 1 : 0;
@@ -169,11 +172,13 @@ absl::StatusOr<int> RunTargetSet(const Options& opts, watch::TargetSet& set,
 
   uint64_t rotations = set.rotations();
   uint64_t guest_changes = set.guest_changes();
+  uint64_t moves = set.moves();
   while (true) {
     KW_ASSIGN_OR_RETURN(const bool more, set.Step());
-    if (set.rotations() != rotations) {
+    if (set.rotations() != rotations || set.moves() != moves) {
       rotations = set.rotations();
-      publish(false);
+      moves = set.moves();
+      publish(false);  // multiplexing rotated, or --follow moved watches
     }
     if (set.guest_changes() != guest_changes) {
       guest_changes = set.guest_changes();
@@ -233,6 +238,7 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
     r.kind = kind;
     r.reads_only = opts.read;
     r.length = opts.len;
+    r.follow = opts.follow;
     if (!opts.in.empty()) {
       po.calls.push_back(watch::CallWatchRequest{std::move(r), opts.in, opts.at, opts.until});
     } else {
@@ -366,6 +372,8 @@ int Main(int argc, char** argv) {
       "`kwatch gdbserver` (gdb's remote protocol, sharing the target with kwatch's watches);\n"
       "see --help of each.\n"
       "Expressions: name, &name, name.field, name[3], ptr->field, 0xADDR, 0xADDR:LEN.\n"
+      "A pointer in an expression is read once, when the watch is armed (gdb's watch -l);\n"
+      "--follow moves the watch whenever the pointer changes (gdb's watch).\n"
       "With hardware breakpoints a structure is split over the four x86 debug registers and\n"
       "what does not fit follows --overcommit; with page protection (--backend page) any\n"
       "variable or structure is watched exactly, per field.",
@@ -482,6 +490,13 @@ int Main(int argc, char** argv) {
                  "With --in: end each call's watches when the call reaches SPEC (a point inside "
                  "FUNC) instead of when it returns")
       ->type_name("SPEC");
+  app.add_flag("--follow", opts.follow,
+               "Follow the expressions' pointers, as gdb's plain `watch`: kwatch watches every "
+               "pointer an expression goes through (g_p in g_p->v; a and a->b in a->b->c) for "
+               "writes, in debug registers, and at each write, while every thread is stopped, "
+               "evaluates the expression again and moves the watch to the object it leads to "
+               "now (parked while a pointer is NULL). Stop mode. Without it a watch stays on the "
+               "object its pointers led to when it was armed (gdb's `watch -l`)");
   app.add_flag(
       "--kill-on-exit", opts.kill_on_exit,
       "Kill a launched target when kwatch stops before it ends (default: leave it running)");
@@ -575,6 +590,9 @@ int Main(int argc, char** argv) {
       why = "with -f, each child would need the function's probes of its own: not supported yet";
     } else if (!opts.arm_at.empty()) {
       why = "each call arms its own watches: --arm-at has nothing left to arm";
+    } else if (opts.follow) {
+      why = "each call's object is looked up at the call: its pointers are not followed "
+            "afterwards (--follow) yet";
     } else if (opts.backend == "page") {
       why = "a watch per call takes the debug registers of the calling thread; page protection "
             "would stop every thread on the page (--backend perf or --stop)";
@@ -597,6 +615,31 @@ int Main(int argc, char** argv) {
     }
     if (why != nullptr) {
       std::fprintf(stderr, "kwatch: error: --arm-at: %s\n", why);
+      return 2;
+    }
+  }
+  if (opts.follow) {
+    const char* why = nullptr;
+    if (!opts.pid.has_value() && opts.command.empty()) {
+      why =
+          "kernel watches are CPU-wide perf breakpoints that never stop the writer, so a watch "
+          "could not move before the kernel writes the new object; watch the kernel variable "
+          "where it is";
+    } else if (opts.kernel_accesses) {
+      why = "--kernel-accesses watches memory from the kernel side, where no write is stopped";
+    } else if (opts.exec) {
+      why = "--exec watches code, which has no pointers to follow";
+    } else if (opts.follow_forks) {
+      why = "with -f each child would follow its own pointers: not supported yet";
+    } else if (!opts.output.empty()) {
+      why =
+          "a recording (-o) holds one address per watch, and a followed watch moves: not "
+          "supported yet (--json keeps every move)";
+    } else if (opts.overcommit == "multiplex") {
+      why = "a pointer watch that takes turns would miss the writes that move the watch";
+    }
+    if (why != nullptr) {
+      std::fprintf(stderr, "kwatch: error: --follow: %s\n", why);
       return 2;
     }
   }
@@ -636,6 +679,13 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr,
                      "kwatch: error: --in: pid %d is watched by kwatch %d already; a watch per "
                      "call cannot join its session yet (end that session first)\n",
+                     *opts.pid, tracer->pid);
+        return 2;
+      }
+      if (opts.follow) {
+        std::fprintf(stderr,
+                     "kwatch: error: --follow: pid %d is watched by kwatch %d already, and a "
+                     "watch that joins its session cannot follow pointers yet\n",
                      *opts.pid, tracer->pid);
         return 2;
       }

@@ -136,6 +136,34 @@ std::string StackJson(watch::WatchSession& session, const core::AccessEvent& ev)
   return s;
 }
 
+// --follow: what the summary says of watch `id` (nullptr: a location watch).
+const RunInfo::Followed* FollowedIn(const RunInfo& info, uint32_t id) {
+  for (const RunInfo::Followed& f : info.followed) {
+    if (f.watch_id == id) {
+      return &f;
+    }
+  }
+  return nullptr;
+}
+
+// The fields of a --follow move, as JSON members (no braces).
+std::string MoveJsonFields(const watch::FollowMove& m, const std::string& display,
+                           const std::string& expr, const core::symbols::CodeLocation& loc) {
+  const auto addr = [](const std::optional<core::RemoteAddr>& a) {
+    return a.has_value() ? absl::StrCat("\"", Hex(a->value), "\"") : std::string("null");
+  };
+  std::string s = absl::StrFormat(
+      R"("time_ns":%d,"tid":%d,"watch":%d,"expr":%s,"display":%s,"from":%s,"to":%s,)"
+      R"("pointer":%s,"ip":"%s","function":%s,"offset":%d,"file":%s,"line":%d)",
+      m.time_ns, m.tid, m.watch_id, JsonString(expr), JsonString(display), addr(m.from), addr(m.to),
+      JsonString(m.pointer), Hex(m.ip.value), JsonString(loc.function), loc.offset,
+      JsonString(loc.file), loc.line);
+  if (!m.to.has_value()) {
+    absl::StrAppend(&s, ",\"why\":", JsonString(m.why));
+  }
+  return s;
+}
+
 }  // namespace
 
 void AccessPrinter::Start(const watch::WatchSession& session, uint64_t start_ns, pid_t main_pid) {
@@ -201,6 +229,11 @@ void AccessPrinter::OnNote(const watch::AccessNote& note) {
         PrintCallEnd(*note.call, note.expr, note.text);
       }
       break;
+    case Kind::kMoved:
+      if (!quiet_) {
+        PrintMove(note);
+      }
+      break;
   }
 }
 
@@ -257,6 +290,17 @@ void AccessJsonPrinter::PrintHeader(const watch::WatchSession& session) {
   }
 }
 
+void AccessJsonPrinter::PrintMove(const watch::AccessNote& note) {
+  absl::FPrintF(out_, "{\"type\":\"move\",\"pid\":%d,%s}\n", note.pid,
+                MoveJsonFields(note.move, note.display, note.display, note.site));
+}
+
+void AccessTextPrinter::PrintMove(const watch::AccessNote& note) {
+  // In the event stream, between the accesses to the old object and those to the new one.
+  absl::FPrintF(out_, "%-14.9f %-7d --  %s\n", Seconds(note.move.time_ns), note.move.tid,
+                watch::FollowMoveText(note.move, note.display, SiteText(note.site, note.move.ip)));
+}
+
 void AccessTextPrinter::PrintHeader(const watch::WatchSession& session) {
   const bool exact = session.backend() == watch::BackendKind::kPage ||
                      session.backend() == watch::BackendKind::kStop;
@@ -275,10 +319,10 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   // Before `loc`: looking frames up may grow the symbolizer's cache, which `loc` points into.
   const std::string stack_json = StackJson(session, ev);
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
-  const watch::Watch& w = session.watches()[ev.watch_id];
+  // Against the watch as counted (its first object with --follow, its first image with -f).
+  const watch::Watch& w = summary.watches()[ev.watch_id];
   const std::string field = summary.FieldLabel(as_counted);
-  const watch::EventValues v =
-      watch::ValuesOf(watch::WatchedBitfield(w.target), ev.call != 0 ? as_counted : ev);
+  const watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(w.target), as_counted);
   std::string value = "null";
   if (v.value.has_value()) {
     value = ValueText(v, *v.value);
@@ -313,11 +357,11 @@ absl::Status AccessTextPrinter::OnEvent(watch::WatchSession& session, watch::Sum
   }
   const core::symbols::CodeLocation& loc = session.symbolizer().Locate(ev.ip);
   const std::string field = CallField(summary.FieldLabel(as_counted), ev.call);
-  const core::symbols::ResolvedExpr& target = session.watches()[ev.watch_id].target;
-  // A per-call watch's object lies at 0 in its declaration: its events are read as counted.
-  const core::AccessEvent& placed = ev.call != 0 ? as_counted : ev;
-  watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(target), placed);
-  v.field = watch::AccessedField(target, placed);  // text reads values as their type; JSON numbers
+  // Against the watch as counted (its first object with --follow, its first image with -f,
+  // offsets into each call's object for a watch per call).
+  const core::symbols::ResolvedExpr& target = summary.watches()[ev.watch_id].target;
+  watch::EventValues v = watch::ValuesOf(watch::WatchedBitfield(target), as_counted);
+  v.field = watch::AccessedField(target, as_counted);  // text: values as their type; JSON numbers
   const double t = Seconds(ev.time_ns);
   std::string value = "?";
   if (v.value.has_value()) {
@@ -397,6 +441,30 @@ void AccessJsonPrinter::OnSummary(const watch::AccessSummary& all) {
                             "\"placement\":%s,",
                             p.multiplexed ? "true" : "false", p.coverage,
                             p.exact ? "true" : "false", JsonString(p.detail));
+    }
+    if (const RunInfo::Followed* f = FollowedIn(info, w.id); f != nullptr) {
+      s += R"("follow":{"pointers":[)";
+      for (size_t i = 0; i < f->pointers.size(); ++i) {
+        absl::StrAppend(&s, i == 0 ? "" : ",", JsonString(f->pointers[i]));
+      }
+      absl::StrAppendFormat(&s, R"(],"parked":%s,)", f->parked ? "true" : "false");
+      if (f->parked) {
+        absl::StrAppend(&s, "\"why\":", JsonString(f->why), ",");
+      }
+      s += "\"objects\":[";
+      for (size_t i = 0; i < f->objects.size(); ++i) {
+        const RunInfo::FollowedObject& o = f->objects[i];
+        absl::StrAppendFormat(&s, R"(%s{"addr":"%s","events":%d,"reads":%d,"writes":%d})",
+                              i == 0 ? "" : ",", Hex(o.addr.value), o.counts.total(),
+                              o.counts.reads, o.counts.writes);
+      }
+      s += R"(],"moves":[)";
+      for (size_t i = 0; i < f->moves.size(); ++i) {
+        const core::symbols::CodeLocation loc = session.symbolizer().Locate(f->moves[i].ip);
+        absl::StrAppend(&s, i == 0 ? "{" : ",{",
+                        MoveJsonFields(f->moves[i], w.target.display, w.request.expr, loc), "}");
+      }
+      s += "]},";
     }
     s += "\"fields\":[";
     bool first = true;
@@ -526,11 +594,18 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
       continue;
     }
     const watch::WatchPlacement p = session.placement(w.id);
+    const RunInfo::Followed* f = FollowedIn(info, w.id);
+    std::string where = session.per_call(w.id)
+                            ? std::string("in each call's object (offsets from its start)")
+                            : absl::StrCat("at ", Hex(w.target.addr.value));
+    if (f != nullptr) {
+      where = f->objects.empty()       ? "never reached an object"
+              : f->objects.size() == 1 ? absl::StrCat("at ", Hex(f->objects[0].addr.value))
+                                       : absl::StrCat("at ", f->objects.size(), " objects in turn");
+    }
     absl::FPrintF(
         out, "watch #%d %s: %s%s%d bytes %s, %s, %s\n", w.id + 1, w.target.display,
-        w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length,
-        session.per_call(w.id) ? "in each call's object (offsets from its start)"
-                               : absl::StrCat("at ", Hex(w.target.addr.value)),
+        w.target.type_name, w.target.type_name.empty() ? "" : ", ", w.target.length, where,
         w.request.reads_only ? "read (read-write filtered)" : drmgr::DrKindName(w.request.kind),
         p.detail);
     if (const watch::CallWatches* calls = session.calls(); calls != nullptr) {
@@ -540,6 +615,22 @@ void AccessTextPrinter::OnSummary(const watch::AccessSummary& all) {
             absl::FPrintF(out, "  %s\n", line);
           }
         }
+      }
+    }
+    if (f != nullptr) {
+      absl::FPrintF(out, "  --follow through %s: %d move%s\n",
+                    f->pointers.empty()
+                        ? std::string("its pointers")
+                        : absl::StrCat("'", absl::StrJoin(f->pointers, "', '"), "'"),
+                    f->moves.size(), f->moves.size() == 1 ? "" : "s");
+      for (const watch::FollowMove& m : f->moves) {
+        const core::symbols::CodeLocation loc = session.symbolizer().Locate(m.ip);
+        absl::FPrintF(out, "    %.6f s  %s\n", Seconds(m.time_ns),
+                      watch::FollowMoveText(m, w.target.display, SiteText(loc, m.ip)));
+      }
+      for (const RunInfo::FollowedObject& o : f->objects) {
+        absl::FPrintF(out, "    object %-18s %8d reads %8d writes\n", Hex(o.addr.value),
+                      o.counts.reads, o.counts.writes);
       }
     }
     if (p.multiplexed) {

@@ -55,6 +55,8 @@ class AccessPrinter : public watch::AccessSink {
   // A per-call watch's call ended (AccessNote::kCallEnded): on the event stream.
   virtual void PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
                             const std::string& function) = 0;
+  // --follow: a watch moved (in the event stream, unless quiet).
+  virtual void PrintMove(const watch::AccessNote& note) = 0;
   // Where both summaries start: the events flushed, the profile's rendering fit to `out_`.
   watch::profile::ReportRenderOptions SummaryStart();
   // Seconds from the session's start to an event's time.
@@ -88,6 +90,7 @@ class AccessTextPrinter final : public AccessPrinter {
   void PrintHeader(const watch::WatchSession& session) override;
   void PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
                     const std::string& function) override;
+  void PrintMove(const watch::AccessNote& note) override;
 };
 
 // JSON lines: one object per watch, one per event, then one summary object (per watch: fields,
@@ -104,6 +107,7 @@ class AccessJsonPrinter final : public AccessPrinter {
   void PrintHeader(const watch::WatchSession& session) override;
   void PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
                     const std::string& function) override;
+  void PrintMove(const watch::AccessNote& note) override;
 
   core::NsPidField ns_pid_;
 };

@@ -52,6 +52,7 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string in;                // --in FUNC: the expressions are watched per call of FUNC
   std::string at;                // --at SPEC: where in FUNC each call's objects are looked up
   std::string until;             // --until SPEC: where in FUNC each call's watches end
+  bool follow = false;           // --follow: expressions follow their pointers (gdb's watch)
 };
 
 }  // namespace kwatch::cli

@@ -11,6 +11,8 @@
 #include "core/event.h"
 #include "core/ptrace/process.h"
 #include "watch/call_watches.h"
+#include "core/symbols/symbolizer.h"
+#include "watch/follow.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/session.h"
 #include "watch/summary.h"
@@ -51,6 +53,21 @@ struct RunInfo {
   std::vector<Process> processes;   // empty without -f
   std::vector<std::string> notes;   // forks, execs and re-arms, for people
   std::optional<ArmedAt> armed_at;  // --arm-at
+  // --follow: each followed watch's objects (in the order it first reached them, with the
+  // accesses counted on each) and moves.
+  struct FollowedObject {
+    core::RemoteAddr addr;
+    KindCounts counts;
+  };
+  struct Followed {
+    uint32_t watch_id = 0;
+    std::vector<std::string> pointers;  // the pointers it went through at the end
+    std::vector<FollowedObject> objects;
+    std::vector<FollowMove> moves;
+    bool parked = false;  // at the end
+    std::string why;      // ... why
+  };
+  std::vector<Followed> followed;
 };
 
 // Something a process watch session tells its user besides events.
@@ -65,6 +82,7 @@ struct AccessNote {
     kDetached,          // at the end: the target `pid` was let go and keeps running
     kCallEnded,         // a per-call watch's call ended (`call`; `text`: its function), its
                         // events all delivered before
+    kMoved,             // --follow: `move` of watch `display`, written at `site`
   };
   Kind kind = Kind::kText;
   std::string text;
@@ -76,6 +94,9 @@ struct AccessNote {
   size_t count = 0;
   std::optional<CallRecord> call;  // kCallEnded
   std::string expr;                // kCallEnded: the watch's display name
+  FollowMove move;
+  std::string display;
+  core::symbols::CodeLocation site;
 };
 
 // What the summary describes: the target's first session (its watches, placements and names),

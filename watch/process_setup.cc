@@ -1,7 +1,5 @@
 #include "watch/process_setup.h"
 
-#include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -12,6 +10,7 @@
 #include "core/symbols/symbols.h"
 #include "watch/bitfield_value.h"
 #include "watch/event_loop.h"
+#include "watch/follow.h"
 
 namespace kwatch::watch {
 
@@ -25,13 +24,7 @@ absl::StatusOr<std::shared_ptr<core::symbols::Symbols>> CheckDeferred(
     pid_t pid, const std::vector<WatchRequest>& requests) {
   KW_ASSIGN_OR_RETURN(std::shared_ptr<core::symbols::Symbols> symbols,
                       core::symbols::Symbols::ForProcess(pid));
-  const core::symbols::MemoryReader anywhere = [](core::RemoteAddr /*addr*/,
-                                                  std::span<uint8_t> out) {
-    const uint64_t fake = 0x10000000;  // not NULL, aligned for any type
-    std::fill(out.begin(), out.end(), 0);
-    std::memcpy(out.data(), &fake, std::min(out.size(), sizeof(fake)));
-    return absl::OkStatus();
-  };
+  const core::symbols::MemoryReader anywhere = AnywhereReader();
   for (const WatchRequest& req : requests) {
     if (req.kind == drmgr::DrKind::kExec) {
       continue;  // code: resolved at the point like the rest, it needs no pointer

@@ -86,6 +86,17 @@ std::string RefusalAdvice(const Watch& w, const SessionOptions& opts) {
   return "--overcommit=pages watches it with page protection";
 }
 
+// --follow: no debug register is left for pointer `p` of followed watch `w`.
+std::string FollowShortage(const Watch& w, const FollowedWatch& fw,
+                           const core::symbols::PointerLoad& p, const std::string& reason) {
+  return absl::StrCat("--follow: no debug register is left for pointer '", p.display, "' of '",
+                      w.target.display, "' (", reason,
+                      "): a followed watch needs one for its object and one for each pointer it "
+                      "goes through (",
+                      FollowPointersText(fw), "), ", fw.pointers.size() + 1,
+                      " of the 4 in all; watch fewer expressions");
+}
+
 }  // namespace
 
 absl::string_view OvercommitName(Overcommit o) {
@@ -106,9 +117,39 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
   if (requests.empty() && !opts.per_call) {
     return absl::InvalidArgumentError("nothing to watch: give at least one expression");
   }
+  if (symbols == nullptr) {
+    KW_ASSIGN_OR_RETURN(symbols, core::symbols::Symbols::ForProcess(proc.pid()));
+  }
+  // --follow: by request index.
+  std::map<size_t, FollowedWatch> follows;
+  std::vector<std::string> follow_notes;
+  KW_RETURN_IF_ERROR(CheckFollow(*symbols, requests, follows, follow_notes));
   BackendKind kind = opts.backend;
   std::string note;
   const bool exact = opts.exact_values || opts.stack_frames > 0;
+  if (!follows.empty()) {
+    // The pointers are watched in stop mode: each write of one stops its thread, and the
+    // watch moves before any thread runs on.
+    const char* why = nullptr;
+    if (kind == BackendKind::kPerf) {
+      why =
+          "perf stream mode does not stop the thread that writes a pointer, so the watch could "
+          "not move before the program writes the new object: use --stop (with --follow, "
+          "auto picks it)";
+    } else if (kind == BackendKind::kPage) {
+      why =
+          "it watches the pointers with debug registers in stop mode, and --backend page uses "
+          "none: use --stop (with --follow, auto picks it)";
+    } else if (kind == BackendKind::kAuto && !ProbeDebugTraps().delivered) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--follow watches the pointers with debug registers in stop mode, and ",
+                       ProbeDebugTraps().detail));
+    }
+    if (why != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--follow: ", why));
+    }
+    kind = BackendKind::kStop;
+  }
   if (kind == BackendKind::kAuto) {
     const DebugTrapProbe& probe = ProbeDebugTraps();
     if (probe.delivered) {
@@ -135,13 +176,37 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
         " needs the accessing thread stopped at the access, and perf stream mode reads values "
         "later, at drain time: use --stop (debug registers through ptrace) or --backend page"));
   }
-  if (symbols == nullptr) {
-    KW_ASSIGN_OR_RETURN(symbols, core::symbols::Symbols::ForProcess(proc.pid()));
-  }
   const core::symbols::MemoryReader reader =
       [&proc](core::RemoteAddr addr, std::span<uint8_t> out) { return proc.ReadMemory(addr, out); };
   std::vector<Watch> watches;
+  std::map<uint32_t, FollowedWatch> followed;
   for (auto& req : requests) {
+    if (auto f = follows.find(watches.size()); f != follows.end()) {
+      // --follow: where the pointers lead now, or parked until they lead somewhere.
+      FollowedWatch& fw = f->second;
+      FollowResolution now = ResolveFollowed(*symbols, fw.expr, reader, fw.shape);
+      fw.pointers = std::move(now.pointers);
+      fw.parked = !now.target.has_value();
+      fw.why = now.why;
+      core::symbols::ResolvedExpr target = now.target.has_value() ? *now.target : fw.shape;
+      if (fw.parked) {
+        target.addr = core::RemoteAddr{0};
+      }
+      target.length = req.length.value_or(fw.shape.length);
+      if (target.length == 0 || target.length > drmgr::kMaxRequestLen) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--follow: '%s' is %d bytes, and a followed watch moves from debug register to debug "
+            "register, which cover 1 to %d bytes: watch a field of it",
+            fw.shape.display, target.length, drmgr::kMaxRequestLen));
+      }
+      Watch w;
+      w.id = static_cast<uint32_t>(watches.size());
+      w.request = std::move(req);
+      w.target = std::move(target);
+      followed[w.id] = std::move(fw);
+      watches.push_back(std::move(w));
+      continue;
+    }
     // --exec takes code as `kwatch probe` writes it (FUNC, FUNC+OFF, FILE:LINE) before data.
     std::optional<core::symbols::ResolvedExpr> code;
     if (req.kind == drmgr::DrKind::kExec) {
@@ -197,8 +262,15 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
       if (w.target.length > drmgr::kMaxRequestLen && opts.overcommit == Overcommit::kPages) {
         continue;  // straight to pages
       }
+      auto fw = followed.find(w.id);
+      if (fw != followed.end() && fw->second.parked) {
+        continue;  // nothing to watch yet
+      }
       absl::StatusOr<drmgr::Grant> g =
-          dry.Request(client, SlotRequestFor(w, proc.pid(), opts.overcommit, opts.debugger_shares));
+          fw != followed.end()
+              ? dry.Request(client, SlotRequestFor(w, proc.pid(), drmgr::ShortagePolicy::kFail))
+              : dry.Request(client,
+                            SlotRequestFor(w, proc.pid(), opts.overcommit, opts.debugger_shares));
       if (!g.ok()) {
         return absl::Status(g.status().code(),
                             absl::StrCat("'", w.target.display, "': ", g.status().message()));
@@ -210,10 +282,26 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
                          RefusalAdvice(w, opts)));
       }
     }
+    // --follow: each pointer needs a register of its own too.
+    for (const auto& [id, fw] : followed) {
+      for (const core::symbols::PointerLoad& p : fw.pointers) {
+        absl::StatusOr<drmgr::Grant> g =
+            dry.Request(client, session_internal::PointerRequestFor(p, watches[id], proc.pid()));
+        if (!g.ok()) {
+          return absl::Status(g.status().code(), absl::StrCat("--follow: pointer '", p.display,
+                                                              "': ", g.status().message()));
+        }
+        if (g->state == drmgr::RequestState::kFailed) {
+          return absl::ResourceExhaustedError(FollowShortage(watches[id], fw, p, g->reason));
+        }
+      }
+    }
   }
   auto session = std::unique_ptr<WatchSession>(
       new WatchSession(proc, std::move(symbols), nullptr, std::move(watches)));
   session->backend_note_ = std::move(note);
+  session->followed_ = std::move(followed);
+  session->follow_notes_ = std::move(follow_notes);
   session->opts_ = opts;
   session->kind_ = kind;
   return session;
@@ -221,6 +309,11 @@ absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::Create(
 
 absl::StatusOr<std::unique_ptr<WatchSession>> WatchSession::ForFork(WatchSession& parent,
                                                                     core::ptrace::Process& child) {
+  if (!parent.followed_.empty()) {
+    return absl::FailedPreconditionError(
+        "--follow: the watches of a forked child would follow its own pointers: not supported "
+        "yet");
+  }
   // What the fork copied of kwatch's changes was undone at the fork event (OnFollowedFork):
   // protected pages. Perf and stop mode's breakpoints are never inherited across fork.
   if (parent.page_backend_ != nullptr) {
@@ -309,17 +402,24 @@ absl::Status WatchSession::Arm() {
         page_watches_.push_back(w);  // Create allowed it only with --overcommit=pages
         continue;
       }
+      const auto fw = followed_.find(w.id);
+      if (fw != followed_.end() && fw->second.parked) {
+        continue;  // --follow: armed when its pointers lead somewhere
+      }
+      const drmgr::ShortagePolicy policy =
+          fw != followed_.end()
+              ? drmgr::ShortagePolicy::kFail  // moved from register to register
+              : session_internal::PolicyFor(w.request, opts_.overcommit, opts_.debugger_shares);
       KW_ASSIGN_OR_RETURN(drmgr::Grant g,
-                          alloc_->Request(client_, SlotRequestFor(w, proc_.pid(), opts_.overcommit,
-                                                                  opts_.debugger_shares)));
+                          alloc_->Request(client_, SlotRequestFor(w, proc_.pid(), policy)));
       hw_->AddOwner(g.id, w.id);
       request_of_[w.id] = g.id;
-      policy_of_[w.id] =
-          session_internal::PolicyFor(w.request, opts_.overcommit, opts_.debugger_shares);
+      policy_of_[w.id] = policy;
       if (absl::Status s = drmgr::ApplyWithRetry(*alloc_, *hw_, std::move(g.changes)); !s.ok()) {
         return {s.code(), absl::StrCat("arming '", w.target.display, "': ", s.message())};
       }
     }
+    KW_RETURN_IF_ERROR(ArmFollow());
     multiplexing_ = false;
     register_watches_.clear();
     for (const Watch& w : watches_) {
@@ -632,6 +732,13 @@ WatchPlacement WatchSession::placement(uint32_t id) const {
     p.detail = "removed (the kwatch that joined with it ended; its debug registers went back)";
     return p;
   }
+  if (const FollowedWatch* fw = followed(id); fw != nullptr && fw->parked) {
+    p.backend = kind_;
+    p.detail =
+        absl::StrCat("parked (--follow): ", fw->why, "; armed when ", FollowPointersText(*fw),
+                     " lead", fw->pointers.size() == 1 ? "s" : "", " to an object");
+    return p;
+  }
   const bool paged = std::any_of(page_watches_.begin(), page_watches_.end(),
                                  [id](const Watch& w) { return w.id == id; });
   auto it = request_of_.find(id);
@@ -671,6 +778,20 @@ WatchPlacement WatchSession::placement(uint32_t id) const {
   } else {
     p.detail = absl::StrCat("debug register", p.slots.size() == 1 ? " " : "s ", regs, " (", mode,
                             "): ", reason);
+  }
+  if (const FollowedWatch* fw = followed(id); fw != nullptr && alloc_ != nullptr) {
+    std::vector<std::string> held;
+    for (size_t i = 0; i < fw->requests.size() && i < fw->pointers.size(); ++i) {
+      absl::StatusOr<drmgr::RequestView> pv = alloc_->Describe(fw->requests[i]);
+      std::string regs;
+      for (size_t k = 0; pv.ok() && k < pv->slots.size(); ++k) {
+        absl::StrAppend(&regs, k == 0 ? "" : "+", "DR", pv->slots[k]);
+      }
+      held.push_back(absl::StrCat(fw->pointers[i].display, " in ", regs.empty() ? "?" : regs));
+    }
+    absl::StrAppend(&p.detail, "; --follow: moves when ", FollowPointersText(*fw),
+                    fw->pointers.size() == 1 ? " is" : " are",
+                    " written (watched in stop mode: ", absl::StrJoin(held, ", "), ")");
   }
   return p;
 }

@@ -20,6 +20,7 @@
 #include "drmgr/debug_regs.h"
 #include "drmgr/slot_allocator.h"
 #include "watch/backend.h"
+#include "watch/follow.h"
 #include "watch/slot_backend.h"
 
 namespace kwatch::watch {
@@ -37,6 +38,9 @@ struct WatchRequest {
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   bool reads_only = false;         // --read: read-write in hardware, writes filtered out
   std::optional<uint64_t> length;  // --len: overrides the length of the expression's type
+  // --follow: evaluated again through its pointers whenever one of them is written, the watch
+  // moved to where it leads then (gdb's `watch`); false: a location (gdb's `watch -l`).
+  bool follow = false;
 };
 
 // A resolved, armed watch.
@@ -203,6 +207,17 @@ class WatchSession {
   // when a forced backend cannot work here), "" when there is nothing to say.
   const std::string& backend_note() const { return backend_note_; }
 
+  // --follow: how watch `id` follows its pointers; nullptr for a location watch. Its target's
+  // address is the object's now (0 while parked).
+  const FollowedWatch* followed(uint32_t id) const {
+    auto it = followed_.find(id);
+    return it == followed_.end() ? nullptr : &it->second;
+  }
+  // --follow: the moves since the last call, in time order (watch/follow.h).
+  std::vector<FollowMove> TakeMoves() { return std::exchange(moves_, {}); }
+  // --follow: lines for people about it ("'g_x' goes through no pointer...").
+  const std::vector<std::string>& follow_notes() const { return follow_notes_; }
+
   const std::vector<Watch>& watches() const { return watches_; }
   const SessionOptions& options() const { return opts_; }
   core::ptrace::Process& process() const { return proc_; }
@@ -251,6 +266,28 @@ class WatchSession {
   std::map<std::vector<core::RemoteAddr>, uint32_t> stack_ids_;
   uint64_t stack_errors_ = 0;
   std::string backend_note_;
+  // --follow (watch/session_follow.cc): the followed watches by id, their pointers' drmgr
+  // client and the owner ids (SlotBackend) of the pointers' requests: (watch id, pointer).
+  std::map<uint32_t, FollowedWatch> followed_;
+  drmgr::ClientId follow_client_;
+  std::map<uint32_t, std::pair<uint32_t, size_t>> pointer_owner_;
+  uint32_t next_pointer_owner_ = 0;
+  std::vector<FollowMove> moves_;
+  std::vector<std::string> follow_notes_;
+  // Create: the shapes of the --follow requests (a request without pointers stops following,
+  // with a note); FailedPrecondition when the backend cannot follow.
+  static absl::Status CheckFollow(const core::symbols::Symbols& symbols,
+                                  std::vector<WatchRequest>& requests,
+                                  std::map<size_t, FollowedWatch>& shapes,
+                                  std::vector<std::string>& notes);
+  // Arm: requests and applies the followed watches' pointers (stop mode, every thread stopped).
+  absl::Status ArmFollow();
+  // A followed pointer was written (every thread stopped): each followed watch is resolved
+  // again and its data and pointer watches moved where it leads now.
+  absl::Status OnPointerWrite(const core::AccessEvent& ev);
+  absl::Status Refollow(uint32_t id, const core::AccessEvent& cause, const std::string& pointer);
+  // Requests the pointer watches of followed watch `id` from `first` on.
+  absl::Status RequestPointers(uint32_t id, size_t first);
   bool armed_ = false;
   std::vector<core::AccessEvent> batch_;
   uint64_t filtered_ = 0;

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include "absl/strings/str_cat.h"
 #include "drmgr/slot_allocator.h"
 #include "watch/session.h"
 
@@ -43,6 +44,20 @@ inline drmgr::SlotRequest SlotRequestFor(const Watch& w, pid_t pid, drmgr::Short
 inline drmgr::SlotRequest SlotRequestFor(const Watch& w, pid_t pid, Overcommit o,
                                          bool exec_multiplex = false) {
   return SlotRequestFor(w, pid, PolicyFor(w.request, o, exec_multiplex));
+}
+
+// --follow: a write watch on pointer `p` of followed watch `w`, in debug registers only.
+inline drmgr::SlotRequest PointerRequestFor(const core::symbols::PointerLoad& p, const Watch& w,
+                                            pid_t pid) {
+  drmgr::SlotRequest r;
+  r.addr = p.addr;
+  r.len = p.size;
+  r.kind = drmgr::DrKind::kWrite;
+  r.scope = drmgr::Scope::Process(pid);
+  r.priority = drmgr::DefaultPriority(drmgr::ClientKind::kWatchpoint);
+  r.policy = drmgr::ShortagePolicy::kFail;
+  r.label = absl::StrCat(p.display, " (pointer of ", w.target.display, ", --follow)");
+  return r;
 }
 
 }  // namespace kwatch::watch::session_internal

@@ -400,18 +400,17 @@ bool StopBackend::Claims(pid_t /*tid*/, const siginfo_t& si) {
 }
 
 absl::Status StopBackend::Handle(pid_t tid, const siginfo_t& si) {
-  return OnTrap(tid, si);
+  return OnTrap(tid, si, /*in_place=*/false).status();
 }
 
 absl::StatusOr<bool> StopBackend::HandleInPlace(pid_t tid, const siginfo_t& si) {
-  KW_RETURN_IF_ERROR(OnTrap(tid, si));
-  return true;
+  return OnTrap(tid, si, /*in_place=*/true);
 }
 
-absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
+absl::StatusOr<bool> StopBackend::OnTrap(pid_t tid, const siginfo_t& si, bool in_place) {
   auto th = threads_.find(tid);
   if (!armed_ || th == threads_.end()) {
-    return absl::OkStatus();  // a late trap of a disarmed slot: dropped
+    return true;  // a late trap of a disarmed slot: dropped
   }
   // The register whose event sent the trap; a closed or replaced one names nothing.
   const int named = bps_.Fired(tid, core::ptrace::SiPerfData(si));
@@ -422,11 +421,11 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
   }
   if (first == nullptr) {
     ++stray_traps_;
-    return absl::OkStatus();
+    return true;
   }
   absl::StatusOr<user_regs_struct> got = proc_.GetRegs(tid);
   if (absl::IsNotFound(got.status())) {
-    return absl::OkStatus();  // the thread is gone
+    return true;  // the thread is gone
   }
   KW_RETURN_IF_ERROR(got.status());
   const user_regs_struct& regs = *got;
@@ -527,6 +526,9 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
     uint64_t value;
   };
   std::vector<KnownValue> known;  // values taken from the registers
+  std::vector<core::AccessEvent> out;
+  uint64_t unrelated = 0;  // committed with the events
+  uint64_t reads_filtered = 0;
   for (auto& [id, hh] : hits) {
     const std::optional<uint32_t> owner = OwnerOf(id);
     if (!owner.has_value()) {
@@ -540,7 +542,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
     const uint64_t a_lo = hh.exact ? std::max(hh.lo, h_lo) : w_lo;
     const uint64_t a_hi = hh.exact ? std::min(hh.hi, h_hi) : w_hi;
     if (a_lo >= a_hi || (decoded && !hh.exact && hh.slot_kind != drmgr::DrKind::kExec)) {
-      ++unrelated_;  // a wide cover: the access missed the watched bytes
+      ++unrelated;  // a wide cover: the access missed the watched bytes
       continue;
     }
     const auto size = static_cast<uint32_t>(std::min<uint64_t>(a_hi - a_lo, 8));
@@ -565,7 +567,7 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
       kind = core::AccessKind::kWrite;  // undecoded: a write slot, or the bytes changed
     }
     if (hh.holder.kind == drmgr::DrKind::kWrite && kind == core::AccessKind::kRead) {
-      ++reads_filtered_;
+      ++reads_filtered;
       continue;
     }
     core::AccessEvent ev;
@@ -597,8 +599,15 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
       ev.old_value = old_value;
       ev.value_exact = true;
     }
-    events_.push_back(ev);
+    out.push_back(ev);
   }
+  const auto synced = [this](const core::AccessEvent& ev) { return sync_ && sync_(ev.watch_id); };
+  const bool any_sync = std::any_of(out.begin(), out.end(), synced);
+  if (in_place && any_sync) {
+    return false;  // again in Handle, with every thread stopped
+  }
+  unrelated_ += unrelated;
+  reads_filtered_ += reads_filtered;
   for (const auto& [id, hh] : hits) {
     RefreshShadow(id);
   }
@@ -612,7 +621,20 @@ absl::Status StopBackend::OnTrap(pid_t tid, const siginfo_t& si) {
       }
     }
   }
-  return absl::OkStatus();
+  for (const core::AccessEvent& ev : out) {
+    if (!synced(ev)) {
+      events_.push_back(ev);
+    }
+  }
+  if (any_sync) {
+    // The hook may Apply: the holders and slots iterated above are not used past this point.
+    for (const core::AccessEvent& ev : out) {
+      if (synced(ev)) {
+        KW_RETURN_IF_ERROR(sync_hook_(ev));
+      }
+    }
+  }
+  return true;
 }
 
 void StopBackend::Collect(std::vector<core::AccessEvent>& out) {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <utility>
@@ -90,6 +91,16 @@ class StopBackend final : public SlotBackend, public core::ptrace::SignalInterce
   // threads that exited meanwhile).
   absl::Status OnThreadStart(pid_t tid) override;
 
+  // Accesses of the watches `sync` picks (by owner id; --follow's pointers) are not collected:
+  // each goes to `hook` while every thread of the process is stopped (the trapping one right
+  // after its access), so that the hook may change the slots (Apply, inside a HoldStopped)
+  // before any thread runs on. An error of the hook ends the session.
+  using SyncHook = std::function<absl::Status(const core::AccessEvent& ev)>;
+  void SetSyncHook(std::function<bool(uint32_t owner)> sync, SyncHook hook) {
+    sync_ = std::move(sync);
+    sync_hook_ = std::move(hook);
+  }
+
   // Registers kwatch placed in thread `tid` (zero when none).
   ThreadDebugRegs RegistersOf(pid_t tid) const;
   // The perf events behind them.
@@ -126,7 +137,9 @@ class StopBackend final : public SlotBackend, public core::ptrace::SignalInterce
   absl::Status WriteRegs(pid_t tid, const ThreadState& cur, const ThreadState& want, int* refused);
   void SeedShadows(const std::map<SlotKey, Armed>& slots);
   void RefreshShadow(drmgr::RequestId id);
-  absl::Status OnTrap(pid_t tid, const siginfo_t& si);
+  // Turns the trap into events. With `in_place` (only `tid` stopped), returns false without
+  // changing anything when an event goes to the sync hook (it needs every thread stopped).
+  absl::StatusOr<bool> OnTrap(pid_t tid, const siginfo_t& si, bool in_place);
 
   core::ptrace::Process& proc_;
   const std::vector<Watch>& watches_;
@@ -141,6 +154,8 @@ class StopBackend final : public SlotBackend, public core::ptrace::SignalInterce
   // not decode), by instruction address.
   absl::flat_hash_map<uint64_t, std::optional<core::x86::AccessPlan>> plans_;
   std::vector<core::AccessEvent> events_;
+  std::function<bool(uint32_t owner)> sync_;
+  SyncHook sync_hook_;
   uint64_t unrelated_ = 0;
   uint64_t reads_filtered_ = 0;
   uint64_t stray_traps_ = 0;

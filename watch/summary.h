@@ -60,6 +60,8 @@ class Summary {
   std::string FieldLabel(const core::AccessEvent& ev);
 
   const WatchCounts& counts(uint32_t watch_id) const { return counts_[watch_id]; }
+  // The watches counted against (the first image's, the first object's with --follow).
+  const std::vector<Watch>& watches() const { return watches_; }
   uint64_t events() const { return events_; }
 
  private:

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -50,6 +51,17 @@ absl::StatusOr<std::unique_ptr<TargetSet>> TargetSet::Create(
                                                std::move(group), std::move(conditions), sink));
   set->watches_ = session->watches();
   set->summary_.emplace(set->watches_);
+  for (const Watch& w : set->watches_) {
+    if (const FollowedWatch* fw = session->followed(w.id); fw != nullptr) {
+      RunInfo::Followed& f = set->followed_[w.id];
+      f.watch_id = w.id;
+      set->current_object_[w.id] = -1;
+      if (!fw->parked) {
+        f.objects.push_back({w.target.addr, {}});
+        set->current_object_[w.id] = 0;
+      }
+    }
+  }
   auto t = std::make_unique<Tracee>();
   t->proc = std::move(target);
   t->session = std::move(session);
@@ -138,7 +150,17 @@ void TargetSet::DrainTracee(Tracee& t) {
   }
   WatchSession& session = *t.session;
   const bool own_session = &t == &target() && t.ended.empty();
+  // --follow: the moves go between the events before and after them.
+  const std::vector<FollowMove> moves = session.TakeMoves();
+  size_t next_move = 0;
+  const auto moves_until = [&](uint64_t time_ns) {
+    for (; next_move < moves.size() && moves[next_move].time_ns <= time_ns; ++next_move) {
+      OnMove(session, moves[next_move]);
+    }
+  };
+  absl::Cleanup rest = [&] { moves_until(~uint64_t{0}); };
   session.Drain([&](const core::AccessEvent& ev) {
+    moves_until(ev.time_ns);
     if (ev.watch_id >= watches_.size()) {
       // A watch a joined kwatch added: its events are its own.
       if (guests_ != nullptr && own_session) {
@@ -166,6 +188,19 @@ void TargetSet::DrainTracee(Tracee& t) {
       rebased.access_addr.value += t.rebase[ev.watch_id];
       counted = &rebased;
     }
+    if (auto f = followed_.find(ev.watch_id); f != followed_.end()) {
+      // Counted on its object, and against the first object's layout like the others.
+      const int at = current_object_[ev.watch_id];
+      if (at >= 0) {
+        RunInfo::FollowedObject& o = f->second.objects[static_cast<size_t>(at)];
+        o.counts.Add(ev.kind);
+        rebased = ev;
+        const uint64_t shift = watches_[ev.watch_id].target.addr.value - o.addr.value;
+        rebased.addr.value += shift;
+        rebased.access_addr.value += shift;
+        counted = &rebased;
+      }
+    }
     summary_->Add(*counted);
     profile_->Add(*counted);
     if (absl::Status s = sink_.OnEvent(session, *summary_, ev, *counted); !s.ok()) {
@@ -184,6 +219,33 @@ void TargetSet::DrainTracee(Tracee& t) {
       sink_.OnNote(note);
     }
   }
+}
+
+void TargetSet::OnMove(WatchSession& session, const FollowMove& m) {
+  ++moves_;
+  RunInfo::Followed& f = followed_[m.watch_id];
+  f.watch_id = m.watch_id;
+  f.moves.push_back(m);
+  int& at = current_object_[m.watch_id];
+  at = -1;
+  if (m.to.has_value()) {
+    for (size_t i = 0; i < f.objects.size() && at < 0; ++i) {
+      if (f.objects[i].addr == *m.to) {
+        at = static_cast<int>(i);  // back to an object it watched before
+      }
+    }
+    if (at < 0) {
+      f.objects.push_back({*m.to, {}});
+      at = static_cast<int>(f.objects.size() - 1);
+    }
+  }
+  AccessNote note;
+  note.kind = AccessNote::Kind::kMoved;
+  note.pid = session.process().pid();
+  note.move = m;
+  note.display = session.watches()[m.watch_id].target.display;
+  note.site = session.symbolizer().Locate(m.ip);
+  sink_.OnNote(note);
 }
 
 bool TargetSet::AnyChildAlive() const {
@@ -570,6 +632,16 @@ absl::StatusOr<TargetSetEnd> TargetSet::Finish() {
   }
   info.notes = notes_;
   info.armed_at = opts_.armed_at;
+  for (auto& [id, f] : followed_) {
+    if (const FollowedWatch* fw = first_session().followed(id); fw != nullptr) {
+      for (const core::symbols::PointerLoad& p : fw->pointers) {
+        f.pointers.push_back(p.display);
+      }
+      f.parked = fw->parked;
+      f.why = fw->why;
+    }
+    info.followed.push_back(f);
+  }
   info.exit = proc.exit_info();
   if (proc.launched() && info.exit.has_value()) {
     end.exit_status = info.exit->ShellStatus();

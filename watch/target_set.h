@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,6 +103,8 @@ class TargetSet {
   // Other kwatch commands that joined the target's session (cli/join_server.h): their events
   // go to `guests`, which outlives the set, and it serves them at every Step. nullptr: none.
   void SetGuests(GuestRouter* guests) { guests_ = guests; }
+  // --follow: how many times a followed watch moved (its registers changed).
+  uint64_t moves() const { return moves_; }
   // How many times joined kwatch commands came or went (their watches changed drmgr's state).
   uint64_t guest_changes() const { return guest_changes_; }
   // A line for the event stream (AccessNote::kText), kept for the summary's notes.
@@ -155,6 +158,13 @@ class TargetSet {
   uint64_t rotations_ = 0;
   bool exec_seen_ = false;  // the target's watches ended at an exec (not re-armed)
   std::vector<std::string> notes_;
+  // --follow: by watch id, the objects counted and moves (for the summary), and the index in
+  // `objects` of the one watched now (-1: parked).
+  std::map<uint32_t, RunInfo::Followed> followed_;
+  std::map<uint32_t, int> current_object_;
+  uint64_t moves_ = 0;
+  // Takes a move in time order: counts from now on go to its object; tells the sink.
+  void OnMove(WatchSession& session, const FollowMove& m);
   GuestRouter* guests_ = nullptr;
   uint64_t guest_changes_ = 0;
 };

@@ -38,6 +38,7 @@ struct Cursor {
   std::string display;
   bool unary = false;  // display is a prefix expression ("*p", "(T *)0x10"): parenthesise it
                        // before a postfix step
+  std::vector<PointerLoad>* loads = nullptr;  // where each pointer read is recorded
 };
 
 // `type` with `pointers` more '*': "struct node" and 2 give "struct node **".
@@ -85,6 +86,10 @@ absl::StatusOr<uint64_t> ReadPointer(const MemoryReader& read, const Cursor& cur
   }
   uint64_t value = 0;
   std::memcpy(&value, buf.data(), sizeof(value));  // x86-64: little-endian
+  if (cur.loads != nullptr) {
+    cur.loads->push_back(
+        PointerLoad{cur.display, RemoteAddr{cur.addr}, static_cast<uint32_t>(size), value});
+  }
   return value;
 }
 
@@ -345,6 +350,7 @@ absl::StatusOr<ResolvedExpr> ResolveExpr(const Expr& expr, const VariableLookup&
   ResolvedExpr out;
   Cursor cur;
   uint64_t elf_size = 0;
+  std::vector<PointerLoad> loads;
   if (expr.cast.has_value()) {
     KW_ASSIGN_OR_RETURN(cur, CastCursor(expr, types));
   } else if (expr.address.has_value()) {
@@ -370,9 +376,11 @@ absl::StatusOr<ResolvedExpr> ResolveExpr(const Expr& expr, const VariableLookup&
       cur.type = *var.type;
     }
   }
+  cur.loads = &loads;
   for (const ExprStep& step : expr.steps) {
     KW_RETURN_IF_ERROR(Step(step, read, &cur));
   }
+  out.pointers = std::move(loads);
   if (cur.is_address) {
     // kwatch watches objects: (struct T *)0x10 is the struct T at 0x10, *(struct T *)0x10.
     cur.is_address = false;

@@ -42,7 +42,8 @@ using TypeLookup = std::function<absl::StatusOr<TypeRef>(const ExprType& type)>;
 //   behind a pointer, or an array's first element); pointers are read through `read`.
 // The result's length is the type's size (a bitfield's storage unit), else the ELF
 // symbol's size; a cast's address left as it is at the end means the object there
-// (`(int *)0x10` is the int at 0x10, shown as *(int *)0x10). Errors: InvalidArgument for
+// (`(int *)0x10` is the int at 0x10, shown as *(int *)0x10); `pointers` lists every pointer
+// read through `read`, in order (what `--follow` watches). Errors: InvalidArgument for
 // misuse (naming the expression so far and its type), FailedPrecondition when a type, a size
 // or the memory reader is missing, a NULL pointer, or the reader's error with the pointer's
 // name and address; the errors of a cast (an unknown type, a non-pointer type) show the

@@ -22,6 +22,15 @@ namespace kwatch::core::symbols {
 // Reads `out.size()` bytes of the target at `addr` (used to follow pointers for `->`).
 using MemoryReader = std::function<absl::Status(RemoteAddr addr, std::span<uint8_t> out)>;
 
+// A pointer that resolving an expression read from the target (to follow '->', '*' or an
+// index on a pointer), in the order they were read.
+struct PointerLoad {
+  std::string display;  // the pointer's own expression: "g_p", "g_list->next"
+  RemoteAddr addr;      // where the pointer is stored (absolute)
+  uint32_t size = 8;    // bytes read
+  uint64_t value = 0;   // what it held then
+};
+
 // A watch expression resolved against a target's symbols.
 struct ResolvedExpr {
   std::string display;               // normalised name, e.g. "g_stats.hits", "cache->lines[3]"
@@ -30,6 +39,8 @@ struct ResolvedExpr {
   std::string type_name;             // C spelling of the type ("" for raw addresses)
   std::optional<TypeLayout> layout;  // fields of the object (for scalars: one field, path "")
   std::string module;                // file the symbol came from ("" for raw addresses)
+  // The pointers followed to get there, in order (none: a fixed location).
+  std::vector<PointerLoad> pointers;
 };
 
 // A function symbol containing an address.

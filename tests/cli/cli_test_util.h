@@ -50,6 +50,7 @@ struct JsonRun {
   std::vector<json> events;
   std::vector<json> watches;
   std::vector<json> call_ends;  // per-call watches (--in): one per call that ended
+  std::vector<json> moves;  // --follow
   json summary;
 };
 
@@ -64,6 +65,8 @@ inline JsonRun ParseJsonLines(const std::string& out) {
       run.watches.push_back(std::move(j));
     } else if (type == "call_end") {
       run.call_ends.push_back(std::move(j));
+    } else if (type == "move") {
+      run.moves.push_back(std::move(j));
     } else if (type == "summary") {
       run.summary = std::move(j);
     } else {

@@ -85,6 +85,8 @@ def main():
                         t("late_pointer"), "20", "3"], "watch", None),
             ("per call", ["--write", "r->len", "--in", "recurse", "--", t("per_call"), "2", "0",
                           "5"], "watch", None),
+            ("follow", ["--follow", "--write", "g_p->v", "--", t("follow_chain"), "null", "5",
+                        "3", "2"], "watch", None),
             ("kernel", ["--write", "&jiffies", "--duration", "0.3", "--stack"], "kernel", None),
             ("kernel-accesses", ["--kernel-accesses", "--write", "buf", "--len", "8", "--",
                                  piper, "5"], "kernel", None),
@@ -102,7 +104,8 @@ def main():
         # not; there the modes that need traps are skipped, as KW_REQUIRE_DEBUG_TRAPS does.
         auto = run(kwatch, ["--json", "-q", "--write", "g_stats.hits", "--"] + fw, None)
         traps = json.loads(auto[-1])["backend"] == "perf"
-        needs_traps = {"perf", "stop", "perf overcommit", "perf multiplex", "per call", "kernel",
+        needs_traps = {"perf", "stop", "perf overcommit", "perf multiplex", "per call", "follow",
+                       "kernel",
                        "kernel-accesses", "probe hw"}
         for name, args, kind, foreign in modes:
             if not traps and name in needs_traps:
@@ -182,7 +185,9 @@ def check_sequence(name, kind, objs):
         return
     watches = [o for o in objs if o["type"] == "watch"]
     events = [o for o in objs if o["type"] == "event"]
-    first_event = types.index("event") if events else len(types) - 1
+    # --follow: a move may come before the first event (a watch that starts parked).
+    first_event = min(types.index(k) for k in ("event", "move") if k in types) if events \
+        else len(types) - 1
     if not watches or types[:len(watches)] != ["watch"] * len(watches) or \
             len(watches) != len(summary["watches"]) or first_event != len(watches):
         raise Failure(f"{name}: expected the watch lines first, one per watch; types {types[:8]}")
@@ -203,6 +208,7 @@ EXERCISED = {
     "page syscalls": ["kernel"],
     "arm-at": ["arm_at", "armed"],
     "per call": ["call", "calls", "why_not", "returned"],
+    "follow": ["follow", "why", "pointer"],
     "kernel": ["stack"],
     "probe agent": ["return_address", "caller", "low", "value"],
     "probe ptrace": ["stack", "condition", "matched", "$duration"],

@@ -243,6 +243,31 @@ TEST_F(ExprResolverTest, PointersAreFollowedThroughTheMemory) {
   EXPECT_EQ(star->length, sizeof(Line));
 }
 
+// Every pointer read is listed, in order, with where it is stored and what it held (what
+// --follow watches); a location without pointers lists none, nor does an array's first element.
+TEST_F(ExprResolverTest, ThePointersReadAreListedInOrder) {
+  auto arrow = Resolve("cache->lines[1].owner");
+  ASSERT_TRUE(arrow.ok()) << arrow.status();
+  ASSERT_EQ(arrow->pointers.size(), 1u);
+  EXPECT_EQ(arrow->pointers[0].display, "cache");
+  EXPECT_EQ(arrow->pointers[0].addr.value, kCachePtr);
+  EXPECT_EQ(arrow->pointers[0].size, 8u);
+  EXPECT_EQ(arrow->pointers[0].value, kHeapCache);
+
+  auto indexed = Resolve("g_line_ptr[2].data[0]");
+  ASSERT_TRUE(indexed.ok()) << indexed.status();
+  ASSERT_EQ(indexed->pointers.size(), 1u);
+  EXPECT_EQ(indexed->pointers[0].display, "g_line_ptr");
+  EXPECT_EQ(indexed->pointers[0].value, kHeapLines);
+
+  auto plain = Resolve("g_cache.lines[2].data[1]");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->pointers.empty());
+  auto first = Resolve("g_lines->owner");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->pointers.empty());
+}
+
 // A cast's address is a pointer value: '->', '*' and '[i]' take it as it is, and pointers
 // stored there (a cast to `T **`) are read from the memory.
 TEST_F(ExprResolverTest, CastsStartFromTheirAddress) {
