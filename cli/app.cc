@@ -580,8 +580,9 @@ int Main(int argc, char** argv) {
   if (!opts.in.empty()) {
     const char* why = nullptr;
     if (!opts.pid.has_value() && opts.command.empty()) {
-      why = "kernel watches have no calls of a program to follow (give -p PID or a command "
-            "after `--`)";
+      why =
+          "kernel watches have no calls of a program to follow (give -p PID or a command "
+          "after `--`)";
     } else if (opts.kernel_accesses) {
       why = "--kernel-accesses watches a whole process's memory from the kernel side";
     } else if (opts.exec) {
@@ -591,11 +592,13 @@ int Main(int argc, char** argv) {
     } else if (!opts.arm_at.empty()) {
       why = "each call arms its own watches: --arm-at has nothing left to arm";
     } else if (opts.follow) {
-      why = "each call's object is looked up at the call: its pointers are not followed "
-            "afterwards (--follow) yet";
+      why =
+          "each call's object is looked up at the call: its pointers are not followed "
+          "afterwards (--follow) yet";
     } else if (opts.backend == "page") {
-      why = "a watch per call takes the debug registers of the calling thread; page protection "
-            "would stop every thread on the page (--backend perf or --stop)";
+      why =
+          "a watch per call takes the debug registers of the calling thread; page protection "
+          "would stop every thread on the page (--backend perf or --stop)";
     }
     if (why != nullptr) {
       std::fprintf(stderr, "kwatch: error: --in: %s\n", why);

@@ -265,13 +265,14 @@ void AccessTextPrinter::PrintCallEnd(const watch::CallRecord& r, const std::stri
 
 void AccessJsonPrinter::PrintCallEnd(const watch::CallRecord& r, const std::string& expr,
                                      const std::string& function) {
-  absl::FPrintF(out_,
-                "{\"type\":\"call_end\",\"time_ns\":%d,\"tid\":%d,\"watch_id\":%d,"
-                "\"expr\":%s,\"function\":%s,\"call\":%d,\"armed\":%s,\"addr\":\"%s\",\"events\":%d,"
-                "\"returned\":%s,\"why\":%s}\n",
-                r.end_ns, r.tid, r.watch_id, JsonString(expr), JsonString(function), r.call,
-                r.armed ? "true" : "false", Hex(r.base.value), r.events,
-                r.returned ? "true" : "false", JsonString(r.why));
+  absl::FPrintF(
+      out_,
+      "{\"type\":\"call_end\",\"time_ns\":%d,\"tid\":%d,\"watch_id\":%d,"
+      "\"expr\":%s,\"function\":%s,\"call\":%d,\"armed\":%s,\"addr\":\"%s\",\"events\":%d,"
+      "\"returned\":%s,\"why\":%s}\n",
+      r.end_ns, r.tid, r.watch_id, JsonString(expr), JsonString(function), r.call,
+      r.armed ? "true" : "false", Hex(r.base.value), r.events, r.returned ? "true" : "false",
+      JsonString(r.why));
 }
 
 void AccessJsonPrinter::PrintHeader(const watch::WatchSession& session) {
@@ -332,20 +333,19 @@ absl::Status AccessJsonPrinter::OnEvent(watch::WatchSession& session, watch::Sum
     old_value = ValueText(v, *v.old_value);
   }
   const std::string cpu = ev.cpu == core::kUnknownCpu ? "null" : absl::StrCat(ev.cpu);
-  absl::FPrintF(out_,
-                "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d%s,\"tid\":%d,\"cpu\":%s,"
-                "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
-                "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
-                "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
-                "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s%s}\n",
-                ev.time_ns, ev.pid, ns_pid_.Of(ev.pid), ev.tid, cpu,
-                core::AccessKindLetter(ev.kind), Hex(ev.addr.value), ev.len,
-                Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
-                ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr),
-                JsonString(field), Hex(ev.ip.value), Hex(ev.trap_ip.value),
-                JsonString(loc.function), loc.offset, JsonString(loc.file), loc.line, value,
-                old_value, ev.value_exact ? "access" : "drain",
-                ev.call == 0 ? std::string() : absl::StrCat(",\"call\":", ev.call), stack_json);
+  absl::FPrintF(
+      out_,
+      "{\"type\":\"event\",\"time_ns\":%d,\"pid\":%d%s,\"tid\":%d,\"cpu\":%s,"
+      "\"access\":\"%s\",\"addr\":\"%s\",\"len\":%d,\"access_addr\":\"%s\","
+      "\"access_size\":%d,\"expr\":%s,\"field\":%s,"
+      "\"ip\":\"%s\",\"trap_ip\":\"%s\",\"function\":%s,\"offset\":%d,\"file\":%s,"
+      "\"line\":%d,\"value\":%s,\"old_value\":%s,\"value_at\":\"%s\"%s%s}\n",
+      ev.time_ns, ev.pid, ns_pid_.Of(ev.pid), ev.tid, cpu, core::AccessKindLetter(ev.kind),
+      Hex(ev.addr.value), ev.len, Hex(ev.access_size > 0 ? ev.access_addr.value : ev.addr.value),
+      ev.access_size > 0 ? ev.access_size : ev.len, JsonString(w.request.expr), JsonString(field),
+      Hex(ev.ip.value), Hex(ev.trap_ip.value), JsonString(loc.function), loc.offset,
+      JsonString(loc.file), loc.line, value, old_value, ev.value_exact ? "access" : "drain",
+      ev.call == 0 ? std::string() : absl::StrCat(",\"call\":", ev.call), stack_json);
   return absl::OkStatus();
 }
 

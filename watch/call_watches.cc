@@ -1,6 +1,7 @@
 #include "watch/call_watches.h"
 
 #include <algorithm>
+#include <ranges>
 #include <regex>
 #include <span>
 #include <utility>
@@ -26,8 +27,8 @@ std::string PointText(const core::probe::ResolvedPoint& p) {
   std::string out = p.Where();
   if (!p.file.empty()) {
     const size_t slash = p.file.rfind('/');
-    absl::StrAppend(&out, " (", slash == std::string::npos ? p.file : p.file.substr(slash + 1),
-                    ":", p.line, ")");
+    absl::StrAppend(&out, " (", slash == std::string::npos ? p.file : p.file.substr(slash + 1), ":",
+                    p.line, ")");
   }
   return out;
 }
@@ -53,9 +54,9 @@ absl::StatusOr<core::probe::ResolvedPoint> PointInside(const core::probe::ProbeT
     return !p.is_return && p.function_start == entry.function_start;
   });
   if (inside == r->end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        option, " '", spec, "' is not inside ", entry.function, " (it is at ",
-        r->empty() ? std::string{"no code"} : PointText(r->front()), "): ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat(option, " '", spec, "' is not inside ", entry.function, " (it is at ",
+                     r->empty() ? std::string{"no code"} : PointText(r->front()), "): ", why));
   }
   return *inside;
 }
@@ -67,7 +68,7 @@ constexpr const char* kNoRegister = "no debug register of the calling thread was
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CallWatches>> CallWatches::Create(
-    core::ptrace::Process& proc, WatchSession& session, std::vector<CallWatchRequest> reqs) {
+    core::ptrace::Process& proc, WatchSession& session, const std::vector<CallWatchRequest>& reqs) {
   std::unique_ptr<CallWatches> cw(new CallWatches(proc, session));
   KW_ASSIGN_OR_RETURN(const std::string exe, core::OpenableExecutable(proc.pid()));
   KW_ASSIGN_OR_RETURN(const std::unique_ptr<core::probe::ProbeTarget> target,
@@ -78,9 +79,9 @@ absl::StatusOr<std::unique_ptr<CallWatches>> CallWatches::Create(
   // (function, at and until) -> functions_
   std::map<std::pair<std::string, std::string>, size_t> index;
   std::map<size_t, core::probe::ResolvedPoint> at_points;
-  for (CallWatchRequest& req : reqs) {
-    auto [it, fresh] = index.try_emplace({req.function, req.at + "\n" + req.until},
-                                         cw->functions_.size());
+  for (const CallWatchRequest& req : reqs) {
+    auto [it, fresh] =
+        index.try_emplace({req.function, req.at + "\n" + req.until}, cw->functions_.size());
     if (fresh) {
       absl::StatusOr<core::probe::ProbePoint> point = core::probe::ParseProbePoint(req.function);
       if (!point.ok()) {
@@ -97,9 +98,9 @@ absl::StatusOr<std::unique_ptr<CallWatches>> CallWatches::Create(
         return InOption(entry.status(), req.function);
       }
       if (entry->size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--in '", req.function, "': names ", entry->size(),
-            " functions in ", exe, "; add @FILE to pick one (e.g. '", req.function, "@prog.c')"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--in '", req.function, "': names ", entry->size(), " functions in ", exe,
+                         "; add @FILE to pick one (e.g. '", req.function, "@prog.c')"));
       }
       core::probe::ResolvedPoint at = entry->front();
       if (!req.at.empty()) {
@@ -206,7 +207,9 @@ std::vector<std::string> CallStatsLines(const CallStats& s) {
   return out;
 }
 
-CallWatches::~CallWatches() { (void)Remove(); }
+CallWatches::~CallWatches() {
+  (void)Remove();
+}
 
 absl::Status CallWatches::Start() {
   KW_ASSIGN_OR_RETURN(guardian_, core::ptrace::Guardian::Start(proc_.pid()));
@@ -229,9 +232,8 @@ absl::Status CallWatches::Start() {
     point.pre = [this, &f](const core::probe::ProbeContext& ctx) { OnPoint(f, ctx); };
     absl::StatusOr<core::probe::ProbeId> p = engine_->Register(f.at, std::move(point));
     if (!p.ok()) {
-      s = absl::Status(p.status().code(),
-                       absl::StrCat("the point of --in '", f.name, "' (", f.point, "): ",
-                                    p.status().message()));
+      s = absl::Status(p.status().code(), absl::StrCat("the point of --in '", f.name, "' (",
+                                                       f.point, "): ", p.status().message()));
       break;
     }
     f.at_probe = *p;
@@ -240,8 +242,8 @@ absl::Status CallWatches::Start() {
       until.pre = [this, &f](const core::probe::ProbeContext& ctx) { OnUntil(f, ctx); };
       absl::StatusOr<core::probe::ProbeId> u = engine_->Register(f.until, std::move(until));
       if (!u.ok()) {
-        s = absl::Status(u.status().code(), absl::StrCat("--until of --in '", f.name, "': ",
-                                                         u.status().message()));
+        s = absl::Status(u.status().code(),
+                         absl::StrCat("--until of --in '", f.name, "': ", u.status().message()));
         break;
       }
     }
@@ -298,7 +300,8 @@ void CallWatches::OnPoint(Function& f, const core::probe::ProbeContext& ctx) {
     }
     CallRecord& r = it->second;
     CallStats& stats = stats_[o.watch_id];
-    absl::StatusOr<core::RemoteAddr> addr = core::probe::EvaluateObjectAddress(o.compiled.place, fc);
+    absl::StatusOr<core::RemoteAddr> addr =
+        core::probe::EvaluateObjectAddress(o.compiled.place, fc);
     if (!addr.ok()) {
       r.state = CallRecord::State::kNotArmed;
       r.why = std::string{addr.status().message()};
@@ -438,8 +441,8 @@ void CallWatches::OnThreadExit(pid_t tid) {
     if (it == f.stacks.end()) {
       continue;
     }
-    for (auto c = it->second.rbegin(); c != it->second.rend(); ++c) {
-      EndAll(f, c->first, now, "its thread exited in the call");
+    for (const auto& [call, sp] : std::ranges::reverse_view(it->second)) {
+      EndAll(f, call, now, "its thread exited in the call");
     }
     f.stacks.erase(it);
   }
@@ -469,8 +472,8 @@ absl::Status CallWatches::Remove() {
   const uint64_t now = core::MonotonicNs();
   for (Function& f : functions_) {
     for (auto& [tid, stack] : f.stacks) {
-      for (auto c = stack.rbegin(); c != stack.rend(); ++c) {
-        EndAll(f, c->first, now, "still running when the session ended");
+      for (const auto& [call, sp] : std::ranges::reverse_view(stack)) {
+        EndAll(f, call, now, "still running when the session ended");
       }
     }
     f.stacks.clear();

@@ -40,10 +40,10 @@ struct CallRecord {
   uint64_t entry_sp = 0;  // rsp at the function's first instruction (the return address slot)
   core::RemoteAddr base;  // where the object lay (0 until looked up)
   enum class State : uint8_t {
-    kEntered,    // the function was entered; the object is looked up at the point
-    kArmed,      // in a debug register of the calling thread
-    kNotArmed,   // looked up, but not armed: `why`
-    kEnded,      // the call returned (or was abandoned) while armed or not
+    kEntered,   // the function was entered; the object is looked up at the point
+    kArmed,     // in a debug register of the calling thread
+    kNotArmed,  // looked up, but not armed: `why`
+    kEnded,     // the call returned (or was abandoned) while armed or not
   };
   State state = State::kEntered;
   bool armed = false;     // was in a debug register
@@ -58,13 +58,13 @@ struct CallRecord {
 struct CallStats {
   uint32_t watch_id = 0;
   std::string function;
-  std::string point;  // where each call's object was looked up ("compute+0x8 (prog.c:12)")
-  uint64_t calls = 0;        // entries seen
-  uint64_t armed = 0;        // ... whose object got a debug register
-  uint64_t not_armed = 0;    // ... whose object was not watched (reasons below)
-  uint64_t running = 0;      // ... still running when the session ended
-  uint64_t missed = 0;       // entries not tracked (more calls in flight than tracked at once)
-  uint64_t abandoned = 0;    // armed calls left by longjmp, a thread's exit or the session's end
+  std::string point;       // where each call's object was looked up ("compute+0x8 (prog.c:12)")
+  uint64_t calls = 0;      // entries seen
+  uint64_t armed = 0;      // ... whose object got a debug register
+  uint64_t not_armed = 0;  // ... whose object was not watched (reasons below)
+  uint64_t running = 0;    // ... still running when the session ended
+  uint64_t missed = 0;     // entries not tracked (more calls in flight than tracked at once)
+  uint64_t abandoned = 0;  // armed calls left by longjmp, a thread's exit or the session's end
   std::map<std::string, uint64_t> why_not;  // not_armed by reason
   // Accesses per armed call that ended (min, mean, max over `ended_armed` calls).
   uint64_t ended_armed = 0;
@@ -107,9 +107,9 @@ class CallWatches {
   // Start() plants the probes. Errors name the option: NotFound for an unknown function (with near
   // matches) or variable (with those visible), InvalidArgument for a point outside the
   // function, FailedPrecondition for a page-protection session. Nothing is left patched then.
-  static absl::StatusOr<std::unique_ptr<CallWatches>> Create(core::ptrace::Process& proc,
-                                                             WatchSession& session,
-                                                             std::vector<CallWatchRequest> reqs);
+  static absl::StatusOr<std::unique_ptr<CallWatches>> Create(
+      core::ptrace::Process& proc, WatchSession& session,
+      const std::vector<CallWatchRequest>& reqs);
   ~CallWatches();
   // Plants the probes (the world stopped): after the session armed. On error nothing is left.
   absl::Status Start();
@@ -156,7 +156,8 @@ class CallWatches {
     std::map<pid_t, std::vector<std::pair<uint32_t, uint64_t>>> stacks;
   };
 
-  CallWatches(core::ptrace::Process& proc, WatchSession& session) : proc_(proc), session_(session) {}
+  CallWatches(core::ptrace::Process& proc, WatchSession& session)
+      : proc_(proc), session_(session) {}
   void OnEntry(Function& f, const core::probe::ProbeContext& ctx);
   void OnPoint(Function& f, const core::probe::ProbeContext& ctx);
   void OnReturn(Function& f, const core::probe::ProbeContext& ctx);
@@ -176,7 +177,7 @@ class CallWatches {
   std::vector<Function> functions_;
   // Live and ended-but-not-retired calls, by (watch id, call).
   std::map<std::pair<uint32_t, uint32_t>, CallRecord> calls_;
-  std::map<uint32_t, CallStats> stats_;  // by watch id
+  std::map<uint32_t, CallStats> stats_;               // by watch id
   std::vector<std::pair<uint32_t, uint32_t>> ended_;  // keys of calls_ that ended
   bool removed_ = false;
 };

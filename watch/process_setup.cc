@@ -97,10 +97,10 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
         "breakpoints and steps would have to share their probes");
   }
   if (!opts.calls.empty() && opts.follow_forks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", opts.calls.front().function, "::", opts.calls.front().request.expr,
-        "': watches per call do not follow forks yet (-f): each child would need the "
-        "function's probes of its own"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", opts.calls.front().function, "::", opts.calls.front().request.expr,
+                     "': watches per call do not follow forks yet (-f): each child would need the "
+                     "function's probes of its own"));
   }
   if (!opts.calls.empty() && !opts.arm_at.empty()) {
     return absl::InvalidArgumentError(
@@ -138,7 +138,7 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   KW_ASSIGN_OR_RETURN(s.session, std::move(created));
   if (!opts.calls.empty()) {
     KW_ASSIGN_OR_RETURN(std::unique_ptr<CallWatches> calls,
-                        CallWatches::Create(*s.proc, *s.session, std::move(opts.calls)));
+                        CallWatches::Create(*s.proc, *s.session, opts.calls));
     s.session->SetCalls(std::move(calls));
     // No thread runs between the session's arming and the calls' probes.
     KW_RETURN_IF_ERROR(s.proc->StopAll());

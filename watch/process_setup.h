@@ -28,8 +28,8 @@ struct ProcessSetupOptions {
   bool follow_forks = false;  // -f: the target and its children share one tracer
   std::vector<WatchRequest> requests;
   std::vector<CallWatchRequest> calls;  // --in FUNC: watches armed per call (watch/call_watches.h)
-  SessionOptions session;  // exact_values follows from `condition`
-  std::string condition;   // --if EXPR ("": none)
+  SessionOptions session;               // exact_values follows from `condition`
+  std::string condition;                // --if EXPR ("": none)
   // The target stays stopped once armed (Process::HoldStopped, every thread stopped): the
   // caller resumes it with Process::ReleaseHold (`kwatch gdbserver`: when gdb says so).
   bool hold_stopped = false;
@@ -67,7 +67,7 @@ struct ProcessSetup {
   // CLOCK_MONOTONIC just before the watches were armed (the target may run from then on):
   // TargetSetOptions::start_ns.
   uint64_t armed_ns = 0;
-  SessionOptions session_options;     // as the session was created with
+  SessionOptions session_options;  // as the session was created with
   // --arm-at: where and when the watches were armed; or, with `session` null, why never (the
   // target was then let go: detached, or killed with kill_on_exit).
   std::optional<DeferredArming> deferred;

@@ -720,11 +720,11 @@ WatchPlacement WatchSession::placement(uint32_t id) const {
   WatchPlacement p;
   if (per_call(id)) {
     p.backend = kind_;
-    p.detail = absl::StrCat(
-        "a debug register of the calling thread during each call of ",
-        calls_ != nullptr ? calls_->FunctionOf(id) : std::string("its function"), " (",
-        kind_ == BackendKind::kPerf ? "perf breakpoint stream" : "stop mode",
-        "), when one is free");
+    p.detail =
+        absl::StrCat("a debug register of the calling thread during each call of ",
+                     calls_ != nullptr ? calls_->FunctionOf(id) : std::string("its function"), " (",
+                     kind_ == BackendKind::kPerf ? "perf breakpoint stream" : "stop mode",
+                     "), when one is free");
     return p;
   }
   if (id < removed_.size() && removed_[id]) {

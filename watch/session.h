@@ -291,7 +291,7 @@ class WatchSession {
   bool armed_ = false;
   std::vector<core::AccessEvent> batch_;
   uint64_t filtered_ = 0;
-  std::vector<bool> per_call_;  // by watch id
+  std::vector<bool> per_call_;                                              // by watch id
   std::map<std::pair<uint32_t, uint32_t>, drmgr::RequestId> call_request_;  // (id, call)
   // Last: destroyed first, while the backends its calls hold registers in still live.
   std::unique_ptr<CallWatches> calls_;

@@ -113,6 +113,8 @@ absl::Status WatchSession::EndCall(uint32_t id, uint32_t call) {
   return s;
 }
 
-void WatchSession::SetCalls(std::unique_ptr<CallWatches> calls) { calls_ = std::move(calls); }
+void WatchSession::SetCalls(std::unique_ptr<CallWatches> calls) {
+  calls_ = std::move(calls);
+}
 
 }  // namespace kwatch::watch

@@ -90,8 +90,8 @@ absl::Status TargetSet::Init() {
                                   : EventLoop::kDefaultTick;
   KW_ASSIGN_OR_RETURN(loop_, EventLoop::Create(std::move(sigfd_), tick));
   KW_RETURN_IF_ERROR(AddFds(session));
-  start_ns_ = opts_.start_ns != 0 ? std::min(opts_.start_ns, core::MonotonicNs())
-                                  : core::MonotonicNs();
+  start_ns_ =
+      opts_.start_ns != 0 ? std::min(opts_.start_ns, core::MonotonicNs()) : core::MonotonicNs();
   deadline_ns_ = opts_.duration > 0 ? start_ns_ + static_cast<uint64_t>(opts_.duration * 1e9) : 0;
   std::vector<profile::WatchedObject> objects;
   for (const Watch& w : watches_) {

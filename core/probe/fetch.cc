@@ -378,9 +378,10 @@ absl::StatusOr<CompiledObject> Compiler::Object(const ProbeArgSpec& spec) {
   std::optional<symbols::MemberInfo> bitfield;
   KW_RETURN_IF_ERROR(VariableSteps(spec, &type, &obj.place, &bitfield));
   if (bitfield.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", spec.text, "' is a bitfield: it has no address of its own; watch the structure "
-        "that holds it"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", spec.text,
+                     "' is a bitfield: it has no address of its own; watch the structure "
+                     "that holds it"));
   }
   obj.type_name = symbols::TypeName(type);
   const std::optional<uint64_t> size = symbols::TypeSize(type);

@@ -92,9 +92,9 @@ absl::StatusOr<std::vector<CompiledArg>> CompileArgs(const ProbeTarget& target,
 // variable visible there, with members, elements, '->' and '*' (a ProbeArgSpec's DWARF form
 // without a type suffix), compiled to the steps that find its address, with its type.
 struct CompiledObject {
-  CompiledArg place;       // its base and steps; no final read
-  uint64_t length = 0;     // bytes of its type
-  std::string type_name;   // C spelling
+  CompiledArg place;      // its base and steps; no final read
+  uint64_t length = 0;    // bytes of its type
+  std::string type_name;  // C spelling
   symbols::TypeLayout layout;
 };
 

@@ -50,7 +50,7 @@ struct JsonRun {
   std::vector<json> events;
   std::vector<json> watches;
   std::vector<json> call_ends;  // per-call watches (--in): one per call that ended
-  std::vector<json> moves;  // --follow
+  std::vector<json> moves;      // --follow
   json summary;
 };
 

@@ -60,9 +60,8 @@ const nlohmann::json& CallStats(const JsonRun& run) {
 // every call's 3 writes of r->len, and nothing else (r->flags is not watched; run and recurse
 // write other objects).
 TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactly) {
-  const RunResult r = RunKwatch(
-      {"--json", "--write", "r->len", "--in", "compute", "--", TargetPath("per_call"), "4", "50",
-       "2"});
+  const RunResult r = RunKwatch({"--json", "--write", "r->len", "--in", "compute", "--",
+                                 TargetPath("per_call"), "4", "50", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("compute_writes=600 "));
   const JsonRun run = ParseJsonLines(r.out);
@@ -187,8 +186,8 @@ TEST(KwatchPerCall, CallsBeyondTheThreadsRegistersAreCountedNotWatched) {
 // A local while its frame lives, written `run::sum` as gdb scopes it: 6 writes per call
 // (sum = 0, then 5 additions), 2 threads x 30 calls.
 TEST(KwatchPerCall, WatchesALocalInScopeWithGdbsScopeSyntax) {
-  const RunResult r = RunKwatch(
-      {"--json", "--write", "run::sum", "--", TargetPath("per_call"), "2", "30", "0"});
+  const RunResult r =
+      RunKwatch({"--json", "--write", "run::sum", "--", TargetPath("per_call"), "2", "30", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("run_writes=360 "));
   const JsonRun run = ParseJsonLines(r.out);
@@ -216,8 +215,7 @@ TEST(KwatchPerCall, StopModeGivesEachCallsOldAndNewValues) {
   ASSERT_EQ(run.events.size(), 18u) << r.out;
   std::map<int, std::vector<std::pair<int, int>>> by_call;  // call -> (old, new)
   for (const auto& e : run.events) {
-    by_call[e["call"].get<int>()].emplace_back(e["old_value"].get<int>(),
-                                               e["value"].get<int>());
+    by_call[e["call"].get<int>()].emplace_back(e["old_value"].get<int>(), e["value"].get<int>());
   }
   ASSERT_EQ(by_call.size(), 6u);
   for (const auto& [call, values] : by_call) {
@@ -233,13 +231,12 @@ TEST(KwatchPerCall, StopModeGivesEachCallsOldAndNewValues) {
 
 // Attached (-p): the calls made after kwatch armed are watched, exactly.
 TEST(KwatchPerCall, WatchesTheCallsOfAnAttachedProcess) {
-  auto target =
-      kwatch::testing::Spawned::Start({TargetPath("per_call"), "2", "40", "0", "--wait"});
+  auto target = kwatch::testing::Spawned::Start({TargetPath("per_call"), "2", "40", "0", "--wait"});
   ASSERT_TRUE(target.ok()) << target.status();
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok()) << (*target)->out();
-  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--json", "-q", "--write", "r->len",
-                                            "--in", "compute", "-p",
-                                            absl::StrCat((*target)->pid())});
+  auto k =
+      kwatch::testing::Spawned::Start({KwatchPath(), "--json", "-q", "--write", "r->len", "--in",
+                                       "compute", "-p", absl::StrCat((*target)->pid())});
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
@@ -284,8 +281,8 @@ TEST(KwatchPerCall, KwatchKilledMidCallsLeavesTheTargetRunning) {
       {TargetPath("per_call"), "1", "4", "0", "--wait", "--usec", "200000"});
   ASSERT_TRUE(target.ok()) << target.status();
   ASSERT_TRUE((*target)->WaitForStdout("ready").ok()) << (*target)->out();
-  auto k = kwatch::testing::Spawned::Start({KwatchPath(), "--write", "r->len", "--in", "compute",
-                                            "-p", absl::StrCat((*target)->pid())});
+  auto k = kwatch::testing::Spawned::Start(
+      {KwatchPath(), "--write", "r->len", "--in", "compute", "-p", absl::StrCat((*target)->pid())});
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->WaitForStderr("armed").ok()) << (*k)->err();
   ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
@@ -322,10 +319,10 @@ TEST(KwatchPerCall, BadInputGetsClearErrors) {
        "--until 'run' is not inside compute"},
       {{"--write", "r->len", "--in", "compute", "--backend", "page", "--", prog, "1", "1", "0"},
        "--in: a watch per call takes the debug registers"},
-      {{"--write", "r->len", "--in", "compute", "-f", "--", prog, "1", "1", "0"},
-       "--in: with -f"},
+      {{"--write", "r->len", "--in", "compute", "-f", "--", prog, "1", "1", "0"}, "--in: with -f"},
       {{"--write", "jiffies", "--in", "compute"}, "--in: kernel watches have no calls"},
-      {{"--exec", "compute", "--in", "run", "--", prog, "1", "1", "0"}, "--in: --exec watches code"},
+      {{"--exec", "compute", "--in", "run", "--", prog, "1", "1", "0"},
+       "--in: --exec watches code"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunKwatch(c.args);
