@@ -14,6 +14,7 @@
 #include "cli/output.h"
 #include "core/base/target_files.h"
 #include "watch/gdb/run.h"
+#include "watch/gdb/server.h"
 #include "watch/session.h"
 #include "watch/target_set.h"
 
@@ -162,6 +163,12 @@ int GdbServerMain(const std::vector<std::string>& args) {
     for (const watch::Watch& wt : session.watches()) {
       SayLine(absl::StrCat("  watch #", wt.id + 1, " ", wt.target.display, ": ",
                            session.placement(wt.id).detail));
+    }
+  };
+  // A joining `kwatch probe` places its probes in the engine of gdb's breakpoints.
+  opts.serving = [&joins](watch::gdb::GdbServer& server) {
+    if (joins != nullptr) {
+      joins->ShareEngine(server.engine());
     }
   };
   absl::StatusOr<int> code = watch::gdb::RunGdbServer(std::move(opts), printer.get());

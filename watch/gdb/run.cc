@@ -276,6 +276,9 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     abandon();
     return s;
   }
+  if (set != nullptr && opts.serving) {
+    opts.serving(server);
+  }
   // `kwatch slots -p PID` shows kwatch's watches and gdb's points; gdb's points take registers
   // from kwatch's watches (debugger priority) and give them back.
   auto publish = [&] {
