@@ -344,5 +344,29 @@ TEST(ProbeJoin, OptionsThatCannotJoinAreRefusedByName) {
   EXPECT_EQ(OwnerEvents(*orr), 100) << orr->out;
 }
 
+// A `kwatch probe` session on its ptrace backend takes no joiners: a watch is refused with what
+// to do instead, not "already traced"; the probe session goes on.
+TEST(ProbeJoin, AWatchCannotJoinAProbeSessionAndSaysWhatToDo) {
+  auto target = Spawned::Start({PrivateTargetPath("probe_join"), "1", "200", "--wait"});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE((*target)->WaitForStdout("ready").ok());
+  const std::string pid = absl::StrCat((*target)->pid());
+  auto probe = Spawned::Start(
+      {KwatchPath(), "probe", "--json", "-q", "--backend", "ptrace", "step i", "-p", pid});
+  ASSERT_TRUE(probe.ok());
+  ASSERT_TRUE((*probe)->WaitForStderr("armed").ok()) << (*probe)->err();
+  const RunResult watch = ::kwatch::clitest::RunKwatch({"--write", "g_stats.calls", "-p", pid});
+  EXPECT_EQ(watch.exit_code, 1);
+  EXPECT_THAT(watch.err, HasSubstr("is a `kwatch probe` session (its ptrace backend), which "
+                                   "takes no joiners yet"));
+  EXPECT_THAT(watch.err, Not(HasSubstr("already traced")));
+  ASSERT_EQ(kill((*target)->pid(), SIGUSR1), 0);
+  auto pr = (*probe)->Finish();
+  auto tr = (*target)->Finish();
+  ASSERT_TRUE(pr.ok() && tr.ok());
+  EXPECT_EQ(tr->exit_code, 0);
+  EXPECT_EQ(ParseJson(pr->out).summary["hits"], 200) << pr->out;
+}
+
 }  // namespace
 }  // namespace kwatch

@@ -616,8 +616,7 @@ TEST(GdbServer, AJoinedKwatchProbeSharesGdbsBreakpointAndBothSeeEveryCall) {
       ListenOnFreePort({"--json", "-q", "--write", "g_stats.calls", "-p", pid}, port);
   ASSERT_NE(kw, nullptr);
   ASSERT_GT(port, 0);
-  const std::string script =
-      absl::StrCat(::testing::TempDir(), "/probe-join-", ::getpid(), ".gdb");
+  const std::string script = absl::StrCat(::testing::TempDir(), "/probe-join-", ::getpid(), ".gdb");
   {
     std::ofstream f(script);
     f << "set confirm off\nset sysroot /\ntarget remote 127.0.0.1:" << port
