@@ -95,7 +95,8 @@ int GdbServerMain(const std::vector<std::string>& args) {
       "and step (all-stop), Z0-Z4, watch/rwatch/awatch stop reasons, shared libraries\n"
       "(libraries-svr4, auxv), detach, kill. See docs/gdbserver.md.\n"
       "A process another kwatch session traces is refused with what can join it: gdbserver\n"
-      "cannot join a kwatch session yet (`kwatch --write EXPR -p PID` can).");
+      "cannot join a kwatch session yet (`kwatch --write EXPR -p PID` and `kwatch probe SPEC\n"
+      "-p PID` can; both join this session too).");
   std::vector<std::string> reversed(own.rbegin(), own.rend());
   try {
     app.parse(reversed);

@@ -305,7 +305,12 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "Permissions: ptrace needs the right to trace the target (same user and\n"
       "kernel.yama.ptrace_scope <= 1 for children, 0 for -p, or CAP_SYS_PTRACE); the uprobe\n"
       "backend needs root (CAP_SYS_ADMIN; CAP_PERFMON on older kernels), whatever\n"
-      "kernel.perf_event_paranoid says.");
+      "kernel.perf_event_paranoid says.\n"
+      "Joining: -p PID on a process another kwatch session of the same user traces (`kwatch\n"
+      "--write EXPR -p PID`, `kwatch gdbserver` with watches) joins that session: its INT3\n"
+      "engine runs the probes (ptrace path) and sends the hits, printed here as usual; they\n"
+      "come out when this kwatch ends or is killed. --hw, --backend agent/uprobe, --no-jump,\n"
+      "-f and --stop-on do not join yet (docs/gdbserver.md, \"A kwatch probe that joins\").");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
