@@ -291,11 +291,12 @@ absl::StatusOr<watch::probe::ProbeSessionEnd> JoinedSession::Finish() {
   end.info.notes = kept_notes();
   end.launched = false;
   end.error = error;
-  if (gone_ && !finished_) {
-    std::fprintf(stderr,
-                 "kwatch: %s went away without taking the probes out (killed?): its guardian puts "
-                 "the original code back\n",
-                 Joined().c_str());
+  if (gone_ && !finished_ && error.ok()) {
+    // After the summary, as an error (exit status 1), as a joined watch's kwatch says it.
+    end.error = absl::UnavailableError(
+        absl::StrCat(Joined(),
+                     " went away without taking the probes out (killed?); its guardian puts the "
+                     "original code back"));
   } else if (error.ok() && !end.info.exit.has_value()) {
     std::fprintf(stderr, "kwatch: probes removed by %s; target %d keeps running\n",
                  Joined().c_str(), pid_);

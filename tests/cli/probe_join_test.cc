@@ -247,6 +247,33 @@ TEST(ProbeJoin, InterruptedJoinerPrintsItsSummaryAndTheOwnerGoesOn) {
   EXPECT_EQ(OwnerEvents(*orr), 4000) << orr->out;
 }
 
+// The session's kwatch SIGKILLed: the joiner prints its summary and says so (exit status 1);
+// the guardian of the session's engine puts the code back, and the target (no SIGTRAP handler)
+// runs to its end. Ten calls a second: the kill window of a ptrace probe (README, "Known
+// limits") is far from every call.
+TEST(ProbeJoin, KilledSessionLeavesTheJoinerItsSummaryAndTheCodeRestored) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  Owned o = StartOwned("1", "30", "100000");
+  ASSERT_NE(o.owner, nullptr);
+  std::unique_ptr<Spawned> joiner = StartJoiner(o, {"--json", "step i"});
+  ASSERT_NE(joiner, nullptr);
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  ASSERT_TRUE(joiner->WaitForStdout(R"("i":1})").ok()) << joiner->out() << joiner->err();
+  ASSERT_EQ(kill(o.owner->pid(), SIGKILL), 0);
+  (void)o.owner->Finish();
+  auto jr = joiner->Finish();
+  ASSERT_TRUE(jr.ok());
+  EXPECT_EQ(jr->exit_code, 1) << jr->err;
+  EXPECT_THAT(jr->err, HasSubstr("went away without taking the probes out (killed?)"));
+  const testing::JsonRun run = ParseJson(jr->out);
+  EXPECT_THAT(run.summary["stop_reason"].get<std::string>(), HasSubstr("went away"));
+  EXPECT_GE(run.summary["hits"].get<long>(), 2);
+  auto tr = o.target->Finish();
+  ASSERT_TRUE(tr.ok());
+  EXPECT_EQ(tr->exit_code, 0) << tr->err;
+  EXPECT_THAT(tr->out, HasSubstr("calls=30"));
+}
+
 // -c ends the joiner (the session takes its probes out), -o records its own hits.
 TEST(ProbeJoin, CountEndsTheJoinerAndItRecordsItsHits) {
   KW_REQUIRE_DEBUG_TRAPS();
