@@ -167,9 +167,9 @@ int GdbServerMain(const std::vector<std::string>& args) {
     }
   };
   // A joining `kwatch probe` places its probes in the engine of gdb's breakpoints.
-  opts.serving = [&joins](watch::gdb::GdbServer& server) {
+  opts.serving = [&joins](watch::gdb::GdbServer* server) {
     if (joins != nullptr) {
-      joins->ShareEngine(server.engine());
+      joins->ShareEngine(server != nullptr ? server->engine() : nullptr);
     }
   };
   absl::StatusOr<int> code = watch::gdb::RunGdbServer(std::move(opts), printer.get());

@@ -552,6 +552,15 @@ void JoinServer::OnTargetEvent(const core::ptrace::ProcessEvent& event) {
   }
 }
 
+void JoinServer::ShareEngine(core::probe::Int3Engine* engine) {
+  if (engine == nullptr && own_engine_ == nullptr) {
+    for (const std::unique_ptr<Guest>& g : guests_) {
+      g->probe_ids.clear();  // gone with the engine
+    }
+  }
+  engine_ = engine;
+}
+
 absl::StatusOr<core::probe::Int3Engine*> JoinServer::Engine(watch::WatchSession& session) {
   process_ = &session.process();
   if (engine_ != nullptr) {

@@ -52,8 +52,9 @@ class JoinServer final : public watch::GuestRouter {
   void Abandon() override;
 
   // Joined probes go into `engine` (a gdbserver session's, where gdb's breakpoints are: one
-  // engine per process), which outlives this server; before the first probe joiner.
-  void ShareEngine(core::probe::Int3Engine* engine) { engine_ = engine; }
+  // engine per process); before the first probe joiner. nullptr: that engine goes (its owner
+  // restores the code), and the probes placed in it with it.
+  void ShareEngine(core::probe::Int3Engine* engine);
 
   const std::string& path() const { return path_; }
 

@@ -35,8 +35,9 @@ struct GdbServerOptions {
   std::function<void(const std::string&)> say;
   // The watch session is armed (with watches only): the caller prints its header.
   std::function<void(TargetSet&)> armed;
-  // The server is up (its INT3 engine made), before gdb is served: with watches only.
-  std::function<void(GdbServer&)> serving;
+  // With watches only: the server is up (its INT3 engine made), before gdb is served; called
+  // again with nullptr before the server (and its engine) goes.
+  std::function<void(GdbServer*)> serving;
 };
 
 // Sets up the target (launched and stopped at its entry point, or attached and stopped),
