@@ -14,6 +14,7 @@
 #include "cli/output.h"
 #include "core/base/target_files.h"
 #include "watch/gdb/run.h"
+#include "watch/gdb/server.h"
 #include "watch/session.h"
 #include "watch/target_set.h"
 
@@ -94,7 +95,8 @@ int GdbServerMain(const std::vector<std::string>& args) {
       "and step (all-stop), Z0-Z4, watch/rwatch/awatch stop reasons, shared libraries\n"
       "(libraries-svr4, auxv), detach, kill. See docs/gdbserver.md.\n"
       "A process another kwatch session traces is refused with what can join it: gdbserver\n"
-      "cannot join a kwatch session yet (`kwatch --write EXPR -p PID` can).");
+      "cannot join a kwatch session yet (`kwatch --write EXPR -p PID` and `kwatch probe SPEC\n"
+      "-p PID` can; both join this session too).");
   std::vector<std::string> reversed(own.rbegin(), own.rend());
   try {
     app.parse(reversed);
@@ -162,6 +164,12 @@ int GdbServerMain(const std::vector<std::string>& args) {
     for (const watch::Watch& wt : session.watches()) {
       SayLine(absl::StrCat("  watch #", wt.id + 1, " ", wt.target.display, ": ",
                            session.placement(wt.id).detail));
+    }
+  };
+  // A joining `kwatch probe` places its probes in the engine of gdb's breakpoints.
+  opts.serving = [&joins](watch::gdb::GdbServer* server) {
+    if (joins != nullptr) {
+      joins->ShareEngine(server != nullptr ? server->engine() : nullptr);
     }
   };
   absl::StatusOr<int> code = watch::gdb::RunGdbServer(std::move(opts), printer.get());

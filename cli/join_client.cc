@@ -58,7 +58,8 @@ absl::Status CannotJoinYet(absl::string_view command, pid_t pid, const KwatchTra
       command,
       " cannot join another kwatch's session yet: only watches (`kwatch --write/--rw/--read "
       "EXPR -p ",
-      pid, "`) can; end that session first, or run this in it"));
+      pid, "`) and probes (`kwatch probe SPEC -p ", pid,
+      "`) can; end that session first, or run this in it"));
 }
 
 absl::StatusOr<int> JoinWatch(const WatchOptions& opts, const KwatchTracer& tracer) {

@@ -16,8 +16,9 @@ namespace kwatch::cli {
 // without a word. Options that cannot join yet are refused first, by name.
 absl::StatusOr<int> JoinWatch(const WatchOptions& opts, const KwatchTracer& tracer);
 
-// The error of a command that cannot join another kwatch's session yet (`kwatch probe`,
-// `kwatch gdbserver`) on a process that kwatch `tracer` traces: what can join instead.
+// The error of a command that cannot join another kwatch's session yet (`kwatch gdbserver`;
+// `kwatch probe` joins, cli/probe_join.h) on a process that kwatch `tracer` traces: what can
+// join instead.
 absl::Status CannotJoinYet(absl::string_view command, pid_t pid, const KwatchTracer& tracer);
 
 }  // namespace kwatch::cli

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -18,12 +19,15 @@
 #include "absl/strings/strip.h"
 #include "cli/join_socket.h"
 #include "cli/output.h"
+#include "cli/probe_join_wire.h"
 #include "cli/watch_recording.h"
 #include "core/base/clock.h"
 #include "core/base/syscall_status.h"
 #include "core/store/trace_writer.h"
 #include "version/version.h"
 #include "watch/condition.h"
+#include "watch/probe/engine_probes.h"
+#include "watch/probe/hit_stacks.h"
 #include "watch/process_setup.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/recording.h"
@@ -34,6 +38,8 @@ namespace kwatch::cli {
 
 namespace {
 constexpr size_t kMaxRequestBytes = size_t{64} * 1024;  // a joiner's request lines, before "go"
+constexpr size_t kHitBatchBytes = size_t{64} * 1024;    // hits sent at once, at most
+constexpr uint64_t kHitBatchNs = 50'000'000;            // hits wait this long at most
 }  // namespace
 
 // One kwatch that joined: its connection, what it asked, its output and its counts.
@@ -42,13 +48,14 @@ struct JoinServer::Guest {
   std::string in;  // bytes received, not yet a whole line
   pid_t pid = 0;   // the joiner's (SO_PEERCRED)
   bool armed = false;
-  bool gone = false;  // finished: to be dropped
+  bool gone = false;    // finished: to be dropped
+  bool probes = false;  // a `kwatch probe` (request "probe-file"): its probes in the engine
   std::vector<watch::WatchRequest> requests;
   drmgr::DrKind kind = drmgr::DrKind::kWrite;
   bool reads_only = false;
-  std::optional<uint64_t> len;
   bool json = false;
   bool quiet = false;
+  std::optional<uint64_t> len;
   uint64_t count = 0;     // -c: its watches end after this many of its events
   std::string condition;  // --if, "" when none
   std::map<uint32_t, watch::Condition> conditions;  // --if, per watch of its own (typed by it)
@@ -71,6 +78,18 @@ struct JoinServer::Guest {
   uint64_t start_ns = 0;
   uint64_t delivered = 0;
   std::string stop_reason;  // set when it should end at the next Serve
+  // A `kwatch probe`'s probes in the session's INT3 engine.
+  std::string probe_file;
+  std::vector<std::string> specs;
+  std::vector<watch::probe::FetchFor> fetch;
+  uint32_t maxactive = 0;
+  uint32_t stack_frames = 0;
+  std::unique_ptr<watch::probe::ProbeSet> set;  // the same as the joiner's (ids, addresses)
+  uint64_t bias = 0;
+  std::map<uint32_t, core::probe::ProbeId> probe_ids;  // ProbeDef::id -> engine id, while placed
+  std::unique_ptr<watch::probe::HitStacks> stacks;     // --stack
+  std::string hits;                                    // encoded, not sent yet
+  uint64_t hits_sent_ns = 0;
 
   Guest() = default;
   Guest(const Guest&) = delete;
@@ -179,6 +198,21 @@ void JoinServer::Handle(watch::WatchSession& session, Guest& g, std::vector<std:
       g.output = value;
     } else if (key == "command") {
       g.command_line = value;
+    } else if (key == "probe-file" && absl::StartsWith(value, "/")) {
+      g.probes = true;
+      g.probe_file = value;
+    } else if (key == "spec" && !value.empty()) {
+      g.specs.push_back(value);
+    } else if (key == "fetch") {
+      const std::pair<std::string, std::string> ev =
+          absl::StrSplit(value, absl::MaxSplits('\t', 1));
+      g.fetch.push_back(watch::probe::FetchFor{ev.first, ev.second});
+    } else if (key == "maxactive" && absl::SimpleAtoi(value, &number)) {
+      g.maxactive = static_cast<uint32_t>(number);
+    } else if (key == "stack" && absl::SimpleAtoi(value, &number)) {
+      g.stack_frames = static_cast<uint32_t>(number);
+    } else if (key == "go" && g.probes) {
+      ArmProbes(session, g, notes);
     } else if (key == "expr" && !value.empty()) {
       watch::WatchRequest r;
       r.expr = value;
@@ -402,6 +436,18 @@ std::vector<std::string> JoinServer::Serve(watch::WatchSession& session) {
     }
     const bool here = Read(*g);
     Handle(session, *g, notes);
+    if (!here && !g->gone && g->probes) {
+      if (g->armed) {
+        // Killed, or went away without asking: its probes come out, the code as it was.
+        const size_t n = g->set != nullptr ? watch::probe::UserProbes(*g->set) : 0;
+        RemoveProbes(*g, nullptr);
+        notes.push_back(absl::StrCat("kwatch pid ", g->pid,
+                                     " that joined this session went away: its ", n, " probe",
+                                     n == 1 ? "" : "s", " removed (the original code back)"));
+      }
+      g->gone = true;
+      continue;
+    }
     if (!here && !g->gone) {
       if (g->armed) {
         // Killed, or went away without asking: its watches go, their registers back to drmgr.
@@ -424,6 +470,18 @@ std::vector<std::string> JoinServer::Serve(watch::WatchSession& session) {
       g->gone = true;
       continue;
     }
+    if (g->armed && g->probes) {
+      if (!g->stop_reason.empty()) {
+        const size_t n = watch::probe::UserProbes(*g->set);
+        FinishProbes(*g, nullptr);
+        notes.push_back(absl::StrCat("kwatch pid ", g->pid, " that joined this session ended (",
+                                     g->stop_reason, "): its ", n, " probe", n == 1 ? "" : "s",
+                                     " removed (the original code back)"));
+      } else {
+        FlushHits(*g);
+      }
+      continue;
+    }
     if (g->armed && !g->stop_reason.empty()) {
       const std::vector<uint32_t> ids = g->ids;
       Finish(session, *g, g->stop_reason, nullptr, notes);
@@ -439,6 +497,7 @@ std::vector<std::string> JoinServer::Serve(watch::WatchSession& session) {
     }
   }
   std::erase_if(guests_, [](const std::unique_ptr<Guest>& g) { return g->gone; });
+  DropEngineIfUnused();
   return notes;
 }
 
@@ -453,10 +512,228 @@ void JoinServer::EndAll(watch::WatchSession& session, const watch::RunInfo& info
                               " ended before this kwatch joined it (", info.stop_reason, ")"));
       continue;
     }
+    if (g->probes) {
+      FinishProbes(*g, &info);
+      continue;
+    }
     Finish(session, *g, absl::StrCat("the session it joined ended: ", info.stop_reason), &info,
            notes);
   }
   guests_.clear();
+  DropEngineIfUnused();
+}
+
+void JoinServer::Abandon() {
+  for (const std::unique_ptr<Guest>& g : guests_) {
+    RemoveProbes(*g, nullptr);
+  }
+  DropEngineIfUnused();
+}
+
+void JoinServer::OnTargetEvent(const core::ptrace::ProcessEvent& event) {
+  if (event.kind == core::ptrace::ProcessEvent::Kind::kThreadExited && own_engine_ != nullptr) {
+    own_engine_->OnThreadExit(event.tid);
+    return;
+  }
+  if (event.kind != core::ptrace::ProcessEvent::Kind::kExec || engine_ == nullptr) {
+    return;
+  }
+  // The new image has none of the probes: they end here, as a `kwatch probe` without -f ends.
+  if (own_engine_ != nullptr) {
+    own_engine_->OnExec();
+  }
+  watch::RunInfo info;
+  info.stop_reason = "the target called exec: the probes ended there";
+  for (const std::unique_ptr<Guest>& g : guests_) {
+    if (g->probes && g->armed && !g->gone) {
+      g->probe_ids.clear();  // gone with the old image
+      FinishProbes(*g, &info);
+    }
+  }
+}
+
+void JoinServer::ShareEngine(core::probe::Int3Engine* engine) {
+  if (engine == nullptr && own_engine_ == nullptr) {
+    for (const std::unique_ptr<Guest>& g : guests_) {
+      g->probe_ids.clear();  // gone with the engine
+    }
+  }
+  engine_ = engine;
+}
+
+absl::StatusOr<core::probe::Int3Engine*> JoinServer::Engine(watch::WatchSession& session) {
+  process_ = &session.process();
+  if (engine_ != nullptr) {
+    return engine_;
+  }
+  // A guardian puts the code back if this kwatch dies with probes in place (as `kwatch probe
+  // --backend ptrace` has one).
+  absl::StatusOr<std::unique_ptr<core::ptrace::Guardian>> g =
+      core::ptrace::Guardian::Start(process_->pid());
+  if (!g.ok()) {
+    return g.status();
+  }
+  guardian_ = *std::move(g);
+  own_engine_ = std::make_unique<core::probe::Int3Engine>(*process_);
+  own_engine_->SetGuardian(guardian_.get());
+  engine_ = own_engine_.get();
+  return engine_;
+}
+
+void JoinServer::DropEngineIfUnused() {
+  if (own_engine_ == nullptr ||
+      std::any_of(guests_.begin(), guests_.end(),
+                  [](const std::unique_ptr<Guest>& g) { return !g->probe_ids.empty(); })) {
+    return;
+  }
+  const bool alive = process_ != nullptr && process_->alive();
+  if (alive) {
+    (void)own_engine_->RestoreAll();  // return probes' replaced return addresses too
+  }
+  own_engine_.reset();
+  engine_ = nullptr;
+  if (guardian_ != nullptr) {
+    if (!alive) {
+      guardian_->ForgetAll();
+    }
+    (void)guardian_->Dismiss();
+    guardian_.reset();
+  }
+}
+
+void JoinServer::ArmProbes(watch::WatchSession& session, Guest& g,
+                           std::vector<std::string>& notes) {
+  if (g.specs.empty()) {
+    Refuse(g, "a joining `kwatch probe` gave no probe spec");
+    return;
+  }
+  absl::StatusOr<watch::probe::ProbeSet> set =
+      watch::probe::ResolveProbes(g.probe_file, g.specs, g.fetch);
+  if (!set.ok()) {
+    Refuse(g, std::string{set.status().message()});
+    return;
+  }
+  g.set = std::make_unique<watch::probe::ProbeSet>(*std::move(set));
+  core::ptrace::Process& proc = session.process();
+  absl::StatusOr<std::vector<core::ptrace::MapEntry>> maps = proc.Maps();
+  absl::StatusOr<uint64_t> bias =
+      maps.ok() ? g.set->target->LoadBias(*maps) : absl::StatusOr<uint64_t>(maps.status());
+  if (!bias.ok()) {
+    Refuse(g, absl::StrCat(g.probe_file, " is not mapped in process ", proc.pid(), ": ",
+                           bias.status().message()));
+    return;
+  }
+  g.bias = *bias;
+  absl::StatusOr<core::probe::Int3Engine*> engine = Engine(session);
+  if (!engine.ok()) {
+    Refuse(g, absl::StrCat("the session joined (kwatch pid ", ::getpid(),
+                           ") cannot place probes: ", engine.status().message()));
+    return;
+  }
+  if (g.stack_frames > 0) {
+    const core::ptrace::Process* p = &proc;
+    absl::StatusOr<std::unique_ptr<watch::probe::HitStacks>> stacks =
+        watch::probe::HitStacks::ForProcess(
+            proc.pid(),
+            [p](core::RemoteAddr a, std::span<uint8_t> out) { return p->ReadMemory(a, out); });
+    if (!stacks.ok()) {
+      Refuse(g, absl::StrCat("--stack: ", stacks.status().message()));
+      DropEngineIfUnused();
+      return;
+    }
+    g.stacks = *std::move(stacks);
+  }
+  Guest* guest = &g;
+  absl::StatusOr<std::map<uint32_t, core::probe::ProbeId>> ids;
+  absl::Status stopped = (*engine)->StopWorld();
+  if (stopped.ok()) {
+    // Together, with the world stopped: every probe sees the same calls.
+    ids = watch::probe::RegisterProbes(
+        **engine, *g.set, g.bias, g.maxactive,
+        [guest](const watch::probe::ProbeDef& def, const core::probe::ProbeContext& ctx) {
+          OnProbeHit(*guest, def, ctx);
+        });
+    stopped = (*engine)->ResumeWorld();
+  }
+  if (!stopped.ok() || !ids.ok()) {
+    if (ids.ok()) {
+      g.probe_ids = *ids;
+      RemoveProbes(g, nullptr);
+    }
+    Refuse(g, std::string{(!ids.ok() ? ids.status() : stopped).message()});
+    DropEngineIfUnused();
+    return;
+  }
+  g.probe_ids = *std::move(ids);
+  g.armed = true;
+  g.start_ns = core::MonotonicNs();
+  g.hits_sent_ns = g.start_ns;
+  (void)SendFrame(g.fd.get(), 'A', ArmedOf(*g.set, g.bias).text());
+  const size_t n = watch::probe::UserProbes(*g.set);
+  notes.push_back(absl::StrCat("kwatch pid ", g.pid, " joined this session with ", n, " probe",
+                               n == 1 ? "" : "s", " (", absl::StrJoin(g.specs, "; "),
+                               "), placed by this session's INT3 engine"));
+}
+
+void JoinServer::OnProbeHit(Guest& g, const watch::probe::ProbeDef& def,
+                            const core::probe::ProbeContext& ctx) {
+  if (g.gone) {
+    return;
+  }
+  watch::probe::ProbeHit hit = watch::probe::EngineHit(def, ctx, g.bias);
+  if (g.stacks != nullptr) {
+    hit.stack = g.stacks->Unwind(ctx.tid, ctx.regs, g.stack_frames);
+  }
+  EncodeHit(hit, g.hits);
+  // While the target hits probes back to back the session's loop waits: hits leave by size
+  // or age from here.
+  if (g.hits.size() >= kHitBatchBytes || ctx.time_ns >= g.hits_sent_ns + kHitBatchNs) {
+    FlushHits(g);
+  }
+}
+
+void JoinServer::FlushHits(Guest& g) {
+  g.hits_sent_ns = core::MonotonicNs();
+  if (g.hits.empty()) {
+    return;
+  }
+  if (!SendFrame(g.fd.get(), 'H', g.hits).ok() && g.stop_reason.empty()) {
+    g.stop_reason = "its kwatch went away";
+  }
+  g.hits.clear();
+}
+
+void JoinServer::RemoveProbes(Guest& g, std::map<uint32_t, watch::probe::ProbeEndStats>* stats) {
+  if (engine_ == nullptr || g.probe_ids.empty()) {
+    return;
+  }
+  if (stats != nullptr) {
+    watch::probe::AddEngineStats(*engine_, g.probe_ids, *stats);
+  }
+  if (process_ != nullptr && process_->alive()) {
+    // One stop of the world for all of them.
+    const bool stopped = engine_->StopWorld().ok();
+    for (const auto& [def_id, id] : g.probe_ids) {
+      (void)engine_->Unregister(id);
+    }
+    if (stopped) {
+      (void)engine_->ResumeWorld();
+    }
+  }
+  g.probe_ids.clear();
+}
+
+void JoinServer::FinishProbes(Guest& g, const watch::RunInfo* owner_info) {
+  ProbeJoinEnd end;
+  RemoveProbes(g, &end.stats);
+  FlushHits(g);
+  if (owner_info != nullptr) {
+    end.stop_reason = owner_info->stop_reason;
+    end.exit = owner_info->exit;
+  }
+  (void)SendFrame(g.fd.get(), 'S', end.text());
+  (void)SendFrame(g.fd.get(), 'X', "0");
+  g.gone = true;
 }
 
 }  // namespace kwatch::cli

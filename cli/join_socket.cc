@@ -8,6 +8,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -58,6 +59,14 @@ absl::Status PrivateDir(const std::string& dir) {
         "; remove it so that kwatch can make its control sockets there"));
   }
   return absl::OkStatus();
+}
+
+// Whether kwatch `pid` runs `kwatch probe` (its second argument, from /proc/PID/cmdline).
+bool IsProbeSession(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+  std::string argv0;
+  std::string argv1;
+  return std::getline(in, argv0, '\0') && std::getline(in, argv1, '\0') && argv1 == "probe";
 }
 
 }  // namespace
@@ -146,6 +155,12 @@ absl::StatusOr<core::UniqueFd> ConnectJoinSocket(const KwatchTracer& tracer, pid
     if (err == EACCES || err == EPERM) {
       advice = absl::StrCat("the session belongs to uid ", tracer.uid, " and this is uid ",
                             ::geteuid(), ": only its own user may join it");
+    } else if ((err == ENOENT || err == ECONNREFUSED) && IsProbeSession(tracer.pid)) {
+      advice = absl::StrCat(
+          "kwatch pid ", tracer.pid,
+          " is a `kwatch probe` session (its ptrace backend), which takes no joiners yet; end it "
+          "first, or start the watch session first and let `kwatch probe` join it (or use "
+          "`kwatch probe` with its default agent backend, which leaves the process untraced)");
     } else if (err == ENOENT || err == ECONNREFUSED) {
       advice = absl::StrCat("kwatch pid ", tracer.pid,
                             " has no control socket for it (a kwatch without joining, or one "

@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "cli/join_client.h"
 #include "cli/join_socket.h"
+#include "cli/probe_join.h"
 #include "cli/probe_run.h"
 #include "core/base/status_macros.h"
 #include "core/base/unique_fd.h"
@@ -305,7 +305,12 @@ int ProbeMain(const std::vector<std::string>& argv) {
       "Permissions: ptrace needs the right to trace the target (same user and\n"
       "kernel.yama.ptrace_scope <= 1 for children, 0 for -p, or CAP_SYS_PTRACE); the uprobe\n"
       "backend needs root (CAP_SYS_ADMIN; CAP_PERFMON on older kernels), whatever\n"
-      "kernel.perf_event_paranoid says.");
+      "kernel.perf_event_paranoid says.\n"
+      "Joining: -p PID on a process another kwatch session of the same user traces (`kwatch\n"
+      "--write EXPR -p PID`, `kwatch gdbserver` with watches) joins that session: its INT3\n"
+      "engine runs the probes (ptrace path) and sends the hits, printed here as usual; they\n"
+      "come out when this kwatch ends or is killed. --hw, --backend agent/uprobe, --no-jump,\n"
+      "-f and --stop-on do not join yet (docs/gdbserver.md, \"A kwatch probe that joins\").");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -456,11 +461,18 @@ int ProbeMain(const std::vector<std::string>& argv) {
   if (!opts.list_vars.empty()) {
     return List(*file, opts.list_vars, /*lines=*/false);
   }
-  if (opts.session.pid.has_value() && opts.backend != "uprobe") {
+  if (opts.session.pid.has_value() && opts.backend != "uprobe" && !opts.dry_run) {
+    // A process another kwatch session traces: this one joins it (cli/probe_join.h).
     if (const std::optional<KwatchTracer> tracer = TracingKwatch(*opts.session.pid);
         tracer.has_value()) {
-      PrintError(CannotJoinYet("`kwatch probe`", *opts.session.pid, *tracer));
-      return 1;
+      if (const char* what = ProbeOptionThatCannotJoin(opts); what != nullptr) {
+        PrintError(absl::FailedPreconditionError(absl::StrCat(
+            "pid ", *opts.session.pid, " is traced by another kwatch session (kwatch pid ",
+            tracer->pid, "), which this kwatch would join, but ", what,
+            " cannot join a session yet; drop it, or end that session first")));
+        return 1;
+      }
+      opts.join = tracer;
     }
   }
   absl::StatusOr<int> code = RunProbes(opts, *file);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cli/probe_join.h"
 #include "cli/probe_output.h"
 #include "cli/watch_recording.h"
 #include "core/base/status_macros.h"
@@ -209,6 +210,9 @@ std::unique_ptr<watch::probe::Aggregator> MakeAggregator(const ProbeCmdOptions& 
 absl::StatusOr<std::unique_ptr<watch::probe::ProbeSession>> StartSession(
     const std::string& backend, const ProbeCmdOptions& opts, const ProbeSet& set,
     core::UniqueFd sigfd, SessionOutput& out) {
+  if (opts.join.has_value()) {
+    return StartJoinedProbeSession(opts, set, std::move(sigfd), out.Hooks(), *opts.join);
+  }
   if (backend == "agent") {
     watch::probe::AgentSessionOptions ao;
     ao.allow_jump = !opts.no_jump;
@@ -232,6 +236,9 @@ absl::StatusOr<int> RunProbeSession(const ProbeCmdOptions& opts, const ProbeSet&
                         : opts.hw                  ? "hw"
                         : opts.backend == "ptrace" ? "ptrace"
                                                    : "agent";
+  if (opts.join.has_value()) {
+    backend = "ptrace";  // the INT3 engine of the session joined (cli/probe_join.h)
+  }
   if (backend == "agent" && opts.backend == "auto" && opts.filter.stop_on) {
     std::fprintf(stderr,
                  "kwatch: note: --stop-on uses the ptrace backend: the thread of the hit must be "

@@ -5,10 +5,12 @@
 // and a text or JSON printer (cli/probe_output.h); the summary follows. A session stops on the
 // target's end, --count, --duration or SIGINT/SIGTERM/SIGHUP (read from `sigfd`).
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cli/join_socket.h"
 #include "core/base/unique_fd.h"
 #include "watch/probe/aggregation.h"
 #include "watch/probe/hit_filter.h"
@@ -37,6 +39,8 @@ struct ProbeCmdOptions {
   double interval = 0;                              // --interval: seconds, 0: at the end only
   bool dry_run = false;                             // --dry-run
   bool show_stack = false;  // --stack: the hits' stacks are printed (else captured for ustack)
+  // -p PID traced by another kwatch session: this one joins it (cli/probe_join.h).
+  std::optional<KwatchTracer> join;
 };
 
 // Runs the probes of `set` with the backend the options name (ptrace, uprobe, or --hw's debug

@@ -4,6 +4,7 @@
 
 #include "absl/strings/string_view.h"
 #include "core/event.h"
+#include "core/ptrace/process_event.h"
 #include "watch/access_sink.h"
 #include "watch/session.h"
 
@@ -28,6 +29,13 @@ class GuestRouter {
   // The session ends (`info` holds what the session's own summary says: reason, target exit):
   // each joiner gets its summary and is told why, before the watches are removed.
   virtual void EndAll(WatchSession& session, const RunInfo& info) = 0;
+  // Something happened to the target process itself (not a followed child), seen by the
+  // session's poll before it acts on it: at kExec the target is still stopped at its exec event
+  // (what a joiner placed in the old image is gone), at kThreadExited the thread is gone.
+  virtual void OnTargetEvent(const core::ptrace::ProcessEvent& /*event*/) {}
+  // The session fails or goes (TargetSet::Abandon, its destructor) while the target is still
+  // traced: whatever joiners placed in the target's code comes out now. Nothing once EndAll ran.
+  virtual void Abandon() {}
 
  protected:
   GuestRouter() = default;

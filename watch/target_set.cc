@@ -40,7 +40,11 @@ TargetSet::TargetSet(TargetSetOptions opts, const SessionOptions& session_opts,
       conditions_(std::move(conditions)),
       sink_(sink) {}
 
-TargetSet::~TargetSet() = default;
+TargetSet::~TargetSet() {
+  if (guests_ != nullptr) {
+    guests_->Abandon();  // while the processes are still traced
+  }
+}
 
 absl::StatusOr<std::unique_ptr<TargetSet>> TargetSet::Create(
     const TargetSetOptions& opts, const SessionOptions& session_opts, core::UniqueFd sigfd,
@@ -285,6 +289,9 @@ absl::Status TargetSet::HandleEvents(Tracee& t,
                                      const std::vector<core::ptrace::ProcessEvent>& events) {
   core::ptrace::Process& proc = *t.proc;
   for (const core::ptrace::ProcessEvent& e : events) {
+    if (guests_ != nullptr && t.parent == 0) {
+      guests_->OnTargetEvent(e);
+    }
     switch (e.kind) {
       case core::ptrace::ProcessEvent::Kind::kExited:
         if (t.parent != 0) {
@@ -555,6 +562,9 @@ absl::Status TargetSet::Release(RunInfo& info) {
 }
 
 void TargetSet::Abandon() {
+  if (guests_ != nullptr) {
+    guests_->Abandon();
+  }
   for (size_t i = tracees_.size(); i-- > 0;) {
     Tracee& t = *tracees_[i];
     t.session.reset();  // disarms

@@ -514,8 +514,9 @@ absl::StatusOr<bool> Int3Engine::HandleInPlace(pid_t tid, const siginfo_t& si) {
   }
   KW_ASSIGN_OR_RETURN(user_regs_struct regs, RegsOf(tid));
   const RemoteAddr at{regs.rip - 1};
+  const bool resumed = TakeParked(tid, at);
   if (auto bp = breakpoints_.find(at); bp != breakpoints_.end()) {
-    KW_RETURN_IF_ERROR(OnBreakpoint(tid, regs, bp->second));
+    KW_RETURN_IF_ERROR(OnBreakpoint(tid, regs, bp->second, resumed));
     return true;
   }
   if (auto post = post_traps_.find(at); post != post_traps_.end()) {
@@ -576,7 +577,57 @@ void Int3Engine::PruneDeadThreads() {
   }
 }
 
-absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpoint& bp) {
+bool Int3Engine::TakeParked(pid_t tid, RemoteAddr at) {
+  auto t = threads_.find(tid);
+  if (t == threads_.end() || !t->second.parked_at.has_value()) {
+    return false;
+  }
+  return std::exchange(t->second.parked_at, std::nullopt) == at;
+}
+
+absl::StatusOr<bool> Int3Engine::StepOver(pid_t tid) {
+  KW_ASSIGN_OR_RETURN(user_regs_struct regs, process_.GetRegs(tid));
+  const RemoteAddr at{regs.rip};
+  const bool resumed = TakeParked(tid, at);
+  regs.rip += 1;  // where the INT3's trap would have left it
+  if (trampoline_.value != 0 && xol_.IsTrampoline(at)) {
+    KW_RETURN_IF_ERROR(OnReturn(tid, regs));
+    return true;
+  }
+  auto bp = breakpoints_.find(at);
+  if (bp == breakpoints_.end()) {
+    return false;
+  }
+  KW_RETURN_IF_ERROR(OnBreakpoint(tid, regs, bp->second, resumed));
+  const Slot* slot = bp->second.slot;
+  KW_ASSIGN_OR_RETURN(regs, process_.GetRegs(tid));
+  if (slot == nullptr ||
+      (regs.rip != slot->addr.value && regs.rip != slot->addr.value + kXolTrapOffset)) {
+    return true;  // emulated (or parked again): the step is done
+  }
+  // Out of line: one step runs the copy; the jump back (or the post handlers' INT3) is taken
+  // here instead of being stepped.
+  const uint64_t copy = regs.rip;
+  KW_ASSIGN_OR_RETURN(const int sig, process_.SingleStep(tid));
+  if (sig == 0 || !process_.alive()) {
+    return true;
+  }
+  KW_ASSIGN_OR_RETURN(regs, process_.GetRegs(tid));
+  if (regs.rip != copy + slot->length) {
+    return true;  // the copy went elsewhere (a signal the target handles): as it would
+  }
+  if (copy != slot->addr.value) {
+    regs.rip += 1;  // as if the INT3 after the copy trapped
+    KW_RETURN_IF_ERROR(OnPostTrap(tid, regs, *slot));
+    return true;
+  }
+  regs.rip = slot->probed.value + slot->length;
+  KW_RETURN_IF_ERROR(process_.SetRegs(tid, regs));
+  return true;
+}
+
+absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpoint& bp,
+                                      bool resumed) {
   ++counters_.traps;
   user_regs_struct at = regs;
   at.rip = bp.addr.value;
@@ -587,6 +638,9 @@ absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpo
   absl::Cleanup not_in_handler = [this] { in_handler_ = false; };
   for (const ProbeId id : bp.probes) {
     Probe& p = probes_.at(id);
+    if (resumed && !p.is_return) {
+      continue;  // its handlers ran when the thread was parked here
+    }
     if (!Admit(p)) {
       continue;
     }
@@ -601,7 +655,7 @@ absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpo
       Consume(p);
       ++p.active;
       tracked.push_back(id);
-      if (p.handlers.entry) {
+      if (p.handlers.entry && !resumed) {
         p.handlers.entry(ctx);
       }
       continue;
@@ -621,6 +675,7 @@ absl::Status Int3Engine::OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpo
     for (const ProbeId id : tracked) {
       --probes_.at(id).active;  // not tracked after all
     }
+    threads_[tid].parked_at = bp.addr;
     return Park(tid, at);
   }
 

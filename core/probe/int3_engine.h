@@ -124,6 +124,14 @@ class Int3Engine : public ptrace::SignalInterceptor {
   // before running anything (a group stop: the whole process stops, as job control keeps it;
   // detaching leaves it stopped). For `kwatch probe --stop-on`.
   void ParkCurrentThread() { park_ = in_handler_; }
+  // A thread a debugger single-steps (PTRACE_SINGLESTEP would run the INT3 and lose its place):
+  // thread `tid`, stopped with rip at one of the engine's breakpoints or at the return
+  // trampoline, gets the hit there as the trap would give it (handlers run, unless a handler
+  // parked the thread there: that hit goes on), then the displaced instruction runs (emulated,
+  // or its out-of-line copy single-stepped and the jump back taken), so that the thread ends
+  // right after it, as a step would leave it. Returns false, doing nothing, when rip is at none
+  // of the engine's addresses (the caller steps the thread itself).
+  absl::StatusOr<bool> StepOver(pid_t tid);
   // How hits were handled, for tests and benches.
   struct Counters {
     uint64_t traps = 0;        // breakpoint hits
@@ -168,7 +176,11 @@ class Int3Engine : public ptrace::SignalInterceptor {
   absl::StatusOr<user_regs_struct> RegsOf(pid_t tid);
   // ParkCurrentThread's end: `regs` set, SIGSTOP queued for the thread.
   absl::Status Park(pid_t tid, const user_regs_struct& regs);
-  absl::Status OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpoint& bp);
+  // `resumed`: the thread was parked at this breakpoint (ThreadState::parked_at): the probes'
+  // handlers ran then and do not run again (return probes track the call again).
+  absl::Status OnBreakpoint(pid_t tid, user_regs_struct& regs, Breakpoint& bp, bool resumed);
+  // Takes the thread's ThreadState::parked_at; whether it is `at`.
+  bool TakeParked(pid_t tid, RemoteAddr at);
   absl::Status OnPostTrap(pid_t tid, user_regs_struct& regs, const Slot& slot);
   absl::Status OnReturn(pid_t tid, user_regs_struct& regs);
   static bool Admit(Probe& p);

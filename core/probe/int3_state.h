@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/base/remote_addr.h"
@@ -65,6 +66,9 @@ struct ThreadState {
   std::vector<Instance> instances;  // innermost last
   std::vector<PendingPost> posts;   // innermost last (a signal handler may nest one)
   uint32_t stale_traps = 0;         // SIGTRAPs still to come for traps RestoreAll undid
+  // ParkCurrentThread left the thread at this probe's address with the hit's handlers run: its
+  // next trap there is the same hit going on (handlers not run again); any trap clears it.
+  std::optional<RemoteAddr> parked_at;
 };
 
 }  // namespace kwatch::core::probe::int3_internal

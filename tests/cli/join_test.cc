@@ -314,15 +314,12 @@ TEST(KwatchJoin, PerfStreamSessionRefusesValueConditionsOfJoiners) {
   EXPECT_EQ(ParseJsonLines(r.joiner.out).summary["events"], r.truth.misses) << r.joiner.out;
 }
 
-TEST(KwatchJoin, ProbesAndGdbserverSayTheyCannotJoinYet) {
+// (`kwatch probe` joins: tests/cli/probe_join_test.cc.)
+TEST(KwatchJoin, GdbserverSaysItCannotJoinYet) {
   KW_REQUIRE_DEBUG_TRAPS();
   Owned o = StartOwned("join-probe", "1", "10");
   ASSERT_NE(o.owner, nullptr);
   const std::string pid = absl::StrCat(o.target->pid());
-  const auto probe = kwatch::testing::KwatchProbe({"-p", pid, "Work"});
-  EXPECT_EQ(probe.exit_code, 1);
-  EXPECT_THAT(probe.err, HasSubstr("cannot join another kwatch's session yet"));
-  EXPECT_THAT(probe.err, ::testing::Not(HasSubstr("already traced")));
   auto gdb = kwatch::testing::Run({KwatchPath(), "gdbserver", "--listen", ":0", "-p", pid});
   ASSERT_TRUE(gdb.ok());
   EXPECT_EQ(gdb->exit_code, 1);

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -595,6 +597,66 @@ TEST(GdbServer, ASecondKwatchJoinsTheGdbserversSessionAndBothCountExactly) {
   EXPECT_EQ(joined["events"], 1000) << joined.dump();  // every other iteration
   EXPECT_EQ(j->exit_code, 0) << j->err;
   EXPECT_THAT(j->err, HasSubstr("ended: target exited")) << j->err;
+}
+
+// A `kwatch probe` joins the session of `kwatch gdbserver` while gdb runs the program, and gdb's
+// breakpoint and the joined probe are on the same instruction (step's first byte): gdb stops
+// there at every call and continues (a step over the shared INT3, Int3Engine::StepOver), the
+// joined probe counts every call once with its argument, the owner's watch every store.
+TEST(GdbServer, AJoinedKwatchProbeSharesGdbsBreakpointAndBothSeeEveryCall) {
+  KW_REQUIRE_GDB();
+  KW_REQUIRE_DEBUG_TRAPS();
+  absl::StatusOr<std::unique_ptr<Spawned>> pj =
+      Spawned::Start({TargetPath("probe_join"), "1", "20", "--wait"});
+  ASSERT_TRUE(pj.ok()) << pj.status();
+  ASSERT_TRUE((*pj)->WaitForStdout("ready").ok()) << (*pj)->out();
+  const std::string pid = absl::StrCat((*pj)->pid());
+  int port = 0;
+  std::unique_ptr<Spawned> kw =
+      ListenOnFreePort({"--json", "-q", "--write", "g_stats.calls", "-p", pid}, port);
+  ASSERT_NE(kw, nullptr);
+  ASSERT_GT(port, 0);
+  const std::string script = absl::StrCat(::testing::TempDir(), "/probe-join-", ::getpid(), ".gdb");
+  {
+    std::ofstream f(script);
+    f << "set confirm off\nset sysroot /\ntarget remote 127.0.0.1:" << port
+      << "\nhandle SIGUSR1 nostop noprint pass\nbreak *step\ncommands\nsilent\n"
+         "printf \"gdb-hit %ld\\n\", $rdi\ncontinue\nend\ncontinue\n";
+  }
+  absl::StatusOr<std::unique_ptr<Spawned>> gdb =
+      Spawned::Start({kGdb, "-batch", "-nx", "-x", script, TargetPath("probe_join")});
+  ASSERT_TRUE(gdb.ok()) << gdb.status();
+  absl::StatusOr<std::unique_ptr<Spawned>> joiner =
+      Spawned::Start({KwatchPath(), "probe", "--json", "step i", "-p", pid});
+  ASSERT_TRUE(joiner.ok()) << joiner.status();
+  ASSERT_TRUE((*joiner)->WaitForStderr("joined the session").ok()) << (*joiner)->err();
+  ASSERT_EQ(::kill((*pj)->pid(), SIGUSR1), 0);
+  absl::StatusOr<RunResult> g = (*gdb)->Finish(90);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(g->out + g->err, HasSubstr("exited normally")) << g->out << g->err;
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_THAT(g->out, HasSubstr(absl::StrCat("gdb-hit ", i, "\n"))) << g->out;
+  }
+  absl::StatusOr<RunResult> j = (*joiner)->Finish();
+  absl::StatusOr<RunResult> k = kw->Finish();
+  absl::StatusOr<RunResult> t = (*pj)->Finish();
+  ASSERT_TRUE(j.ok() && k.ok() && t.ok());
+  std::remove(script.c_str());
+  EXPECT_EQ(t->exit_code, 0) << t->err;
+  EXPECT_EQ(j->exit_code, 0) << j->err;
+  std::vector<long> is;
+  for (absl::string_view line : absl::StrSplit(j->out, '\n', absl::SkipEmpty())) {
+    const json h = json::parse(std::string(line));
+    if (h["type"] == "hit") {
+      is.push_back(h["args"]["i"].get<long>());
+    }
+  }
+  ASSERT_EQ(is.size(), 20u) << j->out;
+  for (long i = 0; i < 20; ++i) {
+    EXPECT_EQ(is[i], i);
+  }
+  EXPECT_EQ(SummaryIn(j->out)["hits"], 20) << j->out;
+  EXPECT_EQ(SummaryIn(k->out)["events"], 20) << k->out << k->err;
 }
 
 TEST(GdbServer, APortInUseIsNamedAndNoTargetIsStarted) {

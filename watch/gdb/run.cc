@@ -276,6 +276,14 @@ absl::StatusOr<int> RunGdbServer(GdbServerOptions opts, AccessSink* sink) {
     abandon();
     return s;
   }
+  if (set != nullptr && opts.serving) {
+    opts.serving(&server);
+  }
+  absl::Cleanup unserve = [&] {  // before the server's destructor
+    if (set != nullptr && opts.serving) {
+      opts.serving(nullptr);
+    }
+  };
   // `kwatch slots -p PID` shows kwatch's watches and gdb's points; gdb's points take registers
   // from kwatch's watches (debugger priority) and give them back.
   auto publish = [&] {

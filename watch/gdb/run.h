@@ -18,6 +18,8 @@
 
 namespace kwatch::watch::gdb {
 
+class GdbServer;
+
 struct GdbServerOptions {
   std::string listen;        // HOST:PORT (TCP), or
   bool stdio = false;        // gdb on stdin/stdout (`target remote | kwatch gdbserver --stdio ...`)
@@ -33,6 +35,9 @@ struct GdbServerOptions {
   std::function<void(const std::string&)> say;
   // The watch session is armed (with watches only): the caller prints its header.
   std::function<void(TargetSet&)> armed;
+  // With watches only: the server is up (its INT3 engine made), before gdb is served; called
+  // again with nullptr before the server (and its engine) goes.
+  std::function<void(GdbServer*)> serving;
 };
 
 // Sets up the target (launched and stopped at its entry point, or attached and stopped),

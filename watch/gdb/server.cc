@@ -628,7 +628,13 @@ absl::StatusOr<GdbServer::StopInfo> GdbServer::Step(pid_t tid, int sig) {
   }
   stepping_ = true;
   step_hit_.reset();
-  absl::StatusOr<int> r = proc_.SingleStep(tid);
+  // A step at an address where kwatch's INT3 engine has a breakpoint (a joined `kwatch probe`'s,
+  // or one of gdb's own Z0 at the same place) would run the INT3: the engine takes the hit and
+  // runs the instruction instead.
+  absl::StatusOr<bool> over = sig == 0 && engine_ != nullptr ? engine_->StepOver(tid) : false;
+  absl::StatusOr<int> r = !over.ok() ? absl::StatusOr<int>(over.status())
+                          : *over    ? absl::StatusOr<int>(proc_.alive() ? SIGTRAP : 0)
+                                     : proc_.SingleStep(tid);
   stepping_ = false;
   KW_RETURN_IF_ERROR(r.status());
   StopInfo stop;

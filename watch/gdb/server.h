@@ -82,6 +82,9 @@ class GdbServer final : public core::ptrace::SignalInterceptor {
   // Stops gdb's requests reported (breakpoints, watchpoints, signals), for the summary.
   uint64_t stops() const { return stops_; }
   const HwPoints& hw_points() const { return *hw_; }
+  // The INT3 engine of gdb's Z0 breakpoints (after Start): one per process, so that the probes
+  // of a `kwatch probe` that joins this session (cli/join_server.h) share addresses with them.
+  core::probe::Int3Engine* engine() const { return engine_.get(); }
 
   // SignalInterceptor.
   bool Claims(pid_t tid, const siginfo_t& si) override;

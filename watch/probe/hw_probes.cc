@@ -28,6 +28,7 @@
 #include "drmgr/applier.h"
 #include "drmgr/slot_allocator.h"
 #include "drmgr/slot_registry.h"
+#include "watch/probe/engine_probes.h"
 #include "watch/session.h"
 #include "watch/stop_backend.h"
 
@@ -327,23 +328,13 @@ ProbeHit EvaluateHwHit(const HwProbes::Hit& h, pid_t pid, uint64_t load_bias,
   hit.tid = h.tid;
   hit.probe = h.probe;
   hit.ip = h.ip;
-  // As watch/probe/ptrace_session.cc evaluates an entry probe's arguments.
   core::probe::FetchContext fc;
   fc.regs = h.regs;
   fc.load_bias = load_bias;
   fc.read = read;
   fc.at_return = false;
   fc.tid = h.tid;
-  user_fpregs_struct fp{};
-  if (h.probe->needs_fpregs && ::ptrace(PTRACE_GETFPREGS, h.tid, nullptr, &fp) == 0) {
-    fc.fpregs = &fp;
-  }
-  hit.args.reserve(h.probe->args.size());
-  for (const core::probe::CompiledArg& a : h.probe->args) {
-    absl::StatusOr<std::string> v = core::probe::Evaluate(a, fc);
-    hit.args.emplace_back(
-        a.name, v.ok() ? *std::move(v) : absl::StrCat("<error: ", v.status().message(), ">"));
-  }
+  hit.args = FetchProbeArgs(*h.probe, std::move(fc));
   return hit;
 }
 

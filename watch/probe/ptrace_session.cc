@@ -25,6 +25,7 @@
 #include "core/ptrace/process_group.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
+#include "watch/probe/engine_probes.h"
 #include "watch/probe/hit_stacks.h"
 #include "watch/probe/session_base.h"
 
@@ -126,35 +127,9 @@ void PtraceSession::OnHit(const ProbeDef& def, const core::probe::ProbeContext& 
   if (!TakesHits()) {
     return;  // stopping: the probes are disabled
   }
-  ProbeHit hit;
-  hit.time_ns = ctx.time_ns;
-  hit.pid = ctx.process.pid();
-  hit.tid = ctx.tid;
-  hit.probe = &def;
-  hit.ip = ctx.addr;
-  hit.return_address = ctx.return_address;
-  core::probe::FetchContext fc;
-  fc.regs = &ctx.regs;
-  fc.load_bias = bias;
-  fc.read = read_;
-  if (&ctx.process != proc_.get()) {  // a followed child
-    const core::ptrace::Process& p = ctx.process;
-    fc.read = [&p](core::RemoteAddr a, std::span<uint8_t> out) { return p.ReadMemory(a, out); };
-  }
-  fc.at_return = ctx.is_return;
-  fc.tid = ctx.tid;
-  user_fpregs_struct fp{};
-  if (def.needs_fpregs && ::ptrace(PTRACE_GETFPREGS, ctx.tid, nullptr, &fp) == 0) {
-    fc.fpregs = &fp;
-  }
+  ProbeHit hit = EngineHit(def, ctx, bias);
   if (stacks_ != nullptr && &ctx.process == proc_.get()) {
     hit.stack = stacks_->Unwind(ctx.tid, ctx.regs, opts().stack_frames);
-  }
-  hit.args.reserve(def.args.size());
-  for (const core::probe::CompiledArg& a : def.args) {
-    absl::StatusOr<std::string> v = core::probe::Evaluate(a, fc);
-    hit.args.emplace_back(
-        a.name, v.ok() ? *std::move(v) : absl::StrCat("<error: ", v.status().message(), ">"));
   }
   Deliver(hit);
   if (opts().stop_on && !parked_.has_value() && stopping() &&
@@ -202,26 +177,15 @@ absl::Status PtraceSession::Start() {
 }
 
 absl::Status PtraceSession::RegisterAll(core::probe::Int3Engine& engine, uint64_t bias) {
-  std::map<uint32_t, core::probe::ProbeId> ids;
-  for (const ProbeDef& def : set().probes) {
-    const core::RemoteAddr addr{def.point.vaddr.value + bias};
-    core::probe::ProbeHandlers h;
-    h.pre = [this, &def, bias](const core::probe::ProbeContext& ctx) { OnHit(def, ctx, bias); };
-    absl::StatusOr<core::probe::ProbeId> id;
-    if (def.point.is_return) {
-      core::probe::ReturnProbeOptions ro;
-      ro.maxactive = opts().maxactive;
-      id = engine.RegisterReturn(addr, std::move(h), ro);
-    } else {
-      id = engine.Register(addr, std::move(h));
-    }
-    if (!id.ok()) {
-      return {id.status().code(), absl::StrCat("probe ", def.point.event, " (", def.Location(),
-                                               "): ", id.status().message())};
-    }
-    ids[def.id] = *id;
+  absl::StatusOr<std::map<uint32_t, core::probe::ProbeId>> ids =
+      RegisterProbes(engine, set(), bias, opts().maxactive,
+                     [this, bias](const ProbeDef& def, const core::probe::ProbeContext& ctx) {
+                       OnHit(def, ctx, bias);
+                     });
+  if (!ids.ok()) {
+    return ids.status();
   }
-  id_sets_[&engine].push_back(ids);
+  id_sets_[&engine].push_back(*std::move(ids));
   return absl::OkStatus();
 }
 
@@ -545,15 +509,7 @@ absl::StatusOr<ProbeSessionEnd> PtraceSession::Finish() {
   std::map<uint32_t, ProbeEndStats> stats;
   for (const core::probe::Int3Engine* eng : Engines()) {  // every process and image counts
     for (const auto& set : id_sets_[eng]) {
-      for (const auto& [def_id, id] : set) {
-        if (absl::StatusOr<core::probe::ProbeStats> st = eng->Stats(id); st.ok()) {
-          ProbeEndStats& e = stats[def_id];
-          e.misses += st->misses;
-          e.nmissed += st->nmissed;
-          e.abandoned += st->abandoned;
-          e.faults += st->faults;
-        }
-      }
+      AddEngineStats(*eng, set, stats);
     }
   }
   ProbeRunInfo info;

@@ -260,6 +260,78 @@ TEST_F(Int3EngineTest, LongjmpAbandonsInstancesWithoutConfusingReturns) {
   EXPECT_EQ(Output(), expected);
 }
 
+// A debugger's step from a probed address (gdb's `stepi` over a kwatch probe's INT3): StepOver
+// runs the hit and the displaced instruction, emulated (work's lea) or out of line with its
+// post handler (rip_inc's RIP-relative add), and leaves the thread right after it; elsewhere it
+// does nothing. The program then runs on, every probe counting.
+TEST_F(Int3EngineTest, StepOverRunsTheHitAndTheInstructionForADebuggersStep) {
+  const std::string expected = Unprobed({"basic"});
+  Launch({"basic"});
+  const RemoteAddr work = Fn("work");
+  const RemoteAddr rip_inc = Fn("rip_inc");
+  auto counter = syms_->Resolve(*symbols::ParseExpr("rip_counter"), nullptr);
+  ASSERT_TRUE(counter.ok()) << counter.status();
+  const auto read_counter = [&] {
+    int32_t v = 0;
+    EXPECT_TRUE(
+        proc_->ReadMemory(counter->addr, std::span<uint8_t>(reinterpret_cast<uint8_t*>(&v), 4))
+            .ok());
+    return v;
+  };
+  std::vector<uint64_t> work_args;
+  int posts = 0;
+  const ProbeId w =
+      Probe("work", {.pre = [&](const ProbeContext& c) { work_args.push_back(c.regs.rdi); }});
+  const ProbeId r = Probe("rip_inc", {.post = [&](const ProbeContext&) { ++posts; }});
+  const pid_t tid = proc_->pid();
+  auto saved = proc_->GetRegs(tid);
+  ASSERT_TRUE(saved.ok());
+  // Nowhere near a probe (the entry point): nothing to do.
+  auto over = engine_->StepOver(tid);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_FALSE(*over);
+  // At work (lea 0x1(%rdi,%rdi,2),%rax: 5 bytes, emulated) with rdi = 7.
+  user_regs_struct at = *saved;
+  at.rip = work.value;
+  at.rdi = 7;
+  ASSERT_TRUE(proc_->SetRegs(tid, at).ok());
+  over = engine_->StepOver(tid);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_TRUE(*over);
+  auto after = proc_->GetRegs(tid);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->rip, work.value + 5);
+  EXPECT_EQ(after->rax, 22u);
+  EXPECT_THAT(work_args, ElementsAre(7u));
+  // At rip_inc (addl $1,rip_counter(%rip): 7 bytes, out of line, with a post handler).
+  const int32_t before = read_counter();
+  at = *saved;
+  at.rip = rip_inc.value;
+  ASSERT_TRUE(proc_->SetRegs(tid, at).ok());
+  over = engine_->StepOver(tid);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_TRUE(*over);
+  after = proc_->GetRegs(tid);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->rip, rip_inc.value + 7);
+  EXPECT_EQ(read_counter(), before + 1);  // the copy ran once, on the real counter
+  EXPECT_EQ(posts, 1);
+  // Back where it was; the program runs on, undisturbed (its counter is reset first).
+  const int32_t zero = 0;
+  ASSERT_TRUE(proc_
+                  ->WriteMemory(counter->addr, std::span<const uint8_t>(
+                                                   reinterpret_cast<const uint8_t*>(&zero), 4))
+                  .ok());
+  ASSERT_TRUE(proc_->SetRegs(tid, *saved).ok());
+  Go();
+  RunToExit();
+  ExpectExit0();
+  EXPECT_EQ(Stats(w).hits, 1001u);
+  EXPECT_EQ(Stats(r).hits, 501u);
+  EXPECT_EQ(posts, 501);
+  EXPECT_EQ(Output(), expected);
+}
+
 TEST_F(Int3EngineTest, EmulatesCallsAndConditionalJumps) {
   const std::string expected = Unprobed({"basic"});
   Launch({"basic"});
