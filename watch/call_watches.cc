@@ -1,7 +1,6 @@
 #include "watch/call_watches.h"
 
 #include <algorithm>
-#include <ranges>
 #include <regex>
 #include <span>
 #include <utility>
@@ -441,8 +440,8 @@ void CallWatches::OnThreadExit(pid_t tid) {
     if (it == f.stacks.end()) {
       continue;
     }
-    for (const auto& [call, sp] : std::ranges::reverse_view(it->second)) {
-      EndAll(f, call, now, "its thread exited in the call");
+    for (size_t i = it->second.size(); i-- > 0;) {  // innermost first
+      EndAll(f, it->second[i].first, now, "its thread exited in the call");
     }
     f.stacks.erase(it);
   }
@@ -472,8 +471,8 @@ absl::Status CallWatches::Remove() {
   const uint64_t now = core::MonotonicNs();
   for (Function& f : functions_) {
     for (auto& [tid, stack] : f.stacks) {
-      for (const auto& [call, sp] : std::ranges::reverse_view(stack)) {
-        EndAll(f, call, now, "still running when the session ended");
+      for (size_t i = stack.size(); i-- > 0;) {  // innermost first
+        EndAll(f, stack[i].first, now, "still running when the session ended");
       }
     }
     f.stacks.clear();
