@@ -64,6 +64,9 @@ absl::StatusOr<core::probe::ResolvedPoint> PointInside(const core::probe::ProbeT
 // differ from call to call).
 constexpr const char* kNoRegister = "no debug register of the calling thread was free";
 
+// How a call that never returned through kwatch ended (longjmp, an exception).
+constexpr const char* kAbandoned = "abandoned (it never returned: longjmp?)";
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CallWatches>> CallWatches::Create(
@@ -263,7 +266,7 @@ void CallWatches::OnEntry(Function& f, const core::probe::ProbeContext& ctx) {
       continue;
     }
     while (!it->second.empty() && it->second.back().second <= sp) {
-      EndAll(g, it->second.back().first, ctx.time_ns, "abandoned (it never returned: longjmp?)");
+      EndAll(g, it->second.back().first, ctx.time_ns, kAbandoned);
       it->second.pop_back();
     }
   }
@@ -347,8 +350,7 @@ void CallWatches::OnReturn(Function& f, const core::probe::ProbeContext& ctx) {
   std::vector<std::pair<uint32_t, uint64_t>>& stack = st->second;
   while (!stack.empty() && stack.back().second < ctx.regs.rsp) {
     const bool returning = stack.back().second + 8 == ctx.regs.rsp;
-    EndAll(f, stack.back().first, ctx.time_ns,
-           returning ? std::string() : "abandoned (it never returned: longjmp?)");
+    EndAll(f, stack.back().first, ctx.time_ns, returning ? std::string() : std::string{kAbandoned});
     stack.pop_back();
   }
 }

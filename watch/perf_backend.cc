@@ -75,8 +75,7 @@ void PerfBackend::Close(Slot& slot) {
       pool.push_back(std::move(slot.bps.front()));
       slot.bps.clear();
       // Threads that ended since keep nothing parked (each event holds its ring).
-      if (parked_.size() > proc_.TracedThreads().size()) {
-        const std::vector<pid_t> traced = proc_.TracedThreads();
+      if (const std::vector<pid_t> traced = proc_.TracedThreads(); parked_.size() > traced.size()) {
         std::erase_if(parked_, [&](const auto& e) {
           return std::find(traced.begin(), traced.end(), e.first) == traced.end();
         });
@@ -106,8 +105,6 @@ absl::Status PerfBackend::Apply(const drmgr::Changes& changes) {
       });
   if (stop) {
     CloseParked();  // their registers go back before another scope counts on them
-  }
-  if (stop) {
     KW_RETURN_IF_ERROR(proc_.StopAll());
   }
   absl::Cleanup resume = [this, stop] {

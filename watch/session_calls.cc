@@ -62,7 +62,6 @@ absl::StatusOr<std::string> WatchSession::ArmCall(uint32_t id, uint32_t call, pi
   r.addr = addr;
   r.scope = drmgr::Scope::Thread(proc_.pid(), tid);
   r.priority = kCallWatchPriority;
-  r.policy = drmgr::ShortagePolicy::kFail;
   r.label = absl::StrCat(w.target.display, " (call ", call, ")");
   absl::StatusOr<drmgr::Grant> g = alloc_->Request(client_, std::move(r));
   if (!g.ok()) {
