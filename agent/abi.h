@@ -25,7 +25,7 @@
 namespace kwatch::agent {
 
 inline constexpr uint64_t kKwMagic = 0x31544e4547414b57ULL;  // "WKAGENT1" little-endian
-inline constexpr uint32_t kKwAbiVersion = 6;
+inline constexpr uint32_t kKwAbiVersion = 7;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -120,6 +120,14 @@ struct alignas(64) KwControl {
   // by kwatch before it publishes their probes. 0 bytes: none.
   uint64_t aggs_offset;
   uint64_t aggs_bytes;
+
+  // Watches armed per call ("Per-call watches" below): KwCallWatch[call_watch_capacity]
+  // (kwatch, before init; 0 entries: none), and the perf breakpoints the agent opens for them.
+  uint64_t call_watches_offset;
+  uint32_t call_watch_capacity;
+  uint32_t call_ring_pages;   // data pages of each breakpoint's ring (a power of two)
+  uint64_t call_sample_regs;  // perf_event_attr.sample_regs_user of their samples
+  uint64_t call_sample_type;  // perf_event_attr.sample_type of their samples
 };
 
 // KwControl::init_error: the step of kwatch_agent_init that failed (its return value is the
@@ -205,6 +213,12 @@ enum KwProbeFlags : uint32_t {
   kKwProbeJump = 1U << 3,      // reached through a trampoline (else through INT3)
   kKwProbeRemoving = 1U << 4,  // being taken out: an INT3 hit runs the displaced copy
   kKwProbeFpregs = 1U << 5,    // the fetch program reads %xmm registers
+  // Per-call watches (call_watch names the KwCallWatch): at this probe the innermost tracked
+  // call of the watch's function looks its object up (the fetch program: its address) and
+  // arms it in a debug register of the calling thread...
+  kKwProbeCallArm = 1U << 6,
+  // ... or its watches end here (--until), before the call returns.
+  kKwProbeCallEnd = 1U << 7,
 };
 // A jump probe is in the hash too (its address, like an INT3 probe's): while its first byte
 // is 0xCC (patching, or restoring by kwatch or the watchdog) a thread that meets it traps,
@@ -262,6 +276,11 @@ struct alignas(64) KwProbe {
   // Return probes: instances live now (the agent; kwatch subtracts a dead thread's instances
   // when it frees its KwThread, the only field both sides write, atomically).
   std::atomic<uint32_t> active;
+  // Per-call watches: the KwCallWatch (index + 1, 0: none) of a kKwProbeCallArm/CallEnd
+  // probe, or, on the return probe of a watched function, its first KwCallWatch (the entry
+  // numbers the call: KwInstance::call).
+  uint32_t call_watch;
+  uint32_t reserved2;
   // Counters (the agent writes, relaxed; kwatch reads).
   std::atomic<uint64_t> hits;       // hits taken (records written or lost)
   std::atomic<uint64_t> missed;     // hits while disabled or stopping
@@ -479,6 +498,67 @@ struct KwFetchOp {
 static_assert(sizeof(KwFetchOp) == 16);
 
 // ---------------------------------------------------------------------------------------
+// Per-call watches (`kwatch --write 'r->len' --in compute`, watch/agent_calls.h). The watched
+// function's entry has a return probe whose `call_watch` names the function's first
+// KwCallWatch: each tracked call gets a number (KwCallWatch::calls of that first entry) in its
+// KwInstance. A kKwProbeCallArm probe (the lookup point) runs its fetch program, which leaves
+// the object's address as argument 0 (8 bytes), in the innermost tracked call of the function
+// on this thread, and arms it in a free KwCallSlot of the thread: the slot's perf breakpoint is
+// opened (first time) or retargeted and enabled (PERF_EVENT_IOC_MODIFY_ATTRIBUTES). The call's
+// end (its return, --until, or an entry or return that finds it left by longjmp) disables the
+// slots it armed. Each lookup writes a kKwRecordCallArm record and each end of a looked-up or
+// not looked-up call one kKwRecordCallEnd per KwCallWatch of the function, so kwatch sees
+// every (watch, call) end exactly once. The breakpoint's samples go to its own perf ring;
+// `head` (the ring's data_head, read while the breakpoint is disabled) tells kwatch which of
+// them belong to which call: those between the arm's head and the end's. The agent consumes
+// the ring itself (it is the only reader: data_tail is the agent's): at each end it copies the
+// call's samples into kKwRecordCallSamples records of its own ring, so that they survive the
+// process (kwatch reads the samples of calls still running at the session's end from the
+// target's memory, every thread stopped).
+
+struct alignas(64) KwCallWatch {
+  uint32_t function;  // the return probe's index (its instances are the calls)
+  uint32_t first;     // the function's first KwCallWatch (whose `calls` numbers the calls)
+  uint32_t bp_type;   // HW_BREAKPOINT_W or HW_BREAKPOINT_RW
+  uint32_t bp_len;    // 1, 2, 4 or 8 (the object's address must be aligned to it)
+  std::atomic<uint32_t> calls;  // the first entry only: calls numbered so far (the agent)
+  uint32_t reserved;
+  // Counters (the agent, relaxed).
+  std::atomic<uint64_t> missed;  // lookups in no tracked call (maxactive, no thread slot)
+  std::atomic<uint64_t> lost;    // records of lookups and ends that did not fit the ring
+};
+static_assert(sizeof(KwCallWatch) == 64);
+
+enum KwCallStatus : int32_t {
+  kKwCallArmed = 0,
+  kKwCallNull = 1,       // the address is 0 or a pointer on the way was (the fetch faulted)
+  kKwCallNoSlot = 2,     // the thread's four KwCallSlots are taken, or ENOSPC (a register)
+  kKwCallUnaligned = 3,  // the address is not aligned to bp_len
+  kKwCallError = 4,      // perf_event_open, mmap or ioctl failed: `error` is its errno
+};
+enum KwCallEnd : uint32_t {
+  kKwCallReturned = 0,   // its return
+  kKwCallUntil = 1,      // a kKwProbeCallEnd probe
+  kKwCallAbandoned = 2,  // left by longjmp (found at a later entry or return)
+  kKwCallNotLooked = 3,  // it ended before its lookup point
+};
+
+// The payload of kKwRecordCallArm and kKwRecordCallEnd.
+struct KwCallRecord {
+  uint32_t watch;       // KwCallWatch index
+  uint32_t call;        // the call's number
+  uint64_t addr;        // arm: the object's address (0: none)
+  int32_t status;       // arm: KwCallStatus; end: KwCallEnd
+  int32_t error;        // kKwCallError: the errno
+  int32_t new_fd;       // arm: the fd of a breakpoint opened now (kwatch takes a copy), else -1
+  uint32_t slot;        // the KwCallSlot (kKwCallSlots: none)
+  uint64_t head;        // the slot's ring data_head at the arm / at the end
+  uint64_t ring;        // arm with new_fd: the ring's mapping in the target
+  uint64_t stack_slot;  // the call's return slot
+};
+static_assert(sizeof(KwCallRecord) == 56);
+
+// ---------------------------------------------------------------------------------------
 // Registers as the agent sees them at a hit: the layout of user_regs_struct (sys/user.h), so
 // kwatch's register offsets (core::CompiledArg::reg_offset) index it directly. Trampolines
 // build it on the stack; the SIGTRAP handler copies it from the ucontext.
@@ -532,7 +612,29 @@ struct KwInstance {
   uint64_t function;        // the function's entry (probe addr)
   uint32_t probe_index;
   uint32_t flags;  // 1: counted in no KwProbe::active (a call tracked by an earlier session)
+  uint32_t call;   // a watched function's call number (KwCallWatch::calls), 0: none
+  // Per-call watches: bit i: the call looked up the object of its function's KwCallWatch
+  // first + i; kKwLookedEnded: its watches ended (--until) before it returned.
+  uint32_t looked;
 };
+inline constexpr uint32_t kKwLookedEnded = 1U << 31;
+
+// A debug register of a thread for per-call watches: a perf breakpoint the agent opened in the
+// thread (perf_event_open, pid 0) at its first watched call, with its ring mapped in the target
+// (kwatch maps the same ring through pidfd_getfd and drains it). Armed (retargeted with
+// PERF_EVENT_IOC_MODIFY_ATTRIBUTES) at each call's lookup, disabled at its end; the fd and the
+// ring stay for the thread's next calls.
+inline constexpr uint32_t kKwCallSlots = 4;
+struct KwCallSlot {
+  int32_t fd_plus1;  // the breakpoint's fd + 1 (0: not opened yet)
+  uint32_t watch;    // the KwCallWatch armed (index + 1, 0: free)
+  uint32_t call;     // its call
+  uint32_t reserved;
+  uint64_t stack_slot;  // the call's return slot (its KwInstance::stack_slot)
+  uint64_t ring;        // the ring's mapping in the target (0: none)
+  uint64_t addr;        // the object armed
+};
+static_assert(sizeof(KwCallSlot) == 40);
 
 struct alignas(64) KwThread {
   std::atomic<int32_t> tid;  // 0: free
@@ -542,6 +644,7 @@ struct alignas(64) KwThread {
   uint32_t instances;           // live return instances
   uint32_t reserved;
   std::array<KwInstance, kKwMaxInstances> instance;
+  std::array<KwCallSlot, kKwCallSlots> call_slot;  // per-call watches (the agent)
 };
 
 // A single-producer (the owning thread), single-consumer (kwatch) ring of records. `head`
@@ -561,9 +664,14 @@ struct alignas(64) KwRing {
 static_assert(sizeof(KwRing) == 192);
 
 enum KwRecordType : uint16_t {
-  kKwRecordPad = 0,     // skip `size` bytes
-  kKwRecordHit = 1,     // a probe hit (entry, or a probe anywhere)
-  kKwRecordReturn = 2,  // a return probe's hit at the return
+  kKwRecordPad = 0,      // skip `size` bytes
+  kKwRecordHit = 1,      // a probe hit (entry, or a probe anywhere)
+  kKwRecordReturn = 2,   // a return probe's hit at the return
+  kKwRecordCallArm = 3,  // a per-call watch's lookup (payload: KwCallRecord)
+  kKwRecordCallEnd = 4,  // a per-call watch's end (payload: KwCallRecord)
+  // A per-call watch's accesses: KwCallRecord (`head`: the bytes that follow), then that many
+  // bytes of whole perf records copied from the breakpoint's ring (samples, lost records).
+  kKwRecordCallSamples = 5,
 };
 
 // Every record starts 8-byte aligned with this header; `size` includes it and is a multiple

@@ -36,6 +36,8 @@ struct Session {
   KwProcess* processes = nullptr;
   uint8_t* aggs = nullptr;  // the aggregations' area (aggs_bytes)
   uint64_t aggs_bytes = 0;
+  KwCallWatch* call_watches = nullptr;  // per-call watches (call_watch_capacity)
+  uint32_t call_watch_capacity = 0;
   uint32_t probe_capacity = 0;
   uint32_t hash_capacity = 0;
   uint32_t hash_shift = 0;
@@ -164,6 +166,11 @@ extern "C" KW_EXPORT void kwatch_agent_jump_hit(uint32_t probe_index, KwRegs* re
 // Claims a KwThread and its ring for this thread in `s` (CAS on tid) unless it has one; a
 // thread that found none tries again kClaimBackoff hits later. False: no slot (counted).
 bool EnsureSlot(Session& s, ThreadState& t);
+// Room for a record of `need` bytes (header included) in the thread's ring: where to write it,
+// and in *at_head the ring position it starts at; null when the thread has no slot or the ring
+// is full (KwRing::lost counted). CommitRecord publishes it.
+KwRecord* ReserveRecord(Session& s, ThreadState& t, uint64_t need, uint64_t* at_head);
+void CommitRecord(ThreadState& t, uint64_t new_head);
 inline constexpr uint32_t kInstanceUncounted = 1;  // KwInstance::flags: in no KwProbe::active
 // Runs the probes chained from `index` at a hit with `regs` (regs.rip: the probed address);
 // `xmm`: the saved %xmm0-15 (16 bytes each) or null for the live registers. Records, return
@@ -172,6 +179,19 @@ void RunProbes(Session& s, uint32_t index, KwRegs& regs, const uint8_t* xmm);
 // The real return address of a call returning through kw_return_trampoline (regs->rsp: just
 // after the `ret`), with the return probes' records written.
 extern "C" uint64_t kw_return_hit(KwRegs* regs);  // NOLINT(readability-identifier-naming): safe.S
+
+// ---- calls.cc: per-call watches (abi.h "Per-call watches").
+// The call number of a tracked call of a watched function (`return_probe.call_watch`), 0: none.
+uint32_t NumberCall(Session& s, const KwProbe& return_probe);
+// A kKwProbeCallArm probe's hit: the innermost tracked call of its function looks its object up
+// and arms it.
+void CallArm(Session& s, ThreadState& t, KwProbe& probe, const KwRegs& regs, uint64_t tsc);
+// A kKwProbeCallEnd probe's hit (--until): the innermost tracked call's watches end.
+void CallUntil(Session& s, ThreadState& t, KwProbe& probe, uint64_t tsc);
+// Call `inst` ends (`how`: a KwCallEnd): its slots are disabled and its records written.
+void CallEnded(Session& s, ThreadState& t, KwInstance& inst, uint32_t how, uint64_t tsc);
+// The watchdog, kwatch gone: every breakpoint of this process's threads disabled.
+void DisableCallSlots(Session& s);
 
 // ---- fetch.cc: the fetch interpreter. Writes the payload of `probe` at `out` (at most
 // `limit` bytes, 8-aligned), returns the bytes written; ORs KwRecord flags into *flags and

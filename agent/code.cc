@@ -50,6 +50,7 @@ void WatchdogMain(void* arg) {
       state < kKwStateRestoring &&
       ctl.state.compare_exchange_strong(state, kKwStateRestoring, std::memory_order_acq_rel);
   const uint32_t n = RestoreJournal(s);
+  DisableCallSlots(s);  // per-call watches armed when kwatch died take no more samples
   if (n != 0) {
     ctl.restored_by_agent.fetch_add(n, std::memory_order_relaxed);
   }

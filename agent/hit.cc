@@ -53,11 +53,15 @@ bool EnsureSlot(Session& s, ThreadState& t) {
     th.pid = g_pid;
     th.depth.store(0, std::memory_order_relaxed);
     th.instances = 0;
+    for (KwCallSlot& cs : th.call_slot) {
+      cs = KwCallSlot{};  // a dead thread's breakpoints are kwatch's to close (it saw them)
+    }
     if (previous != nullptr) {
       // Calls tracked in the earlier session still return through the trampoline.
       for (uint32_t k = 0; k < previous->instances; ++k) {
         th.instance[k] = previous->instance[k];
         th.instance[k].flags = kInstanceUncounted;
+        th.instance[k].call = 0;  // the earlier session's per-call watches ended with it
       }
       th.instances = previous->instances;
     }
@@ -79,21 +83,12 @@ bool EnsureSlot(Session& s, ThreadState& t) {
   return false;
 }
 
-namespace {
-
-// Appends one record of `probe` to the thread's ring, or counts it lost.
-void Record(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, uint16_t type,
-            const KwRegs& regs, const uint8_t* xmm, uint64_t tsc, uint64_t ip,
-            uint64_t return_address) {
+KwRecord* ReserveRecord(Session& s, ThreadState& t, uint64_t need, uint64_t* at_head) {
   if (!EnsureSlot(s, t)) {
-    Bump(probe.hits);
-    Bump(probe.lost);
-    return;
+    return nullptr;
   }
   KwRing& ring = *t.ring;
   const uint64_t size = s.ring_bytes;
-  const uint64_t payload = (uint64_t{probe.record_bytes} + 7) & ~uint64_t{7};
-  const uint64_t need = sizeof(KwRecord) + payload;
   const uint64_t head = ring.head.load(std::memory_order_relaxed);
   const uint64_t tail = ring.tail.load(std::memory_order_acquire);
   const uint64_t offset = head & (size - 1);
@@ -101,9 +96,7 @@ void Record(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, uint16_t
   const uint64_t pad = to_end < need ? to_end : 0;
   if (need > size || head + pad + need - tail > size) {
     Bump(ring.lost);
-    Bump(probe.lost);
-    Bump(probe.hits);
-    return;
+    return nullptr;
   }
   uint8_t* data = t.ring_data;
   uint64_t at = offset;
@@ -112,7 +105,28 @@ void Record(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, uint16_t
     *reinterpret_cast<uint64_t*>(data + at) = uint64_t{kKwRecordPad} | (pad << 32);
     at = 0;
   }
-  auto* rec = reinterpret_cast<KwRecord*>(data + at);
+  *at_head = head + pad;
+  return reinterpret_cast<KwRecord*>(data + at);
+}
+
+void CommitRecord(ThreadState& t, uint64_t new_head) {
+  t.ring->head.store(new_head, std::memory_order_release);
+}
+
+namespace {
+
+// Appends one record of `probe` to the thread's ring, or counts it lost.
+void Record(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, uint16_t type,
+            const KwRegs& regs, const uint8_t* xmm, uint64_t tsc, uint64_t ip,
+            uint64_t return_address) {
+  const uint64_t payload = (uint64_t{probe.record_bytes} + 7) & ~uint64_t{7};
+  uint64_t head = 0;
+  KwRecord* rec = ReserveRecord(s, t, sizeof(KwRecord) + payload, &head);
+  if (rec == nullptr) {
+    Bump(probe.lost);  // no thread slot, or the ring is full (KwRing::lost counts that too)
+    Bump(probe.hits);
+    return;
+  }
   uint16_t flags = 0;
   const uint32_t used = RunFetch(s, probe, regs, xmm, reinterpret_cast<uint8_t*>(rec + 1),
                                  static_cast<uint32_t>(payload), &flags);
@@ -124,7 +138,7 @@ void Record(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, uint16_t
   rec->tsc = tsc;
   rec->ip = ip;
   rec->return_address = return_address;
-  ring.head.store(head + pad + sizeof(KwRecord) + used, std::memory_order_release);
+  CommitRecord(t, head + rec->size);
   Bump(probe.hits);
 }
 
@@ -155,7 +169,10 @@ inline void Aggregate(const Session& s, ThreadState& t, const KwProbe& probe, co
   RunAggregates(s, probe, regs, t.tid);
 }
 
-void Abandon(Session* s, const KwInstance& inst) {
+void Abandon(Session* s, ThreadState& t, KwInstance& inst) {
+  if (s != nullptr && inst.call != 0) {
+    CallEnded(*s, t, inst, kKwCallAbandoned, Rdtsc());
+  }
   if ((inst.flags & kInstanceUncounted) != 0 || s == nullptr ||
       inst.probe_index >= s->probe_capacity) {
     return;
@@ -184,7 +201,7 @@ void ArmReturn(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, const
   if (!arm.pruned) {
     // Calls left by longjmp: their frames are at or below this call's return slot.
     while (th.instances > 0 && th.instance[th.instances - 1].stack_slot <= slot) {
-      Abandon(&s, th.instance[th.instances - 1]);
+      Abandon(&s, t, th.instance[th.instances - 1]);
       --th.instances;
     }
     arm.pruned = true;
@@ -207,6 +224,8 @@ void ArmReturn(Session& s, ThreadState& t, KwProbe& probe, uint32_t index, const
   inst.function = probe.addr;
   inst.probe_index = index;
   inst.flags = 0;
+  inst.call = NumberCall(s, probe);
+  inst.looked = 0;
   CompilerBarrier();
   ++th.instances;
   CompilerBarrier();
@@ -254,6 +273,10 @@ void RunProbes(Session& s, uint32_t index, KwRegs& regs, const uint8_t* xmm) {
         Bump(p.missed);
       } else if ((flags & kKwProbeReturn) != 0) {
         ArmReturn(s, t, p, i, regs, arm);
+      } else if ((flags & kKwProbeCallArm) != 0) {
+        CallArm(s, t, p, regs, tsc);
+      } else if ((flags & kKwProbeCallEnd) != 0) {
+        CallUntil(s, t, p, tsc);
       } else if (Filter(s, t, p, regs)) {
         Aggregate(s, t, p, regs);
         Record(s, t, p, i, kKwRecordHit, regs, xmm, tsc, p.addr, 0);
@@ -279,7 +302,7 @@ bool PopReturn(Session* s, ThreadState& t, KwInstance* stack, uint32_t* count, u
                KwRegs& regs, bool record) {
   uint32_t n = *count;
   while (n > 0 && stack[n - 1].stack_slot < slot) {
-    Abandon(s, stack[n - 1]);
+    Abandon(s, t, stack[n - 1]);
     --n;
   }
   if (n == 0 || stack[n - 1].stack_slot != slot) {
@@ -293,6 +316,9 @@ bool PopReturn(Session* s, ThreadState& t, KwInstance* stack, uint32_t* count, u
   const uint64_t real = stack[n - 1].return_address;
   regs.rip = real;
   const uint64_t tsc = Rdtsc();
+  for (uint32_t j = n; s != nullptr && j-- > k;) {
+    CallEnded(*s, t, stack[j], kKwCallReturned, tsc);  // per-call watches end, innermost first
+  }
   for (uint32_t j = k; j < n; ++j) {
     const KwInstance inst = stack[j];
     if ((inst.flags & kInstanceUncounted) != 0 || s == nullptr ||

@@ -74,6 +74,11 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   if (!Fits(size, c.processes_offset, c.process_capacity, sizeof(KwProcess))) {
     return false;
   }
+  if (c.call_watch_capacity > 0 &&
+      (!Fits(size, c.call_watches_offset, c.call_watch_capacity, sizeof(KwCallWatch)) ||
+       c.call_ring_pages == 0 || (c.call_ring_pages & (c.call_ring_pages - 1)) != 0)) {
+    return false;
+  }
   if (c.aggs_bytes > 0 && !Fits(size, c.aggs_offset, c.aggs_bytes, 1)) {
     return false;
   }
@@ -90,6 +95,10 @@ bool Validate(const KwControl& c, uint64_t size, Session& s) {
   s.processes = reinterpret_cast<KwProcess*>(base + c.processes_offset);
   s.aggs = c.aggs_bytes > 0 ? base + c.aggs_offset : nullptr;
   s.aggs_bytes = c.aggs_bytes;
+  s.call_watches = c.call_watch_capacity > 0
+                       ? reinterpret_cast<KwCallWatch*>(base + c.call_watches_offset)
+                       : nullptr;
+  s.call_watch_capacity = c.call_watch_capacity;
   s.probe_capacity = c.probe_capacity;
   s.hash_capacity = c.hash_capacity;
   s.hash_shift = 64 - static_cast<uint32_t>(__builtin_ctzll(c.hash_capacity));

@@ -43,6 +43,7 @@
 #include "watch/condition.h"
 #include "watch/perf_breakpoint.h"
 #include "watch/perf_util.h"
+#include "watch/probe/agent_calls.h"
 #include "watch/process_setup.h"
 #include "watch/profile/storage_profile.h"
 #include "watch/recording.h"
@@ -132,10 +133,7 @@ void PrintArmed(const watch::TargetSet& set, const watch::WatchSession& session)
     }
   }
   if (session.calls() != nullptr) {
-    std::fprintf(stderr,
-                 "kwatch: note: watches per call run through ptrace: each call stops its thread "
-                 "at its entry and its return (tens of us a call); the in-process agent does "
-                 "not take them yet\n");
+    std::fprintf(stderr, "kwatch: note: %s\n", session.calls()->path_note().c_str());
   }
   std::fflush(stderr);
 }
@@ -267,6 +265,17 @@ absl::StatusOr<int> RunWatch(const Options& opts) {
   so.stack_frames = opts.stack ? opts.stack_depth : 0;
   po.condition = opts.condition;
   po.arm_at = opts.arm_at;
+  if (!po.calls.empty() && opts.calls_by != "ptrace") {
+    if (opts.stack) {
+      po.calls_why_not_agent = "--stack unwinds each access's stack through ptrace";
+    } else {
+      po.call_agent = [](core::ptrace::Process& proc, watch::CallWatches& calls,
+                         const watch::CallAgentPlan& plan) {
+        return watch::probe::StartAgentCalls(proc, calls, plan);
+      };
+    }
+    po.calls_need_agent = opts.calls_by == "agent";
+  }
   po.on_planted = [&opts](const std::string& point) {
     std::fprintf(stderr,
                  "kwatch: --arm-at %s: waiting for a thread to run %s; the watches are armed "
@@ -490,6 +499,15 @@ int Main(int argc, char** argv) {
                  "With --in: end each call's watches when the call reaches SPEC (a point inside "
                  "FUNC) instead of when it returns")
       ->type_name("SPEC");
+  app.add_option("--calls-by", opts.calls_by,
+                 "With --in: who arms each call's watches. agent: kwatch's in-process agent, "
+                 "in the target (jumps to trampolines at the function's entry and lookup point, "
+                 "one ioctl to arm and one to disarm: a few us a call, no stop); ptrace: kwatch, "
+                 "stopping the thread at each entry and return (tens of us a call); auto: the "
+                 "agent where it can (perf stream mode, no --stack, every point jump-optimizable), "
+                 "else ptrace, saying why")
+      ->check(CLI::IsMember({"auto", "agent", "ptrace"}))
+      ->type_name("WHO");
   app.add_flag("--follow", opts.follow,
                "Follow the expressions' pointers, as gdb's plain `watch`: kwatch watches every "
                "pointer an expression goes through (g_p in g_p->v; a and a->b in a->b->c) for "

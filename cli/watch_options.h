@@ -41,18 +41,19 @@ struct WatchOptions {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string output;        // -o: recording file
   std::string command_line;  // as typed, for the recording
   // Kernel watches (no -p and no command):
-  std::string system_map;        // --system-map
-  std::string vmlinux;           // --vmlinux
-  std::string kernel_type;       // --type: the C type of the watched kernel symbol
-  std::string via;               // --via FUNC[+OFF]: a kernel variable's accessor function
-  bool values_at_drain = false;  // --values-at-drain: no BPF program on kernel breakpoints
-  std::string kcore;             // --kcore: kernel memory for drain-time values ("": /proc/kcore)
-  bool kernel_accesses = false;  // --kernel-accesses: the kernel's accesses to a process
-  std::string arm_at;            // --arm-at SPEC: arm when a thread first runs this point
-  std::string in;                // --in FUNC: the expressions are watched per call of FUNC
-  std::string at;                // --at SPEC: where in FUNC each call's objects are looked up
-  std::string until;             // --until SPEC: where in FUNC each call's watches end
-  bool follow = false;           // --follow: expressions follow their pointers (gdb's watch)
+  std::string system_map;         // --system-map
+  std::string vmlinux;            // --vmlinux
+  std::string kernel_type;        // --type: the C type of the watched kernel symbol
+  std::string via;                // --via FUNC[+OFF]: a kernel variable's accessor function
+  bool values_at_drain = false;   // --values-at-drain: no BPF program on kernel breakpoints
+  std::string kcore;              // --kcore: kernel memory for drain-time values ("": /proc/kcore)
+  bool kernel_accesses = false;   // --kernel-accesses: the kernel's accesses to a process
+  std::string arm_at;             // --arm-at SPEC: arm when a thread first runs this point
+  std::string in;                 // --in FUNC: the expressions are watched per call of FUNC
+  std::string at;                 // --at SPEC: where in FUNC each call's objects are looked up
+  std::string until;              // --until SPEC: where in FUNC each call's watches end
+  std::string calls_by = "auto";  // --calls-by: auto, agent or ptrace (who arms each call)
+  bool follow = false;            // --follow: expressions follow their pointers (gdb's watch)
 };
 
 }  // namespace kwatch::cli

@@ -60,10 +60,6 @@ absl::StatusOr<core::probe::ResolvedPoint> PointInside(const core::probe::ProbeT
   return *inside;
 }
 
-// Why a call's object was not armed, as the summary counts it (no addresses or numbers that
-// differ from call to call).
-constexpr const char* kNoRegister = "no debug register of the calling thread was free";
-
 // How a call that never returned through kwatch ended (longjmp, an exception).
 constexpr const char* kAbandoned = "abandoned (it never returned: longjmp?)";
 
@@ -213,7 +209,46 @@ CallWatches::~CallWatches() {
   (void)Remove();
 }
 
-absl::Status CallWatches::Start() {
+absl::Status CallWatches::Start(const CallAgentFactory& agent, const std::string& why_not_agent) {
+  constexpr const char* kPtracePath =
+      "watches per call run through ptrace: each call stops its thread at its entry and its "
+      "return (tens of us a call)";
+  std::string refused = why_not_agent;
+  if (agent != nullptr && session_.backend() != BackendKind::kPerf) {
+    refused = "exact values (stop mode) need the thread stopped at each access";
+  } else if (agent != nullptr) {
+    CallAgentPlan plan;
+    plan.load_bias = bias_;
+    for (const Function& f : functions_) {
+      CallAgentPlan::Function pf;
+      pf.name = f.name;
+      pf.entry = f.entry;
+      pf.at = f.at;
+      pf.until = f.until;
+      for (const Object& o : f.objects) {
+        const Watch& w = session_.watches()[o.watch_id];
+        const uint64_t len = w.target.length;
+        if (len != 1 && len != 2 && len != 4 && len != 8) {
+          refused = absl::StrCat("'", w.target.display, "' takes ", len,
+                                 " bytes: the agent arms one breakpoint of 1, 2, 4 or 8 bytes");
+        }
+        pf.objects.push_back(CallAgentPlan::Object{o.watch_id, o.compiled.place,
+                                                   static_cast<uint32_t>(len), w.request.kind});
+      }
+      plan.functions.push_back(std::move(pf));
+    }
+    if (refused.empty()) {
+      absl::StatusOr<std::unique_ptr<CallAgent>> a = agent(proc_, *this, plan);
+      if (a.ok()) {
+        agent_ = *std::move(a);
+        path_note_ = agent_->Description();
+        return absl::OkStatus();
+      }
+      refused = std::string{a.status().message()};
+    }
+  }
+  path_note_ = refused.empty() ? std::string(kPtracePath)
+                               : absl::StrCat(kPtracePath, "; not in the target: ", refused);
   KW_ASSIGN_OR_RETURN(guardian_, core::ptrace::Guardian::Start(proc_.pid()));
   engine_ = std::make_unique<core::probe::Int3Engine>(proc_);
   engine_->SetGuardian(guardian_.get());
@@ -317,7 +352,7 @@ void CallWatches::OnPoint(Function& f, const core::probe::ProbeContext& ctx) {
       r.state = CallRecord::State::kNotArmed;
       r.why = why.ok() ? *why : std::string{why.status().message()};
       ++stats.not_armed;
-      ++stats.why_not[why.ok() ? std::string{kNoRegister} : r.why];
+      ++stats.why_not[why.ok() ? std::string{kCallNoRegister} : r.why];
       continue;
     }
     r.state = CallRecord::State::kArmed;
@@ -387,6 +422,88 @@ void CallWatches::End(CallRecord& r, uint64_t now_ns, const std::string& how, bo
   ended_.emplace_back(r.watch_id, r.call);
 }
 
+CallRecord& CallWatches::AgentRecord(uint32_t watch_id, uint32_t call, pid_t tid, uint64_t time_ns,
+                                     uint64_t entry_sp) {
+  auto [it, fresh] = calls_.try_emplace({watch_id, call});
+  if (fresh) {
+    CallRecord& r = it->second;
+    r.watch_id = watch_id;
+    r.call = call;
+    r.tid = tid;
+    r.entry_sp = entry_sp;
+    r.start_ns = time_ns;
+    ++stats_[watch_id].calls;
+  }
+  return it->second;
+}
+
+void CallWatches::AgentLookup(uint32_t watch_id, uint32_t call, pid_t tid, uint64_t time_ns,
+                              uint64_t entry_sp, core::RemoteAddr addr, const std::string& why) {
+  CallRecord& r = AgentRecord(watch_id, call, tid, time_ns, entry_sp);
+  if (r.state != CallRecord::State::kEntered) {
+    return;
+  }
+  CallStats& stats = stats_[watch_id];
+  r.base = addr;
+  if (!why.empty()) {
+    r.state = CallRecord::State::kNotArmed;
+    r.why = why;
+    ++stats.not_armed;
+    ++stats.why_not[why];
+    return;
+  }
+  r.state = CallRecord::State::kArmed;
+  r.armed = true;
+  ++stats.armed;
+}
+
+void CallWatches::AgentEnd(uint32_t watch_id, uint32_t call, pid_t tid, uint64_t time_ns,
+                           uint64_t entry_sp, EndHow how) {
+  CallRecord& r = AgentRecord(watch_id, call, tid, time_ns, entry_sp);
+  switch (how) {
+    case EndHow::kReturned:
+    case EndHow::kNotLooked:  // End says why: it ended before the point
+      End(r, time_ns, std::string());
+      break;
+    case EndHow::kAbandoned:
+      End(r, time_ns, kAbandoned);
+      break;
+    case EndHow::kUntil:
+      for (const Function& f : functions_) {
+        for (const Object& o : f.objects) {
+          if (o.watch_id == watch_id) {
+            End(r, time_ns, f.until_text, /*normal=*/true);
+            return;
+          }
+        }
+      }
+      End(r, time_ns, std::string());
+      break;
+  }
+}
+
+void CallWatches::Collect(std::vector<core::AccessEvent>& out) {
+  if (agent_ == nullptr) {
+    return;
+  }
+  agent_->Collect(out);
+  // Threads that exited before this drain: their calls that the agent did not end were left.
+  if (!exited_.empty()) {
+    const uint64_t now = core::MonotonicNs();
+    for (auto& [key, r] : calls_) {
+      if (r.state != CallRecord::State::kEnded &&
+          std::find(exited_.begin(), exited_.end(), r.tid) != exited_.end()) {
+        End(r, now, "its thread exited in the call");
+      }
+    }
+    exited_.clear();
+  }
+}
+
+std::vector<int> CallWatches::Fds() const {
+  return agent_ != nullptr ? agent_->Fds() : std::vector<int>{};
+}
+
 core::AccessEvent CallWatches::Rebase(const core::AccessEvent& ev) {
   core::AccessEvent out = ev;
   auto it = calls_.find({ev.watch_id, ev.call});
@@ -437,6 +554,10 @@ void CallWatches::Retire(const CallRecord& r) {
 
 void CallWatches::OnThreadExit(pid_t tid) {
   const uint64_t now = core::MonotonicNs();
+  if (agent_ != nullptr) {
+    exited_.push_back(tid);  // ended after the agent's records before its exit are read
+    return;
+  }
   for (Function& f : functions_) {
     auto it = f.stacks.find(tid);
     if (it == f.stacks.end()) {
@@ -457,7 +578,7 @@ absl::Status CallWatches::Remove() {
     return absl::OkStatus();
   }
   removed_ = true;
-  if (engine_ == nullptr && calls_.empty()) {
+  if (engine_ == nullptr && agent_ == nullptr && calls_.empty()) {
     return absl::OkStatus();  // never started: nothing planted, and the target stays as it is
   }
   // Every thread stopped: a call's registers are its thread's, written while it is stopped.
@@ -471,6 +592,23 @@ absl::Status CallWatches::Remove() {
     }
   };
   const uint64_t now = core::MonotonicNs();
+  absl::Status s;
+  if (agent_ != nullptr) {
+    if (proc_.alive()) {
+      s = agent_->End();  // the code back, the breakpoints disabled: the last samples wait
+    }
+    for (auto& [key, r] : calls_) {
+      if (r.state != CallRecord::State::kEnded) {
+        End(r, now, "still running when the session ended");
+      }
+    }
+    for (Function& f : functions_) {
+      for (const Object& o : f.objects) {
+        stats_[o.watch_id].missed = agent_->Missed(o.watch_id);
+      }
+    }
+    return s;
+  }
   for (Function& f : functions_) {
     for (auto& [tid, stack] : f.stacks) {
       for (size_t i = stack.size(); i-- > 0;) {  // innermost first
@@ -489,7 +627,6 @@ absl::Status CallWatches::Remove() {
       }
     }
   }
-  absl::Status s;
   if (engine_ != nullptr && proc_.alive()) {
     s = engine_->RestoreAll();
   }
@@ -513,6 +650,9 @@ void CallWatches::Forget() {
   if (engine_ != nullptr) {
     engine_->OnExec();
   }
+  if (agent_ != nullptr) {
+    agent_->Forget();
+  }
   removed_ = true;
 }
 
@@ -520,6 +660,9 @@ std::vector<CallStats> CallWatches::stats() const {
   std::vector<CallStats> out;
   for (const auto& [id, s] : stats_) {
     CallStats c = s;
+    if (agent_ != nullptr && !removed_) {
+      c.missed = agent_->Missed(id);
+    }
     for (const Function& f : functions_) {
       if (f.name != s.function || engine_ == nullptr) {
         continue;

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,6 +74,60 @@ struct CallStats {
   uint64_t events_total = 0;
 };
 
+class CallWatches;
+
+// Why a call's object was not armed when its thread had no register for it (the summary counts
+// calls by reason).
+inline constexpr const char* kCallNoRegister = "no debug register of the calling thread was free";
+
+// What the in-process path of per-call watches is asked to plant: per function, its entry, the
+// lookup point, --until, and each object's address program (the agent's fetch ops).
+struct CallAgentPlan {
+  struct Object {
+    uint32_t watch_id = 0;
+    core::probe::CompiledArg place;  // CompiledObject::place
+    uint32_t length = 0;             // bytes (1, 2, 4 or 8: one breakpoint)
+    drmgr::DrKind kind = drmgr::DrKind::kWrite;
+  };
+  struct Function {
+    std::string name;
+    core::RemoteAddr entry;
+    core::RemoteAddr at;
+    core::RemoteAddr until;  // 0: none
+    std::vector<Object> objects;
+  };
+  std::vector<Function> functions;
+  uint64_t load_bias = 0;
+};
+
+// The in-process path of per-call watches (watch/agent/agent_calls.h implements it): kwatch's
+// agent, loaded into the target, numbers each call at its entry, looks its objects up and arms
+// them in a perf breakpoint of the calling thread, and disarms them at the call's end, with no
+// stop and no trip to kwatch. kwatch reads what it did (CallWatches::AgentLookup, AgentEnd)
+// and the breakpoints' samples (Collect).
+class CallAgent {
+ public:
+  virtual ~CallAgent() = default;
+  // The accesses since the last call, each with its watch and call; the lookups and ends read
+  // on the way go to the CallWatches first.
+  virtual void Collect(std::vector<core::AccessEvent>& out) = 0;
+  virtual std::vector<int> Fds() const = 0;
+  // Every thread stopped: the code back, every breakpoint disabled and closed in the target.
+  virtual absl::Status End() = 0;
+  // The target exec'd: nothing of the agent is left.
+  virtual void Forget() = 0;
+  // Lookups in no tracked call, per watch (more calls in flight than tracked).
+  virtual uint64_t Missed(uint32_t watch_id) const = 0;
+  // For the session's start: how the calls are armed.
+  virtual std::string Description() const = 0;
+};
+
+// Plants `plan` in `proc` (every thread stopped) through the agent, reporting to `calls`.
+// Unavailable or FailedPrecondition (with why) when the agent cannot take it: the caller uses
+// ptrace.
+using CallAgentFactory = std::function<absl::StatusOr<std::unique_ptr<CallAgent>>(
+    core::ptrace::Process& proc, CallWatches& calls, const CallAgentPlan& plan)>;
+
 // gdb's scope syntax: each of `requests` written `FUNC::EXPR` whose FUNC is a function of the
 // executable of `pid` (not a C++ namespace or class) moves to `calls` as EXPR watched per call of
 // FUNC. The others stay.
@@ -112,7 +167,32 @@ class CallWatches {
       const std::vector<CallWatchRequest>& reqs);
   ~CallWatches();
   // Plants the probes (the world stopped): after the session armed. On error nothing is left.
-  absl::Status Start();
+  // With `agent`, through the in-process agent when it can take them (else ptrace; path_note()
+  // says which and why).
+  // `why_not_agent`: why there is no `agent` (for path_note()).
+  absl::Status Start(const CallAgentFactory& agent = nullptr,
+                     const std::string& why_not_agent = std::string());
+  // How the calls are armed, for the session's start ("through ptrace: ..." or in the target).
+  const std::string& path_note() const { return path_note_; }
+  bool in_process() const { return agent_ != nullptr; }
+
+  // ---- The agent's reports (CallAgent implementations call these from Collect). ----
+  // Call `call` of watch `watch_id` looked its object up at `addr` in thread `tid`; armed, or
+  // not (`why`).
+  void AgentLookup(uint32_t watch_id, uint32_t call, pid_t tid, uint64_t time_ns, uint64_t entry_sp,
+                   core::RemoteAddr addr, const std::string& why);
+  // Call `call` of watch `watch_id` ended, as `how` says.
+  enum class EndHow : uint8_t {
+    kReturned,   // its return
+    kUntil,      // --until
+    kAbandoned,  // left by longjmp
+    kNotLooked,  // it returned before its lookup point
+  };
+  void AgentEnd(uint32_t watch_id, uint32_t call, pid_t tid, uint64_t time_ns, uint64_t entry_sp,
+                EndHow how);
+  // Events of the agent's breakpoints (none on the ptrace path).
+  void Collect(std::vector<core::AccessEvent>& out);
+  std::vector<int> Fds() const;
   CallWatches(const CallWatches&) = delete;
   CallWatches& operator=(const CallWatches&) = delete;
 
@@ -133,6 +213,7 @@ class CallWatches {
   void Forget();
 
   std::vector<CallStats> stats() const;
+  WatchSession& session() { return session_; }
   // "compute" for watch `watch_id` ("" when it is not per call).
   std::string FunctionOf(uint32_t watch_id) const;
 
@@ -168,11 +249,17 @@ class CallWatches {
   // Ends call `call` of `f` for each of its objects.
   void EndAll(Function& f, uint32_t call, uint64_t now_ns, const std::string& how);
   void Retire(const CallRecord& r);
+  // The record of (watch_id, call), made on the agent's first report of it.
+  CallRecord& AgentRecord(uint32_t watch_id, uint32_t call, pid_t tid, uint64_t time_ns,
+                          uint64_t entry_sp);
 
   core::ptrace::Process& proc_;
   WatchSession& session_;
   std::unique_ptr<core::ptrace::Guardian> guardian_;
   std::unique_ptr<core::probe::Int3Engine> engine_;
+  std::unique_ptr<CallAgent> agent_;
+  std::vector<pid_t> exited_;  // agent: threads gone since the last Collect
+  std::string path_note_;
   uint64_t bias_ = 0;
   std::vector<Function> functions_;
   // Live and ended-but-not-retired calls, by (watch id, call).

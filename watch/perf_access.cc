@@ -52,4 +52,43 @@ SampledAccess TrapDecoder::Resolve(const PerfSample& sample) {
   return out;
 }
 
+TouchedBytes Touched(const SampledAccess& a, uint64_t lo, uint64_t hi) {
+  TouchedBytes t;
+  t.lo = lo;
+  t.hi = hi;
+  const core::x86::RegisterAccess& r = a.access;
+  // The hardware says the access touched the range: bytes that miss it mean the decoding was
+  // wrong for this trap, and only the range is known.
+  if (r.addr_known && r.size > 0 && r.addr < hi && r.addr + r.size > lo) {
+    t.op_known = true;
+    t.op_addr = r.addr;
+    t.lo = std::max(lo, r.addr);
+    t.hi = std::min(hi, r.addr + r.size);
+    if (r.value_known) {
+      t.value = r.value;
+    }
+  } else if (!r.addr_known && r.value_known && r.size == hi - lo) {
+    // The address is lost (`mov 0x10(%rax),%rax` overwrote its base) but the value is in the
+    // register, and an access as wide as the range the hardware says it touched is that range
+    // (a breakpoint's range is aligned to its size, as compilers align scalars).
+    t.op_known = true;
+    t.op_addr = lo;
+    t.value = r.value;
+  }
+  return t;
+}
+
+void SetWatchedPart(core::AccessEvent& e, const TouchedBytes& t, uint64_t from, uint64_t to) {
+  e.addr = core::RemoteAddr{from};
+  e.len = static_cast<uint32_t>(to - from);
+  e.access_addr = e.addr;
+  e.access_size = t.op_known ? e.len : 0;
+  if (t.value.has_value()) {
+    // The watched part of the access: bytes [from, to) of [op_addr, op_addr + size).
+    const uint64_t v = *t.value >> (8 * (from - t.op_addr));
+    e.value = e.len >= 8 ? v : v & ((uint64_t{1} << (8 * e.len)) - 1);
+    e.value_exact = true;
+  }
+}
+
 }  // namespace kwatch::watch

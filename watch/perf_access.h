@@ -1,9 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "core/base/remote_addr.h"
+#include "core/event.h"
 #include "core/symbols/symbolizer.h"
 #include "core/x86/access_regs.h"
 #include "watch/perf_ring.h"
@@ -19,6 +21,20 @@ struct SampledAccess {
   // registers tell (core/access_regs.h).
   core::x86::RegisterAccess access;
 };
+
+// The bytes of a watched range [lo, hi) that a sampled access touched, and their value, as far
+// as the decoded instruction and the sampled registers tell (else the whole range, no value).
+struct TouchedBytes {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  bool op_known = false;          // the access's own address and size are known
+  uint64_t op_addr = 0;           // ... its address
+  std::optional<uint64_t> value;  // of the bytes the access touched, from op_addr
+};
+TouchedBytes Touched(const SampledAccess& a, uint64_t lo, uint64_t hi);
+
+// Sets the address, length and value of `e` to the watched part [from, to) of access `t`.
+void SetWatchedPart(core::AccessEvent& e, const TouchedBytes& t, uint64_t from, uint64_t to);
 
 // How samples resolved, for people and benchmarks.
 struct TrapDecodeStats {

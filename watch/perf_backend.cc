@@ -232,11 +232,9 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
       ev.trap_ip = core::RemoteAddr{s.ip};
       // The bytes the access touched, when the instruction and the registers after it say
       // so; else the whole chunk.
-      uint64_t lo = slot.chunk.addr.value;
-      uint64_t hi = slot.chunk.end().value;
-      bool op_known = false;
-      std::optional<uint64_t> value;  // of the bytes the access touched, from op_addr
-      uint64_t op_addr = 0;
+      TouchedBytes touched;
+      touched.lo = slot.chunk.addr.value;
+      touched.hi = slot.chunk.end().value;
       if (slot.kind == drmgr::DrKind::kExec) {
         ev.ip = ev.trap_ip;
         ev.kind = core::AccessKind::kExec;
@@ -248,26 +246,10 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
         } else {
           ev.kind = a.writes ? core::AccessKind::kWrite : core::AccessKind::kRead;
         }
-        const core::x86::RegisterAccess& r = a.access;
-        // The hardware says the access touched the chunk: bytes that miss it mean the
-        // decoding was wrong for this trap, and only the chunk is known.
-        if (r.addr_known && r.size > 0 && r.addr < hi && r.addr + r.size > lo) {
-          op_known = true;
-          op_addr = r.addr;
-          lo = std::max(lo, r.addr);
-          hi = std::min(hi, r.addr + r.size);
-          if (r.value_known) {
-            value = r.value;
-          }
-        } else if (!r.addr_known && r.value_known && r.size == hi - lo) {
-          // The address is lost (`mov 0x10(%rax),%rax` overwrote its base) but the value is
-          // in the register, and an access as wide as the chunk the hardware says it touched
-          // is that chunk (a chunk is aligned to its size, as compilers align scalars).
-          op_known = true;
-          op_addr = lo;
-          value = r.value;
-        }
+        touched = Touched(a, touched.lo, touched.hi);
       }
+      const uint64_t lo = touched.lo;
+      const uint64_t hi = touched.hi;
       bool seen = false;
       for (const drmgr::SlotHolder& h : slot.holders) {
         const std::optional<uint32_t> owner = OwnerOf(h.id);
@@ -290,16 +272,7 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
           e.addr = w.target.addr;
           e.len = 1;
         } else {
-          e.addr = core::RemoteAddr{from};
-          e.len = static_cast<uint32_t>(to - from);
-          e.access_addr = e.addr;
-          e.access_size = op_known ? e.len : 0;
-          if (value.has_value()) {
-            // The watched part of the access: bytes [from, to) of [op_addr, op_addr + size).
-            const uint64_t v = *value >> (8 * (from - op_addr));
-            e.value = e.len >= 8 ? v : v & ((uint64_t{1} << (8 * e.len)) - 1);
-            e.value_exact = true;
-          }
+          SetWatchedPart(e, touched, from, to);
         }
         out.push_back(e);
         seen = true;

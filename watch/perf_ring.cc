@@ -178,14 +178,40 @@ size_t PerfRing::PendingOne() const {
 }
 
 size_t PerfRing::Drain(absl::FunctionRef<void(const PerfSample&)> on_sample) {
-  size_t samples = DrainOne(on_sample);
+  const auto each = [&on_sample](const PerfSample& s, uint64_t /*position*/) { on_sample(s); };
+  size_t samples = DrainOne(each);
   for (PerfRing& r : joined_) {
-    samples += r.DrainOne(on_sample);
+    samples += r.DrainOne(each);
   }
   return samples;
 }
 
-size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) {
+bool ParseSample(std::span<const uint8_t> record, const PerfSampleFormat& format,
+                 PerfSample& sample) {
+  if (record.size() < kPerfSampleRecordSize) {
+    return false;
+  }
+  const auto hdr = Load<perf_event_header>(record.data());
+  if (hdr.type != PERF_RECORD_SAMPLE || hdr.size > record.size() ||
+      hdr.size < kPerfSampleRecordSize) {
+    return false;
+  }
+  sample = LoadSample(record.data());
+  if (format.callchain || format.regs_user != 0) {
+    LoadSampleTail(record.data(), hdr.size, format, sample);
+  }
+  return true;
+}
+
+uint64_t PerfRing::Consumed() const {
+  return __atomic_load_n(&Meta(base_)->data_tail, __ATOMIC_ACQUIRE);
+}
+
+size_t PerfRing::DrainAt(absl::FunctionRef<void(const PerfSample&, uint64_t position)> on_sample) {
+  return DrainOne(on_sample);
+}
+
+size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&, uint64_t position)> on_sample) {
   perf_event_mmap_page* meta = Meta(base_);
   // Acquire pairs with the kernel's release of data_head: records below head are complete.
   const uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
@@ -233,7 +259,7 @@ size_t PerfRing::DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample) 
         if (with_tail) {
           LoadSampleTail(rec, hdr.size, format_, s);
         }
-        on_sample(s);
+        on_sample(s, tail);
         ++samples;
       }
     } else if (hdr.type == PERF_RECORD_LOST) {

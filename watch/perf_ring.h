@@ -37,6 +37,11 @@ struct PerfSampleFormat {
   uint64_t regs_user = 0;  // PERF_SAMPLE_REGS_USER with this sample_regs_user mask (0: none)
 };
 
+// Parses one PERF_RECORD_SAMPLE (header included, the whole record) of a ring of `format`;
+// false for another record type or a record too short. sample.user_regs points into `record`.
+bool ParseSample(std::span<const uint8_t> record, const PerfSampleFormat& format,
+                 PerfSample& sample);
+
 // Size in bytes of a sample record with user registers of `regs_mask` (abi word included) and
 // no callchain: 48 + 8 + 8 per register.
 size_t PerfSampleRecordSize(uint64_t regs_mask);
@@ -83,6 +88,10 @@ class PerfRing {
   // (samples are not merged by time across rings).
   size_t Drain(absl::FunctionRef<void(const PerfSample&)> on_sample);
 
+  // Drain for this ring alone (not the joined ones), with each sample's position: the bytes
+  // written to the ring before its record (data_head's count when it began).
+  size_t DrainAt(absl::FunctionRef<void(const PerfSample&, uint64_t position)> on_sample);
+
   // Consumes every complete record of any type and layout: calls `on_record` with the whole
   // record, header included (records that wrap around the end of the buffer are reassembled
   // into a scratch copy valid during the call). PERF_RECORD_LOST counts are added to lost()
@@ -92,6 +101,9 @@ class PerfRing {
   // Samples the kernel reported lost (PERF_RECORD_LOST) so far, joined rings included.
   uint64_t lost() const;
 
+  // Bytes this ring consumed so far (its data_tail): every record that began below it was read.
+  uint64_t Consumed() const;
+
   // Bytes waiting to be drained, joined rings included.
   size_t Pending() const;
 
@@ -100,7 +112,7 @@ class PerfRing {
   void Join(PerfRing other);
 
  private:
-  size_t DrainOne(absl::FunctionRef<void(const PerfSample&)> on_sample);
+  size_t DrainOne(absl::FunctionRef<void(const PerfSample&, uint64_t position)> on_sample);
   size_t PendingOne() const;
   size_t DrainRecordsOne(absl::FunctionRef<void(std::span<const uint8_t>)> on_record);
 

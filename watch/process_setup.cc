@@ -148,7 +148,11 @@ absl::StatusOr<ProcessSetup> SetUpProcessWatch(ProcessSetupOptions opts) {
   s.armed_ns = core::MonotonicNs();
   KW_RETURN_IF_ERROR(s.session->Arm());
   if (s.session->calls() != nullptr) {
-    KW_RETURN_IF_ERROR(s.session->calls()->Start());
+    KW_RETURN_IF_ERROR(s.session->calls()->Start(opts.call_agent, opts.calls_why_not_agent));
+    if (opts.calls_need_agent && !s.session->calls()->in_process()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--calls-by agent: ", s.session->calls()->path_note()));
+    }
   }
   if (s.deferred.has_value()) {
     s.deferred->armed_ns = core::MonotonicNs();

@@ -28,8 +28,12 @@ struct ProcessSetupOptions {
   bool follow_forks = false;  // -f: the target and its children share one tracer
   std::vector<WatchRequest> requests;
   std::vector<CallWatchRequest> calls;  // --in FUNC: watches armed per call (watch/call_watches.h)
-  SessionOptions session;               // exact_values follows from `condition`
-  std::string condition;                // --if EXPR ("": none)
+  // How the calls are armed in the target (the in-process agent), when it can; null: ptrace.
+  CallAgentFactory call_agent;
+  std::string calls_why_not_agent;  // why call_agent is null, for the start's note ("": asked)
+  bool calls_need_agent = false;    // --calls-by agent: an error when the agent cannot
+  SessionOptions session;           // exact_values follows from `condition`
+  std::string condition;            // --if EXPR ("": none)
   // The target stays stopped once armed (Process::HoldStopped, every thread stopped): the
   // caller resumes it with Process::ReleaseHold (`kwatch gdbserver`: when gdb says so).
   bool hold_stopped = false;

@@ -807,6 +807,9 @@ size_t WatchSession::Drain(absl::FunctionRef<void(const core::AccessEvent&)> sin
   if (page_ != nullptr) {
     page_->Collect(batch_);
   }
+  if (calls_ != nullptr) {
+    calls_->Collect(batch_);  // per-call watches armed in the target by kwatch's agent
+  }
   if (!carried_.empty()) {  // from page backends replaced since (LendSlots)
     batch_.insert(batch_.end(), carried_.begin(), carried_.end());
     carried_.clear();

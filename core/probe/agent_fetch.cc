@@ -913,4 +913,27 @@ absl::StatusOr<AgentArgValues> FormatAgentRecord(std::span<const CompiledArg> ar
   return out;
 }
 
+std::optional<std::vector<KwFetchOp>> AgentObjectAddress(const CompiledArg& place,
+                                                         uint64_t load_bias, std::string* why) {
+  std::optional<LoweredArg> l = LowerArg(place, load_bias, why);
+  if (!l.has_value()) {
+    return std::nullopt;
+  }
+  if (l->plan.kind != AgentArgPlan::Kind::kBytes && l->plan.kind != AgentArgPlan::Kind::kString) {
+    *why = "its location is not one address in memory";
+    return std::nullopt;
+  }
+  if (l->ops.empty() || l->plan.first_step != place.steps.size() ||
+      (l->ops.back().op != agent::kKwOpRead && l->ops.back().op != agent::kKwOpReadStr)) {
+    *why = absl::StrCat("'", place.text, "' is in a register at this point: it has no address");
+    return std::nullopt;
+  }
+  l->ops.back() = Op(agent::kKwOpStoreAcc, 0, 8);  // the address, not the bytes there
+  std::vector<KwFetchOp> out;
+  out.reserve(l->ops.size() + 1);
+  out.push_back(Op(agent::kKwOpBeginArg, 0));
+  out.insert(out.end(), l->ops.begin(), l->ops.end());
+  return out;
+}
+
 }  // namespace kwatch::core::probe

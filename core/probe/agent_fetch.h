@@ -122,6 +122,14 @@ std::optional<std::vector<agent::KwFetchOp>> AgentFilterValue(const CompiledArg&
                                                               uint64_t load_bias, bool at_return,
                                                               std::string* why);
 
+// The program of a per-call watch's lookup (agent/abi.h "Per-call watches"): argument 0 holds
+// the address of `place` (a CompiledObject's: its base and steps, no final read), 8 bytes.
+// Nullopt, with `why`, when the agent cannot compute it: the variable is in a register (it has
+// no address), or its location is a value of several parts.
+std::optional<std::vector<agent::KwFetchOp>> AgentObjectAddress(const CompiledArg& place,
+                                                                uint64_t load_bias,
+                                                                std::string* why);
+
 // What a record was taken at.
 struct AgentRecordContext {
   uint64_t load_bias = 0;  // the one the program was compiled with

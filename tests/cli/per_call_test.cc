@@ -99,7 +99,14 @@ TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactly) {
     EXPECT_EQ(*pc.addrs.at(key).begin(), c["addr"]);
     objects.insert(c["addr"].get<std::string>());
   }
-  EXPECT_EQ(objects.size(), 8u);  // per thread: its stack object and its heap object
+  // Per thread its stack object and its heap object, as the events placed them (a thread's
+  // heap object may reuse the address of one freed by a thread that ended before it started).
+  std::set<std::string> printed;
+  for (const auto& [key, addrs] : pc.addrs) {
+    printed.insert(addrs.begin(), addrs.end());
+  }
+  EXPECT_EQ(objects, printed);
+  EXPECT_GE(objects.size(), 5u);
   const nlohmann::json& st = CallStats(run);
   EXPECT_EQ(st["calls"], 200);
   EXPECT_EQ(st["watched"], 200);

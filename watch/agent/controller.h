@@ -88,6 +88,7 @@ class Controller {
   pid_t pid() const { return pid_; }
   const LoadedAgent& agent() const { return agent_; }
   ShmTables& tables() { return tables_; }
+  const ShmTables& tables() const { return tables_; }
   const TscClock& clock() const { return clock_; }
   int lifeline_fd() const { return agent_.lifeline.get(); }
   int pidfd() const { return pidfd_.get(); }

@@ -11,6 +11,7 @@ namespace kwatch::watch::agent {
 
 namespace {
 
+using kwatch::agent::KwCallWatch;
 using kwatch::agent::KwControl;
 using kwatch::agent::KwFetchOp;
 using kwatch::agent::KwPatch;
@@ -81,6 +82,18 @@ absl::StatusOr<ShmLayout> ComputeLayout(const ShmConfig& config) {
   if (l.aggs_bytes > 0) {
     at = l.aggs_offset + l.aggs_bytes;
   }
+  if (config.call_watch_capacity > 0) {
+    if (!std::has_single_bit(config.call_ring_pages)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("per-call ring pages ", config.call_ring_pages, " must be a power of two"));
+    }
+    l.call_watch_capacity = config.call_watch_capacity;
+    l.call_ring_pages = config.call_ring_pages;
+    l.call_sample_type = config.call_sample_type;
+    l.call_sample_regs = config.call_sample_regs;
+    l.call_watches_offset = AlignUp(at, kAlign);
+    at = l.call_watches_offset + uint64_t{l.call_watch_capacity} * sizeof(KwCallWatch);
+  }
   l.total_size = AlignUp(at, kPage);
   if (l.total_size > kMaxTotal) {
     return absl::InvalidArgumentError(
@@ -116,6 +129,11 @@ void InitControl(std::span<uint8_t> shm, const ShmLayout& layout, uint32_t flags
   c->process_capacity = layout.process_capacity;
   c->aggs_offset = layout.aggs_offset;
   c->aggs_bytes = layout.aggs_bytes;
+  c->call_watches_offset = layout.call_watches_offset;
+  c->call_watch_capacity = layout.call_watch_capacity;
+  c->call_ring_pages = layout.call_ring_pages;
+  c->call_sample_type = layout.call_sample_type;
+  c->call_sample_regs = layout.call_sample_regs;
   c->state.store(kwatch::agent::kKwStateInit, std::memory_order_release);
   c->generation.store(0, std::memory_order_release);
 }

@@ -5,7 +5,7 @@
 //
 //   KwControl | KwProbe[probe_capacity] | KwProbeSlot[hash_capacity] | KwFetchOp[code_capacity]
 //   | KwPatch[patch_capacity] | KwProcess[process_capacity] | KwThread[thread_capacity]
-//   | KwRing[thread_capacity] | the aggregations' area (aggs_bytes)
+//   | KwRing[thread_capacity] | the aggregations' area (aggs_bytes) | KwCallWatch[...]
 //
 // every part 64-byte aligned, each ring sizeof(KwRing) + ring_bytes. Pure arithmetic.
 
@@ -30,6 +30,11 @@ struct ShmConfig {
   uint32_t flags = 0;                // KwControlFlags
   // --agg in the target: KwAggregate headers and rows (pages are allocated as rows are used).
   uint64_t aggs_bytes = 0;
+  // Per-call watches (KwCallWatch entries; 0: none) and their breakpoints' rings.
+  uint32_t call_watch_capacity = 0;
+  uint32_t call_ring_pages = 16;  // data pages per breakpoint ring, a power of two
+  uint64_t call_sample_type = 0;  // perf_event_attr.sample_type of their samples
+  uint64_t call_sample_regs = 0;  // ... and sample_regs_user
 };
 
 struct ShmLayout {
@@ -49,6 +54,11 @@ struct ShmLayout {
   uint64_t rings_offset = 0;
   uint64_t aggs_offset = 0;
   uint64_t aggs_bytes = 0;
+  uint64_t call_watches_offset = 0;
+  uint32_t call_watch_capacity = 0;
+  uint32_t call_ring_pages = 0;
+  uint64_t call_sample_type = 0;
+  uint64_t call_sample_regs = 0;
   uint64_t total_size = 0;  // a multiple of the page size
 
   // Bytes from one ring's header to the next one's.

@@ -209,6 +209,7 @@ absl::StatusOr<uint32_t> ShmTables::AddProbe(const ProbeEntry& entry) {
   p.agg = entry.agg;
   p.record_bytes = entry.record_bytes;
   p.maxactive = entry.maxactive;
+  p.call_watch = entry.call_watch;
   p.next = 0;
   p.active.store(0, std::memory_order_relaxed);
   for (std::atomic<uint64_t>* counter :

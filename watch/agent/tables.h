@@ -61,6 +61,7 @@ struct ProbeEntry {
   uint32_t agg = 0;                  // its first aggregation (AddAggregate's handle), or 0
   uint32_t record_bytes = 0;
   uint32_t maxactive = 0;
+  uint32_t call_watch = 0;  // KwProbe::call_watch (per-call watches): a KwCallWatch index + 1
 };
 
 // One aggregation as the controller plans it (agent/abi.h "Aggregations", KwAggregate for
@@ -108,6 +109,15 @@ class ShmTables {
   KwControl& control() { return At<KwControl>(0); }
   const KwControl& control() const { return At<KwControl>(0); }
   KwProbe& probe(uint32_t index) { return At<KwProbe>(ProbeOffset(index)); }
+  // Per-call watch `index` (< layout().call_watch_capacity), written before its probes.
+  kwatch::agent::KwCallWatch& call_watch(uint32_t index) {
+    return At<kwatch::agent::KwCallWatch>(layout_.call_watches_offset +
+                                          uint64_t{index} * sizeof(kwatch::agent::KwCallWatch));
+  }
+  const kwatch::agent::KwCallWatch& call_watch(uint32_t index) const {
+    return At<kwatch::agent::KwCallWatch>(layout_.call_watches_offset +
+                                          uint64_t{index} * sizeof(kwatch::agent::KwCallWatch));
+  }
   const KwProbe& probe(uint32_t index) const { return At<KwProbe>(ProbeOffset(index)); }
   KwProbeSlot& slot(uint32_t index) { return At<KwProbeSlot>(SlotOffset(index)); }
   const KwProbeSlot& slot(uint32_t index) const { return At<KwProbeSlot>(SlotOffset(index)); }

@@ -1,0 +1,454 @@
+#include "watch/probe/agent_calls.h"
+
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "agent/abi.h"
+#include "core/base/status_macros.h"
+#include "core/base/unique_fd.h"
+#include "core/probe/agent_fetch.h"
+#include "core/probe/trampoline.h"
+#include "core/symbols/symbols.h"
+#include "watch/agent/controller.h"
+#include "watch/perf_access.h"
+#include "watch/perf_ring.h"
+#include "watch/perf_util.h"
+#include "watch/probe/jump_plan.h"
+
+namespace kwatch::watch::probe {
+
+namespace ka = kwatch::agent;
+namespace wa = kwatch::watch::agent;
+
+namespace {
+
+// The samples the agent's breakpoints take: PerfBackend's stream format with the general user
+// registers (TrapDecoder finds each access's bytes and value from them).
+constexpr uint64_t kSampleType = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME |
+                                 PERF_SAMPLE_ADDR | PERF_SAMPLE_CPU | PERF_SAMPLE_REGS_USER;
+
+// What the planted probes are, per address: the first of an address is patched with the jump.
+struct Planned {
+  core::RemoteAddr addr;
+  core::probe::JumpPlan plan;
+};
+
+class AgentCalls final : public CallAgent {
+ public:
+  AgentCalls(core::ptrace::Process& proc, CallWatches& calls, const AgentCallsOptions& options)
+      : proc_(proc),
+        calls_(calls),
+        options_(options),
+        decoder_(calls.session().symbolizer(), PerfUserRegsMaskGeneral()) {}
+  ~AgentCalls() override = default;
+  AgentCalls(const AgentCalls&) = delete;
+  AgentCalls& operator=(const AgentCalls&) = delete;
+
+  absl::Status Plant(const CallAgentPlan& plan);
+
+  void Collect(std::vector<core::AccessEvent>& out) override;
+  std::vector<int> Fds() const override { return {}; }
+  absl::Status End() override;
+  void Forget() override;
+  uint64_t Missed(uint32_t watch_id) const override;
+  std::string Description() const override;
+
+ private:
+  // One watched object kind (a KwCallWatch).
+  struct Watched {
+    uint32_t watch_id = 0;
+    drmgr::DrKind kind = drmgr::DrKind::kWrite;
+    uint32_t len = 0;
+  };
+  void OnRecord(const wa::AgentHit& hit);
+  // The accesses of `bytes` (whole perf records of one call's breakpoint) into `out_`.
+  void OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t> bytes);
+  // The calls still running at the end: their samples, read from the target's rings.
+  void ReadRunning();
+  bool OwnCode(uint64_t ip) const;
+
+  core::ptrace::Process& proc_;
+  CallWatches& calls_;
+  AgentCallsOptions options_;
+  TrapDecoder decoder_;
+  std::unique_ptr<wa::Controller> ctl_;
+  std::vector<Watched> watched_;                         // by KwCallWatch index
+  std::vector<std::pair<uint64_t, uint64_t>> own_code_;  // the agent's code and trampolines
+  std::vector<core::AccessEvent>* out_ = nullptr;        // during Collect and End
+  std::vector<core::AccessEvent> at_end_;                // End's, for the last Collect
+  uint64_t own_samples_ = 0;  // samples of the agent's own code (dropped)
+  uint64_t lost_ = 0;         // samples the breakpoints' rings lost (PERF_RECORD_LOST)
+  uint32_t jumps_ = 0;
+  bool ended_ = false;
+};
+
+}  // namespace
+
+absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
+  // Every probe must be a jump (an INT3 would stop the traced thread for kwatch): decided from
+  // the file before the target is touched.
+  absl::StatusOr<std::unique_ptr<core::symbols::Symbols>> syms =
+      core::symbols::Symbols::ForProcess(proc_.pid());
+  if (!syms.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("no symbols: ", syms.status().message()));
+  }
+  std::vector<core::RemoteAddr> all;
+  for (const CallAgentPlan::Function& f : plan.functions) {
+    for (const core::RemoteAddr a : {f.entry, f.at, f.until}) {
+      if (a.value != 0 && std::find(all.begin(), all.end(), a) == all.end()) {
+        all.push_back(a);
+      }
+    }
+  }
+  std::map<uint64_t, core::probe::JumpPlan> jumps;
+  for (const core::RemoteAddr a : all) {
+    core::probe::JumpDecision d = PlanJumpAt(syms->get(), a, all);
+    if (!d.plan.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("no jump can be placed at 0x%x (%s)", a.value, d.reason));
+    }
+    jumps.emplace(a.value, *d.plan);
+  }
+  uint32_t objects = 0;
+  for (const CallAgentPlan::Function& f : plan.functions) {
+    for (const CallAgentPlan::Object& o : f.objects) {
+      std::string why;
+      std::optional<std::vector<ka::KwFetchOp>> p =
+          core::probe::AgentObjectAddress(o.place, plan.load_bias, &why);
+      if (!p.has_value()) {
+        return absl::FailedPreconditionError(absl::StrCat("'", o.place.text, "': ", why));
+      }
+      ++objects;
+    }
+  }
+  wa::LoadOptions lopts;
+  lopts.shm.probe_capacity = 64;
+  lopts.shm.thread_capacity = 128;
+  lopts.shm.ring_bytes = 64 * 1024;
+  lopts.shm.code_capacity = 1024;
+  lopts.shm.call_watch_capacity = objects;
+  lopts.shm.call_ring_pages = options_.ring_pages;
+  lopts.shm.call_sample_type = kSampleType;
+  lopts.shm.call_sample_regs = PerfUserRegsMaskGeneral();
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> before, proc_.Maps());
+  absl::StatusOr<std::unique_ptr<wa::Controller>> ctl = wa::Controller::Load(proc_, lopts);
+  if (!ctl.ok()) {
+    return absl::UnavailableError(ctl.status().message());
+  }
+  ctl_ = *std::move(ctl);
+  const ka::KwControl& c = ctl_->tables().control();
+  const core::RemoteAddr jump_entry{c.jump_entry};
+  if ((c.agent_features & ka::kKwFeatureJump) == 0 ||
+      (c.agent_features & ka::kKwFeatureReturn) == 0 || jump_entry.value == 0) {
+    return absl::UnavailableError("the agent started without its jump entry or return probes");
+  }
+  std::map<uint64_t, uint32_t> first_at;  // address -> the probe patched there
+  const auto place = [&](wa::ProbeEntry entry) -> absl::StatusOr<uint32_t> {
+    entry.flags |= ka::kKwProbeJump;
+    entry.resume = ka::kKwResumeXol;
+    if (auto it = first_at.find(entry.addr.value); it != first_at.end()) {
+      entry.xol_addr = ctl_->tables().probe(it->second).xol_addr;
+      return ctl_->AddProbe(entry);  // chained: the agent runs it after the first
+    }
+    KW_ASSIGN_OR_RETURN(const uint32_t index, ctl_->AddProbe(entry));
+    const core::probe::JumpPlan& jp = jumps.at(entry.addr.value);
+    std::optional<core::probe::Trampoline> built;
+    KW_ASSIGN_OR_RETURN(
+        const core::RemoteAddr at,
+        ctl_->PlaceCode(proc_, entry.addr, core::probe::kMaxTrampolineBytes,
+                        [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
+                          KW_ASSIGN_OR_RETURN(
+                              core::probe::Trampoline t,
+                              core::probe::BuildTrampoline(jp, where, index, jump_entry));
+                          built = t;
+                          return t.code;
+                        }));
+    KW_ASSIGN_OR_RETURN(const core::probe::JumpPatch patch, core::probe::BuildJumpPatch(jp, at));
+    ctl_->tables().probe(index).xol_addr = built->xol_addr().value;
+    KW_RETURN_IF_ERROR(ctl_->Patch(proc_, index, entry.addr, patch.patched));
+    first_at[entry.addr.value] = index;
+    ++jumps_;
+    return index;
+  };
+  uint32_t next_watch = 0;
+  for (const CallAgentPlan::Function& f : plan.functions) {
+    const uint32_t first = next_watch;
+    wa::ProbeEntry ret;
+    ret.addr = f.entry;
+    ret.flags = ka::kKwProbeEnabled | ka::kKwProbeReturn;
+    ret.call_watch = first + 1;
+    KW_ASSIGN_OR_RETURN(const uint32_t ret_index, place(ret));
+    for (const CallAgentPlan::Object& o : f.objects) {
+      const uint32_t w = next_watch++;
+      ka::KwCallWatch& cw = ctl_->tables().call_watch(w);
+      cw.function = ret_index;
+      cw.first = first;
+      cw.bp_type = o.kind == drmgr::DrKind::kWrite ? HW_BREAKPOINT_W : HW_BREAKPOINT_RW;
+      cw.bp_len = o.length;
+      watched_.push_back(Watched{o.watch_id, o.kind, o.length});
+      std::string why;
+      wa::ProbeEntry arm;
+      arm.addr = f.at;
+      arm.flags = ka::kKwProbeEnabled | ka::kKwProbeCallArm;
+      arm.call_watch = w + 1;
+      arm.program = *core::probe::AgentObjectAddress(o.place, plan.load_bias, &why);
+      arm.record_bytes = 16;
+      KW_RETURN_IF_ERROR(place(arm).status());
+    }
+    if (f.until.value != 0) {
+      wa::ProbeEntry until;
+      until.addr = f.until;
+      until.flags = ka::kKwProbeEnabled | ka::kKwProbeCallEnd;
+      until.call_watch = first + 1;
+      KW_RETURN_IF_ERROR(place(until).status());
+    }
+  }
+  // The agent's code and the trampolines: mappings with execute rights that the load made.
+  KW_ASSIGN_OR_RETURN(const std::vector<core::ptrace::MapEntry> after, proc_.Maps());
+  for (const core::ptrace::MapEntry& m : after) {
+    const bool old = std::any_of(before.begin(), before.end(), [&m](const auto& b) {
+      return b.start == m.start && b.end == m.end && b.path == m.path;
+    });
+    if (!old && m.exec) {
+      own_code_.emplace_back(m.start.value, m.end.value);
+    }
+  }
+  ctl_->Activate();
+  return absl::OkStatus();
+}
+
+bool AgentCalls::OwnCode(uint64_t ip) const {
+  return std::any_of(own_code_.begin(), own_code_.end(),
+                     [ip](const auto& r) { return ip >= r.first && ip < r.second; });
+}
+
+void AgentCalls::OnRecord(const wa::AgentHit& hit) {
+  const uint16_t type = hit.record.type;
+  if ((type != ka::kKwRecordCallArm && type != ka::kKwRecordCallEnd &&
+       type != ka::kKwRecordCallSamples) ||
+      hit.payload.size() < sizeof(ka::KwCallRecord)) {
+    return;
+  }
+  ka::KwCallRecord rec{};
+  std::memcpy(&rec, hit.payload.data(), sizeof(rec));
+  if (rec.watch >= watched_.size()) {
+    return;
+  }
+  const Watched& w = watched_[rec.watch];
+  const pid_t tid = hit.record.tid;
+  const uint64_t entry_sp = rec.stack_slot;
+  if (type == ka::kKwRecordCallArm) {
+    std::string why;
+    if (rec.status != ka::kKwCallArmed) {
+      why = rec.status == ka::kKwCallNoSlot ? std::string(kCallNoRegister)
+            : rec.status == ka::kKwCallNull ? std::string("a NULL pointer on the way to the object")
+            : rec.status == ka::kKwCallUnaligned
+                ? absl::StrFormat("its address is not aligned to its %d bytes", w.len)
+                : absl::StrCat("the agent could not arm it: ", std::strerror(rec.error));
+    }
+    calls_.AgentLookup(w.watch_id, rec.call, tid, hit.time_ns, entry_sp, core::RemoteAddr{rec.addr},
+                       why);
+    return;
+  }
+  if (type == ka::kKwRecordCallSamples) {
+    if (rec.head <= hit.payload.size() - sizeof(rec)) {
+      OnSamples(rec, hit.payload.subspan(sizeof(rec), rec.head));
+    }
+    return;
+  }
+  CallWatches::EndHow how = CallWatches::EndHow::kReturned;
+  switch (rec.status) {
+    case ka::kKwCallUntil:
+      how = CallWatches::EndHow::kUntil;
+      break;
+    case ka::kKwCallAbandoned:
+      how = CallWatches::EndHow::kAbandoned;
+      break;
+    case ka::kKwCallNotLooked:
+      how = CallWatches::EndHow::kNotLooked;
+      break;
+    default:
+      break;
+  }
+  calls_.AgentEnd(w.watch_id, rec.call, tid, hit.time_ns, entry_sp, how);
+}
+
+void AgentCalls::OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t> bytes) {
+  const Watched& w = watched_[rec.watch];
+  const PerfSampleFormat format{.callchain = false, .regs_user = PerfUserRegsMaskGeneral()};
+  size_t at = 0;
+  while (at + sizeof(perf_event_header) <= bytes.size()) {
+    perf_event_header h{};
+    std::memcpy(&h, bytes.data() + at, sizeof(h));
+    if (h.size < sizeof(h) || at + h.size > bytes.size()) {
+      break;
+    }
+    const std::span<const uint8_t> record = bytes.subspan(at, h.size);
+    at += h.size;
+    if (h.type == PERF_RECORD_LOST && record.size() >= 24) {
+      uint64_t n = 0;
+      std::memcpy(&n, record.data() + 16, sizeof(n));
+      lost_ += n;
+      continue;
+    }
+    PerfSample s;
+    if (!ParseSample(record, format, s)) {
+      continue;
+    }
+    if (OwnCode(s.ip)) {
+      ++own_samples_;  // the agent's trampolines pushing over a returned call's frame
+      continue;
+    }
+    const SampledAccess a = decoder_.Resolve(s);
+    core::AccessEvent ev;
+    ev.time_ns = s.time;
+    ev.pid = static_cast<pid_t>(s.pid);
+    ev.tid = static_cast<pid_t>(s.tid);
+    ev.cpu = s.cpu;
+    ev.trap_ip = core::RemoteAddr{s.ip};
+    ev.ip = a.ip;
+    ev.kind = w.kind == drmgr::DrKind::kWrite || a.writes ? core::AccessKind::kWrite
+                                                          : core::AccessKind::kRead;
+    ev.watch_id = w.watch_id;
+    ev.call = rec.call;
+    const TouchedBytes t = Touched(a, rec.addr, rec.addr + w.len);
+    SetWatchedPart(ev, t, t.lo, t.hi);
+    (out_ != nullptr ? *out_ : at_end_).push_back(ev);
+  }
+}
+
+void AgentCalls::ReadRunning() {
+  const uint64_t data_bytes = uint64_t{options_.ring_pages} * 4096;
+  for (uint32_t i = 0; i < ctl_->tables().layout().thread_capacity; ++i) {
+    const ka::KwThread& th = ctl_->tables().thread(i);
+    for (uint32_t j = 0; j < ka::kKwCallSlots; ++j) {
+      const ka::KwCallSlot& slot = th.call_slot[j];
+      if (slot.watch == 0 || slot.ring == 0 || slot.watch > watched_.size()) {
+        continue;
+      }
+      std::vector<uint8_t> ring(4096 + data_bytes);
+      if (!proc_.ReadMemory(core::RemoteAddr{slot.ring}, ring).ok()) {
+        continue;
+      }
+      perf_event_mmap_page meta{};
+      std::memcpy(&meta, ring.data(), sizeof(meta));
+      const uint64_t tail = meta.data_tail;
+      const uint64_t head = meta.data_head;
+      if (head <= tail || head - tail > data_bytes) {
+        continue;
+      }
+      std::vector<uint8_t> bytes(head - tail);
+      for (uint64_t k = 0; k < bytes.size(); ++k) {
+        bytes[k] = ring[4096 + ((tail + k) & (data_bytes - 1))];
+      }
+      ka::KwCallRecord rec{};
+      rec.watch = slot.watch - 1;
+      rec.call = slot.call;
+      rec.addr = slot.addr;
+      OnSamples(rec, bytes);
+    }
+  }
+}
+
+void AgentCalls::Collect(std::vector<core::AccessEvent>& out) {
+  if (ctl_ == nullptr) {
+    return;
+  }
+  out.insert(out.end(), at_end_.begin(), at_end_.end());
+  at_end_.clear();
+  if (!ended_) {
+    out_ = &out;
+    (void)ctl_->Drain([this](const wa::AgentHit& hit) { OnRecord(hit); });
+    out_ = nullptr;
+  }
+}
+
+absl::Status AgentCalls::End() {
+  if (ctl_ == nullptr || ended_) {
+    return absl::OkStatus();
+  }
+  // Every thread is stopped (CallWatches::Remove): the code goes back first, so that no call
+  // starts; calls in flight keep their return through the agent's trampoline.
+  absl::Status s = ctl_->End(proc_);
+  // The agent's records written up to now (calls that ended before the stop), then the calls
+  // still running, from the target's rings.
+  (void)ctl_->Drain([this](const wa::AgentHit& hit) { OnRecord(hit); });
+  ReadRunning();
+  // The target's breakpoints and rings go: they take no register any more.
+  const pid_t tid = proc_.AnyStoppedThread();
+  const uint64_t bytes = (uint64_t{options_.ring_pages} + 1) * 4096;
+  for (uint32_t i = 0; i < ctl_->tables().layout().thread_capacity; ++i) {
+    for (ka::KwCallSlot& cs : ctl_->tables().thread(i).call_slot) {
+      if (cs.fd_plus1 > 0 && tid != 0 && proc_.alive()) {
+        (void)proc_.RemoteSyscall(tid, SYS_munmap, std::vector<uint64_t>{cs.ring, bytes});
+        (void)proc_.RemoteSyscall(tid, SYS_close,
+                                  std::vector<uint64_t>{static_cast<uint64_t>(cs.fd_plus1 - 1)});
+      }
+      cs = ka::KwCallSlot{};  // closed: the watchdog must not touch a reused fd number
+    }
+  }
+  ended_ = true;
+  if (absl::Status f = ctl_->Finish([this](const wa::AgentHit& hit) { OnRecord(hit); }); s.ok()) {
+    s = f;
+  }
+  return s;
+}
+
+void AgentCalls::Forget() {
+  ended_ = true;
+  ctl_.reset();
+}
+
+uint64_t AgentCalls::Missed(uint32_t watch_id) const {
+  if (ctl_ == nullptr) {
+    return 0;
+  }
+  for (uint32_t i = 0; i < watched_.size(); ++i) {
+    if (watched_[i].watch_id == watch_id) {
+      const wa::Controller& ctl = *ctl_;
+      const ka::KwCallWatch& cw = ctl.tables().call_watch(i);
+      const ka::KwProbe& ret = ctl.tables().probe(cw.function);
+      return cw.missed.load(std::memory_order_relaxed) +
+             ret.nmissed.load(std::memory_order_relaxed);
+    }
+  }
+  return 0;
+}
+
+std::string AgentCalls::Description() const {
+  return absl::StrCat(
+      "watches per call run in the target: kwatch's agent arms each call's object in a "
+      "breakpoint of the calling thread at the lookup point and disarms it at the call's end "
+      "(",
+      jumps_, " jump", jumps_ == 1 ? "" : "s", " to trampolines, no stop per call)");
+}
+
+absl::StatusOr<std::unique_ptr<CallAgent>> StartAgentCalls(core::ptrace::Process& proc,
+                                                           CallWatches& calls,
+                                                           const CallAgentPlan& plan,
+                                                           const AgentCallsOptions& options) {
+  auto a = std::make_unique<AgentCalls>(proc, calls, options);
+  if (absl::Status s = a->Plant(plan); !s.ok()) {
+    (void)a->End();
+    return s;
+  }
+  return a;
+}
+
+}  // namespace kwatch::watch::probe
