@@ -118,6 +118,8 @@ class CallAgent {
   virtual void Forget() = 0;
   // Lookups in no tracked call, per watch (more calls in flight than tracked).
   virtual uint64_t Missed(uint32_t watch_id) const = 0;
+  // Accesses and records lost on the way (full rings).
+  virtual uint64_t Lost() const = 0;
   // For the session's start: how the calls are armed.
   virtual std::string Description() const = 0;
 };
@@ -193,6 +195,7 @@ class CallWatches {
   // Events of the agent's breakpoints (none on the ptrace path).
   void Collect(std::vector<core::AccessEvent>& out);
   std::vector<int> Fds() const;
+  uint64_t lost() const { return agent_ != nullptr ? agent_->Lost() : 0; }
   CallWatches(const CallWatches&) = delete;
   CallWatches& operator=(const CallWatches&) = delete;
 

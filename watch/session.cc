@@ -698,7 +698,8 @@ std::vector<int> WatchSession::Fds() const {
 }
 
 uint64_t WatchSession::lost() const {
-  return (hw_ != nullptr ? hw_->lost() : 0) + (page_ != nullptr ? page_->lost() : 0);
+  return (hw_ != nullptr ? hw_->lost() : 0) + (page_ != nullptr ? page_->lost() : 0) +
+         (calls_ != nullptr ? calls_->lost() : 0);
 }
 
 uint64_t WatchSession::unrelated() const {

@@ -59,10 +59,13 @@ const nlohmann::json& CallStats(const JsonRun& run) {
 // 4 threads x 50 calls of compute(r, 3), r alternately on the thread's stack and on its heap:
 // every call's 3 writes of r->len, and nothing else (r->flags is not watched; run and recurse
 // write other objects).
-TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactly) {
-  const RunResult r = RunKwatch({"--json", "--write", "r->len", "--in", "compute", "--",
-                                 TargetPath("per_call"), "4", "50", "2"});
+// `by`: --calls-by (the agent arms each call in the target, or kwatch through ptrace).
+void CountsFourThreads(const std::string& by) {
+  const RunResult r = RunKwatch({"--json", "--calls-by", by, "--write", "r->len", "--in", "compute",
+                                 "--", TargetPath("per_call"), "4", "50", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(by == "agent" ? "watches per call run in the target"
+                                             : "watches per call run through ptrace"));
   EXPECT_THAT(r.err, HasSubstr("compute_writes=600 "));
   const JsonRun run = ParseJsonLines(r.out);
   EXPECT_EQ(run.events.size(), 600u);
@@ -119,6 +122,14 @@ TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactly) {
   ASSERT_EQ(run.summary["watches"].size(), 1u);
   EXPECT_EQ(run.summary["watches"][0]["fields"][0]["field"], "r->len");
   EXPECT_EQ(run.summary["watches"][0]["fields"][0]["writes"], 600);
+}
+
+TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactlyInTheTarget) {
+  CountsFourThreads("agent");
+}
+
+TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactlyThroughPtrace) {
+  CountsFourThreads("ptrace");
 }
 
 // Recursion: each of the 3 nested calls watches its own object (the caller's stays armed

@@ -67,6 +67,7 @@ class AgentCalls final : public CallAgent {
   absl::Status End() override;
   void Forget() override;
   uint64_t Missed(uint32_t watch_id) const override;
+  uint64_t Lost() const override;
   std::string Description() const override;
 
  private:
@@ -92,8 +93,9 @@ class AgentCalls final : public CallAgent {
   std::vector<std::pair<uint64_t, uint64_t>> own_code_;  // the agent's code and trampolines
   std::vector<core::AccessEvent>* out_ = nullptr;        // during Collect and End
   std::vector<core::AccessEvent> at_end_;                // End's, for the last Collect
-  uint64_t own_samples_ = 0;  // samples of the agent's own code (dropped)
-  uint64_t lost_ = 0;         // samples the breakpoints' rings lost (PERF_RECORD_LOST)
+  uint64_t own_samples_ = 0;   // samples of the agent's own code (dropped)
+  uint64_t lost_ = 0;          // samples the breakpoints' rings lost (PERF_RECORD_LOST)
+  uint64_t lost_records_ = 0;  // the agent's records that did not fit its rings
   uint32_t jumps_ = 0;
   bool ended_ = false;
 };
@@ -139,8 +141,10 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
   }
   wa::LoadOptions lopts;
   lopts.shm.probe_capacity = 64;
-  lopts.shm.thread_capacity = 128;
-  lopts.shm.ring_bytes = 64 * 1024;
+  // A watched call writes ~200 bytes of records plus its samples (~250 bytes each): 4 MiB
+  // holds thousands of calls between two drains (pages are taken as they are written).
+  lopts.shm.thread_capacity = 64;
+  lopts.shm.ring_bytes = 4 * 1024 * 1024;
   lopts.shm.code_capacity = 1024;
   lopts.shm.call_watch_capacity = objects;
   lopts.shm.call_ring_pages = options_.ring_pages;
@@ -374,7 +378,11 @@ void AgentCalls::Collect(std::vector<core::AccessEvent>& out) {
   at_end_.clear();
   if (!ended_) {
     out_ = &out;
-    (void)ctl_->Drain([this](const wa::AgentHit& hit) { OnRecord(hit); });
+    if (absl::StatusOr<wa::DrainStats> d =
+            ctl_->Drain([this](const wa::AgentHit& hit) { OnRecord(hit); });
+        d.ok()) {
+      lost_records_ += d->lost;
+    }
     out_ = nullptr;
   }
 }
@@ -408,6 +416,10 @@ absl::Status AgentCalls::End() {
     s = f;
   }
   return s;
+}
+
+uint64_t AgentCalls::Lost() const {
+  return lost_ + lost_records_;
 }
 
 void AgentCalls::Forget() {
