@@ -500,12 +500,12 @@ int Main(int argc, char** argv) {
                  "FUNC) instead of when it returns")
       ->type_name("SPEC");
   app.add_option("--calls-by", opts.calls_by,
-                 "With --in: who arms each call's watches. agent: kwatch's in-process agent, "
-                 "in the target (jumps to trampolines at the function's entry and lookup point, "
-                 "one ioctl to arm and one to disarm: a few us a call, no stop); ptrace: kwatch, "
+                 "With --in: who arms each call's watches. agent: kwatch's agent, inside the "
+                 "target (jumps to trampolines at the function's entry and lookup point, one "
+                 "ioctl to arm and one to disarm: a few us a call, no stop); ptrace: kwatch, "
                  "stopping the thread at each entry and return (tens of us a call); auto: the "
-                 "agent where it can (perf stream mode, no --stack, every point jump-optimizable), "
-                 "else ptrace, saying why")
+                 "agent where it can (perf stream mode, no --stack, a jump possible at every "
+                 "point), else ptrace, saying why")
       ->check(CLI::IsMember({"auto", "agent", "ptrace"}))
       ->type_name("WHO");
   app.add_flag("--follow", opts.follow,
