@@ -86,5 +86,24 @@ TEST(PageSegvHandler, AttachedProgramKeepsItsHandler) {
   ExpectHandlerKept(*tr, kr->out);
 }
 
+// A handler for one fault (SA_RESETHAND) that installs itself again: the kernel's reset at its
+// delivery and the one at a fault of kwatch's look the same, so kwatch leaves it as the flag
+// asks (the handler puts itself back) and says how many times it found it reset.
+TEST(PageSegvHandler, ResetHandHandlerIsLeftAsTheFlagAsks) {
+  const RunResult r = RunKwatch({"--json", "--backend", "page", "--write", "g_shared.watched", "--",
+                                 TargetPath("segv_handler"), absl::StrCat(kFaults),
+                                 absl::StrCat(kWrites), "--resethand"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("faults ", kFaults, " seen ", kFaults)));
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.summary["events"], kWrites + kFaults);
+  ASSERT_TRUE(run.summary.contains("notes")) << run.summary.dump();
+  const std::string notes = run.summary["notes"].dump();
+  EXPECT_THAT(notes, HasSubstr(absl::StrCat("found the program's SIGSEGV handler reset ", kFaults,
+                                            " times at a fault on a watched page: not put back, "
+                                            "as it was installed with SA_RESETHAND")));
+  EXPECT_THAT(notes, ::testing::Not(HasSubstr("restored the program's SIGSEGV handler")));
+}
+
 }  // namespace
 }  // namespace kwatch

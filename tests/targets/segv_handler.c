@@ -2,7 +2,7 @@
 // mode: the handler touches the page of a watched variable while SIGSEGV is blocked (the
 // usual case inside a SIGSEGV handler), which makes the kernel reset the handler to SIG_DFL
 // (force_sig_info_to_task) before kwatch sees the fault.
-//   segv_handler FAULTS WRITES [--wait]
+//   segv_handler FAULTS WRITES [--wait] [--resethand]
 // Installs a SIGSEGV handler (SA_SIGINFO, no SA_NODEFER), then FAULTS times writes to its own
 // PROT_NONE guard page (the handler counts the fault, bumps g_shared.watched, checks that
 // SIGSEGV is still blocked, and makes the guard page writable; main protects it again), and
@@ -14,6 +14,8 @@
 // 1 otherwise; a fault with no handler left kills it with SIGSEGV.
 // --wait: installs the handler, prints "ready PID" and waits for SIGUSR1 before starting (for
 // attach tests).
+// --resethand: the handler is installed with SA_RESETHAND (for one fault) and installs itself
+// again before it returns.
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +34,8 @@ struct shared g_shared __attribute__((aligned(4096)));
 
 static char* g_guard;
 static volatile sig_atomic_t g_go;
+static struct sigaction g_action;
+static int g_resethand;
 
 static void OnSegv(int sig, siginfo_t* si, void* ctx) {
   (void)sig;
@@ -47,6 +51,9 @@ static void OnSegv(int sig, siginfo_t* si, void* ctx) {
     g_shared.blocked++;
   }
   mprotect(g_guard, 4096, PROT_READ | PROT_WRITE);
+  if (g_resethand) {
+    sigaction(SIGSEGV, &g_action, NULL);  // the kernel reset it at this delivery
+  }
 }
 
 static void OnGo(int sig) {
@@ -56,23 +63,25 @@ static void OnGo(int sig) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s FAULTS WRITES [--wait]\n", argv[0]);
+    fprintf(stderr, "usage: %s FAULTS WRITES [--wait] [--resethand]\n", argv[0]);
     return 2;
   }
   const long faults = atol(argv[1]);
   const long writes = atol(argv[2]);
-  const int wait = argc > 3 && strcmp(argv[3], "--wait") == 0;
+  int wait = 0;
+  for (int i = 3; i < argc; ++i) {
+    wait |= strcmp(argv[i], "--wait") == 0;
+    g_resethand |= strcmp(argv[i], "--resethand") == 0;
+  }
   g_guard = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (g_guard == MAP_FAILED) {
     perror("mmap");
     return 2;
   }
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = OnSegv;
-  sa.sa_flags = SA_SIGINFO;
-  sigemptyset(&sa.sa_mask);
-  if (sigaction(SIGSEGV, &sa, NULL) != 0) {
+  g_action.sa_sigaction = OnSegv;
+  g_action.sa_flags = SA_SIGINFO | (g_resethand ? SA_RESETHAND : 0);
+  sigemptyset(&g_action.sa_mask);
+  if (sigaction(SIGSEGV, &g_action, NULL) != 0) {
     perror("sigaction");
     return 2;
   }
