@@ -1,8 +1,11 @@
 #include "watch/page_backend.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/user.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -14,11 +17,14 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "core/base/clock.h"
 #include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 #include "core/ptrace/remote_exec.h"
 #include "core/x86/x86_access.h"
 #include "core/x86/x86_emulate.h"
@@ -101,6 +107,32 @@ std::string ProtText(int prot) {
                       (prot & PROT_EXEC) != 0 ? "x" : "-");
 }
 
+// SIG_DFL and SIG_IGN as rt_sigaction's handler word.
+constexpr uint64_t kSigDfl = 0;
+constexpr uint64_t kSigIgn = 1;
+
+// The bit of signal `sig` in the kernel's signal masks (sigcatch, rt_sigaction's sa_mask).
+constexpr uint64_t SigBit(int sig) {
+  return uint64_t{1} << (sig - 1);
+}
+
+// The sigcatch mask (field 34) of a /proc/PID/stat text; nullopt when it does not parse.
+std::optional<uint64_t> SigCatchOf(absl::string_view stat) {
+  // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
+  const size_t paren = stat.rfind(')');
+  if (paren == absl::string_view::npos) {
+    return std::nullopt;
+  }
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(stat.substr(paren + 1), ' ', absl::SkipEmpty());
+  constexpr size_t kSigCatch = 34 - 3;  // fields from 3 (state) on
+  uint64_t caught = 0;
+  if (fields.size() <= kSigCatch || !absl::SimpleAtoi(fields[kSigCatch], &caught)) {
+    return std::nullopt;
+  }
+  return caught;
+}
+
 }  // namespace
 
 absl::Status PageBackend::ProtectIn(core::ptrace::Process& proc, pid_t tid, uint64_t page,
@@ -180,6 +212,10 @@ absl::Status PageBackend::Arm() {
   if (tid == 0) {
     return absl::FailedPreconditionError("no thread of the target could be stopped");
   }
+  if (absl::Status s = LearnHandler(tid); !s.ok()) {
+    UnmapScratch(proc_, tid);
+    return s;
+  }
   std::vector<uint64_t> done;
   for (const auto& [addr, page] : pages) {
     absl::StatusOr<core::ptrace::Guardian::Handle> journaled =
@@ -189,6 +225,7 @@ absl::Status PageBackend::Arm() {
       for (uint64_t d : done) {  // all or nothing
         (void)Protect(tid, d, pages[d].original);
       }
+      UnmapScratch(proc_, tid);
       guardian_->ForgetAll();
       return s;
     }
@@ -261,6 +298,8 @@ void PageBackend::Forget() {
   calls_.clear();
   scratch_.clear();
   close_pending_.clear();
+  handler_.reset();  // exec resets caught signals to SIG_DFL
+  stat_fd_.Reset();
   proc_.SetSyscallStops(false);
   proc_.RemoveInterceptor(this);
 }
@@ -397,6 +436,10 @@ std::span<const uint8_t> PageBackend::CodeAt(uint64_t rip) {
 }
 
 absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) {
+  KW_ASSIGN_OR_RETURN(const bool reset, HandlerReset());
+  if (reset) {
+    return false;  // put back by Handle, with every thread stopped (a remote rt_sigaction)
+  }
   if (!armed_) {
     return true;  // a late fault of a disarmed page: drop it, the access re-runs unprotected
   }
@@ -433,6 +476,10 @@ absl::StatusOr<bool> PageBackend::HandleInPlace(pid_t tid, const siginfo_t& si) 
 }
 
 absl::Status PageBackend::Handle(pid_t tid, const siginfo_t& si) {
+  KW_ASSIGN_OR_RETURN(const bool reset, HandlerReset());
+  if (reset) {
+    KW_RETURN_IF_ERROR(RestoreHandler(tid));
+  }
   if (!armed_) {
     return absl::OkStatus();
   }
@@ -808,6 +855,7 @@ absl::Status PageBackend::RunOpen(pid_t tid, Call& c, bool world_stopped) {
   KW_ASSIGN_OR_RETURN(const core::ptrace::SyscallOutcome out, proc_.FinishSyscall(tid, kAloneMax));
   switch (out.kind) {
     case core::ptrace::SyscallOutcome::Kind::kReturned:
+      KW_RETURN_IF_ERROR(OnSigaction(out.exit));
       return ExitCall(tid, c, out.exit, world_stopped);
     case core::ptrace::SyscallOutcome::Kind::kBlocked: {
       if (c.model.start_only && !c.retried) {
@@ -880,6 +928,7 @@ absl::Status PageBackend::RunAgainAfterEfault(pid_t tid, Call& c, bool world_sto
 
 absl::Status PageBackend::OnExit(pid_t tid, const core::ptrace::SyscallStop& st,
                                  bool world_stopped) {
+  KW_RETURN_IF_ERROR(OnSigaction(st));
   auto it = calls_.find(tid);
   if (it == calls_.end()) {
     // A call kwatch did not look after: only an EFAULT on a protected page concerns it
@@ -933,6 +982,163 @@ absl::Status PageBackend::ExitCall(pid_t tid, Call& c, const core::ptrace::Sysca
   calls_.erase(tid);
   const absl::Status r = ReleasePages(tid, done);
   return s.ok() ? r : s;
+}
+
+// ---- The program's SIGSEGV handler ----
+
+absl::StatusOr<bool> PageBackend::SegvCaught() {
+  if (!stat_fd_.valid()) {
+    const std::string path = absl::StrCat("/proc/", proc_.pid(), "/stat");
+    stat_fd_.Reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!stat_fd_.valid()) {
+      const int err = errno;
+      return core::SyscallError(err, absl::StrCat("open(", path, ")"));
+    }
+  }
+  // Read again from the start: the kernel writes the text afresh (seq_file).
+  std::array<char, 1024> buf{};
+  const ssize_t n = ::pread(stat_fd_.get(), buf.data(), buf.size() - 1, 0);
+  if (n < 0) {
+    const int err = errno;
+    return core::SyscallError(err, absl::StrCat("read(/proc/", proc_.pid(), "/stat)"));
+  }
+  const std::optional<uint64_t> caught =
+      SigCatchOf(absl::string_view(buf.data(), static_cast<size_t>(n)));
+  if (!caught.has_value()) {
+    return absl::InternalError(
+        absl::StrCat("/proc/", proc_.pid(), "/stat has no signal masks kwatch can read"));
+  }
+  return (*caught & SigBit(SIGSEGV)) != 0;
+}
+
+absl::Status PageBackend::LearnHandler(pid_t tid) {
+  handler_.reset();
+  KW_ASSIGN_OR_RETURN(const bool caught, SegvCaught());
+  if (!caught) {
+    return absl::OkStatus();
+  }
+  const auto refuse = [this](const absl::Status& why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pid ", proc_.pid(), " handles SIGSEGV itself and kwatch cannot read its handler (",
+        why.message(),
+        "): page mode would lose the handler the first time the program touched a watched page "
+        "with SIGSEGV blocked (the kernel resets it then); use --backend perf or --stop"));
+  };
+  absl::StatusOr<int> slot = TakeScratch(tid, sizeof(KernelSigaction));
+  if (!slot.ok()) {
+    return refuse(slot.status());
+  }
+  Scratch& s = scratch_[*slot];
+  absl::Cleanup release = [&s] { s.busy = false; };
+  const std::array<uint64_t, 4> args = {SIGSEGV, 0, s.addr, sizeof(uint64_t)};
+  absl::StatusOr<int64_t> r = proc_.RemoteSyscall(tid, SYS_rt_sigaction, args);
+  if (r.ok() && *r < 0) {
+    r = core::SyscallError(static_cast<int>(-*r), "rt_sigaction(SIGSEGV, NULL, &old)");
+  }
+  if (!r.ok()) {
+    return refuse(r.status());
+  }
+  KernelSigaction act;
+  if (absl::Status read =
+          proc_.ReadMemory(core::RemoteAddr{s.addr},
+                           std::span<uint8_t>(reinterpret_cast<uint8_t*>(&act), sizeof act));
+      !read.ok()) {
+    return refuse(read);
+  }
+  if (act.handler != kSigDfl && act.handler != kSigIgn) {
+    handler_ = act;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> PageBackend::HandlerReset() {
+  if (!handler_.has_value()) {
+    return false;
+  }
+  KW_ASSIGN_OR_RETURN(const bool caught, SegvCaught());
+  // The program's own rt_sigaction calls keep handler_ current: a handler gone is the kernel's
+  // reset.
+  return !caught;
+}
+
+absl::Status PageBackend::RestoreHandler(pid_t tid) {
+  if ((handler_->flags & SA_RESETHAND) != 0) {
+    // A handler for one fault: the kernel reset it at its delivery (SA_RESETHAND), or at a
+    // fault of kwatch's while SIGSEGV was blocked, which look the same. Left as the flag asks
+    // (inside that handler, the usual place of a blocked SIGSEGV, it was reset already).
+    ++handler_resets_kept_;
+    handler_.reset();
+    return absl::OkStatus();
+  }
+  KW_ASSIGN_OR_RETURN(const int slot, TakeScratch(tid, sizeof(KernelSigaction)));
+  Scratch& s = scratch_[slot];
+  absl::Cleanup release = [&s] { s.busy = false; };
+  const KernelSigaction act = *handler_;
+  KW_RETURN_IF_ERROR(proc_.WriteMemory(
+      core::RemoteAddr{s.addr},
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&act), sizeof act)));
+  const std::array<uint64_t, 4> args = {SIGSEGV, s.addr, 0, sizeof(uint64_t)};
+  KW_ASSIGN_OR_RETURN(const int64_t r, proc_.RemoteSyscall(tid, SYS_rt_sigaction, args));
+  if (r < 0) {
+    return core::SyscallError(
+        static_cast<int>(-r),
+        absl::StrFormat("rt_sigaction(SIGSEGV) putting back the handler at 0x%x in pid %d, which "
+                        "the kernel reset when thread %d touched a watched page with SIGSEGV "
+                        "blocked",
+                        act.handler, proc_.pid(), tid));
+  }
+  // The kernel unblocked SIGSEGV in the thread because it was blocked: block it again.
+  uint64_t mask = 0;
+  if (::ptrace(PTRACE_GETSIGMASK, tid, sizeof mask, &mask) != 0) {
+    const int err = errno;
+    return core::SyscallError(err, absl::StrCat("ptrace(PTRACE_GETSIGMASK, ", tid, ")"));
+  }
+  mask |= SigBit(SIGSEGV);
+  if (::ptrace(PTRACE_SETSIGMASK, tid, sizeof mask, &mask) != 0) {
+    const int err = errno;
+    return core::SyscallError(err, absl::StrCat("ptrace(PTRACE_SETSIGMASK, ", tid, ")"));
+  }
+  ++handler_restores_;
+  return absl::OkStatus();
+}
+
+void PageBackend::Drop(pid_t tid, const siginfo_t& /*si*/) {
+  // A fault kwatch lets go of unhandled (it detaches): the access runs again on the restored
+  // page, but a handler the kernel reset at the fault would stay lost.
+  const absl::StatusOr<bool> reset = HandlerReset();
+  absl::Status s = reset.ok() ? absl::OkStatus() : reset.status();
+  if (s.ok() && *reset) {
+    s = RestoreHandler(tid);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "kwatch: cannot put back the SIGSEGV handler of pid %d: %s\n", proc_.pid(),
+                 std::string{s.message()}.c_str());
+  }
+}
+
+absl::Status PageBackend::OnSigaction(const core::ptrace::SyscallStop& exit) {
+  // The kernel takes the signal number as an int: the register's high half does not count.
+  if (exit.nr != SYS_rt_sigaction || static_cast<int>(exit.args[0]) != SIGSEGV ||
+      exit.args[1] == 0 || exit.ret != 0) {
+    return absl::OkStatus();
+  }
+  // The call only read `act` (still in rsi at its exit): the disposition it set.
+  KernelSigaction act;
+  if (absl::Status s =
+          proc_.ReadMemory(core::RemoteAddr{exit.args[1]},
+                           std::span<uint8_t>(reinterpret_cast<uint8_t*>(&act), sizeof act));
+      !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pid ", proc_.pid(), " set a SIGSEGV handler that kwatch cannot read (", s.message(),
+        "): page mode would lose it the first time the program touched a watched page with "
+        "SIGSEGV blocked (the kernel resets it then)"));
+  }
+  if (act.handler == kSigDfl || act.handler == kSigIgn) {
+    handler_.reset();
+  } else {
+    handler_ = act;
+  }
+  return absl::OkStatus();
 }
 
 void PageBackend::Collect(std::vector<core::AccessEvent>& out) {

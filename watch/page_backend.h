@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "core/base/unique_fd.h"
 #include "core/ptrace/guardian.h"
 #include "core/ptrace/process.h"
 #include "core/x86/x86_access.h"
@@ -39,6 +41,16 @@ namespace kwatch::watch {
 //     threads then are not seen;
 // (3) a call that still fails with EFAULT on a protected page (a pointer kwatch did not
 //     know, such as one inside a structure) is run again with the pages opened.
+//
+// The program's own SIGSEGV handler: a fault raised while the thread blocks SIGSEGV (in its
+// SIGSEGV handler, without SA_NODEFER) makes the kernel reset the handler to SIG_DFL and unblock
+// SIGSEGV in the thread before kwatch sees it (force_sig_info_to_task; seen on Linux 6.x), so the
+// program's next fault of its own would kill it. When the program catches SIGSEGV, each fault
+// of kwatch's reads /proc/PID/stat's sigcatch; a handler gone is put back (rt_sigaction in the
+// faulting thread, every thread stopped) and SIGSEGV blocked in that thread again
+// (PTRACE_SETSIGMASK). The handler is read at Arm (a remote rt_sigaction) and followed through
+// the program's own rt_sigaction calls (their exit stops): one installed later counts too. One
+// with SA_RESETHAND is left reset (handler_resets_kept()). Page mode raises no SIGBUS.
 class PageBackend final : public WatchBackend, public core::ptrace::SignalInterceptor {
  public:
   PageBackend(core::ptrace::Process& proc, const std::vector<Watch>& watches)
@@ -57,6 +69,9 @@ class PageBackend final : public WatchBackend, public core::ptrace::SignalInterc
   bool Claims(pid_t tid, const siginfo_t& si) override;
   absl::Status Handle(pid_t tid, const siginfo_t& si) override;
   absl::StatusOr<bool> HandleInPlace(pid_t tid, const siginfo_t& si) override;
+  // A claimed fault left unhandled as kwatch detaches: puts back a handler it made the kernel
+  // reset (see the class comment); a failure is said on stderr.
+  void Drop(pid_t tid, const siginfo_t& si) override;
   // Watches the debug registers hold in the same session (hybrid sessions). An instruction
   // this backend emulates never reaches the registers, so its accesses to these watches'
   // bytes are reported here (exact values); one it single-steps runs in the target and the
@@ -77,6 +92,11 @@ class PageBackend final : public WatchBackend, public core::ptrace::SignalInterc
   // What the kernel did with the protected pages inside system calls.
   const KernelAccessStats& kernel_stats() const { return kstats_; }
   const KernelAccessStats* kernel_access() const override { return &kstats_; }
+
+  // Times the program's SIGSEGV handler was put back after the kernel reset it, and resets
+  // left alone (a handler with SA_RESETHAND), see the class comment.
+  uint64_t handler_restores() const { return handler_restores_; }
+  uint64_t handler_resets_kept() const { return handler_resets_kept_; }
 
   // Faults handled by emulating the instruction, and by single-stepping it.
   uint64_t emulated() const { return emulated_; }
@@ -154,6 +174,25 @@ class PageBackend final : public WatchBackend, public core::ptrace::SignalInterc
   KernelAccessStats::Syscall& CallStats(uint64_t nr);
   void AddUnprotected(Call& c, uint64_t now_ns);
 
+  // The program's SIGSEGV disposition, as rt_sigaction(2) takes it on x86-64 (8-byte sigset).
+  struct KernelSigaction {
+    uint64_t handler = 0;
+    uint64_t flags = 0;
+    uint64_t restorer = 0;
+    uint64_t mask = 0;
+  };
+  // Arm (every thread stopped, `tid` one of them): reads the handler when SIGSEGV is caught.
+  // FailedPrecondition, naming the call that failed, when it is caught but cannot be read.
+  absl::Status LearnHandler(pid_t tid);
+  // Whether the process catches SIGSEGV now (/proc/PID/stat).
+  absl::StatusOr<bool> SegvCaught();
+  // Whether the kernel reset the handler kwatch knows of (none known: false, at no cost).
+  absl::StatusOr<bool> HandlerReset();
+  // Puts the handler back and blocks SIGSEGV in `tid` again (every thread stopped).
+  absl::Status RestoreHandler(pid_t tid);
+  // The program's rt_sigaction(SIGSEGV, act, ...) returned: handler_ follows `act`.
+  absl::Status OnSigaction(const core::ptrace::SyscallStop& exit);
+
   struct Scratch {  // a mapping kwatch made in the target for bounce buffers
     uint64_t addr = 0;
     uint64_t size = 0;
@@ -186,6 +225,10 @@ class PageBackend final : public WatchBackend, public core::ptrace::SignalInterc
   bool disarming_ = false;               // calls in flight are settled; new ones are left alone
   KernelAccessStats kstats_;
   std::map<pid_t, absl::Status> fork_cleanup_;  // followed children cleaned at their fork
+  std::optional<KernelSigaction> handler_;      // while the program catches SIGSEGV
+  core::UniqueFd stat_fd_;                      // /proc/PID/stat, read again at each check
+  uint64_t handler_restores_ = 0;
+  uint64_t handler_resets_kept_ = 0;
   uint64_t unrelated_ = 0;
   uint64_t emulated_ = 0;
   uint64_t stepped_ = 0;

@@ -706,6 +706,16 @@ uint64_t WatchSession::unrelated() const {
   return (hw_ != nullptr ? hw_->unrelated() : 0) + (page_ != nullptr ? page_->unrelated() : 0);
 }
 
+uint64_t WatchSession::segv_handler_restores() const {
+  return handler_restores_carried_ +
+         (page_backend_ != nullptr ? page_backend_->handler_restores() : 0);
+}
+
+uint64_t WatchSession::segv_handler_resets_kept() const {
+  return handler_resets_kept_carried_ +
+         (page_backend_ != nullptr ? page_backend_->handler_resets_kept() : 0);
+}
+
 BackendKind WatchSession::backend() const {
   if (IsHardware(kind_) && page_watches_.size() < watches_.size()) {
     return kind_;

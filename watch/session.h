@@ -190,6 +190,10 @@ class WatchSession {
     return page_ != nullptr ? page_->kernel_access() : nullptr;
   }
   uint64_t filtered() const { return filtered_; }
+  // Page mode: times the program's SIGSEGV handler was put back after the kernel reset it at a
+  // fault of kwatch's, and resets left alone (SA_RESETHAND); see watch/page_backend.h.
+  uint64_t segv_handler_restores() const;
+  uint64_t segv_handler_resets_kept() const;
   // The session's main backend: the hardware one when some watch is in debug registers.
   BackendKind backend() const;
   // How watch `id` runs (kept current: multiplex coverage at the last Tick or Disarm).
@@ -243,6 +247,8 @@ class WatchSession {
   std::map<uint32_t, drmgr::RequestId> request_of_;      // by watch id
   std::map<uint32_t, drmgr::ShortagePolicy> policy_of_;  // own watches' requests, by id
   std::vector<core::AccessEvent> carried_;  // collected from a page backend replaced since
+  uint64_t handler_restores_carried_ = 0;   // ... and its counts of the program's handler
+  uint64_t handler_resets_kept_carried_ = 0;
   // Makes drmgr's kFallbackPages decisions real: the page backend rebuilt over those watches
   // (and those too long for registers), the others in registers (LendSlots).
   absl::Status SyncPages();

@@ -144,6 +144,8 @@ absl::Status WatchSession::SyncPages() {
   // The target is stopped: nothing runs between the old pages and the new ones.
   if (page_ != nullptr) {
     page_->Collect(carried_);
+    handler_restores_carried_ += page_backend_->handler_restores();
+    handler_resets_kept_carried_ += page_backend_->handler_resets_kept();
     page_->Disarm();
     page_.reset();
     page_backend_ = nullptr;

@@ -623,6 +623,33 @@ absl::StatusOr<TargetSetEnd> TargetSet::Finish() {
   if (exec_seen_) {
     info.stop_reason += "; the watches ended when the target called exec";
   }
+  uint64_t restores = 0;
+  uint64_t kept = 0;
+  for (const auto& t : tracees_) {
+    const auto add = [&](const WatchSession& s) {
+      restores += s.segv_handler_restores();
+      kept += s.segv_handler_resets_kept();
+    };
+    if (t->session != nullptr) {
+      add(*t->session);
+    }
+    for (const auto& s : t->ended) {
+      add(*s);
+    }
+  }
+  if (restores > 0) {
+    notes_.push_back(absl::StrFormat(
+        "restored the program's SIGSEGV handler %d time%s (the kernel reset it when a watched "
+        "page was touched with SIGSEGV blocked)",
+        restores, restores == 1 ? "" : "s"));
+  }
+  if (kept > 0) {
+    notes_.push_back(absl::StrFormat(
+        "found the program's SIGSEGV handler reset %d time%s at a fault on a watched page: not "
+        "put back, as it was installed with SA_RESETHAND (a handler for one fault; kwatch cannot "
+        "tell that reset from the kernel's at a fault with SIGSEGV blocked)",
+        kept, kept == 1 ? "" : "s"));
+  }
   if (proc.forks() > 0) {
     notes_.push_back(absl::StrFormat(
         "the target forked %d child%s: not followed (-f follows them), each let go with none of "
