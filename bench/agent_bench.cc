@@ -14,9 +14,19 @@
 //    program, false at every hit: no record is written (issue 18 asks <= 2x AgentJumpHit).
 //  - AgentJumpFilteredIn: the same condition true at every hit (`a % 1000 == 1`): the filter's
 //    cost on top of AgentJumpHit.
+//  - AgentJumpReturn: a call of kwt_jfunc with a return probe through the trampoline (entry and
+//    return in the agent, a record at the return): the floor under a per-call watch.
+//  - AgentPerCallArmDisarm: the same return probe numbering a per-call watch and a chained
+//    lookup probe that arms a global in this thread's perf breakpoint at the entry
+//    (PERF_EVENT_IOC_MODIFY_ATTRIBUTES) and disarms it at the return (PERF_EVENT_IOC_DISABLE):
+//    what `kwatch --in FUNC` adds per call in the target (issue 19 asks <= 5 us). Counter
+//    `added_us`: its time minus AgentJumpReturn's, same run.
 // Times are CPU times (Google Benchmark's default, and ratio_to_floor from this thread's CPU
 // clock). Records go into the thread's ring; every 256 hits the benchmark consumes them (tail =
 // head, as a drain that keeps up), so that none is lost; the counter `lost` says if one was.
+
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
 
 #include <csignal>
 #include <cstdint>
@@ -88,14 +98,21 @@ struct Setup {
   uint32_t jump_deref = 0;
   uint32_t filtered_out = 0;
   uint32_t filtered_in = 0;
+  uint32_t ret_only = 0;
+  uint32_t ret_call = 0;
   bool ok = false;
 };
+
+alignas(8) volatile uint64_t g_watched = 0;  // AgentPerCallArmDisarm's object (never written)
+double g_return_ns = 0;
 
 Setup& Agent() {
   static Setup s = [] {
     Setup s;
     testing::Layout l;
     l.ring_bytes = 1 << 20;
+    l.call_watches = 1;
+    l.call_sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME;
     s.c = LocalController::Create(l);
     if (s.c->LoadAgent(KWATCH_AGENT_PATH) != 0) {
       return s;
@@ -137,6 +154,28 @@ Setup& Agent() {
     in.in_hash = false;
     in.filter = filter(1);
     s.filtered_in = s.c->AddProbe(in);
+    ProbeSpec ret = j;
+    ret.in_hash = false;
+    ret.flags |= kKwProbeReturn;
+    ret.fetch = {};
+    ret.record_bytes = 0;
+    s.ret_only = s.c->AddProbe(ret);
+    ret.call_watch = 1;
+    s.ret_call = s.c->AddProbe(ret);
+    ProbeSpec arm = j;
+    arm.in_hash = false;
+    arm.flags = kKwProbeUsed | kKwProbeEnabled | kKwProbeJump | kKwProbeCallArm;
+    arm.call_watch = 1;
+    arm.record_bytes = 16;
+    arm.fetch = {OpBegin(0), KwFetchOp{kKwOpImm, 0, 0, static_cast<int64_t>(Addr(&g_watched))},
+                 OpStore(8), OpEnd()};
+    const uint32_t arm_index = s.c->AddProbe(arm);
+    s.c->Chain(s.ret_call, arm_index);
+    KwCallWatch& cw = s.c->call_watch(0);
+    cw.function = s.ret_call;
+    cw.first = 0;
+    cw.bp_type = HW_BREAKPOINT_W;
+    cw.bp_len = 8;
     s.c->SetState(kKwStateActive);
     s.c->PatchInt3(Addr(&kwt_args), s.int3);
     kwt_jump_entry = s.c->ctl().jump_entry;
@@ -231,6 +270,51 @@ void AgentJumpFilteredIn(benchmark::State& state) {
   JumpThrough(state, Agent().filtered_in);
 }
 BENCHMARK(AgentJumpFilteredIn);
+
+// Calls of kwt_jfunc through the trampoline of probe `index`; ns per call.
+double RunCalls(benchmark::State& state, uint32_t index) {
+  Setup& s = Agent();
+  if (!s.ok) {
+    state.SkipWithError("kwatch_agent_init failed");
+    return 0;
+  }
+  kwt_tramp_index = index;
+  uint64_t n = 0;
+  const double t0 = NowNs();
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores)
+    benchmark::DoNotOptimize(kwt_jfunc(1, 2));
+    if ((++n & 255) == 0) {
+      Consume(*s.c);
+    }
+  }
+  const double per_call = (NowNs() - t0) / static_cast<double>(state.iterations());
+  Consume(*s.c);
+  kwt_tramp_index = s.jump;
+  state.counters["ns_per_call"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  return per_call;
+}
+
+void AgentJumpReturn(benchmark::State& state) {
+  g_return_ns = RunCalls(state, Agent().ret_only);
+}
+BENCHMARK(AgentJumpReturn);
+
+void AgentPerCallArmDisarm(benchmark::State& state) {
+  const uint64_t calls0 = Agent().ok ? Agent().c->call_watch(0).calls.load() : 0;
+  const double per_call = RunCalls(state, Agent().ret_call);
+  if (!Agent().ok) {
+    return;
+  }
+  if (Agent().c->call_watch(0).calls.load() - calls0 != static_cast<uint64_t>(state.iterations())) {
+    state.SkipWithError("the agent did not number every call");
+  }
+  if (g_return_ns > 0) {
+    state.counters["added_us"] = (per_call - g_return_ns) / 1000.0;
+  }
+}
+BENCHMARK(AgentPerCallArmDisarm);
 
 }  // namespace
 }  // namespace kwatch::agent

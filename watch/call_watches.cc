@@ -594,9 +594,9 @@ absl::Status CallWatches::Remove() {
   const uint64_t now = core::MonotonicNs();
   absl::Status s;
   if (agent_ != nullptr) {
-    if (proc_.alive()) {
-      s = agent_->End();  // the code back, the breakpoints disabled: the last samples wait
-    }
+    // The code back and the breakpoints disabled (a live target), and the agent's last records
+    // read (also of a target that exited: they are in kwatch's shared memory).
+    s = agent_->End();
     for (auto& [key, r] : calls_) {
       if (r.state != CallRecord::State::kEnded) {
         End(r, now, "still running when the session ended");

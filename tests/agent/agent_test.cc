@@ -277,6 +277,23 @@ TEST(Agent, JumpProbeWithArgumentsAndAChainedReturnProbe) {
   EXPECT_EQ(kv["active"], "0");
 }
 
+// Per-call watches: each call's object armed in this thread's breakpoint and disarmed at its
+// return; exactly its own two writes copied, not another thread's nor those between calls.
+TEST(Agent, PerCallWatchArmsEachCallsObjectAndCopiesItsWrites) {
+  auto kv = Host({"per-call", "200"});
+  EXPECT_EQ(kv["arms"], "202");
+  EXPECT_EQ(kv["calls"], "202");  // numbered one by one
+  EXPECT_EQ(kv["armed"], "200");
+  EXPECT_EQ(kv["null"], "1");
+  EXPECT_EQ(kv["unaligned"], "1");
+  EXPECT_EQ(kv["fds_opened"], "1");  // opened at the first call, retargeted after
+  EXPECT_EQ(kv["ends"], "202");
+  EXPECT_EQ(kv["samples"], "400");  // 2 per call, none of the other thread's
+  EXPECT_EQ(kv["sample_addr_ok"], "400");
+  EXPECT_EQ(kv["active"], "0");
+  EXPECT_EQ(kv["missed"], "0");
+}
+
 TEST(Agent, WatchdogRestoresEveryPatchedByteWhenTheLifelineCloses) {
   auto kv = Host({"watchdog"});
   EXPECT_EQ(kv["state"], "4");  // kKwStateRestored

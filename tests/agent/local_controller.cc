@@ -62,6 +62,8 @@ std::unique_ptr<LocalController> LocalController::Create(const Layout& layout) {
   off = Align64(off + uint64_t{layout.patches} * sizeof(KwPatch));
   const uint64_t processes = off;
   off = Align64(off + uint64_t{layout.processes} * sizeof(KwProcess));
+  const uint64_t call_watches = off;
+  off = Align64(off + uint64_t{layout.call_watches} * sizeof(KwCallWatch));
   c->size_ = off;
   c->memfd_ = memfd_create("kwatch-agent-test", MFD_CLOEXEC);
   if (c->memfd_ < 0) {
@@ -100,6 +102,11 @@ std::unique_ptr<LocalController> LocalController::Create(const Layout& layout) {
   k.patch_capacity = layout.patches;
   k.processes_offset = processes;
   k.process_capacity = layout.processes;
+  k.call_watches_offset = call_watches;
+  k.call_watch_capacity = layout.call_watches;
+  k.call_ring_pages = layout.call_ring_pages;
+  k.call_sample_type = layout.call_sample_type;
+  k.call_sample_regs = layout.call_sample_regs;
   std::array<int, 2> fds{};
   if (pipe2(fds.data(), O_CLOEXEC) != 0) {
     Die("pipe2");
@@ -208,6 +215,7 @@ uint32_t LocalController::AddProbe(const ProbeSpec& spec) {
   p.filter_len = static_cast<uint32_t>(spec.filter.size());
   p.record_bytes = spec.record_bytes;
   p.maxactive = spec.maxactive;
+  p.call_watch = spec.call_watch;
   p.next = 0;
   next_code_ += static_cast<uint32_t>(spec.fetch.size() + spec.filter.size());
   p.flags.store(spec.flags, std::memory_order_release);
@@ -215,6 +223,10 @@ uint32_t LocalController::AddProbe(const ProbeSpec& spec) {
     HashInsert(spec.addr, index);
   }
   return index;
+}
+
+KwCallWatch& LocalController::call_watch(uint32_t index) {
+  return reinterpret_cast<KwCallWatch*>(base_ + ctl_->call_watches_offset)[index];
 }
 
 void LocalController::Chain(uint32_t first, uint32_t then) {
@@ -333,7 +345,9 @@ size_t LocalController::Drain(const std::function<void(const Hit&)>& sink) {
         Hit hit;
         std::memcpy(&hit.rec, data + off, sizeof(KwRecord));
         uint32_t at = sizeof(KwRecord);
-        while (at + sizeof(KwArgHeader) <= rsize) {
+        hit.payload.assign(data + off + at, data + off + rsize);
+        const bool args = type == kKwRecordHit || type == kKwRecordReturn;
+        while (args && at + sizeof(KwArgHeader) <= rsize) {
           KwArgHeader h{};
           std::memcpy(&h, data + off + at, sizeof(h));
           at += sizeof(h);

@@ -28,6 +28,11 @@ struct Layout {
   uint32_t patches = 64;
   uint32_t processes = 16;  // KwProcess entries (fork children followed)
   uint32_t flags = 0;       // KwControlFlags
+  // Per-call watches (abi.h "Per-call watches"): KwCallWatch entries and their breakpoints.
+  uint32_t call_watches = 0;
+  uint32_t call_ring_pages = 8;
+  uint64_t call_sample_type = 0;
+  uint64_t call_sample_regs = 0;
 };
 
 // A probe as kwatch would describe it (resume fields as in KwProbe).
@@ -48,6 +53,7 @@ struct ProbeSpec {
   uint32_t ind_flags = 0;
   uint32_t maxactive = 0;
   uint32_t record_bytes = 256;
+  uint32_t call_watch = 0;  // KwProbe::call_watch
   std::vector<KwFetchOp> fetch;
   std::vector<KwFetchOp> filter;  // a filter program (abi.h "Filter programs"), or none
   bool in_hash = true;            // the head of its address (chained probes: only the first)
@@ -62,7 +68,8 @@ struct Arg {
 };
 struct Hit {
   KwRecord rec{};
-  std::vector<Arg> args;
+  std::vector<Arg> args;         // hit and return records
+  std::vector<uint8_t> payload;  // every record: the bytes after the KwRecord
 };
 
 class LocalController {
@@ -82,6 +89,7 @@ class LocalController {
   KwThread& thread(uint32_t index);
   KwRing& ring(uint32_t index);
   KwProcess& process(uint32_t index);
+  KwCallWatch& call_watch(uint32_t index);
   uint64_t agent_view() const { return agent_base_; }
   uint64_t size() const { return size_; }
 

@@ -6,6 +6,8 @@
 // usage: agent_host SCENARIO [ARGS...]   (see Main() for the scenarios)
 
 #include <fcntl.h>
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -1257,6 +1259,126 @@ int Jump(int n) {
 }
 
 // ---------------------------------------------------------------------------------------
+// per-call N: a watch per call of kwt_callback on the object its argument points to (abi.h
+// "Per-call watches"): each call's object armed in this thread's perf breakpoint at the entry,
+// disarmed at the return, the call's writes copied into the ring. N calls write their object
+// twice (alternately two objects); writes between calls and another thread's writes during a
+// call are not the calls'; one call with a NULL object and one with a misaligned one are not
+// armed.
+
+std::atomic<int> g_other_phase{0};
+uint64_t WriteTwice(uint64_t p) {
+  if (p != 0) {
+    *reinterpret_cast<volatile uint64_t*>(p) = 1;
+    // Another thread writes the object now: not this call's (the breakpoint is this thread's).
+    g_other_phase.store(1);
+    while (g_other_phase.load() != 2) {
+      sched_yield();
+    }
+    *reinterpret_cast<volatile uint64_t*>(p) = 2;
+  }
+  return 0;
+}
+
+int PerCall(int n) {
+  Layout l;
+  l.ring_bytes = 1 << 22;
+  l.call_watches = 1;
+  l.call_sample_type =
+      PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_ADDR | PERF_SAMPLE_CPU;
+  auto c = Start(l);
+  ProbeSpec ret = Int3At(Addr(&kwt_callback), 1);
+  ret.flags |= ag::kKwProbeReturn;
+  ret.call_watch = 1;
+  const uint32_t pr = c->AddProbe(ret);
+  ProbeSpec arm = ret;
+  arm.flags = ag::kKwProbeUsed | ag::kKwProbeEnabled | ag::kKwProbeCallArm;
+  arm.in_hash = false;
+  arm.record_bytes = 16;
+  arm.fetch = {OpBegin(0), OpReg(ag::kKwRsi), OpStore(8), OpEnd()};
+  const uint32_t pa = c->AddProbe(arm);
+  c->Chain(pr, pa);
+  ag::KwCallWatch& cw = c->call_watch(0);
+  cw.function = pr;
+  cw.first = 0;
+  cw.bp_type = HW_BREAKPOINT_W;
+  cw.bp_len = 8;
+  c->SetState(ag::kKwStateActive);
+  c->PatchInt3(Addr(&kwt_callback), pr);
+  alignas(8) static volatile uint64_t objects[2] = {0, 0};
+  alignas(8) static uint8_t bytes[16] = {};
+  volatile uint64_t* target = nullptr;
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    while (!done.load()) {
+      if (g_other_phase.load() == 1) {
+        *target = 7;  // during the call, from another thread
+        g_other_phase.store(2);
+      }
+      sched_yield();
+    }
+  });
+  for (int i = 0; i < n; ++i) {
+    target = &objects[i % 2];
+    g_other_phase.store(0);
+    kwt_callback(WriteTwice, Addr(const_cast<uint64_t*>(&objects[i % 2])));
+    objects[i % 2] = 3;  // between calls: not watched
+  }
+  kwt_callback(WriteTwice, 0);
+  kwt_callback(PlusFive, Addr(&bytes[1]));
+  done.store(true);
+  other.join();
+  uint64_t arms = 0, armed = 0, null_objects = 0, unaligned = 0, fds = 0, ends = 0, samples = 0;
+  uint64_t sample_addr_ok = 0;
+  std::set<uint32_t> calls;
+  c->Drain([&](const Hit& h) {
+    if (h.payload.size() < sizeof(ag::KwCallRecord)) {
+      return;
+    }
+    ag::KwCallRecord r{};
+    std::memcpy(&r, h.payload.data(), sizeof(r));
+    if (h.rec.type == ag::kKwRecordCallArm) {
+      ++arms;
+      calls.insert(r.call);
+      armed += r.status == ag::kKwCallArmed ? 1 : 0;
+      null_objects += r.status == ag::kKwCallNull ? 1 : 0;
+      unaligned += r.status == ag::kKwCallUnaligned ? 1 : 0;
+      fds += r.new_fd >= 0 ? 1 : 0;
+    } else if (h.rec.type == ag::kKwRecordCallEnd) {
+      ++ends;
+    } else if (h.rec.type == ag::kKwRecordCallSamples) {
+      size_t at = sizeof(r);
+      while (at + sizeof(perf_event_header) <= h.payload.size()) {
+        perf_event_header ph{};
+        std::memcpy(&ph, h.payload.data() + at, sizeof(ph));
+        if (ph.size == 0) {
+          break;
+        }
+        if (ph.type == PERF_RECORD_SAMPLE) {
+          ++samples;
+          uint64_t addr = 0;  // IP, TID, TIME, ADDR: the breakpoint's address
+          std::memcpy(&addr, h.payload.data() + at + 8 + 24, sizeof(addr));
+          sample_addr_ok += addr == r.addr ? 1 : 0;
+        }
+        at += ph.size;
+      }
+    }
+  });
+  Say("arms", arms);
+  Say("calls", calls.size());
+  Say("armed", armed);
+  Say("null", null_objects);
+  Say("unaligned", unaligned);
+  Say("fds_opened", fds);
+  Say("ends", ends);
+  Say("samples", samples);
+  Say("sample_addr_ok", sample_addr_ok);
+  Say("active", c->probe(pr).active.load());
+  Say("missed", c->call_watch(0).missed.load());
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
 // fetch-edges: reads that end at an unmapped page (ABI v3). At the last 4 bytes of a page
 // ("tail", no NUL, the next page unmapped): a 4-byte dereference reads them, an 8-byte one
 // faults, a string keeps them (fault status). On a thread whose stack mapping ends at an
@@ -1386,6 +1508,9 @@ int main(int argc, char** argv) {
   }
   if (what == "jump") {
     return Jump(n);
+  }
+  if (what == "per-call") {
+    return PerCall(n);
   }
   if (what == "fetch-edges") {
     return FetchEdges();

@@ -393,17 +393,20 @@ absl::Status AgentCalls::End() {
   }
   // Every thread is stopped (CallWatches::Remove): the code goes back first, so that no call
   // starts; calls in flight keep their return through the agent's trampoline.
-  absl::Status s = ctl_->End(proc_);
+  const bool live = proc_.alive();
+  absl::Status s = ctl_->End(proc_);  // a target gone: nothing to restore (EndGone)
   // The agent's records written up to now (calls that ended before the stop), then the calls
   // still running, from the target's rings.
   (void)ctl_->Drain([this](const wa::AgentHit& hit) { OnRecord(hit); });
-  ReadRunning();
+  if (live) {
+    ReadRunning();
+  }
   // The target's breakpoints and rings go: they take no register any more.
   const pid_t tid = proc_.AnyStoppedThread();
   const uint64_t bytes = (uint64_t{options_.ring_pages} + 1) * 4096;
   for (uint32_t i = 0; i < ctl_->tables().layout().thread_capacity; ++i) {
     for (ka::KwCallSlot& cs : ctl_->tables().thread(i).call_slot) {
-      if (cs.fd_plus1 > 0 && tid != 0 && proc_.alive()) {
+      if (cs.fd_plus1 > 0 && tid != 0 && live) {
         (void)proc_.RemoteSyscall(tid, SYS_munmap, std::vector<uint64_t>{cs.ring, bytes});
         (void)proc_.RemoteSyscall(tid, SYS_close,
                                   std::vector<uint64_t>{static_cast<uint64_t>(cs.fd_plus1 - 1)});
