@@ -7,6 +7,7 @@
 #include <linux/perf_event.h>
 #include <sys/mman.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <ctime>
@@ -234,13 +235,13 @@ void CallArm(Session& s, ThreadState& t, KwProbe& probe, const KwRegs& regs, uin
   rec.slot = kKwCallSlots;
   rec.stack_slot = inst->stack_slot;
   // The fetch program leaves the address as argument 0.
-  alignas(8) uint8_t out[64];
+  alignas(8) std::array<uint8_t, 64> out{};
   uint16_t flags = 0;
-  const uint32_t used = RunFetch(s, probe, regs, nullptr, out, sizeof(out), &flags);
-  const auto* h = reinterpret_cast<const KwArgHeader*>(out);
+  const uint32_t used = RunFetch(s, probe, regs, nullptr, out.data(), out.size(), &flags);
+  const auto* h = reinterpret_cast<const KwArgHeader*>(out.data());
   uint64_t addr = 0;
   if (used >= sizeof(KwArgHeader) + 8 && h->status == kKwArgOk && h->len >= 8) {
-    addr = *reinterpret_cast<const uint64_t*>(out + sizeof(KwArgHeader));
+    addr = *reinterpret_cast<const uint64_t*>(out.data() + sizeof(KwArgHeader));
   }
   rec.addr = addr;
   if (addr < 4096) {

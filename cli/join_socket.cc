@@ -7,7 +7,9 @@
 
 #include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
@@ -61,6 +63,24 @@ absl::Status PrivateDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Removes the sockets of `dir` left by sessions that were killed, over processes that are gone
+// (PID.sock whose PID no longer exists): a live target's socket is left to the session that
+// replaces it (a listener racing to bind one must not lose it).
+void RemoveStaleSockets(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    pid_t pid = 0;
+    if (!absl::EndsWith(name, ".sock") ||
+        !absl::SimpleAtoi(name.substr(0, name.size() - 5), &pid) || pid <= 0) {
+      continue;
+    }
+    if (::kill(pid, 0) != 0 && errno == ESRCH) {
+      (void)::unlink(entry.path().c_str());
+    }
+  }
+}
+
 // Whether kwatch `pid` runs `kwatch probe` (its second argument, from /proc/PID/cmdline).
 bool IsProbeSession(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
@@ -103,6 +123,7 @@ absl::StatusOr<core::UniqueFd> ListenJoinSocket(pid_t target, std::string* path)
     const int err = errno;
     return core::SyscallError(err, absl::StrCat("mkdir ", dir));
   }
+  RemoveStaleSockets(dir);
   *path = absl::StrCat(dir, "/", target, ".sock");
   absl::StatusOr<sockaddr_un> addr = AddressOf(*path);
   if (!addr.ok()) {

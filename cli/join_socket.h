@@ -34,7 +34,8 @@ std::optional<KwatchTracer> TracingKwatch(pid_t pid);
 
 // Listens on the control socket of `target` (the directory made 0700 if missing; a socket left
 // by a session that ended is replaced; refused when another session listens there). Sets
-// `*path`. The descriptor is nonblocking.
+// `*path`. The descriptor is nonblocking. Sockets that killed sessions left over processes
+// that are gone are removed on the way.
 absl::StatusOr<core::UniqueFd> ListenJoinSocket(pid_t target, std::string* path);
 
 // Connects to the control socket of the session of `tracer` over `target`; the error says who

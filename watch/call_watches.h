@@ -107,7 +107,12 @@ struct CallAgentPlan {
 // and the breakpoints' samples (Collect).
 class CallAgent {
  public:
+  CallAgent() = default;
   virtual ~CallAgent() = default;
+  CallAgent(const CallAgent&) = delete;
+  CallAgent& operator=(const CallAgent&) = delete;
+  CallAgent(CallAgent&&) = delete;
+  CallAgent& operator=(CallAgent&&) = delete;
   // The accesses since the last call, each with its watch and call; the lookups and ends read
   // on the way go to the CallWatches first.
   virtual void Collect(std::vector<core::AccessEvent>& out) = 0;

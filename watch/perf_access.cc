@@ -52,6 +52,16 @@ SampledAccess TrapDecoder::Resolve(const PerfSample& sample) {
   return out;
 }
 
+core::AccessEvent SampleEvent(const PerfSample& s) {
+  core::AccessEvent ev;
+  ev.time_ns = s.time;
+  ev.pid = static_cast<pid_t>(s.pid);
+  ev.tid = static_cast<pid_t>(s.tid);
+  ev.cpu = s.cpu;
+  ev.trap_ip = core::RemoteAddr{s.ip};
+  return ev;
+}
+
 TouchedBytes Touched(const SampledAccess& a, uint64_t lo, uint64_t hi) {
   TouchedBytes t;
   t.lo = lo;

@@ -22,6 +22,9 @@ struct SampledAccess {
   core::x86::RegisterAccess access;
 };
 
+// The event of a breakpoint sample: its time, process, thread, CPU and trap address.
+core::AccessEvent SampleEvent(const PerfSample& s);
+
 // The bytes of a watched range [lo, hi) that a sampled access touched, and their value, as far
 // as the decoded instruction and the sampled registers tell (else the whole range, no value).
 struct TouchedBytes {

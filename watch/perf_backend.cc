@@ -224,12 +224,7 @@ void PerfBackend::DrainSlot(Slot& slot, std::vector<core::AccessEvent>& out) {
       if (static_cast<pid_t>(s.pid) != proc_.pid()) {
         return;  // not this process's (inherit_thread: a forked child never inherits these)
       }
-      core::AccessEvent ev;
-      ev.time_ns = s.time;
-      ev.pid = static_cast<pid_t>(s.pid);
-      ev.tid = static_cast<pid_t>(s.tid);
-      ev.cpu = s.cpu;
-      ev.trap_ip = core::RemoteAddr{s.ip};
+      core::AccessEvent ev = SampleEvent(s);
       // The bytes the access touched, when the instruction and the registers after it say
       // so; else the whole chunk.
       TouchedBytes touched;

@@ -352,6 +352,48 @@ TEST(KwatchJoin, AnotherUsersKwatchIsRefused) {
 
 // A client of another uid that can open the socket anyway (CAP_DAC_OVERRIDE) is refused by the
 // session itself (SO_PEERCRED), with a message; nothing is armed for it.
+// Leaves a socket file at `path` as a killed session does (bound, never unlinked).
+void LeaveSocketFile(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << path;
+  close(fd);
+}
+
+// Sockets that killed sessions left over processes that are gone are removed when a session
+// starts listening; one over a live process (which may be about to be replaced by its own
+// session) stays.
+TEST(KwatchJoin, SocketsLeftOverGoneProcessesAreRemoved) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  ASSERT_EQ(geteuid(), 0u);
+  ASSERT_FALSE(std::filesystem::exists("/run/user/0")) << "this test expects /tmp/kwatch-0";
+  std::filesystem::create_directories("/tmp/kwatch-0");
+  std::filesystem::permissions("/tmp/kwatch-0", std::filesystem::perms::owner_all);
+  const pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) {
+    _exit(0);
+  }
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const std::string stale = absl::StrCat("/tmp/kwatch-0/", gone, ".sock");
+  const std::string live = absl::StrCat("/tmp/kwatch-0/", getpid(), ".sock");
+  std::filesystem::remove(stale);
+  std::filesystem::remove(live);
+  LeaveSocketFile(stale);
+  LeaveSocketFile(live);
+  Owned o = StartOwned("join-stale", "1", "10");
+  ASSERT_NE(o.owner, nullptr);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  std::filesystem::remove(live);
+  ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
+  ASSERT_TRUE(o.owner->Finish().ok());
+  ASSERT_TRUE(o.target->Finish().ok());
+}
+
 TEST(KwatchJoin, PeerOfAnotherUidIsRefusedBySoPeercred) {
   KW_REQUIRE_DEBUG_TRAPS();
   ASSERT_EQ(geteuid(), 0u);

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "agent/abi.h"
 #include "core/base/status_macros.h"
+#include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
 #include "core/probe/agent_fetch.h"
 #include "core/probe/trampoline.h"
@@ -264,7 +265,7 @@ void AgentCalls::OnRecord(const wa::AgentHit& hit) {
             : rec.status == ka::kKwCallNull ? std::string("a NULL pointer on the way to the object")
             : rec.status == ka::kKwCallUnaligned
                 ? absl::StrFormat("its address is not aligned to its %d bytes", w.len)
-                : absl::StrCat("the agent could not arm it: ", std::strerror(rec.error));
+                : absl::StrCat("the agent could not arm it: ", core::ErrnoText(rec.error));
     }
     calls_.AgentLookup(w.watch_id, rec.call, tid, hit.time_ns, entry_sp, core::RemoteAddr{rec.addr},
                        why);
@@ -320,12 +321,7 @@ void AgentCalls::OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t>
       continue;
     }
     const SampledAccess a = decoder_.Resolve(s);
-    core::AccessEvent ev;
-    ev.time_ns = s.time;
-    ev.pid = static_cast<pid_t>(s.pid);
-    ev.tid = static_cast<pid_t>(s.tid);
-    ev.cpu = s.cpu;
-    ev.trap_ip = core::RemoteAddr{s.ip};
+    core::AccessEvent ev = SampleEvent(s);
     ev.ip = a.ip;
     ev.kind = w.kind == drmgr::DrKind::kWrite || a.writes ? core::AccessKind::kWrite
                                                           : core::AccessKind::kRead;
