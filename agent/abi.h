@@ -50,6 +50,18 @@ enum KwControlFlags : uint32_t {
   kKwFollowForks = 1U << 0,
 };
 
+// A perf breakpoint of a thread that is gone (per-call watches), for the agent to close: kwatch
+// writes `ring`, then fd_plus1 (release) into a free entry and adds 1 to closes_pending; the
+// agent takes it (exchanges fd_plus1 for 0) at its next lookup on any thread, closes the fd and
+// unmaps the ring. A full queue: kwatch closes the rest itself at the session's end.
+inline constexpr uint32_t kKwCloseQueue = 32;
+struct KwCloseEntry {
+  std::atomic<int32_t> fd_plus1;  // 0: free
+  uint32_t reserved;
+  uint64_t ring;  // its ring's mapping (call_ring_pages + 1 pages)
+};
+static_assert(sizeof(KwCloseEntry) == 16);
+
 struct alignas(64) KwControl {
   uint64_t magic;        // kKwMagic (kwatch, before init)
   uint32_t abi_version;  // kKwAbiVersion
@@ -125,9 +137,12 @@ struct alignas(64) KwControl {
   // (kwatch, before init; 0 entries: none), and the perf breakpoints the agent opens for them.
   uint64_t call_watches_offset;
   uint32_t call_watch_capacity;
-  uint32_t call_ring_pages;   // data pages of each breakpoint's ring (a power of two)
-  uint64_t call_sample_regs;  // perf_event_attr.sample_regs_user of their samples
-  uint64_t call_sample_type;  // perf_event_attr.sample_type of their samples
+  uint32_t call_ring_pages;              // data pages of each breakpoint's ring (a power of two)
+  uint64_t call_sample_regs;             // perf_event_attr.sample_regs_user of their samples
+  uint64_t call_sample_type;             // perf_event_attr.sample_type of their samples
+  std::atomic<uint32_t> closes_pending;  // entries of `closes` to take (kwatch adds, agent takes)
+  uint32_t reserved3;
+  std::array<KwCloseEntry, kKwCloseQueue> closes;
 };
 
 // KwControl::init_error: the step of kwatch_agent_init that failed (its return value is the

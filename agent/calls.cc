@@ -191,6 +191,21 @@ bool FunctionWatches(const Session& s, const KwInstance& inst, uint32_t* first, 
   return true;
 }
 
+// Closes the breakpoints kwatch queued (threads that are gone).
+__attribute__((noinline)) void CloseGone(Session& s) {
+  KwControl& c = *s.ctl;
+  const long bytes = static_cast<long>((uint64_t{c.call_ring_pages} + 1) * kPage);
+  for (KwCloseEntry& e : c.closes) {
+    const int32_t fd = e.fd_plus1.exchange(0, std::memory_order_acq_rel);
+    if (fd <= 0) {
+      continue;
+    }
+    Sys(SYS_munmap, static_cast<long>(e.ring), bytes);
+    Sys(SYS_close, fd - 1);
+    c.closes_pending.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
 }  // namespace
 
 uint32_t NumberCall(Session& s, const KwProbe& return_probe) {
@@ -207,6 +222,9 @@ void CallArm(Session& s, ThreadState& t, KwProbe& probe, const KwRegs& regs, uin
     return;
   }
   KwCallWatch& cw = s.call_watches[w];
+  if (s.ctl->closes_pending.load(std::memory_order_relaxed) != 0) {
+    CloseGone(s);
+  }
   if (cw.first > w || w - cw.first >= 31 || !EnsureSlot(s, t)) {
     Bump(cw.missed);
     return;

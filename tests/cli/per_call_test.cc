@@ -134,6 +134,28 @@ TEST(KwatchPerCall, CountsEveryCallOfFourThreadsExactlyThroughPtrace) {
 
 // Recursion: each of the 3 nested calls watches its own object (the caller's stays armed
 // while the callee runs), 2 writes each, before and after the inner call.
+// 10 waves of 8 threads, 150 ms apart: 80 threads come and go, more than the agent's 64 thread
+// slots. Every call of each is watched, and the breakpoints of the threads that are gone are
+// closed in the target as it runs (the process holds at most the last wave's at its end).
+TEST(KwatchPerCall, ThreadsThatComeAndGoAreWatchedAndTheirBreakpointsClosed) {
+  const RunResult r =
+      RunKwatch({"--json", "--calls-by", "agent", "--write", "r->len", "--in", "compute", "--",
+                 TargetPath("per_call"), "8", "20", "0", "--waves", "10"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("compute_writes=4800 "));
+  const JsonRun run = ParseJsonLines(r.out);
+  EXPECT_EQ(run.events.size(), 4800u);
+  EXPECT_EQ(run.summary["lost"], 0);
+  const nlohmann::json& st = CallStats(run);
+  EXPECT_EQ(st["calls"], 1600);
+  EXPECT_EQ(st["watched"], 1600);
+  EXPECT_EQ(st["events_min"], 3);
+  EXPECT_EQ(st["events_max"], 3);
+  const size_t at = r.err.find("perf_fds=");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_LE(std::stoi(r.err.substr(at + 9)), 8) << "breakpoints of threads that are gone";
+}
+
 TEST(KwatchPerCall, EachRecursiveCallWatchesItsOwnObject) {
   const RunResult r = RunKwatch({"--json", "--write", "r->len", "--in", "recurse", "--",
                                  TargetPath("per_call"), "1", "0", "2"});

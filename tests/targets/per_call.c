@@ -11,12 +11,17 @@
 // --wait: print "ready PID" on stdout and wait for SIGUSR1 before the work (attach).
 // --usec N: each call of compute sleeps N microseconds after its first write (calls in
 // flight most of the time: their return addresses are kwatch's while it tracks them).
+// --waves N: the THREADS threads run N times one after the other, 150 ms apart (threads come
+// and go: 8 x 10 waves is 80 threads); at the end "perf_fds=N" on stderr counts the perf events
+// the process still holds open (anon_inode:[perf_event] in /proc/self/fd).
 // Ground truth goes to stderr: "compute_writes=N run_writes=N recurse_calls=N".
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <time.h>
 #include <unistd.h>
 
 struct req {
@@ -82,6 +87,26 @@ static void* worker(void* arg) {
 
 static void on_usr1(int sig) { (void)sig; }
 
+static int perf_fds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  int n = 0;
+  struct dirent* e;
+  while (d != NULL && (e = readdir(d)) != NULL) {
+    char path[300];
+    char link[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    const ssize_t len = readlink(path, link, sizeof(link) - 1);
+    if (len > 0) {
+      link[len] = 0;
+      n += strcmp(link, "anon_inode:[perf_event]") == 0;
+    }
+  }
+  if (d != NULL) {
+    closedir(d);
+  }
+  return n;
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: per_call THREADS CALLS DEPTH [--wait]\n");
@@ -90,9 +115,13 @@ int main(int argc, char** argv) {
   const int threads = atoi(argv[1]);
   g_calls = atoi(argv[2]);
   g_depth = atoi(argv[3]);
+  int waves = 0;
   for (int i = 4; i + 1 < argc; ++i) {
     if (strcmp(argv[i], "--usec") == 0) {
       g_usec = atoi(argv[i + 1]);
+    }
+    if (strcmp(argv[i], "--waves") == 0) {
+      waves = atoi(argv[i + 1]);
     }
   }
   if (argc > 4 && strcmp(argv[4], "--wait") == 0) {
@@ -106,20 +135,30 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&set, &sig);
   }
-  if (threads <= 1) {
-    worker(NULL);
-  } else {
-    pthread_t t[64];
-    const int n = threads > 64 ? 64 : threads;
-    for (int i = 0; i < n; ++i) {
-      pthread_create(&t[i], NULL, worker, NULL);
+  const int rounds = waves > 0 ? waves : 1;
+  for (int w = 0; w < rounds; ++w) {
+    if (w > 0) {
+      const struct timespec gap = {0, 150 * 1000 * 1000};
+      nanosleep(&gap, NULL);
     }
-    for (int i = 0; i < n; ++i) {
-      pthread_join(t[i], NULL);
+    if (threads <= 1) {
+      worker(NULL);
+    } else {
+      pthread_t t[64];
+      const int n = threads > 64 ? 64 : threads;
+      for (int i = 0; i < n; ++i) {
+        pthread_create(&t[i], NULL, worker, NULL);
+      }
+      for (int i = 0; i < n; ++i) {
+        pthread_join(t[i], NULL);
+      }
     }
   }
-  const int n = threads <= 1 ? 1 : (threads > 64 ? 64 : threads);
+  const int n = rounds * (threads <= 1 ? 1 : (threads > 64 ? 64 : threads));
   fprintf(stderr, "compute_writes=%d run_writes=%d recurse_calls=%d\n", n * g_calls * 3,
           n * g_calls * 6, n * (g_depth + 1));
+  if (waves > 0) {
+    fprintf(stderr, "perf_fds=%d\n", perf_fds());
+  }
   return 0;
 }

@@ -314,7 +314,8 @@ absl::StatusOr<DrainStats> Controller::Drain(const HitFn& fn) {
   return total;
 }
 
-absl::Status Controller::ReapThreadSlots(const HitFn& fn) {
+absl::Status Controller::ReapThreadSlots(
+    const HitFn& fn, const std::function<void(kwatch::agent::KwThread&)>& before_free) {
   for (uint32_t i = 0; i < agent_.layout.thread_capacity; ++i) {
     KwThread& t = tables_.thread(i);
     const int32_t tid = t.tid.load(std::memory_order_acquire);
@@ -338,6 +339,9 @@ absl::Status Controller::ReapThreadSlots(const HitFn& fn) {
                                          .time_ns = clock_.ToMonotonicNs(record.tsc)});
                            });
     KW_RETURN_IF_ERROR(stats.status());
+    if (before_free != nullptr) {
+      before_free(t);
+    }
     tables_.FreeThread(i);
     last_lost_[i] = 0;
   }

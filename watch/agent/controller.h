@@ -126,8 +126,10 @@ class Controller {
   // Totals over the rings; the first ring that held garbage is reported as DataLoss after the
   // others were drained.
   absl::StatusOr<DrainStats> Drain(const HitFn& fn);
-  // Frees the thread slots of threads that are gone (after draining their rings).
-  absl::Status ReapThreadSlots(const HitFn& fn);
+  // Frees the thread slots of threads that are gone (after draining their rings, and calling
+  // `before_free` with each slot when given).
+  absl::Status ReapThreadSlots(
+      const HitFn& fn, const std::function<void(kwatch::agent::KwThread&)>& before_free = nullptr);
   // Waits up to `timeout` for the agent's end or the target's exit (poll on both fds).
   absl::StatusOr<Liveness> Wait(absl::Duration timeout);
   // The exit status of a launched target (kwatch's child) once it exited and was reaped

@@ -83,6 +83,8 @@ class AgentCalls final : public CallAgent {
   void OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t> bytes);
   // The calls still running at the end: their samples, read from the target's rings.
   void ReadRunning();
+  // A gone thread's breakpoints go to the agent's close queue (or left_open_ when it is full).
+  void QueueCloses(ka::KwThread& th);
   bool OwnCode(uint64_t ip) const;
 
   core::ptrace::Process& proc_;
@@ -97,6 +99,7 @@ class AgentCalls final : public CallAgent {
   uint64_t own_samples_ = 0;   // samples of the agent's own code (dropped)
   uint64_t lost_ = 0;          // samples the breakpoints' rings lost (PERF_RECORD_LOST)
   uint64_t lost_records_ = 0;  // the agent's records that did not fit its rings
+  std::vector<std::pair<int, uint64_t>> left_open_;  // (fd, ring) of gone threads, for End
   uint32_t jumps_ = 0;
   bool ended_ = false;
 };
@@ -374,11 +377,13 @@ void AgentCalls::Collect(std::vector<core::AccessEvent>& out) {
   at_end_.clear();
   if (!ended_) {
     out_ = &out;
-    if (absl::StatusOr<wa::DrainStats> d =
-            ctl_->Drain([this](const wa::AgentHit& hit) { OnRecord(hit); });
-        d.ok()) {
+    const auto on_record = [this](const wa::AgentHit& hit) { OnRecord(hit); };
+    if (absl::StatusOr<wa::DrainStats> d = ctl_->Drain(on_record); d.ok()) {
       lost_records_ += d->lost;
     }
+    // Threads that are gone: their slots are freed for new threads, and their breakpoints
+    // closed by the agent (at its next lookup) or by kwatch at the end.
+    (void)ctl_->ReapThreadSlots(on_record, [this](ka::KwThread& th) { QueueCloses(th); });
     out_ = nullptr;
   }
 }
@@ -410,6 +415,19 @@ absl::Status AgentCalls::End() {
       cs = ka::KwCallSlot{};  // closed: the watchdog must not touch a reused fd number
     }
   }
+  // Gone threads' breakpoints the agent has not closed yet.
+  for (ka::KwCloseEntry& e : ctl_->tables().control().closes) {
+    if (const int32_t fd = e.fd_plus1.exchange(0); fd > 0) {
+      left_open_.emplace_back(fd - 1, e.ring);
+    }
+  }
+  for (const auto& [fd, ring] : left_open_) {
+    if (tid != 0 && live) {
+      (void)proc_.RemoteSyscall(tid, SYS_munmap, std::vector<uint64_t>{ring, bytes});
+      (void)proc_.RemoteSyscall(tid, SYS_close, std::vector<uint64_t>{static_cast<uint64_t>(fd)});
+    }
+  }
+  left_open_.clear();
   ended_ = true;
   if (absl::Status f = ctl_->Finish([this](const wa::AgentHit& hit) { OnRecord(hit); }); s.ok()) {
     s = f;
@@ -419,6 +437,29 @@ absl::Status AgentCalls::End() {
 
 uint64_t AgentCalls::Lost() const {
   return lost_ + lost_records_;
+}
+
+void AgentCalls::QueueCloses(ka::KwThread& th) {
+  ka::KwControl& c = ctl_->tables().control();
+  for (ka::KwCallSlot& cs : th.call_slot) {
+    if (cs.fd_plus1 <= 0) {
+      continue;
+    }
+    bool queued = false;
+    for (ka::KwCloseEntry& e : c.closes) {
+      if (e.fd_plus1.load(std::memory_order_acquire) == 0) {
+        e.ring = cs.ring;
+        e.fd_plus1.store(cs.fd_plus1, std::memory_order_release);
+        c.closes_pending.fetch_add(1, std::memory_order_acq_rel);
+        queued = true;
+        break;
+      }
+    }
+    if (!queued) {
+      left_open_.emplace_back(cs.fd_plus1 - 1, cs.ring);  // closed at the end
+    }
+    cs = ka::KwCallSlot{};
+  }
 }
 
 void AgentCalls::Forget() {
