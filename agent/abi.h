@@ -528,8 +528,9 @@ static_assert(sizeof(KwFetchOp) == 16);
 // them belong to which call: those between the arm's head and the end's. The agent consumes
 // the ring itself (it is the only reader: data_tail is the agent's): at each end it copies the
 // call's samples into kKwRecordCallSamples records of its own ring, so that they survive the
-// process (kwatch reads the samples of calls still running at the session's end from the
-// target's memory, every thread stopped).
+// process. kwatch reads the samples of calls still running at each drain through its own
+// mapping of the ring (a copy of the fd; /proc/PID/mem cannot read a perf mapping), and skips
+// them in the end's copies by ring position (KwCallRecord::ring of kKwRecordCallSamples).
 
 struct alignas(64) KwCallWatch {
   uint32_t function;  // the return probe's index (its instances are the calls)
@@ -568,7 +569,8 @@ struct KwCallRecord {
   int32_t new_fd;       // arm: the fd of a breakpoint opened now (kwatch takes a copy), else -1
   uint32_t slot;        // the KwCallSlot (kKwCallSlots: none)
   uint64_t head;        // the slot's ring data_head at the arm / at the end
-  uint64_t ring;        // arm with new_fd: the ring's mapping in the target
+  uint64_t ring;        // arm with new_fd: the ring's mapping in the target; samples: the ring
+                        // position of their first byte
   uint64_t stack_slot;  // the call's return slot
 };
 static_assert(sizeof(KwCallRecord) == 56);

@@ -114,6 +114,7 @@ void CopySamples(Session& s, ThreadState& t, KwCallSlot& slot, const KwCallRecor
       auto* payload = reinterpret_cast<KwCallRecord*>(rec + 1);
       *payload = about;
       payload->head = n;
+      payload->ring = tail;  // the ring position of the first byte (kwatch may have read it)
       auto* out = reinterpret_cast<uint8_t*>(payload + 1);
       const uint64_t off = tail & (size - 1);
       const uint64_t first = size - off < n ? size - off : n;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -29,6 +30,7 @@ using ::kwatch::testing::KwatchPath;
 using ::kwatch::testing::RunResult;
 using ::kwatch::testing::TargetPath;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Events per (tid, call), and the address each call's events touched.
 struct PerCall {
@@ -154,6 +156,29 @@ TEST(KwatchPerCall, ThreadsThatComeAndGoAreWatchedAndTheirBreakpointsClosed) {
   const size_t at = r.err.find("perf_fds=");
   ASSERT_NE(at, std::string::npos) << r.err;
   EXPECT_LE(std::stoi(r.err.substr(at + 9)), 8) << "breakpoints of threads that are gone";
+}
+
+// A call that runs for seconds (compute sleeps 4 s after its first write): its first access is
+// printed while it runs, read live from its thread's breakpoint, and is not printed again when
+// the call's samples come back at its end.
+TEST(KwatchPerCall, AccessesOfALongCallArePrintedWhileItRuns) {
+  auto k = kwatch::testing::Spawned::Start(
+      {KwatchPath(), "--json", "--calls-by", "agent", "--write", "r->len", "--in", "compute", "--",
+       TargetPath("per_call"), "1", "1", "0", "--usec", "4000000"});
+  ASSERT_TRUE(k.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*k)->WaitForStdout("\"type\":\"event\"", 10).ok()) << (*k)->err();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 3.0) << "the first access came only when the call ended";
+  EXPECT_THAT((*k)->out(), Not(HasSubstr("call_end")));
+  auto r = (*k)->Finish();
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->exit_code, 0) << r->err;
+  const JsonRun run = ParseJsonLines(r->out);
+  EXPECT_EQ(run.events.size(), 3u);  // each access once
+  ASSERT_EQ(run.call_ends.size(), 1u);
+  EXPECT_EQ(run.call_ends[0]["events"], 3);
 }
 
 TEST(KwatchPerCall, EachRecursiveCallWatchesItsOwnObject) {

@@ -3,6 +3,7 @@
 #include <linux/hw_breakpoint.h>
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "core/base/status_macros.h"
 #include "core/base/syscall_status.h"
 #include "core/base/unique_fd.h"
+#include "core/base/unique_mmap.h"
 #include "core/probe/agent_fetch.h"
 #include "core/probe/trampoline.h"
 #include "core/symbols/symbols.h"
@@ -80,9 +82,14 @@ class AgentCalls final : public CallAgent {
   };
   void OnRecord(const wa::AgentHit& hit);
   // The accesses of `bytes` (whole perf records of one call's breakpoint) into `out_`.
-  void OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t> bytes);
-  // The calls still running at the end: their samples, read from the target's rings.
+  // `from`: the ring position of bytes[0]; records below what was delivered of the call
+  // already (read live from the target) are skipped.
+  void OnSamples(const ka::KwCallRecord& rec, uint64_t from, std::span<const uint8_t> bytes);
+  // The calls still running: what their breakpoints caught since the last read.
   void ReadRunning();
+  // kwatch's mapping of the ring of KwCallSlot `slot` of KwThread `thread` (breakpoint
+  // `target_fd` in the target), made the first time; null when it cannot be mapped.
+  const uint8_t* RingOf(uint32_t thread, uint32_t slot, int32_t target_fd);
   // A gone thread's breakpoints go to the agent's close queue (or left_open_ when it is full).
   void QueueCloses(ka::KwThread& th);
   bool OwnCode(uint64_t ip) const;
@@ -100,6 +107,15 @@ class AgentCalls final : public CallAgent {
   uint64_t lost_ = 0;          // samples the breakpoints' rings lost (PERF_RECORD_LOST)
   uint64_t lost_records_ = 0;  // the agent's records that did not fit its rings
   std::vector<std::pair<int, uint64_t>> left_open_;  // (fd, ring) of gone threads, for End
+  // Calls armed and not ended, by (KwCallWatch, call): the ring position up to which their
+  // samples were delivered (read live from the target's ring, or from the agent's copies).
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> running_;
+  struct Mapped {
+    int32_t target_fd = -1;
+    core::UniqueFd fd;  // kwatch's copy of the target's breakpoint
+    core::UniqueMmap map;
+  };
+  std::map<std::pair<uint32_t, uint32_t>, Mapped> mapped_;  // by (KwThread, KwCallSlot)
   uint32_t jumps_ = 0;
   bool ended_ = false;
 };
@@ -262,6 +278,9 @@ void AgentCalls::OnRecord(const wa::AgentHit& hit) {
   const pid_t tid = hit.record.tid;
   const uint64_t entry_sp = rec.stack_slot;
   if (type == ka::kKwRecordCallArm) {
+    if (rec.status == ka::kKwCallArmed) {
+      running_[{rec.watch, rec.call}] = rec.head;  // its samples start there
+    }
     std::string why;
     if (rec.status != ka::kKwCallArmed) {
       why = rec.status == ka::kKwCallNoSlot ? std::string(kCallNoRegister)
@@ -276,10 +295,11 @@ void AgentCalls::OnRecord(const wa::AgentHit& hit) {
   }
   if (type == ka::kKwRecordCallSamples) {
     if (rec.head <= hit.payload.size() - sizeof(rec)) {
-      OnSamples(rec, hit.payload.subspan(sizeof(rec), rec.head));
+      OnSamples(rec, rec.ring, hit.payload.subspan(sizeof(rec), rec.head));
     }
     return;
   }
+  running_.erase({rec.watch, rec.call});  // its samples all came (copied before the end)
   CallWatches::EndHow how = CallWatches::EndHow::kReturned;
   switch (rec.status) {
     case ka::kKwCallUntil:
@@ -297,9 +317,14 @@ void AgentCalls::OnRecord(const wa::AgentHit& hit) {
   calls_.AgentEnd(w.watch_id, rec.call, tid, hit.time_ns, entry_sp, how);
 }
 
-void AgentCalls::OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t> bytes) {
+void AgentCalls::OnSamples(const ka::KwCallRecord& rec, uint64_t from,
+                           std::span<const uint8_t> bytes) {
   const Watched& w = watched_[rec.watch];
   const PerfSampleFormat format{.callchain = false, .regs_user = PerfUserRegsMaskGeneral()};
+  uint64_t* delivered = nullptr;
+  if (auto it = running_.find({rec.watch, rec.call}); it != running_.end()) {
+    delivered = &it->second;
+  }
   size_t at = 0;
   while (at + sizeof(perf_event_header) <= bytes.size()) {
     perf_event_header h{};
@@ -308,7 +333,14 @@ void AgentCalls::OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t>
       break;
     }
     const std::span<const uint8_t> record = bytes.subspan(at, h.size);
+    const uint64_t position = from + at;
     at += h.size;
+    if (delivered != nullptr) {
+      if (position < *delivered) {
+        continue;  // read live already
+      }
+      *delivered = position + h.size;
+    }
     if (h.type == PERF_RECORD_LOST && record.size() >= 24) {
       uint64_t n = 0;
       std::memcpy(&n, record.data() + 16, sizeof(n));
@@ -336,35 +368,67 @@ void AgentCalls::OnSamples(const ka::KwCallRecord& rec, std::span<const uint8_t>
   }
 }
 
+const uint8_t* AgentCalls::RingOf(uint32_t thread, uint32_t slot, int32_t target_fd) {
+  Mapped& m = mapped_[{thread, slot}];
+  if (m.target_fd != target_fd || m.map.get() == nullptr) {
+    m = Mapped{};
+    // The target's ring cannot be read through /proc/PID/mem (a perf mapping): kwatch maps the
+    // same ring through a copy of the fd.
+    core::UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, ctl_->pidfd(), target_fd, 0)));
+    if (!fd.valid()) {
+      return nullptr;
+    }
+    const size_t bytes = (size_t{options_.ring_pages} + 1) * 4096;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) {
+      return nullptr;
+    }
+    m.target_fd = target_fd;
+    m.fd = std::move(fd);
+    m.map = core::UniqueMmap(p, bytes);
+  }
+  return static_cast<const uint8_t*>(m.map.get());
+}
+
 void AgentCalls::ReadRunning() {
   const uint64_t data_bytes = uint64_t{options_.ring_pages} * 4096;
   for (uint32_t i = 0; i < ctl_->tables().layout().thread_capacity; ++i) {
     const ka::KwThread& th = ctl_->tables().thread(i);
+    if (th.tid.load(std::memory_order_acquire) == 0) {
+      continue;
+    }
     for (uint32_t j = 0; j < ka::kKwCallSlots; ++j) {
       const ka::KwCallSlot& slot = th.call_slot[j];
-      if (slot.watch == 0 || slot.ring == 0 || slot.watch > watched_.size()) {
+      const uint32_t watch = slot.watch;
+      const uint32_t call = slot.call;
+      const int32_t fd_plus1 = slot.fd_plus1;
+      auto it = running_.find({watch - 1, call});
+      if (watch == 0 || fd_plus1 <= 0 || it == running_.end()) {
+        continue;  // free, or its lookup is not read yet
+      }
+      const uint8_t* ring = RingOf(i, j, fd_plus1 - 1);
+      if (ring == nullptr) {
         continue;
       }
-      std::vector<uint8_t> ring(4096 + data_bytes);
-      if (!proc_.ReadMemory(core::RemoteAddr{slot.ring}, ring).ok()) {
+      const auto* meta = reinterpret_cast<const perf_event_mmap_page*>(ring);
+      const uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+      const uint64_t from = it->second;
+      if (head <= from || head - from > data_bytes) {
         continue;
       }
-      perf_event_mmap_page meta{};
-      std::memcpy(&meta, ring.data(), sizeof(meta));
-      const uint64_t tail = meta.data_tail;
-      const uint64_t head = meta.data_head;
-      if (head <= tail || head - tail > data_bytes) {
-        continue;
-      }
-      std::vector<uint8_t> bytes(head - tail);
+      std::vector<uint8_t> bytes(head - from);
       for (uint64_t k = 0; k < bytes.size(); ++k) {
-        bytes[k] = ring[4096 + ((tail + k) & (data_bytes - 1))];
+        bytes[k] = ring[4096 + ((from + k) & (data_bytes - 1))];
+      }
+      // Still this call's (its end would have moved the slot on): else its end's copy has them.
+      if (slot.watch != watch || slot.call != call) {
+        continue;
       }
       ka::KwCallRecord rec{};
-      rec.watch = slot.watch - 1;
-      rec.call = slot.call;
+      rec.watch = watch - 1;
+      rec.call = call;
       rec.addr = slot.addr;
-      OnSamples(rec, bytes);
+      OnSamples(rec, from, bytes);
     }
   }
 }
@@ -384,6 +448,7 @@ void AgentCalls::Collect(std::vector<core::AccessEvent>& out) {
     // Threads that are gone: their slots are freed for new threads, and their breakpoints
     // closed by the agent (at its next lookup) or by kwatch at the end.
     (void)ctl_->ReapThreadSlots(on_record, [this](ka::KwThread& th) { QueueCloses(th); });
+    ReadRunning();  // calls still running: what their breakpoints caught so far, live
     out_ = nullptr;
   }
 }
@@ -402,6 +467,7 @@ absl::Status AgentCalls::End() {
   if (live) {
     ReadRunning();
   }
+  mapped_.clear();
   // The target's breakpoints and rings go: they take no register any more.
   const pid_t tid = proc_.AnyStoppedThread();
   const uint64_t bytes = (uint64_t{options_.ring_pages} + 1) * 4096;
@@ -458,12 +524,16 @@ void AgentCalls::QueueCloses(ka::KwThread& th) {
     if (!queued) {
       left_open_.emplace_back(cs.fd_plus1 - 1, cs.ring);  // closed at the end
     }
+    for (auto m = mapped_.begin(); m != mapped_.end();) {
+      m = m->second.target_fd == cs.fd_plus1 - 1 ? mapped_.erase(m) : std::next(m);
+    }
     cs = ka::KwCallSlot{};
   }
 }
 
 void AgentCalls::Forget() {
   ended_ = true;
+  mapped_.clear();
   ctl_.reset();
 }
 

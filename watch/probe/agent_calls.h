@@ -7,11 +7,12 @@
 // disables it at the call's end (agent/abi.h "Per-call watches"). No thread stops for a call:
 // the probes are jumps to trampolines, the return goes through the agent's return trampoline.
 //
-// kwatch stays the tracer of the watch session and the reader: it takes a copy of each
-// breakpoint's fd (pidfd_getfd), maps the same perf ring, and gives each sample to the call
-// whose arm and end ring positions enclose it (the breakpoint is disabled between calls, so the
-// positions split the ring exactly). Samples of the agent's own code (its trampolines pushing
-// registers over a returned call's frame) are dropped and counted.
+// kwatch stays the tracer of the watch session and the reader: the agent copies each call's
+// samples into its own ring at the call's end (they outlive the process); a call still running
+// is read live at each drain through kwatch's mapping of the same perf ring (a copy of the
+// breakpoint's fd by pidfd_getfd), and the end's copy is skipped up to what was read (ring
+// positions). Samples of the agent's own code (its trampolines pushing registers over a
+// returned call's frame) are dropped and counted.
 //
 // Only when every probe can be a jump: an INT3 probe would stop the traced thread for kwatch
 // anyway, so the ptrace path is as good (StartAgentCalls says why it refused).
