@@ -81,12 +81,35 @@ void RemoveStaleSockets(const std::string& dir) {
   }
 }
 
-// Whether kwatch `pid` runs `kwatch probe` (its second argument, from /proc/PID/cmdline).
-bool IsProbeSession(pid_t pid) {
+// The arguments of process `pid` (/proc/PID/cmdline).
+std::vector<std::string> ArgsOf(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
-  std::string argv0;
-  std::string argv1;
-  return std::getline(in, argv0, '\0') && std::getline(in, argv1, '\0') && argv1 == "probe";
+  std::vector<std::string> args;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) {
+    args.push_back(arg);
+  }
+  return args;
+}
+
+// Whether kwatch `pid` runs `kwatch probe` (its second argument).
+bool IsProbeSession(pid_t pid) {
+  const std::vector<std::string> args = ArgsOf(pid);
+  return args.size() > 1 && args[1] == "probe";
+}
+
+// The --arm-at SPEC of kwatch `pid` (its session starts when a thread runs SPEC), or "".
+std::string ArmAtOf(pid_t pid) {
+  const std::vector<std::string> args = ArgsOf(pid);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--arm-at" && i + 1 < args.size()) {
+      return args[i + 1];
+    }
+    if (absl::StartsWith(args[i], "--arm-at=")) {
+      return args[i].substr(9);
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -182,6 +205,11 @@ absl::StatusOr<core::UniqueFd> ConnectJoinSocket(const KwatchTracer& tracer, pid
           " is a `kwatch probe` session (its ptrace backend), which takes no joiners yet; end it "
           "first, or start the watch session first and let `kwatch probe` join it (or use "
           "`kwatch probe` with its default agent backend, which leaves the process untraced)");
+    } else if (const std::string at = ArmAtOf(tracer.pid);
+               (err == ENOENT || err == ECONNREFUSED) && !at.empty()) {
+      advice = absl::StrCat("kwatch pid ", tracer.pid, " waits for a thread to run --arm-at ", at,
+                            ": its session, and the control socket joiners use, start there; "
+                            "join once it says that its watches are armed");
     } else if (err == ENOENT || err == ECONNREFUSED) {
       advice = absl::StrCat("kwatch pid ", tracer.pid,
                             " has no control socket for it (a kwatch without joining, or one "

@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/test_util.h"
@@ -392,6 +395,46 @@ TEST(KwatchJoin, SocketsLeftOverGoneProcessesAreRemoved) {
   ASSERT_EQ(kill(o.target->pid(), SIGUSR1), 0);
   ASSERT_TRUE(o.owner->Finish().ok());
   ASSERT_TRUE(o.target->Finish().ok());
+}
+
+// A session that waits at --arm-at has no control socket yet: a joiner says so at once.
+TEST(KwatchJoin, JoinerOfASessionWaitingAtArmAtSaysWhy) {
+  KW_REQUIRE_DEBUG_TRAPS();
+  auto owner = Spawned::Start({KwatchPath(), "-q", "--arm-at", "run", "--write", "g_sink", "--",
+                               TargetPath("per_call"), "1", "1", "0", "--usec", "3000000"});
+  ASSERT_TRUE(owner.ok());
+  ASSERT_TRUE((*owner)->WaitForStderr("waiting for a thread to run").ok()) << (*owner)->err();
+  pid_t target = 0;
+  for (int i = 0; i < 100 && target == 0; ++i) {
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      pid_t p = 0;
+      std::ifstream status(e.path() / "status");
+      std::string line;
+      bool ppid = false;
+      bool named = false;
+      while (std::getline(status, line)) {
+        named |= line == "Name:\tper_call";
+        ppid |= line == absl::StrCat("PPid:\t", (*owner)->pid());
+      }
+      if (named && ppid && absl::SimpleAtoi(e.path().filename().string(), &p)) {
+        target = p;
+      }
+    }
+    if (target == 0) {
+      usleep(20000);
+    }
+  }
+  ASSERT_NE(target, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = kwatch::testing::Run(
+      {KwatchPath(), "probe", "-x", TargetPath("per_call"), "recurse", "-p", absl::StrCat(target)});
+  ASSERT_TRUE(r.ok());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_NE(r->exit_code, 0);
+  EXPECT_THAT(r->err, HasSubstr("waits for a thread to run --arm-at run"));
+  auto o = (*owner)->Finish();
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->exit_code, 0) << o->err;
 }
 
 TEST(KwatchJoin, PeerOfAnotherUidIsRefusedBySoPeercred) {
