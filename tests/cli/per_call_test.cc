@@ -181,6 +181,17 @@ TEST(KwatchPerCall, AccessesOfALongCallArePrintedWhileItRuns) {
   EXPECT_EQ(run.call_ends[0]["events"], 3);
 }
 
+// --calls-by agent where the agent cannot take the calls (stop mode's exact old values need the
+// thread stopped at each access): an error that says why, and the target is not left running.
+TEST(KwatchPerCall, CallsByAgentSaysWhyItCannot) {
+  const RunResult r = RunKwatch({"--stop", "--calls-by", "agent", "--write", "r->len", "--in",
+                                 "compute", "--", TargetPath("per_call"), "1", "2", "0"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--calls-by agent: "));
+  EXPECT_THAT(r.err, HasSubstr("exact values (stop mode) need the thread stopped"));
+  EXPECT_THAT(r.err, Not(HasSubstr("compute_writes=")));  // the target never ran its work
+}
+
 TEST(KwatchPerCall, EachRecursiveCallWatchesItsOwnObject) {
   const RunResult r = RunKwatch({"--json", "--write", "r->len", "--in", "recurse", "--",
                                  TargetPath("per_call"), "1", "0", "2"});
