@@ -26,7 +26,6 @@
 #include "core/base/unique_fd.h"
 #include "core/base/unique_mmap.h"
 #include "core/probe/agent_fetch.h"
-#include "core/probe/trampoline.h"
 #include "core/symbols/symbols.h"
 #include "watch/agent/controller.h"
 #include "watch/perf_access.h"
@@ -147,7 +146,7 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
     }
     jumps.emplace(a.value, *d.plan);
   }
-  uint32_t objects = 0;
+  std::vector<std::vector<ka::KwFetchOp>> programs;  // each object's address, in plan order
   for (const CallAgentPlan::Function& f : plan.functions) {
     for (const CallAgentPlan::Object& o : f.objects) {
       std::string why;
@@ -156,7 +155,7 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
       if (!p.has_value()) {
         return absl::FailedPreconditionError(absl::StrCat("'", o.place.text, "': ", why));
       }
-      ++objects;
+      programs.push_back(*std::move(p));
     }
   }
   wa::LoadOptions lopts;
@@ -166,7 +165,7 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
   lopts.shm.thread_capacity = 64;
   lopts.shm.ring_bytes = 4 * 1024 * 1024;
   lopts.shm.code_capacity = 1024;
-  lopts.shm.call_watch_capacity = objects;
+  lopts.shm.call_watch_capacity = static_cast<uint32_t>(programs.size());
   lopts.shm.call_ring_pages = options_.ring_pages;
   lopts.shm.call_sample_type = kSampleType;
   lopts.shm.call_sample_regs = PerfUserRegsMaskGeneral();
@@ -177,9 +176,8 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
   }
   ctl_ = *std::move(ctl);
   const ka::KwControl& c = ctl_->tables().control();
-  const core::RemoteAddr jump_entry{c.jump_entry};
   if ((c.agent_features & ka::kKwFeatureJump) == 0 ||
-      (c.agent_features & ka::kKwFeatureReturn) == 0 || jump_entry.value == 0) {
+      (c.agent_features & ka::kKwFeatureReturn) == 0 || c.jump_entry == 0) {
     return absl::UnavailableError("the agent started without its jump entry or return probes");
   }
   std::map<uint64_t, uint32_t> first_at;  // address -> the probe patched there
@@ -191,21 +189,7 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
       return ctl_->AddProbe(entry);  // chained: the agent runs it after the first
     }
     KW_ASSIGN_OR_RETURN(const uint32_t index, ctl_->AddProbe(entry));
-    const core::probe::JumpPlan& jp = jumps.at(entry.addr.value);
-    std::optional<core::probe::Trampoline> built;
-    KW_ASSIGN_OR_RETURN(
-        const core::RemoteAddr at,
-        ctl_->PlaceCode(proc_, entry.addr, core::probe::kMaxTrampolineBytes,
-                        [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
-                          KW_ASSIGN_OR_RETURN(
-                              core::probe::Trampoline t,
-                              core::probe::BuildTrampoline(jp, where, index, jump_entry));
-                          built = t;
-                          return t.code;
-                        }));
-    KW_ASSIGN_OR_RETURN(const core::probe::JumpPatch patch, core::probe::BuildJumpPatch(jp, at));
-    ctl_->tables().probe(index).xol_addr = built->xol_addr().value;
-    KW_RETURN_IF_ERROR(ctl_->Patch(proc_, index, entry.addr, patch.patched));
+    KW_RETURN_IF_ERROR(PatchJumpProbe(*ctl_, proc_, jumps.at(entry.addr.value), index, entry.addr));
     first_at[entry.addr.value] = index;
     ++jumps_;
     return index;
@@ -226,12 +210,11 @@ absl::Status AgentCalls::Plant(const CallAgentPlan& plan) {
       cw.bp_type = o.kind == drmgr::DrKind::kWrite ? HW_BREAKPOINT_W : HW_BREAKPOINT_RW;
       cw.bp_len = o.length;
       watched_.push_back(Watched{o.watch_id, o.kind, o.length});
-      std::string why;
       wa::ProbeEntry arm;
       arm.addr = f.at;
       arm.flags = ka::kKwProbeEnabled | ka::kKwProbeCallArm;
       arm.call_watch = w + 1;
-      arm.program = *core::probe::AgentObjectAddress(o.place, plan.load_bias, &why);
+      arm.program = std::move(programs[w]);
       arm.record_bytes = 16;
       KW_RETURN_IF_ERROR(place(arm).status());
     }
@@ -469,24 +452,22 @@ absl::Status AgentCalls::End() {
   }
   mapped_.clear();
   // The target's breakpoints and rings go: they take no register any more.
-  const pid_t tid = proc_.AnyStoppedThread();
-  const uint64_t bytes = (uint64_t{options_.ring_pages} + 1) * 4096;
   for (uint32_t i = 0; i < ctl_->tables().layout().thread_capacity; ++i) {
     for (ka::KwCallSlot& cs : ctl_->tables().thread(i).call_slot) {
-      if (cs.fd_plus1 > 0 && tid != 0 && live) {
-        (void)proc_.RemoteSyscall(tid, SYS_munmap, std::vector<uint64_t>{cs.ring, bytes});
-        (void)proc_.RemoteSyscall(tid, SYS_close,
-                                  std::vector<uint64_t>{static_cast<uint64_t>(cs.fd_plus1 - 1)});
+      if (cs.fd_plus1 > 0) {
+        left_open_.emplace_back(cs.fd_plus1 - 1, cs.ring);
       }
-      cs = ka::KwCallSlot{};  // closed: the watchdog must not touch a reused fd number
+      cs = ka::KwCallSlot{};  // closed below: the watchdog must not touch a reused fd number
     }
   }
-  // Gone threads' breakpoints the agent has not closed yet.
+  // ... and the gone threads' breakpoints the agent has not closed yet.
   for (ka::KwCloseEntry& e : ctl_->tables().control().closes) {
     if (const int32_t fd = e.fd_plus1.exchange(0); fd > 0) {
       left_open_.emplace_back(fd - 1, e.ring);
     }
   }
+  const pid_t tid = proc_.AnyStoppedThread();
+  const uint64_t bytes = (uint64_t{options_.ring_pages} + 1) * 4096;
   for (const auto& [fd, ring] : left_open_) {
     if (tid != 0 && live) {
       (void)proc_.RemoteSyscall(tid, SYS_munmap, std::vector<uint64_t>{ring, bytes});

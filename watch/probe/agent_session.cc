@@ -34,7 +34,6 @@
 #include "core/probe/fetch_format.h"
 #include "core/probe/insn_fixup.h"
 #include "core/probe/jump_optimizer.h"
-#include "core/probe/trampoline.h"
 #include "core/ptrace/process.h"
 #include "core/symbols/symbolizer.h"
 #include "core/symbols/symbols.h"
@@ -314,23 +313,7 @@ absl::StatusOr<bool> AgentSession::PlaceJump(const core::probe::JumpPlan& plan,
   entry.flags |= ka::kKwProbeJump;
   entry.resume = ka::kKwResumeXol;
   KW_ASSIGN_OR_RETURN(const uint32_t index, ctl_->AddProbe(entry));
-  std::optional<core::probe::Trampoline> built;
-  absl::StatusOr<core::RemoteAddr> at = ctl_->PlaceCode(
-      *proc_, entry.addr, core::probe::kMaxTrampolineBytes,
-      [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
-        KW_ASSIGN_OR_RETURN(core::probe::Trampoline t,
-                            core::probe::BuildTrampoline(plan, where, index, jump_entry));
-        built = t;
-        return t.code;
-      });
-  absl::StatusOr<core::probe::JumpPatch> patch =
-      at.ok() ? core::probe::BuildJumpPatch(plan, *at)
-              : absl::StatusOr<core::probe::JumpPatch>(at.status());
-  absl::Status patched = patch.status();
-  if (patched.ok()) {
-    ctl_->tables().probe(index).xol_addr = built->xol_addr().value;
-    patched = ctl_->Patch(*proc_, index, entry.addr, patch->patched);
-  }
+  const absl::Status patched = PatchJumpProbe(*ctl_, *proc_, plan, index, entry.addr);
   if (!patched.ok()) {
     // A thread parked inside the range, or no trampoline within reach: the INT3 path.
     KW_RETURN_IF_ERROR(ctl_->tables().RemoveProbe(index));

@@ -7,6 +7,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
+#include "core/probe/trampoline.h"
 
 namespace kwatch::watch::probe {
 
@@ -46,6 +48,26 @@ core::probe::JumpDecision PlanJumpAt(const core::symbols::Symbols* syms, core::R
   };
   return core::probe::PlanJumpProbe(core::probe::FunctionCode{fn->name, fn->start, bytes}, addr,
                                     jo);
+}
+
+absl::Status PatchJumpProbe(agent::Controller& ctl, core::ptrace::Process& proc,
+                            const core::probe::JumpPlan& plan, uint32_t index,
+                            core::RemoteAddr addr) {
+  const core::RemoteAddr jump_entry{ctl.tables().control().jump_entry};
+  std::optional<core::probe::Trampoline> built;
+  KW_ASSIGN_OR_RETURN(
+      const core::RemoteAddr at,
+      ctl.PlaceCode(proc, addr, core::probe::kMaxTrampolineBytes,
+                    [&](core::RemoteAddr where) -> absl::StatusOr<std::vector<uint8_t>> {
+                      KW_ASSIGN_OR_RETURN(
+                          core::probe::Trampoline t,
+                          core::probe::BuildTrampoline(plan, where, index, jump_entry));
+                      built = t;
+                      return t.code;
+                    }));
+  KW_ASSIGN_OR_RETURN(const core::probe::JumpPatch patch, core::probe::BuildJumpPatch(plan, at));
+  ctl.tables().probe(index).xol_addr = built->xol_addr().value;
+  return ctl.Patch(proc, index, addr, patch.patched);
 }
 
 }  // namespace kwatch::watch::probe

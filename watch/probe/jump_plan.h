@@ -6,9 +6,12 @@
 
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/base/remote_addr.h"
 #include "core/probe/jump_optimizer.h"
+#include "core/ptrace/process.h"
 #include "core/symbols/symbols.h"
+#include "watch/agent/controller.h"
 
 namespace kwatch::watch::probe {
 
@@ -16,5 +19,13 @@ namespace kwatch::watch::probe {
 // being at `all` (they may not lie in the displaced bytes). `syms` null: refused, no symbols.
 core::probe::JumpDecision PlanJumpAt(const core::symbols::Symbols* syms, core::RemoteAddr addr,
                                      const std::vector<core::RemoteAddr>& all);
+
+// Places the trampoline of jump probe `index` (in `ctl`'s tables, at `addr`, with the kKwProbeJump
+// flag) within reach of `addr`, sets the probe's xol_addr to the displaced instructions inside it,
+// and patches the jump in (Controller::Patch: INT3 first; FailedPrecondition when a thread's rip
+// is inside the range). Every thread of `proc` stopped. OutOfRange when no trampoline fits near.
+absl::Status PatchJumpProbe(agent::Controller& ctl, core::ptrace::Process& proc,
+                            const core::probe::JumpPlan& plan, uint32_t index,
+                            core::RemoteAddr addr);
 
 }  // namespace kwatch::watch::probe
