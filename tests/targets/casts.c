@@ -16,6 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ready_wait.h"
+
 struct point {
   int x;
   int y;
@@ -42,12 +44,7 @@ struct record g_record;  // a record whose address the symbol table knows
 record_ptr g_heap;       // the heap record
 union slot g_slot;       // for casts to a union
 enum color g_color;      // for casts to an enum
-static volatile sig_atomic_t g_go;
 
-static void OnGo(int sig) {
-  (void)sig;
-  g_go = 1;
-}
 
 __attribute__((noinline)) static int setup(void) {
   static volatile int initialized;
@@ -78,17 +75,7 @@ int main(int argc, char** argv) {
   printf("record %p\n", (void*)rec);
   fflush(stdout);
   if (wait) {
-    sigset_t block;
-    sigset_t old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &old);
-    signal(SIGUSR1, OnGo);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    while (!g_go) {
-      sigsuspend(&old);
-    }
+    ReadyAndWaitForUsr1();
   }
   for (int i = 0; i < n; ++i) {
     rec->arr[2].x = i + 1;

@@ -21,6 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ready_wait.h"
+
 struct inner {
   int a;
   int b;
@@ -64,11 +66,6 @@ static void* Work(void* arg) {
   return NULL;
 }
 
-static volatile sig_atomic_t g_go;
-static void OnGo(int sig) {
-  (void)sig;
-  g_go = 1;
-}
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -99,16 +96,7 @@ int main(int argc, char** argv) {
     }
   }
   if (wait) {
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &old);
-    signal(SIGUSR1, OnGo);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    while (!g_go) {
-      sigsuspend(&old);
-    }
+    ReadyAndWaitForUsr1();
   }
   if (do_fork) {
     pid_t child = fork();

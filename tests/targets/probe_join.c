@@ -15,6 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ready_wait.h"
+
 struct req {
   int id;
   long len;
@@ -48,11 +50,6 @@ static void* Run(void* arg) {
   return (void*)sum;
 }
 
-static volatile sig_atomic_t g_go;
-static void OnGo(int sig) {
-  (void)sig;
-  g_go = 1;
-}
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -74,16 +71,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (wait) {
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &old);
-    signal(SIGUSR1, OnGo);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    while (!g_go) {
-      sigsuspend(&old);
-    }
+    ReadyAndWaitForUsr1();
   }
   pthread_t tids[64];
   for (long t = 0; t < threads; ++t) {

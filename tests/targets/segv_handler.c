@@ -24,6 +24,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "ready_wait.h"
+
 struct shared {
   volatile long watched;      // the watched variable: WRITES + FAULTS writes
   volatile long faults_seen;  // the handler's count, on the same page
@@ -33,7 +35,6 @@ struct shared {
 struct shared g_shared __attribute__((aligned(4096)));
 
 static char* g_guard;
-static volatile sig_atomic_t g_go;
 static struct sigaction g_action;
 static int g_resethand;
 
@@ -56,10 +57,6 @@ static void OnSegv(int sig, siginfo_t* si, void* ctx) {
   }
 }
 
-static void OnGo(int sig) {
-  (void)sig;
-  g_go = 1;
-}
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -86,16 +83,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (wait) {
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &old);
-    signal(SIGUSR1, OnGo);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    while (!g_go) {
-      sigsuspend(&old);
-    }
+    ReadyAndWaitForUsr1();
   }
   for (long i = 0; i < faults || i < writes; ++i) {
     if (i < writes) {
